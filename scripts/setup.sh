@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs everything mom needs on Debian/Ubuntu. Safe to run any number of times.
+set -euo pipefail
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+packages=(
+  build-essential cmake ccache pkg-config
+  libeigen3-dev        # the CPU backend
+  catch2               # tests (Catch2 2.13 + its CMake module)
+  libomp-dev           # OpenMP (GCC's libgomp ships with g++)
+  libopenblas-dev      # only for the MOM_GEMM=BLAS comparison build
+  libcli11-dev nlohmann-json3-dev  # example trainer CLI, metrics
+  bible-kjv            # the default training corpus (bible-kjv-text)
+  python3 python3-numpy # plotting tool and the checkpoint-reading snippet in docs/
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all Debian packages present"
+fi
