@@ -1,0 +1,206 @@
+#pragma once
+// mom::cpu::Backend<T>: the object module code calls every op through. It owns nothing but the
+// buffers it hands out; each member forwards to the op of the same name in mom::cpu with the
+// scalar fixed to T (so MatrixView<T> arguments bind to MatrixView<const T> parameters).
+// A CUDA backend offers the same members over device memory.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <span>
+#include <utility>
+
+#include "mom/backend/cpu/activation.hpp"
+#include "mom/backend/cpu/attention.hpp"
+#include "mom/backend/cpu/cross_entropy.hpp"
+#include "mom/backend/cpu/dispatch.hpp"
+#include "mom/backend/cpu/embedding.hpp"
+#include "mom/backend/cpu/gemm.hpp"
+#include "mom/backend/cpu/gru.hpp"
+#include "mom/backend/cpu/layernorm.hpp"
+#include "mom/backend/cpu/linear.hpp"
+#include "mom/backend/cpu/optim.hpp"
+#include "mom/backend/cpu/topk.hpp"
+#include "mom/core/check.hpp"
+#include "mom/core/tensor.hpp"
+
+namespace mom::cpu {
+
+// An owning, 64-byte aligned (one cache line / one AVX-512 register), zero-initialised array.
+// Move-only; the memory is released on destruction.
+template <class U>
+class Buffer {
+ public:
+  static constexpr std::size_t alignment = 64;
+
+  Buffer() = default;
+  explicit Buffer(index_t n) : size_(n) {
+    MOM_CHECK(n >= 0, "Buffer: negative size ", n);
+    if (n == 0) return;
+    data_ = static_cast<U*>(::operator new(static_cast<std::size_t>(n) * sizeof(U), std::align_val_t{alignment}));
+    std::memset(static_cast<void*>(data_), 0, static_cast<std::size_t>(n) * sizeof(U));
+  }
+  Buffer(Buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { release(); }
+
+  U* data() { return data_; }
+  const U* data() const { return data_; }
+  index_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  U& operator[](index_t i) { return data_[i]; }
+  const U& operator[](index_t i) const { return data_[i]; }
+  U* begin() { return data_; }
+  U* end() { return data_ + size_; }
+  const U* begin() const { return data_; }
+  const U* end() const { return data_ + size_; }
+
+  std::span<U> span() { return {data_, static_cast<std::size_t>(size_)}; }
+  std::span<const U> span() const { return {data_, static_cast<std::size_t>(size_)}; }
+  operator std::span<U>() { return span(); }
+  operator std::span<const U>() const { return span(); }
+  // The buffer (or its first rows*cols elements) as a row-major matrix.
+  MatrixView<U> view(index_t rows, index_t cols) {
+    MOM_CHECK(rows >= 0 && cols >= 0 && rows * cols <= size_, "Buffer::view: [", rows, "x", cols, "] exceeds ", size_,
+              " elements");
+    return {data_, rows, cols};
+  }
+  MatrixView<const U> view(index_t rows, index_t cols) const { return const_cast<Buffer*>(this)->view(rows, cols); }
+
+ private:
+  void release() {
+    if (data_) ::operator delete(static_cast<void*>(data_), std::align_val_t{alignment});
+    data_ = nullptr;
+    size_ = 0;
+  }
+  U* data_ = nullptr;
+  index_t size_ = 0;
+};
+
+template <class T>
+struct Backend {
+  using scalar = T;
+  template <class U>
+  using Buffer = cpu::Buffer<U>;
+  template <class U>
+  using View = MatrixView<U>;
+  using Trans = cpu::Trans;
+  using AdamWConfig = cpu::AdamWConfig;
+  using M = MatrixView<T>;
+  using CM = MatrixView<const T>;
+  using S = std::span<T>;
+  using CS = std::span<const T>;
+  using Tok = std::span<const token_t>;
+
+  static constexpr const char* name = "cpu";
+
+  // ---- memory --------------------------------------------------------------
+  template <class U = T>
+  Buffer<U> alloc(index_t n) const { return Buffer<U>(n); }
+  template <class U>
+  void zero(std::span<U> s) const {
+    if (!s.empty()) std::memset(static_cast<void*>(s.data()), 0, s.size_bytes());
+  }
+  void zero(M m) const {
+    if (m.contiguous()) return zero(m.flat());
+    for (index_t r = 0; r < m.rows; ++r) std::fill_n(m.row(r), m.cols, T(0));
+  }
+  template <class U>
+  void fill(std::span<U> s, U value) const { std::fill(s.begin(), s.end(), value); }
+  template <class U>
+  void copy(std::span<U> dst, std::span<const U> src) const {
+    MOM_CHECK(dst.size() == src.size(), "copy: dst has ", dst.size(), " elements, src has ", src.size());
+    if (!src.empty()) std::memmove(static_cast<void*>(dst.data()), src.data(), src.size_bytes());
+  }
+  template <class U>
+  void copy(std::span<U> dst, std::span<U> src) const { copy(dst, std::span<const U>(src)); }
+  // Host transfers: plain copies on the CPU; a device backend moves memory across the bus.
+  template <class U>
+  void to_host(std::span<U> host, std::span<const U> dev) const { copy(host, dev); }
+  template <class U>
+  void from_host(std::span<U> dev, std::span<const U> host) const { copy(dev, host); }
+  // Read one scalar back (e.g. the loss or a norm).
+  template <class U>
+  U read(const U* p) const { return *p; }
+
+  // ---- ops -----------------------------------------------------------------
+  void gemm(M C, CM A, Trans ta, CM B, Trans tb, T alpha = T(1), T beta = T(0)) const {
+    cpu::gemm<T>(C, A, ta, B, tb, alpha, beta);
+  }
+  void linear_forward(M y, CM x, CM w, CS b) const { cpu::linear_forward<T>(y, x, w, b); }
+  void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w) const { cpu::linear_backward<T>(dx, dw, db, dy, x, w); }
+
+  void embedding_forward(M out, Tok tokens, CM wte, CM wpe, index_t seq) const {
+    cpu::embedding_forward<T>(out, tokens, wte, wpe, seq);
+  }
+  void embedding_backward(M dwte, M dwpe, CM dout, Tok tokens, index_t seq) const {
+    cpu::embedding_backward<T>(dwte, dwpe, dout, tokens, seq);
+  }
+
+  void layernorm_forward(M out, S mean, S rstd, CM x, CS gamma, CS beta, T eps = T(1e-5)) const {
+    cpu::layernorm_forward<T>(out, mean, rstd, x, gamma, beta, eps);
+  }
+  void layernorm_backward(M dx, S dgamma, S dbeta, CM dout, CM x, CS mean, CS rstd, CS gamma) const {
+    cpu::layernorm_backward<T>(dx, dgamma, dbeta, dout, x, mean, rstd, gamma);
+  }
+
+  void gelu_forward(S out, CS x) const { cpu::gelu_forward<T>(out, x); }
+  void gelu_backward(S dx, CS x, CS dout) const { cpu::gelu_backward<T>(dx, x, dout); }
+  void relu_forward(S out, CS x) const { cpu::relu_forward<T>(out, x); }
+  void relu_backward(S dx, CS x, CS dout) const { cpu::relu_backward<T>(dx, x, dout); }
+  void add_forward(S out, CS a, CS b) const { cpu::add_forward<T>(out, a, b); }
+  void axpy(S y, T alpha, CS x) const { cpu::axpy<T>(y, alpha, x); }
+  void scale(S y, T alpha) const { cpu::scale<T>(y, alpha); }
+
+  void cross_entropy_forward(S loss_out, S lse, CM logits, Tok targets, token_t ignore_index = -1) const {
+    cpu::cross_entropy_forward<T>(loss_out, lse, logits, targets, ignore_index);
+  }
+  void cross_entropy_backward(M dlogits, CM logits, CS lse, Tok targets, T dloss, token_t ignore_index = -1) const {
+    cpu::cross_entropy_backward<T>(dlogits, logits, lse, targets, dloss, ignore_index);
+  }
+
+  void attention_forward(M out, S lse, CM qkv, index_t batch, index_t seq, index_t heads) const {
+    cpu::attention_forward<T>(out, lse, qkv, batch, seq, heads);
+  }
+  void attention_backward(M dqkv, CM dout, CM out, CS lse, CM qkv, index_t batch, index_t seq, index_t heads) const {
+    cpu::attention_backward<T>(dqkv, dout, out, lse, qkv, batch, seq, heads);
+  }
+
+  void gather_rows(M out, CM in, Tok idx) const { cpu::gather_rows<T>(out, in, idx); }
+  void scatter_add_rows(M out, CM in, Tok idx, CS weights = {}) const { cpu::scatter_add_rows<T>(out, in, idx, weights); }
+  void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights = {}) const {
+    cpu::scatter_add_rows_backward<T>(din, dweights, dout, in, idx, weights);
+  }
+
+  void topk_rows(M values, MatrixView<token_t> indices, CM x) const { cpu::topk_rows<T>(values, indices, x); }
+  void topk_rows_backward(M dx, CM dvalues, MatrixView<const token_t> indices) const {
+    cpu::topk_rows_backward<T>(dx, dvalues, indices);
+  }
+  void softmax_rows(M y, CM x, T scale = T(1)) const { cpu::softmax_rows<T>(y, x, scale); }
+  void softmax_rows_backward(M dx, CM dy, CM y, T scale = T(1)) const { cpu::softmax_rows_backward<T>(dx, dy, y, scale); }
+
+  void gru_cell_forward(M h_out, M gates, CM x, CM h, CM w_ih, CM w_hh, CS b_ih, CS b_hh) const {
+    cpu::gru_cell_forward<T>(h_out, gates, x, h, w_ih, w_hh, b_ih, b_hh);
+  }
+  void gru_cell_backward(M dx, M dh, M dw_ih, M dw_hh, S db_ih, S db_hh, M scratch, CM dh_out, CM gates, CM x, CM h,
+                         CM w_ih, CM w_hh) const {
+    cpu::gru_cell_backward<T>(dx, dh, dw_ih, dw_hh, db_ih, db_hh, scratch, dh_out, gates, x, h, w_ih, w_hh);
+  }
+
+  void grad_norm(CS grads, T* norm_out) const { cpu::grad_norm<T>(grads, norm_out); }
+  void adamw_step(S params, CS grads, S m, S v, const AdamWConfig& cfg, std::int64_t step,
+                  const T* grad_norm = nullptr, T max_norm = T(0)) const {
+    cpu::adamw_step<T>(params, grads, m, v, cfg, step, grad_norm, max_norm);
+  }
+};
+
+}  // namespace mom::cpu

@@ -1,0 +1,94 @@
+#pragma once
+// Token dispatch primitives: gather rows by an index list, weighted scatter-add back.
+// A router's (module, weight) choices become: gather the chosen tokens' rows, run the module on
+// the packed rows, scatter-add w · result into the residual stream.
+#include <algorithm>
+#include <cstring>
+#include <span>
+
+#include "mom/core/check.hpp"
+#include "mom/core/tensor.hpp"
+
+namespace mom::cpu {
+
+namespace detail {
+inline void check_row_indices(const char* op, std::span<const token_t> idx, index_t bound, Shape table) {
+  for (index_t i = 0; i < ssize(idx); ++i)
+    MOM_CHECK(idx[i] >= 0 && idx[i] < bound, op, ": idx[", i, "] = ", idx[i], " is out of range [0, ", bound,
+              ") for ", table);
+}
+}  // namespace detail
+
+// out[i] = in[idx[i]] for i < n. Writes out [n×d]; in is [T×d].
+template <class T>
+void gather_rows(MatrixView<T> out, MatrixView<const T> in, std::span<const token_t> idx) {
+  MOM_CHECK(ssize(idx) == out.rows && out.cols == in.cols, "gather_rows: out ", shape(out), ", in ", shape(in), ", ",
+            idx.size(), " indices");
+  detail::check_row_indices("gather_rows", idx, in.rows, shape(in));
+  const index_t d = in.cols;
+#pragma omp parallel for schedule(static) if (out.rows * d > (1 << 16))
+  for (index_t i = 0; i < out.rows; ++i) std::memcpy(out.row(i), in.row(idx[i]), static_cast<std::size_t>(d) * sizeof(T));
+}
+
+// out[idx[i]] += w[i] · in[i] (w empty: all 1). Accumulates into out [T×d]; in is [n×d].
+// Indices may repeat (their contributions add up), so threads split columns, not rows.
+// The backward of gather_rows(out, in, idx) is scatter_add_rows(din, dout, idx, {}).
+template <class T>
+void scatter_add_rows(MatrixView<T> out, MatrixView<const T> in, std::span<const token_t> idx,
+                      std::span<const T> weights) {
+  MOM_CHECK(ssize(idx) == in.rows && out.cols == in.cols, "scatter_add_rows: out ", shape(out), ", in ", shape(in),
+            ", ", idx.size(), " indices");
+  MOM_CHECK(weights.empty() || ssize(weights) == in.rows, "scatter_add_rows: ", weights.size(), " weights for in ",
+            shape(in));
+  detail::check_row_indices("scatter_add_rows", idx, out.rows, shape(out));
+  const index_t d = in.cols;
+  constexpr index_t block = 128;
+  const index_t nblocks = (d + block - 1) / block;
+#pragma omp parallel for schedule(static) if (in.rows * d > (1 << 16) && nblocks > 1)
+  for (index_t bi = 0; bi < nblocks; ++bi) {
+    const index_t c0 = bi * block, c1 = std::min(d, c0 + block);
+    for (index_t i = 0; i < in.rows; ++i) {
+      const T w = weights.empty() ? T(1) : weights[i];
+      const T* src = in.row(i);
+      T* dst = out.row(idx[i]);
+#pragma omp simd
+      for (index_t c = c0; c < c1; ++c) dst[c] += w * src[c];
+    }
+  }
+}
+
+// Backward of scatter_add_rows: din[i] += w[i] · dout[idx[i]], dweights[i] += dout[idx[i]] · in[i].
+// din and dweights may each be empty (not wanted); weights empty means all 1.
+template <class T>
+void scatter_add_rows_backward(MatrixView<T> din, std::span<T> dweights, MatrixView<const T> dout,
+                               MatrixView<const T> in, std::span<const token_t> idx, std::span<const T> weights) {
+  MOM_CHECK(ssize(idx) == in.rows && dout.cols == in.cols, "scatter_add_rows_backward: dout ", shape(dout), ", in ",
+            shape(in), ", ", idx.size(), " indices");
+  MOM_CHECK(din.empty() || (din.rows == in.rows && din.cols == in.cols), "scatter_add_rows_backward: din ", shape(din),
+            " must match in ", shape(in));
+  MOM_CHECK(weights.empty() || ssize(weights) == in.rows, "scatter_add_rows_backward: ", weights.size(),
+            " weights for in ", shape(in));
+  MOM_CHECK(dweights.empty() || ssize(dweights) == in.rows, "scatter_add_rows_backward: ", dweights.size(),
+            " dweights for in ", shape(in));
+  detail::check_row_indices("scatter_add_rows_backward", idx, dout.rows, shape(dout));
+  const index_t d = in.cols;
+#pragma omp parallel for schedule(static) if (in.rows * d > (1 << 16))
+  for (index_t i = 0; i < in.rows; ++i) {
+    const T* g = dout.row(idx[i]);
+    if (!din.empty()) {
+      const T w = weights.empty() ? T(1) : weights[i];
+      T* dst = din.row(i);
+#pragma omp simd
+      for (index_t c = 0; c < d; ++c) dst[c] += w * g[c];
+    }
+    if (!dweights.empty()) {
+      const T* src = in.row(i);
+      T acc = T(0);
+#pragma omp simd reduction(+ : acc)
+      for (index_t c = 0; c < d; ++c) acc += g[c] * src[c];
+      dweights[i] += acc;
+    }
+  }
+}
+
+}  // namespace mom::cpu

@@ -1,0 +1,106 @@
+#pragma once
+// GRU cell, PyTorch convention (torch.nn.GRUCell), gate order (r, z, n):
+//   gi = x·w_ihᵀ + b_ih,  gh = h·w_hhᵀ + b_hh           (each [n × 3H], blocks r | z | n)
+//   r = σ(gi_r + gh_r),  z = σ(gi_z + gh_z),  ñ = tanh(gi_n + r ∘ gh_n)
+//   h' = (1 - z) ∘ ñ + z ∘ h
+// The MoM router (Mixture-of-Modules, §3.3) is this cell run over the assembly steps.
+// Forward saves gates = [gi | gh] ([n × 6H]); backward recomputes r, z, ñ from them.
+#include <cmath>
+#include <span>
+
+#include "mom/backend/cpu/gemm.hpp"
+#include "mom/backend/cpu/linear.hpp"
+#include "mom/core/check.hpp"
+#include "mom/core/tensor.hpp"
+
+namespace mom::cpu {
+
+namespace detail {
+template <class T>
+void check_gru_shapes(const char* op, index_t n, index_t H, MatrixView<const T> gates, MatrixView<const T> x,
+                      MatrixView<const T> h, MatrixView<const T> w_ih, MatrixView<const T> w_hh, index_t b_ih,
+                      index_t b_hh) {
+  MOM_CHECK(w_ih.rows == 3 * H && w_hh.rows == 3 * H && w_hh.cols == H, op, ": w_ih ", shape(w_ih), " and w_hh ",
+            shape(w_hh), " must be [3Hx", x.cols, "] and [3HxH] for hidden size H = ", H);
+  MOM_CHECK(w_ih.cols == x.cols, op, ": x ", shape(x), " and w_ih ", shape(w_ih), " disagree on input size");
+  MOM_CHECK(x.rows == n && h.rows == n && h.cols == H, op, ": x ", shape(x), " and h ", shape(h), " must have ", n,
+            " rows and h ", H, " columns");
+  MOM_CHECK(gates.rows == n && gates.cols == 6 * H, op, ": gates ", shape(gates), " must be [", n, "x", 6 * H, "]");
+  MOM_CHECK(b_ih == 3 * H && b_hh == 3 * H, op, ": b_ih / b_hh have ", b_ih, " / ", b_hh, " elements, expected 3H = ",
+            3 * H);
+}
+
+template <class T>
+T sigmoid(T a) {
+  return T(1) / (T(1) + std::exp(-a));
+}
+}  // namespace detail
+
+template <class T>
+void gru_cell_forward(MatrixView<T> h_out, MatrixView<T> gates, MatrixView<const T> x, MatrixView<const T> h,
+                      MatrixView<const T> w_ih, MatrixView<const T> w_hh, std::span<const T> b_ih,
+                      std::span<const T> b_hh) {
+  const index_t n = h_out.rows, H = h_out.cols;
+  detail::check_gru_shapes<T>("gru_cell_forward", n, H, gates, x, h, w_ih, w_hh, ssize(b_ih), ssize(b_hh));
+  linear_forward<T>(gates.col_block(0, 3 * H), x, w_ih, b_ih);
+  linear_forward<T>(gates.col_block(3 * H, 3 * H), h, w_hh, b_hh);
+#pragma omp parallel for schedule(static) if (n * H > (1 << 14))
+  for (index_t i = 0; i < n; ++i) {
+    const T* gi = gates.row(i);
+    const T* gh = gi + 3 * H;
+    const T* hp = h.row(i);
+    T* ho = h_out.row(i);
+    for (index_t j = 0; j < H; ++j) {
+      const T r = detail::sigmoid(gi[j] + gh[j]);
+      const T z = detail::sigmoid(gi[H + j] + gh[H + j]);
+      const T nn = std::tanh(gi[2 * H + j] + r * gh[2 * H + j]);
+      ho[j] = (T(1) - z) * nn + z * hp[j];
+    }
+  }
+}
+
+// Accumulates every gradient (dx, dh, dw_ih, dw_hh, db_ih, db_hh; each may be empty) from dh_out.
+// scratch [n × 6H] receives the pre-activation gradients [dgi | dgh] (overwritten).
+template <class T>
+void gru_cell_backward(MatrixView<T> dx, MatrixView<T> dh, MatrixView<T> dw_ih, MatrixView<T> dw_hh,
+                       std::span<T> db_ih, std::span<T> db_hh, MatrixView<T> scratch, MatrixView<const T> dh_out,
+                       MatrixView<const T> gates, MatrixView<const T> x, MatrixView<const T> h,
+                       MatrixView<const T> w_ih, MatrixView<const T> w_hh) {
+  const index_t n = dh_out.rows, H = dh_out.cols;
+  detail::check_gru_shapes<T>("gru_cell_backward", n, H, gates, x, h, w_ih, w_hh, db_ih.empty() ? 3 * H : ssize(db_ih),
+                              db_hh.empty() ? 3 * H : ssize(db_hh));
+  MOM_CHECK(scratch.rows == n && scratch.cols == 6 * H, "gru_cell_backward: scratch ", shape(scratch), " must be [", n,
+            "x", 6 * H, "]");
+  MOM_CHECK(dh.empty() || (dh.rows == n && dh.cols == H), "gru_cell_backward: dh ", shape(dh), " must match h ",
+            shape(h));
+#pragma omp parallel for schedule(static) if (n * H > (1 << 14))
+  for (index_t i = 0; i < n; ++i) {
+    const T* gi = gates.row(i);
+    const T* gh = gi + 3 * H;
+    const T* hp = h.row(i);
+    const T* g = dh_out.row(i);
+    T* dgi = scratch.row(i);
+    T* dgh = dgi + 3 * H;
+    T* dhp = dh.empty() ? nullptr : dh.row(i);
+    for (index_t j = 0; j < H; ++j) {
+      const T r = detail::sigmoid(gi[j] + gh[j]);
+      const T z = detail::sigmoid(gi[H + j] + gh[H + j]);
+      const T nn = std::tanh(gi[2 * H + j] + r * gh[2 * H + j]);
+      const T dn_pre = g[j] * (T(1) - z) * (T(1) - nn * nn);  // through ñ = tanh(.)
+      const T dz_pre = g[j] * (hp[j] - nn) * z * (T(1) - z);
+      const T dr_pre = dn_pre * gh[2 * H + j] * r * (T(1) - r);
+      dgi[j] = dr_pre;
+      dgh[j] = dr_pre;
+      dgi[H + j] = dz_pre;
+      dgh[H + j] = dz_pre;
+      dgi[2 * H + j] = dn_pre;
+      dgh[2 * H + j] = dn_pre * r;
+      if (dhp) dhp[j] += g[j] * z;  // the direct path h' = ... + z ∘ h
+    }
+  }
+  const MatrixView<const T> dgi = scratch.col_block(0, 3 * H), dgh = scratch.col_block(3 * H, 3 * H);
+  linear_backward<T>(dx, dw_ih, db_ih, dgi, x, w_ih);
+  linear_backward<T>(dh, dw_hh, db_hh, dgh, h, w_hh);
+}
+
+}  // namespace mom::cpu

@@ -1,0 +1,94 @@
+#pragma once
+// LayerNorm over the last dimension: out = (x - mean) * rstd * gamma + beta,
+// rstd = 1 / sqrt(var + eps) (biased variance, as PyTorch). mean and rstd are saved for backward.
+#include <algorithm>
+#include <cmath>
+#include <span>
+#include <vector>
+
+#include "mom/backend/cpu/eigen_map.hpp"
+#include "mom/core/check.hpp"
+#include "mom/core/tensor.hpp"
+
+namespace mom::cpu {
+
+template <class T>
+void layernorm_forward(MatrixView<T> out, std::span<T> mean, std::span<T> rstd, MatrixView<const T> x,
+                       std::span<const T> gamma, std::span<const T> beta, T eps = T(1e-5)) {
+  MOM_CHECK(out.rows == x.rows && out.cols == x.cols, "layernorm_forward: out ", shape(out), " must match x ", shape(x));
+  MOM_CHECK(ssize(mean) == x.rows && ssize(rstd) == x.rows, "layernorm_forward: mean/rstd have ", mean.size(), "/",
+            rstd.size(), " elements for x ", shape(x));
+  MOM_CHECK(ssize(gamma) == x.cols && ssize(beta) == x.cols, "layernorm_forward: gamma/beta have ", gamma.size(), "/",
+            beta.size(), " elements for x ", shape(x));
+  const index_t d = x.cols;
+  const auto g = map_vec(gamma).array();
+  const auto b = map_vec(beta).array();
+#pragma omp parallel for schedule(static) if (x.rows * d > (1 << 15))
+  for (index_t r = 0; r < x.rows; ++r) {
+    // The row sits in L1 after the first read, so the two-pass (mean, then centred variance)
+    // form costs one trip to memory and avoids the cancellation of E[x²] - E[x]².
+    const auto xr = map_vec(std::span<const T>(x.row(r), d)).array();
+    const T mu = xr.sum() / T(d);
+    const T var = (xr - mu).square().sum() / T(d);
+    const T rs = T(1) / std::sqrt(var + eps);
+    map_vec(std::span<T>(out.row(r), d)).array() = (xr - mu) * rs * g + b;
+    mean[r] = mu;
+    rstd[r] = rs;
+  }
+}
+
+// Accumulates dx += rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat ∘ xhat)) with dxhat = dout ∘ gamma,
+// dgamma += Σ_rows dout ∘ xhat, dbeta += Σ_rows dout. dx, dgamma, dbeta may each be empty.
+// The column sums are reduced through one thread_local partial per thread (grown once, reused by
+// every later call), so the step allocates nothing after warm-up.
+template <class T>
+void layernorm_backward(MatrixView<T> dx, std::span<T> dgamma, std::span<T> dbeta, MatrixView<const T> dout,
+                        MatrixView<const T> x, std::span<const T> mean, std::span<const T> rstd,
+                        std::span<const T> gamma) {
+  MOM_CHECK(dout.rows == x.rows && dout.cols == x.cols, "layernorm_backward: dout ", shape(dout), " must match x ",
+            shape(x));
+  MOM_CHECK(dx.empty() || (dx.rows == x.rows && dx.cols == x.cols), "layernorm_backward: dx ", shape(dx),
+            " must match x ", shape(x));
+  MOM_CHECK(ssize(mean) == x.rows && ssize(rstd) == x.rows, "layernorm_backward: mean/rstd have ", mean.size(), "/",
+            rstd.size(), " elements for x ", shape(x));
+  MOM_CHECK(ssize(gamma) == x.cols, "layernorm_backward: gamma has ", gamma.size(), " elements for x ", shape(x));
+  MOM_CHECK(dgamma.empty() || ssize(dgamma) == x.cols, "layernorm_backward: dgamma has ", dgamma.size(),
+            " elements for x ", shape(x));
+  MOM_CHECK(dbeta.empty() || ssize(dbeta) == x.cols, "layernorm_backward: dbeta has ", dbeta.size(),
+            " elements for x ", shape(x));
+  const index_t d = x.cols;
+  const bool want_params = !dgamma.empty() || !dbeta.empty();
+  const auto g = map_vec(gamma).array();
+#pragma omp parallel if (x.rows * d > (1 << 15))
+  {
+    thread_local std::vector<T> partial;  // [dgamma | dbeta] of this thread's rows
+    if (want_params) partial.assign(2 * d, T(0));
+    using Vec = Eigen::Array<T, Eigen::Dynamic, 1>;
+    Eigen::Map<Vec> pg(partial.data(), want_params ? d : 0), pb(partial.data() + d, want_params ? d : 0);
+#pragma omp for schedule(static)
+    for (index_t r = 0; r < x.rows; ++r) {
+      const auto xr = map_vec(std::span<const T>(x.row(r), d)).array();
+      const auto dr = map_vec(std::span<const T>(dout.row(r), d)).array();
+      const T mu = mean[r], rs = rstd[r];
+      if (want_params) {
+        pg += dr * (xr - mu) * rs;
+        pb += dr;
+      }
+      if (!dx.empty()) {
+        // xhat and dxhat are recomputed on the fly: two reductions, then one fused write.
+        const T mean_dxhat = (dr * g).sum() / T(d);
+        const T mean_dxhat_xhat = (dr * g * (xr - mu)).sum() * rs / T(d);
+        map_vec(std::span<T>(dx.row(r), d)).array() += rs * (dr * g - mean_dxhat - (xr - mu) * rs * mean_dxhat_xhat);
+      }
+    }
+    if (want_params) {
+#pragma omp critical(mom_layernorm_backward)
+      {
+        if (!dgamma.empty()) map_vec(dgamma).array() += pg;
+        if (!dbeta.empty()) map_vec(dbeta).array() += pb;
+      }
+    }
+  }
+}
+
+}  // namespace mom::cpu

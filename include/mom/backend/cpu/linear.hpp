@@ -1,0 +1,70 @@
+#pragma once
+// Linear layer y = x·wᵀ + b (PyTorch weight layout w[out × in]) and its backward.
+// Both matrix products go through cpu::gemm; the bias is folded in as gemm's C input.
+#include <algorithm>
+#include <span>
+
+#include "mom/backend/cpu/gemm.hpp"
+#include "mom/core/check.hpp"
+#include "mom/core/tensor.hpp"
+
+namespace mom::cpu {
+
+namespace detail {
+// acc[c] += sum over rows r of m(r, c): the bias gradient. Parallel over column blocks, so
+// each thread streams contiguous row segments and no two threads touch the same acc[c].
+template <class T>
+void add_column_sums(std::span<T> acc, MatrixView<const T> m) {
+  constexpr index_t block = 256;
+  const index_t nblocks = (m.cols + block - 1) / block;
+#pragma omp parallel for schedule(static) if (m.rows * m.cols > (1 << 16) && nblocks > 1)
+  for (index_t bi = 0; bi < nblocks; ++bi) {
+    const index_t c0 = bi * block, c1 = std::min(m.cols, c0 + block);
+    T* a = acc.data();
+    for (index_t r = 0; r < m.rows; ++r) {
+      const T* row = m.row(r);
+#pragma omp simd
+      for (index_t c = c0; c < c1; ++c) a[c] += row[c];
+    }
+  }
+}
+}  // namespace detail
+
+// y[n×out] = x[n×in] · w[out×in]ᵀ + b[out]   (b may be empty: no bias). Writes y.
+template <class T>
+void linear_forward(MatrixView<T> y, MatrixView<const T> x, MatrixView<const T> w, std::span<const T> b) {
+  MOM_CHECK(x.cols == w.cols, "linear_forward: x ", shape(x), " and w ", shape(w), " disagree on in_features");
+  MOM_CHECK(y.rows == x.rows && y.cols == w.rows, "linear_forward: y ", shape(y), " must be [", x.rows, "x", w.rows,
+            "] for x ", shape(x), " and w ", shape(w));
+  MOM_CHECK(b.empty() || ssize(b) == w.rows, "linear_forward: bias has ", b.size(), " elements, w ", shape(w), " has ",
+            w.rows, " outputs");
+  if (b.empty()) {
+    gemm<T>(y, x, Trans::N, w, Trans::T);
+    return;
+  }
+  // Broadcast the bias into y, then y += x·wᵀ (one extra pass over y, no temporary).
+#pragma omp parallel for schedule(static) if (y.rows * y.cols > (1 << 16))
+  for (index_t r = 0; r < y.rows; ++r) std::copy(b.begin(), b.end(), y.row(r));
+  gemm<T>(y, x, Trans::N, w, Trans::T, T(1), T(1));
+}
+
+// Backward of linear_forward. Accumulates: dx += dy·w, dw += dyᵀ·x, db += Σ_rows dy.
+// dx and db may be empty (not wanted); dw may be empty too (frozen weight).
+template <class T>
+void linear_backward(MatrixView<T> dx, MatrixView<T> dw, std::span<T> db, MatrixView<const T> dy, MatrixView<const T> x,
+                     MatrixView<const T> w) {
+  MOM_CHECK(x.cols == w.cols, "linear_backward: x ", shape(x), " and w ", shape(w), " disagree on in_features");
+  MOM_CHECK(dy.rows == x.rows && dy.cols == w.rows, "linear_backward: dy ", shape(dy), " must be [", x.rows, "x", w.rows,
+            "] for x ", shape(x), " and w ", shape(w));
+  MOM_CHECK(dx.empty() || (dx.rows == x.rows && dx.cols == x.cols), "linear_backward: dx ", shape(dx),
+            " must match x ", shape(x));
+  MOM_CHECK(dw.empty() || (dw.rows == w.rows && dw.cols == w.cols), "linear_backward: dw ", shape(dw),
+            " must match w ", shape(w));
+  MOM_CHECK(db.empty() || ssize(db) == w.rows, "linear_backward: db has ", db.size(), " elements, w ", shape(w), " has ",
+            w.rows, " outputs");
+  if (!dx.empty()) gemm<T>(dx, dy, Trans::N, w, Trans::N, T(1), T(1));
+  if (!dw.empty()) gemm<T>(dw, dy, Trans::T, x, Trans::N, T(1), T(1));
+  if (!db.empty()) detail::add_column_sums<T>(db, dy);
+}
+
+}  // namespace mom::cpu

@@ -1,0 +1,67 @@
+#pragma once
+// AdamW over one flat parameter buffer (Loshchilov & Hutter, decoupled weight decay) and the
+// global gradient L2 norm used for clipping. Both are single passes over the flat buffers.
+#include <cmath>
+#include <cstdint>
+#include <span>
+
+#include "mom/core/check.hpp"
+#include "mom/core/tensor.hpp"
+
+namespace mom::cpu {
+
+struct AdamWConfig {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+// *norm_out = sqrt(Σ g²) (summed in double). norm_out is backend memory, so a GPU backend can
+// hand it straight to adamw_step without a host round trip.
+template <class T>
+void grad_norm(std::span<const T> grads, T* norm_out) {
+  MOM_CHECK(norm_out != nullptr, "grad_norm: norm_out is null (", grads.size(), " gradients)");
+  const index_t n = ssize(grads);
+  const T* g = grads.data();
+  double sum = 0;
+#pragma omp parallel for simd schedule(static) reduction(+ : sum) if (n > (1 << 16))
+  for (index_t i = 0; i < n; ++i) sum += double(g[i]) * double(g[i]);
+  *norm_out = T(std::sqrt(sum));
+}
+
+// One AdamW step, step >= 1 (bias correction 1 - β^step):
+//   g = grads · c,  c = min(1, max_norm / *grad_norm) when grad_norm && max_norm > 0, else 1
+//   m = β1 m + (1-β1) g,  v = β2 v + (1-β2) g²
+//   p -= lr · ( (m / (1-β1^t)) / (sqrt(v / (1-β2^t)) + eps) + weight_decay · p )
+template <class T>
+void adamw_step(std::span<T> params, std::span<const T> grads, std::span<T> m, std::span<T> v, const AdamWConfig& cfg,
+                std::int64_t step, const T* grad_norm = nullptr, T max_norm = T(0)) {
+  MOM_CHECK(grads.size() == params.size() && m.size() == params.size() && v.size() == params.size(),
+            "adamw_step: params/grads/m/v have ", params.size(), "/", grads.size(), "/", m.size(), "/", v.size(),
+            " elements");
+  MOM_CHECK(step >= 1, "adamw_step: step = ", step, " must be >= 1 (1-based, for bias correction)");
+  T clip = T(1);
+  if (grad_norm != nullptr && max_norm > T(0) && *grad_norm > max_norm) clip = max_norm / *grad_norm;
+  const T b1 = T(cfg.beta1), b2 = T(cfg.beta2), eps = T(cfg.eps);
+  const T decay = T(cfg.lr * cfg.weight_decay);
+  const T step_size = T(cfg.lr / (1.0 - std::pow(cfg.beta1, double(step))));  // lr / bias correction 1
+  const T inv_sqrt_bc2 = T(1.0 / std::sqrt(1.0 - std::pow(cfg.beta2, double(step))));
+  const index_t n = ssize(params);
+  T* p = params.data();
+  const T* g = grads.data();
+  T* mm = m.data();
+  T* vv = v.data();
+#pragma omp parallel for simd schedule(static) if (n > (1 << 16))
+  for (index_t i = 0; i < n; ++i) {
+    const T gi = g[i] * clip;
+    const T mi = b1 * mm[i] + (T(1) - b1) * gi;
+    const T vi = b2 * vv[i] + (T(1) - b2) * gi * gi;
+    mm[i] = mi;
+    vv[i] = vi;
+    p[i] -= step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps) + decay * p[i];
+  }
+}
+
+}  // namespace mom::cpu
