@@ -1,0 +1,108 @@
+#pragma once
+// Assembly<R, M, K, H, Phi>: the paper's 5-tuple <M, R, phi, K, H> (§3.1) as one class
+// template. A model architecture is one Assembly or a Chunked sequence of them; the special
+// cases of §3.5 are specialisations or aliases of this template (Dense<L> below).
+//
+// Everything that can be known from the type is checked here, when the type is used
+// (e.g. by LM<dims, Arch>), with messages in the user's terms.
+#include <cstddef>
+#include <type_traits>
+
+#include "mom/assembly/phi.hpp"
+#include "mom/core/meta.hpp"
+#include "mom/modules/module_set.hpp"
+#include "mom/routers/router.hpp"
+#include "mom/routers/sequential.hpp"
+
+namespace mom {
+
+// How an Assembly with router policy P computes (forward, backward, cost). Specialised per
+// policy in assembly/ (assembly/sequential.hpp for Router<Sequential>).
+template <class Policy, class A, Dims D>
+struct Executor;
+
+namespace detail {
+template <class T, template <int> class Tpl>
+struct int_arg {
+  static constexpr int value = 0;
+};
+template <int n, template <int> class Tpl>
+struct int_arg<Tpl<n>, Tpl> {
+  static constexpr int value = n;
+};
+
+template <class R, class M>
+constexpr std::size_t assembly_tensor_count() {
+  if constexpr (is_router<R> && is_module_set<M>) {
+    if constexpr (RouterPolicy<typename R::policy>) return router_tensor_count<typename R::policy, M>() + M::tensor_count;
+    else return 0;
+  } else {
+    return 0;
+  }
+}
+
+template <class R, class M, int k, int h, class Phi>
+constexpr bool assembly_drivable() {
+  if constexpr (is_router<R> && is_module_set<M> && AssemblingFunction<Phi> && k >= 1 && h >= 1) {
+    if constexpr (RouterPolicy<typename R::policy>) {
+      constexpr bool phi_ok = Phi::template Verify<M, k, h>::ok;
+      // Check the router only when phi accepted K, so one mistake gives one message.
+      if constexpr (phi_ok) return R::policy::template Drives<M, k, h>::ok;
+      else return false;
+    } else {
+      return false;
+    }
+  } else {
+    return false;
+  }
+}
+}  // namespace detail
+
+template <class R, class M, class Kn, class Hn, class Phi = phi::MoM>
+struct Assembly {
+  static_assert(is_router<R>, "mom::Assembly<R, M, K, H, Phi>: R must be a router, e.g. Router<Sequential>");
+  static_assert(is_module_set<M>, "mom::Assembly<R, M, K, H, Phi>: M must be a ModuleSet<...>, e.g. ModuleSet<MHA<4>, FFN<4>, Skip>");
+  static_assert(is_k<Kn>, "mom::Assembly<R, M, K, H, Phi>: the third argument must be K<n>");
+  static_assert(is_h<Hn>, "mom::Assembly<R, M, K, H, Phi>: the fourth argument must be H<n>");
+  static_assert(AssemblingFunction<Phi>, "mom::Assembly<R, M, K, H, Phi>: Phi must be an assembling function, e.g. phi::MoM");
+
+  using router = R;
+  using module_set = M;
+  using phi_type = Phi;
+  static constexpr int k = detail::int_arg<Kn, K>::value;
+  static constexpr int h = detail::int_arg<Hn, H>::value;
+  static_assert(!is_k<Kn> || k >= 1, "mom::Assembly: K must be >= 1 (modules picked per token per step)");
+  static_assert(!is_h<Hn> || h >= 1, "mom::Assembly: H must be >= 1 (assembly steps)");
+  static_assert(!is_router<R> || RouterPolicy<typename R::policy>,
+                "mom::Assembly: unknown router policy; known: Sequential (GRU and others arrive with later issues)");
+
+  // True when the router can drive this module set with this K and H (the static_asserts of
+  // phi and of the router policy have fired otherwise).
+  static constexpr bool valid = detail::assembly_drivable<R, M, k, h, Phi>();
+
+  // Layer names "h.<base>".."h.<base + depth - 1>" (the dense layers this part corresponds to)
+  // and the number of assembly steps actually run.
+  static constexpr int depth = [] {
+    if constexpr (is_module_set<M>) return M::depth;
+    else return 0;
+  }();
+  static constexpr int steps = h;
+  static constexpr std::size_t tensor_count = detail::assembly_tensor_count<R, M>();
+
+  template <Dims D>
+  using executor = Executor<typename R::policy, Assembly, D>;
+};
+
+template <class T>
+inline constexpr bool is_assembly = false;
+template <class R, class M, class Kn, class Hn, class Phi>
+inline constexpr bool is_assembly<Assembly<R, M, Kn, Hn, Phi>> = true;
+
+// The vanilla L-layer transformer is the MoM special case with a fixed sequential router
+// (paper §3.5): step h runs MHA h then FFN h.
+template <int L>
+using Dense = Assembly<Router<Sequential>, ModuleSet<MHA<L>, FFN<L>>, K<1>, H<L>>;
+// One vanilla pre-norm block (attention then FFN, each x + f(LN(x))).
+using Layer = Dense<1>;
+
+}  // namespace mom

@@ -1,0 +1,100 @@
+#pragma once
+// The parameter layout: every tensor of a model has a name, a shape and an offset in one
+// flat buffer, all known at compile time. Parameters and gradients are single buffers in
+// this order, so AdamW, clipping, checkpoints and an all-reduce are single passes.
+#include <array>
+#include <cstddef>
+#include <string_view>
+
+#include "mom/core/tensor.hpp"
+
+namespace mom {
+
+// One tensor of the flat buffer. 1-D tensors (biases, LayerNorm) have rows == 1.
+struct ParamInfo {
+  std::string_view name;  // GPT-2 / llm.c style: "wte", "wpe", "h.3.attn.w_qkv", "ln_f.w"
+  index_t rows = 0;
+  index_t cols = 0;
+  index_t offset = 0;  // in elements from the start of the flat buffer
+  constexpr index_t size() const { return rows * cols; }
+};
+
+// How a tensor is initialised (GPT-2): weights N(0, 0.02); the projections that write into
+// the residual stream N(0, 0.02 / sqrt(2 * layers)); biases 0; LayerNorm gains 1.
+enum class Init : unsigned char { Normal, ResidualNormal, Zero, One };
+
+// A tensor as a module declares it: the name below its layer ("attn.w_qkv"), the layer it
+// belongs to (-1 for model-level tensors such as "wte"), its shape and its initialisation.
+struct TensorSpec {
+  std::string_view suffix;
+  index_t layer = -1;
+  index_t rows = 0;
+  index_t cols = 0;
+  Init init = Init::Normal;
+  constexpr index_t size() const { return rows * cols; }
+};
+
+namespace detail {
+constexpr index_t decimal_digits(index_t v) {
+  index_t n = 1;
+  while (v >= 10) v /= 10, ++n;
+  return n;
+}
+// Full name of a spec: "h.<layer>.<suffix>" or just "<suffix>".
+constexpr index_t name_length(const TensorSpec& s) {
+  return (s.layer >= 0 ? 3 + decimal_digits(s.layer) : 0) + static_cast<index_t>(s.suffix.size());
+}
+template <std::size_t N>
+constexpr std::size_t total_name_chars(const std::array<TensorSpec, N>& specs) {
+  std::size_t n = 0;
+  for (const auto& s : specs) n += static_cast<std::size_t>(name_length(s));
+  return n;
+}
+// All names, back to back (no separators): layout entries are string_views into this.
+template <std::size_t Chars, std::size_t N>
+constexpr std::array<char, Chars + 1> build_names(const std::array<TensorSpec, N>& specs) {
+  std::array<char, Chars + 1> out{};
+  std::size_t at = 0;
+  for (const auto& s : specs) {
+    if (s.layer >= 0) {
+      out[at++] = 'h';
+      out[at++] = '.';
+      const index_t digits = decimal_digits(s.layer);
+      index_t v = s.layer;
+      for (index_t i = digits - 1; i >= 0; --i, v /= 10) out[at + static_cast<std::size_t>(i)] = char('0' + v % 10);
+      at += static_cast<std::size_t>(digits);
+      out[at++] = '.';
+    }
+    for (char c : s.suffix) out[at++] = c;
+  }
+  return out;
+}
+template <std::size_t N, std::size_t C>
+constexpr std::array<ParamInfo, N> build_layout(const std::array<TensorSpec, N>& specs, const std::array<char, C>& names) {
+  std::array<ParamInfo, N> out{};
+  std::size_t at = 0;
+  index_t offset = 0;
+  for (std::size_t i = 0; i < N; ++i) {
+    const auto len = static_cast<std::size_t>(name_length(specs[i]));
+    out[i] = ParamInfo{std::string_view(names.data() + at, len), specs[i].rows, specs[i].cols, offset};
+    at += len;
+    offset += specs[i].size();
+  }
+  return out;
+}
+}  // namespace detail
+
+// Bump allocator over one workspace, usable at compile time (the cost model's activation
+// size) and at run time (carving the workspace) with the same code, so the two agree.
+// Every block starts on a 16-element boundary (64 bytes for float).
+struct Arena {
+  static constexpr index_t align = 16;
+  index_t used = 0;
+  constexpr index_t take(index_t n) {
+    const index_t at = used;
+    used += (n + align - 1) / align * align;
+    return at;
+  }
+};
+
+}  // namespace mom

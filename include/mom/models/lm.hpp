@@ -1,0 +1,199 @@
+#pragma once
+// LM<dims, Arch>: a GPT-2 style language model around an architecture:
+//   x_0 = wte[token] + wpe[position]          (learned position embedding)
+//   x   = Arch(x_0)                           (an Assembly or a Chunked sequence of them)
+//   logits = LN_f(x) · wteᵀ                   (LM head tied to the token embedding)
+// and its constexpr cost model: parameter layout and count, forward FLOPs per token,
+// activation memory for (batch, seq). Model::make<Backend>(seed) gives a runnable instance
+// (models/runtime.hpp).
+//
+// Cost model conventions (docs/architecture.md):
+// - params: every tensor of the layout once (tied head counted once, in wte).
+// - FLOPs: 2*m*n*k per matrix product (a multiply-add is 2 FLOPs), forward only; for
+//   attention, QKᵀ and PV over the causal triangle (token t sees t+1 keys). Elementwise work
+//   (LayerNorm, GELU, softmax, residual adds, biases, embedding) is not counted. A training
+//   step costs about 3x the forward (backward = two products per forward product).
+// - activations: every buffer of the workspace that reserve(batch, seq) allocates (saved
+//   activations, logits, backward scratch), plus the token and target copies.
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+
+#include "mom/assembly/chunked.hpp"
+#include "mom/assembly/sequential.hpp"
+#include "mom/core/dims.hpp"
+#include "mom/core/layout.hpp"
+
+namespace mom {
+
+template <class Model, class Backend>
+class ModelInstance;  // models/runtime.hpp
+
+namespace detail {
+
+template <class Arch>
+struct parts_of {
+  using type = TypeList<>;
+};
+template <class R, class M, class Kn, class Hn, class Phi>
+struct parts_of<Assembly<R, M, Kn, Hn, Phi>> {
+  using type = TypeList<Assembly<R, M, Kn, Hn, Phi>>;
+};
+template <class... Ps>
+struct parts_of<Chunked<Ps...>> {
+  using type = TypeList<Ps...>;
+};
+
+template <class P>
+constexpr bool part_valid() {
+  if constexpr (is_assembly<P>) return P::valid;
+  else return false;
+}
+template <class... Ps>
+constexpr bool parts_valid(TypeList<Ps...>) {
+  return sizeof...(Ps) > 0 && (part_valid<Ps>() && ...);
+}
+
+// Stand-ins used after a failed check so that one mistake gives one error message.
+inline constexpr Dims placeholder_dims{.d_model = 1, .heads = 1, .d_ff = 1, .vocab = 1, .context = 1};
+
+template <Dims D, class... Ps>
+constexpr auto lm_specs() {
+  constexpr std::size_t n = 4 + (0 + ... + Ps::template executor<D>::tensor_count);
+  std::array<TensorSpec, n> out{};
+  TensorSpec* at = out.data();
+  *at++ = {"wte", -1, D.vocab, D.d_model, Init::Normal};
+  *at++ = {"wpe", -1, D.context, D.d_model, Init::Normal};
+  index_t layer = 0;
+  ((Ps::template executor<D>::specs(at, layer), at += Ps::template executor<D>::tensor_count, layer += Ps::depth), ...);
+  *at++ = {"ln_f.w", -1, 1, D.d_model, Init::One};
+  *at++ = {"ln_f.b", -1, 1, D.d_model, Init::Zero};
+  return out;
+}
+
+template <Dims D, class PartList>
+struct LMCore;
+
+template <Dims D, class... Ps>
+struct LMCore<D, TypeList<Ps...>> {
+  template <class P>
+  using exec = typename P::template executor<D>;
+  using executors = TypeList<exec<Ps>...>;
+  static constexpr std::size_t n_parts = sizeof...(Ps);
+  static constexpr index_t d = D.d_model;
+
+  static constexpr int depth = (0 + ... + Ps::depth);
+  static constexpr int steps = (0 + ... + Ps::steps);
+
+  static constexpr auto specs = lm_specs<D, Ps...>();
+  static constexpr std::size_t tensor_count = specs.size();
+  static constexpr auto names = build_names<total_name_chars(specs)>(specs);
+  static constexpr std::array<ParamInfo, tensor_count> layout = build_layout(specs, names);
+  static constexpr index_t params = layout.back().offset + layout.back().size();
+
+  // Offset of each part's parameter block (after wte and wpe).
+  static constexpr std::array<index_t, n_parts> part_offset = [] {
+    std::array<index_t, n_parts> out{};
+    index_t at = (D.vocab + D.context) * D.d_model;
+    std::size_t i = 0;
+    ((out[i++] = at, at += exec<Ps>::params), ...);
+    return out;
+  }();
+  static constexpr index_t ln_f_offset = layout[tensor_count - 2].offset;
+
+  static constexpr index_t flops_per_token(index_t seq) {
+    return (0 + ... + exec<Ps>::flops_per_token(seq)) + 2 * d * D.vocab;
+  }
+
+  // Where every buffer of a step lives in the workspace, for (batch, seq).
+  struct Plan {
+    index_t batch = 0, seq = 0;
+    index_t res0 = 0;                            // x_0 = embedding output [n x d]
+    std::tuple<typename exec<Ps>::Plan...> parts{};  // each part's saved activations
+    index_t lnf = 0, mean_f = 0, rstd_f = 0;     // final LayerNorm
+    index_t logits = 0, lse = 0, loss = 0;       // [n x vocab], [n], [1]; dlogits overwrite logits
+    index_t dres = 0, dlnf = 0;                  // backward: dL/d(residual stream), dL/d(LN_f out)
+    index_t scratch = 0;                         // shared by the parts (max over them)
+    index_t total = 0;                           // elements of T
+  };
+  static constexpr Plan plan(index_t batch, index_t seq) {
+    const index_t n = batch * seq;
+    Arena a;
+    Plan p{};
+    p.batch = batch;
+    p.seq = seq;
+    p.res0 = a.take(n * d);
+    p.parts = std::tuple<typename exec<Ps>::Plan...>{exec<Ps>::plan(a, batch, seq)...};  // in order
+    p.lnf = a.take(n * d);
+    p.mean_f = a.take(n);
+    p.rstd_f = a.take(n);
+    p.logits = a.take(n * D.vocab);
+    p.lse = a.take(n);
+    p.loss = a.take(1);
+    p.dres = a.take(n * d);
+    p.dlnf = a.take(n * d);
+    index_t scratch = 0;
+    ((scratch = scratch > exec<Ps>::scratch(batch, seq) ? scratch : exec<Ps>::scratch(batch, seq)), ...);
+    p.scratch = a.take(scratch);
+    p.total = a.used;
+    return p;
+  }
+};
+
+}  // namespace detail
+
+template <Dims D, class Arch>
+struct LM {
+  static_assert(Architecture<Arch>,
+                "mom::LM<dims, Arch>: Arch must be an Assembly (e.g. Dense<L>) or a Chunked<...> of Assemblies");
+  static constexpr bool dims_ok = VerifyDims<D>::ok;
+  static constexpr bool arch_ok = detail::parts_valid(typename detail::parts_of<Arch>::type{});
+  static constexpr bool valid = dims_ok && arch_ok;
+
+  static constexpr Dims dims = valid ? D : detail::placeholder_dims;
+  using arch = Arch;
+  using parts = std::conditional_t<valid, typename detail::parts_of<Arch>::type, TypeList<Layer>>;
+  using core = detail::LMCore<dims, parts>;
+  using Plan = typename core::Plan;
+
+  // ---- cost model (all constexpr) -------------------------------------------------------
+  static constexpr int depth = core::depth;  // dense-equivalent layers (names h.0 .. h.<depth-1>)
+  static constexpr int steps = core::steps;  // assembly steps run (H summed over parts)
+  static constexpr index_t params = core::params;
+  static constexpr auto& layout = core::layout;  // std::array<ParamInfo, N>, flat-buffer order
+  static constexpr std::size_t tensor_count = core::tensor_count;
+
+  // Forward FLOPs per token at sequence length seq (2*m*n*k per product, causal attention).
+  static constexpr index_t flops_per_token(index_t seq) { return core::flops_per_token(seq); }
+  static constexpr index_t forward_flops(index_t batch, index_t seq) { return batch * seq * flops_per_token(seq); }
+  // Workspace of reserve(batch, seq), in elements of the scalar type, and in bytes (with the
+  // token and target copies).
+  static constexpr index_t activation_elements(index_t batch, index_t seq) { return core::plan(batch, seq).total; }
+  template <class T = float>
+  static constexpr index_t activation_bytes(index_t batch, index_t seq) {
+    return activation_elements(batch, seq) * index_t(sizeof(T)) + 2 * batch * seq * index_t(sizeof(token_t));
+  }
+
+  // The layout entry called `name` (a compile error in a constant expression when absent).
+  static constexpr const ParamInfo& find(std::string_view name) {
+    for (const auto& p : layout)
+      if (p.name == name) return p;
+    throw "mom::LM::find: no parameter with this name";
+  }
+
+  // A runnable model on backend Be with parameters initialised GPT-2 style from seed.
+  template <class Be>
+  static ModelInstance<LM, Be> make(std::uint64_t seed) {
+    return ModelInstance<LM, Be>(seed);
+  }
+};
+
+template <class T>
+inline constexpr bool is_lm = false;
+template <Dims D, class A>
+inline constexpr bool is_lm<LM<D, A>> = true;
+
+}  // namespace mom

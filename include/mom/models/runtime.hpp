@@ -1,0 +1,200 @@
+#pragma once
+// ModelInstance<LM<dims, Arch>, Backend>: a model with its parameters, gradients and step
+// workspace on a backend. Created by Model::make<Backend>(seed).
+//
+//   auto m = Model::make<cpu::Backend<float>>(seed);   // GPT-2 init, grads zero
+//   m.reserve(batch, seq);                             // the only allocation of a training run
+//   T loss = m.forward(tokens, targets, batch, seq);   // mean cross-entropy (0 without targets)
+//   m.backward();                                      // grads += d loss / d params
+//   m.zero_grad();
+//
+// Parameters and gradients are single flat buffers in Model::layout order.
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <span>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "mom/core/check.hpp"
+#include "mom/models/lm.hpp"
+
+namespace mom {
+
+template <class Model, class Be>
+class ModelInstance {
+ public:
+  using model_type = Model;
+  using backend_type = Be;
+  using scalar = typename Be::scalar;
+  using T = scalar;
+  static constexpr Dims dims = Model::dims;
+  static constexpr index_t d = dims.d_model;
+  static constexpr index_t vocab = dims.vocab;
+
+  static_assert(Model::valid, "mom::LM: the model type is invalid (see the error above)");
+
+  // Parameters initialised as GPT-2: weights N(0, 0.02), residual projections (attn.w_proj,
+  // mlp.w_proj) N(0, 0.02 / sqrt(2 * depth)), biases 0, LayerNorm gains 1. Same seed, same
+  // parameters, bit for bit (mt19937_64; values drawn in layout order on the host).
+  explicit ModelInstance(std::uint64_t seed, Be be = Be{}) : be_(std::move(be)) {
+    params_ = be_.template alloc<T>(Model::params);
+    grads_ = be_.template alloc<T>(Model::params);
+    std::vector<T> host(static_cast<std::size_t>(Model::params));
+    std::mt19937_64 rng(seed);
+    const double residual_std = 0.02 / std::sqrt(2.0 * Model::depth);
+    for (std::size_t i = 0; i < Model::tensor_count; ++i) {
+      const ParamInfo& p = Model::layout[i];
+      const Init init = Model::core::specs[i].init;
+      T* t = host.data() + p.offset;
+      if (init == Init::Zero || init == Init::One) {
+        for (index_t j = 0; j < p.size(); ++j) t[j] = init == Init::One ? T(1) : T(0);
+      } else {
+        std::normal_distribution<double> normal(0.0, init == Init::ResidualNormal ? residual_std : 0.02);
+        for (index_t j = 0; j < p.size(); ++j) t[j] = static_cast<T>(normal(rng));
+      }
+    }
+    be_.from_host(params_.span(), std::span<const T>(host));
+    zero_grad();
+  }
+
+  // Sizes the workspace for up to `batch` sequences of up to `seq` tokens from the cost
+  // model (Model::activation_elements). forward/backward never allocate.
+  void reserve(index_t batch, index_t seq) {
+    MOM_CHECK(batch > 0 && seq > 0, "reserve: batch ", batch, " and seq ", seq, " must be > 0");
+    MOM_CHECK(seq <= dims.context, "reserve: seq ", seq, " exceeds the model's context ", dims.context);
+    plan_ = Model::core::plan(batch, seq);
+    ws_ = be_.template alloc<T>(plan_.total);
+    tokens_ = be_.template alloc<token_t>(batch * seq);
+    targets_ = be_.template alloc<token_t>(batch * seq);
+    state_ = State::Reserved;
+  }
+
+  // Runs the model on tokens [batch * seq] (batch sequences of seq tokens, row-major). With
+  // targets (same size; -1 = ignored) returns the mean cross-entropy and enables backward();
+  // with empty targets returns 0 and only the logits are computed.
+  T forward(std::span<const token_t> tokens, std::span<const token_t> targets, index_t batch, index_t seq) {
+    MOM_CHECK(state_ != State::Empty, "forward: call reserve(batch, seq) first");
+    MOM_CHECK(batch > 0 && seq > 0 && batch * seq <= plan_.batch * plan_.seq && seq <= plan_.seq, "forward: batch ",
+              batch, " x seq ", seq, " does not fit the reserved ", plan_.batch, " x ", plan_.seq);
+    MOM_CHECK(ssize(tokens) == batch * seq, "forward: ", tokens.size(), " tokens for batch ", batch, " x seq ", seq);
+    MOM_CHECK(targets.empty() || targets.size() == tokens.size(), "forward: ", targets.size(), " targets for ",
+              tokens.size(), " tokens");
+    const index_t n = batch * seq;
+    batch_ = batch;
+    seq_ = seq;
+    be_.copy(std::span<token_t>(tokens_.data(), tokens.size()), tokens);
+    T* ws = ws_.data();
+    const T* p = params_.data();
+
+    const MatrixView<T> x0{ws + plan_.res0, n, d};
+    be_.embedding_forward(x0, std::span<const token_t>(tokens_.data(), tokens.size()), param(Model::layout[0]),
+                          param(Model::layout[1]), seq);
+    part_input_[0] = x0;
+    for_each_part([&]<std::size_t i, class E>() {
+      part_input_[i + 1] = E::forward(be_, p + Model::core::part_offset[i], ws, std::get<i>(plan_.parts),
+                                      part_input_[i], ws + plan_.scratch, batch, seq);
+    });
+    const MatrixView<const T> x = part_input_[n_parts];
+    const MatrixView<T> lnf{ws + plan_.lnf, n, d};
+    be_.layernorm_forward(lnf, span(plan_.mean_f, n), span(plan_.rstd_f, n), x, pvec(Model::core::ln_f_offset, d),
+                          pvec(Model::core::ln_f_offset + d, d));
+    be_.linear_forward(logits_view(n), MatrixView<const T>(lnf), param(Model::layout[0]), std::span<const T>{});  // tied head
+
+    if (targets.empty()) {
+      state_ = State::Logits;
+      return T(0);
+    }
+    be_.copy(std::span<token_t>(targets_.data(), targets.size()), targets);
+    be_.cross_entropy_forward(span(plan_.loss, 1), span(plan_.lse, n), MatrixView<const T>(logits_view(n)),
+                              std::span<const token_t>(targets_.data(), targets.size()));
+    state_ = State::Loss;
+    return be_.read(ws + plan_.loss);
+  }
+
+  // Accumulates d(mean loss)/d(params) of the last forward into grads(). Overwrites the
+  // logits with their gradient.
+  void backward() {
+    MOM_CHECK(state_ == State::Loss, "backward: needs a forward with targets since the last backward");
+    const index_t batch = batch_, seq = seq_, n = batch * seq;
+    T* ws = ws_.data();
+    T* g = grads_.data();
+    const T* p = params_.data();
+    const std::span<const token_t> targets(targets_.data(), static_cast<std::size_t>(n));
+    const std::span<const token_t> tokens(tokens_.data(), static_cast<std::size_t>(n));
+    const MatrixView<T> dlogits = logits_view(n);
+    be_.cross_entropy_backward(dlogits, MatrixView<const T>(dlogits), cspan(plan_.lse, n), targets, T(1));
+    const MatrixView<T> dlnf{ws + plan_.dlnf, n, d}, dres{ws + plan_.dres, n, d};
+    be_.zero(dlnf.flat());
+    be_.linear_backward(dlnf, grad(Model::layout[0]), std::span<T>{}, MatrixView<const T>(dlogits),
+                        MatrixView<const T>{ws + plan_.lnf, n, d}, param(Model::layout[0]));
+    be_.zero(dres.flat());
+    be_.layernorm_backward(dres, gvec(Model::core::ln_f_offset, d), gvec(Model::core::ln_f_offset + d, d),
+                           MatrixView<const T>(dlnf), part_input_[n_parts], cspan(plan_.mean_f, n), cspan(plan_.rstd_f, n),
+                           pvec(Model::core::ln_f_offset, d));
+    for_each_part_reversed([&]<std::size_t i, class E>() {
+      E::backward(be_, p + Model::core::part_offset[i], g + Model::core::part_offset[i], ws, std::get<i>(plan_.parts),
+                  part_input_[i], dres, ws + plan_.scratch, batch, seq);
+    });
+    be_.embedding_backward(grad(Model::layout[0]), grad(Model::layout[1]), MatrixView<const T>(dres), tokens, seq);
+    state_ = State::Reserved;
+  }
+
+  void zero_grad() { be_.zero(grads_.span()); }
+
+  std::span<T> params() { return params_.span(); }
+  std::span<const T> params() const { return params_.span(); }
+  std::span<T> grads() { return grads_.span(); }
+  std::span<const T> grads() const { return grads_.span(); }
+  // [batch * seq x vocab] logits of the last forward (valid until backward).
+  MatrixView<const T> logits() const {
+    MOM_CHECK(state_ == State::Logits || state_ == State::Loss, "logits: no forward since the last backward");
+    return {ws_.data() + plan_.logits, batch_ * seq_, vocab};
+  }
+  // One tensor of the flat buffers, by layout entry (e.g. Model::find("h.0.attn.w_qkv")).
+  MatrixView<T> param(const ParamInfo& p) { return {params_.data() + p.offset, p.rows, p.cols}; }
+  MatrixView<T> grad(const ParamInfo& p) { return {grads_.data() + p.offset, p.rows, p.cols}; }
+
+  Be& backend() { return be_; }
+  index_t reserved_batch() const { return plan_.batch; }
+  index_t reserved_seq() const { return plan_.seq; }
+
+ private:
+  enum class State { Empty, Reserved, Logits, Loss };
+  using Executors = typename Model::core::executors;
+  static constexpr std::size_t n_parts = Model::core::n_parts;
+
+  MatrixView<T> logits_view(index_t n) { return {ws_.data() + plan_.logits, n, vocab}; }
+  std::span<T> span(index_t offset, index_t n) { return {ws_.data() + offset, static_cast<std::size_t>(n)}; }
+  std::span<const T> cspan(index_t offset, index_t n) const { return {ws_.data() + offset, static_cast<std::size_t>(n)}; }
+  std::span<const T> pvec(index_t offset, index_t n) const { return {params_.data() + offset, static_cast<std::size_t>(n)}; }
+  std::span<T> gvec(index_t offset, index_t n) { return {grads_.data() + offset, static_cast<std::size_t>(n)}; }
+
+  template <class F>
+  void for_each_part(F&& f) {
+    [&]<class... Es, std::size_t... is>(TypeList<Es...>, std::index_sequence<is...>) {
+      (f.template operator()<is, Es>(), ...);
+    }(Executors{}, std::make_index_sequence<Executors::size>{});
+  }
+  template <class F>
+  void for_each_part_reversed(F&& f) {
+    [&]<class... Es, std::size_t... is>(TypeList<Es...>, std::index_sequence<is...>) {
+      constexpr std::size_t last = sizeof...(Es) - 1;
+      using List = std::tuple<Es...>;
+      (f.template operator()<last - is, std::tuple_element_t<last - is, List>>(), ...);
+    }(Executors{}, std::make_index_sequence<Executors::size>{});
+  }
+
+  Be be_;
+  typename Be::template Buffer<T> params_, grads_, ws_;
+  typename Be::template Buffer<token_t> tokens_, targets_;
+  typename Model::Plan plan_{};
+  index_t batch_ = 0, seq_ = 0;
+  // Residual stream entering each part; the last entry is the architecture's output.
+  std::array<MatrixView<const T>, n_parts + 1> part_input_{};
+  State state_ = State::Empty;
+};
+
+}  // namespace mom

@@ -1,0 +1,98 @@
+#pragma once
+// Feed-forward module (GPT-2), with its own pre-LayerNorm (paper eq. (4)):
+//   f(x) = proj(GELU(fc(LN(x))))      fc: d -> d_ff, proj: d_ff -> d
+// The residual is added by the assembling function. FFN<N> is a family of N such modules
+// inside a ModuleSet (paper eq. (1), m^F_1..m^F_N).
+#include <array>
+
+#include "mom/modules/module.hpp"
+
+namespace mom {
+
+namespace modules {
+
+template <Dims D>
+struct FeedForward {
+  static constexpr index_t d = D.d_model;
+  static constexpr index_t f = D.ff();
+
+  static constexpr index_t o_ln_w = 0;
+  static constexpr index_t o_ln_b = o_ln_w + d;
+  static constexpr index_t o_w_fc = o_ln_b + d;
+  static constexpr index_t o_b_fc = o_w_fc + f * d;
+  static constexpr index_t o_w_proj = o_b_fc + f;
+  static constexpr index_t o_b_proj = o_w_proj + d * f;
+  static constexpr index_t params = o_b_proj + d;
+
+  static constexpr std::array<TensorSpec, 6> tensors(index_t layer) {
+    return {{{"ln_2.w", layer, 1, d, Init::One},
+             {"ln_2.b", layer, 1, d, Init::Zero},
+             {"mlp.w_fc", layer, f, d, Init::Normal},
+             {"mlp.b_fc", layer, 1, f, Init::Zero},
+             {"mlp.w_proj", layer, d, f, Init::ResidualNormal},
+             {"mlp.b_proj", layer, 1, d, Init::Zero}}};
+  }
+
+  // Forward FLOPs per token: fc 2*d*d_ff + proj 2*d_ff*d (independent of seq).
+  static constexpr index_t flops_per_token(index_t /*seq*/) { return 4 * d * f; }
+
+  struct Saved {
+    index_t ln, mean, rstd, pre, act;
+  };
+  static constexpr Saved plan(Arena& a, index_t batch, index_t seq) {
+    const index_t n = batch * seq;
+    Saved s{};
+    s.ln = a.take(n * d);
+    s.mean = a.take(n);
+    s.rstd = a.take(n);
+    s.pre = a.take(n * f);  // fc output, GELU input
+    s.act = a.take(n * f);  // GELU output
+    return s;
+  }
+  // Backward scratch: d(act) [n x d_ff], d(pre) [n x d_ff], d(ln) [n x d].
+  static constexpr index_t scratch(index_t batch, index_t seq) { return batch * seq * (2 * f + d); }
+
+  template <class Be, class T>
+  static void forward(Be& be, const T* p, T* ws, const Saved& s, MatrixView<const T> x, MatrixView<T> f_out,
+                      index_t batch, index_t seq) {
+    using detail::mat, detail::vec;
+    const index_t n = batch * seq;
+    const auto ln = mat(ws, s.ln, n, d);
+    const auto pre = mat(ws, s.pre, n, f);
+    be.layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
+    be.linear_forward(pre, MatrixView<const T>(ln), mat(p, o_w_fc, f, d), vec(p, o_b_fc, f));
+    be.gelu_forward(vec(ws, s.act, n * f), vec(static_cast<const T*>(ws), s.pre, n * f));
+    be.linear_forward(f_out, mat(static_cast<const T*>(ws), s.act, n, f), mat(p, o_w_proj, d, f), vec(p, o_b_proj, d));
+  }
+
+  template <class Be, class T>
+  static void backward(Be& be, const T* p, T* g, const T* ws, const Saved& s, MatrixView<const T> x, MatrixView<T> dx,
+                       MatrixView<const T> df, T* scratch, index_t batch, index_t seq) {
+    using detail::mat, detail::vec;
+    const index_t n = batch * seq;
+    const auto dact = mat(scratch, 0, n, f);
+    const auto dpre = mat(scratch, n * f, n, f);
+    const auto dln = mat(scratch, 2 * n * f, n, d);
+    be.zero(vec(scratch, 0, n * (2 * f + d)));
+    be.linear_backward(dact, mat(g, o_w_proj, d, f), vec(g, o_b_proj, d), df, mat(ws, s.act, n, f),
+                       mat(p, o_w_proj, d, f));
+    be.gelu_backward(dpre.flat(), vec(ws, s.pre, n * f), std::span<const T>(dact.flat()));
+    be.linear_backward(dln, mat(g, o_w_fc, f, d), vec(g, o_b_fc, f), MatrixView<const T>(dpre), mat(ws, s.ln, n, d),
+                       mat(p, o_w_fc, f, d));
+    be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
+                          vec(ws, s.rstd, n), vec(p, o_ln_w, d));
+  }
+};
+
+}  // namespace modules
+
+// FFN<N>: N feed-forward modules in a ModuleSet.
+template <int N>
+struct FFN {
+  static constexpr ModuleKind kind = ModuleKind::FeedForward;
+  static constexpr int count = N;
+  template <Dims D>
+  using single = modules::FeedForward<D>;
+};
+
+}  // namespace mom

@@ -1,0 +1,106 @@
+#pragma once
+// ModuleSet<Families...>: the paper's module set M (eq. (1)),
+//   M = {m^A_i}_{i=1..N_A} ∪ {m^F_i}_{i=1..N_F} ∪ {m^S},
+// written ModuleSet<MHA<N_A>, FFN<N_F>, Skip>. Storage order of the parameters: module
+// index i = 0..depth-1, attention module i then FFN module i, each under the name "h.<i>",
+// so a module set built from the L layers of a dense model keeps their names (warm start,
+// paper §3.4).
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <type_traits>
+
+#include "mom/core/meta.hpp"
+#include "mom/modules/ffn.hpp"
+#include "mom/modules/mha.hpp"
+#include "mom/modules/skip.hpp"
+
+namespace mom {
+
+namespace detail {
+template <class F, ModuleKind k>
+constexpr int family_count() {
+  if constexpr (ModuleFamily<F>) {
+    return F::kind == k ? int{F::count} : 0;
+  } else {
+    return 0;
+  }
+}
+template <class F, ModuleKind k>
+constexpr int family_occurrences() {
+  if constexpr (ModuleFamily<F>) {
+    return F::kind == k ? 1 : 0;
+  } else {
+    return 0;
+  }
+}
+template <class F>
+constexpr bool family_count_ok() {
+  if constexpr (ModuleFamily<F>) {
+    return F::count >= 1;
+  } else {
+    return true;
+  }
+}
+}  // namespace detail
+
+template <class... Fs>
+struct ModuleSet {
+  static_assert(sizeof...(Fs) > 0, "mom::ModuleSet: the module set is empty");
+  static_assert((ModuleFamily<Fs> && ...), "mom::ModuleSet: every element must be a module family: MHA<N>, FFN<N> or Skip");
+  static_assert((detail::family_count_ok<Fs>() && ...), "mom::ModuleSet: MHA<N> and FFN<N> need N >= 1");
+  static_assert((0 + ... + detail::family_occurrences<Fs, ModuleKind::Attention>()) <= 1 &&
+                    (0 + ... + detail::family_occurrences<Fs, ModuleKind::FeedForward>()) <= 1 &&
+                    (0 + ... + detail::family_occurrences<Fs, ModuleKind::Skip>()) <= 1,
+                "mom::ModuleSet: each module kind (MHA<N>, FFN<N>, Skip) may appear at most once");
+
+  static constexpr int n_attention = (0 + ... + detail::family_count<Fs, ModuleKind::Attention>());
+  static constexpr int n_ffn = (0 + ... + detail::family_count<Fs, ModuleKind::FeedForward>());
+  static constexpr bool has_skip = (0 + ... + detail::family_count<Fs, ModuleKind::Skip>()) > 0;
+  // Number of layer names the set's parameters occupy ("h.<base>" .. "h.<base+depth-1>").
+  static constexpr int depth = std::max(n_attention, n_ffn);
+  // Modules a router can choose among for one module type, SKIP included (paper §3.1: an
+  // (N_X + 1)-way distribution when SKIP is in the set).
+  static constexpr int selectable_attention = n_attention + (has_skip ? 1 : 0);
+  static constexpr int selectable_ffn = n_ffn + (has_skip ? 1 : 0);
+
+  template <Dims D>
+  using attention = modules::Attention<D>;
+  template <Dims D>
+  using ffn = modules::FeedForward<D>;
+
+  static constexpr std::size_t tensor_count = std::size_t(n_attention) * 6 + std::size_t(n_ffn) * 6;
+
+  template <Dims D>
+  static constexpr index_t params = n_attention * attention<D>::params + n_ffn * ffn<D>::params;
+
+  // Offset of attention / FFN module i inside the set's parameter block (storage order above).
+  template <Dims D>
+  static constexpr index_t attention_offset(int i) {
+    index_t at = 0;
+    for (int j = 0; j < i; ++j) at += (j < n_attention ? attention<D>::params : 0) + (j < n_ffn ? ffn<D>::params : 0);
+    return at;
+  }
+  template <Dims D>
+  static constexpr index_t ffn_offset(int i) {
+    return attention_offset<D>(i) + (i < n_attention ? attention<D>::params : 0);
+  }
+
+  // Writes the set's tensor specs (storage order) to out[0 .. tensor_count).
+  template <Dims D>
+  static constexpr void specs(TensorSpec* out, index_t layer_base) {
+    for (int i = 0; i < depth; ++i) {
+      if (i < n_attention)
+        for (const auto& t : attention<D>::tensors(layer_base + i)) *out++ = t;
+      if (i < n_ffn)
+        for (const auto& t : ffn<D>::tensors(layer_base + i)) *out++ = t;
+    }
+  }
+};
+
+template <class T>
+inline constexpr bool is_module_set = false;
+template <class... Fs>
+inline constexpr bool is_module_set<ModuleSet<Fs...>> = true;
+
+}  // namespace mom

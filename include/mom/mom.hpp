@@ -1,0 +1,26 @@
+#pragma once
+// mom: transformer architectures as C++20 types (the Mixture-of-Modules 5-tuple and its
+// special cases), with a CPU backend. One include for users:
+//   #include <mom/mom.hpp>
+//   using namespace mom;
+//   constexpr Dims dims{.d_model = 64, .heads = 4, .d_ff = 256, .vocab = 256, .context = 64};
+//   using Model = LM<dims, Dense<4>>;
+//   auto m = Model::make<cpu::Backend<float>>(1);
+#include "mom/core/dims.hpp"
+#include "mom/core/layout.hpp"
+#include "mom/core/meta.hpp"
+#include "mom/modules/ffn.hpp"
+#include "mom/modules/mha.hpp"
+#include "mom/modules/module_set.hpp"
+#include "mom/modules/skip.hpp"
+#include "mom/routers/router.hpp"
+#include "mom/routers/sequential.hpp"
+#include "mom/assembly/assembly.hpp"
+#include "mom/assembly/chunked.hpp"
+#include "mom/assembly/phi.hpp"
+#include "mom/assembly/sequential.hpp"
+#include "mom/models/describe.hpp"
+#include "mom/models/gpt2.hpp"
+#include "mom/models/lm.hpp"
+#include "mom/models/runtime.hpp"
+#include "mom/backend/cpu.hpp"

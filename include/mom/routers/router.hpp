@@ -1,0 +1,44 @@
+#pragma once
+// Router<Policy>: the paper's R (§3.1, §3.3), the part of the 5-tuple that decides, per token
+// and step, which K modules of the set run and with what weights. A policy is a tag type
+// with `is_router_policy = true`, a `name`, and a nested
+//   template <class Set, int k, int h> struct Drives { static constexpr bool ok; };
+// whose static_asserts reject module sets / K / H the policy cannot drive, and (for routers
+// with parameters) tensor specs and FLOPs. How an Assembly executes a policy lives in
+// assembly/ (Executor specialisations), so dependencies point down.
+#include <concepts>
+#include <cstddef>
+#include <string_view>
+
+#include "mom/core/dims.hpp"
+#include "mom/core/layout.hpp"
+#include "mom/core/meta.hpp"
+
+namespace mom {
+
+template <class Policy, class... Options>
+struct Router {
+  using policy = Policy;
+  using options = TypeList<Options...>;
+};
+
+template <class T>
+inline constexpr bool is_router = false;
+template <class P, class... O>
+inline constexpr bool is_router<Router<P, O...>> = true;
+
+template <class P>
+concept RouterPolicy = requires {
+  requires P::is_router_policy;
+  { P::name } -> std::convertible_to<std::string_view>;
+};
+
+// Router parameters (none for Sequential): policies that own tensors provide
+// tensor_count<Set>, params<D, Set> and specs<D, Set>(out, layer_base).
+template <class P, class Set>
+constexpr std::size_t router_tensor_count() {
+  if constexpr (requires { P::template tensor_count<Set>; }) return P::template tensor_count<Set>;
+  else return 0;
+}
+
+}  // namespace mom

@@ -1,0 +1,38 @@
+#pragma once
+// Router<Sequential>: step h picks attention module h and FFN module h with weight 1 and
+// never SKIP. With K = 1 and H = L over ModuleSet<MHA<L>, FFN<L>> the assembled model is the
+// vanilla L-layer transformer (paper §3.5: the dense model is the MoM special case with a
+// fixed router).
+#include "mom/routers/router.hpp"
+
+namespace mom {
+
+struct Sequential {
+  static constexpr bool is_router_policy = true;
+  static constexpr std::string_view name = "Sequential";
+
+  template <class Set, int k, int h>
+  struct Drives {
+    static_assert(k == 1, "mom::Router<Sequential> picks exactly one module per step: use K<1>");
+    static_assert(h == Set::n_attention && h == Set::n_ffn,
+                  "mom::Router<Sequential> runs module h at step h: H must equal the number of MHA and of FFN "
+                  "modules, as in Assembly<Router<Sequential>, ModuleSet<MHA<L>, FFN<L>>, K<1>, H<L>>");
+    static_assert(!Set::has_skip, "mom::Router<Sequential> never picks Skip: remove Skip from the ModuleSet");
+    static constexpr bool ok = k == 1 && h == Set::n_attention && h == Set::n_ffn && !Set::has_skip;
+  };
+};
+
+// The GRU router of the paper (§3.3, eqs. (7)-(8)) arrives with the Mixture-of-Modules issue;
+// the tag exists so that the 5-tuple can be written, and using it says so.
+struct GRU {
+  static constexpr bool is_router_policy = true;
+  static constexpr std::string_view name = "GRU";
+
+  template <class Set, int k, int h>
+  struct Drives {
+    static_assert(dependent_false<Set>, "mom::Router<GRU> is not implemented yet (Mixture-of-Modules issue)");
+    static constexpr bool ok = false;
+  };
+};
+
+}  // namespace mom
