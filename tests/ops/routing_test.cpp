@@ -1,0 +1,158 @@
+// Token dispatch (gather / weighted scatter-add), per-row top-k and row softmax:
+// finite-difference gradients (double), float vs naive loops, duplicates and ties.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include <mom/backend/cpu.hpp>
+
+#include "ops/grad_check.hpp"
+
+using namespace mom;
+using namespace mom::test;
+
+TEST_CASE("gather_rows: gradient (scatter_add_rows, no weights) matches finite differences", "[ops][dispatch]") {
+  Rng rng(40);
+  const index_t T = 6, n = 5, d = 3;
+  auto in = random_vec(T * d, rng);
+  const std::vector<token_t> idx{4, 0, 4, 2, 5};
+  const auto proj = random_vec(n * d, rng);
+  std::vector<double> out(n * d);
+  auto loss = [&] {
+    cpu::gather_rows<double>(mat(out, n, d), cmat(in, T, d), idx);
+    return dot(proj, out);
+  };
+  std::vector<double> din(T * d, 0.0);
+  cpu::scatter_add_rows<double>(mat(din, T, d), cmat(proj, n, d), idx, {});
+  CHECK(rel_error(din, numeric_grad(in, loss)) < fd_tol);
+}
+
+TEST_CASE("scatter_add_rows: gradients match finite differences (double)", "[ops][dispatch]") {
+  Rng rng(41);
+  const index_t T = 5, n = 6, d = 4;
+  auto in = random_vec(n * d, rng), w = random_vec(n, rng), base = random_vec(T * d, rng);
+  const std::vector<token_t> idx{3, 1, 3, 0, 3, 4};
+  const auto proj = random_vec(T * d, rng);
+  std::vector<double> out(T * d);
+  auto loss = [&] {
+    out = base;
+    cpu::scatter_add_rows<double>(mat(out, T, d), cmat(in, n, d), idx, w);
+    return dot(proj, out);
+  };
+  std::vector<double> din(n * d, 0.0), dw(n, 0.0);
+  cpu::scatter_add_rows_backward<double>(mat(din, n, d), dw, cmat(proj, T, d), cmat(in, n, d), idx, w);
+  CHECK(rel_error(din, numeric_grad(in, loss)) < fd_tol);
+  CHECK(rel_error(dw, numeric_grad(w, loss)) < fd_tol);
+}
+
+TEST_CASE("gather / scatter_add: float vs naive loops, duplicate indices accumulate (parallel size)",
+          "[ops][dispatch]") {
+  Rng rng(42);
+  const index_t T = 128, n = 300, d = 260;
+  auto in = random_vec<float>(n * d, rng), w = random_vec<float>(n, rng), table = random_vec<float>(T * d, rng);
+  std::vector<token_t> idx(n);
+  for (auto& i : idx) i = rng.integer(0, int(T) - 1);  // 300 rows into 128: many duplicates
+  idx[0] = idx[1] = idx[2] = 7;
+
+  std::vector<float> gathered(n * d);
+  cpu::gather_rows<float>(mat(gathered, n, d), cmat(table, T, d), idx);
+  for (index_t i = 0; i < n; ++i)
+    for (index_t c = 0; c < d; ++c) REQUIRE(gathered[i * d + c] == table[idx[i] * d + c]);
+
+  std::vector<float> out = table;
+  cpu::scatter_add_rows<float>(mat(out, T, d), cmat(in, n, d), idx, w);
+  std::vector<double> want(table.begin(), table.end());
+  for (index_t i = 0; i < n; ++i)
+    for (index_t c = 0; c < d; ++c) want[idx[i] * d + c] += double(w[i]) * in[i * d + c];
+  CHECK(rel_error(out, want) < float_tol);
+  // Row 7 holds at least the three forced contributions.
+  CHECK(out[7 * d] == Approx(want[7 * d]).epsilon(1e-5));
+}
+
+TEST_CASE("scatter_add_rows: exact values with duplicate indices and weights", "[ops][dispatch]") {
+  std::vector<double> out{1, 1, 2, 2, 3, 3};        // T = 3 rows, d = 2
+  const std::vector<double> in{1, 2, 10, 20, 100, 200};  // n = 3
+  cpu::scatter_add_rows<double>(mat(out, 3, 2), cmat(in, 3, 2), std::vector<token_t>{2, 0, 2}, std::vector<double>{0.5, 2, -1});
+  CHECK(out == std::vector<double>{21, 41, 2, 2, 3 + 0.5 - 100, 3 + 1 - 200});
+}
+
+TEST_CASE("topk_rows: gradient matches finite differences (double)", "[ops][topk]") {
+  Rng rng(43);
+  const index_t n = 4, N = 9, k = 3;
+  auto x = random_vec(n * N, rng);
+  const auto proj = random_vec(n * k, rng);
+  std::vector<double> vals(n * k);
+  std::vector<token_t> ind(n * k);
+  auto loss = [&] {
+    cpu::topk_rows<double>(mat(vals, n, k), mat(ind, n, k), cmat(x, n, N));
+    return dot(proj, vals);
+  };
+  loss();
+  std::vector<double> dx(n * N, 0.0);
+  cpu::topk_rows_backward<double>(mat(dx, n, N), cmat(proj, n, k), cmat(ind, n, k));
+  CHECK(rel_error(dx, numeric_grad(x, loss)) < fd_tol);
+}
+
+TEST_CASE("topk_rows: float vs naive selection, small and large k; ties go to the lower index", "[ops][topk]") {
+  Rng rng(44);
+  const index_t n = 50, N = 64;
+  std::vector<float> x(n * N);
+  for (auto& v : x) v = float(rng.integer(0, 9));  // many ties
+  for (index_t k : {1, 2, 5, 16, 17, 40, 64}) {
+    std::vector<float> vals(n * k);
+    std::vector<token_t> ind(n * k);
+    cpu::topk_rows<float>(mat(vals, n, k), mat(ind, n, k), cmat(x, n, N));
+    for (index_t r = 0; r < n; ++r) {
+      // Naive: k times pick the largest not yet taken, scanning from index 0 (strict > keeps the first).
+      std::vector<bool> taken(N, false);
+      for (index_t j = 0; j < k; ++j) {
+        index_t best = -1;
+        for (index_t c = 0; c < N; ++c)
+          if (!taken[c] && (best < 0 || x[r * N + c] > x[r * N + best])) best = c;
+        taken[best] = true;
+        REQUIRE(ind[r * k + j] == best);
+        REQUIRE(vals[r * k + j] == x[r * N + best]);
+      }
+    }
+  }
+  std::vector<float> tie{1, 3, 2, 3, 3}, v(3);
+  std::vector<token_t> i(3);
+  cpu::topk_rows<float>(mat(v, 1, 3), mat(i, 1, 3), cmat(tie, 1, 5));
+  CHECK(i == std::vector<token_t>{1, 3, 4});
+  CHECK(v == std::vector<float>{3, 3, 3});
+}
+
+TEST_CASE("softmax_rows: gradient matches finite differences (double), with a scale", "[ops][softmax]") {
+  Rng rng(45);
+  const index_t n = 3, N = 6;
+  const double scale = 1.7;
+  auto x = random_vec(n * N, rng, -2, 2);
+  const auto proj = random_vec(n * N, rng);
+  std::vector<double> y(n * N);
+  auto loss = [&] {
+    cpu::softmax_rows<double>(mat(y, n, N), cmat(x, n, N), scale);
+    return dot(proj, y);
+  };
+  loss();
+  std::vector<double> dx(n * N, 0.0);
+  cpu::softmax_rows_backward<double>(mat(dx, n, N), cmat(proj, n, N), cmat(y, n, N), scale);
+  CHECK(rel_error(dx, numeric_grad(x, loss)) < fd_tol);
+}
+
+TEST_CASE("softmax_rows: float vs naive loops (parallel size), large logits stay finite", "[ops][softmax]") {
+  Rng rng(46);
+  const index_t n = 200, N = 300;
+  auto x = random_vec<float>(n * N, rng, -5, 5);
+  x[0] = 1000.f;  // would overflow exp without the max subtraction
+  std::vector<float> y(n * N);
+  cpu::softmax_rows<float>(mat(y, n, N), cmat(x, n, N), 0.5f);
+  std::vector<double> want(n * N);
+  for (index_t r = 0; r < n; ++r) {
+    double m = -1e300, s = 0;
+    for (index_t c = 0; c < N; ++c) m = std::max(m, 0.5 * x[r * N + c]);
+    for (index_t c = 0; c < N; ++c) s += std::exp(0.5 * x[r * N + c] - m);
+    for (index_t c = 0; c < N; ++c) want[r * N + c] = std::exp(0.5 * x[r * N + c] - m) / s;
+  }
+  CHECK(rel_error(y, want) < float_tol);
+  CHECK(y[0] == Approx(1.0).epsilon(1e-6));
+}
