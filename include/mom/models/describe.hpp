@@ -11,9 +11,13 @@ namespace mom {
 
 namespace detail {
 inline std::string with_commas(index_t v) {
-  std::string s = std::to_string(v < 0 ? -v : v);
-  for (int i = int(s.size()) - 3; i > 0; i -= 3) s.insert(std::size_t(i), ",");
-  return v < 0 ? "-" + s : s;
+  const std::string digits = std::to_string(v < 0 ? -v : v);
+  std::string out = v < 0 ? "-" : "";
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
 }
 
 template <class Set>

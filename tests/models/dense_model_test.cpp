@@ -1,0 +1,232 @@
+// The dense GPT end to end on the CPU backend: executed FLOPs equal the cost model,
+// whole-model finite-difference gradients in double, overfitting one batch with AdamW,
+// bit-identical reruns from the same seed.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "mom/mom.hpp"
+
+using namespace mom;
+
+namespace {
+
+// Forwards every op to cpu::Backend<T> and tallies the FLOPs actually executed: 2*m*n*k for
+// every matrix product, and for attention the causal dot products (query t against keys
+// 0..t: QK^T and PV, 2*hd*(t+1) FLOPs each, per head and sequence).
+template <class T>
+struct CountingBackend : cpu::Backend<T> {
+  using Base = cpu::Backend<T>;
+  using typename Base::CM;
+  using typename Base::CS;
+  using typename Base::M;
+  using typename Base::S;
+  index_t flops = 0;
+  index_t matmul_calls = 0;
+
+  void linear_forward(M y, CM x, CM w, CS b) {
+    flops += 2 * x.rows * x.cols * w.rows;
+    ++matmul_calls;
+    Base::linear_forward(y, x, w, b);
+  }
+  void gemm(M C, CM A, typename Base::Trans ta, CM B, typename Base::Trans tb, T alpha = T(1), T beta = T(0)) {
+    const index_t k = ta == Base::Trans::N ? A.cols : A.rows;
+    flops += 2 * C.rows * C.cols * k;
+    ++matmul_calls;
+    Base::gemm(C, A, ta, B, tb, alpha, beta);
+  }
+  void attention_forward(M out, S lse, CM qkv, index_t batch, index_t seq, index_t heads) {
+    const index_t hd = qkv.cols / 3 / heads;
+    for (index_t b = 0; b < batch; ++b)
+      for (index_t h = 0; h < heads; ++h)
+        for (index_t t = 0; t < seq; ++t) flops += 2 * (2 * hd * (t + 1));
+    Base::attention_forward(out, lse, qkv, batch, seq, heads);
+  }
+};
+
+std::vector<token_t> random_tokens(index_t n, index_t vocab, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<token_t> dist(0, token_t(vocab - 1));
+  std::vector<token_t> out(static_cast<std::size_t>(n));
+  for (auto& t : out) t = dist(rng);
+  return out;
+}
+
+// One AdamW step over the flat buffers.
+template <class Instance, class T>
+void adamw(Instance& m, std::vector<T>& mom1, std::vector<T>& mom2, double lr, std::int64_t step) {
+  cpu::AdamWConfig cfg{.lr = lr, .weight_decay = 0.0};
+  m.backend().adamw_step(m.params(), std::span<const T>(m.grads()), std::span<T>(mom1), std::span<T>(mom2), cfg, step);
+}
+
+}  // namespace
+
+TEST_CASE("FLOPs executed by a forward equal the cost model", "[model]") {
+  constexpr Dims dims{.d_model = 32, .heads = 4, .d_ff = 96, .vocab = 50, .context = 16};
+  using Model = LM<dims, Chunked<Layer, Dense<2>>>;
+  auto m = Model::make<CountingBackend<float>>(7);
+  for (auto [batch, seq] : {std::pair<index_t, index_t>{2, 16}, {3, 7}, {1, 1}}) {
+    m.reserve(batch, seq);
+    const auto tokens = random_tokens(batch * seq, dims.vocab, 1);
+    m.backend().flops = 0;
+    m.backend().matmul_calls = 0;
+    m.forward(tokens, tokens, batch, seq);
+    INFO("batch " << batch << " seq " << seq);
+    CHECK(m.backend().flops == Model::forward_flops(batch, seq));
+    CHECK(m.backend().matmul_calls == 3 * 4 + 1);  // qkv, proj, fc, proj per layer + head
+  }
+}
+
+TEST_CASE("whole-model gradient equals central finite differences (double)", "[model][gradcheck]") {
+  constexpr Dims dims{.d_model = 8, .heads = 2, .d_ff = 12, .vocab = 11, .context = 6};
+  using Model = LM<dims, Chunked<Layer, Dense<2>>>;  // exercises the chunk boundary too
+  auto m = Model::make<cpu::Backend<double>>(3);
+  // Replace the GPT-2 init (tiny values, nearly uniform outputs) by O(1) parameters so that
+  // every path of the graph contributes visibly to the loss.
+  std::mt19937_64 rng(11);
+  std::normal_distribution<double> normal(0.0, 0.35);
+  for (auto& p : m.params()) p = normal(rng);
+  const index_t batch = 2, seq = 5;
+  m.reserve(batch, seq);
+  const auto tokens = random_tokens(batch * seq, dims.vocab, 5);
+  auto targets = random_tokens(batch * seq, dims.vocab, 6);
+  targets[3] = -1;  // ignored position
+
+  m.zero_grad();
+  const double loss = m.forward(tokens, targets, batch, seq);
+  m.backward();
+  const std::vector<double> grad(m.grads().begin(), m.grads().end());
+  CHECK(std::isfinite(loss));
+
+  const double eps = 1e-5;
+  double max_err = 0, max_grad = 0;
+  for (const auto& info : Model::layout) {
+    for (index_t j = 0; j < info.size(); ++j) {
+      double& p = m.params()[static_cast<std::size_t>(info.offset + j)];
+      const double saved = p;
+      p = saved + eps;
+      const double up = m.forward(tokens, targets, batch, seq);
+      p = saved - eps;
+      const double down = m.forward(tokens, targets, batch, seq);
+      p = saved;
+      const double fd = (up - down) / (2 * eps);
+      const double g = grad[static_cast<std::size_t>(info.offset + j)];
+      const double err = std::abs(fd - g);
+      max_err = std::max(max_err, err);
+      max_grad = std::max(max_grad, std::abs(g));
+      if (err > 1e-8 + 1e-6 * std::abs(fd)) {
+        FAIL_CHECK(std::string(info.name) << "[" << j << "]: backward " << g << " vs finite difference " << fd);
+      }
+    }
+  }
+  INFO("max |fd - grad| " << max_err << ", max |grad| " << max_grad);
+  CHECK(max_err < 1e-8);
+  CHECK(max_grad > 1e-2);  // the check is not vacuous
+  // wpe rows beyond seq get no gradient; wte rows of unused tokens only through the tied head.
+  const auto wpe = Model::find("wpe");
+  CHECK(grad[static_cast<std::size_t>(wpe.offset + seq * dims.d_model)] == 0.0);
+}
+
+TEST_CASE("backward accumulates: two backwards give twice the gradient", "[model]") {
+  constexpr Dims dims{.d_model = 16, .heads = 2, .d_ff = 32, .vocab = 20, .context = 8};
+  using Model = LM<dims, Dense<2>>;
+  auto m = Model::make<cpu::Backend<double>>(9);
+  m.reserve(2, 8);
+  const auto tokens = random_tokens(16, dims.vocab, 2);
+  m.forward(tokens, tokens, 2, 8);
+  m.backward();
+  const std::vector<double> once(m.grads().begin(), m.grads().end());
+  m.forward(tokens, tokens, 2, 8);
+  m.backward();
+  for (std::size_t i = 0; i < once.size(); i += 97) CHECK(m.grads()[i] == Approx(2 * once[i]).margin(1e-15));
+  m.zero_grad();
+  for (double g : m.grads()) REQUIRE(g == 0.0);
+  CHECK_THROWS_WITH(m.backward(), Catch::Contains("backward"));
+}
+
+TEST_CASE("GPT-2 initialisation", "[model]") {
+  constexpr Dims dims{.d_model = 64, .heads = 4, .d_ff = 256, .vocab = 300, .context = 64};
+  using Model = LM<dims, Dense<4>>;
+  auto m = Model::make<cpu::Backend<float>>(1);
+  auto stddev = [&](std::string_view name) {
+    const auto info = Model::find(name);
+    double s = 0;
+    for (index_t i = 0; i < info.size(); ++i) s += double(m.params()[std::size_t(info.offset + i)]) * m.params()[std::size_t(info.offset + i)];
+    return std::sqrt(s / double(info.size()));
+  };
+  CHECK(stddev("wte") == Approx(0.02).epsilon(0.02));
+  CHECK(stddev("h.1.attn.w_qkv") == Approx(0.02).epsilon(0.03));
+  CHECK(stddev("h.2.mlp.w_proj") == Approx(0.02 / std::sqrt(8.0)).epsilon(0.03));
+  CHECK(stddev("h.3.attn.w_proj") == Approx(0.02 / std::sqrt(8.0)).epsilon(0.05));
+  CHECK(stddev("h.0.attn.b_qkv") == 0.0);
+  CHECK(m.param(Model::find("h.3.ln_2.w"))(0, 17) == 1.0f);
+  CHECK(m.param(Model::find("ln_f.b"))(0, 5) == 0.0f);
+  for (float g : m.grads()) REQUIRE(g == 0.0f);
+}
+
+TEST_CASE("overfitting one batch with AdamW drives the loss below 0.1 nats", "[model][train]") {
+  constexpr Dims dims{.d_model = 32, .heads = 4, .d_ff = 128, .vocab = 32, .context = 16};
+  using Model = LM<dims, Dense<2>>;
+  auto m = Model::make<cpu::Backend<float>>(42);
+  const index_t batch = 4, seq = 16;
+  m.reserve(batch, seq);
+  const auto tokens = random_tokens(batch * seq, dims.vocab, 100);
+  const auto targets = random_tokens(batch * seq, dims.vocab, 101);
+  std::vector<float> m1(std::size_t(Model::params)), m2(std::size_t(Model::params));
+  float first = 0, loss = 0;
+  int step = 1;
+  for (; step <= 400; ++step) {
+    m.zero_grad();
+    loss = m.forward(tokens, targets, batch, seq);
+    if (step == 1) first = loss;
+    if (loss < 0.1f) break;
+    m.backward();
+    adamw(m, m1, m2, 1e-2, step);
+  }
+  INFO("first loss " << first << ", loss " << loss << " after " << step << " steps");
+  CHECK(first == Approx(std::log(32.0)).epsilon(0.05));  // uniform prediction at init
+  CHECK(loss < 0.1f);
+}
+
+TEST_CASE("the same seed gives bit-identical losses", "[model][train]") {
+  constexpr Dims dims{.d_model = 32, .heads = 4, .d_ff = 64, .vocab = 40, .context = 16};
+  using Model = LM<dims, Chunked<Layer, Layer>>;
+  auto run = [&](std::uint64_t seed) {
+    auto m = Model::make<cpu::Backend<float>>(seed);
+    m.reserve(3, 16);
+    std::vector<float> m1(std::size_t(Model::params)), m2(std::size_t(Model::params));
+    std::vector<float> losses;
+    for (int step = 1; step <= 5; ++step) {
+      const auto tokens = random_tokens(48, dims.vocab, std::uint64_t(step));
+      m.zero_grad();
+      losses.push_back(m.forward(tokens, tokens, 3, 16));
+      m.backward();
+      adamw(m, m1, m2, 3e-3, step);
+    }
+    return losses;
+  };
+  const auto a = run(5), b = run(5), c = run(6);
+  REQUIRE(a.size() == 5);
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i] == b[i]);  // bitwise, not approximately
+  CHECK(a[0] != c[0]);
+}
+
+TEST_CASE("runtime errors name the problem", "[model]") {
+  constexpr Dims dims{.d_model = 16, .heads = 2, .d_ff = 32, .vocab = 20, .context = 8};
+  using Model = LM<dims, Dense<1>>;
+  auto m = Model::make<cpu::Backend<float>>(1);
+  const auto tokens = random_tokens(16, dims.vocab, 2);
+  CHECK_THROWS_WITH(m.forward(tokens, {}, 2, 8), Catch::Contains("reserve"));
+  CHECK_THROWS_WITH(m.reserve(1, 9), Catch::Contains("context"));
+  m.reserve(2, 8);
+  CHECK_THROWS_WITH(m.forward(tokens, {}, 4, 8), Catch::Contains("reserved"));
+  CHECK_THROWS_WITH(m.forward(std::span(tokens).first(15), {}, 2, 8), Catch::Contains("tokens"));
+  CHECK(m.forward(tokens, {}, 2, 8) == 0.0f);  // no targets: logits only
+  CHECK(m.logits().rows == 16);
+  CHECK(m.logits().cols == 20);
+  CHECK_THROWS_WITH(m.backward(), Catch::Contains("targets"));
+  // Smaller batches and sequences than reserved are fine.
+  CHECK(m.forward(std::span(tokens).first(5), std::span(tokens).first(5), 1, 5) > 0.0f);
+}
