@@ -31,10 +31,20 @@ struct int_arg<Tpl<n>, Tpl> {
   static constexpr int value = n;
 };
 
+template <class R>
+struct policy_of {
+  using type = void;
+};
+template <class P, class... O>
+struct policy_of<Router<P, O...>> {
+  using type = P;
+};
+
 template <class R, class M>
 constexpr std::size_t assembly_tensor_count() {
   if constexpr (is_router<R> && is_module_set<M>) {
-    if constexpr (RouterPolicy<typename R::policy>) return router_tensor_count<typename R::policy, M>() + M::tensor_count;
+    if constexpr (RouterPolicy<typename policy_of<R>::type>)
+      return router_tensor_count<typename R::policy, M>() + M::tensor_count;
     else return 0;
   } else {
     return 0;
@@ -44,7 +54,7 @@ constexpr std::size_t assembly_tensor_count() {
 template <class R, class M, int k, int h, class Phi>
 constexpr bool assembly_drivable() {
   if constexpr (is_router<R> && is_module_set<M> && AssemblingFunction<Phi> && k >= 1 && h >= 1) {
-    if constexpr (RouterPolicy<typename R::policy>) {
+    if constexpr (RouterPolicy<typename R::policy> && M::valid) {
       constexpr bool phi_ok = Phi::template Verify<M, k, h>::ok;
       // Check the router only when phi accepted K, so one mistake gives one message.
       if constexpr (phi_ok) return R::policy::template Drives<M, k, h>::ok;
@@ -62,8 +72,9 @@ template <class R, class M, class Kn, class Hn, class Phi = phi::MoM>
 struct Assembly {
   static_assert(is_router<R>, "mom::Assembly<R, M, K, H, Phi>: R must be a router, e.g. Router<Sequential>");
   static_assert(is_module_set<M>, "mom::Assembly<R, M, K, H, Phi>: M must be a ModuleSet<...>, e.g. ModuleSet<MHA<4>, FFN<4>, Skip>");
-  static_assert(is_k<Kn>, "mom::Assembly<R, M, K, H, Phi>: the third argument must be K<n>");
-  static_assert(is_h<Hn>, "mom::Assembly<R, M, K, H, Phi>: the fourth argument must be H<n>");
+  static_assert(!(is_h<Kn> && is_k<Hn>), "mom::Assembly<R, M, K, H, Phi>: K and H are swapped: write Assembly<R, M, K<k>, H<h>>");
+  static_assert(is_k<Kn> || (is_h<Kn> && is_k<Hn>), "mom::Assembly<R, M, K, H, Phi>: the third argument must be K<n>");
+  static_assert(is_h<Hn> || (is_h<Kn> && is_k<Hn>), "mom::Assembly<R, M, K, H, Phi>: the fourth argument must be H<n>");
   static_assert(AssemblingFunction<Phi>, "mom::Assembly<R, M, K, H, Phi>: Phi must be an assembling function, e.g. phi::MoM");
 
   using router = R;
@@ -73,7 +84,7 @@ struct Assembly {
   static constexpr int h = detail::int_arg<Hn, H>::value;
   static_assert(!is_k<Kn> || k >= 1, "mom::Assembly: K must be >= 1 (modules picked per token per step)");
   static_assert(!is_h<Hn> || h >= 1, "mom::Assembly: H must be >= 1 (assembly steps)");
-  static_assert(!is_router<R> || RouterPolicy<typename R::policy>,
+  static_assert(!is_router<R> || RouterPolicy<typename detail::policy_of<R>::type>,
                 "mom::Assembly: unknown router policy; known: Sequential (GRU and others arrive with later issues)");
 
   // True when the router can drive this module set with this K and H (the static_asserts of
@@ -90,7 +101,7 @@ struct Assembly {
   static constexpr std::size_t tensor_count = detail::assembly_tensor_count<R, M>();
 
   template <Dims D>
-  using executor = Executor<typename R::policy, Assembly, D>;
+  using executor = Executor<typename detail::policy_of<R>::type, Assembly, D>;
 };
 
 template <class T>

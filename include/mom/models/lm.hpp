@@ -44,7 +44,7 @@ struct parts_of<Assembly<R, M, Kn, Hn, Phi>> {
 };
 template <class... Ps>
 struct parts_of<Chunked<Ps...>> {
-  using type = TypeList<Ps...>;
+  using type = typename Chunked<Ps...>::parts;  // instantiates Chunked: its checks fire here
 };
 
 template <class P>

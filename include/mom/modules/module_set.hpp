@@ -34,6 +34,10 @@ constexpr int family_occurrences() {
     return 0;
   }
 }
+// A plain bool (not the concept) in static_asserts keeps the diagnostic to one line.
+template <class F>
+inline constexpr bool is_module_family = ModuleFamily<F>;
+
 template <class F>
 constexpr bool family_count_ok() {
   if constexpr (ModuleFamily<F>) {
@@ -47,12 +51,18 @@ constexpr bool family_count_ok() {
 template <class... Fs>
 struct ModuleSet {
   static_assert(sizeof...(Fs) > 0, "mom::ModuleSet: the module set is empty");
-  static_assert((ModuleFamily<Fs> && ...), "mom::ModuleSet: every element must be a module family: MHA<N>, FFN<N> or Skip");
+  static_assert((detail::is_module_family<Fs> && ...), "mom::ModuleSet: every element must be a module family: MHA<N>, FFN<N> or Skip");
   static_assert((detail::family_count_ok<Fs>() && ...), "mom::ModuleSet: MHA<N> and FFN<N> need N >= 1");
   static_assert((0 + ... + detail::family_occurrences<Fs, ModuleKind::Attention>()) <= 1 &&
                     (0 + ... + detail::family_occurrences<Fs, ModuleKind::FeedForward>()) <= 1 &&
                     (0 + ... + detail::family_occurrences<Fs, ModuleKind::Skip>()) <= 1,
                 "mom::ModuleSet: each module kind (MHA<N>, FFN<N>, Skip) may appear at most once");
+
+  static constexpr bool valid =
+      sizeof...(Fs) > 0 && (ModuleFamily<Fs> && ...) && (detail::family_count_ok<Fs>() && ...) &&
+      (0 + ... + detail::family_occurrences<Fs, ModuleKind::Attention>()) <= 1 &&
+      (0 + ... + detail::family_occurrences<Fs, ModuleKind::FeedForward>()) <= 1 &&
+      (0 + ... + detail::family_occurrences<Fs, ModuleKind::Skip>()) <= 1;
 
   static constexpr int n_attention = (0 + ... + detail::family_count<Fs, ModuleKind::Attention>());
   static constexpr int n_ffn = (0 + ... + detail::family_count<Fs, ModuleKind::FeedForward>());

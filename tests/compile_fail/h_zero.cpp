@@ -1,0 +1,7 @@
+// Rejected at compile time: H < 1.
+// EXPECT: mom::Assembly: H must be >= 1
+#include <mom/models/lm.hpp>
+using namespace mom;
+constexpr Dims dims{.d_model = 64, .heads = 4, .d_ff = 256, .vocab = 256, .context = 64};
+using Bad = Assembly<Router<Sequential>, ModuleSet<MHA<2>, FFN<2>>, K<1>, H<0>>;
+static_assert(LM<dims, Bad>::params > 0);

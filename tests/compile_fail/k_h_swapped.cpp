@@ -1,0 +1,7 @@
+// Rejected at compile time: K and H in the wrong order.
+// EXPECT: K and H are swapped
+#include <mom/models/lm.hpp>
+using namespace mom;
+constexpr Dims dims{.d_model = 64, .heads = 4, .d_ff = 256, .vocab = 256, .context = 64};
+using Bad = Assembly<Router<Sequential>, ModuleSet<MHA<2>, FFN<2>>, H<2>, K<1>>;
+static_assert(LM<dims, Bad>::params > 0);
