@@ -1,9 +1,18 @@
 #pragma once
 // General matrix multiply on row-major views: C = alpha * op(A) * op(B) + beta * C.
 // Every linear map in the library goes through here, so this is where CPU speed lives.
+//
+// float: mom's own packed AVX-512 (or AVX2) kernel, gemm_native.hpp, threaded with
+//        OpenMP over all cores. Define MOM_GEMM_EIGEN (CMake MOM_GEMM=EIGEN or BLAS) to
+//        use Eigen's product instead (and, with EIGEN_USE_BLAS, the BLAS it forwards to).
+// double, or a CPU with neither AVX-512 nor AVX2+FMA: Eigen's product.
 #include "mom/backend/cpu/eigen_map.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
+
+#if !defined(MOM_GEMM_EIGEN)
+#include "mom/backend/cpu/gemm_native.hpp"
+#endif
 
 namespace mom::cpu {
 
@@ -22,18 +31,61 @@ void gemm_eigen(MatrixView<T> C, MatrixView<const T> A, Trans ta, MatrixView<con
   else if (ta == Trans::T && tb == Trans::N) c.noalias() += alpha * a.transpose() * b;
   else c.noalias() += alpha * a.transpose() * b.transpose();
 }
-}  // namespace detail
 
 template <class T>
-void gemm(MatrixView<T> C, MatrixView<const T> A, Trans ta, MatrixView<const T> B, Trans tb, T alpha = T(1),
-          T beta = T(0)) {
+void gemm_check(MatrixView<T> C, MatrixView<const T> A, Trans ta, MatrixView<const T> B, Trans tb) {
   const index_t m = ta == Trans::N ? A.rows : A.cols;
   const index_t k = ta == Trans::N ? A.cols : A.rows;
   const index_t kb = tb == Trans::N ? B.rows : B.cols;
   const index_t n = tb == Trans::N ? B.cols : B.rows;
   MOM_CHECK(k == kb && C.rows == m && C.cols == n, "gemm: C ", shape(C), " = op(A) ", shape(A), (ta == Trans::T ? "^T" : ""),
             " * op(B) ", shape(B), (tb == Trans::T ? "^T" : ""), ": shapes do not agree");
-  if (m == 0 || n == 0) return;
+}
+
+#if defined(MOM_HAVE_NATIVE_GEMM)
+// The views as the native kernel's problem: op(X)(i, j) = data[i*rs + j*cs].
+inline native::Problem native_problem(MatrixView<float> C, MatrixView<const float> A, Trans ta, MatrixView<const float> B,
+                                      Trans tb, float alpha, float beta) {
+  const index_t m = C.rows, n = C.cols;
+  const index_t k = ta == Trans::N ? A.cols : A.rows;
+  const native::Operand a = ta == Trans::N ? native::Operand{A.data, A.ld, 1} : native::Operand{A.data, 1, A.ld};
+  const native::Operand b = tb == Trans::N ? native::Operand{B.data, B.ld, 1} : native::Operand{B.data, 1, B.ld};
+  return {m, n, k, a, b, C.data, C.ld, alpha, beta};
+}
+#endif
+}  // namespace detail
+
+// C = alpha * op(A) * op(B) + beta * C, using every OpenMP thread for large products
+// (a call from inside a parallel region runs on the calling thread only).
+template <class T>
+void gemm(MatrixView<T> C, MatrixView<const T> A, Trans ta, MatrixView<const T> B, Trans tb, T alpha = T(1),
+          T beta = T(0)) {
+  detail::gemm_check(C, A, ta, B, tb);
+  if (C.rows == 0 || C.cols == 0) return;
+#if defined(MOM_HAVE_NATIVE_GEMM)
+  if constexpr (std::is_same_v<T, float>) {
+    detail::native::gemm_parallel(detail::native_problem(C, A, ta, B, tb, alpha, beta));
+    return;
+  }
+#endif
+  detail::gemm_eigen(C, A, ta, B, tb, alpha, beta);
+}
+
+// Same product on the calling thread only, with that thread's own packing buffers:
+// meant for calls from inside an OpenMP parallel region, e.g. attention running one
+// small gemm per (sequence, head) on each thread. (The Eigen path, used for double,
+// is single-threaded inside a parallel region as well.)
+template <class T>
+void gemm_serial(MatrixView<T> C, MatrixView<const T> A, Trans ta, MatrixView<const T> B, Trans tb, T alpha = T(1),
+                 T beta = T(0)) {
+  detail::gemm_check(C, A, ta, B, tb);
+  if (C.rows == 0 || C.cols == 0) return;
+#if defined(MOM_HAVE_NATIVE_GEMM)
+  if constexpr (std::is_same_v<T, float>) {
+    detail::native::gemm_serial(detail::native_problem(C, A, ta, B, tb, alpha, beta));
+    return;
+  }
+#endif
   detail::gemm_eigen(C, A, ta, B, tb, alpha, beta);
 }
 
