@@ -3,13 +3,35 @@
 // bit-identical reruns from the same seed.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <new>
 #include <random>
 #include <vector>
 
 #include "mom/mom.hpp"
 
 using namespace mom;
+
+// Every operator new of this test binary is counted, so a test can prove that a training
+// step allocates nothing on the C++ heap (malloc inside BLAS/OpenMP is not seen).
+static std::atomic<long> heap_allocations{0};
+void* operator new(std::size_t n) {
+  ++heap_allocations;
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new(std::size_t n, std::align_val_t a) {
+  ++heap_allocations;
+  const std::size_t al = static_cast<std::size_t>(a);
+  if (void* p = std::aligned_alloc(al, (n + al - 1) / al * al)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
 
 namespace {
 
@@ -127,6 +149,28 @@ TEST_CASE("whole-model gradient equals central finite differences (double)", "[m
   // wpe rows beyond seq get no gradient; wte rows of unused tokens only through the tied head.
   const auto wpe = Model::find("wpe");
   CHECK(grad[static_cast<std::size_t>(wpe.offset + seq * dims.d_model)] == 0.0);
+}
+
+TEST_CASE("a training step allocates nothing; the workspace is the cost model's size", "[model]") {
+  constexpr Dims dims{.d_model = 32, .heads = 4, .d_ff = 64, .vocab = 40, .context = 16};
+  using Model = LM<dims, Chunked<Layer, Dense<2>>>;
+  auto m = Model::make<cpu::Backend<float>>(3);
+  const long before_reserve = heap_allocations;
+  m.reserve(4, 16);
+  CHECK(heap_allocations > before_reserve);  // the counter sees Buffer allocations
+  CHECK(m.workspace_size() == Model::activation_elements(4, 16));
+  const auto tokens = random_tokens(64, dims.vocab, 4);
+  long before = 0;
+  // Step 0 is the warm-up: some ops keep per-thread scratch that grows once to the largest
+  // shape seen (attention, layernorm backward); after that nothing may allocate.
+  for (int step = 0; step < 3; ++step) {
+    if (step == 1) before = heap_allocations;
+    m.zero_grad();
+    m.forward(tokens, tokens, 4, 16);
+    m.backward();
+    m.forward(std::span(tokens).first(24), {}, 2, 12);  // smaller shapes reuse the workspace
+  }
+  CHECK(heap_allocations == before);
 }
 
 TEST_CASE("backward accumulates: two backwards give twice the gradient", "[model]") {

@@ -22,10 +22,22 @@
 #include <tuple>
 #include <type_traits>
 
-#include "mom/assembly/chunked.hpp"
-#include "mom/assembly/sequential.hpp"
+// Included directly (not only through each other) in dependency order, so that a failed
+// check's "In file included from" note is two lines, not eight.
 #include "mom/core/dims.hpp"
 #include "mom/core/layout.hpp"
+#include "mom/core/meta.hpp"
+#include "mom/modules/module.hpp"
+#include "mom/modules/mha.hpp"
+#include "mom/modules/ffn.hpp"
+#include "mom/modules/skip.hpp"
+#include "mom/modules/module_set.hpp"
+#include "mom/routers/router.hpp"
+#include "mom/routers/sequential.hpp"
+#include "mom/assembly/phi.hpp"
+#include "mom/assembly/assembly.hpp"
+#include "mom/assembly/chunked.hpp"
+#include "mom/assembly/sequential.hpp"
 
 namespace mom {
 
@@ -34,28 +46,28 @@ class ModelInstance;  // models/runtime.hpp
 
 namespace detail {
 
+// Validity of one part: reading Assembly::valid instantiates the Assembly, so its checks
+// fire (at the user's line, through "required from here").
+template <class P>
+inline constexpr bool part_valid = false;
+template <class R, class M, class Kn, class Hn, class Phi>
+inline constexpr bool part_valid<Assembly<R, M, Kn, Hn, Phi>> = Assembly<R, M, Kn, Hn, Phi>::valid;
+
 template <class Arch>
 struct parts_of {
   using type = TypeList<>;
+  static constexpr bool valid = false;
 };
 template <class R, class M, class Kn, class Hn, class Phi>
 struct parts_of<Assembly<R, M, Kn, Hn, Phi>> {
   using type = TypeList<Assembly<R, M, Kn, Hn, Phi>>;
+  static constexpr bool valid = part_valid<Assembly<R, M, Kn, Hn, Phi>>;
 };
 template <class... Ps>
 struct parts_of<Chunked<Ps...>> {
   using type = typename Chunked<Ps...>::parts;  // instantiates Chunked: its checks fire here
+  static constexpr bool valid = sizeof...(Ps) > 0 && (part_valid<Ps> && ...);
 };
-
-template <class P>
-constexpr bool part_valid() {
-  if constexpr (is_assembly<P>) return P::valid;
-  else return false;
-}
-template <class... Ps>
-constexpr bool parts_valid(TypeList<Ps...>) {
-  return sizeof...(Ps) > 0 && (part_valid<Ps>() && ...);
-}
 
 // Stand-ins used after a failed check so that one mistake gives one error message.
 inline constexpr Dims placeholder_dims{.d_model = 1, .heads = 1, .d_ff = 1, .vocab = 1, .context = 1};
@@ -149,9 +161,8 @@ template <Dims D, class Arch>
 struct LM {
   static_assert(Architecture<Arch>,
                 "mom::LM<dims, Arch>: Arch must be an Assembly (e.g. Dense<L>) or a Chunked<...> of Assemblies");
-  static constexpr bool dims_ok = VerifyDims<D>::ok;
-  static constexpr bool arch_ok = detail::parts_valid(typename detail::parts_of<Arch>::type{});
-  static constexpr bool valid = dims_ok && arch_ok;
+  // Both checks are instantiated (bitwise &, no short circuit), so every mistake is reported.
+  static constexpr bool valid = VerifyDims<D>::ok & detail::parts_of<Arch>::valid;
 
   static constexpr Dims dims = valid ? D : detail::placeholder_dims;
   using arch = Arch;

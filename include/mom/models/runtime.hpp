@@ -85,7 +85,7 @@ class ModelInstance {
     const index_t n = batch * seq;
     batch_ = batch;
     seq_ = seq;
-    be_.copy(std::span<token_t>(tokens_.data(), tokens.size()), tokens);
+    be_.from_host(std::span<token_t>(tokens_.data(), tokens.size()), tokens);
     T* ws = ws_.data();
     const T* p = params_.data();
 
@@ -107,7 +107,7 @@ class ModelInstance {
       state_ = State::Logits;
       return T(0);
     }
-    be_.copy(std::span<token_t>(targets_.data(), targets.size()), targets);
+    be_.from_host(std::span<token_t>(targets_.data(), targets.size()), targets);
     be_.cross_entropy_forward(span(plan_.loss, 1), span(plan_.lse, n), MatrixView<const T>(logits_view(n)),
                               std::span<const token_t>(targets_.data(), targets.size()));
     state_ = State::Loss;
@@ -158,6 +158,8 @@ class ModelInstance {
   MatrixView<T> grad(const ParamInfo& p) { return {grads_.data() + p.offset, p.rows, p.cols}; }
 
   Be& backend() { return be_; }
+  // Elements of T in the workspace: Model::activation_elements(reserved batch, reserved seq).
+  index_t workspace_size() const { return ws_.size(); }
   index_t reserved_batch() const { return plan_.batch; }
   index_t reserved_seq() const { return plan_.seq; }
 
