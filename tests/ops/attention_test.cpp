@@ -42,7 +42,8 @@ std::vector<double> naive_attention(const std::vector<T>& qkv, index_t B, index_
 
 TEST_CASE("attention: gradient matches finite differences (double)", "[ops][attention]") {
   Rng rng(30);
-  const index_t B = 2, S = 5, heads = 2, d = 6;
+  const index_t S = GENERATE(5, 69);  // one query block, and two (kAttentionBlock = 64) with a partial one
+  const index_t B = 2, heads = 2, d = 6;
   auto qkv = random_vec(B * S * 3 * d, rng, -1.5, 1.5);
   const auto proj = random_vec(B * S * d, rng);
   std::vector<double> out(B * S * d), lse(B * heads * S);
@@ -90,11 +91,11 @@ TEST_CASE("attention: float forward and lse match naive loops (parallel size)", 
 
 TEST_CASE("attention: causal - changing a later token never changes an earlier output", "[ops][attention]") {
   Rng rng(32);
-  const index_t B = 1, S = 16, heads = 2, d = 8;
+  const index_t B = 1, S = 150, heads = 2, d = 8;  // three query blocks
   auto qkv = random_vec(B * S * 3 * d, rng);
   std::vector<double> before(S * d), after(S * d), lse(heads * S);
   cpu::attention_forward<double>(mat(before, S, d), lse, cmat(qkv, S, 3 * d), B, S, heads);
-  for (index_t t : {15, 9, 3}) {
+  for (index_t t : {149, 128, 127, 64, 63, 3}) {
     for (index_t c = 0; c < 3 * d; ++c) qkv[t * 3 * d + c] += 10.0 * rng.uniform();  // q, k and v of token t
     cpu::attention_forward<double>(mat(after, S, d), lse, cmat(qkv, S, 3 * d), B, S, heads);
     for (index_t i = 0; i < t * d; ++i) REQUIRE(after[i] == before[i]);  // rows < t: bit-identical
@@ -115,7 +116,7 @@ TEST_CASE("attention: causal - changing a later token never changes an earlier o
 
 TEST_CASE("attention: batch > 1 - sequences do not see each other", "[ops][attention]") {
   Rng rng(33);
-  const index_t B = 3, S = 8, heads = 2, d = 8;
+  const index_t B = 3, S = 70, heads = 2, d = 8;
   auto qkv = random_vec(B * S * 3 * d, rng);
   std::vector<double> out(B * S * d), lse(B * heads * S);
   cpu::attention_forward<double>(mat(out, B * S, d), lse, cmat(qkv, B * S, 3 * d), B, S, heads);

@@ -7,22 +7,27 @@
 // (hd = d / heads). out is [B*S × d] in the same head-major column order. lse is [B*heads*S],
 // element ((b*heads + h)*S + i). Scale 1/sqrt(hd) (Vaswani et al., eq. (1)).
 //
-// Each (b, h) pair is one task: its q, k, v, out, dout, dqkv blocks are strided maps into the big
-// matrices (no copies), and pairs write disjoint blocks, so OpenMP runs pairs in parallel. The
-// S×S score block of a pair lives in a thread_local scratch that grows once to the largest S seen
-// and is reused by every later call (no allocation in a training step after warm-up). The S×S
-// products are small, so they are Eigen products on the maps, evaluated single-threaded inside
-// the parallel region (Eigen does not nest its own threads there); only the causal lower
-// triangle is ever computed (triangular products: half the FLOPs of a dense S×S).
+// Each (b, h) pair is one task: its q, k, v, out, dout, dqkv blocks are strided views into the big
+// matrices (no copies), and pairs write disjoint blocks, so OpenMP runs pairs in parallel. Within a
+// pair, query rows go in blocks of kAttentionBlock: block [i0, i1) only needs keys [0, i1), so its
+// scores are one dense [rows × i1] cpu::gemm and the causal mask wastes at most half a block per
+// row (the triangle never computed is ~all of the upper half). cpu::gemm runs on the calling thread
+// inside the parallel region (and uses every thread when there is a single pair). The score blocks
+// live in thread_local scratch ([kAttentionBlock × S], two of them in backward) that grows once to
+// the largest S seen and is reused by every later call: no allocation in a step after warm-up.
+#include <algorithm>
 #include <cmath>
 #include <span>
 #include <vector>
 
 #include "mom/backend/cpu/eigen_map.hpp"
+#include "mom/backend/cpu/gemm.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
 
 namespace mom::cpu {
+
+inline constexpr index_t kAttentionBlock = 64;
 
 namespace detail {
 template <class T>
@@ -40,15 +45,25 @@ void check_attention_shapes(const char* op, MatrixView<const T> qkv, MatrixView<
             batch * heads * seq);
 }
 
-template <class T>
-using AttnMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-
-// A thread's S×S scratch block, grown once.
+// This thread's [kAttentionBlock × seq] score scratch number Slot, grown once.
 template <class T, int Slot>
-Eigen::Map<AttnMat<T>> attention_scratch(index_t seq) {
+T* attention_scratch(index_t seq) {
   thread_local std::vector<T> buf;
-  if (buf.size() < static_cast<std::size_t>(seq * seq)) buf.resize(static_cast<std::size_t>(seq * seq));
-  return Eigen::Map<AttnMat<T>>(buf.data(), seq, seq);
+  const auto need = static_cast<std::size_t>(kAttentionBlock * seq);
+  if (buf.size() < need) buf.resize(need);
+  return buf.data();
+}
+
+// The strided [seq × hd] block of head h in part (0 = q, 1 = k, 2 = v) of sequence b.
+template <class T>
+MatrixView<T> head_block(MatrixView<T> m, index_t b, index_t seq, index_t col0, index_t hd) {
+  return m.row_block(b * seq, seq).col_block(col0, hd);
+}
+
+// A row's valid scores s[0..i]: an Eigen array over the first i+1 entries.
+template <class T>
+auto score_row(T* row, index_t i) {
+  return Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(row, i + 1);
 }
 }  // namespace detail
 
@@ -62,28 +77,32 @@ void attention_forward(MatrixView<T> out, std::span<T> lse, MatrixView<const T> 
 #pragma omp parallel for schedule(dynamic) if (batch * heads > 1 && seq * seq * hd > (1 << 14))
   for (index_t bh = 0; bh < batch * heads; ++bh) {
     const index_t b = bh / heads, h = bh % heads;
-    const auto rows = qkv.row_block(b * seq, seq);
-    const auto q = map(rows.col_block(h * hd, hd));
-    const auto k = map(rows.col_block(d + h * hd, hd));
-    const auto v = map(rows.col_block(2 * d + h * hd, hd));
-    auto o = map(out.row_block(b * seq, seq).col_block(h * hd, hd));
+    const auto q = detail::head_block(qkv, b, seq, h * hd, hd);
+    const auto k = detail::head_block(qkv, b, seq, d + h * hd, hd);
+    const auto v = detail::head_block(qkv, b, seq, 2 * d + h * hd, hd);
+    const auto o = detail::head_block(out, b, seq, h * hd, hd);
     T* row_lse = lse.data() + bh * seq;
-
-    auto p = detail::attention_scratch<T, 0>(seq);
-    p.template triangularView<Eigen::Lower>() = q * k.transpose();
-    for (index_t i = 0; i < seq; ++i) {
-      auto s = p.row(i).head(i + 1).array();
-      const T m = s.maxCoeff() * scale;
-      s = (s * scale - m).exp();
-      const T sum = s.sum();
-      s /= sum;
-      row_lse[i] = m + std::log(sum);
+    T* scratch = detail::attention_scratch<T, 0>(seq);
+    for (index_t i0 = 0; i0 < seq; i0 += kAttentionBlock) {
+      const index_t i1 = std::min(seq, i0 + kAttentionBlock), rows = i1 - i0;
+      const MatrixView<T> p(scratch, rows, i1);  // scores of queries [i0, i1) against keys [0, i1)
+      gemm<T>(p, q.row_block(i0, rows), Trans::N, k.row_block(0, i1), Trans::T);
+      for (index_t r = 0; r < rows; ++r) {
+        const index_t i = i0 + r;
+        auto s = detail::score_row(p.row(r), i);
+        const T m = s.maxCoeff() * scale;
+        s = (s * scale - m).exp();
+        const T sum = s.sum();
+        s *= T(1) / sum;
+        row_lse[i] = m + std::log(sum);
+        std::fill(p.row(r) + i + 1, p.row(r) + i1, T(0));  // causal mask: keys after i
+      }
+      gemm<T>(o.row_block(i0, rows), p, Trans::N, v.row_block(0, i1), Trans::N);
     }
-    o.noalias() = p.template triangularView<Eigen::Lower>() * v;
   }
 }
 
-// Accumulates dqkv += d(out)/d(qkv)ᵀ dout. With P the probabilities (recomputed from lse),
+// Accumulates dqkv += (d out / d qkv)ᵀ dout. With P the probabilities (recomputed from lse),
 // dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - rowsum(dO ∘ O)), dQ = scale dS K, dK = scale dSᵀ Q.
 template <class T>
 void attention_backward(MatrixView<T> dqkv, MatrixView<const T> dout, MatrixView<const T> out, std::span<const T> lse,
@@ -98,34 +117,40 @@ void attention_backward(MatrixView<T> dqkv, MatrixView<const T> dout, MatrixView
 #pragma omp parallel for schedule(dynamic) if (batch * heads > 1 && seq * seq * hd > (1 << 14))
   for (index_t bh = 0; bh < batch * heads; ++bh) {
     const index_t b = bh / heads, h = bh % heads;
-    const auto rows = qkv.row_block(b * seq, seq);
-    const auto q = map(rows.col_block(h * hd, hd));
-    const auto k = map(rows.col_block(d + h * hd, hd));
-    const auto v = map(rows.col_block(2 * d + h * hd, hd));
-    const auto o = map(out.row_block(b * seq, seq).col_block(h * hd, hd));
-    const auto dO = map(dout.row_block(b * seq, seq).col_block(h * hd, hd));
-    const auto drows = dqkv.row_block(b * seq, seq);
-    auto dq = map(drows.col_block(h * hd, hd));
-    auto dk = map(drows.col_block(d + h * hd, hd));
-    auto dv = map(drows.col_block(2 * d + h * hd, hd));
+    const auto q = detail::head_block(qkv, b, seq, h * hd, hd);
+    const auto k = detail::head_block(qkv, b, seq, d + h * hd, hd);
+    const auto v = detail::head_block(qkv, b, seq, 2 * d + h * hd, hd);
+    const auto o = detail::head_block(out, b, seq, h * hd, hd);
+    const auto dO = detail::head_block(dout, b, seq, h * hd, hd);
+    const auto dq = detail::head_block(dqkv, b, seq, h * hd, hd);
+    const auto dk = detail::head_block(dqkv, b, seq, d + h * hd, hd);
+    const auto dv = detail::head_block(dqkv, b, seq, 2 * d + h * hd, hd);
     const T* row_lse = lse.data() + bh * seq;
-
-    auto p = detail::attention_scratch<T, 0>(seq);
-    auto ds = detail::attention_scratch<T, 1>(seq);
-    p.template triangularView<Eigen::Lower>() = q * k.transpose();
-    for (index_t i = 0; i < seq; ++i) {
-      auto s = p.row(i).head(i + 1).array();
-      s = (s * scale - row_lse[i]).exp();
+    T* scratch_p = detail::attention_scratch<T, 0>(seq);
+    T* scratch_ds = detail::attention_scratch<T, 1>(seq);
+    for (index_t i0 = 0; i0 < seq; i0 += kAttentionBlock) {
+      const index_t i1 = std::min(seq, i0 + kAttentionBlock), rows = i1 - i0;
+      const MatrixView<T> p(scratch_p, rows, i1), ds(scratch_ds, rows, i1);
+      gemm<T>(p, q.row_block(i0, rows), Trans::N, k.row_block(0, i1), Trans::T);
+      for (index_t r = 0; r < rows; ++r) {
+        const index_t i = i0 + r;
+        auto s = detail::score_row(p.row(r), i);
+        s = (s * scale - row_lse[i]).exp();
+        std::fill(p.row(r) + i + 1, p.row(r) + i1, T(0));
+      }
+      gemm<T>(dv.row_block(0, i1), p, Trans::T, dO.row_block(i0, rows), Trans::N, T(1), T(1));
+      gemm<T>(ds, dO.row_block(i0, rows), Trans::N, v.row_block(0, i1), Trans::T);
+      for (index_t r = 0; r < rows; ++r) {
+        const index_t i = i0 + r;
+        T di = T(0);  // Σ_j P_ij dP_ij = dO_i · O_i
+        for (index_t c = 0; c < hd; ++c) di += dO(i, c) * o(i, c);
+        auto g = detail::score_row(ds.row(r), i);
+        g = scale * detail::score_row(p.row(r), i) * (g - di);
+        std::fill(ds.row(r) + i + 1, ds.row(r) + i1, T(0));
+      }
+      gemm<T>(dq.row_block(i0, rows), ds, Trans::N, k.row_block(0, i1), Trans::N, T(1), T(1));
+      gemm<T>(dk.row_block(0, i1), ds, Trans::T, q.row_block(i0, rows), Trans::N, T(1), T(1));
     }
-    dv.noalias() += p.template triangularView<Eigen::Lower>().transpose() * dO;
-    ds.template triangularView<Eigen::Lower>() = dO * v.transpose();
-    for (index_t i = 0; i < seq; ++i) {
-      const T di = dO.row(i).dot(o.row(i));  // = Σ_j P_ij dP_ij
-      auto g = ds.row(i).head(i + 1).array();
-      g = scale * p.row(i).head(i + 1).array() * (g - di);
-    }
-    dq.noalias() += ds.template triangularView<Eigen::Lower>() * k;
-    dk.noalias() += ds.template triangularView<Eigen::Lower>().transpose() * q;
   }
 }
 
