@@ -1,0 +1,165 @@
+// Files for training: read-only memory maps and atomic writes (POSIX).
+//
+// An atomic write goes to a temporary file next to the target, is flushed and fsync'ed, then renamed over the
+// target, and the folder is fsync'ed: a reader sees the old file or the new one, never a mix, and a failure at
+// any point leaves the old file untouched.
+#pragma once
+
+#include <mom/core/check.hpp>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <span>
+#include <string>
+#include <utility>
+
+namespace mom::train {
+
+// A whole file mapped read-only. Empty files map to an empty span.
+class MappedFile {
+ public:
+  MappedFile() = default;
+  explicit MappedFile(const std::filesystem::path& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    MOM_CHECK(fd_ >= 0, "cannot open '", path.string(), "': ", std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd_);
+      fd_ = -1;
+      throw Error("'" + path.string() + "' is not a regular file");
+    }
+    size_ = static_cast<std::size_t>(st.st_size);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
+      if (p == MAP_FAILED) {
+        ::close(fd_);
+        fd_ = -1;
+        throw Error("cannot map '" + path.string() + "': " + std::strerror(errno));
+      }
+      data_ = static_cast<const std::byte*>(p);
+    }
+  }
+  MappedFile(MappedFile&& o) noexcept
+      : path_(std::move(o.path_)), fd_(std::exchange(o.fd_, -1)), data_(std::exchange(o.data_, nullptr)),
+        size_(std::exchange(o.size_, 0)) {}
+  MappedFile& operator=(MappedFile&& o) noexcept {
+    if (this != &o) {
+      release();
+      path_ = std::move(o.path_);
+      fd_ = std::exchange(o.fd_, -1);
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile() { release(); }
+
+  std::span<const std::byte> bytes() const { return {data_, size_}; }
+  std::size_t size() const { return size_; }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  void release() {
+    if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+    if (fd_ >= 0) ::close(fd_);
+    data_ = nullptr;
+    fd_ = -1;
+  }
+  std::filesystem::path path_;
+  int fd_ = -1;
+  const std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+// Writes `path` atomically: write(sink) is called with a function appending bytes to the temporary file.
+inline void write_file_atomically(const std::filesystem::path& path,
+                                  const std::function<void(const std::function<void(const void*, std::size_t)>&)>& write) {
+  namespace fs = std::filesystem;
+  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  const fs::path tmp = dir / ("." + path.filename().string() + ".tmp." + std::to_string(::getpid()));
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  MOM_CHECK(fd >= 0, "cannot write '", path.string(), "': ", std::strerror(errno));
+  auto fail = [&](const std::string& what) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw Error("cannot write '" + path.string() + "': " + what + (err ? std::string(": ") + std::strerror(err) : ""));
+  };
+  try {
+    write([&](const void* data, std::size_t n) {
+      const char* p = static_cast<const char*>(data);
+      while (n > 0) {
+        const ssize_t w = ::write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) throw Error("cannot write '" + path.string() + "': write failed: " + std::strerror(errno));
+        p += w;
+        n -= static_cast<std::size_t>(w);
+      }
+    });
+  } catch (const Error&) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  errno = 0;
+  if (::fsync(fd) != 0) fail("fsync failed");
+  if (::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    throw Error("cannot write '" + path.string() + "': close failed: " + std::strerror(errno));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw Error("cannot write '" + path.string() + "': rename failed: " + std::strerror(err));
+  }
+  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    ::fsync(dfd);  // makes the rename itself durable
+    ::close(dfd);
+  }
+}
+
+inline void write_file_atomically(const std::filesystem::path& path, std::span<const std::byte> data) {
+  write_file_atomically(path, [&](const auto& sink) { sink(data.data(), data.size()); });
+}
+inline void write_file_atomically(const std::filesystem::path& path, const std::string& text) {
+  write_file_atomically(path, std::as_bytes(std::span(text.data(), text.size())));
+}
+
+// Creates `dir` (and parents) and checks that a file can be created in it; the message names the problem.
+inline void ensure_writable_dir(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(dir, ec)) {
+    MOM_CHECK(fs::is_directory(dir, ec), "output path '", dir.string(), "' exists and is not a directory");
+  } else {
+    fs::create_directories(dir, ec);
+    MOM_CHECK(!ec, "cannot create output directory '", dir.string(), "': ", ec.message());
+  }
+  const fs::path probe = dir / (".mom_write_test." + std::to_string(::getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  MOM_CHECK(fd >= 0, "output directory '", dir.string(), "' is not writable: ", std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+// Little-endian encoding of fixed-width integers, independent of the host's byte order.
+inline void put_le(std::byte* out, std::uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xFF);
+}
+inline std::uint64_t get_le(const std::byte* in, int bytes) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(std::to_integer<unsigned>(in[i])) << (8 * i);
+  return v;
+}
+
+}  // namespace mom::train

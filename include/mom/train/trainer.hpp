@@ -1,0 +1,279 @@
+// The training loop: AdamW with decoupled weight decay on matrices only, linear warm-up then cosine decay
+// to a floor, global-norm gradient clipping (fused into the AdamW pass), gradient accumulation, periodic
+// validation loss / perplexity, progress display, JSON-lines metrics, checkpoints and bit-identical resume.
+//
+//   auto model = Model::make<cpu::Backend<float>>(seed);
+//   TokenFile train("data/train.bin"), val("data/val.bin");
+//   Trainer trainer(model, train, &val, TrainConfig{.steps = 2000, .batch = 16, .seq = 128, .out_dir = "runs/a"});
+//   trainer.run();                           // or trainer.resume("runs/a"); trainer.run();
+//
+// Resume is bit-identical: a checkpoint holds the parameters, both AdamW moments, the step and the training
+// sampler's RNG state; the schedule depends on the step alone and evaluation uses its own fixed windows, so
+// steps N+1.. after a resume compute exactly what an uninterrupted run computes (same thread count: the ops'
+// OpenMP reductions are statically scheduled).
+#pragma once
+
+#include <mom/models/describe.hpp>
+#include <mom/train/checkpoint.hpp>
+#include <mom/train/data.hpp>
+#include <mom/train/metrics.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <numbers>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mom::train {
+
+struct TrainConfig {
+  index_t steps = 1000;        // optimizer steps in total (a resumed run continues up to this)
+  index_t batch = 16;          // sequences per micro-batch
+  index_t seq = 128;           // tokens per sequence (<= the model's context)
+  index_t accum = 1;           // micro-batches per optimizer step (gradient accumulation)
+  double lr = 1e-3;            // peak learning rate
+  double min_lr_ratio = 0.1;   // cosine floor: min_lr = lr * min_lr_ratio
+  index_t warmup = 100;        // linear warm-up steps
+  double weight_decay = 0.1;   // on matrices only (rows > 1 && cols > 1 in Model::layout)
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double grad_clip = 1.0;      // max global gradient L2 norm; 0 = no clipping
+  index_t eval_interval = 100; // validate every this many steps (and at the end); 0 = only at the end
+  index_t eval_batches = 8;    // micro-batches per validation
+  index_t checkpoint_interval = 0;  // save every this many steps (and at the end); 0 = only at the end
+  index_t log_interval = 10;   // plain-text progress line every this many steps when not on a terminal
+  std::uint64_t seed = 1;      // training-data sampler seed
+  std::filesystem::path out_dir;    // checkpoints + metrics.jsonl; empty = none
+  bool progress = true;        // print progress to stdout
+  std::string arch_name;       // recorded in checkpoints and metrics
+  std::string tokenizer_name;  // recorded in checkpoints and metrics
+
+  nlohmann::json to_json() const {
+    return {{"steps", steps}, {"batch", batch}, {"seq", seq}, {"accum", accum}, {"lr", lr},
+            {"min_lr_ratio", min_lr_ratio}, {"warmup", warmup}, {"weight_decay", weight_decay},
+            {"beta1", beta1}, {"beta2", beta2}, {"eps", eps}, {"grad_clip", grad_clip},
+            {"eval_interval", eval_interval}, {"eval_batches", eval_batches},
+            {"checkpoint_interval", checkpoint_interval}, {"seed", seed}, {"arch", arch_name},
+            {"tokenizer", tokenizer_name}};
+  }
+};
+
+// Learning rate of optimizer step `step` (1-based): linear warm-up to lr over `warmup` steps, then cosine
+// decay to lr * min_lr_ratio at the last step.
+inline double learning_rate(const TrainConfig& c, index_t step) {
+  if (c.warmup > 0 && step <= c.warmup) return c.lr * double(step) / double(c.warmup);
+  const double min_lr = c.lr * c.min_lr_ratio;
+  const index_t decay_steps = c.steps - c.warmup;
+  if (decay_steps <= 0) return c.lr;
+  const double progress = std::clamp(double(step - c.warmup) / double(decay_steps), 0.0, 1.0);
+  return min_lr + 0.5 * (c.lr - min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
+}
+
+struct TrainResult {
+  std::vector<double> losses;           // training loss of each step run by this call (mean over micro-batches)
+  std::optional<double> final_val_loss; // last validation loss
+  index_t first_step = 0, last_step = 0;
+  double seconds = 0;
+  double tokens_per_second = 0;
+};
+
+template <class Instance>
+class Trainer {
+ public:
+  using Model = typename Instance::model_type;
+  using T = typename Instance::scalar;
+
+  Trainer(Instance& model, const TokenFile& train, const TokenFile* val, TrainConfig cfg)
+      : model_(model), train_(train), val_(val), cfg_(std::move(cfg)),
+        sampler_(train, cfg_.batch, check_config(cfg_, train, val).seq, cfg_.seed), progress_(stdout, cfg_.log_interval) {
+    auto& be = model_.backend();
+    m_ = be.template alloc<T>(Model::params);
+    v_ = be.template alloc<T>(Model::params);
+    norm_ = be.template alloc<T>(1);
+    be.zero(m_.span());
+    be.zero(v_.span());
+    be.zero(norm_.span());
+    inputs_.resize(static_cast<std::size_t>(cfg_.batch * cfg_.seq));
+    targets_.resize(inputs_.size());
+    model_.reserve(cfg_.batch, cfg_.seq);
+    // Contiguous runs of layout tensors that share a weight-decay setting: one AdamW pass each.
+    for (const auto& p : Model::layout) {
+      const bool decay = p.rows > 1 && p.cols > 1;
+      if (!groups_.empty() && groups_.back().decay == decay && groups_.back().end == p.offset)
+        groups_.back().end = p.offset + p.size();
+      else
+        groups_.push_back({p.offset, p.offset + p.size(), decay});
+    }
+    progress_.set_enabled(cfg_.progress);
+  }
+
+  // Continues from a checkpoint (run dir or step folder): parameters, AdamW moments, step, sampler state.
+  void resume(const std::filesystem::path& checkpoint) {
+    TrainState s;
+    Checkpointer<Instance>::load(checkpoint, model_, m_.span(), v_.span(), s);
+    sampler_.set_state(s.sampler_state);
+    step_ = s.step;
+    resumed_from_ = s.step;
+  }
+
+  index_t step() const { return step_; }
+
+  // Mean loss over cfg.eval_batches fixed validation micro-batches (the same windows every time).
+  double evaluate() {
+    MOM_CHECK(val_ != nullptr, "Trainer::evaluate: no validation data");
+    double sum = 0;
+    for (index_t i = 0; i < cfg_.eval_batches; ++i) {
+      eval_batch(*val_, cfg_.batch, cfg_.seq, i, inputs_, targets_);
+      sum += double(model_.forward(inputs_, targets_, cfg_.batch, cfg_.seq));
+    }
+    return sum / double(cfg_.eval_batches);
+  }
+
+  // One optimizer step (accum micro-batches). Returns the mean training loss.
+  double train_step() {
+    auto& be = model_.backend();
+    model_.zero_grad();
+    double loss = 0;
+    for (index_t a = 0; a < cfg_.accum; ++a) {
+      sampler_.next(inputs_, targets_);
+      loss += double(model_.forward(inputs_, targets_, cfg_.batch, cfg_.seq));
+      model_.backward();
+    }
+    loss /= double(cfg_.accum);
+    MOM_CHECK(std::isfinite(loss), "training diverged: loss is ", loss, " at step ", step_ + 1,
+              " (try a lower --lr)");
+    if (cfg_.accum > 1) be.scale(model_.grads(), T(1) / T(cfg_.accum));  // the mean over micro-batches
+    be.grad_norm(std::span<const T>(model_.grads()), norm_.data());
+    ++step_;
+    const double lr = learning_rate(cfg_, step_);
+    for (const auto& g : groups_) {
+      const auto n = static_cast<std::size_t>(g.end - g.begin);
+      const auto at = static_cast<std::size_t>(g.begin);
+      cpu::AdamWConfig opt{.lr = lr, .beta1 = cfg_.beta1, .beta2 = cfg_.beta2, .eps = cfg_.eps,
+                           .weight_decay = g.decay ? cfg_.weight_decay : 0.0};
+      be.adamw_step(model_.params().subspan(at, n), std::span<const T>(model_.grads()).subspan(at, n),
+                    m_.span().subspan(at, n), v_.span().subspan(at, n), opt, step_, norm_.data(), T(cfg_.grad_clip));
+    }
+    last_lr_ = lr;
+    last_grad_norm_ = double(be.read(norm_.data()));
+    return loss;
+  }
+
+  // Saves a checkpoint of the current state to cfg.out_dir.
+  std::filesystem::path save() {
+    MOM_CHECK(!cfg_.out_dir.empty(), "Trainer::save: no out_dir configured");
+    TrainState s{step_, sampler_.state()};
+    return Checkpointer<Instance>::save(cfg_.out_dir, model_, std::span<const T>(m_.span()),
+                                        std::span<const T>(v_.span()), s,
+                                        {{"mom.arch", cfg_.arch_name},
+                                         {"mom.tokenizer", cfg_.tokenizer_name},
+                                         {"mom.config", cfg_.to_json().dump()}});
+  }
+
+  // Trains from the current step up to cfg.steps.
+  TrainResult run() {
+    using clock = std::chrono::steady_clock;
+    TrainResult result;
+    result.first_step = step_ + 1;
+    MetricsLog metrics;
+    if (!cfg_.out_dir.empty()) {
+      ensure_writable_dir(cfg_.out_dir);
+      metrics = MetricsLog(cfg_.out_dir / "metrics.jsonl");
+      metrics.write({{"type", "run"}, {"arch", cfg_.arch_name}, {"describe", describe<Model>()},
+                     {"config", cfg_.to_json()}, {"resumed_from", resumed_from_}});
+    }
+    const auto t0 = clock::now();
+    auto elapsed = [&] { return std::chrono::duration<double>(clock::now() - t0).count(); };
+    const double tokens_per_step = double(cfg_.batch * cfg_.seq * cfg_.accum);
+    const index_t start_step = step_;
+    index_t last_saved = -1;
+    while (step_ < cfg_.steps) {
+      const double loss = train_step();
+      result.losses.push_back(loss);
+      const double secs = elapsed();
+      const double done = double(step_ - start_step);
+      const double tok_s = done * tokens_per_step / std::max(secs, 1e-9);
+      const double eta = secs / done * double(cfg_.steps - step_);
+      char line[256];
+      std::snprintf(line, sizeof line, "step %6lld/%lld | loss %.4f | lr %.3e | grad %.3f | %.0f tok/s | %s elapsed, ETA %s",
+                    static_cast<long long>(step_), static_cast<long long>(cfg_.steps), loss, last_lr_,
+                    last_grad_norm_, tok_s, format_duration(secs).c_str(), format_duration(eta).c_str());
+      progress_.status(static_cast<long>(step_), line, step_ == cfg_.steps || step_ == start_step + 1);
+      metrics.write({{"type", "train"}, {"step", step_}, {"loss", loss}, {"lr", last_lr_},
+                     {"grad_norm", last_grad_norm_}, {"tokens", double(step_) * tokens_per_step},
+                     {"tok_per_s", tok_s}, {"elapsed_s", secs}});
+      const bool last = step_ == cfg_.steps;
+      if (val_ && ((cfg_.eval_interval > 0 && step_ % cfg_.eval_interval == 0) || last)) {
+        const double vl = evaluate();
+        result.final_val_loss = vl;
+        char vline[160];
+        std::snprintf(vline, sizeof vline, "step %6lld | val loss %.4f | val ppl %.3f", static_cast<long long>(step_),
+                      vl, std::exp(vl));
+        progress_.message(vline);
+        metrics.write({{"type", "val"}, {"step", step_}, {"loss", vl}, {"ppl", std::exp(vl)}, {"elapsed_s", elapsed()}});
+      }
+      if (!cfg_.out_dir.empty() &&
+          ((cfg_.checkpoint_interval > 0 && step_ % cfg_.checkpoint_interval == 0) || last)) {
+        const auto dir = save();
+        last_saved = step_;
+        progress_.message("step " + std::to_string(step_) + " | checkpoint " + dir.string());
+      }
+    }
+    (void)last_saved;
+    progress_.finish();
+    result.last_step = step_;
+    result.seconds = elapsed();
+    result.tokens_per_second = double(step_ - start_step) * tokens_per_step / std::max(result.seconds, 1e-9);
+    return result;
+  }
+
+  std::span<const T> adam_m() const { return m_.span(); }
+  std::span<const T> adam_v() const { return v_.span(); }
+  const TrainConfig& config() const { return cfg_; }
+
+ private:
+  struct Group {
+    index_t begin, end;
+    bool decay;
+  };
+
+  // Validates the configuration against the model and the data; returns it for the member initialisers.
+  static const TrainConfig& check_config(const TrainConfig& c, const TokenFile& train, const TokenFile* val) {
+    MOM_CHECK(c.steps > 0, "steps ", c.steps, " must be > 0");
+    MOM_CHECK(c.batch > 0, "batch ", c.batch, " must be > 0");
+    MOM_CHECK(c.seq > 0, "seq ", c.seq, " must be > 0");
+    MOM_CHECK(c.seq <= Model::dims.context, "seq ", c.seq, " exceeds the model's context ", Model::dims.context);
+    MOM_CHECK(c.accum > 0, "accum ", c.accum, " must be > 0");
+    MOM_CHECK(c.lr > 0 && std::isfinite(c.lr), "lr ", c.lr, " must be > 0");
+    MOM_CHECK(c.eval_batches > 0, "eval_batches ", c.eval_batches, " must be > 0");
+    MOM_CHECK(c.warmup >= 0, "warmup ", c.warmup, " must be >= 0");
+    MOM_CHECK(train.vocab() <= Model::dims.vocab, "data file '", train.path().string(), "' has vocab ", train.vocab(),
+              " (", train.tokenizer(), ") but the model's vocab is ", Model::dims.vocab);
+    if (val) {
+      MOM_CHECK(val->vocab() <= Model::dims.vocab, "validation file '", val->path().string(), "' has vocab ",
+                val->vocab(), " but the model's vocab is ", Model::dims.vocab);
+      MOM_CHECK(val->size() >= c.seq + 1, "validation file '", val->path().string(), "' has ", val->size(),
+                " tokens, fewer than seq + 1 = ", c.seq + 1);
+    }
+    return c;
+  }
+
+  Instance& model_;
+  const TokenFile& train_;
+  const TokenFile* val_;
+  TrainConfig cfg_;
+  BatchSampler sampler_;
+  Progress progress_;
+  typename Instance::backend_type::template Buffer<T> m_, v_, norm_;
+  std::vector<token_t> inputs_, targets_;
+  std::vector<Group> groups_;
+  index_t step_ = 0;
+  index_t resumed_from_ = 0;
+  double last_lr_ = 0, last_grad_norm_ = 0;
+};
+
+}  // namespace mom::train
