@@ -89,6 +89,7 @@ constexpr index_t dense_flops(Dims D, index_t L, index_t seq) {
 }
 static_assert(GPT2Small::flops_per_token(1024) == dense_flops(gpt2_small, 12, 1024));
 static_assert(GPT2Small::flops_per_token(1) == dense_flops(gpt2_small, 12, 1));
+static_assert(GPT2Small::flops_per_token(1024) == 265'956'864);
 static_assert(GPT2Large::flops_per_token(1024) == dense_flops(gpt2_large, 36, 1024));
 // Without attention the forward is ~2 FLOPs per parameter of the matrices used (the classic
 // 2N rule; wpe and LayerNorm/bias parameters are not multiplied).
@@ -117,6 +118,12 @@ using MoMSet = ModuleSet<MHA<4>, FFN<4>, Skip>;
 static_assert(MoMSet::n_attention == 4 && MoMSet::n_ffn == 4 && MoMSet::has_skip);
 static_assert(MoMSet::selectable_attention == 5 && MoMSet::selectable_ffn == 5 && MoMSet::depth == 4);
 static_assert(ModuleSet<FFN<3>, MHA<2>>::depth == 3 && !ModuleSet<FFN<3>, MHA<2>>::has_skip);
+
+TEST_CASE("find: by name at compile time and at run time", "[cost]") {
+  static_assert(&GPT2Small::find("ln_f.w") == &GPT2Small::layout[GPT2Small::layout.size() - 2]);
+  CHECK(GPT2Small::find(std::string("h.7.mlp.b_fc")).cols == 3072);
+  CHECK_THROWS_WITH(GPT2Small::find("h.12.mlp.b_fc"), Catch::Contains("no parameter named 'h.12.mlp.b_fc'"));
+}
 
 TEST_CASE("describe: one line with shape, depth, params and FLOPs", "[cost]") {
   const std::string s = describe<GPT2Small>();

@@ -3,6 +3,7 @@
 // bit-identical reruns from the same seed.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -171,6 +172,23 @@ TEST_CASE("a training step allocates nothing; the workspace is the cost model's 
     m.forward(std::span(tokens).first(24), {}, 2, 12);  // smaller shapes reuse the workspace
   }
   CHECK(heap_allocations == before);
+}
+
+TEST_CASE("a chunking of layers computes exactly what the dense stack computes", "[model]") {
+  constexpr Dims dims{.d_model = 32, .heads = 4, .d_ff = 64, .vocab = 40, .context = 16};
+  using Dense4 = LM<dims, Dense<4>>;
+  using Chunks = LM<dims, Chunked<Layer, Dense<2>, Layer>>;
+  static_assert(Dense4::params == Chunks::params);
+  auto a = Dense4::make<cpu::Backend<double>>(8);
+  auto b = Chunks::make<cpu::Backend<double>>(8);
+  a.reserve(2, 16);
+  b.reserve(2, 16);
+  const auto tokens = random_tokens(32, dims.vocab, 9);
+  REQUIRE(std::equal(a.params().begin(), a.params().end(), b.params().begin()));  // same layout, same init
+  CHECK(a.forward(tokens, tokens, 2, 16) == b.forward(tokens, tokens, 2, 16));
+  a.backward();
+  b.backward();
+  CHECK(std::equal(a.grads().begin(), a.grads().end(), b.grads().begin()));
 }
 
 TEST_CASE("backward accumulates: two backwards give twice the gradient", "[model]") {

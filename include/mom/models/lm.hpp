@@ -24,6 +24,7 @@
 
 // Included directly (not only through each other) in dependency order, so that a failed
 // check's "In file included from" note is two lines, not eight.
+#include "mom/core/check.hpp"
 #include "mom/core/dims.hpp"
 #include "mom/core/layout.hpp"
 #include "mom/core/meta.hpp"
@@ -188,11 +189,12 @@ struct LM {
     return activation_elements(batch, seq) * index_t(sizeof(T)) + 2 * batch * seq * index_t(sizeof(token_t));
   }
 
-  // The layout entry called `name` (a compile error in a constant expression when absent).
+  // The layout entry called `name`: a compile error in a constant expression, a mom::Error at
+  // run time, when there is none.
   static constexpr const ParamInfo& find(std::string_view name) {
     for (const auto& p : layout)
       if (p.name == name) return p;
-    throw "mom::LM::find: no parameter with this name";
+    ::mom::detail::fail("LM::find: the model has no parameter named '", name, "'");
   }
 
   // A runnable model on backend Be with parameters initialised GPT-2 style from seed.
