@@ -373,7 +373,32 @@ inline void pack_b_panels(const Problem& p, float* bpack, index_t jc, index_t pc
   }
 }
 
+#ifndef MOM_PF_ROWS
+#define MOM_PF_ROWS 8
+#endif
+inline constexpr index_t kPrefetchRows = MOM_PF_ROWS;
+
 inline void pack_a_block(const Problem& p, float* apack, index_t ic, index_t mc, index_t pc, index_t kc) {
+#if defined(MOM_GEMM_NATIVE_AVX512)
+  if (p.a.rs == 1) {
+    // op(A) = Aᵀ: row k of A holds the block's mc values contiguously. Walk A row by row
+    // (one sequential read per row, each page touched once per block) and deal each
+    // row's values out to the panels, instead of reading MR-wide strips panel by panel.
+    const index_t panels = (mc + MR - 1) / MR;
+    for (index_t k = 0; k < kc; ++k) {
+      const float* src = p.a.data + (pc + k) * p.a.cs + ic;
+      if (k + kPrefetchRows < kc)  // the rows are far apart: help the hardware prefetcher
+        for (index_t j = 0; j < mc; j += 16) _mm_prefetch(reinterpret_cast<const char*>(src + kPrefetchRows * p.a.cs + j), _MM_HINT_T0);
+      for (index_t ip = 0; ip < panels; ++ip) {
+        const index_t rows = std::min(MR, mc - ip * MR);
+        const __mmask16 mask = __mmask16((1u << rows) - 1u);
+        const __m512 v = _mm512_maskz_loadu_ps(mask, src + ip * MR);
+        _mm512_mask_storeu_ps(apack + ip * MR * kc + k * MR, __mmask16((1u << MR) - 1u), v);
+      }
+    }
+    return;
+  }
+#endif
   for (index_t ip = 0; ip * MR < mc; ++ip) {
     const index_t i0 = ic + ip * MR;
     const Operand src{p.a.data + i0 * p.a.rs + pc * p.a.cs, p.a.rs, p.a.cs};
