@@ -85,7 +85,7 @@ TEST_CASE("attention: float forward and lse match naive loops (parallel size)", 
     cpu::attention_forward<double>(mat(out64, B * S, d), lse64, cmat(qkv64, B * S, 3 * d), B, S, heads);
     cpu::attention_backward<double>(mat(dqkv64, B * S, 3 * d), cmat(dout64, B * S, d), cmat(out64, B * S, d), lse64,
                                     cmat(qkv64, B * S, 3 * d), B, S, heads);
-    CHECK(rel_error(dqkv, dqkv64) < 1e-4);
+    CHECK(rel_error(dqkv, dqkv64) < float_tol);
   }
 }
 
