@@ -45,6 +45,13 @@ namespace mom {
 template <class Model, class Backend>
 class ModelInstance;  // models/runtime.hpp
 
+// What a model needs from a backend type (the ops themselves are checked where they are called).
+template <class Be>
+concept BackendType = requires {
+  typename Be::scalar;
+  typename Be::template Buffer<typename Be::scalar>;
+};
+
 namespace detail {
 
 // Validity of one part: reading Assembly::valid instantiates the Assembly, so its checks
@@ -199,8 +206,13 @@ struct LM {
 
   // A runnable model on backend Be with parameters initialised GPT-2 style from seed.
   template <class Be>
-  static ModelInstance<LM, Be> make(std::uint64_t seed) {
-    return ModelInstance<LM, Be>(seed);
+  static auto make(std::uint64_t seed) {
+    if constexpr (!BackendType<Be>) {
+      static_assert(dependent_false<Be>, "mom::LM::make<Be>: Be must be a backend, e.g. cpu::Backend<float>");
+      return 0;
+    } else {
+      return ModelInstance<LM, Be>(seed);
+    }
   }
 };
 
