@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -30,6 +31,10 @@
 #include <vector>
 
 namespace mom::train {
+
+// Set from a signal handler (mom-train sets it on Ctrl-C): the Trainer finishes the current step, saves a
+// checkpoint and returns, so the run can be resumed later.
+inline std::atomic<bool> stop_requested{false};
 
 struct TrainConfig {
   index_t steps = 1000;        // optimizer steps in total (a resumed run continues up to this)
@@ -79,6 +84,7 @@ struct TrainResult {
   index_t first_step = 0, last_step = 0;
   double seconds = 0;
   double tokens_per_second = 0;
+  bool interrupted = false;             // stopped early by stop_requested (a checkpoint was saved)
 };
 
 template <class Instance>
@@ -190,7 +196,6 @@ class Trainer {
     auto elapsed = [&] { return std::chrono::duration<double>(clock::now() - t0).count(); };
     const double tokens_per_step = double(cfg_.batch * cfg_.seq * cfg_.accum);
     const index_t start_step = step_;
-    index_t last_saved = -1;
     while (step_ < cfg_.steps) {
       const double loss = train_step();
       result.losses.push_back(loss);
@@ -216,14 +221,18 @@ class Trainer {
         progress_.message(vline);
         metrics.write({{"type", "val"}, {"step", step_}, {"loss", vl}, {"ppl", std::exp(vl)}, {"elapsed_s", elapsed()}});
       }
+      const bool stop = stop_requested.load() && !last;
+      if (stop) {
+        result.interrupted = true;
+        progress_.message("step " + std::to_string(step_) + " | interrupted");
+      }
       if (!cfg_.out_dir.empty() &&
-          ((cfg_.checkpoint_interval > 0 && step_ % cfg_.checkpoint_interval == 0) || last)) {
+          ((cfg_.checkpoint_interval > 0 && step_ % cfg_.checkpoint_interval == 0) || last || stop)) {
         const auto dir = save();
-        last_saved = step_;
         progress_.message("step " + std::to_string(step_) + " | checkpoint " + dir.string());
       }
+      if (stop) break;
     }
-    (void)last_saved;
     progress_.finish();
     result.last_step = step_;
     result.seconds = elapsed();

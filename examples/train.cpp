@@ -1,0 +1,284 @@
+// mom-train: trains a named architecture on a text (or prepared token files) with the bundled Trainer, and
+// mom-train sample / mom-sample: prints text generated from a checkpoint.
+//
+//   mom-train --data data/kjv.txt --arch tiny --steps 2000 --out runs/kjv      # train (Ctrl-C saves)
+//   mom-train --data data/kjv.txt --arch tiny --steps 4000 --out runs/kjv --resume
+//   mom-sample --checkpoint runs/kjv --prompt "And God said" --tokens 300
+//
+// Every error (missing / empty / binary data, unknown architecture, seq > context, an output directory that
+// cannot be written, a checkpoint that would be overwritten) is one line on stderr and exit status 1.
+#include "architectures.hpp"
+#include "sample.hpp"
+
+#include <CLI/CLI.hpp>
+#include <omp.h>
+
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+
+#ifndef MOM_SOURCE_DIR
+#define MOM_SOURCE_DIR "."
+#endif
+
+namespace mom::examples {
+
+struct TrainRequest {
+  std::filesystem::path data = "data/kjv.txt";
+  std::string tokenizer;  // empty: the architecture's
+  double val_fraction = 0.1;
+  train::TrainConfig cfg;
+  bool resume = false;
+  index_t sample_tokens = 200;
+  std::string prompt = "And God said";
+  double temperature = 0.8;
+};
+
+inline std::filesystem::path repo_root() {
+  namespace fs = std::filesystem;
+  if (train::find_gpt2_files(".")) return ".";
+  return MOM_SOURCE_DIR;
+}
+
+// Token files for training: a text file is tokenized into <out>/data/{train,val}.bin; a folder must hold
+// train.bin (and val.bin); a token file is used for training only.
+struct DataFiles {
+  std::filesystem::path train, val;
+};
+inline DataFiles resolve_data(const TrainRequest& r, const std::string& tokenizer_name) {
+  namespace fs = std::filesystem;
+  MOM_CHECK(fs::exists(r.data), "data file '", r.data.string(), "' does not exist");
+  if (fs::is_directory(r.data)) {
+    MOM_CHECK(fs::exists(r.data / "train.bin"), "data folder '", r.data.string(), "' has no train.bin");
+    return {r.data / "train.bin", fs::exists(r.data / "val.bin") ? r.data / "val.bin" : fs::path()};
+  }
+  if (train::is_token_file(r.data)) return {r.data, {}};
+  auto tok = train::make_tokenizer(tokenizer_name, repo_root());
+  std::printf("data: tokenizing %s with the %s tokenizer...\n", r.data.string().c_str(), tok->name().c_str());
+  std::fflush(stdout);
+  auto prep = train::prepare_text(r.data, r.cfg.out_dir / "data", *tok, r.val_fraction);
+  return {prep.train, prep.val};
+}
+
+template <class Model>
+int train_model(const Architecture& arch, const TrainRequest& r) {
+  namespace fs = std::filesystem;
+  using Instance = decltype(Model::make<cpu::Backend<float>>(1));
+  train::TrainConfig cfg = r.cfg;
+  MOM_CHECK(cfg.seq > 0 && cfg.seq <= Model::dims.context, "--seq ", cfg.seq, " exceeds the context ",
+            Model::dims.context, " of architecture '", arch.name, "'");
+  MOM_CHECK(!cfg.out_dir.empty(), "--out must name an output directory");
+  const bool existing = train::has_checkpoint(cfg.out_dir);
+  MOM_CHECK(!existing || r.resume, "output directory '", cfg.out_dir.string(),
+            "' already holds a checkpoint: pass --resume to continue it, or choose another --out");
+  MOM_CHECK(existing || !r.resume, "--resume: no checkpoint in '", cfg.out_dir.string(), "'");
+  train::ensure_writable_dir(cfg.out_dir);
+  const std::string tokenizer_name = r.tokenizer.empty() ? arch.tokenizer : r.tokenizer;
+
+  const DataFiles files = resolve_data(r, tokenizer_name);
+  train::TokenFile train_data(files.train);
+  std::optional<train::TokenFile> val_data;
+  if (!files.val.empty()) val_data.emplace(files.val);
+  cfg.arch_name = arch.name;
+  cfg.tokenizer_name = train_data.tokenizer();
+  const double entropy = train::unigram_entropy(train_data);
+  std::printf("data: %lld train tokens, %lld validation tokens, vocab %lld (%s); unigram entropy %.4f nats/token\n",
+              static_cast<long long>(train_data.size()), static_cast<long long>(val_data ? val_data->size() : 0),
+              static_cast<long long>(train_data.vocab()), cfg.tokenizer_name.c_str(), entropy);
+  std::printf("model: %s\n", arch.describe.c_str());
+  std::printf("train: %lld steps x %lld x %lld tokens x %lld accum, lr %.3g (warm-up %lld, cosine to %.3g), "
+              "weight decay %.3g, clip %.3g, %d threads, out %s\n",
+              static_cast<long long>(cfg.steps), static_cast<long long>(cfg.batch), static_cast<long long>(cfg.seq),
+              static_cast<long long>(cfg.accum), cfg.lr, static_cast<long long>(cfg.warmup), cfg.lr * cfg.min_lr_ratio,
+              cfg.weight_decay, cfg.grad_clip, omp_get_max_threads(), cfg.out_dir.string().c_str());
+  std::fflush(stdout);
+
+  auto model = Model::template make<cpu::Backend<float>>(cfg.seed);
+  train::Trainer<Instance> trainer(model, train_data, val_data ? &*val_data : nullptr, cfg);
+  if (r.resume) {
+    trainer.resume(cfg.out_dir);
+    std::printf("resumed from step %lld of %s\n", static_cast<long long>(trainer.step()), cfg.out_dir.string().c_str());
+    MOM_CHECK(trainer.step() < cfg.steps, "--resume: the checkpoint is at step ", trainer.step(),
+              ", nothing to do for --steps ", cfg.steps);
+  }
+  const auto result = trainer.run();
+  std::printf("done: steps %lld..%lld in %.1f s, %.0f tokens/s%s\n", static_cast<long long>(result.first_step),
+              static_cast<long long>(result.last_step), result.seconds, result.tokens_per_second,
+              result.interrupted ? " (interrupted; continue with --resume)" : "");
+  if (result.final_val_loss)
+    std::printf("final validation loss %.4f nats/token (perplexity %.3f) vs unigram entropy %.4f nats/token\n",
+                *result.final_val_loss, std::exp(*result.final_val_loss), entropy);
+  if (r.sample_tokens > 0 && !result.interrupted) {
+    auto tok = train::make_tokenizer(cfg.tokenizer_name, repo_root());
+    std::vector<token_t> tokens = tok->encode(r.prompt);
+    if (tokens.empty()) tokens.push_back(0);
+    std::printf("sample (temperature %.2f):\n%s", r.temperature, r.prompt.c_str());
+    std::fflush(stdout);
+    generate(model, tokens, r.sample_tokens, r.temperature, 0, cfg.seed, [&](token_t t) {
+      const std::string s = tok->decode(std::span<const token_t>(&t, 1));
+      std::fwrite(s.data(), 1, s.size(), stdout);
+      std::fflush(stdout);
+    });
+    std::printf("\n");
+  }
+  return 0;
+}
+
+template <class Model>
+std::string sample_model(const SampleRequest& r) {
+  auto model = Model::template make<cpu::Backend<float>>(1);
+  const auto meta = train::Checkpointer<decltype(model)>::load_params(r.checkpoint, model);
+  const auto it = meta.find("mom.tokenizer");
+  auto tok = train::make_tokenizer(it != meta.end() ? it->second : std::string("byte"), r.repo_root);
+  std::vector<token_t> tokens = tok->encode(r.prompt);
+  MOM_CHECK(!tokens.empty(), "--prompt must not be empty");
+  const std::size_t prompt_len = tokens.size();
+  generate(model, tokens, r.tokens, r.temperature, r.top_k, r.seed);
+  return tok->decode(std::span<const token_t>(tokens).subspan(0, prompt_len)) +
+         tok->decode(std::span<const token_t>(tokens).subspan(prompt_len));
+}
+
+template <class Model>
+Architecture make_architecture(std::string name, std::string tokenizer, std::string note) {
+  Architecture a;
+  a.name = std::move(name);
+  a.tokenizer = std::move(tokenizer);
+  a.vocab = Model::dims.vocab;
+  a.context = Model::dims.context;
+  a.describe = describe<Model>();
+  a.note = std::move(note);
+  a.train = [a_name = a.name](const TrainRequest& r) { return train_model<Model>(*find_architecture(a_name), r); };
+  a.sample = [](const SampleRequest& r) { return sample_model<Model>(r); };
+  return a;
+}
+
+const std::vector<Architecture>& registry() {
+  static const std::vector<Architecture> archs = [] {
+    std::vector<Architecture> v;
+    v.push_back(make_architecture<Tiny>("tiny", "byte", "byte-level, the default; KJV in a few minutes on 2 cores"));
+    v.push_back(make_architecture<Small>("small", "byte", "byte-level, wider context"));
+    v.push_back(make_architecture<SmallBpe>("small-bpe", "gpt2", "GPT-2 BPE vocabulary"));
+    v.push_back(make_architecture<GPT2Small>("gpt2-small", "gpt2", "GPT-2 124M shape"));
+    v.push_back(make_architecture<GPT2Medium>("gpt2-medium", "gpt2", "GPT-2 355M shape"));
+    v.push_back(make_architecture<GPT2Large>("gpt2-large", "gpt2", "GPT-2 774M shape"));
+    return v;
+  }();
+  return archs;
+}
+
+}  // namespace mom::examples
+
+namespace {
+
+using namespace mom;
+using namespace mom::examples;
+
+std::string architectures_help() {
+  std::string s = "Architectures (--arch):\n";
+  for (const auto& a : registry()) s += "  " + a.name + " (" + a.note + ")\n      " + a.describe + "\n";
+  return s;
+}
+
+extern "C" void on_interrupt(int) { train::stop_requested.store(true); }
+
+int run_sample(int argc, char** argv, const std::string& prog) {
+  CLI::App app{"Print text generated by a model trained with mom-train.", prog};
+  SampleRequest r;
+  r.repo_root = repo_root();
+  app.add_option("-c,--checkpoint", r.checkpoint, "Run directory (uses its 'latest') or a step folder")->required();
+  app.add_option("-p,--prompt", r.prompt, "Text to continue")->capture_default_str();
+  app.add_option("-n,--tokens", r.tokens, "Tokens to generate")->capture_default_str();
+  app.add_option("-t,--temperature", r.temperature, "Sampling temperature; 0 = greedy")->capture_default_str();
+  app.add_option("-k,--top-k", r.top_k, "Sample among the k most likely tokens; 0 = all")->capture_default_str();
+  app.add_option("-s,--seed", r.seed, "Sampling seed")->capture_default_str();
+  app.footer(architectures_help());
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  const auto dir = train::resolve_checkpoint(r.checkpoint);
+  train::safetensors::File f(dir / "model.safetensors");
+  const auto it = f.metadata().find("mom.arch");
+  MOM_CHECK(it != f.metadata().end(), "checkpoint '", dir.string(), "' does not name its architecture (mom.arch)");
+  const Architecture* arch = find_architecture(it->second);
+  MOM_CHECK(arch != nullptr, "checkpoint '", dir.string(), "' is of architecture '", it->second,
+            "' which this build does not know (known: ", architecture_names(), ")");
+  std::cout << arch->sample(r) << std::endl;
+  return 0;
+}
+
+int run_train(int argc, char** argv, const std::string& prog) {
+  CLI::App app{"Train a language model of the mom library on a text, with checkpoints and resume.", prog};
+  TrainRequest r;
+  auto& c = r.cfg;
+  c.steps = 600;
+  c.batch = 16;
+  c.seq = 128;
+  c.lr = 2e-3;
+  c.warmup = 50;
+  c.eval_interval = 100;
+  c.eval_batches = 16;
+  c.checkpoint_interval = 200;
+  c.out_dir = "runs/default";
+  std::string arch_name = "tiny", out = c.out_dir.string(), data = r.data.string();
+  int threads = 0;
+  app.add_option("-d,--data", data,
+                 "UTF-8 text file (tokenized into <out>/data), a folder with train.bin/val.bin, or a token file")
+      ->capture_default_str();
+  app.add_option("-a,--arch", arch_name, "Architecture name (listed below)")->capture_default_str();
+  app.add_option("--tokenizer", r.tokenizer, "byte or gpt2 (default: the architecture's)");
+  app.add_option("--val-fraction", r.val_fraction, "Tail of the text held out for validation")->capture_default_str();
+  app.add_option("-n,--steps", c.steps, "Optimizer steps in total")->capture_default_str();
+  app.add_option("-b,--batch", c.batch, "Sequences per micro-batch")->capture_default_str();
+  app.add_option("--seq", c.seq, "Tokens per sequence (<= the architecture's context)")->capture_default_str();
+  app.add_option("--accum", c.accum, "Micro-batches per optimizer step (gradient accumulation)")->capture_default_str();
+  app.add_option("--lr", c.lr, "Peak learning rate")->capture_default_str();
+  app.add_option("--min-lr-ratio", c.min_lr_ratio, "Cosine floor as a fraction of --lr")->capture_default_str();
+  app.add_option("--warmup", c.warmup, "Linear warm-up steps")->capture_default_str();
+  app.add_option("--weight-decay", c.weight_decay, "AdamW weight decay (matrices only)")->capture_default_str();
+  app.add_option("--grad-clip", c.grad_clip, "Max global gradient norm; 0 = off")->capture_default_str();
+  app.add_option("--seed", c.seed, "Seed of the initialisation and the data sampler")->capture_default_str();
+  app.add_option("-o,--out", out, "Output directory: checkpoints, metrics.jsonl, prepared data")->capture_default_str();
+  app.add_flag("--resume", r.resume, "Continue the checkpoint in --out");
+  app.add_option("--eval-interval", c.eval_interval, "Validate every N steps (0: only at the end)")->capture_default_str();
+  app.add_option("--eval-batches", c.eval_batches, "Micro-batches per validation")->capture_default_str();
+  app.add_option("--checkpoint-interval", c.checkpoint_interval, "Save every N steps (0: only at the end)")
+      ->capture_default_str();
+  app.add_option("--log-interval", c.log_interval, "Progress line every N steps when not on a terminal")
+      ->capture_default_str();
+  app.add_option("--threads", threads, "OpenMP threads (default: OMP_NUM_THREADS or all cores)");
+  app.add_option("--sample-tokens", r.sample_tokens, "Tokens of text to print after training (0: none)")
+      ->capture_default_str();
+  app.add_option("--prompt", r.prompt, "Prompt of that sample")->capture_default_str();
+  app.add_option("--temperature", r.temperature, "Temperature of that sample")->capture_default_str();
+  app.footer(architectures_help() + "\nAlso: " + prog + " sample --help (or mom-sample) prints text from a checkpoint.");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  const Architecture* arch = find_architecture(arch_name);
+  MOM_CHECK(arch != nullptr, "unknown architecture '", arch_name, "' (known: ", architecture_names(), ")");
+  r.data = data;
+  c.out_dir = out;
+  if (threads > 0) omp_set_num_threads(threads);
+  std::signal(SIGINT, on_interrupt);
+  std::signal(SIGTERM, on_interrupt);
+  return arch->train(r);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string prog = std::filesystem::path(argv[0]).filename().string();
+  try {
+    if (prog == "mom-sample") return run_sample(argc, argv, prog);
+    if (argc > 1 && std::string(argv[1]) == "sample") return run_sample(argc - 1, argv + 1, prog + " sample");
+    return run_train(argc, argv, prog);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s: error: %s\n", prog.c_str(), e.what());
+    return 1;
+  }
+}
