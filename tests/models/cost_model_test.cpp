@@ -96,6 +96,9 @@ static_assert(GPT2Large::flops_per_token(1024) == dense_flops(gpt2_large, 36, 10
 static_assert(GPT2Small::flops_per_token(0) - 12 * 2 * 768 ==
               2 * (GPT2Small::params - 1024 * 768 - 12 * 13 * 768 - 2 * 768));
 static_assert(GPT2Small::forward_flops(4, 1024) == 4 * 1024 * GPT2Small::flops_per_token(1024));
+// Training: 3x the products of the linears, 3.5x the causal attention products.
+static_assert(GPT2Small::training_flops_per_token(1024) ==
+              3 * (GPT2Small::flops_per_token(1024) - 12 * 2 * 768 * 1025) + 12 * 7 * 768 * 1025);
 
 // ---- activation memory ---------------------------------------------------------------------
 constexpr index_t round16(index_t n) { return (n + 15) / 16 * 16; }

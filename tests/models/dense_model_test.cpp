@@ -60,6 +60,20 @@ struct CountingBackend : cpu::Backend<T> {
     ++matmul_calls;
     Base::gemm(C, A, ta, B, tb, alpha, beta);
   }
+  void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w) {
+    const index_t products = (dx.empty() ? 0 : 1) + (dw.empty() ? 0 : 1);
+    flops += products * 2 * x.rows * x.cols * w.rows;
+    matmul_calls += products;
+    Base::linear_backward(dx, dw, db, dy, x, w);
+  }
+  // Backward recomputes QK^T, then dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q.
+  void attention_backward(M dqkv, CM dout, CM out, CS lse, CM qkv, index_t batch, index_t seq, index_t heads) {
+    const index_t hd = qkv.cols / 3 / heads;
+    for (index_t b = 0; b < batch; ++b)
+      for (index_t h = 0; h < heads; ++h)
+        for (index_t t = 0; t < seq; ++t) flops += 5 * (2 * hd * (t + 1));
+    Base::attention_backward(dqkv, dout, out, lse, qkv, batch, seq, heads);
+  }
   void attention_forward(M out, S lse, CM qkv, index_t batch, index_t seq, index_t heads) {
     const index_t hd = qkv.cols / 3 / heads;
     for (index_t b = 0; b < batch; ++b)
@@ -86,7 +100,7 @@ void adamw(Instance& m, std::vector<T>& mom1, std::vector<T>& mom2, double lr, s
 
 }  // namespace
 
-TEST_CASE("FLOPs executed by a forward equal the cost model", "[model]") {
+TEST_CASE("FLOPs executed by forward and backward equal the cost model", "[model]") {
   constexpr Dims dims{.d_model = 32, .heads = 4, .d_ff = 96, .vocab = 50, .context = 16};
   using Model = LM<dims, Chunked<Layer, Dense<2>>>;
   auto m = Model::make<CountingBackend<float>>(7);
@@ -99,6 +113,9 @@ TEST_CASE("FLOPs executed by a forward equal the cost model", "[model]") {
     INFO("batch " << batch << " seq " << seq);
     CHECK(m.backend().flops == Model::forward_flops(batch, seq));
     CHECK(m.backend().matmul_calls == 3 * 4 + 1);  // qkv, proj, fc, proj per layer + head
+    m.backward();
+    CHECK(m.backend().flops == Model::training_flops(batch, seq));
+    CHECK(m.backend().matmul_calls == 3 * (3 * 4 + 1));  // dx and dW of each
   }
 }
 

@@ -28,6 +28,9 @@ struct Executor<Sequential, A, D> {
   static constexpr index_t flops_per_token(index_t seq) {
     return L * (Attn::flops_per_token(seq) + Ffn::flops_per_token(seq));
   }
+  static constexpr index_t backward_flops_per_token(index_t seq) {
+    return L * (Attn::backward_flops_per_token(seq) + Ffn::backward_flops_per_token(seq));
+  }
 
   // Saved for backward: each module's activations and the residual stream after each round
   // (u_h and x_{h+1}); the input x_0 belongs to the caller.

@@ -127,6 +127,9 @@ struct LMCore<D, TypeList<Ps...>> {
   static constexpr index_t flops_per_token(index_t seq) {
     return (0 + ... + exec<Ps>::flops_per_token(seq)) + 2 * d * D.vocab;
   }
+  static constexpr index_t backward_flops_per_token(index_t seq) {
+    return (0 + ... + exec<Ps>::backward_flops_per_token(seq)) + 4 * d * D.vocab;
+  }
 
   // Where every buffer of a step lives in the workspace, for (batch, seq).
   struct Plan {
@@ -188,6 +191,15 @@ struct LM {
   // Forward FLOPs per token at sequence length seq (2*m*n*k per product, causal attention).
   static constexpr index_t flops_per_token(index_t seq) { return core::flops_per_token(seq); }
   static constexpr index_t forward_flops(index_t batch, index_t seq) { return batch * seq * flops_per_token(seq); }
+  // Backward FLOPs per token as executed (two products per linear, five causal products for
+  // attention, which recomputes its probabilities), and a whole training step (forward + backward).
+  static constexpr index_t backward_flops_per_token(index_t seq) { return core::backward_flops_per_token(seq); }
+  static constexpr index_t training_flops_per_token(index_t seq) {
+    return flops_per_token(seq) + backward_flops_per_token(seq);
+  }
+  static constexpr index_t training_flops(index_t batch, index_t seq) {
+    return batch * seq * training_flops_per_token(seq);
+  }
   // Workspace of reserve(batch, seq), in elements of the scalar type, and in bytes (with the
   // token and target copies).
   static constexpr index_t activation_elements(index_t batch, index_t seq) { return core::plan(batch, seq).total; }

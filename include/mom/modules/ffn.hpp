@@ -35,6 +35,8 @@ struct FeedForward {
 
   // Forward FLOPs per token: fc 2*d*d_ff + proj 2*d_ff*d (independent of seq).
   static constexpr index_t flops_per_token(index_t /*seq*/) { return 4 * d * f; }
+  // Backward: two products (dx and dW) per linear.
+  static constexpr index_t backward_flops_per_token(index_t /*seq*/) { return 8 * d * f; }
 
   struct Saved {
     index_t ln, mean, rstd, pre, act;

@@ -38,6 +38,12 @@ struct Attention {
   // per head and PV the same, so a sequence costs sum_t 4*d*(t+1) = 2*d*seq*(seq+1) and a
   // token on average 2*d*(seq+1). Only the causal triangle is counted (the op skips the rest).
   static constexpr index_t flops_per_token(index_t seq) { return 2 * d * 3 * d + 2 * d * d + 2 * d * (seq + 1); }
+  // Backward: two products per linear (dx and dW); attention recomputes P = softmax(QKᵀ) from
+  // the saved lse and forms dP = dO·Vᵀ, dV = Pᵀ·dO, dQ = dS·K, dK = dSᵀ·Q: five causal products
+  // of d*(seq+1) FLOPs per token each.
+  static constexpr index_t backward_flops_per_token(index_t seq) {
+    return 2 * (2 * d * 3 * d + 2 * d * d) + 5 * d * (seq + 1);
+  }
 
   // Activations forward keeps for backward.
   struct Saved {
