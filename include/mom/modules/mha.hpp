@@ -36,7 +36,9 @@ struct Attention {
   // Forward FLOPs per token at sequence length `seq`: the two GEMMs (qkv: 2*d*3d, proj:
   // 2*d*d) plus causal attention. Token t (0-based) scores t+1 keys: QK^T costs 2*hd*(t+1)
   // per head and PV the same, so a sequence costs sum_t 4*d*(t+1) = 2*d*seq*(seq+1) and a
-  // token on average 2*d*(seq+1). Only the causal triangle is counted (the op skips the rest).
+  // token on average 2*d*(seq+1). These are the useful (causal) FLOPs, the usual convention for
+  // MFU; the CPU op computes the triangle in 64-row blocks and so also multiplies the masked
+  // half of each diagonal block (at most 32*hd extra multiply-adds per row and head).
   static constexpr index_t flops_per_token(index_t seq) { return 2 * d * 3 * d + 2 * d * d + 2 * d * (seq + 1); }
   // Backward: two products per linear (dx and dW); attention recomputes P = softmax(QKᵀ) from
   // the saved lse and forms dP = dO·Vᵀ, dV = Pᵀ·dO, dQ = dS·K, dK = dSᵀ·Q: five causal products
