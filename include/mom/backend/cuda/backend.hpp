@@ -1,0 +1,525 @@
+#pragma once
+// mom::cuda::Backend<T>: the CUDA counterpart of mom::cpu::Backend<T>, with the same members over
+// device memory. Module code is generic over the backend, so Model::make<cuda::Backend<float>>(seed)
+// runs the same architecture on a GPU.
+//
+// - Memory: Buffer<U> (cudaMalloc, RAII, move-only); zero/fill/copy run on the backend's stream;
+//   to_host / from_host / read cross the bus (to_host and read wait for the stream).
+// - Ops: the same signatures and the same shape checks (same messages) as the CPU ops. GEMMs go
+//   through cuBLAS (row-major via the transpose trick; float on TF32 tensor cores unless
+//   set_tf32(false)); everything else is mom's own kernels (kernels.cuh), compiled into mom::cuda.
+// - Asynchrony: every op only enqueues work on the backend's stream; nothing inside a training step
+//   waits for the GPU (grad_norm leaves the norm in device memory for adamw_step). The first host
+//   synchronisation after a bad index (token id, target, gather/scatter index) throws its error.
+// - Ownership: the stream, the cuBLAS handle and small device scratch belong to a shared context;
+//   copies of a Backend share them (and their stream order).
+//
+// This header is host C++: it compiles with g++ or clang++; only mom_cuda.cu needs nvcc.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <type_traits>
+#include <span>
+#include <vector>
+
+#include "mom/backend/cpu/optim.hpp"  // AdamWConfig (plain struct, no Eigen)
+#include "mom/backend/cuda/buffer.hpp"
+#include "mom/backend/cuda/check.hpp"
+#include "mom/backend/cuda/kernels.hpp"
+#include "mom/core/check.hpp"
+#include "mom/core/tensor.hpp"
+
+namespace mom::cuda {
+
+enum class Trans : bool { N = false, T = true };
+
+namespace detail {
+inline void destroy_context(Context* c) noexcept {
+  if (!c) return;
+  (void)cudaSetDevice(c->device);
+  if (c->stream) (void)cudaStreamSynchronize(c->stream);
+  if (c->blas) (void)cublasDestroy(c->blas);
+  if (c->stream) (void)cudaStreamDestroy(c->stream);
+  (void)cudaFree(c->error);
+  (void)cudaFree(c->partials);
+  (void)cudaFree(c->count);
+  (void)cudaFree(c->cub_temp);
+  (void)cudaFree(c->pair_ids);
+  (void)cudaFree(c->counts);
+  delete c;
+}
+}  // namespace detail
+
+template <class T>
+struct Backend {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "cuda::Backend<T>: T is float or double");
+  using scalar = T;
+  template <class U>
+  using Buffer = cuda::Buffer<U>;
+  template <class U>
+  using View = MatrixView<U>;
+  using Trans = cuda::Trans;
+  using AdamWConfig = cpu::AdamWConfig;
+  using M = MatrixView<T>;
+  using CM = MatrixView<const T>;
+  using S = std::span<T>;
+  using CS = std::span<const T>;
+  using Tok = std::span<const token_t>;
+  using K = Kernels<T>;
+
+  static constexpr const char* name = "cuda";
+
+  // Creates the stream (blocking w.r.t. the legacy default stream, which Buffer's zero-fill uses),
+  // the cuBLAS handle bound to it, and the device scratch. Throws mom::Error without a usable GPU.
+  explicit Backend(int device = 0) : ctx_(new Context{}, detail::destroy_context) {
+    Context& c = *ctx_;
+    c.device = device;
+    MOM_CUDA_CHECK(cudaSetDevice(device), "cuda::Backend");
+    MOM_CUDA_CHECK(cudaStreamCreate(&c.stream), "cuda::Backend");
+    MOM_CUBLAS_CHECK(cublasCreate(&c.blas), "cuda::Backend");
+    MOM_CUBLAS_CHECK(cublasSetStream(c.blas, c.stream), "cuda::Backend");
+    MOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c.error), 4 * sizeof(int)), "cuda::Backend");
+    MOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c.partials), Context::reduce_blocks * sizeof(double)),
+                   "cuda::Backend");
+    MOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c.count), sizeof(int)), "cuda::Backend");
+    MOM_CUDA_CHECK(cudaMemset(c.error, 0, 4 * sizeof(int)), "cuda::Backend");
+    MOM_CUDA_CHECK(cudaDeviceSynchronize(), "cuda::Backend");
+  }
+
+  // Float GEMMs on TF32 tensor cores (10-bit mantissa inputs, fp32 accumulate): on by default.
+  void set_tf32(bool on) const { ctx_->tf32 = on; }
+  bool tf32() const { return ctx_->tf32; }
+  cudaStream_t stream() const { return ctx_->stream; }
+  cublasHandle_t cublas() const { return ctx_->blas; }
+  const Context& context() const { return *ctx_; }
+
+  // Waits for every op enqueued so far; throws the first device-side index error, if any.
+  void sync() const {
+    MOM_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream), "sync");
+    check_device_errors();
+  }
+
+  // ---- memory --------------------------------------------------------------
+  template <class U = T>
+  Buffer<U> alloc(index_t n) const {
+    MOM_CUDA_CHECK(cudaSetDevice(ctx_->device), "alloc");
+    return Buffer<U>(n);
+  }
+  template <class U>
+  void zero(std::span<U> s) const {
+    if (!s.empty()) MOM_CUDA_CHECK(cudaMemsetAsync(s.data(), 0, s.size_bytes(), ctx_->stream), "zero");
+  }
+  void zero(M m) const {
+    if (m.rows == 0 || m.cols == 0) return;
+    MOM_CUDA_CHECK(cudaMemset2DAsync(m.data, static_cast<std::size_t>(m.ld) * sizeof(T), 0,
+                                     static_cast<std::size_t>(m.cols) * sizeof(T), static_cast<std::size_t>(m.rows),
+                                     ctx_->stream),
+                   "zero");
+  }
+  template <class U>
+  void fill(std::span<U> s, U value) const {
+    if (!s.empty()) cuda::fill<U>(*ctx_, s.data(), ssize(s), value);
+  }
+  template <class U>
+  void copy(std::span<U> dst, std::span<const U> src) const {
+    MOM_CHECK(dst.size() == src.size(), "copy: dst has ", dst.size(), " elements, src has ", src.size());
+    if (!src.empty())
+      MOM_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), cudaMemcpyDefault, ctx_->stream), "copy");
+  }
+  template <class U>
+  void copy(std::span<U> dst, std::span<U> src) const { copy(dst, std::span<const U>(src)); }
+  // Device -> host: waits for the stream (and reports device-side index errors).
+  template <class U>
+  void to_host(std::span<U> host, std::span<const U> dev) const {
+    MOM_CHECK(host.size() == dev.size(), "to_host: host has ", host.size(), " elements, dev has ", dev.size());
+    if (!dev.empty())
+      MOM_CUDA_CHECK(cudaMemcpyAsync(host.data(), dev.data(), dev.size_bytes(), cudaMemcpyDefault, ctx_->stream),
+                     "to_host");
+    sync();
+  }
+  template <class U>
+  void to_host(std::span<U> host, std::span<U> dev) const { to_host(host, std::span<const U>(dev)); }
+  // Host -> device. From pageable memory the call returns once the host data has been staged,
+  // so the host buffer may be reused at once; the stream is not waited for.
+  template <class U>
+  void from_host(std::span<U> dev, std::span<const U> host) const {
+    MOM_CHECK(dev.size() == host.size(), "from_host: dev has ", dev.size(), " elements, host has ", host.size());
+    if (!host.empty())
+      MOM_CUDA_CHECK(cudaMemcpyAsync(dev.data(), host.data(), host.size_bytes(), cudaMemcpyDefault, ctx_->stream),
+                     "from_host");
+  }
+  template <class U>
+  void from_host(std::span<U> dev, std::span<U> host) const { from_host(dev, std::span<const U>(host)); }
+  // One scalar back to the host (the loss, a norm): waits for the stream.
+  template <class U>
+  U read(const U* p) const {
+    U value{};
+    MOM_CUDA_CHECK(cudaMemcpyAsync(&value, p, sizeof(U), cudaMemcpyDefault, ctx_->stream), "read");
+    sync();
+    return value;
+  }
+  // Convenience for tests and tools: a device view's elements on the host (row-major, dense).
+  template <class U>
+  std::vector<std::remove_const_t<U>> to_vector(MatrixView<U> m) const {
+    std::vector<std::remove_const_t<U>> out(static_cast<std::size_t>(m.rows * m.cols));
+    if (!out.empty())
+      MOM_CUDA_CHECK(cudaMemcpy2DAsync(out.data(), static_cast<std::size_t>(m.cols) * sizeof(U), m.data,
+                                       static_cast<std::size_t>(m.ld) * sizeof(U),
+                                       static_cast<std::size_t>(m.cols) * sizeof(U), static_cast<std::size_t>(m.rows),
+                                       cudaMemcpyDefault, ctx_->stream),
+                     "to_vector");
+    sync();
+    return out;
+  }
+
+  // ---- ops -----------------------------------------------------------------
+  // C = alpha·op(A)·op(B) + beta·C on row-major views. cuBLAS is column-major, and a row-major
+  // [r×c] matrix with stride ld is the column-major [c×r] matrix with leading dimension ld, so
+  // C = op(A)·op(B) is computed as Cᵀ = op(B)ᵀ·op(A)ᵀ with the operands swapped.
+  void gemm(M C, CM A, Trans ta, CM B, Trans tb, T alpha = T(1), T beta = T(0)) const {
+    const index_t m = ta == Trans::N ? A.rows : A.cols;
+    const index_t k = ta == Trans::N ? A.cols : A.rows;
+    const index_t kb = tb == Trans::N ? B.rows : B.cols;
+    const index_t n = tb == Trans::N ? B.cols : B.rows;
+    MOM_CHECK(k == kb && C.rows == m && C.cols == n, "gemm: C ", shape(C), " = op(A) ", shape(A),
+              (ta == Trans::T ? "^T" : ""), " * op(B) ", shape(B), (tb == Trans::T ? "^T" : ""),
+              ": shapes do not agree");
+    if (m == 0 || n == 0) return;
+    constexpr cudaDataType_t type = std::is_same_v<T, float> ? CUDA_R_32F : CUDA_R_64F;
+    const cublasComputeType_t compute = std::is_same_v<T, double> ? CUBLAS_COMPUTE_64F
+                                        : ctx_->tf32                ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                                    : CUBLAS_COMPUTE_32F;
+    const auto op = [](Trans t) { return t == Trans::T ? CUBLAS_OP_T : CUBLAS_OP_N; };
+    const auto ld = [](index_t x) { return static_cast<int>(std::max<index_t>(x, 1)); };
+    MOM_CUBLAS_CHECK(cublasGemmEx(ctx_->blas, op(tb), op(ta), static_cast<int>(n), static_cast<int>(m),
+                                  static_cast<int>(k), &alpha, B.data, type, ld(B.ld), A.data, type, ld(A.ld), &beta,
+                                  C.data, type, ld(C.ld), compute, CUBLAS_GEMM_DEFAULT),
+                     "gemm");
+  }
+
+  // y = x·wᵀ + b: the bias is broadcast into y, then y += x·wᵀ (cuBLAS, beta = 1).
+  void linear_forward(M y, CM x, CM w, CS b) const {
+    MOM_CHECK(x.cols == w.cols, "linear_forward: x ", shape(x), " and w ", shape(w), " disagree on in_features");
+    MOM_CHECK(y.rows == x.rows && y.cols == w.rows, "linear_forward: y ", shape(y), " must be [", x.rows, "x", w.rows,
+              "] for x ", shape(x), " and w ", shape(w));
+    MOM_CHECK(b.empty() || ssize(b) == w.rows, "linear_forward: bias has ", b.size(), " elements, w ", shape(w),
+              " has ", w.rows, " outputs");
+    if (b.empty()) return gemm(y, x, Trans::N, w, Trans::T);
+    K::broadcast_rows(*ctx_, y, b.data());
+    gemm(y, x, Trans::N, w, Trans::T, T(1), T(1));
+  }
+  // dx += dy·w, dw += dyᵀ·x, db += Σ_rows dy (each may be empty).
+  void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w) const {
+    MOM_CHECK(x.cols == w.cols, "linear_backward: x ", shape(x), " and w ", shape(w), " disagree on in_features");
+    MOM_CHECK(dy.rows == x.rows && dy.cols == w.rows, "linear_backward: dy ", shape(dy), " must be [", x.rows, "x",
+              w.rows, "] for x ", shape(x), " and w ", shape(w));
+    MOM_CHECK(dx.empty() || (dx.rows == x.rows && dx.cols == x.cols), "linear_backward: dx ", shape(dx),
+              " must match x ", shape(x));
+    MOM_CHECK(dw.empty() || (dw.rows == w.rows && dw.cols == w.cols), "linear_backward: dw ", shape(dw),
+              " must match w ", shape(w));
+    MOM_CHECK(db.empty() || ssize(db) == w.rows, "linear_backward: db has ", db.size(), " elements, w ", shape(w),
+              " has ", w.rows, " outputs");
+    if (!dx.empty()) gemm(dx, dy, Trans::N, w, Trans::N, T(1), T(1));
+    if (!dw.empty()) gemm(dw, dy, Trans::T, x, Trans::N, T(1), T(1));
+    if (!db.empty()) K::add_column_sums(*ctx_, db.data(), dy);
+  }
+
+  void embedding_forward(M out, Tok tokens, CM wte, CM wpe, index_t seq) const {
+    check_embedding_shapes("embedding_forward", out, tokens, wte, wpe, seq);
+    K::embedding_forward(*ctx_, out, tokens.data(), wte, wpe, seq);
+  }
+  // dwte[tokens[t]] += dout[t] (atomics: ids repeat), dwpe[t mod seq] += dout[t].
+  void embedding_backward(M dwte, M dwpe, CM dout, Tok tokens, index_t seq) const {
+    const CM wte = dwte.empty() ? CM(dout.data, std::numeric_limits<token_t>::max(), dout.cols) : CM(dwte);
+    const CM wpe = dwpe.empty() ? CM(dout.data, seq, dout.cols) : CM(dwpe);
+    check_embedding_shapes("embedding_backward", dout, tokens, wte, wpe, seq);
+    K::embedding_backward(*ctx_, dwte, dwpe, dout, tokens.data(), seq, wte.rows);
+  }
+
+  void layernorm_forward(M out, S mean, S rstd, CM x, CS gamma, CS beta, T eps = T(1e-5)) const {
+    MOM_CHECK(out.rows == x.rows && out.cols == x.cols, "layernorm_forward: out ", shape(out), " must match x ",
+              shape(x));
+    MOM_CHECK(ssize(mean) == x.rows && ssize(rstd) == x.rows, "layernorm_forward: mean/rstd have ", mean.size(), "/",
+              rstd.size(), " elements for x ", shape(x));
+    MOM_CHECK(ssize(gamma) == x.cols && ssize(beta) == x.cols, "layernorm_forward: gamma/beta have ", gamma.size(),
+              "/", beta.size(), " elements for x ", shape(x));
+    K::layernorm_forward(*ctx_, out, mean.data(), rstd.data(), x, gamma.data(), beta.data(), eps);
+  }
+  void layernorm_backward(M dx, S dgamma, S dbeta, CM dout, CM x, CS mean, CS rstd, CS gamma) const {
+    MOM_CHECK(dout.rows == x.rows && dout.cols == x.cols, "layernorm_backward: dout ", shape(dout), " must match x ",
+              shape(x));
+    MOM_CHECK(dx.empty() || (dx.rows == x.rows && dx.cols == x.cols), "layernorm_backward: dx ", shape(dx),
+              " must match x ", shape(x));
+    MOM_CHECK(ssize(mean) == x.rows && ssize(rstd) == x.rows, "layernorm_backward: mean/rstd have ", mean.size(), "/",
+              rstd.size(), " elements for x ", shape(x));
+    MOM_CHECK(ssize(gamma) == x.cols, "layernorm_backward: gamma has ", gamma.size(), " elements for x ", shape(x));
+    MOM_CHECK(dgamma.empty() || ssize(dgamma) == x.cols, "layernorm_backward: dgamma has ", dgamma.size(),
+              " elements for x ", shape(x));
+    MOM_CHECK(dbeta.empty() || ssize(dbeta) == x.cols, "layernorm_backward: dbeta has ", dbeta.size(),
+              " elements for x ", shape(x));
+    K::layernorm_backward(*ctx_, dx, dgamma.data(), dbeta.data(), dout, x, mean.data(), rstd.data(), gamma.data());
+  }
+
+  void gelu_forward(S out, CS x) const {
+    MOM_CHECK(out.size() == x.size(), "gelu_forward: out has ", out.size(), " elements, x has ", x.size());
+    K::gelu_forward(*ctx_, out.data(), x.data(), ssize(x));
+  }
+  void gelu_backward(S dx, CS x, CS dout) const {
+    MOM_CHECK(dx.size() == x.size() && dout.size() == x.size(), "gelu_backward: dx/x/dout have ", dx.size(), "/",
+              x.size(), "/", dout.size(), " elements");
+    K::gelu_backward(*ctx_, dx.data(), x.data(), dout.data(), ssize(x));
+  }
+  void relu_forward(S out, CS x) const {
+    MOM_CHECK(out.size() == x.size(), "relu_forward: out has ", out.size(), " elements, x has ", x.size());
+    K::relu_forward(*ctx_, out.data(), x.data(), ssize(x));
+  }
+  void relu_backward(S dx, CS x, CS dout) const {
+    MOM_CHECK(dx.size() == x.size() && dout.size() == x.size(), "relu_backward: dx/x/dout have ", dx.size(), "/",
+              x.size(), "/", dout.size(), " elements");
+    K::relu_backward(*ctx_, dx.data(), x.data(), dout.data(), ssize(x));
+  }
+  void add_forward(S out, CS a, CS b) const {
+    MOM_CHECK(out.size() == a.size() && out.size() == b.size(), "add_forward: out/a/b have ", out.size(), "/",
+              a.size(), "/", b.size(), " elements");
+    K::add_forward(*ctx_, out.data(), a.data(), b.data(), ssize(out));
+  }
+  void axpy(S y, T alpha, CS x) const {
+    MOM_CHECK(y.size() == x.size(), "axpy: y has ", y.size(), " elements, x has ", x.size());
+    K::axpy(*ctx_, y.data(), alpha, x.data(), ssize(y));
+  }
+  void scale(S y, T alpha) const { K::scale(*ctx_, y.data(), alpha, ssize(y)); }
+
+  void cross_entropy_forward(S loss_out, S lse, CM logits, Tok targets, token_t ignore_index = -1) const {
+    MOM_CHECK(loss_out.size() == 1, "cross_entropy_forward: loss_out has ", loss_out.size(), " elements, expected 1");
+    MOM_CHECK(ssize(lse) == logits.rows && ssize(targets) == logits.rows, "cross_entropy_forward: logits ",
+              shape(logits), " with ", lse.size(), " lse and ", targets.size(), " targets");
+    MOM_CHECK(logits.cols > 0, "cross_entropy_forward: logits ", shape(logits), " has no classes");
+    K::cross_entropy_forward(*ctx_, loss_out.data(), lse.data(), logits, targets.data(), ignore_index);
+  }
+  void cross_entropy_backward(M dlogits, CM logits, CS lse, Tok targets, T dloss, token_t ignore_index = -1) const {
+    MOM_CHECK(dlogits.rows == logits.rows && dlogits.cols == logits.cols, "cross_entropy_backward: dlogits ",
+              shape(dlogits), " must match logits ", shape(logits));
+    MOM_CHECK(ssize(lse) == logits.rows && ssize(targets) == logits.rows, "cross_entropy_backward: logits ",
+              shape(logits), " with ", lse.size(), " lse and ", targets.size(), " targets");
+    K::cross_entropy_backward(*ctx_, dlogits, logits, lse.data(), targets.data(), dloss, ignore_index);
+  }
+
+  void attention_forward(M out, S lse, CM qkv, index_t batch, index_t seq, index_t heads) const {
+    check_attention_shapes("attention_forward", qkv, out, lse, batch, seq, heads);
+    K::attention_forward(*ctx_, out, lse.data(), qkv, batch, seq, heads);
+  }
+  void attention_backward(M dqkv, CM dout, CM out, CS lse, CM qkv, index_t batch, index_t seq, index_t heads) const {
+    check_attention_shapes("attention_backward", qkv, out, lse, batch, seq, heads);
+    MOM_CHECK(dqkv.rows == qkv.rows && dqkv.cols == qkv.cols, "attention_backward: dqkv ", shape(dqkv),
+              " must match qkv ", shape(qkv));
+    MOM_CHECK(dout.rows == out.rows && dout.cols == out.cols, "attention_backward: dout ", shape(dout),
+              " must match out ", shape(out));
+    K::attention_backward(*ctx_, dqkv, dout, out, lse.data(), qkv, batch, seq, heads);
+  }
+
+  void gather_rows(M out, CM in, Tok idx) const {
+    MOM_CHECK(ssize(idx) == out.rows && out.cols == in.cols, "gather_rows: out ", shape(out), ", in ", shape(in), ", ",
+              idx.size(), " indices");
+    K::gather_rows(*ctx_, out, in, idx.data());
+  }
+  void scatter_add_rows(M out, CM in, Tok idx, CS weights = {}) const {
+    MOM_CHECK(ssize(idx) == in.rows && out.cols == in.cols, "scatter_add_rows: out ", shape(out), ", in ", shape(in),
+              ", ", idx.size(), " indices");
+    MOM_CHECK(weights.empty() || ssize(weights) == in.rows, "scatter_add_rows: ", weights.size(), " weights for in ",
+              shape(in));
+    K::scatter_add_rows(*ctx_, out, in, idx.data(), weights.data());
+  }
+  void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights = {}) const {
+    MOM_CHECK(ssize(idx) == in.rows && dout.cols == in.cols, "scatter_add_rows_backward: dout ", shape(dout), ", in ",
+              shape(in), ", ", idx.size(), " indices");
+    MOM_CHECK(din.empty() || (din.rows == in.rows && din.cols == in.cols), "scatter_add_rows_backward: din ",
+              shape(din), " must match in ", shape(in));
+    MOM_CHECK(weights.empty() || ssize(weights) == in.rows, "scatter_add_rows_backward: ", weights.size(),
+              " weights for in ", shape(in));
+    MOM_CHECK(dweights.empty() || ssize(dweights) == in.rows, "scatter_add_rows_backward: ", dweights.size(),
+              " dweights for in ", shape(in));
+    K::scatter_add_rows_backward(*ctx_, din, dweights.data(), dout, in, idx.data(), weights.data());
+  }
+
+  void topk_rows(M values, MatrixView<token_t> indices, CM x) const {
+    const index_t k = values.cols, N = x.cols;
+    MOM_CHECK(k >= 1 && k <= N, "topk_rows: k = ", k, " (values ", shape(values), ") must be in [1, ", N, "] for x ",
+              shape(x));
+    MOM_CHECK(values.rows == x.rows && indices.rows == x.rows && indices.cols == k, "topk_rows: values ",
+              shape(values), " and indices ", shape(indices), " must be [", x.rows, "x", k, "] for x ", shape(x));
+    K::topk_rows(*ctx_, values, indices, x);
+  }
+  void topk_rows_backward(M dx, CM dvalues, MatrixView<const token_t> indices) const {
+    MOM_CHECK(dvalues.rows == dx.rows && indices.rows == dx.rows && indices.cols == dvalues.cols,
+              "topk_rows_backward: dx ", shape(dx), ", dvalues ", shape(dvalues), ", indices ", shape(indices),
+              " disagree");
+    K::topk_rows_backward(*ctx_, dx, dvalues, indices);
+  }
+  void softmax_rows(M y, CM x, T scale = T(1)) const {
+    MOM_CHECK(y.rows == x.rows && y.cols == x.cols && x.cols > 0, "softmax_rows: y ", shape(y), " must match x ",
+              shape(x), " (and be non-empty)");
+    K::softmax_rows(*ctx_, y, x, scale);
+  }
+  void softmax_rows_backward(M dx, CM dy, CM y, T scale = T(1)) const {
+    MOM_CHECK(dx.rows == y.rows && dx.cols == y.cols && dy.rows == y.rows && dy.cols == y.cols,
+              "softmax_rows_backward: dx ", shape(dx), ", dy ", shape(dy), ", y ", shape(y), " must agree");
+    K::softmax_rows_backward(*ctx_, dx, dy, y, scale);
+  }
+
+  // GRU cell (PyTorch convention, gates r, z, n): gates = [x·w_ihᵀ + b_ih | h·w_hhᵀ + b_hh] by
+  // cuBLAS, then one pointwise kernel for h_out.
+  void gru_cell_forward(M h_out, M gates, CM x, CM h, CM w_ih, CM w_hh, CS b_ih, CS b_hh) const {
+    const index_t n = h_out.rows, H = h_out.cols;
+    check_gru_shapes("gru_cell_forward", n, H, gates, x, h, w_ih, w_hh, ssize(b_ih), ssize(b_hh));
+    linear_forward(gates.col_block(0, 3 * H), x, w_ih, b_ih);
+    linear_forward(gates.col_block(3 * H, 3 * H), h, w_hh, b_hh);
+    K::gru_pointwise_forward(*ctx_, h_out, gates, h);
+  }
+  void gru_cell_backward(M dx, M dh, M dw_ih, M dw_hh, S db_ih, S db_hh, M scratch, CM dh_out, CM gates, CM x, CM h,
+                         CM w_ih, CM w_hh) const {
+    const index_t n = dh_out.rows, H = dh_out.cols;
+    check_gru_shapes("gru_cell_backward", n, H, gates, x, h, w_ih, w_hh, db_ih.empty() ? 3 * H : ssize(db_ih),
+                     db_hh.empty() ? 3 * H : ssize(db_hh));
+    MOM_CHECK(scratch.rows == n && scratch.cols == 6 * H, "gru_cell_backward: scratch ", shape(scratch), " must be [",
+              n, "x", 6 * H, "]");
+    MOM_CHECK(dh.empty() || (dh.rows == n && dh.cols == H), "gru_cell_backward: dh ", shape(dh), " must match h ",
+              shape(h));
+    K::gru_pointwise_backward(*ctx_, scratch, dh, dh_out, gates, h);
+    const CM dgi = scratch.col_block(0, 3 * H), dgh = scratch.col_block(3 * H, 3 * H);
+    linear_backward(dx, dw_ih, db_ih, dgi, x, w_ih);
+    linear_backward(dh, dw_hh, db_hh, dgh, h, w_hh);
+  }
+
+  // *norm_out = sqrt(Σ g²) (double accumulation), written to device memory: no host sync.
+  void grad_norm(CS grads, T* norm_out) const {
+    MOM_CHECK(norm_out != nullptr, "grad_norm: norm_out is null (", grads.size(), " gradients)");
+    K::grad_norm(*ctx_, grads.data(), ssize(grads), norm_out);
+  }
+  // AdamW; with grad_norm (device memory) and max_norm > 0 the gradient is scaled by
+  // min(1, max_norm / *grad_norm) inside the kernel (fused clipping, no host sync).
+  void adamw_step(S params, CS grads, S m, S v, const AdamWConfig& cfg, std::int64_t step,
+                  const T* grad_norm = nullptr, T max_norm = T(0)) const {
+    MOM_CHECK(grads.size() == params.size() && m.size() == params.size() && v.size() == params.size(),
+              "adamw_step: params/grads/m/v have ", params.size(), "/", grads.size(), "/", m.size(), "/", v.size(),
+              " elements");
+    MOM_CHECK(step >= 1, "adamw_step: step = ", step, " must be >= 1 (1-based, for bias correction)");
+    const T step_size = T(cfg.lr / (1.0 - std::pow(cfg.beta1, double(step))));
+    const T inv_sqrt_bc2 = T(1.0 / std::sqrt(1.0 - std::pow(cfg.beta2, double(step))));
+    K::adamw_step(*ctx_, params.data(), grads.data(), m.data(), v.data(), ssize(params), T(cfg.beta1), T(cfg.beta2),
+                  T(cfg.eps), T(cfg.lr * cfg.weight_decay), step_size, inv_sqrt_bc2, grad_norm, max_norm);
+  }
+
+  // ---- token dispatch (DESIGN.md "Data and the hot path") -------------------
+  // Sizes group_by_module's CUB temp storage and scratch for up to n_pairs pairs and n_modules
+  // modules, so that no later call allocates. Call once, outside the training step.
+  void reserve_dispatch(index_t n_pairs, index_t n_modules) const {
+    MOM_CHECK(n_pairs >= 0 && n_modules >= 1, "reserve_dispatch: n_pairs ", n_pairs, ", n_modules ", n_modules);
+    Context& c = *ctx_;
+    const std::size_t bytes = group_by_module_temp_bytes(n_pairs, n_modules);
+    if (bytes > c.cub_temp_bytes) {
+      MOM_CUDA_CHECK(cudaStreamSynchronize(c.stream), "reserve_dispatch");
+      MOM_CUDA_CHECK(cudaFree(c.cub_temp), "reserve_dispatch");
+      c.cub_temp = nullptr;
+      c.cub_temp_bytes = 0;
+      MOM_CUDA_CHECK(cudaMalloc(&c.cub_temp, bytes), "reserve_dispatch");
+      c.cub_temp_bytes = bytes;
+    }
+    if (n_pairs > c.pair_ids_size) {
+      MOM_CUDA_CHECK(cudaStreamSynchronize(c.stream), "reserve_dispatch");
+      MOM_CUDA_CHECK(cudaFree(c.pair_ids), "reserve_dispatch");
+      c.pair_ids = nullptr;
+      c.pair_ids_size = 0;
+      MOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c.pair_ids), static_cast<std::size_t>(n_pairs) * sizeof(token_t)),
+                     "reserve_dispatch");
+      c.pair_ids_size = n_pairs;
+    }
+    if (n_modules + 1 > c.counts_size) {
+      MOM_CUDA_CHECK(cudaStreamSynchronize(c.stream), "reserve_dispatch");
+      MOM_CUDA_CHECK(cudaFree(c.counts), "reserve_dispatch");
+      c.counts = nullptr;
+      c.counts_size = 0;
+      MOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c.counts), static_cast<std::size_t>(n_modules + 1) * sizeof(int)),
+                     "reserve_dispatch");
+      c.counts_size = n_modules + 1;
+    }
+  }
+  // Groups (token, module) pairs by module: modules[p] is the module of pair p (e.g. p = token·K + j
+  // for a router's K choices). Writes sorted_ids (pair indices, stably sorted by module, so causal
+  // order is kept inside each group), sorted_modules, and offsets[n_modules + 1] (group m is
+  // [offsets[m], offsets[m+1])). Everything stays on the device: group sizes are never read back.
+  // Grows its scratch on first use unless reserve_dispatch sized it.
+  void group_by_module(std::span<token_t> sorted_ids, std::span<token_t> sorted_modules, std::span<token_t> offsets,
+                       Tok modules, index_t n_modules) const {
+    const index_t n = ssize(modules);
+    MOM_CHECK(n_modules >= 1, "group_by_module: n_modules = ", n_modules, " must be >= 1");
+    MOM_CHECK(ssize(sorted_ids) == n && ssize(sorted_modules) == n, "group_by_module: sorted_ids/sorted_modules have ",
+              sorted_ids.size(), "/", sorted_modules.size(), " elements for ", n, " pairs");
+    MOM_CHECK(ssize(offsets) == n_modules + 1, "group_by_module: offsets has ", offsets.size(),
+              " elements, expected n_modules + 1 = ", n_modules + 1);
+    reserve_dispatch(n, n_modules);
+    cuda::group_by_module(*ctx_, sorted_ids.data(), sorted_modules.data(), offsets.data(), ctx_->counts,
+                          modules.data(), n, n_modules);
+  }
+
+ private:
+  void check_device_errors() const {
+    int e[4] = {0, 0, 0, 0};
+    MOM_CUDA_CHECK(cudaMemcpy(e, ctx_->error, sizeof(e), cudaMemcpyDeviceToHost), "sync");
+    if (e[0] == 0) return;
+    MOM_CUDA_CHECK(cudaMemset(ctx_->error, 0, sizeof(e)), "sync");
+    const char* op = "?";
+    const char* what = "index";
+    switch (static_cast<DeviceError>(e[0])) {
+      case DeviceError::embedding_token: op = "embedding_forward", what = "token id"; break;
+      case DeviceError::embedding_backward_token: op = "embedding_backward", what = "token id"; break;
+      case DeviceError::cross_entropy_target: op = "cross_entropy", what = "target"; break;
+      case DeviceError::gather_index: op = "gather_rows", what = "idx"; break;
+      case DeviceError::scatter_index: op = "scatter_add_rows", what = "idx"; break;
+      case DeviceError::scatter_backward_index: op = "scatter_add_rows_backward", what = "idx"; break;
+      case DeviceError::topk_backward_index: op = "topk_rows_backward", what = "index"; break;
+      case DeviceError::group_module: op = "group_by_module", what = "module id"; break;
+      default: break;
+    }
+    mom::detail::fail(op, ": ", what, " ", e[2], " at position ", e[1], " is out of range [0, ", e[3],
+                      ") (found on the device; the row was skipped)");
+  }
+
+  static void check_embedding_shapes(const char* op, CM rows, Tok tokens, CM wte, CM wpe, index_t seq) {
+    MOM_CHECK(ssize(tokens) == rows.rows, op, ": ", tokens.size(), " tokens for ", shape(rows), " rows");
+    MOM_CHECK(wte.cols == rows.cols && wpe.cols == rows.cols, op, ": wte ", shape(wte), ", wpe ", shape(wpe),
+              " and out ", shape(rows), " disagree on d_model");
+    MOM_CHECK(seq > 0 && rows.rows % seq == 0, op, ": seq = ", seq, " does not divide the ", rows.rows, " rows");
+    MOM_CHECK(seq <= wpe.rows, op, ": seq = ", seq, " exceeds the context ", wpe.rows, " of wpe ", shape(wpe));
+  }
+  static void check_attention_shapes(const char* op, CM qkv, CM out, CS lse, index_t batch, index_t seq,
+                                     index_t heads) {
+    MOM_CHECK(batch > 0 && seq > 0 && heads > 0, op, ": batch ", batch, ", seq ", seq, ", heads ", heads,
+              " must be positive");
+    MOM_CHECK(qkv.cols % 3 == 0, op, ": qkv ", shape(qkv), " must have 3*d columns [q | k | v]");
+    const index_t d = qkv.cols / 3;
+    MOM_CHECK(d % heads == 0, op, ": d = ", d, " (qkv ", shape(qkv), ") is not divisible by heads = ", heads);
+    MOM_CHECK(qkv.rows == batch * seq, op, ": qkv ", shape(qkv), " must have batch*seq = ", batch, "*", seq, " rows");
+    MOM_CHECK(out.rows == qkv.rows && out.cols == d, op, ": out ", shape(out), " must be [", qkv.rows, "x", d,
+              "] for qkv ", shape(qkv));
+    MOM_CHECK(ssize(lse) == batch * heads * seq, op, ": lse has ", lse.size(),
+              " elements, expected batch*heads*seq = ", batch * heads * seq);
+    MOM_CHECK(d / heads <= 128, op, ": head dimension ", d / heads, " exceeds the CUDA kernels' maximum of 128");
+  }
+  static void check_gru_shapes(const char* op, index_t n, index_t H, CM gates, CM x, CM h, CM w_ih, CM w_hh,
+                               index_t b_ih, index_t b_hh) {
+    MOM_CHECK(w_ih.rows == 3 * H && w_hh.rows == 3 * H && w_hh.cols == H, op, ": w_ih ", shape(w_ih), " and w_hh ",
+              shape(w_hh), " must be [3Hx", x.cols, "] and [3HxH] for hidden size H = ", H);
+    MOM_CHECK(w_ih.cols == x.cols, op, ": x ", shape(x), " and w_ih ", shape(w_ih), " disagree on input size");
+    MOM_CHECK(x.rows == n && h.rows == n && h.cols == H, op, ": x ", shape(x), " and h ", shape(h), " must have ", n,
+              " rows and h ", H, " columns");
+    MOM_CHECK(gates.rows == n && gates.cols == 6 * H, op, ": gates ", shape(gates), " must be [", n, "x", 6 * H, "]");
+    MOM_CHECK(b_ih == 3 * H && b_hh == 3 * H, op, ": b_ih / b_hh have ", b_ih, " / ", b_hh,
+              " elements, expected 3H = ", 3 * H);
+  }
+
+  std::shared_ptr<Context> ctx_;
+};
+
+}  // namespace mom::cuda

@@ -1,0 +1,1040 @@
+#pragma once
+// The CUDA backend's kernels and their launchers (declared in kernels.hpp). nvcc only: included
+// once, by mom_cuda.cu, which instantiates them for float and double.
+//
+// Conventions (as the CPU ops): forward ops write their outputs, backward ops accumulate (+=),
+// a null pointer for an optional gradient means "not wanted". Views are row-major with a row
+// stride (ld). Index errors are reported through Context::error (see kernels.hpp), never by
+// reading or writing out of bounds.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
+#include <cuda_runtime.h>
+
+#include "mom/backend/cuda/check.hpp"
+#include "mom/backend/cuda/kernels.hpp"
+
+namespace mom::cuda {
+
+namespace dev {
+
+inline constexpr int threads = 256;  // block size of the elementwise and row kernels
+inline constexpr int warps_per_block = threads / 32;
+
+// Blocks for a grid-stride loop over n items (capped: each thread then handles several).
+inline unsigned blocks_for(index_t n, int per_block = threads) {
+  const index_t b = (n + per_block - 1) / per_block;
+  return static_cast<unsigned>(std::clamp<index_t>(b, 0, 65535));
+}
+
+// Enqueues kernel<<<grid, block>>> on the backend's stream and checks the launch.
+template <class... Params, class... Args>
+void launch(const char* op, const Context& ctx, dim3 grid, dim3 block, void (*kernel)(Params...), Args&&... args) {
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
+  kernel<<<grid, block, 0, ctx.stream>>>(static_cast<Params>(args)...);
+  MOM_CUDA_CHECK(cudaGetLastError(), op);
+}
+
+// Math by overload (the CUDA math API names the float versions expf, tanhf, ...).
+__device__ __forceinline__ float exp_(float x) { return expf(x); }
+__device__ __forceinline__ double exp_(double x) { return exp(x); }
+__device__ __forceinline__ float log_(float x) { return logf(x); }
+__device__ __forceinline__ double log_(double x) { return log(x); }
+__device__ __forceinline__ float sqrt_(float x) { return sqrtf(x); }
+__device__ __forceinline__ double sqrt_(double x) { return sqrt(x); }
+__device__ __forceinline__ float tanh_(float x) { return tanhf(x); }
+__device__ __forceinline__ double tanh_(double x) { return tanh(x); }
+template <class T>
+__device__ __forceinline__ T sigmoid_(T a) {
+  return T(1) / (T(1) + exp_(-a));
+}
+template <class T>
+__device__ __forceinline__ T neg_inf() {
+  return -std::numeric_limits<T>::infinity();
+}
+
+template <class T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <class T>
+__device__ __forceinline__ T warp_max(T v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+template <class T>
+__device__ __forceinline__ T warp_min(T v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum / max over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets
+// the result. Safe to call repeatedly (the first barrier protects the shared slots).
+template <class T, bool Max = false>
+__device__ T block_reduce(T v) {
+  __shared__ T part[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = Max ? warp_max(v) : warp_sum(v);
+  __syncthreads();
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    T w = lane < nw ? part[lane] : (Max ? neg_inf<T>() : T(0));
+    w = Max ? warp_max(w) : warp_sum(w);
+    if (lane == 0) part[0] = w;
+  }
+  __syncthreads();
+  return part[0];
+}
+
+// Records the first device-side index error (see kernels.hpp); later ones are dropped.
+__device__ __forceinline__ void report(int* error, DeviceError code, index_t position, index_t value, index_t bound) {
+  if (atomicCAS(error, 0, static_cast<int>(code)) == 0) {
+    error[1] = static_cast<int>(position);
+    error[2] = static_cast<int>(value);
+    error[3] = static_cast<int>(bound);
+  }
+}
+
+#define MOM_GRID_STRIDE(i, n) \
+  for (index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += index_t(gridDim.x) * blockDim.x)
+
+// ---- memory / linear ------------------------------------------------------------------------
+
+template <class U>
+__global__ void fill_kernel(U* dst, index_t n, U value) {
+  MOM_GRID_STRIDE(i, n) dst[i] = value;
+}
+
+template <class T>
+__global__ void broadcast_rows_kernel(MatrixView<T> y, const T* b) {
+  MOM_GRID_STRIDE(e, y.rows * y.cols) {
+    const index_t r = e / y.cols, c = e % y.cols;
+    y.data[r * y.ld + c] = b[c];
+  }
+}
+
+// Column sums: thread = column, blockIdx.y = a chunk of rows; chunks meet in atomics.
+inline constexpr int column_chunk = 64;
+template <class T>
+__global__ void add_column_sums_kernel(T* acc, MatrixView<const T> m) {
+  const index_t c = index_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= m.cols) return;
+  const index_t r0 = index_t(blockIdx.y) * column_chunk, r1 = min(m.rows, r0 + column_chunk);
+  T s = T(0);
+  for (index_t r = r0; r < r1; ++r) s += m.data[r * m.ld + c];
+  atomicAdd(acc + c, s);
+}
+inline dim3 column_grid(index_t rows, index_t cols) {
+  return dim3(static_cast<unsigned>((cols + threads - 1) / threads),
+              static_cast<unsigned>(std::min<index_t>((rows + column_chunk - 1) / column_chunk, 65535)));
+}
+
+// ---- embedding --------------------------------------------------------------------------------
+
+template <class T>
+__global__ void embedding_forward_kernel(MatrixView<T> out, const token_t* tokens, MatrixView<const T> wte,
+                                         MatrixView<const T> wpe, index_t seq, int* error) {
+  const index_t d = out.cols;
+  MOM_GRID_STRIDE(e, out.rows * d) {
+    const index_t t = e / d, c = e % d;
+    const token_t tok = tokens[t];
+    if (tok < 0 || tok >= wte.rows) {
+      if (c == 0) report(error, DeviceError::embedding_token, t, tok, wte.rows);
+      continue;
+    }
+    out.data[t * out.ld + c] = wte.data[index_t(tok) * wte.ld + c] + wpe.data[(t % seq) * wpe.ld + c];
+  }
+}
+
+template <class T>
+__global__ void embedding_backward_kernel(MatrixView<T> dwte, MatrixView<T> dwpe, MatrixView<const T> dout,
+                                          const token_t* tokens, index_t seq, index_t vocab, int* error) {
+  const index_t d = dout.cols;
+  MOM_GRID_STRIDE(e, dout.rows * d) {
+    const index_t t = e / d, c = e % d;
+    const T g = dout.data[t * dout.ld + c];
+    if (dwte.data) {
+      const token_t tok = tokens[t];
+      if (tok < 0 || tok >= vocab) {
+        if (c == 0) report(error, DeviceError::embedding_backward_token, t, tok, vocab);
+      } else {
+        atomicAdd(dwte.data + index_t(tok) * dwte.ld + c, g);
+      }
+    }
+    if (dwpe.data) atomicAdd(dwpe.data + (t % seq) * dwpe.ld + c, g);
+  }
+}
+
+// ---- layernorm: one warp per row --------------------------------------------------------------
+
+template <class T>
+__global__ void layernorm_forward_kernel(MatrixView<T> out, T* mean, T* rstd, MatrixView<const T> x, const T* gamma,
+                                         const T* beta, T eps) {
+  const index_t r = index_t(blockIdx.x) * warps_per_block + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (r >= x.rows) return;
+  const index_t d = x.cols;
+  const T* xr = x.data + r * x.ld;
+  T s = T(0);
+  for (index_t c = lane; c < d; c += 32) s += xr[c];
+  const T mu = warp_sum(s) / T(d);
+  T v = T(0);  // two-pass variance, as the CPU op (no E[x²] - E[x]² cancellation)
+  for (index_t c = lane; c < d; c += 32) {
+    const T dx = xr[c] - mu;
+    v += dx * dx;
+  }
+  const T rs = T(1) / sqrt_(warp_sum(v) / T(d) + eps);
+  T* o = out.data + r * out.ld;
+  for (index_t c = lane; c < d; c += 32) o[c] = (xr[c] - mu) * rs * gamma[c] + beta[c];
+  if (lane == 0) {
+    mean[r] = mu;
+    rstd[r] = rs;
+  }
+}
+
+// dx += rstd·(dxhat - mean(dxhat) - xhat·mean(dxhat∘xhat)), dxhat = dout∘gamma (warp per row).
+template <class T>
+__global__ void layernorm_backward_dx_kernel(MatrixView<T> dx, MatrixView<const T> dout, MatrixView<const T> x,
+                                             const T* mean, const T* rstd, const T* gamma) {
+  const index_t r = index_t(blockIdx.x) * warps_per_block + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (r >= x.rows) return;
+  const index_t d = x.cols;
+  const T* xr = x.data + r * x.ld;
+  const T* gr = dout.data + r * dout.ld;
+  const T mu = mean[r], rs = rstd[r];
+  T a = T(0), b = T(0);
+  for (index_t c = lane; c < d; c += 32) {
+    const T dxhat = gr[c] * gamma[c];
+    a += dxhat;
+    b += dxhat * (xr[c] - mu);
+  }
+  const T mean_dxhat = warp_sum(a) / T(d);
+  const T mean_dxhat_xhat = warp_sum(b) * rs / T(d);
+  T* o = dx.data + r * dx.ld;
+  for (index_t c = lane; c < d; c += 32)
+    o[c] += rs * (gr[c] * gamma[c] - mean_dxhat - (xr[c] - mu) * rs * mean_dxhat_xhat);
+}
+
+// dgamma += Σ_rows dout∘xhat, dbeta += Σ_rows dout: thread = column, chunks of rows, atomics.
+template <class T>
+__global__ void layernorm_backward_params_kernel(T* dgamma, T* dbeta, MatrixView<const T> dout, MatrixView<const T> x,
+                                                 const T* mean, const T* rstd) {
+  const index_t c = index_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= x.cols) return;
+  const index_t r0 = index_t(blockIdx.y) * column_chunk, r1 = min(x.rows, r0 + column_chunk);
+  T pg = T(0), pb = T(0);
+  for (index_t r = r0; r < r1; ++r) {
+    const T g = dout.data[r * dout.ld + c];
+    pg += g * (x.data[r * x.ld + c] - mean[r]) * rstd[r];
+    pb += g;
+  }
+  if (dgamma) atomicAdd(dgamma + c, pg);
+  if (dbeta) atomicAdd(dbeta + c, pb);
+}
+
+// ---- elementwise ------------------------------------------------------------------------------
+
+template <class T>
+inline constexpr T gelu_k = T(0.7978845608028654);  // sqrt(2 / pi)
+template <class T>
+inline constexpr T gelu_c = T(0.044715);
+
+template <class T>
+__global__ void gelu_forward_kernel(T* out, const T* x, index_t n) {
+  MOM_GRID_STRIDE(i, n) {
+    const T v = x[i];
+    out[i] = T(0.5) * v * (T(1) + tanh_(gelu_k<T> * (v + gelu_c<T> * v * v * v)));
+  }
+}
+template <class T>
+__global__ void gelu_backward_kernel(T* dx, const T* x, const T* dout, index_t n) {
+  MOM_GRID_STRIDE(i, n) {
+    const T v = x[i];
+    const T t = tanh_(gelu_k<T> * (v + gelu_c<T> * v * v * v));
+    const T dgelu = T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * gelu_k<T> * (T(1) + T(3) * gelu_c<T> * v * v);
+    dx[i] += dout[i] * dgelu;
+  }
+}
+template <class T>
+__global__ void relu_forward_kernel(T* out, const T* x, index_t n) {
+  MOM_GRID_STRIDE(i, n) out[i] = x[i] > T(0) ? x[i] : T(0);
+}
+template <class T>
+__global__ void relu_backward_kernel(T* dx, const T* x, const T* dout, index_t n) {
+  MOM_GRID_STRIDE(i, n) if (x[i] > T(0)) dx[i] += dout[i];
+}
+template <class T>
+__global__ void add_kernel(T* out, const T* a, const T* b, index_t n) {
+  MOM_GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+}
+template <class T>
+__global__ void axpy_kernel(T* y, T alpha, const T* x, index_t n) {
+  MOM_GRID_STRIDE(i, n) y[i] += alpha * x[i];
+}
+template <class T>
+__global__ void scale_kernel(T* y, T alpha, index_t n) {
+  MOM_GRID_STRIDE(i, n) y[i] *= alpha;
+}
+
+// ---- cross-entropy: one block per row ---------------------------------------------------------
+
+// lse[i] = log Σ_j exp(logits[i, j]): each thread keeps an online (max, sum) pair over its strided
+// columns (one pass over memory), then the block merges the pairs.
+template <class T>
+__global__ void cross_entropy_lse_kernel(T* lse, MatrixView<const T> logits, const token_t* targets,
+                                         token_t ignore_index, int* error) {
+  const index_t i = blockIdx.x;
+  const T* row = logits.data + i * logits.ld;
+  T m = neg_inf<T>(), s = T(0);
+  for (index_t j = threadIdx.x; j < logits.cols; j += blockDim.x) {
+    const T v = row[j];
+    if (v > m) {
+      s = s * exp_(m - v) + T(1);
+      m = v;
+    } else {
+      s += exp_(v - m);
+    }
+  }
+  const T bm = block_reduce<T, true>(m);
+  const T bs = block_reduce<T>(m == neg_inf<T>() ? T(0) : s * exp_(m - bm));
+  if (threadIdx.x == 0) {
+    lse[i] = bm + log_(bs);
+    const token_t t = targets[i];
+    if (t != ignore_index && (t < 0 || t >= logits.cols))
+      report(error, DeviceError::cross_entropy_target, i, t, logits.cols);
+  }
+}
+
+// loss_out[0] = mean over counted rows of lse[i] - logits[i, t_i] (one block, double sums).
+template <class T>
+__global__ void cross_entropy_loss_kernel(T* loss_out, const T* lse, MatrixView<const T> logits,
+                                          const token_t* targets, token_t ignore_index) {
+  double total = 0, count = 0;
+  for (index_t i = threadIdx.x; i < logits.rows; i += blockDim.x) {
+    const token_t t = targets[i];
+    if (t == ignore_index || t < 0 || t >= logits.cols) continue;
+    total += double(lse[i]) - double(logits.data[i * logits.ld + t]);
+    count += 1;
+  }
+  total = block_reduce<double>(total);
+  count = block_reduce<double>(count);
+  if (threadIdx.x == 0) loss_out[0] = count > 0 ? T(total / count) : T(0);
+}
+
+// *count = rows with a valid, non-ignored target (one block).
+__global__ void count_targets_kernel(int* count, const token_t* targets, index_t n, index_t vocab,
+                                     token_t ignore_index) {
+  double c = 0;
+  for (index_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const token_t t = targets[i];
+    c += (t != ignore_index && t >= 0 && t < vocab) ? 1.0 : 0.0;
+  }
+  c = block_reduce<double>(c);
+  if (threadIdx.x == 0) *count = static_cast<int>(c);
+}
+
+// dlogits = dloss·(softmax - onehot)/count; 0 rows for ignored targets. May alias logits: each
+// element is read, then written, by the same thread.
+template <class T>
+__global__ void cross_entropy_backward_kernel(MatrixView<T> dlogits, MatrixView<const T> logits, const T* lse,
+                                              const token_t* targets, T dloss, token_t ignore_index,
+                                              const int* count, int* error) {
+  const index_t i = blockIdx.x;
+  const token_t t = targets[i];
+  T* out = dlogits.data + i * dlogits.ld;
+  const bool valid = t >= 0 && t < logits.cols;
+  if (t == ignore_index || !valid) {
+    if (t != ignore_index && threadIdx.x == 0)
+      report(error, DeviceError::cross_entropy_target, i, t, logits.cols);
+    for (index_t j = threadIdx.x; j < logits.cols; j += blockDim.x) out[j] = T(0);
+    return;
+  }
+  const int n = *count;
+  const T s = n > 0 ? dloss / T(n) : T(0);
+  const T* in = logits.data + i * logits.ld;
+  const T l = lse[i];
+  for (index_t j = threadIdx.x; j < logits.cols; j += blockDim.x) {
+    const T p = s * exp_(in[j] - l);
+    out[j] = j == t ? p - s : p;
+  }
+}
+
+// ---- causal attention, flash style ------------------------------------------------------------
+//
+// Head dimension hd is padded to HD (32, 64 or 128): the padded columns load as 0, so every dot
+// product and update runs over HD without per-element guards; only stores check c < hd. Tiles
+// are BT rows (one thread per row); the shared memory of a block is ≤ 4 tiles of [BT × HD] (32 KB).
+// One thread owns one query row (forward, dQ) or one key row (dK, dV); the other side streams
+// through shared memory in tiles, and every thread reads the same streamed row at once (a
+// broadcast). Own rows sit in shared memory padded to HD + 1 so that thread t's reads of row t hit
+// distinct banks. No [S × S] matrix exists anywhere: forward keeps a running (max, sum) per row
+// and saves lse; backward recomputes P = exp(s - lse).
+
+template <class T, int HD>
+inline constexpr int attention_tile = std::min(64, 8192 / (HD * int(sizeof(T))));
+
+struct HeadLayout {
+  index_t seq, heads, d, hd;
+  index_t qkv_ld, out_ld;
+};
+
+// Loads rows [r0, r0 + BT) of column block col0 (width hd, padded to HD) of a [seq × *] matrix into
+// tile[BT][LD]; rows past seq load as 0.
+template <class T, int BT, int HD, int LD>
+__device__ __forceinline__ void load_tile(T (*tile)[LD], const T* base, index_t ld, index_t r0, index_t seq,
+                                          index_t col0, index_t hd) {
+  for (int e = threadIdx.x; e < BT * HD; e += blockDim.x) {
+    const int rr = e / HD, c = e % HD;
+    const index_t r = r0 + rr;
+    tile[rr][c] = (r < seq && c < hd) ? base[r * ld + col0 + c] : T(0);
+  }
+}
+
+template <class T, int HD>
+__global__ void attention_forward_kernel(MatrixView<T> out, T* lse, MatrixView<const T> qkv, HeadLayout L, T scale) {
+  constexpr int BT = attention_tile<T, HD>;
+  __shared__ T sq[BT][HD + 1];
+  __shared__ T sk[BT][HD];
+  __shared__ T sv[BT][HD];
+  const index_t bh = blockIdx.y, b = bh / L.heads, h = bh % L.heads;
+  const index_t i0 = index_t(blockIdx.x) * BT, i = i0 + threadIdx.x;
+  const T* base = qkv.data + b * L.seq * L.qkv_ld;
+  load_tile<T, BT, HD, HD + 1>(sq, base, L.qkv_ld, i0, L.seq, h * L.hd, L.hd);
+  T o[HD];
+#pragma unroll
+  for (int c = 0; c < HD; ++c) o[c] = T(0);
+  T m = neg_inf<T>(), l = T(0);
+  const index_t last = min(L.seq, i0 + BT) - 1;  // the tile's last query: keys [0, last] matter
+  for (index_t j0 = 0; j0 <= last; j0 += BT) {
+    __syncthreads();
+    load_tile<T, BT, HD, HD>(sk, base, L.qkv_ld, j0, L.seq, L.d + h * L.hd, L.hd);
+    load_tile<T, BT, HD, HD>(sv, base, L.qkv_ld, j0, L.seq, 2 * L.d + h * L.hd, L.hd);
+    __syncthreads();
+    if (i >= L.seq) continue;
+    const int jn = static_cast<int>(min(index_t(BT), i - j0 + 1));  // causal: keys j <= i
+    for (int jj = 0; jj < jn; ++jj) {
+      T s = T(0);
+#pragma unroll
+      for (int c = 0; c < HD; ++c) s += sq[threadIdx.x][c] * sk[jj][c];
+      s *= scale;
+      if (s > m) {  // online softmax: rescale what was accumulated under the old max
+        const T corr = exp_(m - s);
+        l *= corr;
+#pragma unroll
+        for (int c = 0; c < HD; ++c) o[c] *= corr;
+        m = s;
+      }
+      const T p = exp_(s - m);
+      l += p;
+#pragma unroll
+      for (int c = 0; c < HD; ++c) o[c] += p * sv[jj][c];
+    }
+  }
+  if (i >= L.seq) return;
+  const T inv = T(1) / l;
+  T* orow = out.data + (b * L.seq + i) * L.out_ld + h * L.hd;
+#pragma unroll
+  for (int c = 0; c < HD; ++c)
+    if (c < L.hd) orow[c] = o[c] * inv;
+  lse[bh * L.seq + i] = m + log_(l);
+}
+
+// dQ: thread = query i; streams key tiles. dS_ij = P_ij (dO_i·v_j - D_i), D_i = dO_i·O_i;
+// dq_i += scale Σ_j dS_ij k_j.
+template <class T, int HD>
+__global__ void attention_backward_dq_kernel(MatrixView<T> dqkv, MatrixView<const T> dout, MatrixView<const T> out,
+                                             const T* lse, MatrixView<const T> qkv, HeadLayout L, T scale,
+                                             index_t dqkv_ld, index_t dout_ld) {
+  constexpr int BT = attention_tile<T, HD>;
+  __shared__ T sq[BT][HD + 1];
+  __shared__ T sdo[BT][HD + 1];
+  __shared__ T sk[BT][HD];
+  __shared__ T sv[BT][HD];
+  const index_t bh = blockIdx.y, b = bh / L.heads, h = bh % L.heads;
+  const index_t i0 = index_t(blockIdx.x) * BT, i = i0 + threadIdx.x;
+  const T* base = qkv.data + b * L.seq * L.qkv_ld;
+  load_tile<T, BT, HD, HD + 1>(sq, base, L.qkv_ld, i0, L.seq, h * L.hd, L.hd);
+  load_tile<T, BT, HD, HD + 1>(sdo, dout.data + b * L.seq * dout_ld, dout_ld, i0, L.seq, h * L.hd, L.hd);
+  __syncthreads();
+  T di = T(0), row_lse = T(0);
+  if (i < L.seq) {
+    const T* orow = out.data + (b * L.seq + i) * L.out_ld + h * L.hd;
+    for (index_t c = 0; c < L.hd; ++c) di += sdo[threadIdx.x][c] * orow[c];
+    row_lse = lse[bh * L.seq + i];
+  }
+  T dq[HD];
+#pragma unroll
+  for (int c = 0; c < HD; ++c) dq[c] = T(0);
+  const index_t last = min(L.seq, i0 + BT) - 1;
+  for (index_t j0 = 0; j0 <= last; j0 += BT) {
+    __syncthreads();
+    load_tile<T, BT, HD, HD>(sk, base, L.qkv_ld, j0, L.seq, L.d + h * L.hd, L.hd);
+    load_tile<T, BT, HD, HD>(sv, base, L.qkv_ld, j0, L.seq, 2 * L.d + h * L.hd, L.hd);
+    __syncthreads();
+    if (i >= L.seq) continue;
+    const int jn = static_cast<int>(min(index_t(BT), i - j0 + 1));
+    for (int jj = 0; jj < jn; ++jj) {
+      T s = T(0), dp = T(0);
+#pragma unroll
+      for (int c = 0; c < HD; ++c) {
+        s += sq[threadIdx.x][c] * sk[jj][c];
+        dp += sdo[threadIdx.x][c] * sv[jj][c];
+      }
+      const T p = exp_(s * scale - row_lse);
+      const T ds = p * (dp - di);
+#pragma unroll
+      for (int c = 0; c < HD; ++c) dq[c] += ds * sk[jj][c];
+    }
+  }
+  if (i >= L.seq) return;
+  T* drow = dqkv.data + (b * L.seq + i) * dqkv_ld + h * L.hd;
+#pragma unroll
+  for (int c = 0; c < HD; ++c)
+    if (c < L.hd) drow[c] += scale * dq[c];
+}
+
+// dK, dV: thread = key j; streams query tiles i >= j. dv_j += Σ_i P_ij dO_i, dk_j += scale Σ_i dS_ij q_i.
+template <class T, int HD>
+__global__ void attention_backward_dkdv_kernel(MatrixView<T> dqkv, MatrixView<const T> dout, MatrixView<const T> out,
+                                               const T* lse, MatrixView<const T> qkv, HeadLayout L, T scale,
+                                               index_t dqkv_ld, index_t dout_ld) {
+  constexpr int BT = attention_tile<T, HD>;
+  __shared__ T sk[BT][HD + 1];
+  __shared__ T sv[BT][HD + 1];
+  __shared__ T sq[BT][HD];
+  __shared__ T sdo[BT][HD];
+  __shared__ T slse[BT], sd[BT];
+  const index_t bh = blockIdx.y, b = bh / L.heads, h = bh % L.heads;
+  const index_t j0 = index_t(blockIdx.x) * BT, j = j0 + threadIdx.x;
+  const T* base = qkv.data + b * L.seq * L.qkv_ld;
+  const T* dbase = dout.data + b * L.seq * dout_ld;
+  load_tile<T, BT, HD, HD + 1>(sk, base, L.qkv_ld, j0, L.seq, L.d + h * L.hd, L.hd);
+  load_tile<T, BT, HD, HD + 1>(sv, base, L.qkv_ld, j0, L.seq, 2 * L.d + h * L.hd, L.hd);
+  T dk[HD], dv[HD];
+#pragma unroll
+  for (int c = 0; c < HD; ++c) dk[c] = dv[c] = T(0);
+  for (index_t i0 = j0; i0 < L.seq; i0 += BT) {  // query tiles at or after this key tile
+    __syncthreads();
+    load_tile<T, BT, HD, HD>(sq, base, L.qkv_ld, i0, L.seq, h * L.hd, L.hd);
+    load_tile<T, BT, HD, HD>(sdo, dbase, dout_ld, i0, L.seq, h * L.hd, L.hd);
+    __syncthreads();
+    {  // thread t prepares D and lse of query row i0 + t
+      const index_t i = i0 + threadIdx.x;
+      T di = T(0), l = T(0);
+      if (i < L.seq) {
+        const T* orow = out.data + (b * L.seq + i) * L.out_ld + h * L.hd;
+        for (index_t c = 0; c < L.hd; ++c) di += sdo[threadIdx.x][c] * orow[c];
+        l = lse[bh * L.seq + i];
+      }
+      sd[threadIdx.x] = di;
+      slse[threadIdx.x] = l;
+    }
+    __syncthreads();
+    if (j >= L.seq) continue;
+    const int in = static_cast<int>(min(index_t(BT), L.seq - i0));
+    for (int ii = 0; ii < in; ++ii) {
+      if (i0 + ii < j) continue;  // causal: only queries i >= j see key j
+      T s = T(0), dp = T(0);
+#pragma unroll
+      for (int c = 0; c < HD; ++c) {
+        s += sq[ii][c] * sk[threadIdx.x][c];
+        dp += sdo[ii][c] * sv[threadIdx.x][c];
+      }
+      const T p = exp_(s * scale - slse[ii]);
+      const T ds = p * (dp - sd[ii]);
+#pragma unroll
+      for (int c = 0; c < HD; ++c) {
+        dv[c] += p * sdo[ii][c];
+        dk[c] += ds * sq[ii][c];
+      }
+    }
+  }
+  if (j >= L.seq) return;
+  T* krow = dqkv.data + (b * L.seq + j) * dqkv_ld + L.d + h * L.hd;
+  T* vrow = krow + L.d;
+#pragma unroll
+  for (int c = 0; c < HD; ++c)
+    if (c < L.hd) {
+      krow[c] += scale * dk[c];
+      vrow[c] += dv[c];
+    }
+}
+
+// ---- gather / scatter -------------------------------------------------------------------------
+
+template <class T>
+__global__ void gather_rows_kernel(MatrixView<T> out, MatrixView<const T> in, const token_t* idx, int* error) {
+  const index_t d = out.cols;
+  MOM_GRID_STRIDE(e, out.rows * d) {
+    const index_t i = e / d, c = e % d;
+    const token_t k = idx[i];
+    if (k < 0 || k >= in.rows) {
+      if (c == 0) report(error, DeviceError::gather_index, i, k, in.rows);
+      continue;
+    }
+    out.data[i * out.ld + c] = in.data[index_t(k) * in.ld + c];
+  }
+}
+
+template <class T>
+__global__ void scatter_add_rows_kernel(MatrixView<T> out, MatrixView<const T> in, const token_t* idx, const T* w,
+                                        int* error) {
+  const index_t d = in.cols;
+  MOM_GRID_STRIDE(e, in.rows * d) {
+    const index_t i = e / d, c = e % d;
+    const token_t k = idx[i];
+    if (k < 0 || k >= out.rows) {
+      if (c == 0) report(error, DeviceError::scatter_index, i, k, out.rows);
+      continue;
+    }
+    atomicAdd(out.data + index_t(k) * out.ld + c, (w ? w[i] : T(1)) * in.data[i * in.ld + c]);  // indices repeat
+  }
+}
+
+// Warp per row i: din[i] += w_i dout[idx_i], dweights[i] += dout[idx_i]·in[i].
+template <class T>
+__global__ void scatter_add_rows_backward_kernel(MatrixView<T> din, T* dweights, MatrixView<const T> dout,
+                                                 MatrixView<const T> in, const token_t* idx, const T* w, int* error) {
+  const index_t i = index_t(blockIdx.x) * warps_per_block + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (i >= in.rows) return;
+  const token_t k = idx[i];
+  if (k < 0 || k >= dout.rows) {
+    if (lane == 0) report(error, DeviceError::scatter_backward_index, i, k, dout.rows);
+    return;
+  }
+  const T* g = dout.data + index_t(k) * dout.ld;
+  const T wi = w ? w[i] : T(1);
+  T acc = T(0);
+  for (index_t c = lane; c < in.cols; c += 32) {
+    if (din.data) din.data[i * din.ld + c] += wi * g[c];
+    if (dweights) acc += g[c] * in.data[i * in.ld + c];
+  }
+  if (dweights) {
+    acc = warp_sum(acc);
+    if (lane == 0) dweights[i] += acc;
+  }
+}
+
+// ---- top-k and row softmax --------------------------------------------------------------------
+
+// Thread per row: insertion into the sorted output row, as the CPU op (ties keep the lower index).
+template <class T>
+__global__ void topk_rows_kernel(MatrixView<T> values, MatrixView<token_t> indices, MatrixView<const T> x) {
+  MOM_GRID_STRIDE(r, x.rows) {
+    const T* row = x.data + r * x.ld;
+    T* val = values.data + r * values.ld;
+    token_t* ind = indices.data + r * indices.ld;
+    const index_t k = values.cols;
+    index_t filled = 0;
+    for (index_t j = 0; j < x.cols; ++j) {
+      const T xj = row[j];
+      if (filled == k && !(xj > val[k - 1])) continue;
+      index_t pos = filled < k ? filled++ : k - 1;
+      while (pos > 0 && xj > val[pos - 1]) {
+        val[pos] = val[pos - 1];
+        ind[pos] = ind[pos - 1];
+        --pos;
+      }
+      val[pos] = xj;
+      ind[pos] = static_cast<token_t>(j);
+    }
+  }
+}
+
+template <class T>
+__global__ void topk_rows_backward_kernel(MatrixView<T> dx, MatrixView<const T> dvalues,
+                                          MatrixView<const token_t> indices, int* error) {
+  const index_t k = indices.cols;
+  MOM_GRID_STRIDE(e, indices.rows * k) {
+    const index_t r = e / k, j = e % k;
+    const token_t c = indices.data[r * indices.ld + j];
+    if (c < 0 || c >= dx.cols) {
+      report(error, DeviceError::topk_backward_index, e, c, dx.cols);
+      continue;
+    }
+    dx.data[r * dx.ld + c] += dvalues.data[r * dvalues.ld + j];  // distinct within a row: no race
+  }
+}
+
+// Warp per row: y = softmax(scale·x). May alias x (each lane rewrites only what it read).
+template <class T>
+__global__ void softmax_rows_kernel(MatrixView<T> y, MatrixView<const T> x, T scale) {
+  const index_t r = index_t(blockIdx.x) * warps_per_block + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (r >= x.rows) return;
+  const T* xr = x.data + r * x.ld;
+  T* yr = y.data + r * y.ld;
+  const index_t N = x.cols;
+  T m;
+  if (scale >= T(0)) {
+    T v = neg_inf<T>();
+    for (index_t c = lane; c < N; c += 32) v = max(v, xr[c]);
+    m = warp_max(v) * scale;
+  } else {
+    T v = std::numeric_limits<T>::infinity();
+    for (index_t c = lane; c < N; c += 32) v = min(v, xr[c]);
+    m = warp_min(v) * scale;
+  }
+  T s = T(0);
+  for (index_t c = lane; c < N; c += 32) {
+    const T e = exp_(xr[c] * scale - m);
+    yr[c] = e;
+    s += e;
+  }
+  const T inv = T(1) / warp_sum(s);
+  for (index_t c = lane; c < N; c += 32) yr[c] *= inv;
+}
+
+template <class T>
+__global__ void softmax_rows_backward_kernel(MatrixView<T> dx, MatrixView<const T> dy, MatrixView<const T> y, T scale) {
+  const index_t r = index_t(blockIdx.x) * warps_per_block + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (r >= y.rows) return;
+  const T* yr = y.data + r * y.ld;
+  const T* gr = dy.data + r * dy.ld;
+  T dot = T(0);
+  for (index_t c = lane; c < y.cols; c += 32) dot += yr[c] * gr[c];
+  dot = warp_sum(dot);
+  T* o = dx.data + r * dx.ld;
+  for (index_t c = lane; c < y.cols; c += 32) o[c] += scale * yr[c] * (gr[c] - dot);
+}
+
+// ---- GRU cell pointwise parts (gate order r, z, n; see cpu/gru.hpp) ---------------------------
+
+template <class T>
+__global__ void gru_forward_kernel(MatrixView<T> h_out, MatrixView<const T> gates, MatrixView<const T> h) {
+  const index_t H = h_out.cols;
+  MOM_GRID_STRIDE(e, h_out.rows * H) {
+    const index_t i = e / H, j = e % H;
+    const T* gi = gates.data + i * gates.ld;
+    const T* gh = gi + 3 * H;
+    const T r = sigmoid_(gi[j] + gh[j]);
+    const T z = sigmoid_(gi[H + j] + gh[H + j]);
+    const T nn = tanh_(gi[2 * H + j] + r * gh[2 * H + j]);
+    h_out.data[i * h_out.ld + j] = (T(1) - z) * nn + z * h.data[i * h.ld + j];
+  }
+}
+
+template <class T>
+__global__ void gru_backward_kernel(MatrixView<T> scratch, MatrixView<T> dh, MatrixView<const T> dh_out,
+                                    MatrixView<const T> gates, MatrixView<const T> h) {
+  const index_t H = dh_out.cols;
+  MOM_GRID_STRIDE(e, dh_out.rows * H) {
+    const index_t i = e / H, j = e % H;
+    const T* gi = gates.data + i * gates.ld;
+    const T* gh = gi + 3 * H;
+    const T g = dh_out.data[i * dh_out.ld + j];
+    const T hp = h.data[i * h.ld + j];
+    const T r = sigmoid_(gi[j] + gh[j]);
+    const T z = sigmoid_(gi[H + j] + gh[H + j]);
+    const T nn = tanh_(gi[2 * H + j] + r * gh[2 * H + j]);
+    const T dn_pre = g * (T(1) - z) * (T(1) - nn * nn);
+    const T dz_pre = g * (hp - nn) * z * (T(1) - z);
+    const T dr_pre = dn_pre * gh[2 * H + j] * r * (T(1) - r);
+    T* dgi = scratch.data + i * scratch.ld;
+    T* dgh = dgi + 3 * H;
+    dgi[j] = dr_pre;
+    dgh[j] = dr_pre;
+    dgi[H + j] = dz_pre;
+    dgh[H + j] = dz_pre;
+    dgi[2 * H + j] = dn_pre;
+    dgh[2 * H + j] = dn_pre * r;
+    if (dh.data) dh.data[i * dh.ld + j] += g * z;
+  }
+}
+
+// ---- optimizer --------------------------------------------------------------------------------
+
+// Pass 1: partials[block] = Σ g² over the block's grid-stride share (double).
+template <class T>
+__global__ void sum_squares_kernel(double* partials, const T* g, index_t n) {
+  double s = 0;
+  MOM_GRID_STRIDE(i, n) s += double(g[i]) * double(g[i]);
+  s = block_reduce<double>(s);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+// Pass 2 (one block): *norm_out = sqrt(Σ partials). Fixed grid: the sum order is deterministic.
+template <class T>
+__global__ void finish_norm_kernel(T* norm_out, const double* partials, int nparts) {
+  double s = 0;
+  for (int i = threadIdx.x; i < nparts; i += blockDim.x) s += partials[i];
+  s = block_reduce<double>(s);
+  if (threadIdx.x == 0) *norm_out = T(sqrt(s));
+}
+
+template <class T>
+__global__ void adamw_kernel(T* p, const T* g, T* m, T* v, index_t n, T b1, T b2, T eps, T decay, T step_size,
+                             T inv_sqrt_bc2, const T* grad_norm, T max_norm) {
+  T clip = T(1);  // fused clipping: the norm never leaves the device
+  if (grad_norm && max_norm > T(0)) {
+    const T norm = *grad_norm;
+    if (norm > max_norm) clip = max_norm / norm;
+  }
+  MOM_GRID_STRIDE(i, n) {
+    const T gi = g[i] * clip;
+    const T mi = b1 * m[i] + (T(1) - b1) * gi;
+    const T vi = b2 * v[i] + (T(1) - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] -= step_size * mi / (sqrt_(vi) * inv_sqrt_bc2 + eps) + decay * p[i];
+  }
+}
+
+// ---- token dispatch ---------------------------------------------------------------------------
+
+// ids[p] = p; counts[modules[p]] += 1 (an id out of range is reported and not counted).
+__global__ void module_histogram_kernel(token_t* ids, int* counts, const token_t* modules, index_t n,
+                                        index_t n_modules, int* error) {
+  MOM_GRID_STRIDE(p, n) {
+    ids[p] = static_cast<token_t>(p);
+    const token_t m = modules[p];
+    if (m < 0 || m >= n_modules) report(error, DeviceError::group_module, p, m, n_modules);
+    else atomicAdd(counts + m, 1);
+  }
+}
+
+}  // namespace dev
+
+// ---- launchers --------------------------------------------------------------------------------
+
+template <class U>
+void fill(const Context& ctx, U* dst, index_t n, U value) {
+  dev::launch("fill", ctx, dev::blocks_for(n), dev::threads, dev::fill_kernel<U>, dst, n, value);
+}
+
+template <class T>
+void Kernels<T>::broadcast_rows(const Context& ctx, M y, const T* b) {
+  dev::launch("linear_forward", ctx, dev::blocks_for(y.rows * y.cols), dev::threads, dev::broadcast_rows_kernel<T>, y, b);
+}
+template <class T>
+void Kernels<T>::add_column_sums(const Context& ctx, T* acc, CM m) {
+  dev::launch("linear_backward", ctx, dev::column_grid(m.rows, m.cols), dev::threads, dev::add_column_sums_kernel<T>,
+              acc, m);
+}
+
+template <class T>
+void Kernels<T>::embedding_forward(const Context& ctx, M out, const token_t* tokens, CM wte, CM wpe, index_t seq) {
+  dev::launch("embedding_forward", ctx, dev::blocks_for(out.rows * out.cols), dev::threads,
+              dev::embedding_forward_kernel<T>, out, tokens, wte, wpe, seq, ctx.error);
+}
+template <class T>
+void Kernels<T>::embedding_backward(const Context& ctx, M dwte, M dwpe, CM dout, const token_t* tokens, index_t seq,
+                                    index_t vocab) {
+  if (dwte.empty() && dwpe.empty()) return;
+  dev::launch("embedding_backward", ctx, dev::blocks_for(dout.rows * dout.cols), dev::threads,
+              dev::embedding_backward_kernel<T>, dwte, dwpe, dout, tokens, seq, vocab, ctx.error);
+}
+
+template <class T>
+void Kernels<T>::layernorm_forward(const Context& ctx, M out, T* mean, T* rstd, CM x, const T* gamma, const T* beta,
+                                   T eps) {
+  dev::launch("layernorm_forward", ctx, dev::blocks_for(x.rows, dev::warps_per_block), dev::threads,
+              dev::layernorm_forward_kernel<T>, out, mean, rstd, x, gamma, beta, eps);
+}
+template <class T>
+void Kernels<T>::layernorm_backward(const Context& ctx, M dx, T* dgamma, T* dbeta, CM dout, CM x, const T* mean,
+                                    const T* rstd, const T* gamma) {
+  if (!dx.empty())
+    dev::launch("layernorm_backward", ctx, dev::blocks_for(x.rows, dev::warps_per_block), dev::threads,
+                dev::layernorm_backward_dx_kernel<T>, dx, dout, x, mean, rstd, gamma);
+  if (dgamma || dbeta)
+    dev::launch("layernorm_backward", ctx, dev::column_grid(x.rows, x.cols), dev::threads,
+                dev::layernorm_backward_params_kernel<T>, dgamma, dbeta, dout, x, mean, rstd);
+}
+
+template <class T>
+void Kernels<T>::gelu_forward(const Context& ctx, T* out, const T* x, index_t n) {
+  dev::launch("gelu_forward", ctx, dev::blocks_for(n), dev::threads, dev::gelu_forward_kernel<T>, out, x, n);
+}
+template <class T>
+void Kernels<T>::gelu_backward(const Context& ctx, T* dx, const T* x, const T* dout, index_t n) {
+  dev::launch("gelu_backward", ctx, dev::blocks_for(n), dev::threads, dev::gelu_backward_kernel<T>, dx, x, dout, n);
+}
+template <class T>
+void Kernels<T>::relu_forward(const Context& ctx, T* out, const T* x, index_t n) {
+  dev::launch("relu_forward", ctx, dev::blocks_for(n), dev::threads, dev::relu_forward_kernel<T>, out, x, n);
+}
+template <class T>
+void Kernels<T>::relu_backward(const Context& ctx, T* dx, const T* x, const T* dout, index_t n) {
+  dev::launch("relu_backward", ctx, dev::blocks_for(n), dev::threads, dev::relu_backward_kernel<T>, dx, x, dout, n);
+}
+template <class T>
+void Kernels<T>::add_forward(const Context& ctx, T* out, const T* a, const T* b, index_t n) {
+  dev::launch("add_forward", ctx, dev::blocks_for(n), dev::threads, dev::add_kernel<T>, out, a, b, n);
+}
+template <class T>
+void Kernels<T>::axpy(const Context& ctx, T* y, T alpha, const T* x, index_t n) {
+  dev::launch("axpy", ctx, dev::blocks_for(n), dev::threads, dev::axpy_kernel<T>, y, alpha, x, n);
+}
+template <class T>
+void Kernels<T>::scale(const Context& ctx, T* y, T alpha, index_t n) {
+  dev::launch("scale", ctx, dev::blocks_for(n), dev::threads, dev::scale_kernel<T>, y, alpha, n);
+}
+
+template <class T>
+void Kernels<T>::cross_entropy_forward(const Context& ctx, T* loss_out, T* lse, CM logits, const token_t* targets,
+                                       token_t ignore_index) {
+  dev::launch("cross_entropy_forward", ctx, static_cast<unsigned>(logits.rows), dev::threads,
+              dev::cross_entropy_lse_kernel<T>, lse, logits, targets, ignore_index, ctx.error);
+  dev::launch("cross_entropy_forward", ctx, 1, 1024, dev::cross_entropy_loss_kernel<T>, loss_out, lse, logits, targets,
+              ignore_index);
+}
+template <class T>
+void Kernels<T>::cross_entropy_backward(const Context& ctx, M dlogits, CM logits, const T* lse, const token_t* targets,
+                                        T dloss, token_t ignore_index) {
+  dev::launch("cross_entropy_backward", ctx, 1, 1024, dev::count_targets_kernel, ctx.count, targets, logits.rows,
+              logits.cols, ignore_index);
+  dev::launch("cross_entropy_backward", ctx, static_cast<unsigned>(logits.rows), dev::threads,
+              dev::cross_entropy_backward_kernel<T>, dlogits, logits, lse, targets, dloss, ignore_index,
+              static_cast<const int*>(ctx.count), ctx.error);
+}
+
+namespace dev {
+template <class T, int HD>
+void attention_forward_hd(const Context& ctx, MatrixView<T> out, T* lse, MatrixView<const T> qkv, HeadLayout L,
+                          index_t batch) {
+  constexpr int BT = attention_tile<T, HD>;
+  const dim3 grid(static_cast<unsigned>((L.seq + BT - 1) / BT), static_cast<unsigned>(batch * L.heads));
+  launch("attention_forward", ctx, grid, BT, attention_forward_kernel<T, HD>, out, lse, qkv, L,
+         T(1) / std::sqrt(T(L.hd)));
+}
+template <class T, int HD>
+void attention_backward_hd(const Context& ctx, MatrixView<T> dqkv, MatrixView<const T> dout, MatrixView<const T> out,
+                           const T* lse, MatrixView<const T> qkv, HeadLayout L, index_t batch) {
+  constexpr int BT = attention_tile<T, HD>;
+  const dim3 grid(static_cast<unsigned>((L.seq + BT - 1) / BT), static_cast<unsigned>(batch * L.heads));
+  const T scale = T(1) / std::sqrt(T(L.hd));
+  launch("attention_backward", ctx, grid, BT, attention_backward_dq_kernel<T, HD>, dqkv, dout, out, lse, qkv, L, scale,
+         dqkv.ld, dout.ld);
+  launch("attention_backward", ctx, grid, BT, attention_backward_dkdv_kernel<T, HD>, dqkv, dout, out, lse, qkv, L,
+         scale, dqkv.ld, dout.ld);
+}
+}  // namespace dev
+
+template <class T>
+void Kernels<T>::attention_forward(const Context& ctx, M out, T* lse, CM qkv, index_t batch, index_t seq,
+                                   index_t heads) {
+  const index_t d = qkv.cols / 3, hd = d / heads;
+  const dev::HeadLayout L{seq, heads, d, hd, qkv.ld, out.ld};
+  if (hd <= 32) dev::attention_forward_hd<T, 32>(ctx, out, lse, qkv, L, batch);
+  else if (hd <= 64) dev::attention_forward_hd<T, 64>(ctx, out, lse, qkv, L, batch);
+  else dev::attention_forward_hd<T, 128>(ctx, out, lse, qkv, L, batch);
+}
+template <class T>
+void Kernels<T>::attention_backward(const Context& ctx, M dqkv, CM dout, CM out, const T* lse, CM qkv, index_t batch,
+                                    index_t seq, index_t heads) {
+  const index_t d = qkv.cols / 3, hd = d / heads;
+  const dev::HeadLayout L{seq, heads, d, hd, qkv.ld, out.ld};
+  if (hd <= 32) dev::attention_backward_hd<T, 32>(ctx, dqkv, dout, out, lse, qkv, L, batch);
+  else if (hd <= 64) dev::attention_backward_hd<T, 64>(ctx, dqkv, dout, out, lse, qkv, L, batch);
+  else dev::attention_backward_hd<T, 128>(ctx, dqkv, dout, out, lse, qkv, L, batch);
+}
+
+template <class T>
+void Kernels<T>::gather_rows(const Context& ctx, M out, CM in, const token_t* idx) {
+  dev::launch("gather_rows", ctx, dev::blocks_for(out.rows * out.cols), dev::threads, dev::gather_rows_kernel<T>, out,
+              in, idx, ctx.error);
+}
+template <class T>
+void Kernels<T>::scatter_add_rows(const Context& ctx, M out, CM in, const token_t* idx, const T* weights) {
+  dev::launch("scatter_add_rows", ctx, dev::blocks_for(in.rows * in.cols), dev::threads,
+              dev::scatter_add_rows_kernel<T>, out, in, idx, weights, ctx.error);
+}
+template <class T>
+void Kernels<T>::scatter_add_rows_backward(const Context& ctx, M din, T* dweights, CM dout, CM in, const token_t* idx,
+                                           const T* weights) {
+  if (din.empty() && !dweights) return;
+  dev::launch("scatter_add_rows_backward", ctx, dev::blocks_for(in.rows, dev::warps_per_block), dev::threads,
+              dev::scatter_add_rows_backward_kernel<T>, din, dweights, dout, in, idx, weights, ctx.error);
+}
+
+template <class T>
+void Kernels<T>::topk_rows(const Context& ctx, M values, MatrixView<token_t> indices, CM x) {
+  dev::launch("topk_rows", ctx, dev::blocks_for(x.rows, 128), 128, dev::topk_rows_kernel<T>, values, indices, x);
+}
+template <class T>
+void Kernels<T>::topk_rows_backward(const Context& ctx, M dx, CM dvalues, MatrixView<const token_t> indices) {
+  dev::launch("topk_rows_backward", ctx, dev::blocks_for(indices.rows * indices.cols), dev::threads,
+              dev::topk_rows_backward_kernel<T>, dx, dvalues, indices, ctx.error);
+}
+template <class T>
+void Kernels<T>::softmax_rows(const Context& ctx, M y, CM x, T scale) {
+  dev::launch("softmax_rows", ctx, dev::blocks_for(x.rows, dev::warps_per_block), dev::threads,
+              dev::softmax_rows_kernel<T>, y, x, scale);
+}
+template <class T>
+void Kernels<T>::softmax_rows_backward(const Context& ctx, M dx, CM dy, CM y, T scale) {
+  dev::launch("softmax_rows_backward", ctx, dev::blocks_for(y.rows, dev::warps_per_block), dev::threads,
+              dev::softmax_rows_backward_kernel<T>, dx, dy, y, scale);
+}
+
+template <class T>
+void Kernels<T>::gru_pointwise_forward(const Context& ctx, M h_out, CM gates, CM h) {
+  dev::launch("gru_cell_forward", ctx, dev::blocks_for(h_out.rows * h_out.cols), dev::threads,
+              dev::gru_forward_kernel<T>, h_out, gates, h);
+}
+template <class T>
+void Kernels<T>::gru_pointwise_backward(const Context& ctx, M scratch, M dh, CM dh_out, CM gates, CM h) {
+  dev::launch("gru_cell_backward", ctx, dev::blocks_for(dh_out.rows * dh_out.cols), dev::threads,
+              dev::gru_backward_kernel<T>, scratch, dh, dh_out, gates, h);
+}
+
+template <class T>
+void Kernels<T>::grad_norm(const Context& ctx, const T* grads, index_t n, T* norm_out) {
+  const int nparts = static_cast<int>(std::min<index_t>(Context::reduce_blocks, (n + dev::threads - 1) / dev::threads));
+  dev::launch("grad_norm", ctx, static_cast<unsigned>(nparts), dev::threads, dev::sum_squares_kernel<T>, ctx.partials,
+              grads, n);
+  dev::launch("grad_norm", ctx, 1, 1024, dev::finish_norm_kernel<T>, norm_out, static_cast<const double*>(ctx.partials),
+              nparts);
+}
+template <class T>
+void Kernels<T>::adamw_step(const Context& ctx, T* params, const T* grads, T* m, T* v, index_t n, T b1, T b2, T eps,
+                            T decay, T step_size, T inv_sqrt_bc2, const T* grad_norm, T max_norm) {
+  dev::launch("adamw_step", ctx, dev::blocks_for(n), dev::threads, dev::adamw_kernel<T>, params, grads, m, v, n, b1, b2,
+              eps, decay, step_size, inv_sqrt_bc2, grad_norm, max_norm);
+}
+
+// Not inline: this header is compiled once, into mom_cuda.cu.
+std::size_t group_by_module_temp_bytes(index_t n_pairs, index_t n_modules) {
+  std::size_t sort_bytes = 0, scan_bytes = 0;
+  MOM_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const token_t*>(nullptr),
+                                                 static_cast<token_t*>(nullptr), static_cast<const token_t*>(nullptr),
+                                                 static_cast<token_t*>(nullptr), static_cast<int>(n_pairs)),
+                 "group_by_module");
+  MOM_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, static_cast<const int*>(nullptr),
+                                               static_cast<int*>(nullptr), static_cast<int>(n_modules + 1)),
+                 "group_by_module");
+  return std::max<std::size_t>({sort_bytes, scan_bytes, 1});
+}
+
+void group_by_module(const Context& ctx, token_t* sorted_ids, token_t* sorted_modules, token_t* offsets, int* counts,
+                     const token_t* modules, index_t n, index_t n_modules) {
+  MOM_CUDA_CHECK(cudaMemsetAsync(counts, 0, static_cast<std::size_t>(n_modules + 1) * sizeof(int), ctx.stream),
+                 "group_by_module");
+  dev::launch("group_by_module", ctx, dev::blocks_for(n), dev::threads, dev::module_histogram_kernel, ctx.pair_ids,
+              counts, modules, n, n_modules, ctx.error);
+  std::size_t bytes = ctx.cub_temp_bytes;
+  if (n > 0)  // LSD radix sort is stable: causal order survives inside each group
+    MOM_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(ctx.cub_temp, bytes, modules, sorted_modules,
+                                                   static_cast<const token_t*>(ctx.pair_ids), sorted_ids,
+                                                   static_cast<int>(n), 0, int(sizeof(token_t) * 8), ctx.stream),
+                   "group_by_module");
+  bytes = ctx.cub_temp_bytes;
+  MOM_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(ctx.cub_temp, bytes, static_cast<const int*>(counts),
+                                               reinterpret_cast<int*>(offsets), static_cast<int>(n_modules + 1),
+                                               ctx.stream),
+                 "group_by_module");
+}
+
+}  // namespace mom::cuda

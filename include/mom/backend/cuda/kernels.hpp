@@ -1,0 +1,133 @@
+#pragma once
+// Host-side declarations of the CUDA backend's kernel launchers. This header is plain C++ (any
+// host compiler reads it); the definitions live in kernels.cuh and are compiled by nvcc into
+// the mom::cuda library (mom_cuda.cu: explicit instantiations for float and double).
+//
+// The launchers do no shape checking: mom::cuda::Backend checks shapes (with the same messages
+// as the CPU ops) and then calls them. Every launcher enqueues on ctx.stream and returns without
+// waiting; a launch failure throws mom::Error naming the op.
+#include <cstddef>
+#include <cstdint>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "mom/core/tensor.hpp"
+
+namespace mom::cuda {
+
+// Index errors found on the device (a token id, target or row index out of range). The CPU ops
+// throw before doing any work; a kernel cannot, so it skips the offending row and records the
+// first error in Context::error ({code, position, value, bound}); the backend throws it at the
+// next host synchronisation (read, to_host, sync).
+enum class DeviceError : int {
+  none = 0,
+  embedding_token,
+  embedding_backward_token,
+  cross_entropy_target,
+  gather_index,
+  scatter_index,
+  scatter_backward_index,
+  topk_backward_index,
+  group_module,
+};
+
+// Per-backend state shared by the launchers: the stream, the cuBLAS handle and small device
+// scratch, all created once by the backend (never inside a step, except that the CUB temp storage
+// of group_by_module grows on its first use unless reserve_dispatch sized it).
+struct Context {
+  static constexpr int reduce_blocks = 1024;  // grid of the two-pass reductions (grad_norm)
+
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  bool tf32 = true;                // float GEMMs on TF32 tensor cores (fp32 accumulate)
+  int* error = nullptr;            // device [4]: DeviceError code, position, value, bound
+  double* partials = nullptr;      // device [reduce_blocks]
+  int* count = nullptr;            // device [1]: non-ignored targets of the last cross-entropy call
+  void* cub_temp = nullptr;        // device: CUB temp storage for group_by_module
+  std::size_t cub_temp_bytes = 0;
+  token_t* pair_ids = nullptr;     // device [pair_ids_size]: 0, 1, 2, ... (group_by_module's values)
+  index_t pair_ids_size = 0;
+  int* counts = nullptr;           // device [counts_size]: group_by_module's per-module counts
+  index_t counts_size = 0;
+};
+
+// Bytes of CUB temp storage group_by_module needs for n_pairs pairs and n_modules modules.
+std::size_t group_by_module_temp_bytes(index_t n_pairs, index_t n_modules);
+
+// sorted_ids[j]: the pair indices (0 .. n-1) stably sorted by modules[pair]; sorted_modules[j]:
+// their module ids; offsets[m] .. offsets[m+1]: the group of module m (offsets has n_modules + 1
+// entries, offsets[n_modules] = n). counts is device scratch [n_modules + 1]. Temp storage must be
+// at least group_by_module_temp_bytes(n, n_modules) (ctx.cub_temp), ctx.pair_ids at least n.
+// A module id outside [0, n_modules) is reported as DeviceError::group_module (and sorts last).
+void group_by_module(const Context& ctx, token_t* sorted_ids, token_t* sorted_modules, token_t* offsets, int* counts,
+                     const token_t* modules, index_t n, index_t n_modules);
+
+// dst[i] = value for i < n (U = float, double or token_t).
+template <class U>
+void fill(const Context& ctx, U* dst, index_t n, U value);
+
+// The op launchers for scalar T (float, double). Argument order follows the CPU ops.
+template <class T>
+struct Kernels {
+  using M = MatrixView<T>;
+  using CM = MatrixView<const T>;
+
+  // y[r, :] = b for every row (linear_forward's bias, before y += x·wᵀ).
+  static void broadcast_rows(const Context& ctx, M y, const T* b);
+  // acc[c] += Σ_r m(r, c) (bias gradients); atomics across row chunks.
+  static void add_column_sums(const Context& ctx, T* acc, CM m);
+
+  static void embedding_forward(const Context& ctx, M out, const token_t* tokens, CM wte, CM wpe, index_t seq);
+  static void embedding_backward(const Context& ctx, M dwte, M dwpe, CM dout, const token_t* tokens, index_t seq,
+                                 index_t vocab);
+
+  static void layernorm_forward(const Context& ctx, M out, T* mean, T* rstd, CM x, const T* gamma, const T* beta,
+                                T eps);
+  static void layernorm_backward(const Context& ctx, M dx, T* dgamma, T* dbeta, CM dout, CM x, const T* mean,
+                                 const T* rstd, const T* gamma);
+
+  static void gelu_forward(const Context& ctx, T* out, const T* x, index_t n);
+  static void gelu_backward(const Context& ctx, T* dx, const T* x, const T* dout, index_t n);
+  static void relu_forward(const Context& ctx, T* out, const T* x, index_t n);
+  static void relu_backward(const Context& ctx, T* dx, const T* x, const T* dout, index_t n);
+  static void add_forward(const Context& ctx, T* out, const T* a, const T* b, index_t n);
+  static void axpy(const Context& ctx, T* y, T alpha, const T* x, index_t n);
+  static void scale(const Context& ctx, T* y, T alpha, index_t n);
+
+  static void cross_entropy_forward(const Context& ctx, T* loss_out, T* lse, CM logits, const token_t* targets,
+                                    token_t ignore_index);
+  static void cross_entropy_backward(const Context& ctx, M dlogits, CM logits, const T* lse, const token_t* targets,
+                                     T dloss, token_t ignore_index);
+
+  static void attention_forward(const Context& ctx, M out, T* lse, CM qkv, index_t batch, index_t seq, index_t heads);
+  static void attention_backward(const Context& ctx, M dqkv, CM dout, CM out, const T* lse, CM qkv, index_t batch,
+                                 index_t seq, index_t heads);
+
+  static void gather_rows(const Context& ctx, M out, CM in, const token_t* idx);
+  static void scatter_add_rows(const Context& ctx, M out, CM in, const token_t* idx, const T* weights);
+  static void scatter_add_rows_backward(const Context& ctx, M din, T* dweights, CM dout, CM in, const token_t* idx,
+                                        const T* weights);
+
+  static void topk_rows(const Context& ctx, M values, MatrixView<token_t> indices, CM x);
+  static void topk_rows_backward(const Context& ctx, M dx, CM dvalues, MatrixView<const token_t> indices);
+  static void softmax_rows(const Context& ctx, M y, CM x, T scale);
+  static void softmax_rows_backward(const Context& ctx, M dx, CM dy, CM y, T scale);
+
+  // The GRU cell's pointwise parts (the GEMMs run through cuBLAS in the backend).
+  static void gru_pointwise_forward(const Context& ctx, M h_out, CM gates, CM h);
+  static void gru_pointwise_backward(const Context& ctx, M scratch, M dh, CM dh_out, CM gates, CM h);
+
+  static void grad_norm(const Context& ctx, const T* grads, index_t n, T* norm_out);
+  static void adamw_step(const Context& ctx, T* params, const T* grads, T* m, T* v, index_t n, T b1, T b2, T eps,
+                         T decay, T step_size, T inv_sqrt_bc2, const T* grad_norm, T max_norm);
+};
+
+extern template struct Kernels<float>;
+extern template struct Kernels<double>;
+extern template void fill<float>(const Context&, float*, index_t, float);
+extern template void fill<double>(const Context&, double*, index_t, double);
+extern template void fill<token_t>(const Context&, token_t*, index_t, token_t);
+
+}  // namespace mom::cuda
