@@ -34,6 +34,7 @@ static_assert(default_ff.ff() == 256 && LM<default_ff, Dense<4>>::params == LM<t
 // ---- the layout ---------------------------------------------------------------------------
 using Small = GPT2Small;
 static_assert(Small::layout.size() == 2 + 12 * 12 + 2);
+static_assert(std::tuple_size_v<decltype(Small::layout)> == Small::tensor_count);
 static_assert(Small::layout[0].name == "wte" && Small::layout[0].rows == 50257 && Small::layout[0].cols == 768);
 static_assert(Small::layout[1].name == "wpe" && Small::layout[1].rows == 1024 && Small::layout[1].offset == 50257 * 768);
 static_assert(Small::find("h.0.ln_1.w").offset == (50257 + 1024) * 768);

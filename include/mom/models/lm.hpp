@@ -185,8 +185,8 @@ struct LM {
   static constexpr int depth = core::depth;  // dense-equivalent layers (names h.0 .. h.<depth-1>)
   static constexpr int steps = core::steps;  // assembly steps run (H summed over parts)
   static constexpr index_t params = core::params;
-  static constexpr auto& layout = core::layout;  // std::array<ParamInfo, N>, flat-buffer order
   static constexpr std::size_t tensor_count = core::tensor_count;
+  static constexpr std::array<ParamInfo, tensor_count> layout = core::layout;  // flat-buffer order
 
   // Forward FLOPs per token at sequence length seq (2*m*n*k per product, causal attention).
   static constexpr index_t flops_per_token(index_t seq) { return core::flops_per_token(seq); }
