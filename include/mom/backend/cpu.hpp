@@ -11,4 +11,5 @@
 #include "mom/backend/cpu/layernorm.hpp"
 #include "mom/backend/cpu/linear.hpp"
 #include "mom/backend/cpu/optim.hpp"
+#include "mom/backend/cpu/routing.hpp"
 #include "mom/backend/cpu/topk.hpp"

@@ -111,7 +111,13 @@ class ModelInstance {
     be_.cross_entropy_forward(span(plan_.loss, 1), span(plan_.lse, n), MatrixView<const T>(logits_view(n)),
                               std::span<const token_t>(targets_.data(), targets.size()));
     state_ = State::Loss;
-    return be_.read(ws + plan_.loss);
+    // Parts with an auxiliary loss (the MoM routers' load balancing) add it to the model loss;
+    // their backward adds its gradient.
+    T aux = T(0);
+    for_each_part([&]<std::size_t i, class E>() {
+      if constexpr (requires { E::has_aux_loss; }) aux += be_.read(ws + std::get<i>(plan_.parts).aux);
+    });
+    return be_.read(ws + plan_.loss) + aux;
   }
 
   // Accumulates d(mean loss)/d(params) of the last forward into grads(). Overwrites the
@@ -158,6 +164,11 @@ class ModelInstance {
   MatrixView<T> grad(const ParamInfo& p) { return {grads_.data() + p.offset, p.rows, p.cols}; }
 
   Be& backend() { return be_; }
+  // The step workspace and its plan (for read-back of routing decisions, statistics, tests).
+  const T* workspace_data() const { return ws_.data(); }
+  const typename Model::Plan& plan() const { return plan_; }
+  index_t batch() const { return batch_; }
+  index_t seq() const { return seq_; }
   // Elements of T in the workspace: Model::activation_elements(reserved batch, reserved seq).
   index_t workspace_size() const { return ws_.size(); }
   index_t reserved_batch() const { return plan_.batch; }

@@ -22,17 +22,7 @@ struct Sequential {
   };
 };
 
-// The GRU router of the paper (§3.3, eqs. (7)-(8)) arrives with the Mixture-of-Modules issue;
-// the tag exists so that the 5-tuple can be written, and using it says so.
-struct GRU {
-  static constexpr bool is_router_policy = true;
-  static constexpr std::string_view name = "GRU";
-
-  template <class Set, int k, int h>
-  struct Drives {
-    static_assert(dependent_false<Set>, "mom::Router<GRU> is not implemented yet (Mixture-of-Modules issue)");
-    static constexpr bool ok = false;
-  };
-};
-
 }  // namespace mom
+
+// The GRU router of the paper (§3.3, eqs. (7)-(8)).
+#include "mom/routers/gru.hpp"

@@ -20,6 +20,7 @@
 #include "mom/backend/cpu/layernorm.hpp"
 #include "mom/backend/cpu/linear.hpp"
 #include "mom/backend/cpu/optim.hpp"
+#include "mom/backend/cpu/routing.hpp"
 #include "mom/backend/cpu/topk.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
@@ -194,6 +195,29 @@ struct Backend {
   void gru_cell_backward(M dx, M dh, M dw_ih, M dw_hh, S db_ih, S db_hh, M scratch, CM dh_out, CM gates, CM x, CM h,
                          CM w_ih, CM w_hh) const {
     cpu::gru_cell_backward<T>(dx, dh, dw_ih, dw_hh, db_ih, db_hh, scratch, dh_out, gates, x, h, w_ih, w_hh);
+  }
+
+  // Routed assembly (Mixture-of-Modules): router top-K, balance loss, grouping, packed attention.
+  void route_topk_forward(M weights, MatrixView<token_t> picks, M probs, CM logits, T inv_temp, bool renormalise) const {
+    cpu::route_topk_forward<T>(weights, picks, probs, logits, inv_temp, renormalise);
+  }
+  void route_topk_backward(M dlogits, CM dweights, CM weights, CM probs, MatrixView<const token_t> picks, T inv_temp,
+                           bool renormalise, CS dprobs_col) const {
+    cpu::route_topk_backward<T>(dlogits, dweights, weights, probs, picks, inv_temp, renormalise, dprobs_col);
+  }
+  void group_by_choice(std::span<token_t> row_token, std::span<token_t> row_slot, std::span<token_t> offsets,
+                       MatrixView<const token_t> picks, index_t classes) const {
+    cpu::group_by_choice(row_token, row_slot, offsets, picks, classes);
+  }
+  void balance_loss_forward(S loss_out, S dprobs_col, CM probs, Tok offsets, index_t k, T coef) const {
+    cpu::balance_loss_forward<T>(loss_out, dprobs_col, probs, offsets, k, coef);
+  }
+  void attention_packed_forward(M out, S lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok, index_t seq, index_t heads) const {
+    cpu::attention_packed_forward<T>(out, lse, q, k, v, q_tok, k_tok, seq, heads);
+  }
+  void attention_packed_backward(M dq, M dk, M dv, CM dout, CM out, CS lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok,
+                                 index_t seq, index_t heads) const {
+    cpu::attention_packed_backward<T>(dq, dk, dv, dout, out, lse, q, k, v, q_tok, k_tok, seq, heads);
   }
 
   void grad_norm(CS grads, T* norm_out) const { cpu::grad_norm<T>(grads, norm_out); }

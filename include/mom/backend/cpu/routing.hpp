@@ -1,0 +1,291 @@
+#pragma once
+// Ops of routed assembly (Mixture-of-Modules, §3.2-§3.3): the router's softmax/top-K with
+// renormalised weights, the Switch-style balance loss, the stable counting sort that groups
+// (token, pick) slots by module, and causal attention over packed (gathered) queries and keys.
+//
+// Conventions as everywhere in mom::cpu: forward ops write their outputs, backward ops
+// accumulate (+=). Integer index lists are token_t.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include "mom/core/check.hpp"
+#include "mom/core/tensor.hpp"
+
+namespace mom::cpu {
+
+// probs = softmax(inv_temp · logits) per row (may alias logits); picks/values = top-K of probs
+// (descending, ties to the lower index, as topk_rows); weights = the K values, renormalised to
+// sum to 1 per row when renormalise (the authors' code), else the raw probabilities.
+template <class T>
+void route_topk_forward(MatrixView<T> weights, MatrixView<token_t> picks, MatrixView<T> probs, MatrixView<const T> logits,
+                        T inv_temp, bool renormalise) {
+  const index_t n = logits.rows, E = logits.cols, k = weights.cols;
+  MOM_CHECK(k >= 1 && k <= E, "route_topk_forward: K = ", k, " must be in [1, ", E, "] for logits ", shape(logits));
+  MOM_CHECK(probs.rows == n && probs.cols == E && weights.rows == n && picks.rows == n && picks.cols == k,
+            "route_topk_forward: probs ", shape(probs), ", weights ", shape(weights), ", picks ", shape(picks),
+            " disagree with logits ", shape(logits));
+#pragma omp parallel for schedule(static) if (n * E > (1 << 15))
+  for (index_t r = 0; r < n; ++r) {
+    const T* x = logits.row(r);
+    T* p = probs.row(r);
+    T m = -std::numeric_limits<T>::infinity();
+    for (index_t e = 0; e < E; ++e) m = std::max(m, x[e] * inv_temp);
+    T sum = 0;
+    for (index_t e = 0; e < E; ++e) sum += (p[e] = std::exp(x[e] * inv_temp - m));
+    for (index_t e = 0; e < E; ++e) p[e] /= sum;
+    T* w = weights.row(r);
+    token_t* ind = picks.row(r);
+    index_t filled = 0;
+    for (index_t e = 0; e < E; ++e) {  // insertion top-K, earlier index wins a tie
+      const T v = p[e];
+      if (filled == k && !(v > w[k - 1])) continue;
+      index_t pos = filled < k ? filled++ : k - 1;
+      while (pos > 0 && v > w[pos - 1]) {
+        w[pos] = w[pos - 1];
+        ind[pos] = ind[pos - 1];
+        --pos;
+      }
+      w[pos] = v;
+      ind[pos] = static_cast<token_t>(e);
+    }
+    if (renormalise) {
+      T s = 0;
+      for (index_t j = 0; j < k; ++j) s += w[j];
+      for (index_t j = 0; j < k; ++j) w[j] /= s;
+    }
+  }
+}
+
+// Backward of route_topk_forward (+ the balance loss): dlogits += d/dlogits of
+//   Σ_{r,j} dweights[r,j] · weights[r,j]  +  Σ_{r,e} dprobs_col[e] · probs[r,e]
+// dprobs_col (may be empty) is a per-column gradient shared by all rows (the balance loss).
+template <class T>
+void route_topk_backward(MatrixView<T> dlogits, MatrixView<const T> dweights, MatrixView<const T> weights,
+                         MatrixView<const T> probs, MatrixView<const token_t> picks, T inv_temp, bool renormalise,
+                         std::span<const T> dprobs_col) {
+  const index_t n = probs.rows, E = probs.cols, k = picks.cols;
+  MOM_CHECK(dlogits.rows == n && dlogits.cols == E && dweights.rows == n && dweights.cols == k &&
+                weights.rows == n && weights.cols == k && picks.rows == n,
+            "route_topk_backward: dlogits ", shape(dlogits), ", dweights ", shape(dweights), ", weights ",
+            shape(weights), ", picks ", shape(picks), " disagree with probs ", shape(probs));
+  MOM_CHECK(dprobs_col.empty() || ssize(dprobs_col) == E, "route_topk_backward: dprobs_col has ", dprobs_col.size(),
+            " elements, expected ", E);
+#pragma omp parallel for schedule(static) if (n * E > (1 << 15))
+  for (index_t r = 0; r < n; ++r) {
+    const T* p = probs.row(r);
+    const T* w = weights.row(r);
+    const T* dw = dweights.row(r);
+    const token_t* ind = picks.row(r);
+    // d/d(picked prob v_j): renormalised w_j = v_j / S gives dv_j = (dw_j - Σ_k dw_k w_k) / S.
+    T S = 0, dot_w = 0;
+    if (renormalise) {
+      for (index_t j = 0; j < k; ++j) S += p[ind[j]];
+      for (index_t j = 0; j < k; ++j) dot_w += dw[j] * w[j];
+    }
+    auto dv = [&](index_t j) { return renormalise ? (dw[j] - dot_w) / S : dw[j]; };
+    // Softmax backward with dprobs[e] = c[e] + Σ_j [ind_j == e] dv_j.
+    T dot = 0;
+    if (!dprobs_col.empty())
+      for (index_t e = 0; e < E; ++e) dot += p[e] * dprobs_col[e];
+    for (index_t j = 0; j < k; ++j) dot += p[ind[j]] * dv(j);
+    T* dl = dlogits.row(r);
+    for (index_t e = 0; e < E; ++e) {
+      T g = dprobs_col.empty() ? T(0) : dprobs_col[e];
+      for (index_t j = 0; j < k; ++j)
+        if (ind[j] == e) g += dv(j);
+      dl[e] += inv_temp * p[e] * (g - dot);
+    }
+  }
+}
+
+// Stable counting sort of the n×K (token, pick) slots by chosen class (0..E-1): class e's slots
+// are rows offsets[e] .. offsets[e+1]-1 of row_token (their token, ascending: causal order) and
+// row_slot (their slot r*K + j in picks). offsets has E+1 entries.
+inline void group_by_choice(std::span<token_t> row_token, std::span<token_t> row_slot, std::span<token_t> offsets,
+                            MatrixView<const token_t> picks, index_t E) {
+  const index_t n = picks.rows, k = picks.cols;
+  MOM_CHECK(ssize(row_token) == n * k && ssize(row_slot) == n * k && ssize(offsets) == E + 1, "group_by_choice: ",
+            row_token.size(), " / ", row_slot.size(), " rows and ", offsets.size(), " offsets for picks ", shape(picks),
+            " and ", E, " classes");
+  std::fill(offsets.begin(), offsets.end(), token_t(0));
+  for (index_t r = 0; r < n; ++r)
+    for (index_t j = 0; j < k; ++j) {
+      const token_t e = picks(r, j);
+      MOM_CHECK(e >= 0 && e < E, "group_by_choice: picks(", r, ",", j, ") = ", e, " is out of range [0, ", E, ")");
+      ++offsets[e + 1];
+    }
+  for (index_t e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
+  // Place slots using offsets[e] as the running cursor, then shift back.
+  for (index_t r = 0; r < n; ++r)
+    for (index_t j = 0; j < k; ++j) {
+      const token_t at = offsets[picks(r, j)]++;
+      row_token[at] = static_cast<token_t>(r);
+      row_slot[at] = static_cast<token_t>(r * k + j);
+    }
+  for (index_t e = E; e > 0; --e) offsets[e] = offsets[e - 1];
+  offsets[0] = 0;
+}
+
+// Switch-Transformer load balancing (Fedus et al. 2022, eq. (4)) over E classes with K picks:
+//   loss = coef · E · Σ_e f_e · P_e,   f_e = (slots routed to e) / (n·K),   P_e = mean_r probs[r, e]
+// Writes loss_out[0] and dprobs_col[e] = d loss / d probs[r, e] = coef · E · f_e / n (f is a count:
+// no gradient, as in Switch).
+template <class T>
+void balance_loss_forward(std::span<T> loss_out, std::span<T> dprobs_col, MatrixView<const T> probs,
+                          std::span<const token_t> offsets, index_t k, T coef) {
+  const index_t n = probs.rows, E = probs.cols;
+  MOM_CHECK(ssize(loss_out) == 1 && ssize(dprobs_col) == E && ssize(offsets) == E + 1,
+            "balance_loss_forward: loss_out ", loss_out.size(), ", dprobs_col ", dprobs_col.size(), ", offsets ",
+            offsets.size(), " for probs ", shape(probs));
+  T loss = 0;
+  for (index_t e = 0; e < E; ++e) {
+    const T f = T(offsets[e + 1] - offsets[e]) / T(n * k);
+    T P = 0;
+    for (index_t r = 0; r < n; ++r) P += probs(r, e);
+    loss += f * P / T(n);
+    dprobs_col[e] = coef * T(E) * f / T(n);
+  }
+  loss_out[0] = coef * T(E) * loss;
+}
+
+namespace detail {
+// First index i in sorted [first, last) with v[i] >= x (lower) / v[i] > x (upper).
+inline index_t lower_index(std::span<const token_t> v, token_t x) {
+  return std::lower_bound(v.begin(), v.end(), x) - v.begin();
+}
+inline index_t upper_index(std::span<const token_t> v, token_t x) {
+  return std::upper_bound(v.begin(), v.end(), x) - v.begin();
+}
+// Key ranges; an empty key list stands for the identity list 0, 1, ..., n-1.
+inline index_t key_lower(std::span<const token_t> k_tok, token_t x) { return k_tok.empty() ? x : lower_index(k_tok, x); }
+inline index_t key_upper(std::span<const token_t> k_tok, token_t x) { return k_tok.empty() ? x + 1 : upper_index(k_tok, x); }
+template <class T>
+T* packed_scores(index_t n) {
+  thread_local std::vector<T> buf;  // grows once to the longest key range seen
+  if (ssize(std::span<T>(buf)) < n) buf.resize(static_cast<std::size_t>(n));
+  return buf.data();
+}
+template <class T>
+void check_packed(const char* op, MatrixView<const T> q, MatrixView<const T> k, MatrixView<const T> v,
+                  std::span<const token_t> q_tok, std::span<const token_t> k_tok, index_t seq, index_t heads) {
+  MOM_CHECK(seq > 0 && heads > 0 && q.cols % heads == 0, op, ": seq ", seq, ", heads ", heads, ", q ", shape(q));
+  MOM_CHECK(k.cols == q.cols && v.cols == q.cols && k.rows == v.rows, op, ": q ", shape(q), ", k ", shape(k), ", v ",
+            shape(v), " disagree");
+  MOM_CHECK(ssize(q_tok) == q.rows && (k_tok.empty() || ssize(k_tok) == k.rows), op, ": ", q_tok.size(), " query and ", k_tok.size(),
+            " key positions for q ", shape(q), " and k ", shape(k));
+  for (index_t i = 0; i < ssize(q_tok); ++i)
+    MOM_CHECK(q_tok[i] >= 0 && (i == 0 || q_tok[i] > q_tok[i - 1]) && (!k_tok.empty() || q_tok[i] < k.rows), op,
+              ": query positions must be ascending and in range; q_tok[", i, "] = ", q_tok[i]);
+}
+}  // namespace detail
+
+// Causal attention of packed queries against packed keys. Query row i is the token with flat
+// index q_tok[i] (sequence q_tok[i] / seq); it attends to the key rows j whose token k_tok[j] is
+// in the same sequence and k_tok[j] <= q_tok[i]. q_tok and k_tok are ascending (as
+// group_by_choice makes them), so those keys are one contiguous range, found by binary search.
+// An empty k_tok means the keys are all tokens: key row j is token j (k.rows = batch·seq).
+// out [nq × d]; lse [nq × heads] (row i, head h; -inf when a query has no key: out row 0).
+// Scale 1/sqrt(hd). Parallel over (sequence, head) pairs, which touch disjoint rows / columns.
+template <class T>
+void attention_packed_forward(MatrixView<T> out, std::span<T> lse, MatrixView<const T> q, MatrixView<const T> k,
+                              MatrixView<const T> v, std::span<const token_t> q_tok, std::span<const token_t> k_tok,
+                              index_t seq, index_t heads) {
+  detail::check_packed<T>("attention_packed_forward", q, k, v, q_tok, k_tok, seq, heads);
+  MOM_CHECK(out.rows == q.rows && out.cols == q.cols && ssize(lse) == q.rows * heads, "attention_packed_forward: out ",
+            shape(out), ", lse ", lse.size(), " for q ", shape(q));
+  const index_t nq = q.rows, hd = q.cols / heads;
+  if (nq == 0) return;
+  const index_t n_seq = q_tok[nq - 1] / seq + 1;
+  const T scale = T(1) / std::sqrt(T(hd));
+#pragma omp parallel for collapse(2) schedule(dynamic) if (nq * k.rows * q.cols > (1 << 16))
+  for (index_t b = 0; b < n_seq; ++b)
+    for (index_t h = 0; h < heads; ++h) {
+      const token_t first = token_t(b * seq), last = token_t(b * seq + seq - 1);
+      const index_t q0 = detail::lower_index(q_tok, first), q1 = detail::upper_index(q_tok, last);
+      const index_t k0 = detail::key_lower(k_tok, first);
+      for (index_t i = q0; i < q1; ++i) {
+        const index_t k1 = detail::key_upper(k_tok, q_tok[i]);
+        const T* qi = q.row(i) + h * hd;
+        T* o = out.row(i) + h * hd;
+        std::fill_n(o, hd, T(0));
+        if (k1 <= k0) {
+          lse[i * heads + h] = -std::numeric_limits<T>::infinity();
+          continue;
+        }
+        T* s = detail::packed_scores<T>(k1 - k0);
+        T m = -std::numeric_limits<T>::infinity();
+        for (index_t j = k0; j < k1; ++j) {
+          const T* kj = k.row(j) + h * hd;
+          T dot = 0;
+          for (index_t c = 0; c < hd; ++c) dot += qi[c] * kj[c];
+          s[j - k0] = dot * scale;
+          m = std::max(m, s[j - k0]);
+        }
+        T sum = 0;
+        for (index_t j = k0; j < k1; ++j) {
+          const T p = std::exp(s[j - k0] - m);
+          sum += p;
+          const T* vj = v.row(j) + h * hd;
+          for (index_t c = 0; c < hd; ++c) o[c] += p * vj[c];
+        }
+        for (index_t c = 0; c < hd; ++c) o[c] /= sum;
+        lse[i * heads + h] = m + std::log(sum);
+      }
+    }
+}
+
+// Backward of attention_packed_forward: dq, dk, dv += (each may alias a column block of a wider
+// matrix). Probabilities are recomputed from q, k and lse.
+template <class T>
+void attention_packed_backward(MatrixView<T> dq, MatrixView<T> dk, MatrixView<T> dv, MatrixView<const T> dout,
+                               MatrixView<const T> out, std::span<const T> lse, MatrixView<const T> q,
+                               MatrixView<const T> k, MatrixView<const T> v, std::span<const token_t> q_tok,
+                               std::span<const token_t> k_tok, index_t seq, index_t heads) {
+  detail::check_packed<T>("attention_packed_backward", q, k, v, q_tok, k_tok, seq, heads);
+  MOM_CHECK(dq.rows == q.rows && dq.cols == q.cols && dk.rows == k.rows && dk.cols == k.cols && dv.rows == v.rows &&
+                dv.cols == v.cols && dout.rows == q.rows && out.rows == q.rows && ssize(lse) == q.rows * heads,
+            "attention_packed_backward: dq ", shape(dq), ", dk ", shape(dk), ", dv ", shape(dv), ", dout ", shape(dout),
+            " disagree with q ", shape(q), " and k ", shape(k));
+  const index_t nq = q.rows, hd = q.cols / heads;
+  if (nq == 0) return;
+  const index_t n_seq = q_tok[nq - 1] / seq + 1;
+  const T scale = T(1) / std::sqrt(T(hd));
+#pragma omp parallel for collapse(2) schedule(dynamic) if (nq * k.rows * q.cols > (1 << 16))
+  for (index_t b = 0; b < n_seq; ++b)
+    for (index_t h = 0; h < heads; ++h) {
+      const token_t first = token_t(b * seq), last = token_t(b * seq + seq - 1);
+      const index_t q0 = detail::lower_index(q_tok, first), q1 = detail::upper_index(q_tok, last);
+      const index_t k0 = detail::key_lower(k_tok, first);
+      for (index_t i = q0; i < q1; ++i) {
+        const index_t k1 = detail::key_upper(k_tok, q_tok[i]);
+        if (k1 <= k0) continue;
+        const T* qi = q.row(i) + h * hd;
+        const T* go = dout.row(i) + h * hd;
+        const T* oi = out.row(i) + h * hd;
+        T* dqi = dq.row(i) + h * hd;
+        const T l = lse[i * heads + h];
+        T D = 0;  // Σ_c dout·out = Σ_j p_j (dout·v_j)
+        for (index_t c = 0; c < hd; ++c) D += go[c] * oi[c];
+        for (index_t j = k0; j < k1; ++j) {
+          const T* kj = k.row(j) + h * hd;
+          const T* vj = v.row(j) + h * hd;
+          T dot = 0, dp = 0;
+          for (index_t c = 0; c < hd; ++c) dot += qi[c] * kj[c], dp += go[c] * vj[c];
+          const T p = std::exp(dot * scale - l);
+          const T ds = p * (dp - D) * scale;
+          T* dkj = dk.row(j) + h * hd;
+          T* dvj = dv.row(j) + h * hd;
+          for (index_t c = 0; c < hd; ++c) {
+            dqi[c] += ds * kj[c];
+            dkj[c] += ds * qi[c];
+            dvj[c] += p * go[c];
+          }
+        }
+      }
+    }
+}
+
+}  // namespace mom::cpu

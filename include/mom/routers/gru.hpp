@@ -1,0 +1,126 @@
+#pragma once
+// Router<GRU, Options...>: the Mixture-of-Modules router (paper §3.3, eqs. (7)-(8)).
+//
+// Two routers per chunk, R^A for attention and R^F for FFN, identical in structure:
+//   s^A_h = GRU^A(x_h, s^A_{h-1}),   s^F_h = GRU^F(u_h, s^F_{h-1})          eq. (7)
+//   r^X   = softmax(W_X s^X_h / tau),  W_X ∈ R^{(N_X+1) × width}               eq. (8) + temperature
+// with s_{-1} = 0 at the start of every chunk, the input the token's residual-stream vector
+// before any LayerNorm, SKIP the last of the N_X + 1 classes, top-K of r^X and the K picked
+// weights renormalised to sum to 1 (SKIP's share included), as in the authors' released code.
+// A Switch-style load-balancing loss (coefficient 0.01) is added to the model loss.
+//
+// Options (any order, each at most once):
+//   Width<w>            GRU hidden size (default 256, the authors' scripts; the paper's
+//                       eq. (8) writes W_X ∈ R^{(N+1)×d}, i.e. Width<d_model>)
+//   Temperature<p, q>   tau = p / q (default 1/5 = 0.2, the authors' scripts; the paper has none:
+//                       Temperature<1>)
+//   BalanceCoef<p, q>   coefficient of the balance loss, p / q (default 1/100; BalanceCoef<0> off)
+//   Renormalise<b>      renormalise the K picked weights to sum 1 (default true, the code); false:
+//                       use the raw softmax probabilities (the paper's eqs. (5)-(6) read literally)
+// e.g. Router<GRU, Width<64>, Temperature<1, 2>, BalanceCoef<0>>.
+#include <string_view>
+
+#include "mom/core/meta.hpp"
+#include "mom/routers/router.hpp"
+
+namespace mom {
+
+template <int w>
+struct Width {
+  static constexpr int value = w;
+};
+template <long long num, long long den = 1>
+struct Temperature {
+  static constexpr long long numerator = num, denominator = den;
+  static constexpr double value = den != 0 ? double(num) / double(den) : 0.0;
+};
+template <long long num, long long den = 1>
+struct BalanceCoef {
+  static constexpr long long numerator = num, denominator = den;
+  static constexpr double value = den != 0 ? double(num) / double(den) : 0.0;
+};
+template <bool on>
+struct Renormalise {
+  static constexpr bool value = on;
+};
+
+namespace detail {
+template <class T>
+inline constexpr int gru_option_kind = 0;  // 0: not a GRU option
+template <int w>
+inline constexpr int gru_option_kind<Width<w>> = 1;
+template <long long a, long long b>
+inline constexpr int gru_option_kind<Temperature<a, b>> = 2;
+template <long long a, long long b>
+inline constexpr int gru_option_kind<BalanceCoef<a, b>> = 3;
+template <bool on>
+inline constexpr int gru_option_kind<Renormalise<on>> = 4;
+
+// The value of the option of kind `kind` among Os, or `fallback`.
+template <int kind, class Fallback, class... Os>
+struct pick_option {
+  using type = Fallback;
+};
+template <int kind, class Fallback, class O, class... Os>
+struct pick_option<kind, Fallback, O, Os...> {
+  using type = std::conditional_t<gru_option_kind<O> == kind, O, typename pick_option<kind, Fallback, Os...>::type>;
+};
+}  // namespace detail
+
+// The router configuration an option list gives (checked by GRU::Drives).
+template <class OptionList>
+struct GRUConfig;
+template <class... Os>
+struct GRUConfig<TypeList<Os...>> {
+  static constexpr bool options_known = ((detail::gru_option_kind<Os> != 0) && ...);
+  static constexpr bool options_unique = [] {
+        int counts[5] = {0, 0, 0, 0, 0};
+        ((++counts[detail::gru_option_kind<Os>]), ...);
+        return counts[1] <= 1 && counts[2] <= 1 && counts[3] <= 1 && counts[4] <= 1;
+      }();
+  using width_t = typename detail::pick_option<1, Width<256>, Os...>::type;
+  using temperature_t = typename detail::pick_option<2, Temperature<1, 5>, Os...>::type;
+  using balance_t = typename detail::pick_option<3, BalanceCoef<1, 100>, Os...>::type;
+  using renormalise_t = typename detail::pick_option<4, Renormalise<true>, Os...>::type;
+  static constexpr int width = width_t::value;
+  static constexpr double temperature = temperature_t::value;
+  static constexpr double balance_coef = balance_t::value;
+  static constexpr bool renormalise = renormalise_t::value;
+  static constexpr bool valid = options_known && options_unique && width >= 1 && temperature_t::denominator > 0 &&
+                                temperature_t::numerator > 0 && balance_t::denominator > 0 &&
+                                balance_t::numerator >= 0;
+};
+
+struct GRU {
+  static constexpr bool is_router_policy = true;
+  static constexpr std::string_view name = "GRU";
+  // Two routers (attention, FFN), each w_ih, w_hh, b_ih, b_hh, w_out.
+  template <class Set>
+  static constexpr std::size_t tensor_count = 10;
+
+  template <class Set, int k, int h>
+  struct Drives {
+    static_assert(Set::n_attention >= 1 && Set::n_ffn >= 1,
+                  "mom::Router<GRU> routes attention and FFN modules: the ModuleSet needs MHA<N> and FFN<N>");
+    static constexpr bool ok = Set::n_attention >= 1 && Set::n_ffn >= 1;
+  };
+
+  // The options are checked where the router is executed (assembly/mom.hpp instantiates this).
+  template <class Options>
+  struct VerifyOptions {
+    using Cfg = GRUConfig<Options>;
+    static_assert(Cfg::options_known,
+                  "mom::Router<GRU, Options...>: unknown option; known: Width<w>, Temperature<p, q>, BalanceCoef<p, q>, "
+                  "Renormalise<b>");
+    static_assert(Cfg::options_unique, "mom::Router<GRU, Options...>: each option may be given at most once");
+    static_assert(!Cfg::options_known || Cfg::width >= 1, "mom::Router<GRU>: Width<w> needs w >= 1");
+    static_assert(!Cfg::options_known ||
+                      (Cfg::temperature_t::numerator > 0 && Cfg::temperature_t::denominator > 0),
+                  "mom::Router<GRU>: Temperature<p, q> must be > 0");
+    static_assert(!Cfg::options_known || (Cfg::balance_t::numerator >= 0 && Cfg::balance_t::denominator > 0),
+                  "mom::Router<GRU>: BalanceCoef<p, q> must be >= 0");
+    static constexpr bool ok = Cfg::valid;
+  };
+};
+
+}  // namespace mom
