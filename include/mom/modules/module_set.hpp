@@ -58,8 +58,17 @@ struct ModuleSet {
                     (0 + ... + detail::family_occurrences<Fs, ModuleKind::Skip>()) <= 1,
                 "mom::ModuleSet: each module kind (MHA<N>, FFN<N>, Skip) may appear at most once");
 
+  // The elements are module families with N >= 1 (checked above); only then is "no computing
+  // module" worth its own message.
+  static constexpr bool families_ok = sizeof...(Fs) > 0 && (detail::is_module_family<Fs> && ...) &&
+                                      (detail::family_count_ok<Fs>() && ...);
+  static constexpr int n_computing =
+      (0 + ... + (detail::family_count<Fs, ModuleKind::Attention>() + detail::family_count<Fs, ModuleKind::FeedForward>()));
+  static_assert(!families_ok || n_computing > 0,
+                "mom::ModuleSet: needs at least one computing module (MHA<N> or FFN<N>), not only Skip");
+
   static constexpr bool valid =
-      sizeof...(Fs) > 0 && (ModuleFamily<Fs> && ...) && (detail::family_count_ok<Fs>() && ...) &&
+      sizeof...(Fs) > 0 && n_computing > 0 && (ModuleFamily<Fs> && ...) && (detail::family_count_ok<Fs>() && ...) &&
       (0 + ... + detail::family_occurrences<Fs, ModuleKind::Attention>()) <= 1 &&
       (0 + ... + detail::family_occurrences<Fs, ModuleKind::FeedForward>()) <= 1 &&
       (0 + ... + detail::family_occurrences<Fs, ModuleKind::Skip>()) <= 1;
