@@ -1,0 +1,493 @@
+// Cross-backend op suite (in the spirit of ggml's test-backend-ops): every op of cuda::Backend<T>
+// runs on the same random inputs as cpu::Backend<T>, and outputs and gradients must agree.
+// Backward ops accumulate, so every gradient starts from random values, not zeros.
+//
+// Tolerances (max |gpu - cpu| / max |cpu| over the array):
+//   double: 1e-10 everywhere.
+//   float, own kernels: 1e-5 (elementwise, reductions), 1e-4 (attention: exp of long dot products).
+//   float through cuBLAS with TF32 (the default): 1e-2 (inputs rounded to 10 mantissa bits);
+//   the same ops with set_tf32(false): 1e-5.
+// Without a CUDA device every case prints "no CUDA device: skipped" once and passes.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "mom/backend/cpu.hpp"
+#include "mom/backend/cuda.hpp"
+#include "ops/grad_check.hpp"
+
+using namespace mom;
+
+namespace {
+
+bool gpu_available() {
+  static const bool yes = cuda::device_count() > 0;
+  return yes;
+}
+
+#define MOM_REQUIRE_GPU()                     \
+  do {                                        \
+    if (!gpu_available()) {                   \
+      WARN("no CUDA device: skipped");        \
+      return;                                 \
+    }                                         \
+  } while (0)
+
+// One backend (one stream, one cuBLAS handle) per scalar type for the whole binary.
+template <class T>
+cuda::Backend<T>& gpu() {
+  static cuda::Backend<T> be;
+  return be;
+}
+template <class T>
+cpu::Backend<T>& host() {
+  static cpu::Backend<T> be;
+  return be;
+}
+
+template <class T>
+constexpr double tol_kernel = std::is_same_v<T, double> ? 1e-10 : 1e-5;
+template <class T>
+constexpr double tol_attention = std::is_same_v<T, double> ? 1e-10 : 1e-4;
+template <class T>
+constexpr double tol_tf32 = std::is_same_v<T, double> ? 1e-10 : 1e-2;
+
+// An array on both backends: h is the CPU backend's copy, d the device copy (same initial values).
+template <class T, class U = T>
+struct Arr {
+  std::vector<U> h;
+  cuda::Buffer<U> d;
+  explicit Arr(std::vector<U> v) : h(std::move(v)), d(gpu<T>().template alloc<U>(ssize(std::span<U>(h)))) {
+    gpu<T>().from_host(d.span(), std::span<const U>(h));
+  }
+  index_t size() const { return static_cast<index_t>(h.size()); }
+  MatrixView<U> hm(index_t r, index_t c) { return {h.data(), r, c}; }
+  MatrixView<U> dm(index_t r, index_t c) { return {d.data(), r, c}; }
+  MatrixView<U> hm(index_t r, index_t c, index_t ld) { return {h.data(), r, c, ld}; }
+  MatrixView<U> dm(index_t r, index_t c, index_t ld) { return {d.data(), r, c, ld}; }
+  std::span<U> hs() { return {h.data(), h.size()}; }
+  std::span<U> ds() { return d.span(); }
+  std::vector<U> fetch() {
+    std::vector<U> out(h.size());
+    gpu<T>().to_host(std::span<U>(out), std::span<const U>(d.span()));
+    return out;
+  }
+};
+
+template <class T>
+Arr<T> rand_arr(index_t n, test::Rng& rng, double lo = -1, double hi = 1) {
+  return Arr<T>(test::random_vec<T>(static_cast<std::size_t>(n), rng, lo, hi));
+}
+template <class T>
+Arr<T, token_t> tok_arr(std::vector<token_t> v) {
+  return Arr<T, token_t>(std::move(v));
+}
+
+// The device copy must match the CPU copy within tol (relative to the CPU's largest magnitude).
+template <class T, class U>
+void expect_close(Arr<T, U>& a, double tol, const std::string& what) {
+  const auto got = a.fetch();
+  const double err = test::rel_error(got, a.h);
+  INFO(what << ": relative error " << err << " (tolerance " << tol << ")");
+  CHECK(err <= tol);
+}
+
+template <class T>
+void expect_equal_tokens(Arr<T, token_t>& a, const std::string& what) {
+  INFO(what);
+  CHECK(a.fetch() == a.h);
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("cuda gemm matches cpu (all transposes, strided C, alpha/beta)", "[cuda]", float, double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  test::Rng rng(1);
+  const index_t m = 37, n = 29, k = 45, ldc = n + 3;
+  for (const bool tf32 : {true, false}) {
+    gpu<T>().set_tf32(tf32);
+    for (const bool ta : {false, true})
+      for (const bool tb : {false, true}) {
+        INFO("ta " << ta << " tb " << tb << " tf32 " << tf32);
+        auto A = rand_arr<T>(m * k, rng), B = rand_arr<T>(k * n, rng), C = rand_arr<T>(m * ldc, rng);
+        const index_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+        host<T>().gemm(C.hm(m, n, ldc), A.hm(ar, ac), ta ? cpu::Trans::T : cpu::Trans::N, B.hm(br, bc),
+                       tb ? cpu::Trans::T : cpu::Trans::N, T(0.7), T(0.3));
+        gpu<T>().gemm(C.dm(m, n, ldc), A.dm(ar, ac), ta ? cuda::Trans::T : cuda::Trans::N, B.dm(br, bc),
+                      tb ? cuda::Trans::T : cuda::Trans::N, T(0.7), T(0.3));
+        expect_close(C, tf32 ? tol_tf32<T> : tol_kernel<T>, "gemm C");
+      }
+  }
+  gpu<T>().set_tf32(true);
+}
+
+TEMPLATE_TEST_CASE("cuda linear forward/backward match cpu", "[cuda]", float, double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  test::Rng rng(2);
+  const index_t n = 33, in = 40, out = 24;
+  for (const bool bias : {true, false}) {
+    INFO("bias " << bias);
+    auto x = rand_arr<T>(n * in, rng), w = rand_arr<T>(out * in, rng), b = rand_arr<T>(bias ? out : 0, rng);
+    auto y = rand_arr<T>(n * out, rng), dy = rand_arr<T>(n * out, rng);
+    auto dx = rand_arr<T>(n * in, rng), dw = rand_arr<T>(out * in, rng), db = rand_arr<T>(bias ? out : 0, rng);
+    host<T>().linear_forward(y.hm(n, out), x.hm(n, in), w.hm(out, in), std::span<const T>(b.hs()));
+    gpu<T>().linear_forward(y.dm(n, out), x.dm(n, in), w.dm(out, in), std::span<const T>(b.ds()));
+    expect_close(y, tol_tf32<T>, "y");
+    host<T>().linear_backward(dx.hm(n, in), dw.hm(out, in), db.hs(), dy.hm(n, out), x.hm(n, in), w.hm(out, in));
+    gpu<T>().linear_backward(dx.dm(n, in), dw.dm(out, in), db.ds(), dy.dm(n, out), x.dm(n, in), w.dm(out, in));
+    expect_close(dx, tol_tf32<T>, "dx");
+    expect_close(dw, tol_tf32<T>, "dw");
+    if (bias) expect_close(db, tol_kernel<T> * 10, "db");
+  }
+}
+
+TEMPLATE_TEST_CASE("cuda embedding forward/backward match cpu (repeated tokens)", "[cuda]", float, double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  test::Rng rng(3);
+  const index_t V = 11, C = 9, d = 19, seq = 7, B = 3, n = B * seq;
+  std::vector<token_t> t(static_cast<std::size_t>(n));
+  for (auto& x : t) x = static_cast<token_t>(rng.integer(0, int(V) - 1));
+  auto tokens = tok_arr<T>(t);
+  auto wte = rand_arr<T>(V * d, rng), wpe = rand_arr<T>(C * d, rng), out = rand_arr<T>(n * d, rng);
+  auto dout = rand_arr<T>(n * d, rng), dwte = rand_arr<T>(V * d, rng), dwpe = rand_arr<T>(C * d, rng);
+  host<T>().embedding_forward(out.hm(n, d), tokens.hs(), wte.hm(V, d), wpe.hm(C, d), seq);
+  gpu<T>().embedding_forward(out.dm(n, d), tokens.ds(), wte.dm(V, d), wpe.dm(C, d), seq);
+  expect_close(out, tol_kernel<T>, "out");
+  host<T>().embedding_backward(dwte.hm(V, d), dwpe.hm(C, d), dout.hm(n, d), tokens.hs(), seq);
+  gpu<T>().embedding_backward(dwte.dm(V, d), dwpe.dm(C, d), dout.dm(n, d), tokens.ds(), seq);
+  expect_close(dwte, tol_kernel<T>, "dwte");
+  expect_close(dwpe, tol_kernel<T>, "dwpe");
+}
+
+TEMPLATE_TEST_CASE("cuda layernorm forward/backward match cpu", "[cuda]", float, double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  test::Rng rng(4);
+  for (const index_t d : {index_t(8), index_t(70), index_t(768)}) {
+    const index_t n = 45;
+    INFO("d " << d);
+    auto x = rand_arr<T>(n * d, rng, -2, 3), g = rand_arr<T>(d, rng), b = rand_arr<T>(d, rng);
+    auto out = rand_arr<T>(n * d, rng), mean = rand_arr<T>(n, rng), rstd = rand_arr<T>(n, rng);
+    auto dout = rand_arr<T>(n * d, rng), dx = rand_arr<T>(n * d, rng), dg = rand_arr<T>(d, rng), db = rand_arr<T>(d, rng);
+    host<T>().layernorm_forward(out.hm(n, d), mean.hs(), rstd.hs(), x.hm(n, d), std::span<const T>(g.hs()),
+                                std::span<const T>(b.hs()));
+    gpu<T>().layernorm_forward(out.dm(n, d), mean.ds(), rstd.ds(), x.dm(n, d), std::span<const T>(g.ds()),
+                               std::span<const T>(b.ds()));
+    expect_close(out, tol_kernel<T>, "out");
+    expect_close(mean, tol_kernel<T>, "mean");
+    expect_close(rstd, tol_kernel<T>, "rstd");
+    host<T>().layernorm_backward(dx.hm(n, d), dg.hs(), db.hs(), dout.hm(n, d), x.hm(n, d), std::span<const T>(mean.hs()),
+                                 std::span<const T>(rstd.hs()), std::span<const T>(g.hs()));
+    gpu<T>().layernorm_backward(dx.dm(n, d), dg.ds(), db.ds(), dout.dm(n, d), x.dm(n, d), std::span<const T>(mean.ds()),
+                                std::span<const T>(rstd.ds()), std::span<const T>(g.ds()));
+    expect_close(dx, tol_kernel<T> * 10, "dx");
+    expect_close(dg, tol_kernel<T> * 10, "dgamma");
+    expect_close(db, tol_kernel<T> * 10, "dbeta");
+  }
+}
+
+TEMPLATE_TEST_CASE("cuda elementwise ops match cpu (gelu, relu, add, axpy, scale)", "[cuda]", float, double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  test::Rng rng(5);
+  const index_t n = 100003;  // several grid-stride rounds are not needed; odd size checks the tail
+  auto x = rand_arr<T>(n, rng, -4, 4), a = rand_arr<T>(n, rng), dout = rand_arr<T>(n, rng);
+  auto out = rand_arr<T>(n, rng), dx = rand_arr<T>(n, rng);
+  const auto cx = [](Arr<T>& v, bool dev) { return std::span<const T>(dev ? v.ds() : v.hs()); };
+  host<T>().gelu_forward(out.hs(), cx(x, false));
+  gpu<T>().gelu_forward(out.ds(), cx(x, true));
+  expect_close(out, tol_kernel<T>, "gelu");
+  host<T>().gelu_backward(dx.hs(), cx(x, false), cx(dout, false));
+  gpu<T>().gelu_backward(dx.ds(), cx(x, true), cx(dout, true));
+  expect_close(dx, tol_kernel<T>, "gelu dx");
+  host<T>().relu_forward(out.hs(), cx(x, false));
+  gpu<T>().relu_forward(out.ds(), cx(x, true));
+  expect_close(out, 0.0, "relu");
+  host<T>().relu_backward(dx.hs(), cx(x, false), cx(dout, false));
+  gpu<T>().relu_backward(dx.ds(), cx(x, true), cx(dout, true));
+  expect_close(dx, tol_kernel<T>, "relu dx");
+  host<T>().add_forward(out.hs(), cx(x, false), cx(a, false));
+  gpu<T>().add_forward(out.ds(), cx(x, true), cx(a, true));
+  expect_close(out, 0.0, "add");
+  host<T>().axpy(out.hs(), T(-0.25), cx(a, false));
+  gpu<T>().axpy(out.ds(), T(-0.25), cx(a, true));
+  expect_close(out, tol_kernel<T>, "axpy");
+  host<T>().scale(out.hs(), T(1.5));
+  gpu<T>().scale(out.ds(), T(1.5));
+  expect_close(out, tol_kernel<T>, "scale");
+}
+
+TEMPLATE_TEST_CASE("cuda cross-entropy forward/backward match cpu (ignored rows, aliased dlogits)", "[cuda]", float,
+                   double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  test::Rng rng(6);
+  for (const index_t V : {index_t(7), index_t(300), index_t(5000)}) {
+    const index_t n = 23;
+    INFO("V " << V);
+    std::vector<token_t> t(static_cast<std::size_t>(n));
+    for (auto& x : t) x = static_cast<token_t>(rng.integer(0, int(V) - 1));
+    t[3] = -1;
+    t[10] = -1;
+    auto targets = tok_arr<T>(t);
+    auto logits = rand_arr<T>(n * V, rng, -5, 5), lse = rand_arr<T>(n, rng), loss = rand_arr<T>(1, rng);
+    host<T>().cross_entropy_forward(loss.hs(), lse.hs(), logits.hm(n, V), targets.hs());
+    gpu<T>().cross_entropy_forward(loss.ds(), lse.ds(), logits.dm(n, V), targets.ds());
+    expect_close(loss, tol_kernel<T>, "loss");
+    expect_close(lse, tol_kernel<T>, "lse");
+    // dlogits written over the logits (as the model does).
+    host<T>().cross_entropy_backward(logits.hm(n, V), logits.hm(n, V), std::span<const T>(lse.hs()), targets.hs(), T(0.5));
+    gpu<T>().cross_entropy_backward(logits.dm(n, V), logits.dm(n, V), std::span<const T>(lse.ds()), targets.ds(), T(0.5));
+    expect_close(logits, tol_kernel<T>, "dlogits");
+  }
+}
+
+TEMPLATE_TEST_CASE("cuda attention forward/backward match cpu (head dims 16, 64, 80; ragged tiles)", "[cuda]", float,
+                   double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  test::Rng rng(7);
+  struct Shape3 {
+    index_t batch, seq, heads, hd;
+  };
+  for (const Shape3 s : {Shape3{2, 37, 2, 16}, Shape3{1, 70, 2, 64}, Shape3{2, 19, 1, 80}, Shape3{1, 1, 3, 8}}) {
+    const index_t d = s.heads * s.hd, n = s.batch * s.seq;
+    INFO("batch " << s.batch << " seq " << s.seq << " heads " << s.heads << " hd " << s.hd);
+    auto qkv = rand_arr<T>(n * 3 * d, rng, -1.5, 1.5), out = rand_arr<T>(n * d, rng);
+    auto lse = rand_arr<T>(s.batch * s.heads * s.seq, rng), dout = rand_arr<T>(n * d, rng);
+    auto dqkv = rand_arr<T>(n * 3 * d, rng);
+    host<T>().attention_forward(out.hm(n, d), lse.hs(), qkv.hm(n, 3 * d), s.batch, s.seq, s.heads);
+    gpu<T>().attention_forward(out.dm(n, d), lse.ds(), qkv.dm(n, 3 * d), s.batch, s.seq, s.heads);
+    expect_close(out, tol_attention<T>, "out");
+    expect_close(lse, tol_attention<T>, "lse");
+    host<T>().attention_backward(dqkv.hm(n, 3 * d), dout.hm(n, d), out.hm(n, d), std::span<const T>(lse.hs()),
+                                 qkv.hm(n, 3 * d), s.batch, s.seq, s.heads);
+    gpu<T>().attention_backward(dqkv.dm(n, 3 * d), dout.dm(n, d), out.dm(n, d), std::span<const T>(lse.ds()),
+                                qkv.dm(n, 3 * d), s.batch, s.seq, s.heads);
+    expect_close(dqkv, tol_attention<T> * 10, "dqkv");
+  }
+}
+
+TEST_CASE("cuda attention backward passes a finite-difference check in double on the GPU", "[cuda]") {
+  MOM_REQUIRE_GPU();
+  using T = double;
+  auto& be = gpu<T>();
+  test::Rng rng(8);
+  const index_t batch = 1, seq = 9, heads = 2, hd = 4, d = heads * hd, n = batch * seq;
+  std::vector<T> qkv = test::random_vec<T>(static_cast<std::size_t>(n * 3 * d), rng);
+  const std::vector<T> w = test::random_vec<T>(static_cast<std::size_t>(n * d), rng);  // loss = Σ w ∘ out
+  auto dq = be.alloc<T>(n * 3 * d), dout = be.alloc<T>(n * d), dlse = be.alloc<T>(batch * heads * seq);
+  auto dqkv = be.alloc<T>(n * 3 * d);
+  be.from_host(dout.span(), std::span<const T>(w));
+  const auto loss = [&]() {
+    be.from_host(dq.span(), std::span<const T>(qkv));
+    auto out = be.alloc<T>(n * d);
+    be.attention_forward(out.view(n, d), dlse.span(), dq.view(n, 3 * d), batch, seq, heads);
+    std::vector<T> o(static_cast<std::size_t>(n * d));
+    be.to_host(std::span<T>(o), std::span<const T>(out.span()));
+    double s = 0;
+    for (std::size_t i = 0; i < o.size(); ++i) s += w[i] * o[i];
+    return s;
+  };
+  loss();
+  auto out = be.alloc<T>(n * d);
+  be.attention_forward(out.view(n, d), dlse.span(), dq.view(n, 3 * d), batch, seq, heads);
+  be.attention_backward(dqkv.view(n, 3 * d), dout.view(n, d), out.view(n, d), std::span<const T>(dlse.span()),
+                        dq.view(n, 3 * d), batch, seq, heads);
+  std::vector<T> analytic(qkv.size());
+  be.to_host(std::span<T>(analytic), std::span<const T>(dqkv.span()));
+  const auto numeric = test::numeric_grad(qkv, loss);
+  CHECK(test::rel_error(analytic, numeric) < test::fd_tol);
+}
+
+TEMPLATE_TEST_CASE("cuda gather / scatter-add (+ backward) match cpu (repeated indices, weights)", "[cuda]", float,
+                   double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  test::Rng rng(9);
+  const index_t Tn = 17, n = 40, d = 45;
+  std::vector<token_t> ix(static_cast<std::size_t>(n));
+  for (auto& x : ix) x = static_cast<token_t>(rng.integer(0, int(Tn) - 1));
+  auto idx = tok_arr<T>(ix);
+  auto table = rand_arr<T>(Tn * d, rng), packed = rand_arr<T>(n * d, rng), w = rand_arr<T>(n, rng);
+  host<T>().gather_rows(packed.hm(n, d), table.hm(Tn, d), idx.hs());
+  gpu<T>().gather_rows(packed.dm(n, d), table.dm(Tn, d), idx.ds());
+  expect_close(packed, 0.0, "gather");
+  for (const bool weighted : {true, false}) {
+    INFO("weighted " << weighted);
+    const std::span<const T> hw = weighted ? std::span<const T>(w.hs()) : std::span<const T>();
+    const std::span<const T> dw = weighted ? std::span<const T>(w.ds()) : std::span<const T>();
+    auto out = rand_arr<T>(Tn * d, rng), din = rand_arr<T>(n * d, rng), dwts = rand_arr<T>(n, rng);
+    host<T>().scatter_add_rows(out.hm(Tn, d), packed.hm(n, d), idx.hs(), hw);
+    gpu<T>().scatter_add_rows(out.dm(Tn, d), packed.dm(n, d), idx.ds(), dw);
+    expect_close(out, tol_kernel<T>, "scatter_add");
+    host<T>().scatter_add_rows_backward(din.hm(n, d), dwts.hs(), out.hm(Tn, d), packed.hm(n, d), idx.hs(), hw);
+    gpu<T>().scatter_add_rows_backward(din.dm(n, d), dwts.ds(), out.dm(Tn, d), packed.dm(n, d), idx.ds(), dw);
+    expect_close(din, tol_kernel<T>, "din");
+    expect_close(dwts, tol_kernel<T>, "dweights");
+  }
+}
+
+TEMPLATE_TEST_CASE("cuda top-k and row softmax (+ backward) match cpu (ties, negative scale)", "[cuda]", float,
+                   double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  test::Rng rng(10);
+  const index_t n = 300, N = 12;
+  std::vector<T> xv(static_cast<std::size_t>(n * N));
+  for (auto& v : xv) v = T(rng.integer(-4, 4)) / T(4);  // few distinct values: many ties
+  Arr<T> x(xv);
+  for (const index_t k : {index_t(1), index_t(3), index_t(12)}) {
+    INFO("k " << k);
+    auto values = rand_arr<T>(n * k, rng), dvalues = rand_arr<T>(n * k, rng), dx = rand_arr<T>(n * N, rng);
+    auto indices = tok_arr<T>(std::vector<token_t>(static_cast<std::size_t>(n * k), 0));
+    host<T>().topk_rows(values.hm(n, k), indices.hm(n, k), x.hm(n, N));
+    gpu<T>().topk_rows(values.dm(n, k), indices.dm(n, k), x.dm(n, N));
+    expect_close(values, 0.0, "topk values");
+    expect_equal_tokens(indices, "topk indices");
+    host<T>().topk_rows_backward(dx.hm(n, N), dvalues.hm(n, k), MatrixView<const token_t>(indices.hm(n, k)));
+    gpu<T>().topk_rows_backward(dx.dm(n, N), dvalues.dm(n, k), MatrixView<const token_t>(indices.dm(n, k)));
+    expect_close(dx, tol_kernel<T>, "topk dx");
+  }
+  for (const T scale : {T(1), T(0.5), T(-2)}) {
+    INFO("scale " << scale);
+    auto xs = rand_arr<T>(n * N, rng, -3, 3), y = rand_arr<T>(n * N, rng), dy = rand_arr<T>(n * N, rng);
+    auto dx = rand_arr<T>(n * N, rng);
+    host<T>().softmax_rows(y.hm(n, N), xs.hm(n, N), scale);
+    gpu<T>().softmax_rows(y.dm(n, N), xs.dm(n, N), scale);
+    expect_close(y, tol_kernel<T>, "softmax");
+    host<T>().softmax_rows_backward(dx.hm(n, N), dy.hm(n, N), y.hm(n, N), scale);
+    gpu<T>().softmax_rows_backward(dx.dm(n, N), dy.dm(n, N), y.dm(n, N), scale);
+    expect_close(dx, tol_kernel<T>, "softmax dx");
+  }
+}
+
+TEMPLATE_TEST_CASE("cuda GRU cell forward/backward match cpu", "[cuda]", float, double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  test::Rng rng(11);
+  const index_t n = 21, I = 13, H = 6;
+  auto x = rand_arr<T>(n * I, rng), h = rand_arr<T>(n * H, rng), wih = rand_arr<T>(3 * H * I, rng);
+  auto whh = rand_arr<T>(3 * H * H, rng), bih = rand_arr<T>(3 * H, rng), bhh = rand_arr<T>(3 * H, rng);
+  auto hout = rand_arr<T>(n * H, rng), gates = rand_arr<T>(n * 6 * H, rng), dhout = rand_arr<T>(n * H, rng);
+  auto dx = rand_arr<T>(n * I, rng), dh = rand_arr<T>(n * H, rng), dwih = rand_arr<T>(3 * H * I, rng);
+  auto dwhh = rand_arr<T>(3 * H * H, rng), dbih = rand_arr<T>(3 * H, rng), dbhh = rand_arr<T>(3 * H, rng);
+  auto scratch = rand_arr<T>(n * 6 * H, rng);
+  host<T>().gru_cell_forward(hout.hm(n, H), gates.hm(n, 6 * H), x.hm(n, I), h.hm(n, H), wih.hm(3 * H, I),
+                             whh.hm(3 * H, H), std::span<const T>(bih.hs()), std::span<const T>(bhh.hs()));
+  gpu<T>().gru_cell_forward(hout.dm(n, H), gates.dm(n, 6 * H), x.dm(n, I), h.dm(n, H), wih.dm(3 * H, I),
+                            whh.dm(3 * H, H), std::span<const T>(bih.ds()), std::span<const T>(bhh.ds()));
+  expect_close(gates, tol_tf32<T>, "gates");
+  expect_close(hout, tol_tf32<T>, "h_out");
+  host<T>().gru_cell_backward(dx.hm(n, I), dh.hm(n, H), dwih.hm(3 * H, I), dwhh.hm(3 * H, H), dbih.hs(), dbhh.hs(),
+                              scratch.hm(n, 6 * H), dhout.hm(n, H), gates.hm(n, 6 * H), x.hm(n, I), h.hm(n, H),
+                              wih.hm(3 * H, I), whh.hm(3 * H, H));
+  gpu<T>().gru_cell_backward(dx.dm(n, I), dh.dm(n, H), dwih.dm(3 * H, I), dwhh.dm(3 * H, H), dbih.ds(), dbhh.ds(),
+                             scratch.dm(n, 6 * H), dhout.dm(n, H), gates.dm(n, 6 * H), x.dm(n, I), h.dm(n, H),
+                             wih.dm(3 * H, I), whh.dm(3 * H, H));
+  expect_close(dx, tol_tf32<T>, "dx");
+  expect_close(dh, tol_tf32<T>, "dh");
+  expect_close(dwih, tol_tf32<T>, "dw_ih");
+  expect_close(dwhh, tol_tf32<T>, "dw_hh");
+  expect_close(dbih, tol_kernel<T> * 10, "db_ih");
+  expect_close(dbhh, tol_kernel<T> * 10, "db_hh");
+}
+
+TEMPLATE_TEST_CASE("cuda grad_norm and AdamW (fused clipping from the device norm) match cpu", "[cuda]", float,
+                   double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  test::Rng rng(12);
+  const index_t n = 300007;
+  auto p = rand_arr<T>(n, rng), g = rand_arr<T>(n, rng), m = rand_arr<T>(n, rng, 0, 0.1), v = rand_arr<T>(n, rng, 0, 0.1);
+  auto norm = rand_arr<T>(1, rng);
+  host<T>().grad_norm(std::span<const T>(g.hs()), norm.h.data());
+  gpu<T>().grad_norm(std::span<const T>(g.ds()), norm.d.data());
+  expect_close(norm, tol_kernel<T>, "grad_norm");
+  const cpu::AdamWConfig cfg{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  for (const T max_norm : {T(0), T(1), T(1e6)}) {  // off, clipping, not clipping
+    INFO("max_norm " << max_norm);
+    for (std::int64_t step = 1; step <= 3; ++step) {
+      host<T>().adamw_step(p.hs(), std::span<const T>(g.hs()), m.hs(), v.hs(), cfg, step, norm.h.data(), max_norm);
+      gpu<T>().adamw_step(p.ds(), std::span<const T>(g.ds()), m.ds(), v.ds(), cfg, step, norm.d.data(), max_norm);
+    }
+    expect_close(p, tol_kernel<T>, "params");
+    expect_close(m, tol_kernel<T>, "m");
+    expect_close(v, tol_kernel<T>, "v");
+  }
+  // An empty buffer has norm 0 (the second pass still writes it).
+  gpu<T>().grad_norm(std::span<const T>(), norm.d.data());
+  CHECK(gpu<T>().read(norm.d.data()) == T(0));
+}
+
+TEST_CASE("cuda group_by_module: stable sort by module id and group offsets", "[cuda]") {
+  MOM_REQUIRE_GPU();
+  auto& be = gpu<float>();
+  test::Rng rng(13);
+  for (const index_t n_modules : {index_t(1), index_t(5), index_t(64)}) {
+    const index_t n = 1000;
+    INFO("modules " << n_modules);
+    std::vector<token_t> modules(static_cast<std::size_t>(n));
+    for (auto& m : modules) m = static_cast<token_t>(rng.integer(0, int(n_modules) - 1));
+    std::vector<token_t> ids(modules.size());
+    std::iota(ids.begin(), ids.end(), 0);
+    std::stable_sort(ids.begin(), ids.end(), [&](token_t a, token_t b) { return modules[a] < modules[b]; });
+    std::vector<token_t> offsets(static_cast<std::size_t>(n_modules + 1), 0);
+    for (const token_t m : modules) ++offsets[static_cast<std::size_t>(m) + 1];
+    std::partial_sum(offsets.begin(), offsets.end(), offsets.begin());
+
+    auto dmod = be.alloc<token_t>(n), dids = be.alloc<token_t>(n), dsorted = be.alloc<token_t>(n);
+    auto doff = be.alloc<token_t>(n_modules + 1);
+    be.from_host(dmod.span(), std::span<const token_t>(modules));
+    be.reserve_dispatch(n, n_modules);
+    be.group_by_module(dids.span(), dsorted.span(), doff.span(), std::span<const token_t>(dmod.span()), n_modules);
+    std::vector<token_t> got_ids(ids.size()), got_sorted(ids.size()), got_off(offsets.size());
+    be.to_host(std::span<token_t>(got_ids), std::span<const token_t>(dids.span()));
+    be.to_host(std::span<token_t>(got_sorted), std::span<const token_t>(dsorted.span()));
+    be.to_host(std::span<token_t>(got_off), std::span<const token_t>(doff.span()));
+    CHECK(got_ids == ids);
+    CHECK(got_off == offsets);
+    for (std::size_t j = 0; j < ids.size(); ++j) CHECK(got_sorted[j] == modules[static_cast<std::size_t>(ids[j])]);
+  }
+}
+
+TEST_CASE("cuda ops raise the cpu ops' shape errors, and index errors at the next sync", "[cuda]") {
+  MOM_REQUIRE_GPU();
+  auto& be = gpu<float>();
+  auto a = be.alloc<float>(64), b = be.alloc<float>(64);
+  auto expect_same_error = [](auto&& on_cpu, auto&& on_gpu) {
+    std::string cpu_msg, gpu_msg;
+    try { on_cpu(); } catch (const Error& e) { cpu_msg = e.what(); }
+    try { on_gpu(); } catch (const Error& e) { gpu_msg = e.what(); }
+    CHECK(!cpu_msg.empty());
+    CHECK(gpu_msg == cpu_msg);
+  };
+  std::vector<float> ha(64), hb(64);
+  expect_same_error([&] { host<float>().linear_forward({hb.data(), 4, 5}, {ha.data(), 4, 3}, {ha.data(), 5, 4}, {}); },
+                    [&] { be.linear_forward({b.data(), 4, 5}, {a.data(), 4, 3}, {a.data(), 5, 4}, {}); });
+  expect_same_error(
+      [&] { host<float>().gemm({hb.data(), 3, 3}, {ha.data(), 3, 4}, cpu::Trans::N, {ha.data(), 3, 3}, cpu::Trans::N); },
+      [&] { be.gemm({b.data(), 3, 3}, {a.data(), 3, 4}, cuda::Trans::N, {a.data(), 3, 3}, cuda::Trans::N); });
+  expect_same_error(
+      [&] { host<float>().attention_forward({hb.data(), 4, 6}, {hb.data(), 4}, {ha.data(), 4, 18}, 1, 4, 4); },
+      [&] { be.attention_forward({b.data(), 4, 6}, {b.data(), 4}, {a.data(), 4, 18}, 1, 4, 4); });
+  // Index errors surface at the next synchronisation, naming the op and the bad index.
+  std::vector<token_t> bad{0, 7, 99};
+  auto idx = be.alloc<token_t>(3);
+  be.from_host(idx.span(), std::span<const token_t>(bad));
+  be.gather_rows({b.data(), 3, 4}, {a.data(), 8, 4}, std::span<const token_t>(idx.span()));
+  try {
+    be.sync();
+    FAIL("gather_rows with index 99 into 8 rows did not raise");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("gather_rows") && Catch::Contains("99") && Catch::Contains("position 2"));
+  }
+  be.sync();  // the error was consumed
+}
