@@ -100,14 +100,14 @@ TEST_CASE("gemm float: all transposes, odd sizes, padded ld, alpha/beta vs naive
 }
 
 TEST_CASE("gemm float: products spanning several KC, MC and NC blocks, threaded", "[ops][gemm]") {
-  // k > KC (512) exercises the beta-then-accumulate passes, m > MC (168) several A
+  // k > KC (768) exercises the beta-then-accumulate passes, m > MC (168) several A
   // blocks, and these are large enough to take the multi-threaded path.
   for (Trans ta : kTrans)
     for (Trans tb : kTrans) {
       check_gemm<float>(257, 300, 1100, ta, tb, 1.0f, 0.0f);
       check_gemm<float>(401, 96, 600, ta, tb, 0.75f, 1.0f);
     }
-  // n > NC (4096): a second column block.
+  // n > NC (1024): several column blocks of B.
   check_gemm<float>(5, 4100, 7, Trans::N, Trans::T, 1.0f, 0.5f);
   // Few rows, many columns: the threads split the B panels instead of the A blocks.
   check_gemm<float>(20, 2000, 300, Trans::N, Trans::N, 1.0f, 1.0f);

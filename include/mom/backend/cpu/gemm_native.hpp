@@ -53,17 +53,23 @@ namespace mom::cpu::detail::native {
 
 // ---- blocking -----------------------------------------------------------------
 // AVX-512: 14×32 tile = 28 zmm accumulators + 2 for the B row + 1 broadcast A value.
-// 28 independent FMA chains cover the FMA latency (4 cycles) × 2 pipes many times over.
-// Measured on the Zen 5 EPYC this was tuned on (48 KiB L1d, 1 MiB L2 per core): a deep
-// KC wins, because every KC step re-reads and re-writes C (from memory, at these sizes),
-// and this core's L2 feeds the kernel fast enough that the B panel (KC·NR·4 = 64 KiB)
-// need not fit L1. KC 256 → 512 took one core from ~175 to ~195 GFLOP/s (peak ~215).
-// MC·KC·4 = the A block in L2 (168·512·4 = 336 KiB); KC·NC·4 = the B block in L3.
+// 28 independent FMA chains cover the FMA latency (4 cycles) × 2 pipes many times over;
+// in L1 the kernel runs at the core's FMA peak (~215 GFLOP/s measured on one core).
+// Block sizes were measured on the Zen 5 EPYC this was tuned on (48 KiB L1d, 1 MiB L2
+// per core, 32 MiB L3; 2 threads, best of 8, the three linear-layer shapes at
+// 4096×768×3072), not derived from cache formulas:
+//  - a deep KC wins: every KC step re-reads and re-writes C, from memory at these sizes,
+//    and this core's L2 feeds the kernel fast enough that the B panel (KC·NR·4 = 96 KiB)
+//    need not sit in L1. KC 256 → 512 → 768: ~350 → ~385 → ~408 GFLOP/s;
+//  - MC·KC·4 = the A block per thread in L2 (168·768·4 = 504 KiB);
+//  - a small NC keeps the shared, double-buffered B block (KC·NC·4 = 3 MiB each) and the
+//    C rows one A block writes (MC·NC) close: NC 4096 → 1024 gained ~3-5%.
+// Overridable (-DMOM_GEMM_KC=...) for tuning on another machine.
 #if defined(MOM_GEMM_NATIVE_AVX512)
 inline constexpr index_t MR = 14;
 inline constexpr index_t NR = 32;
 #ifndef MOM_GEMM_KC
-#define MOM_GEMM_KC 512
+#define MOM_GEMM_KC 768
 #endif
 #ifndef MOM_GEMM_MC
 #define MOM_GEMM_MC (14 * 12)
@@ -71,7 +77,7 @@ inline constexpr index_t NR = 32;
 inline constexpr index_t KC = MOM_GEMM_KC;
 inline constexpr index_t MC = MOM_GEMM_MC;
 #ifndef MOM_GEMM_NC
-#define MOM_GEMM_NC 4096
+#define MOM_GEMM_NC 1024
 #endif
 inline constexpr index_t NC = MOM_GEMM_NC;
 #else
