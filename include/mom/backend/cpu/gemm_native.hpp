@@ -427,17 +427,34 @@ inline void macro_kernel(const Problem& p, const float* apack, const float* bpac
   }
 }
 
+// Even block sizes: k in steps of at most KC (multiples of 16 but the last, for the
+// vector packing paths), m in blocks of at most MC whose MR-panel counts differ by at
+// most one. Even blocks keep the threads' shares equal (and m = 1024 does not end in
+// a 16-row block of 168-row ones).
+inline index_t k_step(index_t k) {
+  const index_t steps = (k + KC - 1) / KC;
+  return std::min(KC, ((k + steps - 1) / steps + 15) / 16 * 16);
+}
+struct MBlocks {
+  index_t panels, count;
+  MBlocks(index_t m) : panels((m + MR - 1) / MR), count((panels + MC / MR - 1) / (MC / MR)) {}
+  index_t begin(index_t b) const { return panels * b / count * MR; }  // first row of block b
+};
+
 // The whole product on the calling thread; no synchronisation.
 inline void run_serial(const Problem& p, float* apack, float* bpack) {
+  const index_t kstep = k_step(p.k);
+  const MBlocks mb(p.m);
   for (index_t jc = 0; jc < p.n; jc += NC) {
     const index_t nc = std::min(NC, p.n - jc);
     const index_t b_panels = (nc + NR - 1) / NR;
-    for (index_t pc = 0; pc < p.k; pc += KC) {
-      const index_t kc = std::min(KC, p.k - pc);
+    for (index_t pc = 0; pc < p.k; pc += kstep) {
+      const index_t kc = std::min(kstep, p.k - pc);
       const float beta = pc == 0 ? p.beta : 1.0f;
       pack_b_panels(p, bpack, jc, pc, kc, 0, b_panels);
-      for (index_t ic = 0; ic < p.m; ic += MC) {
-        const index_t mc = std::min(MC, p.m - ic);
+      for (index_t b = 0; b < mb.count; ++b) {
+        const index_t ic = mb.begin(b);
+        const index_t mc = std::min(p.m, mb.begin(b + 1)) - ic;
         pack_a_block(p, apack, ic, mc, pc, kc);
         macro_kernel(p, apack, bpack, ic, mc, jc, kc, beta, 0, b_panels);
       }
@@ -455,7 +472,9 @@ inline void run_serial(const Problem& p, float* apack, float* bpack) {
 // `next_unit` numbers units across all blocks; a ticket drawn past the current block
 // is kept for the next one.
 inline void run_parallel(const Problem& p, float* apack_mine, float* bpack2, std::int64_t* next_unit, int tid, int nt) {
-  const index_t m_blocks = (p.m + MC - 1) / MC;
+  const index_t kstep = k_step(p.k);
+  const MBlocks mb(p.m);
+  const index_t m_blocks = mb.count;
   std::int64_t ticket = -1;     // drawn but not yet done
   std::int64_t first_unit = 0;  // of the current (jc, pc) block
   int parity = 0;
@@ -466,8 +485,8 @@ inline void run_parallel(const Problem& p, float* apack_mine, float* bpack2, std
     index_t n_split = 1;
     while (m_blocks * n_split < 4 * nt && n_split * 2 <= b_panels) n_split *= 2;
     const std::int64_t units = m_blocks * n_split;
-    for (index_t pc = 0; pc < p.k; pc += KC, parity ^= 1) {
-      const index_t kc = std::min(KC, p.k - pc);
+    for (index_t pc = 0; pc < p.k; pc += kstep, parity ^= 1) {
+      const index_t kc = std::min(kstep, p.k - pc);
       const float beta = pc == 0 ? p.beta : 1.0f;
       float* bpack = bpack2 + parity * (NC * KC);
       index_t begin, end;
@@ -483,8 +502,8 @@ inline void run_parallel(const Problem& p, float* apack_mine, float* bpack2, std
         if (ticket >= first_unit + units) break;  // belongs to the next block: keep it
         const std::int64_t u = ticket - first_unit;
         ticket = -1;
-        const index_t ic = (u / n_split) * MC;
-        const index_t mc = std::min(MC, p.m - ic);
+        const index_t ic = mb.begin(u / n_split);
+        const index_t mc = std::min(p.m, mb.begin(u / n_split + 1)) - ic;
         if (ic != packed_ic) {
           pack_a_block(p, apack_mine, ic, mc, pc, kc);
           packed_ic = ic;
