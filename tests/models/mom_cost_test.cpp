@@ -1,0 +1,140 @@
+// The MoM cost model: parameter counts with routers, worst-case FLOPs, realised FLOPs for the
+// routing a forward actually took (counted op by op), the named configurations and strategies.
+#include <catch2/catch.hpp>
+
+#include <random>
+#include <vector>
+
+#include "mom/models/mom_models.hpp"
+#include "mom/mom.hpp"
+
+using namespace mom;
+
+// ---- the named configurations ----------------------------------------------------------------
+static_assert(std::is_same_v<MoM_P<>, Assembly<Router<GRU>, ModuleSet<MHA<4>, FFN<4>, Skip>, K<2>, H<6>>>);
+static_assert(std::is_same_v<MoM_I<>, Assembly<Router<GRU>, ModuleSet<MHA<4>, FFN<4>, Skip>, K<3>, H<2>>>);
+static_assert(std::is_same_v<MoM_E<>, Assembly<Router<GRU>, ModuleSet<MHA<4>, FFN<4>, Skip>, K<3>, H<1>>>);
+static_assert(std::is_same_v<KaHbS<2, 6>, MoM_P<>>);
+
+// ---- strategies keep the dense depth ----------------------------------------------------------
+static_assert(LM<gpt2_small, MoMSmall<MoM_P<>>>::depth == gpt2_small_layers);
+static_assert(LM<gpt2_medium, MoMMedium<MoM_P<>>>::depth == gpt2_medium_layers);
+static_assert(LM<gpt2_large, MoMLarge<MoM_P<>>>::depth == gpt2_large_layers);
+static_assert(LM<gpt2_large, MoMLargeAsPrinted<MoM_P<>>>::depth == 31);  // as printed in the paper
+constexpr Dims d8{.d_model = 256, .heads = 8, .d_ff = 1024, .vocab = 512, .context = 256};
+static_assert(LM<d8, Strategy_11411<MoM_P<>>>::depth == 8);
+
+// ---- parameters: the dense model plus two GRU routers per chunk -------------------------------
+// One router (width W, N + 1 classes): w_ih 3W·d, w_hh 3W·W, b_ih + b_hh 6W, w_out (N+1)·W.
+constexpr index_t router_params(index_t W, index_t d, index_t E) { return 3 * W * d + 3 * W * W + 6 * W + E * W; }
+static_assert(router_params(256, 768, 5) == 789'248);
+static_assert(LM<gpt2_small, MoMSmall<MoM_P<>>>::params == GPT2Small::params + 2 * 2 * router_params(256, 768, 5));
+static_assert(LM<gpt2_small, MoMSmall<MoM_P<>>>::params == 127'596'800);
+static_assert(LM<gpt2_medium, MoMMedium<MoM_I<>>>::params == GPT2Medium::params + 4 * 2 * router_params(256, 1024, 5));
+static_assert(LM<gpt2_large, MoMLarge<MoM_E<>>>::params == GPT2Large::params + 6 * 2 * router_params(256, 1280, 5));
+// Without SKIP the heads have N rows; the width is an option.
+static_assert(LM<d8, Strategy_11411<KaHb<2, 4, 4, Router<GRU, Width<64>>>>>::params ==
+              LM<d8, Dense<8>>::params + 2 * router_params(64, 256, 4));
+
+// ---- worst-case FLOPs per token ------------------------------------------------------------------
+// Per round: two router steps, K attention queries (Q, O, causal attention), K/V projections of
+// every attention module over every token (phi::MoM), K FFN passes.
+constexpr index_t mom_round_flops(index_t d, index_t f, index_t W, index_t N, index_t K, index_t S, index_t E,
+                                  bool routed_kv) {
+  const index_t router = 2 * d * 3 * W + 2 * W * 3 * W + 2 * W * E;
+  return 2 * router + (routed_kv ? K : N) * 4 * d * d + K * (4 * d * d + 2 * d * (S + 1)) + K * 4 * d * f;
+}
+using P8 = LM<d8, Strategy_11411<MoM_P<>>>;
+static_assert(P8::flops_per_token(256) ==
+              LM<d8, Dense<4>>::flops_per_token(256) +  // 4 plain layers + head
+                  6 * mom_round_flops(256, 1024, 256, 4, 2, 256, 5, false));
+static_assert(LM<d8, Strategy_11411<MoM_P<Router<GRU>, phi::MoMRoutedKV>>>::flops_per_token(256) ==
+              LM<d8, Dense<4>>::flops_per_token(256) + 6 * mom_round_flops(256, 1024, 256, 4, 2, 256, 5, true));
+
+namespace {
+
+// Forwards every op to cpu::Backend<T> and tallies the FLOPs actually executed: 2·m·n·k per
+// matrix product (linear, gemm, the GRU cell's two products), and for packed attention 4·hd per
+// (query, visible key) pair per head, counting the visible keys from the position lists.
+template <class T>
+struct CountingBackend : cpu::Backend<T> {
+  using Base = cpu::Backend<T>;
+  using typename Base::CM;
+  using typename Base::CS;
+  using typename Base::M;
+  using typename Base::S;
+  using typename Base::Tok;
+  index_t flops = 0;
+
+  void linear_forward(M y, CM x, CM w, CS b) {
+    flops += 2 * x.rows * x.cols * w.rows;
+    Base::linear_forward(y, x, w, b);
+  }
+  void gemm(M C, CM A, typename Base::Trans ta, CM B, typename Base::Trans tb, T alpha = T(1), T beta = T(0)) {
+    flops += 2 * C.rows * C.cols * (ta == Base::Trans::N ? A.cols : A.rows);
+    Base::gemm(C, A, ta, B, tb, alpha, beta);
+  }
+  void attention_forward(M out, S lse, CM qkv, index_t batch, index_t seq, index_t heads) {
+    flops += batch * 2 * (qkv.cols / 3) * seq * (seq + 1);
+    Base::attention_forward(out, lse, qkv, batch, seq, heads);
+  }
+  void gru_cell_forward(M h_out, M gates, CM x, CM h, CM w_ih, CM w_hh, CS b_ih, CS b_hh) {
+    flops += 2 * x.rows * w_ih.rows * (x.cols + h.cols);
+    Base::gru_cell_forward(h_out, gates, x, h, w_ih, w_hh, b_ih, b_hh);
+  }
+  void attention_packed_forward(M out, S lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok, index_t seq, index_t heads) {
+    for (token_t t : q_tok) {
+      index_t keys = 0;
+      if (k_tok.empty()) keys = t % seq + 1;
+      else
+        for (token_t s : k_tok) keys += (s / seq == t / seq && s <= t) ? 1 : 0;
+      flops += 4 * q.cols * keys;
+    }
+    Base::attention_packed_forward(out, lse, q, k, v, q_tok, k_tok, seq, heads);
+  }
+};
+
+std::vector<token_t> random_tokens(index_t n, index_t vocab, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<token_t> dist(0, token_t(vocab - 1));
+  std::vector<token_t> out(static_cast<std::size_t>(n));
+  for (auto& t : out) t = dist(rng);
+  return out;
+}
+
+template <class Model>
+void check_executed_flops(std::uint64_t seed) {
+  auto m = Model::template make<CountingBackend<float>>(seed);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  for (auto& p : m.params()) p = normal(rng);  // O(1) router weights: varied routing
+  for (auto [batch, seq] : {std::pair<index_t, index_t>{2, 16}, {3, 7}, {1, 1}}) {
+    m.reserve(batch, seq);
+    const auto tokens = random_tokens(batch * seq, Model::dims.vocab, seed + 1);
+    m.backend().flops = 0;
+    m.forward(tokens, tokens, batch, seq);
+    INFO("batch " << batch << " seq " << seq);
+    CHECK(m.backend().flops == realised_forward_flops(m));
+    CHECK(m.backend().flops <= Model::forward_flops(batch, seq));  // worst case bounds it
+    if (batch * seq > 4) CHECK(m.backend().flops < Model::forward_flops(batch, seq));  // SKIP saved work
+  }
+}
+
+}  // namespace
+
+TEST_CASE("MoM: FLOPs executed equal the cost model for the realised routing (phi::MoM)", "[mom][cost]") {
+  constexpr Dims dims{.d_model = 32, .heads = 4, .d_ff = 64, .vocab = 40, .context = 16};
+  check_executed_flops<LM<dims, Chunked<Layer, KaHbS<2, 3, 4, Router<GRU, Width<8>>>, Layer>>>(1);
+}
+
+TEST_CASE("MoM: FLOPs executed equal the cost model for the realised routing (phi::MoMRoutedKV)", "[mom][cost]") {
+  constexpr Dims dims{.d_model = 32, .heads = 4, .d_ff = 64, .vocab = 40, .context = 16};
+  check_executed_flops<LM<dims, Chunked<KaHbS<3, 2, 4, Router<GRU, Width<8>>, phi::MoMRoutedKV>, Layer>>>(2);
+}
+
+TEST_CASE("MoM: describe names the chunking", "[mom][cost]") {
+  const std::string s = describe<LM<d8, Strategy_11411<MoM_P<>>>>();
+  CHECK(s.find("[1-1-4-1-1]") != std::string::npos);
+  CHECK(s.find("Router<GRU>") != std::string::npos);
+  CHECK(s.find("K<2>, H<6>") != std::string::npos);
+}
