@@ -25,7 +25,7 @@ using SmallBpe = LM<small_bpe_dims, Dense<4>>;
 struct TrainRequest;   // train.cpp
 struct SampleRequest;  // sample.hpp
 
-struct Architecture {
+struct ArchEntry {
   std::string name;
   std::string tokenizer;  // default tokenizer: "byte" (vocab 256) or "gpt2"
   index_t vocab = 0, context = 0;
@@ -36,11 +36,11 @@ struct Architecture {
 };
 
 template <class Model>
-Architecture make_architecture(std::string name, std::string tokenizer, std::string note);
+ArchEntry make_architecture(std::string name, std::string tokenizer, std::string note);
 
-const std::vector<Architecture>& registry();
+const std::vector<ArchEntry>& registry();
 
-inline const Architecture* find_architecture(std::string_view name) {
+inline const ArchEntry* find_architecture(std::string_view name) {
   for (const auto& a : registry())
     if (a.name == name) return &a;
   return nullptr;

@@ -61,9 +61,9 @@ inline DataFiles resolve_data(const TrainRequest& r, const std::string& tokenize
 }
 
 template <class Model>
-int train_model(const Architecture& arch, const TrainRequest& r) {
+int train_model(const ArchEntry& arch, const TrainRequest& r) {
   namespace fs = std::filesystem;
-  using Instance = decltype(Model::make<cpu::Backend<float>>(1));
+  using Instance = decltype(Model::template make<cpu::Backend<float>>(1));
   train::TrainConfig cfg = r.cfg;
   MOM_CHECK(cfg.seq > 0 && cfg.seq <= Model::dims.context, "--seq ", cfg.seq, " exceeds the context ",
             Model::dims.context, " of architecture '", arch.name, "'");
@@ -139,8 +139,8 @@ std::string sample_model(const SampleRequest& r) {
 }
 
 template <class Model>
-Architecture make_architecture(std::string name, std::string tokenizer, std::string note) {
-  Architecture a;
+ArchEntry make_architecture(std::string name, std::string tokenizer, std::string note) {
+  ArchEntry a;
   a.name = std::move(name);
   a.tokenizer = std::move(tokenizer);
   a.vocab = Model::dims.vocab;
@@ -152,9 +152,9 @@ Architecture make_architecture(std::string name, std::string tokenizer, std::str
   return a;
 }
 
-const std::vector<Architecture>& registry() {
-  static const std::vector<Architecture> archs = [] {
-    std::vector<Architecture> v;
+const std::vector<ArchEntry>& registry() {
+  static const std::vector<ArchEntry> archs = [] {
+    std::vector<ArchEntry> v;
     v.push_back(make_architecture<Tiny>("tiny", "byte", "byte-level, the default; KJV in a few minutes on 2 cores"));
     v.push_back(make_architecture<Small>("small", "byte", "byte-level, wider context"));
     v.push_back(make_architecture<SmallBpe>("small-bpe", "gpt2", "GPT-2 BPE vocabulary"));
@@ -201,7 +201,7 @@ int run_sample(int argc, char** argv, const std::string& prog) {
   train::safetensors::File f(dir / "model.safetensors");
   const auto it = f.metadata().find("mom.arch");
   MOM_CHECK(it != f.metadata().end(), "checkpoint '", dir.string(), "' does not name its architecture (mom.arch)");
-  const Architecture* arch = find_architecture(it->second);
+  const ArchEntry* arch = find_architecture(it->second);
   MOM_CHECK(arch != nullptr, "checkpoint '", dir.string(), "' is of architecture '", it->second,
             "' which this build does not know (known: ", architecture_names(), ")");
   std::cout << arch->sample(r) << std::endl;
@@ -226,7 +226,7 @@ int run_train(int argc, char** argv, const std::string& prog) {
   app.add_option("-d,--data", data,
                  "UTF-8 text file (tokenized into <out>/data), a folder with train.bin/val.bin, or a token file")
       ->capture_default_str();
-  app.add_option("-a,--arch", arch_name, "Architecture name (listed below)")->capture_default_str();
+  app.add_option("-a,--arch", arch_name, "ArchEntry name (listed below)")->capture_default_str();
   app.add_option("--tokenizer", r.tokenizer, "byte or gpt2 (default: the architecture's)");
   app.add_option("--val-fraction", r.val_fraction, "Tail of the text held out for validation")->capture_default_str();
   app.add_option("-n,--steps", c.steps, "Optimizer steps in total")->capture_default_str();
@@ -258,7 +258,7 @@ int run_train(int argc, char** argv, const std::string& prog) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  const Architecture* arch = find_architecture(arch_name);
+  const ArchEntry* arch = find_architecture(arch_name);
   MOM_CHECK(arch != nullptr, "unknown architecture '", arch_name, "' (known: ", architecture_names(), ")");
   r.data = data;
   c.out_dir = out;

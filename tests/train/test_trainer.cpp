@@ -265,3 +265,37 @@ TEST_CASE("trainer bad configuration: seq > context, vocab mismatch, too little 
   cfg.lr = -1;
   CHECK_THROWS_WITH(Trainer(model, train, nullptr, cfg), Catch::Contains("lr -1 must be > 0"));
 }
+
+TEST_CASE("docs/read_checkpoint.py reads a checkpoint with numpy + json", "[trainer][checkpoint][python]") {
+  if (std::system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") != 0) {
+    WARN("SKIPPED: /usr/bin/python3 with numpy not available (scripts/setup.sh installs python3-numpy)");
+    return;
+  }
+  mom_test::TempDir dir("python");
+  auto prep = make_data(dir);
+  TokenFile train(prep.train);
+  auto model = Tiny::make<cpu::Backend<float>>(1);
+  Trainer t(model, train, nullptr, small_config(dir / "run", 2));
+  t.run();
+  const std::string script = (mom_test::source_dir() / "docs" / "read_checkpoint.py").string();
+  const std::string cmd = "/usr/bin/python3 '" + script + "' '" + (dir / "run").string() + "' > '" +
+                          (dir / "out.txt").string() + "' 2>&1";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  const std::string out = read_bytes(dir / "out.txt");
+  INFO(out.substr(0, 2000));
+  CHECK_THAT(out, Catch::Contains("meta mom.describe = " + describe<Tiny>()));
+  CHECK_THAT(out, Catch::Contains("total " + std::to_string(Tiny::layout.size()) + " tensors, " +
+                                  std::to_string(Tiny::params) + " values"));
+  // Every tensor's name, shape and sum as Python sees them match the model's parameters.
+  for (const auto& p : Tiny::layout) {
+    double sum = 0;
+    for (index_t i = 0; i < p.size(); ++i) sum += double(model.params()[static_cast<std::size_t>(p.offset + i)]);
+    const std::string shape = p.rows == 1 ? "[" + std::to_string(p.cols) + "]"
+                                          : "[" + std::to_string(p.rows) + ", " + std::to_string(p.cols) + "]";
+    const std::string prefix = "tensor " + std::string(p.name) + " float32 " + shape + " sum=";
+    const auto at = out.find(prefix);
+    REQUIRE(at != std::string::npos);
+    const double py_sum = std::stod(out.substr(at + prefix.size()));
+    CHECK(py_sum == Approx(sum).margin(1e-6));
+  }
+}
