@@ -1,7 +1,8 @@
 // bench_ops: GFLOP/s of mom's CPU ops beside this machine's measured sgemm peak.
 //
 //   bench_ops              the full report (markdown tables, as pasted into bench/RESULTS.md)
-//   bench_ops --peak-only  one line "PEAK <GFLOP/s> <OpenBLAS core>" (used by the full report)
+//   bench_ops --peak-only  "PEAK <GFLOP/s> <OpenBLAS core>", then "LINEAR <i> <GFLOP/s>" for OpenBLAS
+//                          on each linear shape (the full report runs this with the other kernels)
 //
 // The sgemm peak is OpenBLAS's sgemm on a large square product, measured twice: as the
 // environment has it (OPENBLAS_CORETYPE as set, e.g. Haswell = AVX2 kernels) and with its
@@ -123,47 +124,6 @@ double gemm_gflops(const Gemm& g, index_t m, index_t n, index_t k, Trans ta, Tra
   return 2.0 * double(m) * double(n) * double(k) / s * 1e-9;
 }
 
-constexpr index_t kPeakSize = 3072;
-
-#if defined(MOM_BENCH_OPENBLAS)
-double openblas_peak() {
-  return gemm_gflops(implementations().back().gemm, kPeakSize, kPeakSize, kPeakSize, Trans::N, Trans::N);
-}
-
-// Runs this binary again with OPENBLAS_CORETYPE=core and reads its peak line.
-bool peak_in_child(const char* core, double& gflops, std::string& core_name) {
-  std::error_code ec;
-  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) return false;
-  const std::string cmd = std::string("OPENBLAS_CORETYPE=") + core + " '" + exe.string() + "' --peak-only";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) return false;
-  char line[256] = {};
-  char name[64] = {};
-  bool ok = false;
-  while (std::fgets(line, sizeof line, pipe))
-    if (std::sscanf(line, "PEAK %lf %63s", &gflops, name) == 2) ok = true;
-  pclose(pipe);
-  core_name = name;
-  return ok;
-}
-#endif
-
-std::string loadavg() {
-  std::ifstream f("/proc/loadavg");
-  std::string a, b, c;
-  f >> a >> b >> c;
-  return a + " " + b + " " + c;
-}
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "?";
-}
-
 struct LinearResult {
   double total_s, fwd_s, dx_s, dw_s;
 };
@@ -188,6 +148,54 @@ LinearResult bench_linear(const Gemm& g, index_t n, index_t in, index_t out) {
   return r;
 }
 
+
+constexpr index_t kLinearShapes[][3] = {{4096, 256, 1024}, {4096, 768, 3072}};  // n, in, out
+
+constexpr index_t kPeakSize = 3072;
+
+#if defined(MOM_BENCH_OPENBLAS)
+double openblas_peak() {
+  return gemm_gflops(implementations().back().gemm, kPeakSize, kPeakSize, kPeakSize, Trans::N, Trans::N);
+}
+
+// Runs this binary again with OPENBLAS_CORETYPE=core and reads its peak line and its
+// linear fwd+bwd lines (GFLOP/s per entry of kLinearShapes).
+bool peak_in_child(const char* core, double& gflops, std::string& core_name, double* linear_gflops) {
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return false;
+  const std::string cmd = std::string("OPENBLAS_CORETYPE=") + core + " '" + exe.string() + "' --peak-only";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) return false;
+  char line[256] = {};
+  char name[64] = {};
+  bool ok = false;
+  while (std::fgets(line, sizeof line, pipe))
+    if (std::sscanf(line, "PEAK %lf %63s", &gflops, name) == 2) ok = true;
+    int i = 0;
+    double g = 0;
+    if (std::sscanf(line, "LINEAR %d %lf", &i, &g) == 2 && i >= 0 && i < 2) linear_gflops[i] = g;
+  pclose(pipe);
+  core_name = name;
+  return ok;
+}
+#endif
+
+std::string loadavg() {
+  std::ifstream f("/proc/loadavg");
+  std::string a, b, c;
+  f >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "?";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -196,6 +204,12 @@ int main(int argc, char** argv) {
   if (peak_only) {
     const double p = openblas_peak();
     std::printf("PEAK %.1f %s\n", p, openblas_get_corename());
+    for (int i = 0; i < 2; ++i) {
+      const auto [n, in, out] = kLinearShapes[i];
+      settle();
+      const LinearResult r = bench_linear(implementations().back().gemm, n, in, out);
+      std::printf("LINEAR %d %.1f\n", i, 6.0 * double(n) * double(in) * double(out) / r.total_s * 1e-9);
+    }
     return 0;
   }
 #else
@@ -222,12 +236,14 @@ int main(int argc, char** argv) {
   std::printf("- load average at start: %s\n\n", loadavg().c_str());
 
   // ---- (a) the machine's sgemm peak --------------------------------------------------
-  double peak = 0, peak_env = 0, peak_avx512 = 0;
+  double peak = 0;
+  [[maybe_unused]] double peak_env = 0, peak_avx512 = 0;
+  double linear_avx512[2] = {0, 0};  // OpenBLAS with its AVX-512 kernels, from the re-run
 #if defined(MOM_BENCH_OPENBLAS)
   std::string core_env = openblas_get_corename(), core_512;
   peak_env = openblas_peak();
   settle();
-  if (!peak_in_child("SkylakeX", peak_avx512, core_512)) core_512 = "(re-run failed)";
+  if (!peak_in_child("SkylakeX", peak_avx512, core_512, linear_avx512)) core_512 = "(re-run failed)";
   peak = std::max(peak_env, peak_avx512);
   std::printf("## sgemm peak (OpenBLAS 0.3 sgemm, %lld^3 NN)\n\n", (long long)kPeakSize);
   std::printf("| OpenBLAS kernels | GFLOP/s |\n|---|---:|\n");
@@ -274,24 +290,25 @@ int main(int argc, char** argv) {
   }
 
   // ---- (b) linear forward + backward --------------------------------------------------
-  struct LinearShape {
-    index_t n, in, out;
-  };
-  const LinearShape lshapes[] = {{4096, 256, 1024}, {4096, 768, 3072}};
   std::printf("\n## linear forward+backward (fwd NT + dX NN + dW TN, 6*n*in*out FLOPs)\n\n");
   std::printf("| n x in x out | GEMM | fwd+bwd ms | GFLOP/s | of peak | fwd / dX / dW GFLOP/s |\n");
   std::printf("|---|---|---:|---:|---:|---|\n");
-  for (const auto& s : lshapes) {
-    const double flops = 6.0 * double(s.n) * double(s.in) * double(s.out);
+  for (int si = 0; si < 2; ++si) {
+    const auto [n, in, out] = kLinearShapes[si];
+    const double flops = 6.0 * double(n) * double(in) * double(out);
     for (const auto& im : impls) {
-      const LinearResult r = bench_linear(im.gemm, s.n, s.in, s.out);
+      const LinearResult r = bench_linear(im.gemm, n, in, out);
       const double g = flops / r.total_s * 1e-9, third = flops / 3.0 * 1e-9;
-      std::printf("| %lldx%lldx%lld | %s | %.2f | %.1f | %s | %.0f / %.0f / %.0f |\n", (long long)s.n, (long long)s.in,
-                  (long long)s.out, im.name, r.total_s * 1e3, g, frac(g).c_str(), third / r.fwd_s, third / r.dx_s,
+      std::printf("| %lldx%lldx%lld | %s | %.2f | %.1f | %s | %.0f / %.0f / %.0f |\n", (long long)n, (long long)in,
+                  (long long)out, im.name, r.total_s * 1e3, g, frac(g).c_str(), third / r.fwd_s, third / r.dx_s,
                   third / r.dw_s);
       std::fflush(stdout);
       settle();
     }
+    if (linear_avx512[si] > 0)
+      std::printf("| %lldx%lldx%lld | OpenBLAS sgemm, OPENBLAS_CORETYPE=SkylakeX (re-run) | %.2f | %.1f | %s | |\n",
+                  (long long)n, (long long)in, (long long)out, flops / linear_avx512[si] * 1e-6, linear_avx512[si],
+                  frac(linear_avx512[si]).c_str());
   }
 
   // ---- (c) attention forward + backward -----------------------------------------------

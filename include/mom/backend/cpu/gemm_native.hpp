@@ -44,11 +44,6 @@
 #if defined(MOM_GEMM_NATIVE_AVX512) || defined(MOM_GEMM_NATIVE_AVX2)
 #define MOM_HAVE_NATIVE_GEMM 1
 
-// GCC 12 flags the undefined pass-through operand inside AVX-512 shuffle intrinsics
-// as maybe-uninitialised (a false positive); keep our users' -Wall builds quiet.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
 namespace mom::cpu::detail::native {
 
 // ---- blocking -----------------------------------------------------------------
@@ -196,24 +191,26 @@ inline void pack_b_panel(float* dst, Operand b, index_t cols, index_t kc) {
 inline void transpose16x16(__m512 r[16]) {
   __m512 t[16];
   for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    // (maskz with a full mask = the plain instruction; the unmasked intrinsics trip GCC 12's
+    // uninitialised-variable warning on their undefined pass-through operand)
+    t[i] = _mm512_maskz_unpacklo_ps(0xffff, r[i], r[i + 1]);
+    t[i + 1] = _mm512_maskz_unpackhi_ps(0xffff, r[i], r[i + 1]);
   }
   for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i] = _mm512_maskz_shuffle_ps(0xffff, t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm512_maskz_shuffle_ps(0xffff, t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm512_maskz_shuffle_ps(0xffff, t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm512_maskz_shuffle_ps(0xffff, t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
   }
   for (int i = 0; i < 4; ++i) {
-    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
-    t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
-    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
-    t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+    t[i] = _mm512_maskz_shuffle_f32x4(0xffff, r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_maskz_shuffle_f32x4(0xffff, r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_maskz_shuffle_f32x4(0xffff, r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_maskz_shuffle_f32x4(0xffff, r[i + 8], r[i + 12], 0xdd);
   }
   for (int i = 0; i < 8; ++i) {
-    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    r[i] = _mm512_maskz_shuffle_f32x4(0xffff, t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_maskz_shuffle_f32x4(0xffff, t[i], t[i + 8], 0xdd);
   }
 }
 #endif
@@ -558,7 +555,5 @@ inline void gemm_parallel(const Problem& p) {
 }
 
 }  // namespace mom::cpu::detail::native
-
-#pragma GCC diagnostic pop
 
 #endif  // AVX-512 or AVX2
