@@ -7,6 +7,7 @@
 #include <span>
 
 #include "mom/backend/cpu/eigen_map.hpp"
+#include "mom/backend/cpu/parallel.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
 
@@ -57,14 +58,18 @@ void cross_entropy_forward(std::span<T> loss_out, std::span<T> lse, MatrixView<c
             shape(logits), " with ", lse.size(), " lse and ", targets.size(), " targets");
   MOM_CHECK(logits.cols > 0, "cross_entropy_forward: logits ", shape(logits), " has no classes");
   const index_t count = detail::count_targets<T>("cross_entropy_forward", targets, logits.cols, ignore_index);
-  double total = 0;  // summed in double: thousands of rows of float losses
-#pragma omp parallel for schedule(static) reduction(+ : total) if (logits.rows * logits.cols > (1 << 15))
-  for (index_t i = 0; i < logits.rows; ++i) {
-    const T* row = logits.row(i);
-    const T l = detail::row_logsumexp(row, logits.cols);
-    lse[i] = l;
-    if (targets[i] != ignore_index) total += double(l - row[targets[i]]);
-  }
+  // Summed in double (thousands of rows of float losses), in a fixed order (backend/cpu/parallel.hpp).
+  const double total = detail::ordered_sum<double>(logits.rows, logits.rows * logits.cols > (1 << 15),
+                                                   [&](index_t begin, index_t end) {
+                                                     double sum = 0;
+                                                     for (index_t i = begin; i < end; ++i) {
+                                                       const T* row = logits.row(i);
+                                                       const T l = detail::row_logsumexp(row, logits.cols);
+                                                       lse[i] = l;
+                                                       if (targets[i] != ignore_index) sum += double(l - row[targets[i]]);
+                                                     }
+                                                     return sum;
+                                                   });
   loss_out[0] = count > 0 ? T(total / double(count)) : T(0);
 }
 

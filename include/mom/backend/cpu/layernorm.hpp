@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "mom/backend/cpu/eigen_map.hpp"
+#include "mom/backend/cpu/parallel.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
 
@@ -59,14 +60,19 @@ void layernorm_backward(MatrixView<T> dx, std::span<T> dgamma, std::span<T> dbet
   const index_t d = x.cols;
   const bool want_params = !dgamma.empty() || !dbeta.empty();
   const auto g = map_vec(gamma).array();
-#pragma omp parallel if (x.rows * d > (1 << 15))
+  // Each thread sums dgamma / dbeta over its static chunk of rows into its own slice of the
+  // caller's partial buffer; slices are added in thread order (deterministic, parallel.hpp).
+  const int nt = detail::region_threads(x.rows * d > (1 << 15));
+  T* partial = want_params ? detail::partial_buffer<T>(static_cast<std::size_t>(nt) * 2 * d) : nullptr;
+  if (partial) std::fill_n(partial, nt * 2 * d, T(0));  // a slice the runtime gave no thread stays 0
+#pragma omp parallel num_threads(nt) if (nt > 1)
   {
-    thread_local std::vector<T> partial;  // [dgamma | dbeta] of this thread's rows
-    if (want_params) partial.assign(2 * d, T(0));
+    const int t = omp_get_thread_num(), m = omp_get_num_threads();
+    const index_t begin = x.rows * t / m, end = x.rows * (t + 1) / m;
     using Vec = Eigen::Array<T, Eigen::Dynamic, 1>;
-    Eigen::Map<Vec> pg(partial.data(), want_params ? d : 0), pb(partial.data() + d, want_params ? d : 0);
-#pragma omp for schedule(static)
-    for (index_t r = 0; r < x.rows; ++r) {
+    Eigen::Map<Vec> pg(partial ? partial + 2 * d * t : nullptr, want_params ? d : 0),
+        pb(partial ? partial + 2 * d * t + d : nullptr, want_params ? d : 0);
+    for (index_t r = begin; r < end; ++r) {
       const auto xr = map_vec(std::span<const T>(x.row(r), d)).array();
       const auto dr = map_vec(std::span<const T>(dout.row(r), d)).array();
       const T mu = mean[r], rs = rstd[r];
@@ -81,13 +87,11 @@ void layernorm_backward(MatrixView<T> dx, std::span<T> dgamma, std::span<T> dbet
         map_vec(std::span<T>(dx.row(r), d)).array() += rs * (dr * g - mean_dxhat - (xr - mu) * rs * mean_dxhat_xhat);
       }
     }
-    if (want_params) {
-#pragma omp critical(mom_layernorm_backward)
-      {
-        if (!dgamma.empty()) map_vec(dgamma).array() += pg;
-        if (!dbeta.empty()) map_vec(dbeta).array() += pb;
-      }
-    }
+  }
+  for (int t = 0; t < nt && want_params; ++t) {
+    using CVec = Eigen::Array<T, Eigen::Dynamic, 1>;
+    if (!dgamma.empty()) map_vec(dgamma).array() += Eigen::Map<const CVec>(partial + 2 * d * t, d);
+    if (!dbeta.empty()) map_vec(dbeta).array() += Eigen::Map<const CVec>(partial + 2 * d * t + d, d);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <span>
 
+#include "mom/backend/cpu/parallel.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
 
@@ -25,9 +26,12 @@ void grad_norm(std::span<const T> grads, T* norm_out) {
   MOM_CHECK(norm_out != nullptr, "grad_norm: norm_out is null (", grads.size(), " gradients)");
   const index_t n = ssize(grads);
   const T* g = grads.data();
-  double sum = 0;
-#pragma omp parallel for simd schedule(static) reduction(+ : sum) if (n > (1 << 16))
-  for (index_t i = 0; i < n; ++i) sum += double(g[i]) * double(g[i]);
+  const double sum = detail::ordered_sum<double>(n, n > (1 << 16), [g](index_t begin, index_t end) {
+    double acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (index_t i = begin; i < end; ++i) acc += double(g[i]) * double(g[i]);
+    return acc;
+  });
   *norm_out = T(std::sqrt(sum));
 }
 
