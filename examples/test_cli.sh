@@ -16,7 +16,7 @@ expect_error() {
   local rc=$?
   local lines
   lines=$(wc -l <"$T/err")
-  if [ "$rc" -eq 0 ] || [ "$lines" -ne 1 ] || ! grep -Eq "$re" "$T/err"; then
+  if [ "$rc" -eq 0 ] || [ "$lines" -ne 1 ] || ! grep -Eq -- "$re" "$T/err"; then
     echo "FAIL: $* -> rc=$rc, stderr ($lines lines):"; cat "$T/err"; fail=1
   else
     echo "ok: $(cat "$T/err")"

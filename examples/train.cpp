@@ -73,6 +73,14 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
             "' already holds a checkpoint: pass --resume to continue it, or choose another --out");
   MOM_CHECK(existing || !r.resume, "--resume: no checkpoint in '", cfg.out_dir.string(), "'");
   train::ensure_writable_dir(cfg.out_dir);
+  if (r.resume) {  // refuse another architecture's checkpoint before any work
+    const auto dir = train::resolve_checkpoint(cfg.out_dir);
+    const train::safetensors::File f(dir / "model.safetensors");
+    const auto it = f.metadata().find("mom.describe");
+    MOM_CHECK(it != f.metadata().end() && it->second == arch.describe, "checkpoint '", dir.string(),
+              "' is a different architecture: it holds '", it != f.metadata().end() ? it->second : "?",
+              "' but --arch ", arch.name, " is '", arch.describe, "'");
+  }
   const std::string tokenizer_name = r.tokenizer.empty() ? arch.tokenizer : r.tokenizer;
 
   const DataFiles files = resolve_data(r, tokenizer_name);
