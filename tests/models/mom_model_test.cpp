@@ -237,3 +237,29 @@ TEST_CASE("the two attention key/value semantics agree when no token skips and d
   e.reserve(2, 8);
   CHECK(c.forward(tokens, tokens, 2, 8) == Approx(e.forward(tokens, tokens, 2, 8)).epsilon(1e-13));
 }
+
+TEST_CASE("overfitting one batch with a MoM_P model ([1-1-4-1-1], K2H6S) with AdamW", "[mom][train]") {
+  constexpr Dims small{.d_model = 32, .heads = 4, .d_ff = 64, .vocab = 32, .context = 16};
+  using Model = LM<small, Strategy_11411<MoM_P<Router<GRU, Width<16>>>>>;
+  auto m = Model::make<cpu::Backend<float>>(42);
+  const index_t batch = 4, seq = 16;
+  m.reserve(batch, seq);
+  const auto tokens = random_tokens(batch * seq, small.vocab, 100);
+  const auto targets = random_tokens(batch * seq, small.vocab, 101);
+  std::vector<float> m1(std::size_t(Model::params)), m2(std::size_t(Model::params));
+  cpu::AdamWConfig cfg{.lr = 1e-2, .weight_decay = 0.0};
+  float first = 0, loss = 0;
+  int step = 1;
+  for (; step <= 300; ++step) {
+    m.zero_grad();
+    loss = m.forward(tokens, targets, batch, seq);
+    if (step == 1) first = loss;
+    if (loss < 0.2f) break;
+    m.backward();
+    m.backend().adamw_step(m.params(), std::span<const float>(m.grads()), std::span<float>(m1), std::span<float>(m2),
+                           cfg, step);
+  }
+  INFO("first loss " << first << ", loss " << loss << " after " << step << " steps");
+  CHECK(first == Approx(std::log(32.0) + 0.01 * 2 * 6).epsilon(0.05));  // uniform + balance loss ~ coef per routing
+  CHECK(loss < 0.2f);
+}

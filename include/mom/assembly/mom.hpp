@@ -48,7 +48,8 @@ template <class A, Dims D>
 struct Executor<GRU, A, D> {
   using Set = typename A::module_set;
   using Cfg = GRUConfig<typename A::router::options>;
-  static_assert(GRU::VerifyOptions<typename A::router::options>::ok);
+  // Reading ok instantiates the option checks (their static_asserts carry the messages).
+  static constexpr bool options_ok = GRU::VerifyOptions<typename A::router::options>::ok;
   static_assert(std::is_same_v<typename A::phi_type, phi::MoM> || std::is_same_v<typename A::phi_type, phi::MoMRoutedKV>,
                 "mom::Router<GRU> assembles with phi::MoM or phi::MoMRoutedKV");
   using Attn = modules::Attention<D>;
@@ -78,7 +79,8 @@ struct Executor<GRU, A, D> {
   }
   static constexpr RouterOffsets ra = router_offsets(Set::template params<D>, EA);
   static constexpr RouterOffsets rf = router_offsets(ra.end, EF);
-  static constexpr std::size_t tensor_count = Set::tensor_count + 10;
+  // (reading options_ok here makes every use of the model type run the option checks)
+  static constexpr std::size_t tensor_count = Set::tensor_count + (options_ok ? 10 : 10);
   static constexpr index_t params = rf.end;
   static constexpr index_t router_params = rf.end - ra.w_ih;
 

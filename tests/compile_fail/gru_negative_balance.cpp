@@ -1,0 +1,7 @@
+// Rejected at compile time: a negative load-balancing coefficient.
+// EXPECT: BalanceCoef<p, q> must be >= 0
+#include <mom/mom.hpp>
+using namespace mom;
+constexpr Dims dims{.d_model = 64, .heads = 4, .d_ff = 256, .vocab = 256, .context = 64};
+using Bad = Assembly<Router<GRU, BalanceCoef<-1, 100>>, ModuleSet<MHA<4>, FFN<4>, Skip>, K<2>, H<6>>;
+static_assert(LM<dims, Bad>::params > 0);
