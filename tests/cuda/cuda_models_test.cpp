@@ -96,7 +96,7 @@ using ChunkedHd64 = LM<gpt_head_dims, Chunked<Layer, Dense<2>>>;
 
 }  // namespace
 
-TEST_CASE("cuda dense model: same loss and gradients as cpu (double)", "[cuda][models]") {
+TEST_CASE("dense model: same loss and gradients as cpu (double)", "[cuda][models]") {
   if (!gpu_available()) {
     WARN("no CUDA device: skipped");
     return;
@@ -105,7 +105,7 @@ TEST_CASE("cuda dense model: same loss and gradients as cpu (double)", "[cuda][m
   compare_model<ChunkedHd64, double>(false, 1e-9, 1e-8);
 }
 
-TEST_CASE("cuda dense model: same loss and gradients as cpu (float, fp32 GEMMs)", "[cuda][models]") {
+TEST_CASE("dense model: same loss and gradients as cpu (float with fp32 GEMMs)", "[cuda][models]") {
   if (!gpu_available()) {
     WARN("no CUDA device: skipped");
     return;
@@ -114,7 +114,7 @@ TEST_CASE("cuda dense model: same loss and gradients as cpu (float, fp32 GEMMs)"
   compare_model<ChunkedHd64, float>(false, 1e-4, 1e-3);
 }
 
-TEST_CASE("cuda dense model: same loss and gradients as cpu (float, TF32 GEMMs)", "[cuda][models]") {
+TEST_CASE("dense model: same loss and gradients as cpu (float with TF32 GEMMs)", "[cuda][models]") {
   if (!gpu_available()) {
     WARN("no CUDA device: skipped");
     return;

@@ -104,7 +104,7 @@ void expect_equal_tokens(Arr<T, token_t>& a, const std::string& what) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("cuda gemm matches cpu (all transposes, strided C, alpha/beta)", "[cuda]", float, double) {
+TEMPLATE_TEST_CASE("gemm matches cpu (all transposes and strided C with alpha and beta)", "[cuda]", float, double) {
   MOM_REQUIRE_GPU();
   using T = TestType;
   test::Rng rng(1);
@@ -126,7 +126,7 @@ TEMPLATE_TEST_CASE("cuda gemm matches cpu (all transposes, strided C, alpha/beta
   gpu<T>().set_tf32(true);
 }
 
-TEMPLATE_TEST_CASE("cuda linear forward/backward match cpu", "[cuda]", float, double) {
+TEMPLATE_TEST_CASE("linear forward/backward match cpu", "[cuda]", float, double) {
   MOM_REQUIRE_GPU();
   using T = TestType;
   test::Rng rng(2);
@@ -147,7 +147,7 @@ TEMPLATE_TEST_CASE("cuda linear forward/backward match cpu", "[cuda]", float, do
   }
 }
 
-TEMPLATE_TEST_CASE("cuda embedding forward/backward match cpu (repeated tokens)", "[cuda]", float, double) {
+TEMPLATE_TEST_CASE("embedding forward/backward match cpu (repeated tokens)", "[cuda]", float, double) {
   MOM_REQUIRE_GPU();
   using T = TestType;
   test::Rng rng(3);
@@ -166,7 +166,7 @@ TEMPLATE_TEST_CASE("cuda embedding forward/backward match cpu (repeated tokens)"
   expect_close(dwpe, tol_kernel<T>, "dwpe");
 }
 
-TEMPLATE_TEST_CASE("cuda layernorm forward/backward match cpu", "[cuda]", float, double) {
+TEMPLATE_TEST_CASE("layernorm forward/backward match cpu", "[cuda]", float, double) {
   MOM_REQUIRE_GPU();
   using T = TestType;
   test::Rng rng(4);
@@ -193,7 +193,7 @@ TEMPLATE_TEST_CASE("cuda layernorm forward/backward match cpu", "[cuda]", float,
   }
 }
 
-TEMPLATE_TEST_CASE("cuda elementwise ops match cpu (gelu, relu, add, axpy, scale)", "[cuda]", float, double) {
+TEMPLATE_TEST_CASE("elementwise ops match cpu (gelu relu add axpy scale)", "[cuda]", float, double) {
   MOM_REQUIRE_GPU();
   using T = TestType;
   test::Rng rng(5);
@@ -224,7 +224,7 @@ TEMPLATE_TEST_CASE("cuda elementwise ops match cpu (gelu, relu, add, axpy, scale
   expect_close(out, tol_kernel<T>, "scale");
 }
 
-TEMPLATE_TEST_CASE("cuda cross-entropy forward/backward match cpu (ignored rows, aliased dlogits)", "[cuda]", float,
+TEMPLATE_TEST_CASE("cross-entropy forward/backward match cpu (ignored rows and aliased dlogits)", "[cuda]", float,
                    double) {
   MOM_REQUIRE_GPU();
   using T = TestType;
@@ -249,7 +249,7 @@ TEMPLATE_TEST_CASE("cuda cross-entropy forward/backward match cpu (ignored rows,
   }
 }
 
-TEMPLATE_TEST_CASE("cuda attention forward/backward match cpu (head dims 16, 64, 80; ragged tiles)", "[cuda]", float,
+TEMPLATE_TEST_CASE("attention forward/backward match cpu (head dims 8 to 80 and ragged tiles)", "[cuda]", float,
                    double) {
   MOM_REQUIRE_GPU();
   using T = TestType;
@@ -275,7 +275,7 @@ TEMPLATE_TEST_CASE("cuda attention forward/backward match cpu (head dims 16, 64,
   }
 }
 
-TEST_CASE("cuda attention backward passes a finite-difference check in double on the GPU", "[cuda]") {
+TEST_CASE("attention backward passes a finite-difference check in double on the GPU", "[cuda]") {
   MOM_REQUIRE_GPU();
   using T = double;
   auto& be = gpu<T>();
@@ -307,7 +307,7 @@ TEST_CASE("cuda attention backward passes a finite-difference check in double on
   CHECK(test::rel_error(analytic, numeric) < test::fd_tol);
 }
 
-TEMPLATE_TEST_CASE("cuda gather / scatter-add (+ backward) match cpu (repeated indices, weights)", "[cuda]", float,
+TEMPLATE_TEST_CASE("gather and scatter-add with backward match cpu (repeated indices and weights)", "[cuda]", float,
                    double) {
   MOM_REQUIRE_GPU();
   using T = TestType;
@@ -335,7 +335,7 @@ TEMPLATE_TEST_CASE("cuda gather / scatter-add (+ backward) match cpu (repeated i
   }
 }
 
-TEMPLATE_TEST_CASE("cuda top-k and row softmax (+ backward) match cpu (ties, negative scale)", "[cuda]", float,
+TEMPLATE_TEST_CASE("top-k and row softmax with backward match cpu (ties and negative scale)", "[cuda]", float,
                    double) {
   MOM_REQUIRE_GPU();
   using T = TestType;
@@ -369,7 +369,7 @@ TEMPLATE_TEST_CASE("cuda top-k and row softmax (+ backward) match cpu (ties, neg
   }
 }
 
-TEMPLATE_TEST_CASE("cuda GRU cell forward/backward match cpu", "[cuda]", float, double) {
+TEMPLATE_TEST_CASE("GRU cell forward/backward match cpu", "[cuda]", float, double) {
   MOM_REQUIRE_GPU();
   using T = TestType;
   test::Rng rng(11);
@@ -400,7 +400,7 @@ TEMPLATE_TEST_CASE("cuda GRU cell forward/backward match cpu", "[cuda]", float, 
   expect_close(dbhh, tol_kernel<T> * 10, "db_hh");
 }
 
-TEMPLATE_TEST_CASE("cuda grad_norm and AdamW (fused clipping from the device norm) match cpu", "[cuda]", float,
+TEMPLATE_TEST_CASE("grad_norm and AdamW (fused clipping from the device norm) match cpu", "[cuda]", float,
                    double) {
   MOM_REQUIRE_GPU();
   using T = TestType;
@@ -427,7 +427,7 @@ TEMPLATE_TEST_CASE("cuda grad_norm and AdamW (fused clipping from the device nor
   CHECK(gpu<T>().read(norm.d.data()) == T(0));
 }
 
-TEST_CASE("cuda group_by_module: stable sort by module id and group offsets", "[cuda]") {
+TEST_CASE("group_by_module: stable sort by module id and group offsets", "[cuda]") {
   MOM_REQUIRE_GPU();
   auto& be = gpu<float>();
   test::Rng rng(13);
@@ -458,7 +458,7 @@ TEST_CASE("cuda group_by_module: stable sort by module id and group offsets", "[
   }
 }
 
-TEST_CASE("cuda ops raise the cpu ops' shape errors, and index errors at the next sync", "[cuda]") {
+TEST_CASE("ops raise the cpu ops' shape errors and index errors at the next sync", "[cuda]") {
   MOM_REQUIRE_GPU();
   auto& be = gpu<float>();
   auto a = be.alloc<float>(64), b = be.alloc<float>(64);

@@ -11,9 +11,16 @@
 #include <cstdint>
 #include <limits>
 
+#if defined(MOM_CUDA_EMULATE)
+#include <numeric>
+#include <vector>
+
+#include "mom/backend/cuda/emulate.hpp"  // the kernels on CPU threads (tests without a GPU)
+#else
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 #include <cuda_runtime.h>
+#endif
 
 #include "mom/backend/cuda/check.hpp"
 #include "mom/backend/cuda/kernels.hpp"
@@ -25,17 +32,32 @@ namespace dev {
 inline constexpr int threads = 256;  // block size of the elementwise and row kernels
 inline constexpr int warps_per_block = threads / 32;
 
+#if defined(MOM_CUDA_EMULATE)
+inline constexpr index_t max_stride_blocks = 4;  // emulated blocks run one at a time
+#else
+inline constexpr index_t max_stride_blocks = 65535;
+#endif
+
 // Blocks for a grid-stride loop over n items (capped: each thread then handles several).
 inline unsigned blocks_for(index_t n, int per_block = threads) {
   const index_t b = (n + per_block - 1) / per_block;
-  return static_cast<unsigned>(std::clamp<index_t>(b, 0, 65535));
+  return static_cast<unsigned>(std::clamp<index_t>(b, 0, max_stride_blocks));
+}
+// Blocks for kernels that map one block (or warp) to each item: never capped.
+inline unsigned blocks_exact(index_t n, int per_block) {
+  return static_cast<unsigned>((n + per_block - 1) / per_block);
 }
 
 // Enqueues kernel<<<grid, block>>> on the backend's stream and checks the launch.
 template <class... Params, class... Args>
 void launch(const char* op, const Context& ctx, dim3 grid, dim3 block, void (*kernel)(Params...), Args&&... args) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
+#if defined(MOM_CUDA_EMULATE)
+  (void)ctx;
+  emulate_launch(grid, block, [&] { kernel(static_cast<Params>(args)...); });
+#else
   kernel<<<grid, block, 0, ctx.stream>>>(static_cast<Params>(args)...);
+#endif
   MOM_CUDA_CHECK(cudaGetLastError(), op);
 }
 
@@ -122,20 +144,20 @@ __global__ void broadcast_rows_kernel(MatrixView<T> y, const T* b) {
   }
 }
 
-// Column sums: thread = column, blockIdx.y = a chunk of rows; chunks meet in atomics.
+// Column sums: thread = column, blockIdx.y strides over chunks of rows; chunks meet in atomics.
 inline constexpr int column_chunk = 64;
 template <class T>
 __global__ void add_column_sums_kernel(T* acc, MatrixView<const T> m) {
   const index_t c = index_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= m.cols) return;
-  const index_t r0 = index_t(blockIdx.y) * column_chunk, r1 = min(m.rows, r0 + column_chunk);
   T s = T(0);
-  for (index_t r = r0; r < r1; ++r) s += m.data[r * m.ld + c];
+  for (index_t r0 = index_t(blockIdx.y) * column_chunk; r0 < m.rows; r0 += index_t(gridDim.y) * column_chunk)
+    for (index_t r = r0, r1 = min(m.rows, r0 + column_chunk); r < r1; ++r) s += m.data[r * m.ld + c];
   atomicAdd(acc + c, s);
 }
 inline dim3 column_grid(index_t rows, index_t cols) {
   return dim3(static_cast<unsigned>((cols + threads - 1) / threads),
-              static_cast<unsigned>(std::min<index_t>((rows + column_chunk - 1) / column_chunk, 65535)));
+              static_cast<unsigned>(std::clamp<index_t>((rows + column_chunk - 1) / column_chunk, 1, 65535)));
 }
 
 // ---- embedding --------------------------------------------------------------------------------
@@ -231,13 +253,13 @@ __global__ void layernorm_backward_params_kernel(T* dgamma, T* dbeta, MatrixView
                                                  const T* mean, const T* rstd) {
   const index_t c = index_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= x.cols) return;
-  const index_t r0 = index_t(blockIdx.y) * column_chunk, r1 = min(x.rows, r0 + column_chunk);
   T pg = T(0), pb = T(0);
-  for (index_t r = r0; r < r1; ++r) {
-    const T g = dout.data[r * dout.ld + c];
-    pg += g * (x.data[r * x.ld + c] - mean[r]) * rstd[r];
-    pb += g;
-  }
+  for (index_t r0 = index_t(blockIdx.y) * column_chunk; r0 < x.rows; r0 += index_t(gridDim.y) * column_chunk)
+    for (index_t r = r0, r1 = min(x.rows, r0 + column_chunk); r < r1; ++r) {
+      const T g = dout.data[r * dout.ld + c];
+      pg += g * (x.data[r * x.ld + c] - mean[r]) * rstd[r];
+      pb += g;
+    }
   if (dgamma) atomicAdd(dgamma + c, pg);
   if (dbeta) atomicAdd(dbeta + c, pb);
 }
@@ -839,14 +861,14 @@ void Kernels<T>::embedding_backward(const Context& ctx, M dwte, M dwpe, CM dout,
 template <class T>
 void Kernels<T>::layernorm_forward(const Context& ctx, M out, T* mean, T* rstd, CM x, const T* gamma, const T* beta,
                                    T eps) {
-  dev::launch("layernorm_forward", ctx, dev::blocks_for(x.rows, dev::warps_per_block), dev::threads,
+  dev::launch("layernorm_forward", ctx, dev::blocks_exact(x.rows, dev::warps_per_block), dev::threads,
               dev::layernorm_forward_kernel<T>, out, mean, rstd, x, gamma, beta, eps);
 }
 template <class T>
 void Kernels<T>::layernorm_backward(const Context& ctx, M dx, T* dgamma, T* dbeta, CM dout, CM x, const T* mean,
                                     const T* rstd, const T* gamma) {
   if (!dx.empty())
-    dev::launch("layernorm_backward", ctx, dev::blocks_for(x.rows, dev::warps_per_block), dev::threads,
+    dev::launch("layernorm_backward", ctx, dev::blocks_exact(x.rows, dev::warps_per_block), dev::threads,
                 dev::layernorm_backward_dx_kernel<T>, dx, dout, x, mean, rstd, gamma);
   if (dgamma || dbeta)
     dev::launch("layernorm_backward", ctx, dev::column_grid(x.rows, x.cols), dev::threads,
@@ -955,7 +977,7 @@ template <class T>
 void Kernels<T>::scatter_add_rows_backward(const Context& ctx, M din, T* dweights, CM dout, CM in, const token_t* idx,
                                            const T* weights) {
   if (din.empty() && !dweights) return;
-  dev::launch("scatter_add_rows_backward", ctx, dev::blocks_for(in.rows, dev::warps_per_block), dev::threads,
+  dev::launch("scatter_add_rows_backward", ctx, dev::blocks_exact(in.rows, dev::warps_per_block), dev::threads,
               dev::scatter_add_rows_backward_kernel<T>, din, dweights, dout, in, idx, weights, ctx.error);
 }
 
@@ -970,12 +992,12 @@ void Kernels<T>::topk_rows_backward(const Context& ctx, M dx, CM dvalues, Matrix
 }
 template <class T>
 void Kernels<T>::softmax_rows(const Context& ctx, M y, CM x, T scale) {
-  dev::launch("softmax_rows", ctx, dev::blocks_for(x.rows, dev::warps_per_block), dev::threads,
+  dev::launch("softmax_rows", ctx, dev::blocks_exact(x.rows, dev::warps_per_block), dev::threads,
               dev::softmax_rows_kernel<T>, y, x, scale);
 }
 template <class T>
 void Kernels<T>::softmax_rows_backward(const Context& ctx, M dx, CM dy, CM y, T scale) {
-  dev::launch("softmax_rows_backward", ctx, dev::blocks_for(y.rows, dev::warps_per_block), dev::threads,
+  dev::launch("softmax_rows_backward", ctx, dev::blocks_exact(y.rows, dev::warps_per_block), dev::threads,
               dev::softmax_rows_backward_kernel<T>, dx, dy, y, scale);
 }
 
@@ -992,7 +1014,8 @@ void Kernels<T>::gru_pointwise_backward(const Context& ctx, M scratch, M dh, CM 
 
 template <class T>
 void Kernels<T>::grad_norm(const Context& ctx, const T* grads, index_t n, T* norm_out) {
-  const int nparts = static_cast<int>(std::min<index_t>(Context::reduce_blocks, (n + dev::threads - 1) / dev::threads));
+  const int nparts = static_cast<int>(
+      std::min<index_t>({Context::reduce_blocks, dev::max_stride_blocks, (n + dev::threads - 1) / dev::threads}));
   dev::launch("grad_norm", ctx, static_cast<unsigned>(nparts), dev::threads, dev::sum_squares_kernel<T>, ctx.partials,
               grads, n);
   dev::launch("grad_norm", ctx, 1, 1024, dev::finish_norm_kernel<T>, norm_out, static_cast<const double*>(ctx.partials),
@@ -1005,6 +1028,24 @@ void Kernels<T>::adamw_step(const Context& ctx, T* params, const T* grads, T* m,
               eps, decay, step_size, inv_sqrt_bc2, grad_norm, max_norm);
 }
 
+#if defined(MOM_CUDA_EMULATE)
+// Emulation: "device" memory is host memory; a stable sort and a scan stand in for CUB.
+std::size_t group_by_module_temp_bytes(index_t, index_t) { return 1; }
+
+void group_by_module(const Context& ctx, token_t* sorted_ids, token_t* sorted_modules, token_t* offsets, int* counts,
+                     const token_t* modules, index_t n, index_t n_modules) {
+  std::fill(counts, counts + n_modules + 1, 0);
+  dev::launch("group_by_module", ctx, dev::blocks_for(n), dev::threads, dev::module_histogram_kernel, ctx.pair_ids,
+              counts, modules, n, n_modules, ctx.error);
+  std::vector<token_t> ids(ctx.pair_ids, ctx.pair_ids + n);
+  std::stable_sort(ids.begin(), ids.end(), [&](token_t a, token_t b) { return modules[a] < modules[b]; });
+  for (index_t j = 0; j < n; ++j) {
+    sorted_ids[j] = ids[static_cast<std::size_t>(j)];
+    sorted_modules[j] = modules[ids[static_cast<std::size_t>(j)]];
+  }
+  std::exclusive_scan(counts, counts + n_modules + 1, offsets, 0);
+}
+#else
 // Not inline: this header is compiled once, into mom_cuda.cu.
 std::size_t group_by_module_temp_bytes(index_t n_pairs, index_t n_modules) {
   std::size_t sort_bytes = 0, scan_bytes = 0;
@@ -1036,5 +1077,7 @@ void group_by_module(const Context& ctx, token_t* sorted_ids, token_t* sorted_mo
                                                ctx.stream),
                  "group_by_module");
 }
+
+#endif  // MOM_CUDA_EMULATE
 
 }  // namespace mom::cuda
