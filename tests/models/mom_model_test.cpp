@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "mom/models/mom_models.hpp"
+#include "mom/models/routing_stats.hpp"
+#include "mom/models/warm_start.hpp"
 #include "mom/mom.hpp"
 
 using namespace mom;
@@ -262,4 +264,73 @@ TEST_CASE("overfitting one batch with a MoM_P model ([1-1-4-1-1], K2H6S) with Ad
   INFO("first loss " << first << ", loss " << loss << " after " << step << " steps");
   CHECK(first == Approx(std::log(32.0) + 0.01 * 2 * 6).epsilon(0.05));  // uniform + balance loss ~ coef per routing
   CHECK(loss < 0.2f);
+}
+
+TEST_CASE("routing statistics: usage per round and transitions between rounds", "[mom][stats]") {
+  using R = Router<GRU, Width<2>, BalanceCoef<0>>;
+  using Model = LM<dims, Chunked<Layer, KaHb<1, 4, 4, R>>>;
+  auto m = Model::make<cpu::Backend<double>>(1);
+  force_sequential(m, "h.1.router_attn", 4, 4);
+  force_sequential(m, "h.1.router_ffn", 4, 4);
+  m.reserve(2, 8);
+  const auto tokens = random_tokens(16, dims.vocab, 5);
+  RoutingStats stats;
+  m.forward(tokens, {}, 2, 8);
+  stats.accumulate(m);
+  m.forward(std::span(tokens).first(8), {}, 1, 8);
+  stats.accumulate(m);
+  REQUIRE(stats.routers.size() == 2);
+  for (const auto& r : stats.routers) {
+    CHECK(r.tokens == 24);
+    for (int h = 0; h < 4; ++h)
+      for (int c = 0; c < 4; ++c) CHECK(r.usage[std::size_t(h * 4 + c)] == (c == h ? 24 : 0));  // module h in round h
+    for (int a = 0; a < 4; ++a)
+      for (int b = 0; b < 4; ++b) CHECK(r.transitions[std::size_t(a * 4 + b)] == (b == a + 1 ? 24 : 0));
+  }
+  CHECK(stats.routers[0].name == "part1.attn");
+  const std::string json = stats.json();
+  CHECK(json.find("\"name\": \"part1.ffn\"") != std::string::npos);
+  CHECK(json.find("\"transitions\": [[0,24,0,0],[0,0,24,0],[0,0,0,24],[0,0,0,0]]") != std::string::npos);
+  const std::string csv = stats.csv(1);
+  CHECK(csv.rfind("from\\to,1,2,3,4\n1,0,24,0,0\n", 0) == 0);
+}
+
+TEST_CASE("routing statistics count K^2 transitions per token with SKIP as the last class", "[mom][stats]") {
+  using Model = LM<dims, MoM_I<Router<GRU, Width<4>>>>;  // K3H2S
+  auto m = Model::make<cpu::Backend<float>>(3);
+  std::mt19937_64 rng(1);
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  for (auto& p : m.params()) p = normal(rng);
+  m.reserve(2, 8);
+  const auto tokens = random_tokens(16, dims.vocab, 6);
+  m.forward(tokens, {}, 2, 8);
+  RoutingStats stats;
+  stats.accumulate(m);
+  for (const auto& r : stats.routers) {
+    CHECK(r.classes == 5);
+    long long used = 0, moves = 0;
+    for (auto u : r.usage) used += u;
+    for (auto t : r.transitions) moves += t;
+    CHECK(used == 16 * 3 * 2);
+    CHECK(moves == 16 * 3 * 3);
+  }
+  CHECK(stats.csv(0).find(",S\n") != std::string::npos);
+}
+
+TEST_CASE("warm_start copies a dense model into a MoM model of the same depth; routers stay fresh", "[mom]") {
+  using DenseModel = LM<dims, Dense<8>>;
+  using MoMModel = LM<dims, Strategy_11411<MoM_P<Router<GRU, Width<8>>>>>;
+  auto dense = DenseModel::make<cpu::Backend<double>>(1);
+  auto mom = MoMModel::make<cpu::Backend<double>>(2);
+  const auto fresh = MoMModel::make<cpu::Backend<double>>(2);
+  warm_start(mom, dense);
+  for (const auto& p : DenseModel::layout) {
+    const auto& q = MoMModel::find(p.name);
+    REQUIRE(std::equal(dense.params().begin() + p.offset, dense.params().begin() + p.offset + p.size(),
+                       mom.params().begin() + q.offset));
+  }
+  const auto& r = MoMModel::find("h.2.router_attn.w_ih");
+  CHECK(std::equal(fresh.params().begin() + r.offset, fresh.params().begin() + r.offset + r.size(),
+                   mom.params().begin() + r.offset));
+  CHECK(MoMModel::params - DenseModel::params == 2 * (3 * 8 * 16 + 3 * 8 * 8 + 6 * 8 + 5 * 8));
 }
