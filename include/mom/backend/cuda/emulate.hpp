@@ -5,24 +5,27 @@
 // test_cuda_emu with it (plus host stand-ins for the CUDA runtime and cublasGemmEx), which runs
 // the cross-backend suite where no GPU exists.
 //
-// Model: a launch runs its blocks one after another; the blockDim threads of a block are real
-// std::threads, so __syncthreads is a std::barrier, warp shuffles exchange through a per-warp slot
-// array between two barriers, and __shared__ variables are function statics (one block at a time
-// uses them). Atomics are std::atomic_ref. What it cannot show: races that only a real GPU's
-// scheduling exposes, memory-model subtleties, resource limits (registers, shared memory size).
+// Model: a launch runs its blocks one after another on the calling thread; the blockDim threads of
+// a block are fibers (ucontext) switched at barriers, so __syncthreads and the warp shuffles (a
+// per-warp slot array between two warp barriers) cost a context switch, not an OS thread wake-up.
+// __shared__ variables are function statics (one block at a time uses them). A thread that
+// returns stops counting at barriers, as on a GPU; threads waiting at different barriers forever
+// (divergent __syncthreads) abort the run with a message. What it cannot show: races that only a
+// real GPU's scheduling exposes, memory-model subtleties, resource limits (registers, shared
+// memory size), performance.
 #if !defined(MOM_CUDA_EMULATE)
 #error "mom/backend/cuda/emulate.hpp is only for builds with MOM_CUDA_EMULATE"
 #endif
 
+#include <ucontext.h>
+
 #include <atomic>
-#include <barrier>
-#include <condition_variable>
 #include <cstdint>
-#include <functional>
-#include <mutex>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -37,42 +40,142 @@
 
 namespace mom::cuda::dev {
 
-struct EmuBlock {
-  std::barrier<> block;
-  std::vector<std::unique_ptr<std::barrier<>>> warps;
-  std::vector<unsigned long long> slots;  // one 8-byte shuffle slot per thread
-  explicit EmuBlock(unsigned n) : block(n), slots(n) {
-    for (unsigned w = 0; w * 32 < n; ++w) warps.push_back(std::make_unique<std::barrier<>>(std::min(32u, n - w * 32)));
+// A barrier among fibers: the last arrival opens the next phase; the others yield until it opens.
+struct EmuBarrier {
+  unsigned expected = 0, arrived = 0;
+  std::uint64_t phase = 0;
+  void arrive_and_wait();
+  void drop() {  // a finished thread: one fewer to wait for
+    --expected;
+    if (arrived > 0 && arrived == expected) {
+      arrived = 0;
+      ++phase;
+    }
   }
+};
+
+struct EmuFiber {
+  ucontext_t context{};
+  std::unique_ptr<char[]> stack;
+  bool done = false;
+  const EmuBarrier* waiting_on = nullptr;
+  std::uint64_t wait_phase = 0;
+};
+
+struct EmuBlock {
+  EmuBarrier block;
+  std::vector<EmuBarrier> warps;
+  std::vector<unsigned long long> slots;  // one 8-byte shuffle slot per thread
 };
 
 inline thread_local uint3 threadIdx{};
 inline thread_local uint3 blockIdx{};
 inline thread_local dim3 blockDim{};
 inline thread_local dim3 gridDim{};
-inline thread_local EmuBlock* emu_block = nullptr;
 
-inline void __syncthreads() { emu_block->block.arrive_and_wait(); }
+struct EmuScheduler {
+  static constexpr std::size_t stack_bytes = 256 * 1024;
+  ucontext_t main{};
+  std::vector<EmuFiber> fibers;  // grown once to the largest block, stacks reused
+  EmuFiber* current = nullptr;
+  EmuBlock block;
+  const std::function<void()>* body = nullptr;
+
+  static EmuScheduler& get() {
+    static thread_local EmuScheduler s;
+    return s;
+  }
+  void yield() { swapcontext(&current->context, &main); }
+
+  static void entry() {
+    EmuScheduler& s = get();
+    (*s.body)();
+    EmuFiber& f = *s.current;
+    f.done = true;
+    s.block.warps[threadIdx.x / 32].drop();
+    s.block.block.drop();
+    swapcontext(&f.context, &s.main);  // never resumed
+  }
+
+  // Runs body on n fibers (one block) until all return.
+  void run_block(unsigned n) {
+    if (fibers.size() < n) fibers.resize(n);
+    block.block = EmuBarrier{n};
+    block.warps.assign((n + 31) / 32, EmuBarrier{});
+    for (unsigned w = 0; w * 32 < n; ++w) block.warps[w].expected = std::min(32u, n - w * 32);
+    block.slots.assign(n, 0);
+    for (unsigned t = 0; t < n; ++t) {
+      EmuFiber& f = fibers[t];
+      if (!f.stack) f.stack = std::make_unique<char[]>(stack_bytes);
+      f.done = false;
+      f.waiting_on = nullptr;
+      getcontext(&f.context);
+      f.context.uc_stack.ss_sp = f.stack.get();
+      f.context.uc_stack.ss_size = stack_bytes;
+      f.context.uc_link = nullptr;
+      makecontext(&f.context, &EmuScheduler::entry, 0);
+    }
+    for (;;) {
+      bool all_done = true, progress = false;
+      for (unsigned t = 0; t < n; ++t) {
+        EmuFiber& f = fibers[t];
+        if (f.done) continue;
+        all_done = false;
+        if (f.waiting_on && f.waiting_on->phase == f.wait_phase) continue;  // still blocked
+        f.waiting_on = nullptr;
+        threadIdx = uint3{t, 0, 0};
+        current = &f;
+        swapcontext(&main, &f.context);
+        progress = true;
+      }
+      if (all_done) return;
+      if (!progress) {
+        std::fprintf(stderr, "mom CUDA emulation: deadlock in block (%u, %u): threads wait at different barriers\n",
+                     blockIdx.x, blockIdx.y);
+        std::abort();
+      }
+    }
+  }
+};
+
+inline void EmuBarrier::arrive_and_wait() {
+  if (++arrived == expected) {
+    arrived = 0;
+    ++phase;
+    return;
+  }
+  EmuScheduler& s = EmuScheduler::get();
+  s.current->waiting_on = this;
+  s.current->wait_phase = phase;
+  s.yield();
+}
+
+inline void __syncthreads() { EmuScheduler::get().block.block.arrive_and_wait(); }
 
 template <class T>
 T __shfl_xor_sync(unsigned, T v, int lane_mask) {
   static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>);
-  auto& warp = *emu_block->warps[threadIdx.x / 32];
-  std::memcpy(&emu_block->slots[threadIdx.x], &v, sizeof(T));
+  EmuBlock& b = EmuScheduler::get().block;
+  const unsigned t = threadIdx.x;
+  EmuBarrier& warp = b.warps[t / 32];
+  std::memcpy(&b.slots[t], &v, sizeof(T));
   warp.arrive_and_wait();
   T out;
-  std::memcpy(&out, &emu_block->slots[(threadIdx.x & ~31u) | ((threadIdx.x & 31u) ^ unsigned(lane_mask))], sizeof(T));
+  std::memcpy(&out, &b.slots[(t & ~31u) | ((t & 31u) ^ unsigned(lane_mask))], sizeof(T));
   warp.arrive_and_wait();
   return out;
 }
 
 template <class T>
 T atomicAdd(T* p, T v) {
-  return std::atomic_ref<T>(*p).fetch_add(v);
+  const T old = *p;  // one OS thread runs every fiber: plain read-modify-write is atomic here
+  *p = old + v;
+  return old;
 }
 inline int atomicCAS(int* p, int expected, int desired) {
-  std::atomic_ref<int>(*p).compare_exchange_strong(expected, desired);
-  return expected;  // the old value (compare_exchange writes it back on failure)
+  const int old = *p;
+  if (old == expected) *p = desired;
+  return old;
 }
 
 template <class A>
@@ -84,76 +187,22 @@ A max(A a, A b) {
   return a < b ? b : a;
 }
 
-// Persistent worker threads (created on first need, reused by every launch: creating a thread
-// per emulated GPU thread per launch would dominate the run time).
-class EmuPool {
- public:
-  static EmuPool& get() {
-    static EmuPool* pool = new EmuPool;  // leaked on purpose: workers sleep until the process ends
-    return *pool;
-  }
-  // Runs job(t) for t in [0, n) on n workers; returns when all have finished.
-  void run(unsigned n, const std::function<void(unsigned)>& job) {
-    std::unique_lock lock(mu_);
-    while (workers_.size() < n) {
-      const unsigned id = static_cast<unsigned>(workers_.size());
-      workers_.emplace_back([this, id] { work(id); });
-      workers_.back().detach();
-    }
-    job_ = &job;
-    active_ = n;
-    remaining_ = n;
-    ++generation_;
-    start_.notify_all();
-    done_.wait(lock, [&] { return remaining_ == 0; });
-    job_ = nullptr;
-  }
-
- private:
-  void work(unsigned id) {
-    std::uint64_t seen = 0;
-    std::unique_lock lock(mu_);
-    for (;;) {
-      start_.wait(lock, [&] { return generation_ != seen; });
-      seen = generation_;
-      if (id >= active_) continue;
-      const auto* job = job_;
-      lock.unlock();
-      (*job)(id);
-      lock.lock();
-      if (--remaining_ == 0) done_.notify_one();
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable start_, done_;
-  std::vector<std::thread> workers_;
-  const std::function<void(unsigned)>* job_ = nullptr;
-  unsigned active_ = 0, remaining_ = 0;
-  std::uint64_t generation_ = 0;
-};
-
-// Runs body() as kernel<<<grid, block>>>: the block's threads step through the blocks in order;
-// a barrier between blocks installs fresh per-block barriers.
+// Runs body() as kernel<<<grid, block>>>: blocks in order, each as blockDim fibers.
 template <class F>
 void emulate_launch(dim3 grid, dim3 block, F&& body) {
+  EmuScheduler& s = EmuScheduler::get();
+  const std::function<void()> fn = std::forward<F>(body);
+  s.body = &fn;
+  blockDim = block;
+  gridDim = grid;
   const unsigned n = block.x * block.y * block.z;
-  const unsigned total = grid.x * grid.y * grid.z;
-  auto state = std::make_unique<EmuBlock>(n);
-  std::barrier between(static_cast<std::ptrdiff_t>(n), [&]() noexcept { state = std::make_unique<EmuBlock>(n); });
-  EmuPool::get().run(n, [&](unsigned t) {
-    threadIdx = uint3{t, 0, 0};
-    blockDim = block;
-    gridDim = grid;
-    for (unsigned b = 0; b < total; ++b) {
-      blockIdx = uint3{b % grid.x, (b / grid.x) % grid.y, b / (grid.x * grid.y)};
-      emu_block = state.get();
-      body();
-      // A finished thread no longer counts at barriers (as an exited GPU thread).
-      emu_block->warps[t / 32]->arrive_and_drop();
-      emu_block->block.arrive_and_drop();
-      between.arrive_and_wait();
-    }
-  });
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        blockIdx = uint3{bx, by, bz};
+        s.run_block(n);
+      }
+  s.body = nullptr;
 }
 
 }  // namespace mom::cuda::dev
