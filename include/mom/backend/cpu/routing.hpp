@@ -11,10 +11,13 @@
 #include <span>
 #include <vector>
 
+#include "mom/backend/cpu/gemm.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
 
 namespace mom::cpu {
+
+inline constexpr index_t kPackedBlock = 64;  // query rows per score block (as kAttentionBlock)
 
 // probs = softmax(inv_temp · logits) per row (may alias logits); picks/values = top-K of probs
 // (descending, ties to the lower index, as topk_rows); weights = the K values, renormalised to
@@ -163,12 +166,6 @@ inline index_t upper_index(std::span<const token_t> v, token_t x) {
 inline index_t key_lower(std::span<const token_t> k_tok, token_t x) { return k_tok.empty() ? x : lower_index(k_tok, x); }
 inline index_t key_upper(std::span<const token_t> k_tok, token_t x) { return k_tok.empty() ? x + 1 : upper_index(k_tok, x); }
 template <class T>
-T* packed_scores(index_t n) {
-  thread_local std::vector<T> buf;  // grows once to the longest key range seen
-  if (ssize(std::span<T>(buf)) < n) buf.resize(static_cast<std::size_t>(n));
-  return buf.data();
-}
-template <class T>
 void check_packed(const char* op, MatrixView<const T> q, MatrixView<const T> k, MatrixView<const T> v,
                   std::span<const token_t> q_tok, std::span<const token_t> k_tok, index_t seq, index_t heads) {
   MOM_CHECK(seq > 0 && heads > 0 && q.cols % heads == 0, op, ": seq ", seq, ", heads ", heads, ", q ", shape(q));
@@ -188,7 +185,29 @@ void check_packed(const char* op, MatrixView<const T> q, MatrixView<const T> k, 
 // group_by_choice makes them), so those keys are one contiguous range, found by binary search.
 // An empty k_tok means the keys are all tokens: key row j is token j (k.rows = batch·seq).
 // out [nq × d]; lse [nq × heads] (row i, head h; -inf when a query has no key: out row 0).
-// Scale 1/sqrt(hd). Parallel over (sequence, head) pairs, which touch disjoint rows / columns.
+// Scale 1/sqrt(hd).
+//
+// As attention_forward: one task per (sequence, head) (tasks touch disjoint rows / columns, so
+// they run in parallel), and within a task query rows go in blocks of kAttentionBlock whose
+// scores against their key range are one dense cpu::gemm; keys beyond a row's range are masked.
+namespace detail {
+// The packed rows of sequence b: queries [q0, q1), keys from k0.
+struct PackedTask {
+  index_t q0, q1, k0;
+};
+inline PackedTask packed_task(std::span<const token_t> q_tok, std::span<const token_t> k_tok, index_t b, index_t seq) {
+  const token_t first = token_t(b * seq), last = token_t(b * seq + seq - 1);
+  return {lower_index(q_tok, first), upper_index(q_tok, last), key_lower(k_tok, first)};
+}
+template <class T, int Slot>
+T* packed_block_scratch(index_t keys) {
+  thread_local std::vector<T> buf;  // grows once to the longest key range seen
+  const auto need = static_cast<std::size_t>(kPackedBlock * keys);
+  if (buf.size() < need) buf.resize(need);
+  return buf.data();
+}
+}  // namespace detail
+
 template <class T>
 void attention_packed_forward(MatrixView<T> out, std::span<T> lse, MatrixView<const T> q, MatrixView<const T> k,
                               MatrixView<const T> v, std::span<const token_t> q_tok, std::span<const token_t> k_tok,
@@ -200,45 +219,45 @@ void attention_packed_forward(MatrixView<T> out, std::span<T> lse, MatrixView<co
   if (nq == 0) return;
   const index_t n_seq = q_tok[nq - 1] / seq + 1;
   const T scale = T(1) / std::sqrt(T(hd));
-#pragma omp parallel for collapse(2) schedule(dynamic) if (nq * k.rows * q.cols > (1 << 16))
-  for (index_t b = 0; b < n_seq; ++b)
-    for (index_t h = 0; h < heads; ++h) {
-      const token_t first = token_t(b * seq), last = token_t(b * seq + seq - 1);
-      const index_t q0 = detail::lower_index(q_tok, first), q1 = detail::upper_index(q_tok, last);
-      const index_t k0 = detail::key_lower(k_tok, first);
-      for (index_t i = q0; i < q1; ++i) {
-        const index_t k1 = detail::key_upper(k_tok, q_tok[i]);
-        const T* qi = q.row(i) + h * hd;
-        T* o = out.row(i) + h * hd;
-        std::fill_n(o, hd, T(0));
-        if (k1 <= k0) {
+#pragma omp parallel for schedule(dynamic) if (n_seq * heads > 1 && nq * hd * 64 > (1 << 14))
+  for (index_t bh = 0; bh < n_seq * heads; ++bh) {
+    const index_t b = bh / heads, h = bh % heads;
+    const auto task = detail::packed_task(q_tok, k_tok, b, seq);
+    const auto qh = q.col_block(h * hd, hd), kh = k.col_block(h * hd, hd), vh = v.col_block(h * hd, hd);
+    const auto oh = out.col_block(h * hd, hd);
+    for (index_t i0 = task.q0; i0 < task.q1; i0 += kPackedBlock) {
+      const index_t i1 = std::min(task.q1, i0 + kPackedBlock), rows = i1 - i0;
+      const index_t keys = detail::key_upper(k_tok, q_tok[i1 - 1]) - task.k0;
+      if (keys <= 0) {  // no query of the block has a key
+        for (index_t i = i0; i < i1; ++i) std::fill_n(oh.row(i), hd, T(0)), lse[i * heads + h] = -std::numeric_limits<T>::infinity();
+        continue;
+      }
+      const MatrixView<T> p(detail::packed_block_scratch<T, 0>(keys), rows, keys);
+      gemm<T>(p, qh.row_block(i0, rows), Trans::N, kh.row_block(task.k0, keys), Trans::T);
+      for (index_t r = 0; r < rows; ++r) {
+        const index_t i = i0 + r, valid = detail::key_upper(k_tok, q_tok[i]) - task.k0;
+        T* s = p.row(r);
+        if (valid <= 0) {
+          std::fill_n(s, keys, T(0));
           lse[i * heads + h] = -std::numeric_limits<T>::infinity();
           continue;
         }
-        T* s = detail::packed_scores<T>(k1 - k0);
         T m = -std::numeric_limits<T>::infinity();
-        for (index_t j = k0; j < k1; ++j) {
-          const T* kj = k.row(j) + h * hd;
-          T dot = 0;
-          for (index_t c = 0; c < hd; ++c) dot += qi[c] * kj[c];
-          s[j - k0] = dot * scale;
-          m = std::max(m, s[j - k0]);
-        }
+        for (index_t j = 0; j < valid; ++j) m = std::max(m, s[j] * scale);
         T sum = 0;
-        for (index_t j = k0; j < k1; ++j) {
-          const T p = std::exp(s[j - k0] - m);
-          sum += p;
-          const T* vj = v.row(j) + h * hd;
-          for (index_t c = 0; c < hd; ++c) o[c] += p * vj[c];
-        }
-        for (index_t c = 0; c < hd; ++c) o[c] /= sum;
+        for (index_t j = 0; j < valid; ++j) sum += (s[j] = std::exp(s[j] * scale - m));
+        for (index_t j = 0; j < valid; ++j) s[j] /= sum;
+        std::fill(s + valid, s + keys, T(0));  // causal mask
         lse[i * heads + h] = m + std::log(sum);
       }
+      gemm<T>(oh.row_block(i0, rows), MatrixView<const T>(p), Trans::N, vh.row_block(task.k0, keys), Trans::N);
     }
+  }
 }
 
-// Backward of attention_packed_forward: dq, dk, dv += (each may alias a column block of a wider
-// matrix). Probabilities are recomputed from q, k and lse.
+// Backward of attention_packed_forward: dq, dk, dv += (each may be a column block of a wider
+// matrix). With P recomputed from lse: dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - rowsum(dO ∘ O)),
+// dQ = scale dS K, dK = scale dSᵀ Q.
 template <class T>
 void attention_packed_backward(MatrixView<T> dq, MatrixView<T> dk, MatrixView<T> dv, MatrixView<const T> dout,
                                MatrixView<const T> out, std::span<const T> lse, MatrixView<const T> q,
@@ -253,39 +272,41 @@ void attention_packed_backward(MatrixView<T> dq, MatrixView<T> dk, MatrixView<T>
   if (nq == 0) return;
   const index_t n_seq = q_tok[nq - 1] / seq + 1;
   const T scale = T(1) / std::sqrt(T(hd));
-#pragma omp parallel for collapse(2) schedule(dynamic) if (nq * k.rows * q.cols > (1 << 16))
-  for (index_t b = 0; b < n_seq; ++b)
-    for (index_t h = 0; h < heads; ++h) {
-      const token_t first = token_t(b * seq), last = token_t(b * seq + seq - 1);
-      const index_t q0 = detail::lower_index(q_tok, first), q1 = detail::upper_index(q_tok, last);
-      const index_t k0 = detail::key_lower(k_tok, first);
-      for (index_t i = q0; i < q1; ++i) {
-        const index_t k1 = detail::key_upper(k_tok, q_tok[i]);
-        if (k1 <= k0) continue;
-        const T* qi = q.row(i) + h * hd;
-        const T* go = dout.row(i) + h * hd;
-        const T* oi = out.row(i) + h * hd;
-        T* dqi = dq.row(i) + h * hd;
+#pragma omp parallel for schedule(dynamic) if (n_seq * heads > 1 && nq * hd * 64 > (1 << 14))
+  for (index_t bh = 0; bh < n_seq * heads; ++bh) {
+    const index_t b = bh / heads, h = bh % heads;
+    const auto task = detail::packed_task(q_tok, k_tok, b, seq);
+    const auto qh = q.col_block(h * hd, hd), kh = k.col_block(h * hd, hd), vh = v.col_block(h * hd, hd);
+    const auto oh = out.col_block(h * hd, hd), dOh = dout.col_block(h * hd, hd);
+    const auto dqh = dq.col_block(h * hd, hd), dkh = dk.col_block(h * hd, hd), dvh = dv.col_block(h * hd, hd);
+    for (index_t i0 = task.q0; i0 < task.q1; i0 += kPackedBlock) {
+      const index_t i1 = std::min(task.q1, i0 + kPackedBlock), rows = i1 - i0;
+      const index_t keys = detail::key_upper(k_tok, q_tok[i1 - 1]) - task.k0;
+      if (keys <= 0) continue;
+      const MatrixView<T> p(detail::packed_block_scratch<T, 0>(keys), rows, keys);
+      const MatrixView<T> ds(detail::packed_block_scratch<T, 1>(keys), rows, keys);
+      gemm<T>(p, qh.row_block(i0, rows), Trans::N, kh.row_block(task.k0, keys), Trans::T);
+      for (index_t r = 0; r < rows; ++r) {
+        const index_t i = i0 + r, valid = std::max<index_t>(0, detail::key_upper(k_tok, q_tok[i]) - task.k0);
+        T* s = p.row(r);
         const T l = lse[i * heads + h];
-        T D = 0;  // Σ_c dout·out = Σ_j p_j (dout·v_j)
-        for (index_t c = 0; c < hd; ++c) D += go[c] * oi[c];
-        for (index_t j = k0; j < k1; ++j) {
-          const T* kj = k.row(j) + h * hd;
-          const T* vj = v.row(j) + h * hd;
-          T dot = 0, dp = 0;
-          for (index_t c = 0; c < hd; ++c) dot += qi[c] * kj[c], dp += go[c] * vj[c];
-          const T p = std::exp(dot * scale - l);
-          const T ds = p * (dp - D) * scale;
-          T* dkj = dk.row(j) + h * hd;
-          T* dvj = dv.row(j) + h * hd;
-          for (index_t c = 0; c < hd; ++c) {
-            dqi[c] += ds * kj[c];
-            dkj[c] += ds * qi[c];
-            dvj[c] += p * go[c];
-          }
-        }
+        for (index_t j = 0; j < valid; ++j) s[j] = std::exp(s[j] * scale - l);
+        std::fill(s + valid, s + keys, T(0));
       }
+      gemm<T>(dvh.row_block(task.k0, keys), MatrixView<const T>(p), Trans::T, dOh.row_block(i0, rows), Trans::N, T(1), T(1));
+      gemm<T>(ds, dOh.row_block(i0, rows), Trans::N, vh.row_block(task.k0, keys), Trans::T);
+      for (index_t r = 0; r < rows; ++r) {
+        const index_t i = i0 + r;
+        T di = 0;  // Σ_j P_ij dP_ij = dO_i · O_i
+        for (index_t c = 0; c < hd; ++c) di += dOh(i, c) * oh(i, c);
+        T* g = ds.row(r);
+        const T* pr = p.row(r);
+        for (index_t j = 0; j < keys; ++j) g[j] = scale * pr[j] * (g[j] - di);  // 0 where P is masked
+      }
+      gemm<T>(dqh.row_block(i0, rows), MatrixView<const T>(ds), Trans::N, kh.row_block(task.k0, keys), Trans::N, T(1), T(1));
+      gemm<T>(dkh.row_block(task.k0, keys), MatrixView<const T>(ds), Trans::T, qh.row_block(i0, rows), Trans::N, T(1), T(1));
     }
+  }
 }
 
 }  // namespace mom::cpu
