@@ -110,7 +110,7 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
               ", nothing to do for --steps ", cfg.steps);
   }
   const auto result = trainer.run();
-  std::printf("done: steps %lld..%lld in %.1f s, %.0f tokens/s%s\n", static_cast<long long>(result.first_step),
+  std::printf("done: steps %lld..%lld in %.1f s, %.0f tokens/s while training%s\n", static_cast<long long>(result.first_step),
               static_cast<long long>(result.last_step), result.seconds, result.tokens_per_second,
               result.interrupted ? " (interrupted; continue with --resume)" : "");
   if (result.final_val_loss)
@@ -220,7 +220,7 @@ int run_train(int argc, char** argv, const std::string& prog) {
   CLI::App app{"Train a language model of the mom library on a text, with checkpoints and resume.", prog};
   TrainRequest r;
   auto& c = r.cfg;
-  c.steps = 600;
+  c.steps = 1200;
   c.batch = 16;
   c.seq = 128;
   c.lr = 2e-3;

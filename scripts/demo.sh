@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
-steps="${MOM_DEMO_STEPS:-600}"
+steps="${MOM_DEMO_STEPS:-1200}"
 arch="${MOM_DEMO_ARCH:-tiny}"
 threads="${OMP_NUM_THREADS:-$(nproc 2>/dev/null || echo 2)}"
 

@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <sstream>
 
 using namespace mom;
 using namespace mom::train;
@@ -290,12 +291,54 @@ TEST_CASE("docs/read_checkpoint.py reads a checkpoint with numpy + json", "[trai
   for (const auto& p : Tiny::layout) {
     double sum = 0;
     for (index_t i = 0; i < p.size(); ++i) sum += double(model.params()[static_cast<std::size_t>(p.offset + i)]);
-    const std::string shape = p.rows == 1 ? "[" + std::to_string(p.cols) + "]"
-                                          : "[" + std::to_string(p.rows) + ", " + std::to_string(p.cols) + "]";
-    const std::string prefix = "tensor " + std::string(p.name) + " float32 " + shape + " sum=";
+    std::ostringstream prefix_os;  // (ostringstream: g++ 12 warns falsely on "[" + std::to_string(...))
+    prefix_os << "tensor " << p.name << " float32 [";
+    if (p.rows != 1) prefix_os << p.rows << ", ";
+    prefix_os << p.cols << "] sum=";
+    const std::string prefix = prefix_os.str();
     const auto at = out.find(prefix);
     REQUIRE(at != std::string::npos);
     const double py_sum = std::stod(out.substr(at + prefix.size()));
     CHECK(py_sum == Approx(sum).margin(1e-6));
   }
+}
+
+TEST_CASE("scripts/plot_runs.py draws the loss curves of several runs as SVG", "[trainer][metrics][python]") {
+  if (std::system("python3 -c 'import json' >/dev/null 2>&1") != 0) {
+    WARN("SKIPPED: python3 not available");
+    return;
+  }
+  mom_test::TempDir dir("plot");
+  auto prep = make_data(dir);
+  TokenFile train(prep.train), val(prep.val);
+  for (const char* run : {"a", "b"}) {
+    auto model = Tiny::make<cpu::Backend<float>>(1);
+    auto cfg = small_config(dir / run, 6);
+    cfg.eval_interval = 2;
+    Trainer t(model, train, &val, cfg);
+    t.run();
+  }
+  // metrics.jsonl: a run record, 6 train records, 3 val records, each a JSON object on one line.
+  std::ifstream in(dir / "a" / "metrics.jsonl");
+  int runs = 0, trains = 0, vals = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    runs += j["type"] == "run";
+    trains += j["type"] == "train";
+    vals += j["type"] == "val";
+    if (j["type"] == "val") CHECK(j["ppl"].get<double>() == Approx(std::exp(j["loss"].get<double>())));
+  }
+  CHECK(runs == 1);
+  CHECK(trains == 6);
+  CHECK(vals == 3);
+  const std::string script = (mom_test::source_dir() / "scripts" / "plot_runs.py").string();
+  const std::string cmd = "python3 '" + script + "' '" + (dir / "a").string() + "' '" + (dir / "b").string() +
+                          "' -o '" + (dir / "loss.svg").string() + "' > /dev/null";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  const std::string svg = read_bytes(dir / "loss.svg");
+  CHECK(svg.rfind("<svg", 0) == 0);
+  std::size_t polylines = 0;
+  for (auto at = svg.find("<polyline"); at != std::string::npos; at = svg.find("<polyline", at + 1)) ++polylines;
+  CHECK(polylines == 4);  // train + val for each run
+  CHECK_THAT(svg, Catch::Contains("tiny-test"));
 }

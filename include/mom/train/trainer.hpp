@@ -196,12 +196,13 @@ class Trainer {
     auto elapsed = [&] { return std::chrono::duration<double>(clock::now() - t0).count(); };
     const double tokens_per_step = double(cfg_.batch * cfg_.seq * cfg_.accum);
     const index_t start_step = step_;
+    double overhead = 0;  // seconds spent in validation and checkpoints
     while (step_ < cfg_.steps) {
       const double loss = train_step();
       result.losses.push_back(loss);
       const double secs = elapsed();
       const double done = double(step_ - start_step);
-      const double tok_s = done * tokens_per_step / std::max(secs, 1e-9);
+      const double tok_s = done * tokens_per_step / std::max(secs - overhead, 1e-9);  // training time only
       const double eta = secs / done * double(cfg_.steps - step_);
       char line[256];
       std::snprintf(line, sizeof line, "step %6lld/%lld | loss %.4f | lr %.3e | grad %.3f | %.0f tok/s | %s elapsed, ETA %s",
@@ -212,6 +213,7 @@ class Trainer {
                      {"grad_norm", last_grad_norm_}, {"tokens", double(step_) * tokens_per_step},
                      {"tok_per_s", tok_s}, {"elapsed_s", secs}});
       const bool last = step_ == cfg_.steps;
+      const double before_bookkeeping = elapsed();
       if (val_ && ((cfg_.eval_interval > 0 && step_ % cfg_.eval_interval == 0) || last)) {
         const double vl = evaluate();
         result.final_val_loss = vl;
@@ -231,12 +233,13 @@ class Trainer {
         const auto dir = save();
         progress_.message("step " + std::to_string(step_) + " | checkpoint " + dir.string());
       }
+      overhead += elapsed() - before_bookkeeping;
       if (stop) break;
     }
     progress_.finish();
     result.last_step = step_;
     result.seconds = elapsed();
-    result.tokens_per_second = double(step_ - start_step) * tokens_per_step / std::max(result.seconds, 1e-9);
+    result.tokens_per_second = double(step_ - start_step) * tokens_per_step / std::max(result.seconds - overhead, 1e-9);
     return result;
   }
 
