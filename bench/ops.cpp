@@ -170,11 +170,12 @@ bool peak_in_child(const char* core, double& gflops, std::string& core_name, dou
   char line[256] = {};
   char name[64] = {};
   bool ok = false;
-  while (std::fgets(line, sizeof line, pipe))
+  while (std::fgets(line, sizeof line, pipe)) {
     if (std::sscanf(line, "PEAK %lf %63s", &gflops, name) == 2) ok = true;
     int i = 0;
     double g = 0;
     if (std::sscanf(line, "LINEAR %d %lf", &i, &g) == 2 && i >= 0 && i < 2) linear_gflops[i] = g;
+  }
   pclose(pipe);
   core_name = name;
   return ok;
