@@ -35,10 +35,12 @@
 #include "mom/modules/module_set.hpp"
 #include "mom/routers/router.hpp"
 #include "mom/routers/sequential.hpp"
+#include "mom/routers/gru.hpp"
 #include "mom/assembly/phi.hpp"
 #include "mom/assembly/assembly.hpp"
 #include "mom/assembly/chunked.hpp"
 #include "mom/assembly/sequential.hpp"
+#include "mom/assembly/mom.hpp"
 
 namespace mom {
 
