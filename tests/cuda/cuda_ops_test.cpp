@@ -491,3 +491,114 @@ TEST_CASE("ops raise the cpu ops' shape errors and index errors at the next sync
   }
   be.sync();  // the error was consumed
 }
+
+// ---- routed assembly ops (cpu/routing.hpp) ------------------------------------------------------
+
+TEMPLATE_TEST_CASE("router top-K forward and backward match cpu", "[cuda][routing]", float, double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  test::Rng rng(21);
+  const index_t n = 50, E = 7;
+  for (const index_t k : {index_t(1), index_t(2), index_t(7)})
+    for (const bool renormalise : {true, false})
+      for (const bool with_col : {true, false}) {
+        INFO("k " << k << " renormalise " << renormalise << " dprobs_col " << with_col);
+        auto logits = rand_arr<T>(n * E, rng, -2, 2), probs = rand_arr<T>(n * E, rng), w = rand_arr<T>(n * k, rng);
+        auto picks = tok_arr<T>(std::vector<token_t>(static_cast<std::size_t>(n * k), 0));
+        auto dw = rand_arr<T>(n * k, rng), dcol = rand_arr<T>(with_col ? E : 0, rng), dlogits = rand_arr<T>(n * E, rng);
+        host<T>().route_topk_forward(w.hm(n, k), picks.hm(n, k), probs.hm(n, E), logits.hm(n, E), T(0.7), renormalise);
+        gpu<T>().route_topk_forward(w.dm(n, k), picks.dm(n, k), probs.dm(n, E), logits.dm(n, E), T(0.7), renormalise);
+        expect_close(probs, tol_kernel<T>, "probs");
+        expect_close(w, tol_kernel<T>, "weights");
+        expect_equal_tokens(picks, "picks");
+        host<T>().route_topk_backward(dlogits.hm(n, E), dw.hm(n, k), w.hm(n, k), probs.hm(n, E),
+                                      MatrixView<const token_t>(picks.hm(n, k)), T(0.7), renormalise,
+                                      std::span<const T>(dcol.hs()));
+        gpu<T>().route_topk_backward(dlogits.dm(n, E), dw.dm(n, k), w.dm(n, k), probs.dm(n, E),
+                                     MatrixView<const token_t>(picks.dm(n, k)), T(0.7), renormalise,
+                                     std::span<const T>(dcol.ds()));
+        expect_close(dlogits, tol_kernel<T> * 10, "dlogits");
+      }
+}
+
+TEMPLATE_TEST_CASE("group_by_choice and the balance loss match cpu", "[cuda][routing]", float, double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  test::Rng rng(22);
+  const index_t n = 301, k = 2, E = 5;
+  std::vector<token_t> p(static_cast<std::size_t>(n * k));
+  for (auto& x : p) x = static_cast<token_t>(rng.integer(0, int(E) - 1));
+  auto picks = tok_arr<T>(p);
+  auto row_token = tok_arr<T>(std::vector<token_t>(p.size(), -7)), row_slot = tok_arr<T>(std::vector<token_t>(p.size(), -7));
+  auto offsets = tok_arr<T>(std::vector<token_t>(static_cast<std::size_t>(E + 1), -7));
+  host<T>().group_by_choice(row_token.hs(), row_slot.hs(), offsets.hs(), MatrixView<const token_t>(picks.hm(n, k)), E);
+  gpu<T>().group_by_choice(row_token.ds(), row_slot.ds(), offsets.ds(), MatrixView<const token_t>(picks.dm(n, k)), E);
+  expect_equal_tokens(row_token, "row_token");
+  expect_equal_tokens(row_slot, "row_slot");
+  expect_equal_tokens(offsets, "offsets");
+
+  auto probs = rand_arr<T>(n * E, rng, 0, 1), loss = rand_arr<T>(1, rng), dcol = rand_arr<T>(E, rng);
+  host<T>().balance_loss_forward(loss.hs(), dcol.hs(), probs.hm(n, E), offsets.hs(), k, T(0.01));
+  gpu<T>().balance_loss_forward(loss.ds(), dcol.ds(), probs.dm(n, E), offsets.ds(), k, T(0.01));
+  expect_close(loss, tol_kernel<T>, "balance loss");
+  expect_close(dcol, tol_kernel<T>, "dprobs_col");
+}
+
+TEMPLATE_TEST_CASE("packed attention forward and backward match cpu (subsets and keys without queries)",
+                   "[cuda][routing]", float, double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  test::Rng rng(23);
+  const index_t batch = 3, seq = 29, heads = 2, tokens = batch * seq;
+  for (const index_t hd : {index_t(16), index_t(40)})
+    for (const bool all_keys : {true, false}) {
+      const index_t d = heads * hd;
+      INFO("hd " << hd << " all keys " << all_keys);
+      // Queries: a random ascending subset of the tokens; keys: all tokens, or another subset
+      // (then some queries see no key: lse -inf and a zero output row).
+      std::vector<token_t> qt, kt;
+      for (index_t t = 0; t < tokens; ++t) {
+        if (rng.integer(0, 2) != 0) qt.push_back(static_cast<token_t>(t));
+        if (!all_keys && rng.integer(0, 1) == 0) kt.push_back(static_cast<token_t>(t));
+      }
+      const index_t nq = ssize(std::span<token_t>(qt)), nk = all_keys ? tokens : ssize(std::span<token_t>(kt));
+      auto q_tok = tok_arr<T>(qt), k_tok = tok_arr<T>(kt);
+      // q, k, v and their gradients as column blocks of wider matrices (strided views).
+      auto q = rand_arr<T>(nq * 2 * d, rng, -1.5, 1.5), kv = rand_arr<T>(nk * 2 * d, rng, -1.5, 1.5);
+      auto out = rand_arr<T>(nq * d, rng), lse = rand_arr<T>(nq * heads, rng), dout = rand_arr<T>(nq * d, rng);
+      auto dq = rand_arr<T>(nq * 2 * d, rng), dkv = rand_arr<T>(nk * 2 * d, rng);
+      const auto hq = MatrixView<const T>(q.hm(nq, d, 2 * d)), dqv = MatrixView<const T>(q.dm(nq, d, 2 * d));
+      const auto hk = MatrixView<const T>(kv.hm(nk, d, 2 * d)), dk = MatrixView<const T>(kv.dm(nk, d, 2 * d));
+      const auto hv = MatrixView<const T>(MatrixView<T>{kv.h.data() + d, nk, d, 2 * d});
+      const auto dvv = MatrixView<const T>(MatrixView<T>{kv.d.data() + d, nk, d, 2 * d});
+      const std::span<const token_t> hkt = all_keys ? std::span<const token_t>() : std::span<const token_t>(k_tok.hs());
+      const std::span<const token_t> dkt = all_keys ? std::span<const token_t>() : std::span<const token_t>(k_tok.ds());
+      host<T>().attention_packed_forward(out.hm(nq, d), lse.hs(), hq, hk, hv, q_tok.hs(), hkt, seq, heads);
+      gpu<T>().attention_packed_forward(out.dm(nq, d), lse.ds(), dqv, dk, dvv, q_tok.ds(), dkt, seq, heads);
+      expect_close(out, tol_attention<T>, "out");
+      {  // lse: the same -inf entries, the finite ones close
+        auto got = lse.fetch();
+        auto want = lse.h;
+        std::size_t mismatched_inf = 0, no_key = 0;
+        for (std::size_t i = 0; i < got.size(); ++i) {
+          mismatched_inf += std::isinf(got[i]) != std::isinf(want[i]);
+          no_key += std::isinf(want[i]);
+          if (std::isinf(got[i]) || std::isinf(want[i])) got[i] = want[i] = T(0);
+        }
+        CHECK(mismatched_inf == 0);
+        if (!all_keys) CHECK(no_key > 0);  // the case is exercised
+        const double err = test::rel_error(got, want);
+        INFO("lse relative error " << err);
+        CHECK(err <= tol_attention<T>);
+      }
+      host<T>().attention_packed_backward(dq.hm(nq, d, 2 * d), dkv.hm(nk, d, 2 * d),
+                                          MatrixView<T>{dkv.h.data() + d, nk, d, 2 * d}, dout.hm(nq, d),
+                                          out.hm(nq, d), std::span<const T>(lse.hs()), hq, hk, hv, q_tok.hs(), hkt, seq,
+                                          heads);
+      gpu<T>().attention_packed_backward(dq.dm(nq, d, 2 * d), dkv.dm(nk, d, 2 * d),
+                                         MatrixView<T>{dkv.d.data() + d, nk, d, 2 * d}, dout.dm(nq, d), out.dm(nq, d),
+                                         std::span<const T>(lse.ds()), dqv, dk, dvv, q_tok.ds(), dkt, seq, heads);
+      expect_close(dq, tol_attention<T> * 10, "dq");
+      expect_close(dkv, tol_attention<T> * 10, "dk and dv");
+    }
+}

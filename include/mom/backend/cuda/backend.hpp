@@ -48,6 +48,7 @@ inline void destroy_context(Context* c) noexcept {
   (void)cudaFree(c->cub_temp);
   (void)cudaFree(c->pair_ids);
   (void)cudaFree(c->counts);
+  (void)cudaFree(c->sorted_keys);
   delete c;
 }
 }  // namespace detail
@@ -392,6 +393,74 @@ struct Backend {
     linear_backward(dh, dw_hh, db_hh, dgh, h, w_hh);
   }
 
+  // ---- routed assembly (cpu/routing.hpp) -------------------------------------
+  void route_topk_forward(M weights, MatrixView<token_t> picks, M probs, CM logits, T inv_temp, bool renormalise) const {
+    const index_t n = logits.rows, E = logits.cols, k = weights.cols;
+    MOM_CHECK(k >= 1 && k <= E, "route_topk_forward: K = ", k, " must be in [1, ", E, "] for logits ", shape(logits));
+    MOM_CHECK(probs.rows == n && probs.cols == E && weights.rows == n && picks.rows == n && picks.cols == k,
+              "route_topk_forward: probs ", shape(probs), ", weights ", shape(weights), ", picks ", shape(picks),
+              " disagree with logits ", shape(logits));
+    K::route_topk_forward(*ctx_, weights, picks, probs, logits, inv_temp, renormalise);
+  }
+  void route_topk_backward(M dlogits, CM dweights, CM weights, CM probs, MatrixView<const token_t> picks, T inv_temp,
+                           bool renormalise, CS dprobs_col) const {
+    const index_t n = probs.rows, E = probs.cols, k = picks.cols;
+    MOM_CHECK(dlogits.rows == n && dlogits.cols == E && dweights.rows == n && dweights.cols == k &&
+                  weights.rows == n && weights.cols == k && picks.rows == n,
+              "route_topk_backward: dlogits ", shape(dlogits), ", dweights ", shape(dweights), ", weights ",
+              shape(weights), ", picks ", shape(picks), " disagree with probs ", shape(probs));
+    MOM_CHECK(dprobs_col.empty() || ssize(dprobs_col) == E, "route_topk_backward: dprobs_col has ", dprobs_col.size(),
+              " elements, expected ", E);
+    K::route_topk_backward(*ctx_, dlogits, dweights, weights, probs, picks, inv_temp, renormalise,
+                           dprobs_col.empty() ? nullptr : dprobs_col.data());
+  }
+  // Stable grouping of the n×K (token, pick) slots by class: group_by_module over the flat picks
+  // (CUB radix sort + scan), then row_token = slot / K. Stays on the device.
+  void group_by_choice(std::span<token_t> row_token, std::span<token_t> row_slot, std::span<token_t> offsets,
+                       MatrixView<const token_t> picks, index_t classes) const {
+    const index_t n = picks.rows, k = picks.cols, E = classes;
+    MOM_CHECK(ssize(row_token) == n * k && ssize(row_slot) == n * k && ssize(offsets) == E + 1, "group_by_choice: ",
+              row_token.size(), " / ", row_slot.size(), " rows and ", offsets.size(), " offsets for picks ",
+              shape(picks), " and ", E, " classes");
+    MOM_CHECK(picks.contiguous() || n <= 1, "group_by_choice: picks ", shape(picks), " with row stride ", picks.ld,
+              " must be contiguous on the CUDA backend");
+    reserve_dispatch(n * k, E);
+    cuda::group_by_module(*ctx_, row_slot.data(), ctx_->sorted_keys, offsets.data(), ctx_->counts, picks.data, n * k, E,
+                          DeviceError::group_choice);
+    cuda::slots_to_rows(*ctx_, row_token.data(), row_slot.data(), n * k, k);
+  }
+  // Switch-style balance loss (Fedus et al. 2022, eq. (4)); reads the group offsets on the device.
+  void balance_loss_forward(S loss_out, S dprobs_col, CM probs, Tok offsets, index_t k, T coef) const {
+    const index_t E = probs.cols;
+    MOM_CHECK(ssize(loss_out) == 1 && ssize(dprobs_col) == E && ssize(offsets) == E + 1,
+              "balance_loss_forward: loss_out ", loss_out.size(), ", dprobs_col ", dprobs_col.size(), ", offsets ",
+              offsets.size(), " for probs ", shape(probs));
+    MOM_CHECK(E <= Context::reduce_blocks, "balance_loss_forward: ", E, " classes exceed the CUDA backend's ",
+              Context::reduce_blocks);
+    K::balance_loss_forward(*ctx_, loss_out.data(), dprobs_col.data(), probs, offsets.data(), k, coef);
+  }
+  // Causal attention over packed queries/keys (positions q_tok, k_tok ascending; k_tok empty =
+  // every token). lse is [nq × heads]. Position order is checked on the device (next sync).
+  void attention_packed_forward(M out, S lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok, index_t seq, index_t heads) const {
+    check_packed("attention_packed_forward", q, k, v, q_tok, k_tok, seq, heads);
+    MOM_CHECK(out.rows == q.rows && out.cols == q.cols && ssize(lse) == q.rows * heads,
+              "attention_packed_forward: out ", shape(out), ", lse ", lse.size(), " for q ", shape(q));
+    if (q.rows == 0) return;
+    K::attention_packed_forward(*ctx_, out, lse.data(), q, k, v, q_tok.data(), k_tok.empty() ? nullptr : k_tok.data(),
+                                seq, heads);
+  }
+  void attention_packed_backward(M dq, M dk, M dv, CM dout, CM out, CS lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok,
+                                 index_t seq, index_t heads) const {
+    check_packed("attention_packed_backward", q, k, v, q_tok, k_tok, seq, heads);
+    MOM_CHECK(dq.rows == q.rows && dq.cols == q.cols && dk.rows == k.rows && dk.cols == k.cols && dv.rows == v.rows &&
+                  dv.cols == v.cols && dout.rows == q.rows && out.rows == q.rows && ssize(lse) == q.rows * heads,
+              "attention_packed_backward: dq ", shape(dq), ", dk ", shape(dk), ", dv ", shape(dv), ", dout ",
+              shape(dout), " disagree with q ", shape(q), " and k ", shape(k));
+    if (q.rows == 0) return;
+    K::attention_packed_backward(*ctx_, dq, dk, dv, dout, out, lse.data(), q, k, v, q_tok.data(),
+                                 k_tok.empty() ? nullptr : k_tok.data(), seq, heads);
+  }
+
   // *norm_out = sqrt(Σ g²) (double accumulation), written to device memory: no host sync.
   void grad_norm(CS grads, T* norm_out) const {
     MOM_CHECK(norm_out != nullptr, "grad_norm: norm_out is null (", grads.size(), " gradients)");
@@ -417,6 +486,9 @@ struct Backend {
   void reserve_dispatch(index_t n_pairs, index_t n_modules) const {
     MOM_CHECK(n_pairs >= 0 && n_modules >= 1, "reserve_dispatch: n_pairs ", n_pairs, ", n_modules ", n_modules);
     Context& c = *ctx_;
+    if (n_pairs <= c.dispatch_pairs && n_modules <= c.dispatch_modules) return;  // sized already
+    n_pairs = std::max(n_pairs, c.dispatch_pairs);
+    n_modules = std::max(n_modules, c.dispatch_modules);
     const std::size_t bytes = group_by_module_temp_bytes(n_pairs, n_modules);
     if (bytes > c.cub_temp_bytes) {
       MOM_CUDA_CHECK(cudaStreamSynchronize(c.stream), "reserve_dispatch");
@@ -429,10 +501,12 @@ struct Backend {
     if (n_pairs > c.pair_ids_size) {
       MOM_CUDA_CHECK(cudaStreamSynchronize(c.stream), "reserve_dispatch");
       MOM_CUDA_CHECK(cudaFree(c.pair_ids), "reserve_dispatch");
-      c.pair_ids = nullptr;
+      MOM_CUDA_CHECK(cudaFree(c.sorted_keys), "reserve_dispatch");
+      c.pair_ids = c.sorted_keys = nullptr;
       c.pair_ids_size = 0;
-      MOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c.pair_ids), static_cast<std::size_t>(n_pairs) * sizeof(token_t)),
-                     "reserve_dispatch");
+      const std::size_t bytes_ids = static_cast<std::size_t>(n_pairs) * sizeof(token_t);
+      MOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c.pair_ids), bytes_ids), "reserve_dispatch");
+      MOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c.sorted_keys), bytes_ids), "reserve_dispatch");
       c.pair_ids_size = n_pairs;
     }
     if (n_modules + 1 > c.counts_size) {
@@ -444,6 +518,8 @@ struct Backend {
                      "reserve_dispatch");
       c.counts_size = n_modules + 1;
     }
+    c.dispatch_pairs = n_pairs;
+    c.dispatch_modules = n_modules;
   }
   // Groups (token, module) pairs by module: modules[p] is the module of pair p (e.g. p = token·K + j
   // for a router's K choices). Writes sorted_ids (pair indices, stably sorted by module, so causal
@@ -480,6 +556,10 @@ struct Backend {
       case DeviceError::scatter_backward_index: op = "scatter_add_rows_backward", what = "idx"; break;
       case DeviceError::topk_backward_index: op = "topk_rows_backward", what = "index"; break;
       case DeviceError::group_module: op = "group_by_module", what = "module id"; break;
+      case DeviceError::group_choice: op = "group_by_choice", what = "pick"; break;
+      case DeviceError::packed_positions:
+        mom::detail::fail("attention_packed: query positions must be ascending and in range; q_tok[", e[1], "] = ",
+                          e[2], " (found on the device)");
       default: break;
     }
     mom::detail::fail(op, ": ", what, " ", e[2], " at position ", e[1], " is out of range [0, ", e[3],
@@ -506,6 +586,15 @@ struct Backend {
     MOM_CHECK(ssize(lse) == batch * heads * seq, op, ": lse has ", lse.size(),
               " elements, expected batch*heads*seq = ", batch * heads * seq);
     MOM_CHECK(d / heads <= 128, op, ": head dimension ", d / heads, " exceeds the CUDA kernels' maximum of 128");
+  }
+  static void check_packed(const char* op, CM q, CM k, CM v, Tok q_tok, Tok k_tok, index_t seq, index_t heads) {
+    MOM_CHECK(seq > 0 && heads > 0 && q.cols % heads == 0, op, ": seq ", seq, ", heads ", heads, ", q ", shape(q));
+    MOM_CHECK(k.cols == q.cols && v.cols == q.cols && k.rows == v.rows, op, ": q ", shape(q), ", k ", shape(k), ", v ",
+              shape(v), " disagree");
+    MOM_CHECK(ssize(q_tok) == q.rows && (k_tok.empty() || ssize(k_tok) == k.rows), op, ": ", q_tok.size(),
+              " query and ", k_tok.size(), " key positions for q ", shape(q), " and k ", shape(k));
+    MOM_CHECK(q.cols / heads <= 128, op, ": head dimension ", q.cols / heads,
+              " exceeds the CUDA kernels' maximum of 128");
   }
   static void check_gru_shapes(const char* op, index_t n, index_t H, CM gates, CM x, CM h, CM w_ih, CM w_hh,
                                index_t b_ih, index_t b_hh) {

@@ -592,6 +592,358 @@ __global__ void attention_backward_dkdv_kernel(MatrixView<T> dqkv, MatrixView<co
     }
 }
 
+// ---- packed causal attention (routed assembly; cpu/routing.hpp) -------------------------------
+//
+// Query row i is token q_tok[i] (ascending); it attends to the key rows j of the same sequence
+// with token k_tok[j] <= q_tok[i] (k_tok null: key row j is token j) — one contiguous key range
+// per query, found by binary search. A tile of queries may straddle two sequences: the block
+// streams the union of its rows' key ranges and each thread skips keys outside its own range.
+// lse is [nq × heads] (row i, head h); a query without keys gets lse = -inf and a zero row.
+
+struct PackedLayout {
+  index_t nq, nk, seq, heads, hd;
+  const token_t* q_tok;
+  const token_t* k_tok;  // null: identity
+};
+
+// First index in sorted v[0, n) with v[i] >= x (lower) / v[i] > x (upper).
+__device__ __forceinline__ index_t lower_idx(const token_t* v, index_t n, index_t x) {
+  index_t lo = 0, hi = n;
+  while (lo < hi) {
+    const index_t mid = (lo + hi) / 2;
+    if (v[mid] < x) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+__device__ __forceinline__ index_t upper_idx(const token_t* v, index_t n, index_t x) {
+  index_t lo = 0, hi = n;
+  while (lo < hi) {
+    const index_t mid = (lo + hi) / 2;
+    if (v[mid] <= x) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+// Key rows [lo, hi) visible to a query at token t.
+__device__ __forceinline__ void packed_key_range(const PackedLayout& L, index_t t, index_t& lo, index_t& hi) {
+  const index_t first = (t / L.seq) * L.seq;
+  lo = L.k_tok ? lower_idx(L.k_tok, L.nk, first) : first;
+  hi = L.k_tok ? upper_idx(L.k_tok, L.nk, t) : t + 1;
+}
+// Query rows [lo, hi) that see a key at token t.
+__device__ __forceinline__ void packed_query_range(const PackedLayout& L, index_t t, index_t& lo, index_t& hi) {
+  lo = lower_idx(L.q_tok, L.nq, t);
+  hi = upper_idx(L.q_tok, L.nq, (t / L.seq) * L.seq + L.seq - 1);
+}
+// The union [ulo, uhi) of the block's per-thread ranges (s_lo/s_hi hold them; BT entries).
+template <int BT>
+__device__ __forceinline__ void range_union(const index_t* s_lo, const index_t* s_hi, index_t& ulo, index_t& uhi) {
+  ulo = std::numeric_limits<index_t>::max();
+  uhi = 0;
+  for (int t = 0; t < BT; ++t)
+    if (s_lo[t] < s_hi[t]) {
+      ulo = min(ulo, s_lo[t]);
+      uhi = max(uhi, s_hi[t]);
+    }
+  if (uhi == 0) ulo = 0;
+}
+template <class T, int BT, int HD, int LD>
+__device__ __forceinline__ void load_rows(T (*tile)[LD], MatrixView<const T> m, index_t r0, index_t rows, index_t col0,
+                                          index_t hd) {
+  for (int e = threadIdx.x; e < BT * HD; e += blockDim.x) {
+    const int rr = e / HD, c = e % HD;
+    const index_t r = r0 + rr;
+    tile[rr][c] = (r < rows && c < hd) ? m.data[r * m.ld + col0 + c] : T(0);
+  }
+}
+
+template <class T, int HD>
+__global__ void attention_packed_forward_kernel(MatrixView<T> out, T* lse, MatrixView<const T> q,
+                                                MatrixView<const T> k, MatrixView<const T> v, PackedLayout L, T scale,
+                                                int* error) {
+  constexpr int BT = attention_tile<T, HD>;
+  __shared__ T sq[BT][HD + 1];
+  __shared__ T sk[BT][HD];
+  __shared__ T sv[BT][HD];
+  __shared__ index_t s_lo[BT], s_hi[BT];
+  const index_t h = blockIdx.y, col0 = h * L.hd;
+  const index_t i0 = index_t(blockIdx.x) * BT, i = i0 + threadIdx.x;
+  load_rows<T, BT, HD, HD + 1>(sq, q, i0, L.nq, col0, L.hd);
+  index_t lo = 0, hi = 0;
+  if (i < L.nq) {
+    const index_t t = L.q_tok[i];
+    if ((i > 0 && L.q_tok[i - 1] >= t) || t < 0 || (!L.k_tok && t >= L.nk)) {
+      if (h == 0) report(error, DeviceError::packed_positions, i, t, L.nk);
+    } else {
+      packed_key_range(L, t, lo, hi);
+    }
+  }
+  s_lo[threadIdx.x] = lo;
+  s_hi[threadIdx.x] = hi;
+  __syncthreads();
+  index_t ulo, uhi;
+  range_union<BT>(s_lo, s_hi, ulo, uhi);
+  T o[HD];
+#pragma unroll
+  for (int c = 0; c < HD; ++c) o[c] = T(0);
+  T m = neg_inf<T>(), l = T(0);
+  for (index_t j0 = ulo; j0 < uhi; j0 += BT) {
+    __syncthreads();
+    load_rows<T, BT, HD, HD>(sk, k, j0, L.nk, col0, L.hd);
+    load_rows<T, BT, HD, HD>(sv, v, j0, L.nk, col0, L.hd);
+    __syncthreads();
+    for (int jj = 0; jj < BT; ++jj) {
+      const index_t j = j0 + jj;
+      if (j < lo || j >= hi) continue;
+      T s = T(0);
+#pragma unroll
+      for (int c = 0; c < HD; ++c) s += sq[threadIdx.x][c] * sk[jj][c];
+      s *= scale;
+      if (s > m) {
+        const T corr = exp_(m - s);
+        l *= corr;
+#pragma unroll
+        for (int c = 0; c < HD; ++c) o[c] *= corr;
+        m = s;
+      }
+      const T p = exp_(s - m);
+      l += p;
+#pragma unroll
+      for (int c = 0; c < HD; ++c) o[c] += p * sv[jj][c];
+    }
+  }
+  if (i >= L.nq) return;
+  const T inv = l > T(0) ? T(1) / l : T(0);
+  T* orow = out.data + i * out.ld + col0;
+#pragma unroll
+  for (int c = 0; c < HD; ++c)
+    if (c < L.hd) orow[c] = o[c] * inv;
+  lse[i * L.heads + h] = l > T(0) ? m + log_(l) : neg_inf<T>();
+}
+
+template <class T, int HD>
+__global__ void attention_packed_backward_dq_kernel(MatrixView<T> dq, MatrixView<const T> dout, MatrixView<const T> out,
+                                                    const T* lse, MatrixView<const T> q, MatrixView<const T> k,
+                                                    MatrixView<const T> v, PackedLayout L, T scale) {
+  constexpr int BT = attention_tile<T, HD>;
+  __shared__ T sq[BT][HD + 1];
+  __shared__ T sdo[BT][HD + 1];
+  __shared__ T sk[BT][HD];
+  __shared__ T sv[BT][HD];
+  __shared__ index_t s_lo[BT], s_hi[BT];
+  const index_t h = blockIdx.y, col0 = h * L.hd;
+  const index_t i0 = index_t(blockIdx.x) * BT, i = i0 + threadIdx.x;
+  load_rows<T, BT, HD, HD + 1>(sq, q, i0, L.nq, col0, L.hd);
+  load_rows<T, BT, HD, HD + 1>(sdo, dout, i0, L.nq, col0, L.hd);
+  index_t lo = 0, hi = 0;
+  T di = T(0), row_lse = T(0);
+  if (i < L.nq) {
+    row_lse = lse[i * L.heads + h];
+    if (row_lse != neg_inf<T>()) packed_key_range(L, L.q_tok[i], lo, hi);
+  }
+  s_lo[threadIdx.x] = lo;
+  s_hi[threadIdx.x] = hi;
+  __syncthreads();
+  if (i < L.nq)
+    for (index_t c = 0; c < L.hd; ++c) di += sdo[threadIdx.x][c] * out.data[i * out.ld + col0 + c];
+  index_t ulo, uhi;
+  range_union<BT>(s_lo, s_hi, ulo, uhi);
+  T acc[HD];
+#pragma unroll
+  for (int c = 0; c < HD; ++c) acc[c] = T(0);
+  for (index_t j0 = ulo; j0 < uhi; j0 += BT) {
+    __syncthreads();
+    load_rows<T, BT, HD, HD>(sk, k, j0, L.nk, col0, L.hd);
+    load_rows<T, BT, HD, HD>(sv, v, j0, L.nk, col0, L.hd);
+    __syncthreads();
+    for (int jj = 0; jj < BT; ++jj) {
+      const index_t j = j0 + jj;
+      if (j < lo || j >= hi) continue;
+      T s = T(0), dp = T(0);
+#pragma unroll
+      for (int c = 0; c < HD; ++c) {
+        s += sq[threadIdx.x][c] * sk[jj][c];
+        dp += sdo[threadIdx.x][c] * sv[jj][c];
+      }
+      const T ds = exp_(s * scale - row_lse) * (dp - di);
+#pragma unroll
+      for (int c = 0; c < HD; ++c) acc[c] += ds * sk[jj][c];
+    }
+  }
+  if (i >= L.nq || lo >= hi) return;
+  T* drow = dq.data + i * dq.ld + col0;
+#pragma unroll
+  for (int c = 0; c < HD; ++c)
+    if (c < L.hd) drow[c] += scale * acc[c];
+}
+
+template <class T, int HD>
+__global__ void attention_packed_backward_dkdv_kernel(MatrixView<T> dk, MatrixView<T> dv, MatrixView<const T> dout,
+                                                      MatrixView<const T> out, const T* lse, MatrixView<const T> q,
+                                                      MatrixView<const T> k, MatrixView<const T> v, PackedLayout L,
+                                                      T scale) {
+  constexpr int BT = attention_tile<T, HD>;
+  __shared__ T sk[BT][HD + 1];
+  __shared__ T sv[BT][HD + 1];
+  __shared__ T sq[BT][HD];
+  __shared__ T sdo[BT][HD];
+  __shared__ T slse[BT], sd[BT];
+  __shared__ index_t s_lo[BT], s_hi[BT];
+  const index_t h = blockIdx.y, col0 = h * L.hd;
+  const index_t j0 = index_t(blockIdx.x) * BT, j = j0 + threadIdx.x;
+  load_rows<T, BT, HD, HD + 1>(sk, k, j0, L.nk, col0, L.hd);
+  load_rows<T, BT, HD, HD + 1>(sv, v, j0, L.nk, col0, L.hd);
+  index_t lo = 0, hi = 0;
+  if (j < L.nk) packed_query_range(L, L.k_tok ? L.k_tok[j] : j, lo, hi);
+  s_lo[threadIdx.x] = lo;
+  s_hi[threadIdx.x] = hi;
+  __syncthreads();
+  index_t ulo, uhi;
+  range_union<BT>(s_lo, s_hi, ulo, uhi);
+  T gk[HD], gv[HD];
+#pragma unroll
+  for (int c = 0; c < HD; ++c) gk[c] = gv[c] = T(0);
+  for (index_t i0 = ulo; i0 < uhi; i0 += BT) {
+    __syncthreads();
+    load_rows<T, BT, HD, HD>(sq, q, i0, L.nq, col0, L.hd);
+    load_rows<T, BT, HD, HD>(sdo, dout, i0, L.nq, col0, L.hd);
+    __syncthreads();
+    {  // thread t prepares D and lse of query row i0 + t
+      const index_t i = i0 + threadIdx.x;
+      T di = T(0), l = neg_inf<T>();
+      if (i < L.nq) {
+        for (index_t c = 0; c < L.hd; ++c) di += sdo[threadIdx.x][c] * out.data[i * out.ld + col0 + c];
+        l = lse[i * L.heads + h];
+      }
+      sd[threadIdx.x] = di;
+      slse[threadIdx.x] = l;
+    }
+    __syncthreads();
+    for (int ii = 0; ii < BT; ++ii) {
+      const index_t i = i0 + ii;
+      if (i < lo || i >= hi) continue;
+      T s = T(0), dp = T(0);
+#pragma unroll
+      for (int c = 0; c < HD; ++c) {
+        s += sq[ii][c] * sk[threadIdx.x][c];
+        dp += sdo[ii][c] * sv[threadIdx.x][c];
+      }
+      const T p = exp_(s * scale - slse[ii]);
+      const T ds = p * (dp - sd[ii]);
+#pragma unroll
+      for (int c = 0; c < HD; ++c) {
+        gv[c] += p * sdo[ii][c];
+        gk[c] += ds * sq[ii][c];
+      }
+    }
+  }
+  if (j >= L.nk || lo >= hi) return;
+  T* krow = dk.data + j * dk.ld + col0;
+  T* vrow = dv.data + j * dv.ld + col0;
+#pragma unroll
+  for (int c = 0; c < HD; ++c)
+    if (c < L.hd) {
+      krow[c] += scale * gk[c];
+      vrow[c] += gv[c];
+    }
+}
+
+// ---- router top-K and balance loss (routed assembly; cpu/routing.hpp) -------------------------
+
+// Thread per row: probs = softmax(inv_temp·logits), top-K by insertion (ties to the lower index),
+// weights optionally renormalised. Same operation order as the CPU op.
+template <class T>
+__global__ void route_topk_forward_kernel(MatrixView<T> weights, MatrixView<token_t> picks, MatrixView<T> probs,
+                                          MatrixView<const T> logits, T inv_temp, bool renormalise) {
+  const index_t E = logits.cols, k = weights.cols;
+  MOM_GRID_STRIDE(r, logits.rows) {
+    const T* x = logits.data + r * logits.ld;
+    T* p = probs.data + r * probs.ld;
+    T m = neg_inf<T>();
+    for (index_t e = 0; e < E; ++e) m = max(m, x[e] * inv_temp);
+    T sum = T(0);
+    for (index_t e = 0; e < E; ++e) sum += (p[e] = exp_(x[e] * inv_temp - m));
+    for (index_t e = 0; e < E; ++e) p[e] /= sum;
+    T* w = weights.data + r * weights.ld;
+    token_t* ind = picks.data + r * picks.ld;
+    index_t filled = 0;
+    for (index_t e = 0; e < E; ++e) {
+      const T val = p[e];
+      if (filled == k && !(val > w[k - 1])) continue;
+      index_t pos = filled < k ? filled++ : k - 1;
+      while (pos > 0 && val > w[pos - 1]) {
+        w[pos] = w[pos - 1];
+        ind[pos] = ind[pos - 1];
+        --pos;
+      }
+      w[pos] = val;
+      ind[pos] = static_cast<token_t>(e);
+    }
+    if (renormalise) {
+      T s = T(0);
+      for (index_t j = 0; j < k; ++j) s += w[j];
+      for (index_t j = 0; j < k; ++j) w[j] /= s;
+    }
+  }
+}
+
+template <class T>
+__global__ void route_topk_backward_kernel(MatrixView<T> dlogits, MatrixView<const T> dweights,
+                                           MatrixView<const T> weights, MatrixView<const T> probs,
+                                           MatrixView<const token_t> picks, T inv_temp, bool renormalise,
+                                           const T* dprobs_col) {
+  const index_t E = probs.cols, k = picks.cols;
+  MOM_GRID_STRIDE(r, probs.rows) {
+    const T* p = probs.data + r * probs.ld;
+    const T* w = weights.data + r * weights.ld;
+    const T* dw = dweights.data + r * dweights.ld;
+    const token_t* ind = picks.data + r * picks.ld;
+    T S = T(0), dot_w = T(0);
+    if (renormalise) {
+      for (index_t j = 0; j < k; ++j) S += p[ind[j]];
+      for (index_t j = 0; j < k; ++j) dot_w += dw[j] * w[j];
+    }
+    T dot = T(0);
+    if (dprobs_col)
+      for (index_t e = 0; e < E; ++e) dot += p[e] * dprobs_col[e];
+    for (index_t j = 0; j < k; ++j) dot += p[ind[j]] * (renormalise ? (dw[j] - dot_w) / S : dw[j]);
+    T* dl = dlogits.data + r * dlogits.ld;
+    for (index_t e = 0; e < E; ++e) {
+      T g = dprobs_col ? dprobs_col[e] : T(0);
+      for (index_t j = 0; j < k; ++j)
+        if (ind[j] == e) g += renormalise ? (dw[j] - dot_w) / S : dw[j];
+      dl[e] += inv_temp * p[e] * (g - dot);
+    }
+  }
+}
+
+// Block per class e: P_e = Σ_r probs[r, e]; terms[e] = f_e·P_e/n; dprobs_col[e] = coef·E·f_e/n.
+template <class T>
+__global__ void balance_terms_kernel(double* terms, T* dprobs_col, MatrixView<const T> probs, const token_t* offsets,
+                                     index_t k, T coef) {
+  const index_t e = blockIdx.x, n = probs.rows, E = probs.cols;
+  double P = 0;
+  for (index_t r = threadIdx.x; r < n; r += blockDim.x) P += double(probs.data[r * probs.ld + e]);
+  P = block_reduce<double>(P);
+  if (threadIdx.x == 0) {
+    const double f = double(offsets[e + 1] - offsets[e]) / double(n * k);
+    terms[e] = f * P / double(n);
+    dprobs_col[e] = T(double(coef) * double(E) * f / double(n));
+  }
+}
+template <class T>
+__global__ void balance_sum_kernel(T* loss_out, const double* terms, index_t E, T coef) {
+  double s = 0;
+  for (index_t e = threadIdx.x; e < E; e += blockDim.x) s += terms[e];
+  s = block_reduce<double>(s);
+  if (threadIdx.x == 0) loss_out[0] = T(double(coef) * double(E) * s);
+}
+
+__global__ void slots_to_rows_kernel(token_t* rows, const token_t* slots, index_t n, index_t k) {
+  MOM_GRID_STRIDE(i, n) rows[i] = static_cast<token_t>(slots[i] / k);
+}
+
 // ---- gather / scatter -------------------------------------------------------------------------
 
 template <class T>
@@ -817,11 +1169,11 @@ __global__ void adamw_kernel(T* p, const T* g, T* m, T* v, index_t n, T b1, T b2
 
 // ids[p] = p; counts[modules[p]] += 1 (an id out of range is reported and not counted).
 __global__ void module_histogram_kernel(token_t* ids, int* counts, const token_t* modules, index_t n,
-                                        index_t n_modules, int* error) {
+                                        index_t n_modules, int* error, DeviceError code) {
   MOM_GRID_STRIDE(p, n) {
     ids[p] = static_cast<token_t>(p);
     const token_t m = modules[p];
-    if (m < 0 || m >= n_modules) report(error, DeviceError::group_module, p, m, n_modules);
+    if (m < 0 || m >= n_modules) report(error, code, p, m, n_modules);
     else atomicAdd(counts + m, 1);
   }
 }
@@ -1013,6 +1365,74 @@ void Kernels<T>::gru_pointwise_backward(const Context& ctx, M scratch, M dh, CM 
 }
 
 template <class T>
+void Kernels<T>::route_topk_forward(const Context& ctx, M weights, MatrixView<token_t> picks, M probs, CM logits,
+                                    T inv_temp, bool renormalise) {
+  dev::launch("route_topk_forward", ctx, dev::blocks_for(logits.rows, 128), 128, dev::route_topk_forward_kernel<T>,
+              weights, picks, probs, logits, inv_temp, renormalise);
+}
+template <class T>
+void Kernels<T>::route_topk_backward(const Context& ctx, M dlogits, CM dweights, CM weights, CM probs,
+                                     MatrixView<const token_t> picks, T inv_temp, bool renormalise,
+                                     const T* dprobs_col) {
+  dev::launch("route_topk_backward", ctx, dev::blocks_for(probs.rows, 128), 128, dev::route_topk_backward_kernel<T>,
+              dlogits, dweights, weights, probs, picks, inv_temp, renormalise, dprobs_col);
+}
+template <class T>
+void Kernels<T>::balance_loss_forward(const Context& ctx, T* loss_out, T* dprobs_col, CM probs, const token_t* offsets,
+                                      index_t k, T coef) {
+  dev::launch("balance_loss_forward", ctx, static_cast<unsigned>(probs.cols), dev::threads,
+              dev::balance_terms_kernel<T>, ctx.partials, dprobs_col, probs, offsets, k, coef);
+  dev::launch("balance_loss_forward", ctx, 1, dev::threads, dev::balance_sum_kernel<T>, loss_out,
+              static_cast<const double*>(ctx.partials), probs.cols, coef);
+}
+
+namespace dev {
+template <class T, int HD>
+void attention_packed_forward_hd(const Context& ctx, MatrixView<T> out, T* lse, MatrixView<const T> q,
+                                 MatrixView<const T> k, MatrixView<const T> v, PackedLayout L) {
+  constexpr int BT = attention_tile<T, HD>;
+  const dim3 grid(blocks_exact(L.nq, BT), static_cast<unsigned>(L.heads));
+  launch("attention_packed_forward", ctx, grid, BT, attention_packed_forward_kernel<T, HD>, out, lse, q, k, v, L,
+         T(1) / std::sqrt(T(L.hd)), ctx.error);
+}
+template <class T, int HD>
+void attention_packed_backward_hd(const Context& ctx, MatrixView<T> dq, MatrixView<T> dk, MatrixView<T> dv,
+                                  MatrixView<const T> dout, MatrixView<const T> out, const T* lse,
+                                  MatrixView<const T> q, MatrixView<const T> k, MatrixView<const T> v, PackedLayout L) {
+  constexpr int BT = attention_tile<T, HD>;
+  const T scale = T(1) / std::sqrt(T(L.hd));
+  launch("attention_packed_backward", ctx, dim3(blocks_exact(L.nq, BT), static_cast<unsigned>(L.heads)), BT,
+         attention_packed_backward_dq_kernel<T, HD>, dq, dout, out, lse, q, k, v, L, scale);
+  launch("attention_packed_backward", ctx, dim3(blocks_exact(L.nk, BT), static_cast<unsigned>(L.heads)), BT,
+         attention_packed_backward_dkdv_kernel<T, HD>, dk, dv, dout, out, lse, q, k, v, L, scale);
+}
+}  // namespace dev
+
+template <class T>
+void Kernels<T>::attention_packed_forward(const Context& ctx, M out, T* lse, CM q, CM k, CM v, const token_t* q_tok,
+                                          const token_t* k_tok, index_t seq, index_t heads) {
+  const index_t hd = q.cols / heads;
+  const dev::PackedLayout L{q.rows, k.rows, seq, heads, hd, q_tok, k_tok};
+  if (hd <= 32) dev::attention_packed_forward_hd<T, 32>(ctx, out, lse, q, k, v, L);
+  else if (hd <= 64) dev::attention_packed_forward_hd<T, 64>(ctx, out, lse, q, k, v, L);
+  else dev::attention_packed_forward_hd<T, 128>(ctx, out, lse, q, k, v, L);
+}
+template <class T>
+void Kernels<T>::attention_packed_backward(const Context& ctx, M dq, M dk, M dv, CM dout, CM out, const T* lse, CM q,
+                                           CM k, CM v, const token_t* q_tok, const token_t* k_tok, index_t seq,
+                                           index_t heads) {
+  const index_t hd = q.cols / heads;
+  const dev::PackedLayout L{q.rows, k.rows, seq, heads, hd, q_tok, k_tok};
+  if (hd <= 32) dev::attention_packed_backward_hd<T, 32>(ctx, dq, dk, dv, dout, out, lse, q, k, v, L);
+  else if (hd <= 64) dev::attention_packed_backward_hd<T, 64>(ctx, dq, dk, dv, dout, out, lse, q, k, v, L);
+  else dev::attention_packed_backward_hd<T, 128>(ctx, dq, dk, dv, dout, out, lse, q, k, v, L);
+}
+
+void slots_to_rows(const Context& ctx, token_t* rows, const token_t* slots, index_t n, index_t k) {
+  dev::launch("group_by_choice", ctx, dev::blocks_for(n), dev::threads, dev::slots_to_rows_kernel, rows, slots, n, k);
+}
+
+template <class T>
 void Kernels<T>::grad_norm(const Context& ctx, const T* grads, index_t n, T* norm_out) {
   const int nparts = static_cast<int>(
       std::min<index_t>({Context::reduce_blocks, dev::max_stride_blocks, (n + dev::threads - 1) / dev::threads}));
@@ -1033,10 +1453,10 @@ void Kernels<T>::adamw_step(const Context& ctx, T* params, const T* grads, T* m,
 std::size_t group_by_module_temp_bytes(index_t, index_t) { return 1; }
 
 void group_by_module(const Context& ctx, token_t* sorted_ids, token_t* sorted_modules, token_t* offsets, int* counts,
-                     const token_t* modules, index_t n, index_t n_modules) {
+                     const token_t* modules, index_t n, index_t n_modules, DeviceError code) {
   std::fill(counts, counts + n_modules + 1, 0);
   dev::launch("group_by_module", ctx, dev::blocks_for(n), dev::threads, dev::module_histogram_kernel, ctx.pair_ids,
-              counts, modules, n, n_modules, ctx.error);
+              counts, modules, n, n_modules, ctx.error, code);
   std::vector<token_t> ids(ctx.pair_ids, ctx.pair_ids + n);
   std::stable_sort(ids.begin(), ids.end(), [&](token_t a, token_t b) { return modules[a] < modules[b]; });
   for (index_t j = 0; j < n; ++j) {
@@ -1060,11 +1480,11 @@ std::size_t group_by_module_temp_bytes(index_t n_pairs, index_t n_modules) {
 }
 
 void group_by_module(const Context& ctx, token_t* sorted_ids, token_t* sorted_modules, token_t* offsets, int* counts,
-                     const token_t* modules, index_t n, index_t n_modules) {
+                     const token_t* modules, index_t n, index_t n_modules, DeviceError code) {
   MOM_CUDA_CHECK(cudaMemsetAsync(counts, 0, static_cast<std::size_t>(n_modules + 1) * sizeof(int), ctx.stream),
                  "group_by_module");
   dev::launch("group_by_module", ctx, dev::blocks_for(n), dev::threads, dev::module_histogram_kernel, ctx.pair_ids,
-              counts, modules, n, n_modules, ctx.error);
+              counts, modules, n, n_modules, ctx.error, code);
   std::size_t bytes = ctx.cub_temp_bytes;
   if (n > 0)  // LSD radix sort is stable: causal order survives inside each group
     MOM_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(ctx.cub_temp, bytes, modules, sorted_modules,

@@ -30,6 +30,8 @@ enum class DeviceError : int {
   scatter_backward_index,
   topk_backward_index,
   group_module,
+  group_choice,
+  packed_positions,
 };
 
 // Per-backend state shared by the launchers: the stream, the cuBLAS handle and small device
@@ -51,6 +53,8 @@ struct Context {
   index_t pair_ids_size = 0;
   int* counts = nullptr;           // device [counts_size]: group_by_module's per-module counts
   index_t counts_size = 0;
+  token_t* sorted_keys = nullptr;  // device [pair_ids_size]: group_by_choice's sorted classes
+  index_t dispatch_pairs = 0, dispatch_modules = 0;  // what reserve_dispatch last sized for
 };
 
 // Bytes of CUB temp storage group_by_module needs for n_pairs pairs and n_modules modules.
@@ -62,7 +66,10 @@ std::size_t group_by_module_temp_bytes(index_t n_pairs, index_t n_modules);
 // at least group_by_module_temp_bytes(n, n_modules) (ctx.cub_temp), ctx.pair_ids at least n.
 // A module id outside [0, n_modules) is reported as DeviceError::group_module (and sorts last).
 void group_by_module(const Context& ctx, token_t* sorted_ids, token_t* sorted_modules, token_t* offsets, int* counts,
-                     const token_t* modules, index_t n, index_t n_modules);
+                     const token_t* modules, index_t n, index_t n_modules,
+                     DeviceError code = DeviceError::group_module);
+// rows[i] = slots[i] / k (group_by_choice: a slot r·K + j belongs to token row r).
+void slots_to_rows(const Context& ctx, token_t* rows, const token_t* slots, index_t n, index_t k);
 
 // dst[i] = value for i < n (U = float, double or token_t).
 template <class U>
@@ -118,6 +125,20 @@ struct Kernels {
   // The GRU cell's pointwise parts (the GEMMs run through cuBLAS in the backend).
   static void gru_pointwise_forward(const Context& ctx, M h_out, CM gates, CM h);
   static void gru_pointwise_backward(const Context& ctx, M scratch, M dh, CM dh_out, CM gates, CM h);
+
+  // Routed assembly (cpu/routing.hpp).
+  static void route_topk_forward(const Context& ctx, M weights, MatrixView<token_t> picks, M probs, CM logits,
+                                 T inv_temp, bool renormalise);
+  static void route_topk_backward(const Context& ctx, M dlogits, CM dweights, CM weights, CM probs,
+                                  MatrixView<const token_t> picks, T inv_temp, bool renormalise,
+                                  const T* dprobs_col);
+  static void balance_loss_forward(const Context& ctx, T* loss_out, T* dprobs_col, CM probs, const token_t* offsets,
+                                   index_t k, T coef);
+  static void attention_packed_forward(const Context& ctx, M out, T* lse, CM q, CM k, CM v, const token_t* q_tok,
+                                       const token_t* k_tok, index_t seq, index_t heads);
+  static void attention_packed_backward(const Context& ctx, M dq, M dk, M dv, CM dout, CM out, const T* lse, CM q,
+                                        CM k, CM v, const token_t* q_tok, const token_t* k_tok, index_t seq,
+                                        index_t heads);
 
   static void grad_norm(const Context& ctx, const T* grads, index_t n, T* norm_out);
   static void adamw_step(const Context& ctx, T* params, const T* grads, T* m, T* v, index_t n, T b1, T b2, T eps,
