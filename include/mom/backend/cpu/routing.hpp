@@ -199,12 +199,25 @@ inline PackedTask packed_task(std::span<const token_t> q_tok, std::span<const to
   const token_t first = token_t(b * seq), last = token_t(b * seq + seq - 1);
   return {lower_index(q_tok, first), upper_index(q_tok, last), key_lower(k_tok, first)};
 }
+// This thread's [kPackedBlock × seq] score scratch number Slot. A key range lies inside one
+// sequence, so seq bounds it; sizing by seq (not by the task's range) makes every thread's
+// buffer reach its final size on its first task: no allocation after the first step.
 template <class T, int Slot>
-T* packed_block_scratch(index_t keys) {
-  thread_local std::vector<T> buf;  // grows once to the longest key range seen
-  const auto need = static_cast<std::size_t>(kPackedBlock * keys);
+T* packed_block_scratch(index_t seq) {
+  thread_local std::vector<T> buf;
+  const auto need = static_cast<std::size_t>(kPackedBlock * seq);
   if (buf.size() < need) buf.resize(need);
   return buf.data();
+}
+// Sizes the scratch of every OpenMP thread now (a thread that gets no task in the first step
+// would otherwise allocate in a later one).
+template <class T>
+void reserve_packed_scratch(index_t seq) {
+#pragma omp parallel
+  {
+    packed_block_scratch<T, 0>(seq);
+    packed_block_scratch<T, 1>(seq);
+  }
 }
 }  // namespace detail
 
@@ -219,6 +232,7 @@ void attention_packed_forward(MatrixView<T> out, std::span<T> lse, MatrixView<co
   if (nq == 0) return;
   const index_t n_seq = q_tok[nq - 1] / seq + 1;
   const T scale = T(1) / std::sqrt(T(hd));
+  detail::reserve_packed_scratch<T>(seq);
 #pragma omp parallel for schedule(dynamic) if (n_seq * heads > 1 && nq * hd * 64 > (1 << 14))
   for (index_t bh = 0; bh < n_seq * heads; ++bh) {
     const index_t b = bh / heads, h = bh % heads;
@@ -232,7 +246,7 @@ void attention_packed_forward(MatrixView<T> out, std::span<T> lse, MatrixView<co
         for (index_t i = i0; i < i1; ++i) std::fill_n(oh.row(i), hd, T(0)), lse[i * heads + h] = -std::numeric_limits<T>::infinity();
         continue;
       }
-      const MatrixView<T> p(detail::packed_block_scratch<T, 0>(keys), rows, keys);
+      const MatrixView<T> p(detail::packed_block_scratch<T, 0>(seq), rows, keys);
       gemm<T>(p, qh.row_block(i0, rows), Trans::N, kh.row_block(task.k0, keys), Trans::T);
       for (index_t r = 0; r < rows; ++r) {
         const index_t i = i0 + r, valid = detail::key_upper(k_tok, q_tok[i]) - task.k0;
@@ -272,6 +286,7 @@ void attention_packed_backward(MatrixView<T> dq, MatrixView<T> dk, MatrixView<T>
   if (nq == 0) return;
   const index_t n_seq = q_tok[nq - 1] / seq + 1;
   const T scale = T(1) / std::sqrt(T(hd));
+  detail::reserve_packed_scratch<T>(seq);
 #pragma omp parallel for schedule(dynamic) if (n_seq * heads > 1 && nq * hd * 64 > (1 << 14))
   for (index_t bh = 0; bh < n_seq * heads; ++bh) {
     const index_t b = bh / heads, h = bh % heads;
@@ -283,8 +298,8 @@ void attention_packed_backward(MatrixView<T> dq, MatrixView<T> dk, MatrixView<T>
       const index_t i1 = std::min(task.q1, i0 + kPackedBlock), rows = i1 - i0;
       const index_t keys = detail::key_upper(k_tok, q_tok[i1 - 1]) - task.k0;
       if (keys <= 0) continue;
-      const MatrixView<T> p(detail::packed_block_scratch<T, 0>(keys), rows, keys);
-      const MatrixView<T> ds(detail::packed_block_scratch<T, 1>(keys), rows, keys);
+      const MatrixView<T> p(detail::packed_block_scratch<T, 0>(seq), rows, keys);
+      const MatrixView<T> ds(detail::packed_block_scratch<T, 1>(seq), rows, keys);
       gemm<T>(p, qh.row_block(i0, rows), Trans::N, kh.row_block(task.k0, keys), Trans::T);
       for (index_t r = 0; r < rows; ++r) {
         const index_t i = i0 + r, valid = std::max<index_t>(0, detail::key_upper(k_tok, q_tok[i]) - task.k0);
