@@ -4,6 +4,7 @@
 // (so the backend's row-major-as-transposed-column-major trick is exercised, not bypassed).
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -69,17 +70,23 @@ cublasStatus_t cublasSetStream_v2(cublasHandle_t, cudaStream_t) { return CUBLAS_
 
 namespace {
 // C[m×n] = alpha·op(A)·op(B) + beta·C, all column-major (cuBLAS' definition), double accumulation.
+// op(A) rows and op(B) columns are first copied out contiguously, so the dot products stream.
 template <class T>
 void gemm_col_major(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, T alpha, const T* A, int lda,
                     const T* B, int ldb, T beta, T* C, int ldc) {
+  std::vector<double> a(static_cast<std::size_t>(m) * k), b(static_cast<std::size_t>(n) * k);
+  for (int i = 0; i < m; ++i)
+    for (int l = 0; l < k; ++l)
+      a[static_cast<std::size_t>(i) * k + l] = ta == CUBLAS_OP_N ? A[i + static_cast<long>(l) * lda] : A[l + static_cast<long>(i) * lda];
+  for (int j = 0; j < n; ++j)
+    for (int l = 0; l < k; ++l)
+      b[static_cast<std::size_t>(j) * k + l] = tb == CUBLAS_OP_N ? B[l + static_cast<long>(j) * ldb] : B[j + static_cast<long>(l) * ldb];
   for (int j = 0; j < n; ++j)
     for (int i = 0; i < m; ++i) {
+      const double* ar = a.data() + static_cast<std::size_t>(i) * k;
+      const double* bc = b.data() + static_cast<std::size_t>(j) * k;
       double s = 0;
-      for (int l = 0; l < k; ++l) {
-        const T a = ta == CUBLAS_OP_N ? A[i + static_cast<long>(l) * lda] : A[l + static_cast<long>(i) * lda];
-        const T b = tb == CUBLAS_OP_N ? B[l + static_cast<long>(j) * ldb] : B[j + static_cast<long>(l) * ldb];
-        s += double(a) * double(b);
-      }
+      for (int l = 0; l < k; ++l) s += ar[l] * bc[l];
       T& c = C[i + static_cast<long>(j) * ldc];
       c = beta == T(0) ? T(alpha * s) : T(alpha * s + double(beta) * double(c));
     }
