@@ -123,12 +123,13 @@ def plot(runs, out, x_key, window, title):
             svg.append(f'<polyline points="{pts}" fill="none" stroke="{color}" stroke-width="2.5"/>')
             for x, y in zip(vx, vy):
                 svg.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"/>')
-        ly = T + 10 + 44 * k
+        ly = T + 10 + 62 * k  # legend: the run's name, then a thin "train" and a thick "val" sample line
         last_val = f" {vy[-1]:.3f}" if vy else ""
-        svg.append(f'<line x1="{L + pw + 15}" x2="{L + pw + 40}" y1="{ly}" y2="{ly}" stroke="{color}" stroke-width="1" opacity="0.55"/>')
-        svg.append(f'<text x="{L + pw + 46}" y="{ly + 4}">{html.escape(name[:26])} train</text>')
-        svg.append(f'<line x1="{L + pw + 15}" x2="{L + pw + 40}" y1="{ly + 18}" y2="{ly + 18}" stroke="{color}" stroke-width="2.5"/>')
-        svg.append(f'<text x="{L + pw + 46}" y="{ly + 22}">val{last_val}</text>')
+        svg.append(f'<text x="{L + pw + 15}" y="{ly + 4}" font-weight="bold">{html.escape(name[:30])}</text>')
+        svg.append(f'<line x1="{L + pw + 15}" x2="{L + pw + 40}" y1="{ly + 18}" y2="{ly + 18}" stroke="{color}" stroke-width="1" opacity="0.55"/>')
+        svg.append(f'<text x="{L + pw + 46}" y="{ly + 22}">train</text>')
+        svg.append(f'<line x1="{L + pw + 15}" x2="{L + pw + 40}" y1="{ly + 36}" y2="{ly + 36}" stroke="{color}" stroke-width="2.5"/>')
+        svg.append(f'<text x="{L + pw + 46}" y="{ly + 40}">val{last_val}</text>')
     svg.append("</svg>")
     with open(out, "w") as f:
         f.write("\n".join(svg) + "\n")
