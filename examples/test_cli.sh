@@ -37,6 +37,10 @@ head -c 5000 /dev/urandom >"$T/garbage.bin"
 printf 'abc' >"$T/short.txt"
 echo x >"$T/afile"
 
+# A token file (docs/training.md format) of 4 u16 tokens, vocab 256, whose third id is 300.
+{ printf 'MOMTOK\0\0\001\0\0\0\002\0\0\0\004\0\0\0\0\0\0\0\0\001\0\0\0\0\0\0byte'
+  head -c 28 /dev/zero; printf 'A\0B\0\054\001C\0'; } >"$T/badid.bin"
+expect_error "token 2 has id 300 >= vocab 256" "$BIN" --data "$T/badid.bin" --out "$T/o8" "${common[@]}"
 expect_error "data file '.*missing.txt' does not exist" "$BIN" --data "$T/missing.txt" --out "$T/o1" "${common[@]}"
 expect_error "data file '.*empty.txt' is empty" "$BIN" --data "$T/empty.txt" --out "$T/o2" "${common[@]}"
 expect_error "is not UTF-8 text" "$BIN" --data "$T/garbage.bin" --out "$T/o3" "${common[@]}"
