@@ -342,3 +342,22 @@ TEST_CASE("scripts/plot_runs.py draws the loss curves of several runs as SVG", "
   CHECK(polylines == 4);  // train + val for each run
   CHECK_THAT(svg, Catch::Contains("tiny-test"));
 }
+
+TEST_CASE("double-precision models checkpoint as F64 and load back exactly", "[trainer][checkpoint]") {
+  mom_test::TempDir dir("f64");
+  auto prep = make_data(dir);
+  TokenFile train(prep.train);
+  auto model = Tiny::make<cpu::Backend<double>>(1);
+  Trainer t(model, train, nullptr, small_config(dir / "run", 2));
+  t.run();
+  safetensors::File f(dir / "run" / "step-000002" / "model.safetensors");
+  REQUIRE(f.find("h.0.attn.w_qkv") != nullptr);
+  CHECK(f.find("h.0.attn.w_qkv")->dtype == "F64");
+  auto other = Tiny::make<cpu::Backend<double>>(5);
+  Checkpointer<decltype(other)>::load_params(dir / "run", other);
+  CHECK(std::memcmp(model.params().data(), other.params().data(), model.params().size_bytes()) == 0);
+  // A float model refuses the F64 checkpoint by dtype, naming the tensor.
+  auto single = Tiny::make<cpu::Backend<float>>(1);
+  CHECK_THROWS_WITH(Checkpointer<decltype(single)>::load_params(dir / "run", single),
+                    Catch::Contains("is F64, expected F32"));
+}
