@@ -22,6 +22,7 @@
 
 #include "mom/backend/cpu/eigen_map.hpp"
 #include "mom/backend/cpu/gemm.hpp"
+#include "mom/backend/cpu/parallel.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
 
@@ -45,13 +46,11 @@ void check_attention_shapes(const char* op, MatrixView<const T> qkv, MatrixView<
             batch * heads * seq);
 }
 
-// This thread's [kAttentionBlock × seq] score scratch number Slot, grown once.
+// This thread's [kAttentionBlock × seq] score scratch number Slot (aligned, grown once).
+struct AttentionScratch;
 template <class T, int Slot>
 T* attention_scratch(index_t seq) {
-  thread_local std::vector<T> buf;
-  const auto need = static_cast<std::size_t>(kAttentionBlock * seq);
-  if (buf.size() < need) buf.resize(need);
-  return buf.data();
+  return thread_scratch<T, AttentionScratch, Slot>(static_cast<std::size_t>(kAttentionBlock * seq));
 }
 
 // The strided [seq × hd] block of head h in part (0 = q, 1 = k, 2 = v) of sequence b.
@@ -74,7 +73,12 @@ void attention_forward(MatrixView<T> out, std::span<T> lse, MatrixView<const T> 
   detail::check_attention_shapes<T>("attention_forward", qkv, out, lse, batch, seq, heads);
   const index_t d = qkv.cols / 3, hd = d / heads;
   const T scale = T(1) / std::sqrt(T(hd));
-#pragma omp parallel for schedule(dynamic) if (batch * heads > 1 && seq * seq * hd > (1 << 14))
+#pragma omp parallel if (batch * heads > 1 && seq * seq * hd > (1 << 14))
+  {
+  // Every thread of the team sizes its scratch here, also one that gets no pair this time, so a
+  // later step never grows it (no allocation after the first step).
+  T* scratch = detail::attention_scratch<T, 0>(seq);
+#pragma omp for schedule(dynamic)
   for (index_t bh = 0; bh < batch * heads; ++bh) {
     const index_t b = bh / heads, h = bh % heads;
     const auto q = detail::head_block(qkv, b, seq, h * hd, hd);
@@ -82,7 +86,6 @@ void attention_forward(MatrixView<T> out, std::span<T> lse, MatrixView<const T> 
     const auto v = detail::head_block(qkv, b, seq, 2 * d + h * hd, hd);
     const auto o = detail::head_block(out, b, seq, h * hd, hd);
     T* row_lse = lse.data() + bh * seq;
-    T* scratch = detail::attention_scratch<T, 0>(seq);
     for (index_t i0 = 0; i0 < seq; i0 += kAttentionBlock) {
       const index_t i1 = std::min(seq, i0 + kAttentionBlock), rows = i1 - i0;
       const MatrixView<T> p(scratch, rows, i1);  // scores of queries [i0, i1) against keys [0, i1)
@@ -100,6 +103,7 @@ void attention_forward(MatrixView<T> out, std::span<T> lse, MatrixView<const T> 
       gemm<T>(o.row_block(i0, rows), p, Trans::N, v.row_block(0, i1), Trans::N);
     }
   }
+  }
 }
 
 // Accumulates dqkv += (d out / d qkv)ᵀ dout. With P the probabilities (recomputed from lse),
@@ -114,7 +118,11 @@ void attention_backward(MatrixView<T> dqkv, MatrixView<const T> dout, MatrixView
             " must match out ", shape(out));
   const index_t d = qkv.cols / 3, hd = d / heads;
   const T scale = T(1) / std::sqrt(T(hd));
-#pragma omp parallel for schedule(dynamic) if (batch * heads > 1 && seq * seq * hd > (1 << 14))
+#pragma omp parallel if (batch * heads > 1 && seq * seq * hd > (1 << 14))
+  {
+  T* scratch_p = detail::attention_scratch<T, 0>(seq);  // sized on every thread (see forward)
+  T* scratch_ds = detail::attention_scratch<T, 1>(seq);
+#pragma omp for schedule(dynamic)
   for (index_t bh = 0; bh < batch * heads; ++bh) {
     const index_t b = bh / heads, h = bh % heads;
     const auto q = detail::head_block(qkv, b, seq, h * hd, hd);
@@ -126,8 +134,6 @@ void attention_backward(MatrixView<T> dqkv, MatrixView<const T> dout, MatrixView
     const auto dk = detail::head_block(dqkv, b, seq, d + h * hd, hd);
     const auto dv = detail::head_block(dqkv, b, seq, 2 * d + h * hd, hd);
     const T* row_lse = lse.data() + bh * seq;
-    T* scratch_p = detail::attention_scratch<T, 0>(seq);
-    T* scratch_ds = detail::attention_scratch<T, 1>(seq);
     for (index_t i0 = 0; i0 < seq; i0 += kAttentionBlock) {
       const index_t i1 = std::min(seq, i0 + kAttentionBlock), rows = i1 - i0;
       const MatrixView<T> p(scratch_p, rows, i1), ds(scratch_ds, rows, i1);
@@ -151,6 +157,7 @@ void attention_backward(MatrixView<T> dqkv, MatrixView<const T> dout, MatrixView
       gemm<T>(dq.row_block(i0, rows), ds, Trans::N, k.row_block(0, i1), Trans::N, T(1), T(1));
       gemm<T>(dk.row_block(0, i1), ds, Trans::T, q.row_block(i0, rows), Trans::N, T(1), T(1));
     }
+  }
   }
 }
 

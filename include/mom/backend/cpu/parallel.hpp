@@ -6,6 +6,7 @@
 // result is bit-identical for a given thread count, which bit-identical resume relies on.
 #include <omp.h>
 
+#include <memory>
 #include <vector>
 
 #include "mom/core/tensor.hpp"
@@ -22,6 +23,21 @@ Acc* partial_buffer(std::size_t n) {
   thread_local std::vector<Acc> buf;
   if (buf.size() < n) buf.resize(n);
   return buf.data();
+}
+
+// This thread's scratch buffer number Slot of kernel Owner: at least n elements of T, 64-byte
+// aligned, grown once and reused (no allocation after warm-up). Aligned on every thread because
+// Eigen's small products peel their vector loops by address alignment: a buffer aligned
+// differently on another thread would make a result depend on which thread computed it.
+template <class T, class Owner, int Slot>
+T* thread_scratch(std::size_t n) {
+  constexpr std::size_t align = 64;
+  thread_local std::vector<T> buf;
+  const std::size_t need = n + align / sizeof(T);
+  if (buf.size() < need) buf.resize(need);
+  void* p = buf.data();
+  std::size_t space = buf.size() * sizeof(T);
+  return static_cast<T*>(std::align(align, sizeof(T), p, space));
 }
 
 // Σ over chunks of chunk_sum(begin, end), chunks combined in order.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "mom/backend/cpu/gemm.hpp"
+#include "mom/backend/cpu/parallel.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
 
@@ -202,12 +203,10 @@ inline PackedTask packed_task(std::span<const token_t> q_tok, std::span<const to
 // This thread's [kPackedBlock × seq] score scratch number Slot. A key range lies inside one
 // sequence, so seq bounds it; sizing by seq (not by the task's range) makes every thread's
 // buffer reach its final size on its first task: no allocation after the first step.
+struct PackedAttentionScratch;
 template <class T, int Slot>
 T* packed_block_scratch(index_t seq) {
-  thread_local std::vector<T> buf;
-  const auto need = static_cast<std::size_t>(kPackedBlock * seq);
-  if (buf.size() < need) buf.resize(need);
-  return buf.data();
+  return thread_scratch<T, PackedAttentionScratch, Slot>(static_cast<std::size_t>(kPackedBlock * seq));
 }
 // Sizes the scratch of every OpenMP thread now (a thread that gets no task in the first step
 // would otherwise allocate in a later one).
