@@ -11,9 +11,9 @@ h.{i}.ln_2.*, h.{i}.mlp.c_fc.*, h.{i}.mlp.c_proj.*, ln_f.weight/bias, Conv1D wei
 --attn-bias adds the h.{i}.attn.bias causal-mask buffers [1, 1, P, P] of older checkpoints.
 
 Values are k/256 (LayerNorm gains k/64) for pseudo-random integers k in [-127, 127]: exactly representable in
-F32, F16 and BF16, so the three dtypes hold the same numbers. --logits TOKENS prints the logits of that sequence computed with Hugging Face GPT-2's
-semantics (Conv1D y = x W + b, q|k|v split, gelu_new, LayerNorm eps 1e-5, tied head) as JSON on stdout, a reference
-that does not share code with the C++ model.
+F32, F16 and BF16, so the three dtypes hold the same numbers. --logits TOKENS prints, as JSON on stdout, the logits
+of that sequence computed with Hugging Face GPT-2's semantics (Conv1D y = x W + b, q|k|v split, gelu_new,
+LayerNorm eps 1e-5, tied head): a reference that shares no code with the C++ model.
 """
 import argparse
 import json
