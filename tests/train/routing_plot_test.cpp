@@ -1,10 +1,5 @@
 // scripts/plot_routing.py draws the JSON that RoutingStats writes: one heatmap cell per (from, to) class pair of
 // each router, one bar segment per (round, class), SKIP labelled "S", counts in the tooltips.
-// GCC 12 reports a false -Wrestrict inside std::operator+(const char*, std::string&&) as inlined into
-// RoutingStats::json(); silenced for this file only.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wrestrict"
-#endif
 #include <catch2/catch.hpp>
 
 #include <mom/models/routing_stats.hpp>

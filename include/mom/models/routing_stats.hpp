@@ -82,7 +82,10 @@ struct RoutingStats {
   std::string json() const {
     auto list = [](const std::vector<long long>& v, std::size_t from, std::size_t count) {
       std::string s = "[";
-      for (std::size_t i = 0; i < count; ++i) s += (i ? "," : "") + std::to_string(v[from + i]);
+      for (std::size_t i = 0; i < count; ++i) {
+        if (i) s += ',';
+        s += std::to_string(v[from + i]);
+      }
       return s + "]";
     };
     std::string s = "{\"routers\": [";
