@@ -1,0 +1,379 @@
+// bench_train_step: one training step (forward + backward + grad-norm + AdamW over all parameters)
+// of the dense 8-layer model and of MoM_E / MoM_I / MoM_P on its [1-1-4-1-1] chunking (issue 5,
+// item 9), float, on cpu::Backend<float> wrapped in a timing backend.
+//
+//   bench_train_step [--batch B] [--reps R] [--only dense|E|I|P] [--routed-kv]
+//
+// Dims: d_model 256, 8 heads, d_ff 1024, vocab 256 (byte-level, as the KJV runs), seq 256;
+// batch 16 → 4096 tokens per step. Threads: OpenMP's (2 unless OMP_NUM_THREADS says otherwise).
+//
+// Per model: 2 warm-up steps, then R timed steps (median reported) with the timing wrapper
+// switched off (one predictable branch per op), then R steps with it on, which accumulate wall
+// time per op category. Shares are taken within those instrumented steps.
+//   router   = GRU cells forward + backward (their GEMMs and gate math) and the router heads
+//   dispatch = route top-K fwd/bwd, balance loss, group_by_choice, gather/scatter(+backward),
+//              host reads of the group offsets
+//   routing  = router + dispatch (the overhead the issue's target is about)
+// FLOP ratio = the cost model's forward FLOPs for the routing actually taken
+// (realised_forward_flops, models/mom_models.hpp) over the dense model's Model::forward_flops;
+// "exec. train FLOP ratio" = FLOPs of every product actually executed in forward + backward
+// (counted by the wrapper, as the counting backend of tests/models/mom_cost_test.cpp does for
+// the forward) over the dense model's; for the dense model that count equals
+// Model::training_flops (checked and printed).
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <mom/backend/cpu.hpp>
+#include <mom/models/mom_models.hpp>
+#include <mom/mom.hpp>
+
+using namespace mom;
+
+namespace {
+
+constexpr double kSgemmPeak = 427.4;  // GFLOP/s, bench/RESULTS.md (OpenBLAS AVX-512 sgemm 3072³)
+
+enum Cat : int { kLinear, kAttention, kPackedAttention, kLayerNorm, kElementwise, kLoss, kEmbedding, kOptim,
+                 kRouter, kDispatch, kCats };
+constexpr std::array<const char*, kCats> kCatName = {"linear/gemm", "attention", "packed attn", "layernorm",
+                                                     "gelu/add", "x-entropy", "embedding", "optimizer",
+                                                     "router", "dispatch"};
+
+using Clock = std::chrono::steady_clock;
+
+// cpu::Backend<T> with wall time per op category and the FLOPs of every executed product.
+// The router heads are the only linears with at most 16 output rows (E = N + 1 classes).
+template <class T>
+struct TimingBackend : cpu::Backend<T> {
+  using Base = cpu::Backend<T>;
+  using typename Base::CM;
+  using typename Base::CS;
+  using typename Base::M;
+  using typename Base::S;
+  using typename Base::Tok;
+  using Trans = typename Base::Trans;
+
+  struct Stats {
+    bool on = false;
+    std::array<double, kCats> seconds{};
+    double flops = 0;  // products executed (forward + backward), counted whether on or not
+  };
+  Stats* st = nullptr;  // shared by copies (the model keeps its own copy of the backend)
+
+  template <class F>
+  void timed(Cat c, F&& f) const {
+    if (!st || !st->on) return f();
+    const auto t0 = Clock::now();
+    f();
+    st->seconds[c] += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  void count(double f) const {
+    if (st) st->flops += f;
+  }
+  static Cat linear_cat(CM w) { return w.rows <= 16 ? kRouter : kLinear; }
+
+  void gemm(M C, CM A, Trans ta, CM B, Trans tb, T alpha = T(1), T beta = T(0)) const {
+    count(2.0 * C.rows * C.cols * (ta == Trans::N ? A.cols : A.rows));
+    timed(kLinear, [&] { Base::gemm(C, A, ta, B, tb, alpha, beta); });
+  }
+  void linear_forward(M y, CM x, CM w, CS b) const {
+    count(2.0 * x.rows * x.cols * w.rows);
+    timed(linear_cat(w), [&] { Base::linear_forward(y, x, w, b); });
+  }
+  void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w) const {
+    count((dx.empty() ? 2.0 : 4.0) * x.rows * x.cols * w.rows);
+    timed(linear_cat(w), [&] { Base::linear_backward(dx, dw, db, dy, x, w); });
+  }
+  void embedding_forward(M out, Tok tokens, CM wte, CM wpe, index_t seq) const {
+    timed(kEmbedding, [&] { Base::embedding_forward(out, tokens, wte, wpe, seq); });
+  }
+  void embedding_backward(M dwte, M dwpe, CM dout, Tok tokens, index_t seq) const {
+    timed(kEmbedding, [&] { Base::embedding_backward(dwte, dwpe, dout, tokens, seq); });
+  }
+  void layernorm_forward(M out, S mean, S rstd, CM x, CS gamma, CS beta, T eps = T(1e-5)) const {
+    timed(kLayerNorm, [&] { Base::layernorm_forward(out, mean, rstd, x, gamma, beta, eps); });
+  }
+  void layernorm_backward(M dx, S dgamma, S dbeta, CM dout, CM x, CS mean, CS rstd, CS gamma) const {
+    timed(kLayerNorm, [&] { Base::layernorm_backward(dx, dgamma, dbeta, dout, x, mean, rstd, gamma); });
+  }
+  void gelu_forward(S out, CS x) const { timed(kElementwise, [&] { Base::gelu_forward(out, x); }); }
+  void gelu_backward(S dx, CS x, CS dout) const { timed(kElementwise, [&] { Base::gelu_backward(dx, x, dout); }); }
+  void add_forward(S out, CS a, CS b) const { timed(kElementwise, [&] { Base::add_forward(out, a, b); }); }
+  void cross_entropy_forward(S loss_out, S lse, CM logits, Tok targets, token_t ignore_index = -1) const {
+    timed(kLoss, [&] { Base::cross_entropy_forward(loss_out, lse, logits, targets, ignore_index); });
+  }
+  void cross_entropy_backward(M dlogits, CM logits, CS lse, Tok targets, T dloss, token_t ignore_index = -1) const {
+    timed(kLoss, [&] { Base::cross_entropy_backward(dlogits, logits, lse, targets, dloss, ignore_index); });
+  }
+  void attention_forward(M out, S lse, CM qkv, index_t batch, index_t seq, index_t heads) const {
+    count(2.0 * batch * (qkv.cols / 3) * seq * (seq + 1));
+    timed(kAttention, [&] { Base::attention_forward(out, lse, qkv, batch, seq, heads); });
+  }
+  void attention_backward(M dqkv, CM dout, CM out, CS lse, CM qkv, index_t batch, index_t seq, index_t heads) const {
+    count(5.0 * batch * (qkv.cols / 3) * seq * (seq + 1));
+    timed(kAttention, [&] { Base::attention_backward(dqkv, dout, out, lse, qkv, batch, seq, heads); });
+  }
+  void gather_rows(M out, CM in, Tok idx) const { timed(kDispatch, [&] { Base::gather_rows(out, in, idx); }); }
+  void scatter_add_rows(M out, CM in, Tok idx, CS weights = {}) const {
+    timed(kDispatch, [&] { Base::scatter_add_rows(out, in, idx, weights); });
+  }
+  void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights = {}) const {
+    timed(kDispatch, [&] { Base::scatter_add_rows_backward(din, dweights, dout, in, idx, weights); });
+  }
+  void gru_cell_forward(M h_out, M gates, CM x, CM h, CM w_ih, CM w_hh, CS b_ih, CS b_hh) const {
+    count(2.0 * x.rows * w_ih.rows * (x.cols + h.cols));
+    timed(kRouter, [&] { Base::gru_cell_forward(h_out, gates, x, h, w_ih, w_hh, b_ih, b_hh); });
+  }
+  void gru_cell_backward(M dx, M dh, M dw_ih, M dw_hh, S db_ih, S db_hh, M scratch, CM dh_out, CM gates, CM x, CM h,
+                         CM w_ih, CM w_hh) const {
+    count(2.0 * x.rows * w_ih.rows * (x.cols + h.cols) + (dx.empty() ? 0.0 : 2.0 * x.rows * w_ih.rows * x.cols) +
+          (dh.empty() ? 0.0 : 2.0 * x.rows * w_hh.rows * h.cols));
+    timed(kRouter, [&] {
+      Base::gru_cell_backward(dx, dh, dw_ih, dw_hh, db_ih, db_hh, scratch, dh_out, gates, x, h, w_ih, w_hh);
+    });
+  }
+  void route_topk_forward(M weights, MatrixView<token_t> picks, M probs, CM logits, T inv_temp, bool renorm) const {
+    timed(kDispatch, [&] { Base::route_topk_forward(weights, picks, probs, logits, inv_temp, renorm); });
+  }
+  void route_topk_backward(M dlogits, CM dweights, CM weights, CM probs, MatrixView<const token_t> picks, T inv_temp,
+                           bool renorm, CS dprobs_col) const {
+    timed(kDispatch, [&] {
+      Base::route_topk_backward(dlogits, dweights, weights, probs, picks, inv_temp, renorm, dprobs_col);
+    });
+  }
+  void group_by_choice(std::span<token_t> row_token, std::span<token_t> row_slot, std::span<token_t> offsets,
+                       MatrixView<const token_t> picks, index_t classes) const {
+    timed(kDispatch, [&] { Base::group_by_choice(row_token, row_slot, offsets, picks, classes); });
+  }
+  void balance_loss_forward(S loss_out, S dprobs_col, CM probs, Tok offsets, index_t k, T coef) const {
+    timed(kDispatch, [&] { Base::balance_loss_forward(loss_out, dprobs_col, probs, offsets, k, coef); });
+  }
+  template <class U>
+  void to_host(std::span<U> host, std::span<const U> dev) const {
+    timed(kDispatch, [&] { Base::to_host(host, dev); });
+  }
+  // (query, visible key) pairs of packed attention: keys of the query's sequence up to itself.
+  static double packed_pairs(CM k, Tok q_tok, Tok k_tok, index_t seq) {
+    double pairs = 0;
+    for (token_t t : q_tok) {
+      if (k_tok.empty()) {
+        pairs += double(t % seq + 1);
+      } else {
+        const auto lo = std::lower_bound(k_tok.begin(), k_tok.end(), token_t(t / seq * seq));
+        pairs += double(std::upper_bound(k_tok.begin(), k_tok.end(), t) - lo);
+      }
+    }
+    (void)k;
+    return pairs;
+  }
+  void attention_packed_forward(M out, S lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok, index_t seq, index_t heads) const {
+    if (st) count(4.0 * q.cols * packed_pairs(k, q_tok, k_tok, seq));
+    timed(kPackedAttention, [&] { Base::attention_packed_forward(out, lse, q, k, v, q_tok, k_tok, seq, heads); });
+  }
+  void attention_packed_backward(M dq, M dk, M dv, CM dout, CM out, CS lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok,
+                                 index_t seq, index_t heads) const {
+    if (st) count(10.0 * q.cols * packed_pairs(k, q_tok, k_tok, seq));
+    timed(kPackedAttention, [&] {
+      Base::attention_packed_backward(dq, dk, dv, dout, out, lse, q, k, v, q_tok, k_tok, seq, heads);
+    });
+  }
+  void grad_norm(CS grads, T* norm_out) const { timed(kOptim, [&] { Base::grad_norm(grads, norm_out); }); }
+  void adamw_step(S params, CS grads, S m, S v, const typename Base::AdamWConfig& cfg, std::int64_t step,
+                  const T* gn = nullptr, T max_norm = T(0)) const {
+    timed(kOptim, [&] { Base::adamw_step(params, grads, m, v, cfg, step, gn, max_norm); });
+  }
+};
+
+using Be = TimingBackend<float>;
+
+constexpr Dims dims{.d_model = 256, .heads = 8, .d_ff = 1024, .vocab = 256, .context = 256};
+using DenseLM = LM<dims, Dense<8>>;
+
+struct Result {
+  std::string name;
+  index_t params = 0;
+  double step_s = 0, step_min_s = 0, step_max_s = 0;
+  double fwd_flops = 0;    // cost model: realised routing (dense: Model::forward_flops)
+  double model_train_flops = 0;  // Model::training_flops (dense only; 0 where the cost model has none)
+  double exec_flops = 0;   // executed products, forward + backward, per step
+  double instrumented_s = 0;
+  std::array<double, kCats> seconds{};
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <class Model>
+Result run(const char* name, index_t batch, index_t seq, int reps) {
+  Be::Stats stats;
+  Be be;
+  be.st = &stats;
+  ModelInstance<Model, Be> m(1, be);
+  m.reserve(batch, seq);
+  const index_t n = batch * seq;
+  std::mt19937_64 rng(7);
+  std::uniform_int_distribution<token_t> dist(0, token_t(Model::dims.vocab - 1));
+  std::vector<token_t> tokens(std::size_t(n + 1));
+  for (auto& t : tokens) t = dist(rng);
+  const std::span<const token_t> x(tokens.data(), std::size_t(n)), y(tokens.data() + 1, std::size_t(n));
+
+  auto& mb = m.backend();
+  auto opt_m = mb.alloc(Model::params), opt_v = mb.alloc(Model::params);
+  auto norm = mb.alloc(1);
+  const cpu::AdamWConfig cfg{.lr = 1e-4f, .weight_decay = 0.1f};
+  std::int64_t step = 0;
+  double fwd_flops_sum = 0;
+  int fwd_count = 0;
+  auto train_step = [&] {
+    m.zero_grad();
+    m.forward(x, y, batch, seq);
+    m.backward();
+    mb.grad_norm(m.grads(), norm.data());
+    mb.adamw_step(m.params(), m.grads(), opt_m.span(), opt_v.span(), cfg, ++step, norm.data(), 1.0f);
+  };
+  // The cost model's forward FLOPs of the last forward's routing (picks survive backward; for the
+  // dense model this is Model::forward_flops).
+  auto realised = [&] { return double(realised_forward_flops(m)); };
+
+  for (int i = 0; i < 2; ++i) train_step();
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) {
+    stats.flops = 0;
+    const auto t0 = Clock::now();
+    train_step();
+    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    fwd_flops_sum += realised();
+    ++fwd_count;
+  }
+  Result r;
+  r.name = name;
+  r.params = Model::params;
+  r.exec_flops = stats.flops;  // of the last timed step
+  r.step_s = median(times);
+  r.step_min_s = *std::min_element(times.begin(), times.end());
+  r.step_max_s = *std::max_element(times.begin(), times.end());
+  r.fwd_flops = fwd_flops_sum / fwd_count;
+  // (the cost model has backward FLOPs for plain layers only)
+  if constexpr (std::is_same_v<Model, DenseLM>) r.model_train_flops = double(Model::training_flops(batch, seq));
+
+  stats.on = true;
+  std::vector<double> inst;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = Clock::now();
+    train_step();
+    inst.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  stats.on = false;
+  double total = 0;
+  for (double t : inst) total += t;
+  r.instrumented_s = total;
+  r.seconds = stats.seconds;
+  return r;
+}
+
+template <class Phi>
+using E_LM = LM<dims, Strategy_11411<MoM_E<Router<GRU>, Phi>>>;
+template <class Phi>
+using I_LM = LM<dims, Strategy_11411<MoM_I<Router<GRU>, Phi>>>;
+template <class Phi>
+using P_LM = LM<dims, Strategy_11411<MoM_P<Router<GRU>, Phi>>>;
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  index_t batch = 16, seq = 256;
+  int reps = 7;
+  std::string only;
+  bool routed_kv = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--batch" && i + 1 < argc) batch = std::atoll(argv[++i]);
+    else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--only" && i + 1 < argc) only = argv[++i];
+    else if (a == "--routed-kv") routed_kv = true;
+    else {
+      std::fprintf(stderr, "usage: %s [--batch B] [--reps R] [--only dense|E|I|P] [--routed-kv]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (!std::getenv("OMP_NUM_THREADS")) omp_set_num_threads(2);
+
+  std::printf("bench_train_step: d_model %lld, heads %lld, d_ff %lld, vocab %lld, seq %lld, batch %lld (%lld tokens/step), "
+              "float, %d OpenMP threads, median of %d steps after 2 warm-up steps\n",
+              (long long)dims.d_model, (long long)dims.heads, (long long)dims.ff(), (long long)dims.vocab,
+              (long long)seq, (long long)batch, (long long)(batch * seq), omp_get_max_threads(), reps);
+  std::printf("step = zero_grad + forward + backward + grad_norm + AdamW (clip 1.0) over all parameters; "
+              "key/value semantics: %s\n\n",
+              routed_kv ? "phi::MoMRoutedKV" : "phi::MoM (default)");
+
+  std::vector<Result> res;
+  auto want = [&](const char* k) { return only.empty() || only == k; };
+  if (want("dense")) res.push_back(run<DenseLM>("dense 8 layers", batch, seq, reps));
+  if (routed_kv) {
+    if (want("E")) res.push_back(run<E_LM<phi::MoMRoutedKV>>("MoM_E (K3H1S), routed KV", batch, seq, reps));
+    if (want("I")) res.push_back(run<I_LM<phi::MoMRoutedKV>>("MoM_I (K3H2S), routed KV", batch, seq, reps));
+    if (want("P")) res.push_back(run<P_LM<phi::MoMRoutedKV>>("MoM_P (K2H6S), routed KV", batch, seq, reps));
+  } else {
+    if (want("E")) res.push_back(run<E_LM<phi::MoM>>("MoM_E (K3H1S)", batch, seq, reps));
+    if (want("I")) res.push_back(run<I_LM<phi::MoM>>("MoM_I (K3H2S)", batch, seq, reps));
+    if (want("P")) res.push_back(run<P_LM<phi::MoM>>("MoM_P (K2H6S)", batch, seq, reps));
+  }
+
+  const Result* dense = res.empty() || res[0].name.rfind("dense", 0) != 0 ? nullptr : &res[0];
+  const double tokens = double(batch * seq);
+  std::printf("| model | params | step ms (median; min-max) | tokens/s | step ratio | FLOP ratio (cost model, realised fwd) "
+              "| exec. train FLOP ratio | ratio / FLOP ratio | router | dispatch | routing overhead |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (const Result& r : res) {
+    const double share_router = r.seconds[kRouter] / r.instrumented_s, share_disp = r.seconds[kDispatch] / r.instrumented_s;
+    char ratio[32] = "–", fratio[32] = "–", eratio[32] = "–", rel[32] = "–";
+    if (dense) {
+      const double sr = r.step_s / dense->step_s, fr = r.fwd_flops / dense->fwd_flops;
+      std::snprintf(ratio, sizeof ratio, "%.2f", sr);
+      std::snprintf(fratio, sizeof fratio, "%.2f", fr);
+      std::snprintf(eratio, sizeof eratio, "%.2f", r.exec_flops / dense->exec_flops);
+      std::snprintf(rel, sizeof rel, "%+.0f%%", 100.0 * (sr / fr - 1.0));
+    }
+    std::printf("| %s | %.2fM | %.1f (%.1f-%.1f) | %.0f | %s | %s | %s | %s | %.1f%% | %.1f%% | %.1f%% |\n",
+                r.name.c_str(), double(r.params) * 1e-6, r.step_s * 1e3, r.step_min_s * 1e3, r.step_max_s * 1e3,
+                tokens / r.step_s, ratio, fratio, eratio, rel, 100 * share_router, 100 * share_disp,
+                100 * (share_router + share_disp));
+  }
+
+  std::printf("\nTime per op category, share of the instrumented steps (the rest: zero/copy, host glue):\n\n| model |");
+  for (const char* c : kCatName) std::printf(" %s |", c);
+  std::printf(" other |\n|---|");
+  for (int c = 0; c < kCats + 1; ++c) std::printf("---:|");
+  std::printf("\n");
+  for (const Result& r : res) {
+    std::printf("| %s |", r.name.c_str());
+    double sum = 0;
+    for (int c = 0; c < kCats; ++c) sum += r.seconds[c], std::printf(" %.1f%% |", 100 * r.seconds[c] / r.instrumented_s);
+    std::printf(" %.1f%% |\n", 100 * (1 - sum / r.instrumented_s));
+  }
+
+  std::printf("\nExecuted FLOPs per step (forward + backward products):\n");
+  for (const Result& r : res)
+    std::printf("  %-28s %8.2f GFLOP  -> %6.1f GFLOP/s%s\n", r.name.c_str(), r.exec_flops * 1e-9,
+                r.exec_flops / r.step_s * 1e-9,
+                r.model_train_flops > 0 ? "" : "");
+  if (dense) {
+    const double gfs = dense->model_train_flops / dense->step_s * 1e-9;
+    std::printf("\ndense: Model::training_flops(%lld, %lld) = %.3f GFLOP (executed count %.3f GFLOP) -> %.1f GFLOP/s = "
+                "%.0f%% of the %.1f GFLOP/s sgemm peak (bench/RESULTS.md)\n",
+                (long long)batch, (long long)seq, dense->model_train_flops * 1e-9, dense->exec_flops * 1e-9, gfs,
+                100 * gfs / kSgemmPeak, kSgemmPeak);
+  }
+  return 0;
+}
