@@ -95,9 +95,15 @@ struct RoutingStats {
       s += std::string(i ? "," : "") + "\n  {\"name\": \"" + r.name + "\", \"classes\": " + std::to_string(r.classes) +
            ", \"skip_is_last\": " + std::string(r.skip ? "true" : "false") + ", \"rounds\": " + std::to_string(r.rounds) + ", \"k\": " + std::to_string(r.k) +
            ", \"tokens\": " + std::to_string(r.tokens) + ",\n   \"usage\": [";
-      for (int h = 0; h < r.rounds; ++h) s += (h ? "," : "") + list(r.usage, std::size_t(h) * E, E);
+      for (int h = 0; h < r.rounds; ++h) {
+        if (h) s += ',';
+        s += list(r.usage, std::size_t(h) * E, E);
+      }
       s += "],\n   \"transitions\": [";
-      for (std::size_t a = 0; a < E; ++a) s += (a ? "," : "") + list(r.transitions, a * E, E);
+      for (std::size_t a = 0; a < E; ++a) {
+        if (a) s += ',';
+        s += list(r.transitions, a * E, E);
+      }
       s += "]}";
     }
     return s + "\n]}\n";
