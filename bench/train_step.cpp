@@ -66,6 +66,7 @@ struct TimingBackend : cpu::Backend<T> {
     bool on = false;
     std::array<double, kCats> seconds{};
     double flops = 0;  // products executed (forward + backward), counted whether on or not
+    std::array<double, kCats> cat_flops{};  // the same per category (router: GRU and head products)
   };
   Stats* st = nullptr;  // shared by copies (the model keeps its own copy of the backend)
 
@@ -76,21 +77,21 @@ struct TimingBackend : cpu::Backend<T> {
     f();
     st->seconds[c] += std::chrono::duration<double>(Clock::now() - t0).count();
   }
-  void count(double f) const {
-    if (st) st->flops += f;
+  void count(Cat c, double f) const {
+    if (st) st->flops += f, st->cat_flops[c] += f;
   }
   static Cat linear_cat(CM w) { return w.rows <= 16 ? kRouter : kLinear; }
 
   void gemm(M C, CM A, Trans ta, CM B, Trans tb, T alpha = T(1), T beta = T(0)) const {
-    count(2.0 * C.rows * C.cols * (ta == Trans::N ? A.cols : A.rows));
+    count(kLinear, 2.0 * C.rows * C.cols * (ta == Trans::N ? A.cols : A.rows));
     timed(kLinear, [&] { Base::gemm(C, A, ta, B, tb, alpha, beta); });
   }
   void linear_forward(M y, CM x, CM w, CS b) const {
-    count(2.0 * x.rows * x.cols * w.rows);
+    count(linear_cat(w), 2.0 * x.rows * x.cols * w.rows);
     timed(linear_cat(w), [&] { Base::linear_forward(y, x, w, b); });
   }
   void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w) const {
-    count((dx.empty() ? 2.0 : 4.0) * x.rows * x.cols * w.rows);
+    count(linear_cat(w), (dx.empty() ? 2.0 : 4.0) * x.rows * x.cols * w.rows);
     timed(linear_cat(w), [&] { Base::linear_backward(dx, dw, db, dy, x, w); });
   }
   void embedding_forward(M out, Tok tokens, CM wte, CM wpe, index_t seq) const {
@@ -115,11 +116,11 @@ struct TimingBackend : cpu::Backend<T> {
     timed(kLoss, [&] { Base::cross_entropy_backward(dlogits, logits, lse, targets, dloss, ignore_index); });
   }
   void attention_forward(M out, S lse, CM qkv, index_t batch, index_t seq, index_t heads) const {
-    count(2.0 * batch * (qkv.cols / 3) * seq * (seq + 1));
+    count(kAttention, 2.0 * batch * (qkv.cols / 3) * seq * (seq + 1));
     timed(kAttention, [&] { Base::attention_forward(out, lse, qkv, batch, seq, heads); });
   }
   void attention_backward(M dqkv, CM dout, CM out, CS lse, CM qkv, index_t batch, index_t seq, index_t heads) const {
-    count(5.0 * batch * (qkv.cols / 3) * seq * (seq + 1));
+    count(kAttention, 5.0 * batch * (qkv.cols / 3) * seq * (seq + 1));
     timed(kAttention, [&] { Base::attention_backward(dqkv, dout, out, lse, qkv, batch, seq, heads); });
   }
   void gather_rows(M out, CM in, Tok idx) const { timed(kDispatch, [&] { Base::gather_rows(out, in, idx); }); }
@@ -130,12 +131,12 @@ struct TimingBackend : cpu::Backend<T> {
     timed(kDispatch, [&] { Base::scatter_add_rows_backward(din, dweights, dout, in, idx, weights); });
   }
   void gru_cell_forward(M h_out, M gates, CM x, CM h, CM w_ih, CM w_hh, CS b_ih, CS b_hh) const {
-    count(2.0 * x.rows * w_ih.rows * (x.cols + h.cols));
+    count(kRouter, 2.0 * x.rows * w_ih.rows * (x.cols + h.cols));
     timed(kRouter, [&] { Base::gru_cell_forward(h_out, gates, x, h, w_ih, w_hh, b_ih, b_hh); });
   }
   void gru_cell_backward(M dx, M dh, M dw_ih, M dw_hh, S db_ih, S db_hh, M scratch, CM dh_out, CM gates, CM x, CM h,
                          CM w_ih, CM w_hh) const {
-    count(2.0 * x.rows * w_ih.rows * (x.cols + h.cols) + (dx.empty() ? 0.0 : 2.0 * x.rows * w_ih.rows * x.cols) +
+    count(kRouter, 2.0 * x.rows * w_ih.rows * (x.cols + h.cols) + (dx.empty() ? 0.0 : 2.0 * x.rows * w_ih.rows * x.cols) +
           (dh.empty() ? 0.0 : 2.0 * x.rows * w_hh.rows * h.cols));
     timed(kRouter, [&] {
       Base::gru_cell_backward(dx, dh, dw_ih, dw_hh, db_ih, db_hh, scratch, dh_out, gates, x, h, w_ih, w_hh);
@@ -176,12 +177,12 @@ struct TimingBackend : cpu::Backend<T> {
     return pairs;
   }
   void attention_packed_forward(M out, S lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok, index_t seq, index_t heads) const {
-    if (st) count(4.0 * q.cols * packed_pairs(k, q_tok, k_tok, seq));
+    if (st) count(kPackedAttention, 4.0 * q.cols * packed_pairs(k, q_tok, k_tok, seq));
     timed(kPackedAttention, [&] { Base::attention_packed_forward(out, lse, q, k, v, q_tok, k_tok, seq, heads); });
   }
   void attention_packed_backward(M dq, M dk, M dv, CM dout, CM out, CS lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok,
                                  index_t seq, index_t heads) const {
-    if (st) count(10.0 * q.cols * packed_pairs(k, q_tok, k_tok, seq));
+    if (st) count(kPackedAttention, 10.0 * q.cols * packed_pairs(k, q_tok, k_tok, seq));
     timed(kPackedAttention, [&] {
       Base::attention_packed_backward(dq, dk, dv, dout, out, lse, q, k, v, q_tok, k_tok, seq, heads);
     });
@@ -205,6 +206,7 @@ struct Result {
   double fwd_flops = 0;    // cost model: realised routing (dense: Model::forward_flops)
   double model_train_flops = 0;  // Model::training_flops (dense only; 0 where the cost model has none)
   double exec_flops = 0;   // executed products, forward + backward, per step
+  double router_flops = 0; // of which GRU cells and router heads
   double instrumented_s = 0;
   std::array<double, kCats> seconds{};
 };
@@ -250,6 +252,7 @@ Result run(const char* name, index_t batch, index_t seq, int reps) {
   std::vector<double> times;
   for (int i = 0; i < reps; ++i) {
     stats.flops = 0;
+    stats.cat_flops = {};
     const auto t0 = Clock::now();
     train_step();
     times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
@@ -260,6 +263,7 @@ Result run(const char* name, index_t batch, index_t seq, int reps) {
   r.name = name;
   r.params = Model::params;
   r.exec_flops = stats.flops;  // of the last timed step
+  r.router_flops = stats.cat_flops[kRouter];
   r.step_s = median(times);
   r.step_min_s = *std::min_element(times.begin(), times.end());
   r.step_max_s = *std::max_element(times.begin(), times.end());
@@ -365,9 +369,9 @@ int main(int argc, char** argv) {
 
   std::printf("\nExecuted FLOPs per step (forward + backward products):\n");
   for (const Result& r : res)
-    std::printf("  %-28s %8.2f GFLOP  -> %6.1f GFLOP/s%s\n", r.name.c_str(), r.exec_flops * 1e-9,
-                r.exec_flops / r.step_s * 1e-9,
-                r.model_train_flops > 0 ? "" : "");
+    std::printf("  %-28s %8.2f GFLOP  -> %6.1f GFLOP/s; routers (GRU + head) %6.2f GFLOP = %4.1f%% of the FLOPs\n",
+                r.name.c_str(), r.exec_flops * 1e-9, r.exec_flops / r.step_s * 1e-9, r.router_flops * 1e-9,
+                100 * r.router_flops / r.exec_flops);
   if (dense) {
     const double gfs = dense->model_train_flops / dense->step_s * 1e-9;
     std::printf("\ndense: Model::training_flops(%lld, %lld) = %.3f GFLOP (executed count %.3f GFLOP) -> %.1f GFLOP/s = "

@@ -5,8 +5,11 @@
 //   h' = (1 - z) ∘ ñ + z ∘ h
 // The MoM router (Mixture-of-Modules, §3.3) is this cell run over the assembly steps.
 // Forward saves gates = [gi | gh] ([n × 6H]); backward recomputes r, z, ñ from them.
+#include <algorithm>
 #include <cmath>
 #include <span>
+
+#include <Eigen/Core>
 
 #include "mom/backend/cpu/gemm.hpp"
 #include "mom/backend/cpu/linear.hpp"
@@ -34,6 +37,18 @@ template <class T>
 T sigmoid(T a) {
   return T(1) / (T(1) + std::exp(-a));
 }
+
+// The gate math runs on column chunks of at most kGruChunk as Eigen arrays: Eigen's vectorised
+// logistic and tanh (float: AVX-512 rational approximations within a few ulp) instead of scalar
+// std::exp / std::tanh, which cost more than the cell's two GEMMs at width 256 (measured:
+// 15 ms of gate math vs 8.5 ms of GEMMs per 4096-row forward). Fixed-capacity arrays: no heap.
+inline constexpr index_t kGruChunk = 64;
+template <class T>
+using GruChunk = Eigen::Array<T, Eigen::Dynamic, 1, 0, kGruChunk, 1>;
+template <class T>
+using GruIn = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
+template <class T>
+using GruOut = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
 }  // namespace detail
 
 template <class T>
@@ -50,11 +65,13 @@ void gru_cell_forward(MatrixView<T> h_out, MatrixView<T> gates, MatrixView<const
     const T* gh = gi + 3 * H;
     const T* hp = h.row(i);
     T* ho = h_out.row(i);
-    for (index_t j = 0; j < H; ++j) {
-      const T r = detail::sigmoid(gi[j] + gh[j]);
-      const T z = detail::sigmoid(gi[H + j] + gh[H + j]);
-      const T nn = std::tanh(gi[2 * H + j] + r * gh[2 * H + j]);
-      ho[j] = (T(1) - z) * nn + z * hp[j];
+    for (index_t j = 0; j < H; j += detail::kGruChunk) {
+      using detail::GruIn;
+      const index_t c = std::min(detail::kGruChunk, H - j);
+      const detail::GruChunk<T> r = (GruIn<T>(gi + j, c) + GruIn<T>(gh + j, c)).logistic();
+      const detail::GruChunk<T> z = (GruIn<T>(gi + H + j, c) + GruIn<T>(gh + H + j, c)).logistic();
+      const detail::GruChunk<T> nn = (GruIn<T>(gi + 2 * H + j, c) + r * GruIn<T>(gh + 2 * H + j, c)).tanh();
+      detail::GruOut<T>(ho + j, c) = (T(1) - z) * nn + z * GruIn<T>(hp + j, c);
     }
   }
 }
@@ -82,20 +99,23 @@ void gru_cell_backward(MatrixView<T> dx, MatrixView<T> dh, MatrixView<T> dw_ih, 
     T* dgi = scratch.row(i);
     T* dgh = dgi + 3 * H;
     T* dhp = dh.empty() ? nullptr : dh.row(i);
-    for (index_t j = 0; j < H; ++j) {
-      const T r = detail::sigmoid(gi[j] + gh[j]);
-      const T z = detail::sigmoid(gi[H + j] + gh[H + j]);
-      const T nn = std::tanh(gi[2 * H + j] + r * gh[2 * H + j]);
-      const T dn_pre = g[j] * (T(1) - z) * (T(1) - nn * nn);  // through ñ = tanh(.)
-      const T dz_pre = g[j] * (hp[j] - nn) * z * (T(1) - z);
-      const T dr_pre = dn_pre * gh[2 * H + j] * r * (T(1) - r);
-      dgi[j] = dr_pre;
-      dgh[j] = dr_pre;
-      dgi[H + j] = dz_pre;
-      dgh[H + j] = dz_pre;
-      dgi[2 * H + j] = dn_pre;
-      dgh[2 * H + j] = dn_pre * r;
-      if (dhp) dhp[j] += g[j] * z;  // the direct path h' = ... + z ∘ h
+    for (index_t j = 0; j < H; j += detail::kGruChunk) {
+      using detail::GruIn, detail::GruOut;
+      const index_t c = std::min(detail::kGruChunk, H - j);
+      const auto ghn = GruIn<T>(gh + 2 * H + j, c), gj = GruIn<T>(g + j, c);
+      const detail::GruChunk<T> r = (GruIn<T>(gi + j, c) + GruIn<T>(gh + j, c)).logistic();
+      const detail::GruChunk<T> z = (GruIn<T>(gi + H + j, c) + GruIn<T>(gh + H + j, c)).logistic();
+      const detail::GruChunk<T> nn = (GruIn<T>(gi + 2 * H + j, c) + r * ghn).tanh();
+      const detail::GruChunk<T> dn_pre = gj * (T(1) - z) * (T(1) - nn * nn);  // through ñ = tanh(.)
+      const detail::GruChunk<T> dz_pre = gj * (GruIn<T>(hp + j, c) - nn) * z * (T(1) - z);
+      const detail::GruChunk<T> dr_pre = dn_pre * ghn * r * (T(1) - r);
+      GruOut<T>(dgi + j, c) = dr_pre;
+      GruOut<T>(dgh + j, c) = dr_pre;
+      GruOut<T>(dgi + H + j, c) = dz_pre;
+      GruOut<T>(dgh + H + j, c) = dz_pre;
+      GruOut<T>(dgi + 2 * H + j, c) = dn_pre;
+      GruOut<T>(dgh + 2 * H + j, c) = dn_pre * r;
+      if (dhp) GruOut<T>(dhp + j, c) += gj * z;  // the direct path h' = ... + z ∘ h
     }
   }
   const MatrixView<const T> dgi = scratch.col_block(0, 3 * H), dgh = scratch.col_block(3 * H, 3 * H);

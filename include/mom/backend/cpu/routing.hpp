@@ -200,6 +200,15 @@ inline PackedTask packed_task(std::span<const token_t> q_tok, std::span<const to
   const token_t first = token_t(b * seq), last = token_t(b * seq + seq - 1);
   return {lower_index(q_tok, first), upper_index(q_tok, last), key_lower(k_tok, first)};
 }
+// End of the query block starting at packed row i0: at most kPackedBlock rows, and (for sparse
+// queries, e.g. a module that got 40% of the tokens) no query more than kPackedBlock positions
+// after the first, so the masked part of the [rows × keys] score block stays at most about
+// half a diagonal block, as in dense attention, instead of growing with the rows' spread.
+inline index_t packed_block_end(std::span<const token_t> q_tok, index_t i0, index_t q1) {
+  const index_t i1 = std::min(q1, i0 + kPackedBlock);
+  const auto first = q_tok.begin() + i0 + 1, last = q_tok.begin() + i1;
+  return std::lower_bound(first, last, token_t(q_tok[i0] + kPackedBlock)) - q_tok.begin();
+}
 // This thread's [kPackedBlock × seq] score scratch number Slot. A key range lies inside one
 // sequence, so seq bounds it; sizing by seq (not by the task's range) makes every thread's
 // buffer reach its final size on its first task: no allocation after the first step.
@@ -238,8 +247,9 @@ void attention_packed_forward(MatrixView<T> out, std::span<T> lse, MatrixView<co
     const auto task = detail::packed_task(q_tok, k_tok, b, seq);
     const auto qh = q.col_block(h * hd, hd), kh = k.col_block(h * hd, hd), vh = v.col_block(h * hd, hd);
     const auto oh = out.col_block(h * hd, hd);
-    for (index_t i0 = task.q0; i0 < task.q1; i0 += kPackedBlock) {
-      const index_t i1 = std::min(task.q1, i0 + kPackedBlock), rows = i1 - i0;
+    for (index_t i0 = task.q0, i1 = 0; i0 < task.q1; i0 = i1) {
+      i1 = detail::packed_block_end(q_tok, i0, task.q1);
+      const index_t rows = i1 - i0;
       const index_t keys = detail::key_upper(k_tok, q_tok[i1 - 1]) - task.k0;
       if (keys <= 0) {  // no query of the block has a key
         for (index_t i = i0; i < i1; ++i) std::fill_n(oh.row(i), hd, T(0)), lse[i * heads + h] = -std::numeric_limits<T>::infinity();
@@ -293,8 +303,9 @@ void attention_packed_backward(MatrixView<T> dq, MatrixView<T> dk, MatrixView<T>
     const auto qh = q.col_block(h * hd, hd), kh = k.col_block(h * hd, hd), vh = v.col_block(h * hd, hd);
     const auto oh = out.col_block(h * hd, hd), dOh = dout.col_block(h * hd, hd);
     const auto dqh = dq.col_block(h * hd, hd), dkh = dk.col_block(h * hd, hd), dvh = dv.col_block(h * hd, hd);
-    for (index_t i0 = task.q0; i0 < task.q1; i0 += kPackedBlock) {
-      const index_t i1 = std::min(task.q1, i0 + kPackedBlock), rows = i1 - i0;
+    for (index_t i0 = task.q0, i1 = 0; i0 < task.q1; i0 = i1) {
+      i1 = detail::packed_block_end(q_tok, i0, task.q1);
+      const index_t rows = i1 - i0;
       const index_t keys = detail::key_upper(k_tok, q_tok[i1 - 1]) - task.k0;
       if (keys <= 0) continue;
       const MatrixView<T> p(detail::packed_block_scratch<T, 0>(seq), rows, keys);
