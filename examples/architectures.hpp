@@ -4,6 +4,7 @@
 #pragma once
 
 #include <mom/mom.hpp>
+#include <mom/models/mom_models.hpp>
 #include <mom/train/train.hpp>
 
 #include <functional>
@@ -22,6 +23,20 @@ using Tiny = LM<tiny_dims, Dense<4>>;
 using Small = LM<small_dims, Dense<4>>;
 using SmallBpe = LM<small_bpe_dims, Dense<4>>;
 
+// Mixture-of-Modules (issue 5): the paper's 8-layer [1-1-4-1-1] strategy with MoM_P / MoM_I / MoM_E
+// chunks and its dense twin, byte-level; phase 1 trains dense8, phase 2 warm-starts a MoM model from it
+// (mom-train --arch mom8-p --init-from <dense8 run>, §3.4).
+inline constexpr Dims mom8_dims{.d_model = 256, .heads = 8, .d_ff = 1024, .vocab = 256, .context = 256};
+using Dense8 = LM<mom8_dims, Dense<8>>;
+using MoM8P = LM<mom8_dims, Strategy_11411<MoM_P<>>>;
+using MoM8I = LM<mom8_dims, Strategy_11411<MoM_I<>>>;
+using MoM8E = LM<mom8_dims, Strategy_11411<MoM_E<>>>;
+// MoM-small [1-1-4-1-4-1] on GPT-2 small (dense twin: gpt2-small). Listed for their shapes and cost only:
+// instantiating their training code would add minutes to every build of mom-train.
+using GPT2SmallMoMP = MoMSmallLM<MoM_P<>>;
+using GPT2SmallMoMI = MoMSmallLM<MoM_I<>>;
+using GPT2SmallMoME = MoMSmallLM<MoM_E<>>;
+
 struct TrainRequest;   // train.cpp
 struct SampleRequest;  // sample.hpp
 
@@ -31,12 +46,15 @@ struct ArchEntry {
   index_t vocab = 0, context = 0;
   std::string describe;   // describe<Model>()
   std::string note;       // one line for --help
+  std::string dense_twin; // MoM models: the registered dense model a phase-2 run warm-starts from (--init-from)
+  bool trainable = true;  // false: listed (describe line) only, not compiled into the training code
   std::function<int(const TrainRequest&)> train;
   std::function<std::string(const SampleRequest&)> sample;
 };
 
-template <class Model>
-ArchEntry make_architecture(std::string name, std::string tokenizer, std::string note);
+// DenseTwin: for a MoM model, the dense model of the same depth that --init-from warm-starts it from.
+template <class Model, class DenseTwin = void>
+ArchEntry make_architecture(std::string name, std::string tokenizer, std::string note, std::string dense_twin = {});
 
 const std::vector<ArchEntry>& registry();
 

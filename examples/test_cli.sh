@@ -69,6 +69,28 @@ if "$SAMPLE" --checkpoint "$T/run" --prompt "In the" --tokens 20 --temperature 0
 else
   echo "FAIL: sample"; cat "$T/sample.log"; fail=1
 fi
+# Two-phase training (paper §3.4): a few steps of dense8, then mom8-p warm-started from it; the routed run
+# writes routing statistics at its validation. Refusals: a checkpoint that is not the dense twin, a dense arch.
+p2=(--steps 2 --batch 2 --seq 32 --eval-interval 0 --eval-batches 1 --sample-tokens 0)
+if "$BIN" --data "$T/text.txt" --arch dense8 --out "$T/p1" "${p2[@]}" >"$T/p1.log" 2>&1 &&
+   "$BIN" --data "$T/p1/data" --arch mom8-p --out "$T/p2" --init-from "$T/p1" "${p2[@]}" >"$T/p2.log" 2>&1 &&
+   grep -q "phase 2: warm-started from .*p1/step-000002/model.safetensors (dense8" "$T/p2.log" &&
+   grep -q '"name": "part2.attn"' "$T/p2/routing.json" && [ -f "$T/p2/routing/step-000002.part2.ffn.csv" ]; then
+  echo "ok: phase 1 (dense8) -> phase 2 (mom8-p --init-from), routing statistics written"
+else
+  echo "FAIL: phase 1 -> phase 2"; cat "$T/p1.log" "$T/p2.log"; fail=1
+fi
+expect_error "--init-from: '.*' holds 'LM<d_model=128.*' but --arch mom8-p warm-starts from its dense twin dense8" \
+  "$BIN" --data "$T/text.txt" --arch mom8-p --out "$T/o9" --init-from "$T/run" "${p2[@]}"
+expect_error "--init-from: architecture 'tiny' is not a Mixture-of-Modules model" \
+  "$BIN" --data "$T/text.txt" --arch tiny --out "$T/o10" --init-from "$T/p1" "${p2[@]}"
+expect_error "--init-from: '.*nowhere' does not exist" \
+  "$BIN" --data "$T/text.txt" --arch mom8-p --out "$T/o11" --init-from "$T/nowhere" "${p2[@]}"
+if "$BIN" --help | grep -q "gpt2-small-mom-p" && "$BIN" --help | grep -q "127,596,800 params"; then
+  echo "ok: --help lists the MoM architectures"
+else
+  echo "FAIL: --help MoM architectures"; fail=1
+fi
 if "$BIN" --help | grep -q "gpt2-small" && "$BIN" --help | grep -q "124,439,808 params"; then
   echo "ok: --help lists the architectures"
 else

@@ -5,9 +5,19 @@
 //   mom-train --data data/kjv.txt --arch tiny --steps 4000 --out runs/kjv --resume
 //   mom-sample --checkpoint runs/kjv --prompt "And God said" --tokens 300
 //
+// Two-phase training of a Mixture-of-Modules model (paper §3.4): phase 1 trains the dense twin, phase 2
+// warm-starts the MoM model from it (routers freshly initialised) and trains on:
+//   mom-train --data data/kjv.txt --arch dense8 --steps 300 --out runs/dense8
+//   mom-train --data data/kjv.txt --arch mom8-p --steps 300 --out runs/mom8p --init-from runs/dense8
+// A routed model also writes its routing statistics at each validation: <out>/routing.json (the latest),
+// <out>/routing/step-NNNNNN.json and .csv (scripts/plot_routing.py draws them).
+//
 // Every error (missing / empty / binary data, unknown architecture, seq > context, an output directory that
 // cannot be written, a checkpoint that would be overwritten) is one line on stderr and exit status 1.
 #include "architectures.hpp"
+#include <mom/models/routing_stats.hpp>
+#include <mom/models/warm_start.hpp>
+#include <mom/train/hf_gpt2.hpp>
 #include "sample.hpp"
 
 #include <CLI/CLI.hpp>
@@ -29,6 +39,7 @@ struct TrainRequest {
   double val_fraction = 0.1;
   train::TrainConfig cfg;
   bool resume = false;
+  std::filesystem::path init_from;  // phase 2: a checkpoint of the dense twin (run dir, step folder or .safetensors)
   index_t sample_tokens = 200;
   std::string prompt = "And God said";
   double temperature = 0.8;
@@ -60,7 +71,62 @@ inline DataFiles resolve_data(const TrainRequest& r, const std::string& tokenize
   return {prep.train, prep.val};
 }
 
-template <class Model>
+// The model file --init-from names: a .safetensors file itself, or a run directory / step folder.
+inline std::filesystem::path init_from_file(const std::filesystem::path& p) {
+  namespace fs = std::filesystem;
+  MOM_CHECK(fs::exists(p), "--init-from: '", p.string(), "' does not exist");
+  if (fs::is_regular_file(p)) return p;
+  return train::resolve_checkpoint(p) / "model.safetensors";
+}
+
+// Phase 2 (§3.4): checks that --init-from holds the dense twin of the chosen MoM architecture, before any
+// work. A mom checkpoint must carry the twin's describe line; a file without mom metadata is read as a
+// Hugging Face GPT-2 model.safetensors (its importer checks the shapes).
+template <class DenseTwin>
+void check_init_from(const ArchEntry& arch, const TrainRequest& r) {
+  if (r.init_from.empty()) return;
+  MOM_CHECK(!r.resume, "--init-from starts phase 2 from a dense checkpoint; --resume continues a run: pass one");
+  if constexpr (std::is_void_v<DenseTwin>) {
+    MOM_CHECK(false, "--init-from: architecture '", arch.name,
+              "' is not a Mixture-of-Modules model (it has no dense twin to warm-start from)");
+  } else {
+    const auto file = init_from_file(r.init_from);
+    const train::safetensors::File f(file);
+    const auto it = f.metadata().find("mom.describe");
+    const std::string want = describe<DenseTwin>();
+    MOM_CHECK(it == f.metadata().end() || it->second == want, "--init-from: '", file.string(), "' holds '",
+              it != f.metadata().end() ? it->second : "?", "' but --arch ", arch.name,
+              " warm-starts from its dense twin ", arch.dense_twin, " ('", want, "')");
+  }
+}
+
+template <class DenseTwin, class Instance>
+void warm_start_from(const ArchEntry& arch, const TrainRequest& r, Instance& model) {
+  if constexpr (!std::is_void_v<DenseTwin>) {
+    const auto file = init_from_file(r.init_from);
+    auto dense = DenseTwin::template make<cpu::Backend<float>>(1);
+    const train::safetensors::File f(file);
+    if (f.metadata().count("mom.describe")) {  // our layout (describe line already checked)
+      std::vector<float> params(std::size_t(DenseTwin::params));
+      for (const auto& p : DenseTwin::layout) {
+        const train::safetensors::TensorInfo* t = f.find(p.name);
+        MOM_CHECK(t != nullptr && t->shape == (p.rows == 1 ? std::vector<std::int64_t>{p.cols}
+                                                            : std::vector<std::int64_t>{p.rows, p.cols}),
+                  "--init-from: '", file.string(), "': tensor '", p.name, "' is missing or has the wrong shape");
+        f.read<float>(p.name, std::span<float>(params).subspan(std::size_t(p.offset), std::size_t(p.size())));
+      }
+      dense.backend().from_host(dense.params(), std::span<const float>(params));
+    } else if constexpr (train::hf::is_hf_gpt2_compatible<DenseTwin>()) {
+      train::hf::import_hf_gpt2(dense, file);
+    }
+    warm_start(model, dense);
+    std::printf("phase 2: warm-started from %s (%s; routers freshly initialised)\n", file.string().c_str(),
+                arch.dense_twin.c_str());
+    std::fflush(stdout);
+  }
+}
+
+template <class Model, class DenseTwin>
 int train_model(const ArchEntry& arch, const TrainRequest& r) {
   namespace fs = std::filesystem;
   using Instance = decltype(Model::template make<cpu::Backend<float>>(1));
@@ -72,6 +138,7 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
   MOM_CHECK(!existing || r.resume, "output directory '", cfg.out_dir.string(),
             "' already holds a checkpoint: pass --resume to continue it, or choose another --out");
   MOM_CHECK(existing || !r.resume, "--resume: no checkpoint in '", cfg.out_dir.string(), "'");
+  check_init_from<DenseTwin>(arch, r);
   train::ensure_writable_dir(cfg.out_dir);
   if (r.resume) {  // refuse another architecture's checkpoint before any work
     const auto dir = train::resolve_checkpoint(cfg.out_dir);
@@ -102,7 +169,25 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
   std::fflush(stdout);
 
   auto model = Model::template make<cpu::Backend<float>>(cfg.seed);
+  if (!r.init_from.empty()) warm_start_from<DenseTwin>(arch, r, model);
   train::Trainer<Instance> trainer(model, train_data, val_data ? &*val_data : nullptr, cfg);
+  // Routed models: routing statistics of each validation (issue 5, paper Fig. 6), next to metrics.jsonl.
+  RoutingStats routing;
+  constexpr bool routed = []<class... Es>(TypeList<Es...>) { return (requires { Es::has_aux_loss; } || ...); }(
+      typename Model::core::executors{});
+  if constexpr (routed) {
+    {
+      trainer.on_eval_forward = [&routing](Instance& m) { routing.accumulate(m); };
+      trainer.on_eval_done = [&routing, dir = cfg.out_dir](index_t step) {
+        std::filesystem::create_directories(dir / "routing");
+        const std::string stem = (dir / "routing" / train::step_folder_name(step)).string();
+        routing.write_json(stem + ".json");
+        routing.write_csv(stem);
+        routing.write_json((dir / "routing.json").string());
+        routing.clear();
+      };
+    }
+  }
   if (r.resume) {
     trainer.resume(cfg.out_dir);
     std::printf("resumed from step %lld of %s\n", static_cast<long long>(trainer.step()), cfg.out_dir.string().c_str());
@@ -146,8 +231,8 @@ std::string sample_model(const SampleRequest& r) {
          tok->decode(std::span<const token_t>(tokens).subspan(prompt_len));
 }
 
-template <class Model>
-ArchEntry make_architecture(std::string name, std::string tokenizer, std::string note) {
+template <class Model, class DenseTwin>
+ArchEntry make_architecture(std::string name, std::string tokenizer, std::string note, std::string dense_twin) {
   ArchEntry a;
   a.name = std::move(name);
   a.tokenizer = std::move(tokenizer);
@@ -155,8 +240,35 @@ ArchEntry make_architecture(std::string name, std::string tokenizer, std::string
   a.context = Model::dims.context;
   a.describe = describe<Model>();
   a.note = std::move(note);
-  a.train = [a_name = a.name](const TrainRequest& r) { return train_model<Model>(*find_architecture(a_name), r); };
+  a.dense_twin = std::move(dense_twin);
+  a.train = [a_name = a.name](const TrainRequest& r) {
+    return train_model<Model, DenseTwin>(*find_architecture(a_name), r);
+  };
   a.sample = [](const SampleRequest& r) { return sample_model<Model>(r); };
+  return a;
+}
+
+// Listed only: the describe line in --help, no training or sampling code instantiated.
+template <class Model>
+ArchEntry list_architecture(std::string name, std::string tokenizer, std::string note, std::string dense_twin) {
+  ArchEntry a;
+  a.name = std::move(name);
+  a.tokenizer = std::move(tokenizer);
+  a.vocab = Model::dims.vocab;
+  a.context = Model::dims.context;
+  a.describe = describe<Model>();
+  a.note = std::move(note);
+  a.dense_twin = std::move(dense_twin);
+  a.trainable = false;
+  a.train = [a_name = a.name](const TrainRequest&) -> int {
+    MOM_CHECK(false, "architecture '", a_name, "' is listed for its shape and cost only; this build does not "
+              "compile its training code (register it with make_architecture in examples/train.cpp)");
+    return 1;
+  };
+  a.sample = [a_name = a.name](const SampleRequest&) -> std::string {
+    MOM_CHECK(false, "architecture '", a_name, "' is listed only; this build cannot sample it");
+    return {};
+  };
   return a;
 }
 
@@ -169,6 +281,13 @@ const std::vector<ArchEntry>& registry() {
     v.push_back(make_architecture<GPT2Small>("gpt2-small", "gpt2", "GPT-2 124M shape"));
     v.push_back(make_architecture<GPT2Medium>("gpt2-medium", "gpt2", "GPT-2 355M shape"));
     v.push_back(make_architecture<GPT2Large>("gpt2-large", "gpt2", "GPT-2 774M shape"));
+    v.push_back(make_architecture<Dense8>("dense8", "byte", "byte-level 8 layers, d 256: phase 1 / the dense twin of mom8-*"));
+    v.push_back(make_architecture<MoM8P, Dense8>("mom8-p", "byte", "MoM_P = K2H6S, [1-1-4-1-1]; phase 2: --init-from a dense8 run", "dense8"));
+    v.push_back(make_architecture<MoM8I, Dense8>("mom8-i", "byte", "MoM_I = K3H2S, [1-1-4-1-1]; phase 2: --init-from a dense8 run", "dense8"));
+    v.push_back(make_architecture<MoM8E, Dense8>("mom8-e", "byte", "MoM_E = K3H1S, [1-1-4-1-1]; phase 2: --init-from a dense8 run", "dense8"));
+    v.push_back(list_architecture<GPT2SmallMoMP>("gpt2-small-mom-p", "gpt2", "MoM_P on GPT-2 small, [1-1-4-1-4-1]; listed only", "gpt2-small"));
+    v.push_back(list_architecture<GPT2SmallMoMI>("gpt2-small-mom-i", "gpt2", "MoM_I on GPT-2 small, [1-1-4-1-4-1]; listed only", "gpt2-small"));
+    v.push_back(list_architecture<GPT2SmallMoME>("gpt2-small-mom-e", "gpt2", "MoM_E on GPT-2 small, [1-1-4-1-4-1]; listed only", "gpt2-small"));
     return v;
   }();
   return archs;
@@ -249,6 +368,10 @@ int run_train(int argc, char** argv, const std::string& prog) {
   app.add_option("--seed", c.seed, "Seed of the initialisation and the data sampler")->capture_default_str();
   app.add_option("-o,--out", out, "Output directory: checkpoints, metrics.jsonl, prepared data")->capture_default_str();
   app.add_flag("--resume", r.resume, "Continue the checkpoint in --out");
+  std::string init_from;
+  app.add_option("--init-from", init_from,
+                 "Phase 2 (MoM archs): warm-start from a checkpoint of the dense twin (run dir, step folder or "
+                 "model.safetensors, also a Hugging Face GPT-2 one); routers start fresh");
   app.add_option("--eval-interval", c.eval_interval, "Validate every N steps (0: only at the end)")->capture_default_str();
   app.add_option("--eval-batches", c.eval_batches, "Micro-batches per validation")->capture_default_str();
   app.add_option("--checkpoint-interval", c.checkpoint_interval, "Save every N steps (0: only at the end)")
@@ -269,6 +392,7 @@ int run_train(int argc, char** argv, const std::string& prog) {
   const ArchEntry* arch = find_architecture(arch_name);
   MOM_CHECK(arch != nullptr, "unknown architecture '", arch_name, "' (known: ", architecture_names(), ")");
   r.data = data;
+  r.init_from = init_from;
   c.out_dir = out;
   if (threads > 0) omp_set_num_threads(threads);
   std::signal(SIGINT, on_interrupt);

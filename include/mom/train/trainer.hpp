@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <numbers>
 #include <optional>
 #include <string>
@@ -128,6 +129,11 @@ class Trainer {
 
   index_t step() const { return step_; }
 
+  // Optional evaluation hooks (mom-train uses them to collect routing statistics): called after each
+  // validation forward with the model, and after each validation with the step.
+  std::function<void(Instance&)> on_eval_forward;
+  std::function<void(index_t step)> on_eval_done;
+
   // Mean loss over cfg.eval_batches fixed validation micro-batches (the same windows every time).
   double evaluate() {
     MOM_CHECK(val_ != nullptr, "Trainer::evaluate: no validation data");
@@ -135,6 +141,7 @@ class Trainer {
     for (index_t i = 0; i < cfg_.eval_batches; ++i) {
       eval_batch(*val_, cfg_.batch, cfg_.seq, i, inputs_, targets_);
       sum += double(model_.forward(inputs_, targets_, cfg_.batch, cfg_.seq));
+      if (on_eval_forward) on_eval_forward(model_);
     }
     return sum / double(cfg_.eval_batches);
   }
@@ -222,6 +229,7 @@ class Trainer {
                       vl, std::exp(vl));
         progress_.message(vline);
         metrics.write({{"type", "val"}, {"step", step_}, {"loss", vl}, {"ppl", std::exp(vl)}, {"elapsed_s", elapsed()}});
+        if (on_eval_done) on_eval_done(step_);
       }
       const bool stop = stop_requested.load() && !last;
       if (stop) {
