@@ -23,6 +23,7 @@
 #include "mom/backend/cpu/eigen_map.hpp"
 #include "mom/backend/cpu/gemm.hpp"
 #include "mom/backend/cpu/parallel.hpp"
+#include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
 
@@ -31,21 +32,6 @@ namespace mom::cpu {
 inline constexpr index_t kAttentionBlock = 64;
 
 namespace detail {
-template <class T>
-void check_attention_shapes(const char* op, MatrixView<const T> qkv, MatrixView<const T> out, std::span<const T> lse,
-                            index_t batch, index_t seq, index_t heads) {
-  MOM_CHECK(batch > 0 && seq > 0 && heads > 0, op, ": batch ", batch, ", seq ", seq, ", heads ", heads,
-            " must be positive");
-  MOM_CHECK(qkv.cols % 3 == 0, op, ": qkv ", shape(qkv), " must have 3*d columns [q | k | v]");
-  const index_t d = qkv.cols / 3;
-  MOM_CHECK(d % heads == 0, op, ": d = ", d, " (qkv ", shape(qkv), ") is not divisible by heads = ", heads);
-  MOM_CHECK(qkv.rows == batch * seq, op, ": qkv ", shape(qkv), " must have batch*seq = ", batch, "*", seq, " rows");
-  MOM_CHECK(out.rows == qkv.rows && out.cols == d, op, ": out ", shape(out), " must be [", qkv.rows, "x", d,
-            "] for qkv ", shape(qkv));
-  MOM_CHECK(ssize(lse) == batch * heads * seq, op, ": lse has ", lse.size(), " elements, expected batch*heads*seq = ",
-            batch * heads * seq);
-}
-
 // This thread's [kAttentionBlock × seq] score scratch number Slot (aligned, grown once).
 struct AttentionScratch;
 template <class T, int Slot>
@@ -70,7 +56,7 @@ auto score_row(T* row, index_t i) {
 template <class T>
 void attention_forward(MatrixView<T> out, std::span<T> lse, MatrixView<const T> qkv, index_t batch, index_t seq,
                        index_t heads) {
-  detail::check_attention_shapes<T>("attention_forward", qkv, out, lse, batch, seq, heads);
+  checks::attention_shapes<T>("attention_forward", qkv, out, lse, batch, seq, heads);
   const index_t d = qkv.cols / 3, hd = d / heads;
   const T scale = T(1) / std::sqrt(T(hd));
 #pragma omp parallel if (batch * heads > 1 && seq * seq * hd > (1 << 14))
@@ -111,11 +97,8 @@ void attention_forward(MatrixView<T> out, std::span<T> lse, MatrixView<const T> 
 template <class T>
 void attention_backward(MatrixView<T> dqkv, MatrixView<const T> dout, MatrixView<const T> out, std::span<const T> lse,
                         MatrixView<const T> qkv, index_t batch, index_t seq, index_t heads) {
-  detail::check_attention_shapes<T>("attention_backward", qkv, out, lse, batch, seq, heads);
-  MOM_CHECK(dqkv.rows == qkv.rows && dqkv.cols == qkv.cols, "attention_backward: dqkv ", shape(dqkv),
-            " must match qkv ", shape(qkv));
-  MOM_CHECK(dout.rows == out.rows && dout.cols == out.cols, "attention_backward: dout ", shape(dout),
-            " must match out ", shape(out));
+  checks::attention_shapes<T>("attention_backward", qkv, out, lse, batch, seq, heads);
+  checks::attention_backward_grad_shapes<T>(dqkv, dout, out, qkv);
   const index_t d = qkv.cols / 3, hd = d / heads;
   const T scale = T(1) / std::sqrt(T(hd));
 #pragma omp parallel if (batch * heads > 1 && seq * seq * hd > (1 << 14))

@@ -8,6 +8,7 @@
 
 #include "mom/backend/cpu/eigen_map.hpp"
 #include "mom/backend/cpu/parallel.hpp"
+#include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
 
@@ -53,10 +54,7 @@ index_t count_targets(const char* op, std::span<const token_t> targets, index_t 
 template <class T>
 void cross_entropy_forward(std::span<T> loss_out, std::span<T> lse, MatrixView<const T> logits,
                            std::span<const token_t> targets, token_t ignore_index = -1) {
-  MOM_CHECK(loss_out.size() == 1, "cross_entropy_forward: loss_out has ", loss_out.size(), " elements, expected 1");
-  MOM_CHECK(ssize(lse) == logits.rows && ssize(targets) == logits.rows, "cross_entropy_forward: logits ",
-            shape(logits), " with ", lse.size(), " lse and ", targets.size(), " targets");
-  MOM_CHECK(logits.cols > 0, "cross_entropy_forward: logits ", shape(logits), " has no classes");
+  checks::cross_entropy_forward_shapes<T>(loss_out, lse, logits, targets);
   const index_t count = detail::count_targets<T>("cross_entropy_forward", targets, logits.cols, ignore_index);
   // Summed in double (thousands of rows of float losses), in a fixed order (backend/cpu/parallel.hpp).
   const double total = detail::ordered_sum<double>(logits.rows, logits.rows * logits.cols > (1 << 15),
@@ -78,10 +76,7 @@ void cross_entropy_forward(std::span<T> loss_out, std::span<T> lse, MatrixView<c
 template <class T>
 void cross_entropy_backward(MatrixView<T> dlogits, MatrixView<const T> logits, std::span<const T> lse,
                             std::span<const token_t> targets, T dloss, token_t ignore_index = -1) {
-  MOM_CHECK(dlogits.rows == logits.rows && dlogits.cols == logits.cols, "cross_entropy_backward: dlogits ",
-            shape(dlogits), " must match logits ", shape(logits));
-  MOM_CHECK(ssize(lse) == logits.rows && ssize(targets) == logits.rows, "cross_entropy_backward: logits ",
-            shape(logits), " with ", lse.size(), " lse and ", targets.size(), " targets");
+  checks::cross_entropy_backward_shapes<T>(dlogits, logits, lse, targets);
   const index_t count = detail::count_targets<T>("cross_entropy_backward", targets, logits.cols, ignore_index);
   const T s = count > 0 ? dloss / T(count) : T(0);
   const index_t V = logits.cols;

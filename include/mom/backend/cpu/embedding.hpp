@@ -4,6 +4,7 @@
 #include <limits>
 #include <span>
 
+#include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
 
@@ -13,11 +14,7 @@ namespace detail {
 template <class T>
 void check_embedding_shapes(const char* op, MatrixView<const T> rows, std::span<const token_t> tokens,
                             MatrixView<const T> wte, MatrixView<const T> wpe, index_t seq) {
-  MOM_CHECK(ssize(tokens) == rows.rows, op, ": ", tokens.size(), " tokens for ", shape(rows), " rows");
-  MOM_CHECK(wte.cols == rows.cols && wpe.cols == rows.cols, op, ": wte ", shape(wte), ", wpe ", shape(wpe), " and out ",
-            shape(rows), " disagree on d_model");
-  MOM_CHECK(seq > 0 && rows.rows % seq == 0, op, ": seq = ", seq, " does not divide the ", rows.rows, " rows");
-  MOM_CHECK(seq <= wpe.rows, op, ": seq = ", seq, " exceeds the context ", wpe.rows, " of wpe ", shape(wpe));
+  checks::embedding_shapes<T>(op, rows, tokens, wte, wpe, seq);
   // One pass over the ids (cheap next to the n×d copy): an id out of range would read outside wte.
   for (index_t t = 0; t < ssize(tokens); ++t)
     MOM_CHECK(tokens[t] >= 0 && tokens[t] < wte.rows, op, ": token id ", tokens[t], " at position ", t,

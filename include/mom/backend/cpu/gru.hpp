@@ -13,26 +13,13 @@
 
 #include "mom/backend/cpu/gemm.hpp"
 #include "mom/backend/cpu/linear.hpp"
+#include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
 
 namespace mom::cpu {
 
 namespace detail {
-template <class T>
-void check_gru_shapes(const char* op, index_t n, index_t H, MatrixView<const T> gates, MatrixView<const T> x,
-                      MatrixView<const T> h, MatrixView<const T> w_ih, MatrixView<const T> w_hh, index_t b_ih,
-                      index_t b_hh) {
-  MOM_CHECK(w_ih.rows == 3 * H && w_hh.rows == 3 * H && w_hh.cols == H, op, ": w_ih ", shape(w_ih), " and w_hh ",
-            shape(w_hh), " must be [3Hx", x.cols, "] and [3HxH] for hidden size H = ", H);
-  MOM_CHECK(w_ih.cols == x.cols, op, ": x ", shape(x), " and w_ih ", shape(w_ih), " disagree on input size");
-  MOM_CHECK(x.rows == n && h.rows == n && h.cols == H, op, ": x ", shape(x), " and h ", shape(h), " must have ", n,
-            " rows and h ", H, " columns");
-  MOM_CHECK(gates.rows == n && gates.cols == 6 * H, op, ": gates ", shape(gates), " must be [", n, "x", 6 * H, "]");
-  MOM_CHECK(b_ih == 3 * H && b_hh == 3 * H, op, ": b_ih / b_hh have ", b_ih, " / ", b_hh, " elements, expected 3H = ",
-            3 * H);
-}
-
 template <class T>
 T sigmoid(T a) {
   return T(1) / (T(1) + std::exp(-a));
@@ -56,7 +43,7 @@ void gru_cell_forward(MatrixView<T> h_out, MatrixView<T> gates, MatrixView<const
                       MatrixView<const T> w_ih, MatrixView<const T> w_hh, std::span<const T> b_ih,
                       std::span<const T> b_hh) {
   const index_t n = h_out.rows, H = h_out.cols;
-  detail::check_gru_shapes<T>("gru_cell_forward", n, H, gates, x, h, w_ih, w_hh, ssize(b_ih), ssize(b_hh));
+  checks::gru_shapes<T>("gru_cell_forward", n, H, gates, x, h, w_ih, w_hh, ssize(b_ih), ssize(b_hh));
   linear_forward<T>(gates.col_block(0, 3 * H), x, w_ih, b_ih);
   linear_forward<T>(gates.col_block(3 * H, 3 * H), h, w_hh, b_hh);
 #pragma omp parallel for schedule(static) if (n * H > (1 << 14))
@@ -84,12 +71,9 @@ void gru_cell_backward(MatrixView<T> dx, MatrixView<T> dh, MatrixView<T> dw_ih, 
                        MatrixView<const T> gates, MatrixView<const T> x, MatrixView<const T> h,
                        MatrixView<const T> w_ih, MatrixView<const T> w_hh) {
   const index_t n = dh_out.rows, H = dh_out.cols;
-  detail::check_gru_shapes<T>("gru_cell_backward", n, H, gates, x, h, w_ih, w_hh, db_ih.empty() ? 3 * H : ssize(db_ih),
+  checks::gru_shapes<T>("gru_cell_backward", n, H, gates, x, h, w_ih, w_hh, db_ih.empty() ? 3 * H : ssize(db_ih),
                               db_hh.empty() ? 3 * H : ssize(db_hh));
-  MOM_CHECK(scratch.rows == n && scratch.cols == 6 * H, "gru_cell_backward: scratch ", shape(scratch), " must be [", n,
-            "x", 6 * H, "]");
-  MOM_CHECK(dh.empty() || (dh.rows == n && dh.cols == H), "gru_cell_backward: dh ", shape(dh), " must match h ",
-            shape(h));
+  checks::gru_backward_extra_shapes<T>(n, H, scratch, dh, h);
 #pragma omp parallel for schedule(static) if (n * H > (1 << 14))
   for (index_t i = 0; i < n; ++i) {
     const T* gi = gates.row(i);

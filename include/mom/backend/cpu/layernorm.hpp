@@ -8,6 +8,7 @@
 
 #include "mom/backend/cpu/eigen_map.hpp"
 #include "mom/backend/cpu/parallel.hpp"
+#include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
 
@@ -16,11 +17,7 @@ namespace mom::cpu {
 template <class T>
 void layernorm_forward(MatrixView<T> out, std::span<T> mean, std::span<T> rstd, MatrixView<const T> x,
                        std::span<const T> gamma, std::span<const T> beta, T eps = T(1e-5)) {
-  MOM_CHECK(out.rows == x.rows && out.cols == x.cols, "layernorm_forward: out ", shape(out), " must match x ", shape(x));
-  MOM_CHECK(ssize(mean) == x.rows && ssize(rstd) == x.rows, "layernorm_forward: mean/rstd have ", mean.size(), "/",
-            rstd.size(), " elements for x ", shape(x));
-  MOM_CHECK(ssize(gamma) == x.cols && ssize(beta) == x.cols, "layernorm_forward: gamma/beta have ", gamma.size(), "/",
-            beta.size(), " elements for x ", shape(x));
+  checks::layernorm_forward_shapes<T>(out, mean, rstd, x, gamma, beta);
   const index_t d = x.cols;
   const auto g = map_vec(gamma).array();
   const auto b = map_vec(beta).array();
@@ -46,17 +43,7 @@ template <class T>
 void layernorm_backward(MatrixView<T> dx, std::span<T> dgamma, std::span<T> dbeta, MatrixView<const T> dout,
                         MatrixView<const T> x, std::span<const T> mean, std::span<const T> rstd,
                         std::span<const T> gamma) {
-  MOM_CHECK(dout.rows == x.rows && dout.cols == x.cols, "layernorm_backward: dout ", shape(dout), " must match x ",
-            shape(x));
-  MOM_CHECK(dx.empty() || (dx.rows == x.rows && dx.cols == x.cols), "layernorm_backward: dx ", shape(dx),
-            " must match x ", shape(x));
-  MOM_CHECK(ssize(mean) == x.rows && ssize(rstd) == x.rows, "layernorm_backward: mean/rstd have ", mean.size(), "/",
-            rstd.size(), " elements for x ", shape(x));
-  MOM_CHECK(ssize(gamma) == x.cols, "layernorm_backward: gamma has ", gamma.size(), " elements for x ", shape(x));
-  MOM_CHECK(dgamma.empty() || ssize(dgamma) == x.cols, "layernorm_backward: dgamma has ", dgamma.size(),
-            " elements for x ", shape(x));
-  MOM_CHECK(dbeta.empty() || ssize(dbeta) == x.cols, "layernorm_backward: dbeta has ", dbeta.size(),
-            " elements for x ", shape(x));
+  checks::layernorm_backward_shapes<T>(dx, dgamma, dbeta, dout, x, mean, rstd, gamma);
   const index_t d = x.cols;
   const bool want_params = !dgamma.empty() || !dbeta.empty();
   const auto g = map_vec(gamma).array();

@@ -5,6 +5,7 @@
 #include <span>
 
 #include "mom/backend/cpu/gemm.hpp"
+#include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
 
@@ -33,11 +34,7 @@ void add_column_sums(std::span<T> acc, MatrixView<const T> m) {
 // y[n×out] = x[n×in] · w[out×in]ᵀ + b[out]   (b may be empty: no bias). Writes y.
 template <class T>
 void linear_forward(MatrixView<T> y, MatrixView<const T> x, MatrixView<const T> w, std::span<const T> b) {
-  MOM_CHECK(x.cols == w.cols, "linear_forward: x ", shape(x), " and w ", shape(w), " disagree on in_features");
-  MOM_CHECK(y.rows == x.rows && y.cols == w.rows, "linear_forward: y ", shape(y), " must be [", x.rows, "x", w.rows,
-            "] for x ", shape(x), " and w ", shape(w));
-  MOM_CHECK(b.empty() || ssize(b) == w.rows, "linear_forward: bias has ", b.size(), " elements, w ", shape(w), " has ",
-            w.rows, " outputs");
+  checks::linear_forward_shapes<T>(y, x, w, b);
   if (b.empty()) {
     gemm<T>(y, x, Trans::N, w, Trans::T);
     return;
@@ -53,15 +50,7 @@ void linear_forward(MatrixView<T> y, MatrixView<const T> x, MatrixView<const T> 
 template <class T>
 void linear_backward(MatrixView<T> dx, MatrixView<T> dw, std::span<T> db, MatrixView<const T> dy, MatrixView<const T> x,
                      MatrixView<const T> w) {
-  MOM_CHECK(x.cols == w.cols, "linear_backward: x ", shape(x), " and w ", shape(w), " disagree on in_features");
-  MOM_CHECK(dy.rows == x.rows && dy.cols == w.rows, "linear_backward: dy ", shape(dy), " must be [", x.rows, "x", w.rows,
-            "] for x ", shape(x), " and w ", shape(w));
-  MOM_CHECK(dx.empty() || (dx.rows == x.rows && dx.cols == x.cols), "linear_backward: dx ", shape(dx),
-            " must match x ", shape(x));
-  MOM_CHECK(dw.empty() || (dw.rows == w.rows && dw.cols == w.cols), "linear_backward: dw ", shape(dw),
-            " must match w ", shape(w));
-  MOM_CHECK(db.empty() || ssize(db) == w.rows, "linear_backward: db has ", db.size(), " elements, w ", shape(w), " has ",
-            w.rows, " outputs");
+  checks::linear_backward_shapes<T>(dx, dw, db, dy, x, w);
   if (!dx.empty()) gemm<T>(dx, dy, Trans::N, w, Trans::N, T(1), T(1));
   if (!dw.empty()) gemm<T>(dw, dy, Trans::T, x, Trans::N, T(1), T(1));
   if (!db.empty()) detail::add_column_sums<T>(db, dy);

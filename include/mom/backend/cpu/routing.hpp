@@ -13,6 +13,7 @@
 
 #include "mom/backend/cpu/gemm.hpp"
 #include "mom/backend/cpu/parallel.hpp"
+#include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
 
@@ -27,10 +28,7 @@ template <class T>
 void route_topk_forward(MatrixView<T> weights, MatrixView<token_t> picks, MatrixView<T> probs, MatrixView<const T> logits,
                         T inv_temp, bool renormalise) {
   const index_t n = logits.rows, E = logits.cols, k = weights.cols;
-  MOM_CHECK(k >= 1 && k <= E, "route_topk_forward: K = ", k, " must be in [1, ", E, "] for logits ", shape(logits));
-  MOM_CHECK(probs.rows == n && probs.cols == E && weights.rows == n && picks.rows == n && picks.cols == k,
-            "route_topk_forward: probs ", shape(probs), ", weights ", shape(weights), ", picks ", shape(picks),
-            " disagree with logits ", shape(logits));
+  checks::route_topk_forward_shapes<T>(weights, picks, probs, logits);
 #pragma omp parallel for schedule(static) if (n * E > (1 << 15))
   for (index_t r = 0; r < n; ++r) {
     const T* x = logits.row(r);
@@ -71,12 +69,7 @@ void route_topk_backward(MatrixView<T> dlogits, MatrixView<const T> dweights, Ma
                          MatrixView<const T> probs, MatrixView<const token_t> picks, T inv_temp, bool renormalise,
                          std::span<const T> dprobs_col) {
   const index_t n = probs.rows, E = probs.cols, k = picks.cols;
-  MOM_CHECK(dlogits.rows == n && dlogits.cols == E && dweights.rows == n && dweights.cols == k &&
-                weights.rows == n && weights.cols == k && picks.rows == n,
-            "route_topk_backward: dlogits ", shape(dlogits), ", dweights ", shape(dweights), ", weights ",
-            shape(weights), ", picks ", shape(picks), " disagree with probs ", shape(probs));
-  MOM_CHECK(dprobs_col.empty() || ssize(dprobs_col) == E, "route_topk_backward: dprobs_col has ", dprobs_col.size(),
-            " elements, expected ", E);
+  checks::route_topk_backward_shapes<T>(dlogits, dweights, weights, probs, picks, dprobs_col);
 #pragma omp parallel for schedule(static) if (n * E > (1 << 15))
   for (index_t r = 0; r < n; ++r) {
     const T* p = probs.row(r);
@@ -169,11 +162,7 @@ inline index_t key_upper(std::span<const token_t> k_tok, token_t x) { return k_t
 template <class T>
 void check_packed(const char* op, MatrixView<const T> q, MatrixView<const T> k, MatrixView<const T> v,
                   std::span<const token_t> q_tok, std::span<const token_t> k_tok, index_t seq, index_t heads) {
-  MOM_CHECK(seq > 0 && heads > 0 && q.cols % heads == 0, op, ": seq ", seq, ", heads ", heads, ", q ", shape(q));
-  MOM_CHECK(k.cols == q.cols && v.cols == q.cols && k.rows == v.rows, op, ": q ", shape(q), ", k ", shape(k), ", v ",
-            shape(v), " disagree");
-  MOM_CHECK(ssize(q_tok) == q.rows && (k_tok.empty() || ssize(k_tok) == k.rows), op, ": ", q_tok.size(), " query and ", k_tok.size(),
-            " key positions for q ", shape(q), " and k ", shape(k));
+  checks::packed_attention_shapes<T>(op, q, k, v, q_tok, k_tok, seq, heads);
   for (index_t i = 0; i < ssize(q_tok); ++i)
     MOM_CHECK(q_tok[i] >= 0 && (i == 0 || q_tok[i] > q_tok[i - 1]) && (!k_tok.empty() || q_tok[i] < k.rows), op,
               ": query positions must be ascending and in range; q_tok[", i, "] = ", q_tok[i]);
@@ -234,8 +223,7 @@ void attention_packed_forward(MatrixView<T> out, std::span<T> lse, MatrixView<co
                               MatrixView<const T> v, std::span<const token_t> q_tok, std::span<const token_t> k_tok,
                               index_t seq, index_t heads) {
   detail::check_packed<T>("attention_packed_forward", q, k, v, q_tok, k_tok, seq, heads);
-  MOM_CHECK(out.rows == q.rows && out.cols == q.cols && ssize(lse) == q.rows * heads, "attention_packed_forward: out ",
-            shape(out), ", lse ", lse.size(), " for q ", shape(q));
+  checks::attention_packed_forward_out_shapes<T>(out, lse, q, heads);
   const index_t nq = q.rows, hd = q.cols / heads;
   if (nq == 0) return;
   const index_t n_seq = q_tok[nq - 1] / seq + 1;
@@ -287,10 +275,7 @@ void attention_packed_backward(MatrixView<T> dq, MatrixView<T> dk, MatrixView<T>
                                MatrixView<const T> k, MatrixView<const T> v, std::span<const token_t> q_tok,
                                std::span<const token_t> k_tok, index_t seq, index_t heads) {
   detail::check_packed<T>("attention_packed_backward", q, k, v, q_tok, k_tok, seq, heads);
-  MOM_CHECK(dq.rows == q.rows && dq.cols == q.cols && dk.rows == k.rows && dk.cols == k.cols && dv.rows == v.rows &&
-                dv.cols == v.cols && dout.rows == q.rows && out.rows == q.rows && ssize(lse) == q.rows * heads,
-            "attention_packed_backward: dq ", shape(dq), ", dk ", shape(dk), ", dv ", shape(dv), ", dout ", shape(dout),
-            " disagree with q ", shape(q), " and k ", shape(k));
+  checks::attention_packed_backward_grad_shapes<T>(dq, dk, dv, dout, out, lse, q, k, v, heads);
   const index_t nq = q.rows, hd = q.cols / heads;
   if (nq == 0) return;
   const index_t n_seq = q_tok[nq - 1] / seq + 1;

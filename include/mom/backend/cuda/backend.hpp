@@ -28,6 +28,7 @@
 #include "mom/backend/cuda/buffer.hpp"
 #include "mom/backend/cuda/check.hpp"
 #include "mom/backend/cuda/kernels.hpp"
+#include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
 
@@ -202,26 +203,14 @@ struct Backend {
 
   // y = x·wᵀ + b: the bias is broadcast into y, then y += x·wᵀ (cuBLAS, beta = 1).
   void linear_forward(M y, CM x, CM w, CS b) const {
-    MOM_CHECK(x.cols == w.cols, "linear_forward: x ", shape(x), " and w ", shape(w), " disagree on in_features");
-    MOM_CHECK(y.rows == x.rows && y.cols == w.rows, "linear_forward: y ", shape(y), " must be [", x.rows, "x", w.rows,
-              "] for x ", shape(x), " and w ", shape(w));
-    MOM_CHECK(b.empty() || ssize(b) == w.rows, "linear_forward: bias has ", b.size(), " elements, w ", shape(w),
-              " has ", w.rows, " outputs");
+    checks::linear_forward_shapes<T>(y, x, w, b);
     if (b.empty()) return gemm(y, x, Trans::N, w, Trans::T);
     K::broadcast_rows(*ctx_, y, b.data());
     gemm(y, x, Trans::N, w, Trans::T, T(1), T(1));
   }
   // dx += dy·w, dw += dyᵀ·x, db += Σ_rows dy (each may be empty).
   void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w) const {
-    MOM_CHECK(x.cols == w.cols, "linear_backward: x ", shape(x), " and w ", shape(w), " disagree on in_features");
-    MOM_CHECK(dy.rows == x.rows && dy.cols == w.rows, "linear_backward: dy ", shape(dy), " must be [", x.rows, "x",
-              w.rows, "] for x ", shape(x), " and w ", shape(w));
-    MOM_CHECK(dx.empty() || (dx.rows == x.rows && dx.cols == x.cols), "linear_backward: dx ", shape(dx),
-              " must match x ", shape(x));
-    MOM_CHECK(dw.empty() || (dw.rows == w.rows && dw.cols == w.cols), "linear_backward: dw ", shape(dw),
-              " must match w ", shape(w));
-    MOM_CHECK(db.empty() || ssize(db) == w.rows, "linear_backward: db has ", db.size(), " elements, w ", shape(w),
-              " has ", w.rows, " outputs");
+    checks::linear_backward_shapes<T>(dx, dw, db, dy, x, w);
     if (!dx.empty()) gemm(dx, dy, Trans::N, w, Trans::N, T(1), T(1));
     if (!dw.empty()) gemm(dw, dy, Trans::T, x, Trans::N, T(1), T(1));
     if (!db.empty()) K::add_column_sums(*ctx_, db.data(), dy);
@@ -240,26 +229,11 @@ struct Backend {
   }
 
   void layernorm_forward(M out, S mean, S rstd, CM x, CS gamma, CS beta, T eps = T(1e-5)) const {
-    MOM_CHECK(out.rows == x.rows && out.cols == x.cols, "layernorm_forward: out ", shape(out), " must match x ",
-              shape(x));
-    MOM_CHECK(ssize(mean) == x.rows && ssize(rstd) == x.rows, "layernorm_forward: mean/rstd have ", mean.size(), "/",
-              rstd.size(), " elements for x ", shape(x));
-    MOM_CHECK(ssize(gamma) == x.cols && ssize(beta) == x.cols, "layernorm_forward: gamma/beta have ", gamma.size(),
-              "/", beta.size(), " elements for x ", shape(x));
+    checks::layernorm_forward_shapes<T>(out, mean, rstd, x, gamma, beta);
     K::layernorm_forward(*ctx_, out, mean.data(), rstd.data(), x, gamma.data(), beta.data(), eps);
   }
   void layernorm_backward(M dx, S dgamma, S dbeta, CM dout, CM x, CS mean, CS rstd, CS gamma) const {
-    MOM_CHECK(dout.rows == x.rows && dout.cols == x.cols, "layernorm_backward: dout ", shape(dout), " must match x ",
-              shape(x));
-    MOM_CHECK(dx.empty() || (dx.rows == x.rows && dx.cols == x.cols), "layernorm_backward: dx ", shape(dx),
-              " must match x ", shape(x));
-    MOM_CHECK(ssize(mean) == x.rows && ssize(rstd) == x.rows, "layernorm_backward: mean/rstd have ", mean.size(), "/",
-              rstd.size(), " elements for x ", shape(x));
-    MOM_CHECK(ssize(gamma) == x.cols, "layernorm_backward: gamma has ", gamma.size(), " elements for x ", shape(x));
-    MOM_CHECK(dgamma.empty() || ssize(dgamma) == x.cols, "layernorm_backward: dgamma has ", dgamma.size(),
-              " elements for x ", shape(x));
-    MOM_CHECK(dbeta.empty() || ssize(dbeta) == x.cols, "layernorm_backward: dbeta has ", dbeta.size(),
-              " elements for x ", shape(x));
+    checks::layernorm_backward_shapes<T>(dx, dgamma, dbeta, dout, x, mean, rstd, gamma);
     K::layernorm_backward(*ctx_, dx, dgamma.data(), dbeta.data(), dout, x, mean.data(), rstd.data(), gamma.data());
   }
 
@@ -293,17 +267,11 @@ struct Backend {
   void scale(S y, T alpha) const { K::scale(*ctx_, y.data(), alpha, ssize(y)); }
 
   void cross_entropy_forward(S loss_out, S lse, CM logits, Tok targets, token_t ignore_index = -1) const {
-    MOM_CHECK(loss_out.size() == 1, "cross_entropy_forward: loss_out has ", loss_out.size(), " elements, expected 1");
-    MOM_CHECK(ssize(lse) == logits.rows && ssize(targets) == logits.rows, "cross_entropy_forward: logits ",
-              shape(logits), " with ", lse.size(), " lse and ", targets.size(), " targets");
-    MOM_CHECK(logits.cols > 0, "cross_entropy_forward: logits ", shape(logits), " has no classes");
+    checks::cross_entropy_forward_shapes<T>(loss_out, lse, logits, targets);
     K::cross_entropy_forward(*ctx_, loss_out.data(), lse.data(), logits, targets.data(), ignore_index);
   }
   void cross_entropy_backward(M dlogits, CM logits, CS lse, Tok targets, T dloss, token_t ignore_index = -1) const {
-    MOM_CHECK(dlogits.rows == logits.rows && dlogits.cols == logits.cols, "cross_entropy_backward: dlogits ",
-              shape(dlogits), " must match logits ", shape(logits));
-    MOM_CHECK(ssize(lse) == logits.rows && ssize(targets) == logits.rows, "cross_entropy_backward: logits ",
-              shape(logits), " with ", lse.size(), " lse and ", targets.size(), " targets");
+    checks::cross_entropy_backward_shapes<T>(dlogits, logits, lse, targets);
     K::cross_entropy_backward(*ctx_, dlogits, logits, lse.data(), targets.data(), dloss, ignore_index);
   }
 
@@ -313,10 +281,7 @@ struct Backend {
   }
   void attention_backward(M dqkv, CM dout, CM out, CS lse, CM qkv, index_t batch, index_t seq, index_t heads) const {
     check_attention_shapes("attention_backward", qkv, out, lse, batch, seq, heads);
-    MOM_CHECK(dqkv.rows == qkv.rows && dqkv.cols == qkv.cols, "attention_backward: dqkv ", shape(dqkv),
-              " must match qkv ", shape(qkv));
-    MOM_CHECK(dout.rows == out.rows && dout.cols == out.cols, "attention_backward: dout ", shape(dout),
-              " must match out ", shape(out));
+    checks::attention_backward_grad_shapes<T>(dqkv, dout, out, qkv);
     K::attention_backward(*ctx_, dqkv, dout, out, lse.data(), qkv, batch, seq, heads);
   }
 
@@ -383,10 +348,7 @@ struct Backend {
     const index_t n = dh_out.rows, H = dh_out.cols;
     check_gru_shapes("gru_cell_backward", n, H, gates, x, h, w_ih, w_hh, db_ih.empty() ? 3 * H : ssize(db_ih),
                      db_hh.empty() ? 3 * H : ssize(db_hh));
-    MOM_CHECK(scratch.rows == n && scratch.cols == 6 * H, "gru_cell_backward: scratch ", shape(scratch), " must be [",
-              n, "x", 6 * H, "]");
-    MOM_CHECK(dh.empty() || (dh.rows == n && dh.cols == H), "gru_cell_backward: dh ", shape(dh), " must match h ",
-              shape(h));
+    checks::gru_backward_extra_shapes<T>(n, H, scratch, dh, h);
     K::gru_pointwise_backward(*ctx_, scratch, dh, dh_out, gates, h);
     const CM dgi = scratch.col_block(0, 3 * H), dgh = scratch.col_block(3 * H, 3 * H);
     linear_backward(dx, dw_ih, db_ih, dgi, x, w_ih);
@@ -395,22 +357,12 @@ struct Backend {
 
   // ---- routed assembly (cpu/routing.hpp) -------------------------------------
   void route_topk_forward(M weights, MatrixView<token_t> picks, M probs, CM logits, T inv_temp, bool renormalise) const {
-    const index_t n = logits.rows, E = logits.cols, k = weights.cols;
-    MOM_CHECK(k >= 1 && k <= E, "route_topk_forward: K = ", k, " must be in [1, ", E, "] for logits ", shape(logits));
-    MOM_CHECK(probs.rows == n && probs.cols == E && weights.rows == n && picks.rows == n && picks.cols == k,
-              "route_topk_forward: probs ", shape(probs), ", weights ", shape(weights), ", picks ", shape(picks),
-              " disagree with logits ", shape(logits));
+    checks::route_topk_forward_shapes<T>(weights, picks, probs, logits);
     K::route_topk_forward(*ctx_, weights, picks, probs, logits, inv_temp, renormalise);
   }
   void route_topk_backward(M dlogits, CM dweights, CM weights, CM probs, MatrixView<const token_t> picks, T inv_temp,
                            bool renormalise, CS dprobs_col) const {
-    const index_t n = probs.rows, E = probs.cols, k = picks.cols;
-    MOM_CHECK(dlogits.rows == n && dlogits.cols == E && dweights.rows == n && dweights.cols == k &&
-                  weights.rows == n && weights.cols == k && picks.rows == n,
-              "route_topk_backward: dlogits ", shape(dlogits), ", dweights ", shape(dweights), ", weights ",
-              shape(weights), ", picks ", shape(picks), " disagree with probs ", shape(probs));
-    MOM_CHECK(dprobs_col.empty() || ssize(dprobs_col) == E, "route_topk_backward: dprobs_col has ", dprobs_col.size(),
-              " elements, expected ", E);
+    checks::route_topk_backward_shapes<T>(dlogits, dweights, weights, probs, picks, dprobs_col);
     K::route_topk_backward(*ctx_, dlogits, dweights, weights, probs, picks, inv_temp, renormalise,
                            dprobs_col.empty() ? nullptr : dprobs_col.data());
   }
@@ -443,8 +395,7 @@ struct Backend {
   // every token). lse is [nq × heads]. Position order is checked on the device (next sync).
   void attention_packed_forward(M out, S lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok, index_t seq, index_t heads) const {
     check_packed("attention_packed_forward", q, k, v, q_tok, k_tok, seq, heads);
-    MOM_CHECK(out.rows == q.rows && out.cols == q.cols && ssize(lse) == q.rows * heads,
-              "attention_packed_forward: out ", shape(out), ", lse ", lse.size(), " for q ", shape(q));
+    checks::attention_packed_forward_out_shapes<T>(out, lse, q, heads);
     if (q.rows == 0) return;
     K::attention_packed_forward(*ctx_, out, lse.data(), q, k, v, q_tok.data(), k_tok.empty() ? nullptr : k_tok.data(),
                                 seq, heads);
@@ -452,10 +403,7 @@ struct Backend {
   void attention_packed_backward(M dq, M dk, M dv, CM dout, CM out, CS lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok,
                                  index_t seq, index_t heads) const {
     check_packed("attention_packed_backward", q, k, v, q_tok, k_tok, seq, heads);
-    MOM_CHECK(dq.rows == q.rows && dq.cols == q.cols && dk.rows == k.rows && dk.cols == k.cols && dv.rows == v.rows &&
-                  dv.cols == v.cols && dout.rows == q.rows && out.rows == q.rows && ssize(lse) == q.rows * heads,
-              "attention_packed_backward: dq ", shape(dq), ", dk ", shape(dk), ", dv ", shape(dv), ", dout ",
-              shape(dout), " disagree with q ", shape(q), " and k ", shape(k));
+    checks::attention_packed_backward_grad_shapes<T>(dq, dk, dv, dout, out, lse, q, k, v, heads);
     if (q.rows == 0) return;
     K::attention_packed_backward(*ctx_, dq, dk, dv, dout, out, lse.data(), q, k, v, q_tok.data(),
                                  k_tok.empty() ? nullptr : k_tok.data(), seq, heads);
@@ -567,45 +515,22 @@ struct Backend {
   }
 
   static void check_embedding_shapes(const char* op, CM rows, Tok tokens, CM wte, CM wpe, index_t seq) {
-    MOM_CHECK(ssize(tokens) == rows.rows, op, ": ", tokens.size(), " tokens for ", shape(rows), " rows");
-    MOM_CHECK(wte.cols == rows.cols && wpe.cols == rows.cols, op, ": wte ", shape(wte), ", wpe ", shape(wpe),
-              " and out ", shape(rows), " disagree on d_model");
-    MOM_CHECK(seq > 0 && rows.rows % seq == 0, op, ": seq = ", seq, " does not divide the ", rows.rows, " rows");
-    MOM_CHECK(seq <= wpe.rows, op, ": seq = ", seq, " exceeds the context ", wpe.rows, " of wpe ", shape(wpe));
+    checks::embedding_shapes<T>(op, rows, tokens, wte, wpe, seq);
   }
   static void check_attention_shapes(const char* op, CM qkv, CM out, CS lse, index_t batch, index_t seq,
                                      index_t heads) {
-    MOM_CHECK(batch > 0 && seq > 0 && heads > 0, op, ": batch ", batch, ", seq ", seq, ", heads ", heads,
-              " must be positive");
-    MOM_CHECK(qkv.cols % 3 == 0, op, ": qkv ", shape(qkv), " must have 3*d columns [q | k | v]");
+    checks::attention_shapes<T>(op, qkv, out, lse, batch, seq, heads);
     const index_t d = qkv.cols / 3;
-    MOM_CHECK(d % heads == 0, op, ": d = ", d, " (qkv ", shape(qkv), ") is not divisible by heads = ", heads);
-    MOM_CHECK(qkv.rows == batch * seq, op, ": qkv ", shape(qkv), " must have batch*seq = ", batch, "*", seq, " rows");
-    MOM_CHECK(out.rows == qkv.rows && out.cols == d, op, ": out ", shape(out), " must be [", qkv.rows, "x", d,
-              "] for qkv ", shape(qkv));
-    MOM_CHECK(ssize(lse) == batch * heads * seq, op, ": lse has ", lse.size(),
-              " elements, expected batch*heads*seq = ", batch * heads * seq);
     MOM_CHECK(d / heads <= 128, op, ": head dimension ", d / heads, " exceeds the CUDA kernels' maximum of 128");
   }
   static void check_packed(const char* op, CM q, CM k, CM v, Tok q_tok, Tok k_tok, index_t seq, index_t heads) {
-    MOM_CHECK(seq > 0 && heads > 0 && q.cols % heads == 0, op, ": seq ", seq, ", heads ", heads, ", q ", shape(q));
-    MOM_CHECK(k.cols == q.cols && v.cols == q.cols && k.rows == v.rows, op, ": q ", shape(q), ", k ", shape(k), ", v ",
-              shape(v), " disagree");
-    MOM_CHECK(ssize(q_tok) == q.rows && (k_tok.empty() || ssize(k_tok) == k.rows), op, ": ", q_tok.size(),
-              " query and ", k_tok.size(), " key positions for q ", shape(q), " and k ", shape(k));
+    checks::packed_attention_shapes<T>(op, q, k, v, q_tok, k_tok, seq, heads);
     MOM_CHECK(q.cols / heads <= 128, op, ": head dimension ", q.cols / heads,
               " exceeds the CUDA kernels' maximum of 128");
   }
   static void check_gru_shapes(const char* op, index_t n, index_t H, CM gates, CM x, CM h, CM w_ih, CM w_hh,
                                index_t b_ih, index_t b_hh) {
-    MOM_CHECK(w_ih.rows == 3 * H && w_hh.rows == 3 * H && w_hh.cols == H, op, ": w_ih ", shape(w_ih), " and w_hh ",
-              shape(w_hh), " must be [3Hx", x.cols, "] and [3HxH] for hidden size H = ", H);
-    MOM_CHECK(w_ih.cols == x.cols, op, ": x ", shape(x), " and w_ih ", shape(w_ih), " disagree on input size");
-    MOM_CHECK(x.rows == n && h.rows == n && h.cols == H, op, ": x ", shape(x), " and h ", shape(h), " must have ", n,
-              " rows and h ", H, " columns");
-    MOM_CHECK(gates.rows == n && gates.cols == 6 * H, op, ": gates ", shape(gates), " must be [", n, "x", 6 * H, "]");
-    MOM_CHECK(b_ih == 3 * H && b_hh == 3 * H, op, ": b_ih / b_hh have ", b_ih, " / ", b_hh,
-              " elements, expected 3H = ", 3 * H);
+    checks::gru_shapes<T>(op, n, H, gates, x, h, w_ih, w_hh, b_ih, b_hh);
   }
 
   std::shared_ptr<Context> ctx_;

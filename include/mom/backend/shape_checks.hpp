@@ -1,0 +1,182 @@
+#pragma once
+// Argument (shape) checks shared by the CPU ops (backend/cpu/*.hpp) and the CUDA backend
+// (backend/cuda/backend.hpp): one function per op, so both backends throw the same mom::Error with
+// the same message for the same bad call. Host-only, no Eigen, no CUDA. Checks that only one backend
+// needs (the CPU's host-side index scans, the CUDA kernels' head-dimension limit, ...) stay with it.
+// T is given explicitly at every call (checks::layernorm_forward_shapes<T>(...)).
+#include <span>
+
+#include "mom/core/check.hpp"
+#include "mom/core/tensor.hpp"
+
+namespace mom::checks {
+
+template <class T>
+using CM = MatrixView<const T>;
+template <class T>
+using CS = std::span<const T>;
+using Tok = std::span<const token_t>;
+
+// ---- linear ------------------------------------------------------------------
+template <class T>
+void linear_forward_shapes(CM<T> y, CM<T> x, CM<T> w, CS<T> b) {
+  MOM_CHECK(x.cols == w.cols, "linear_forward: x ", shape(x), " and w ", shape(w), " disagree on in_features");
+  MOM_CHECK(y.rows == x.rows && y.cols == w.rows, "linear_forward: y ", shape(y), " must be [", x.rows, "x", w.rows,
+            "] for x ", shape(x), " and w ", shape(w));
+  MOM_CHECK(b.empty() || ssize(b) == w.rows, "linear_forward: bias has ", b.size(), " elements, w ", shape(w), " has ",
+            w.rows, " outputs");
+}
+template <class T>
+void linear_backward_shapes(CM<T> dx, CM<T> dw, CS<T> db, CM<T> dy, CM<T> x, CM<T> w) {
+  MOM_CHECK(x.cols == w.cols, "linear_backward: x ", shape(x), " and w ", shape(w), " disagree on in_features");
+  MOM_CHECK(dy.rows == x.rows && dy.cols == w.rows, "linear_backward: dy ", shape(dy), " must be [", x.rows, "x", w.rows,
+            "] for x ", shape(x), " and w ", shape(w));
+  MOM_CHECK(dx.empty() || (dx.rows == x.rows && dx.cols == x.cols), "linear_backward: dx ", shape(dx),
+            " must match x ", shape(x));
+  MOM_CHECK(dw.empty() || (dw.rows == w.rows && dw.cols == w.cols), "linear_backward: dw ", shape(dw),
+            " must match w ", shape(w));
+  MOM_CHECK(db.empty() || ssize(db) == w.rows, "linear_backward: db has ", db.size(), " elements, w ", shape(w), " has ",
+            w.rows, " outputs");
+}
+
+// ---- embedding (the token ids themselves are range-checked by each backend) ----
+template <class T>
+void embedding_shapes(const char* op, CM<T> rows, Tok tokens, CM<T> wte, CM<T> wpe, index_t seq) {
+  MOM_CHECK(ssize(tokens) == rows.rows, op, ": ", tokens.size(), " tokens for ", shape(rows), " rows");
+  MOM_CHECK(wte.cols == rows.cols && wpe.cols == rows.cols, op, ": wte ", shape(wte), ", wpe ", shape(wpe), " and out ",
+            shape(rows), " disagree on d_model");
+  MOM_CHECK(seq > 0 && rows.rows % seq == 0, op, ": seq = ", seq, " does not divide the ", rows.rows, " rows");
+  MOM_CHECK(seq <= wpe.rows, op, ": seq = ", seq, " exceeds the context ", wpe.rows, " of wpe ", shape(wpe));
+}
+
+// ---- layernorm ---------------------------------------------------------------
+template <class T>
+void layernorm_forward_shapes(CM<T> out, CS<T> mean, CS<T> rstd, CM<T> x, CS<T> gamma, CS<T> beta) {
+  MOM_CHECK(out.rows == x.rows && out.cols == x.cols, "layernorm_forward: out ", shape(out), " must match x ", shape(x));
+  MOM_CHECK(ssize(mean) == x.rows && ssize(rstd) == x.rows, "layernorm_forward: mean/rstd have ", mean.size(), "/",
+            rstd.size(), " elements for x ", shape(x));
+  MOM_CHECK(ssize(gamma) == x.cols && ssize(beta) == x.cols, "layernorm_forward: gamma/beta have ", gamma.size(), "/",
+            beta.size(), " elements for x ", shape(x));
+}
+template <class T>
+void layernorm_backward_shapes(CM<T> dx, CS<T> dgamma, CS<T> dbeta, CM<T> dout, CM<T> x, CS<T> mean, CS<T> rstd,
+                               CS<T> gamma) {
+  MOM_CHECK(dout.rows == x.rows && dout.cols == x.cols, "layernorm_backward: dout ", shape(dout), " must match x ",
+            shape(x));
+  MOM_CHECK(dx.empty() || (dx.rows == x.rows && dx.cols == x.cols), "layernorm_backward: dx ", shape(dx),
+            " must match x ", shape(x));
+  MOM_CHECK(ssize(mean) == x.rows && ssize(rstd) == x.rows, "layernorm_backward: mean/rstd have ", mean.size(), "/",
+            rstd.size(), " elements for x ", shape(x));
+  MOM_CHECK(ssize(gamma) == x.cols, "layernorm_backward: gamma has ", gamma.size(), " elements for x ", shape(x));
+  MOM_CHECK(dgamma.empty() || ssize(dgamma) == x.cols, "layernorm_backward: dgamma has ", dgamma.size(),
+            " elements for x ", shape(x));
+  MOM_CHECK(dbeta.empty() || ssize(dbeta) == x.cols, "layernorm_backward: dbeta has ", dbeta.size(),
+            " elements for x ", shape(x));
+}
+
+// ---- cross entropy (targets are range-checked by each backend) -----------------
+template <class T>
+void cross_entropy_forward_shapes(CS<T> loss_out, CS<T> lse, CM<T> logits, Tok targets) {
+  MOM_CHECK(loss_out.size() == 1, "cross_entropy_forward: loss_out has ", loss_out.size(), " elements, expected 1");
+  MOM_CHECK(ssize(lse) == logits.rows && ssize(targets) == logits.rows, "cross_entropy_forward: logits ",
+            shape(logits), " with ", lse.size(), " lse and ", targets.size(), " targets");
+  MOM_CHECK(logits.cols > 0, "cross_entropy_forward: logits ", shape(logits), " has no classes");
+}
+template <class T>
+void cross_entropy_backward_shapes(CM<T> dlogits, CM<T> logits, CS<T> lse, Tok targets) {
+  MOM_CHECK(dlogits.rows == logits.rows && dlogits.cols == logits.cols, "cross_entropy_backward: dlogits ",
+            shape(dlogits), " must match logits ", shape(logits));
+  MOM_CHECK(ssize(lse) == logits.rows && ssize(targets) == logits.rows, "cross_entropy_backward: logits ",
+            shape(logits), " with ", lse.size(), " lse and ", targets.size(), " targets");
+}
+
+// ---- causal attention (qkv [B*S × 3d]) --------------------------------------------
+template <class T>
+void attention_shapes(const char* op, CM<T> qkv, CM<T> out, CS<T> lse, index_t batch, index_t seq, index_t heads) {
+  MOM_CHECK(batch > 0 && seq > 0 && heads > 0, op, ": batch ", batch, ", seq ", seq, ", heads ", heads,
+            " must be positive");
+  MOM_CHECK(qkv.cols % 3 == 0, op, ": qkv ", shape(qkv), " must have 3*d columns [q | k | v]");
+  const index_t d = qkv.cols / 3;
+  MOM_CHECK(d % heads == 0, op, ": d = ", d, " (qkv ", shape(qkv), ") is not divisible by heads = ", heads);
+  MOM_CHECK(qkv.rows == batch * seq, op, ": qkv ", shape(qkv), " must have batch*seq = ", batch, "*", seq, " rows");
+  MOM_CHECK(out.rows == qkv.rows && out.cols == d, op, ": out ", shape(out), " must be [", qkv.rows, "x", d,
+            "] for qkv ", shape(qkv));
+  MOM_CHECK(ssize(lse) == batch * heads * seq, op, ": lse has ", lse.size(), " elements, expected batch*heads*seq = ",
+            batch * heads * seq);
+}
+// attention_backward's gradients, after attention_shapes.
+template <class T>
+void attention_backward_grad_shapes(CM<T> dqkv, CM<T> dout, CM<T> out, CM<T> qkv) {
+  MOM_CHECK(dqkv.rows == qkv.rows && dqkv.cols == qkv.cols, "attention_backward: dqkv ", shape(dqkv),
+            " must match qkv ", shape(qkv));
+  MOM_CHECK(dout.rows == out.rows && dout.cols == out.cols, "attention_backward: dout ", shape(dout),
+            " must match out ", shape(out));
+}
+
+// ---- GRU cell --------------------------------------------------------------------
+template <class T>
+void gru_shapes(const char* op, index_t n, index_t H, CM<T> gates, CM<T> x, CM<T> h, CM<T> w_ih, CM<T> w_hh,
+                index_t b_ih, index_t b_hh) {
+  MOM_CHECK(w_ih.rows == 3 * H && w_hh.rows == 3 * H && w_hh.cols == H, op, ": w_ih ", shape(w_ih), " and w_hh ",
+            shape(w_hh), " must be [3Hx", x.cols, "] and [3HxH] for hidden size H = ", H);
+  MOM_CHECK(w_ih.cols == x.cols, op, ": x ", shape(x), " and w_ih ", shape(w_ih), " disagree on input size");
+  MOM_CHECK(x.rows == n && h.rows == n && h.cols == H, op, ": x ", shape(x), " and h ", shape(h), " must have ", n,
+            " rows and h ", H, " columns");
+  MOM_CHECK(gates.rows == n && gates.cols == 6 * H, op, ": gates ", shape(gates), " must be [", n, "x", 6 * H, "]");
+  MOM_CHECK(b_ih == 3 * H && b_hh == 3 * H, op, ": b_ih / b_hh have ", b_ih, " / ", b_hh, " elements, expected 3H = ",
+            3 * H);
+}
+// gru_cell_backward's scratch and dh, after gru_shapes.
+template <class T>
+void gru_backward_extra_shapes(index_t n, index_t H, CM<T> scratch, CM<T> dh, CM<T> h) {
+  MOM_CHECK(scratch.rows == n && scratch.cols == 6 * H, "gru_cell_backward: scratch ", shape(scratch), " must be [", n,
+            "x", 6 * H, "]");
+  MOM_CHECK(dh.empty() || (dh.rows == n && dh.cols == H), "gru_cell_backward: dh ", shape(dh), " must match h ",
+            shape(h));
+}
+
+// ---- routed assembly -----------------------------------------------------------------
+template <class T>
+void route_topk_forward_shapes(CM<T> weights, MatrixView<const token_t> picks, CM<T> probs, CM<T> logits) {
+  const index_t n = logits.rows, E = logits.cols, k = weights.cols;
+  MOM_CHECK(k >= 1 && k <= E, "route_topk_forward: K = ", k, " must be in [1, ", E, "] for logits ", shape(logits));
+  MOM_CHECK(probs.rows == n && probs.cols == E && weights.rows == n && picks.rows == n && picks.cols == k,
+            "route_topk_forward: probs ", shape(probs), ", weights ", shape(weights), ", picks ", shape(picks),
+            " disagree with logits ", shape(logits));
+}
+template <class T>
+void route_topk_backward_shapes(CM<T> dlogits, CM<T> dweights, CM<T> weights, CM<T> probs,
+                                MatrixView<const token_t> picks, CS<T> dprobs_col) {
+  const index_t n = probs.rows, E = probs.cols, k = picks.cols;
+  MOM_CHECK(dlogits.rows == n && dlogits.cols == E && dweights.rows == n && dweights.cols == k &&
+                weights.rows == n && weights.cols == k && picks.rows == n,
+            "route_topk_backward: dlogits ", shape(dlogits), ", dweights ", shape(dweights), ", weights ",
+            shape(weights), ", picks ", shape(picks), " disagree with probs ", shape(probs));
+  MOM_CHECK(dprobs_col.empty() || ssize(dprobs_col) == E, "route_topk_backward: dprobs_col has ", dprobs_col.size(),
+            " elements, expected ", E);
+}
+// Packed attention: q/k/v and position lists (the position order is checked by each backend).
+template <class T>
+void packed_attention_shapes(const char* op, CM<T> q, CM<T> k, CM<T> v, Tok q_tok, Tok k_tok, index_t seq,
+                             index_t heads) {
+  MOM_CHECK(seq > 0 && heads > 0 && q.cols % heads == 0, op, ": seq ", seq, ", heads ", heads, ", q ", shape(q));
+  MOM_CHECK(k.cols == q.cols && v.cols == q.cols && k.rows == v.rows, op, ": q ", shape(q), ", k ", shape(k), ", v ",
+            shape(v), " disagree");
+  MOM_CHECK(ssize(q_tok) == q.rows && (k_tok.empty() || ssize(k_tok) == k.rows), op, ": ", q_tok.size(), " query and ",
+            k_tok.size(), " key positions for q ", shape(q), " and k ", shape(k));
+}
+template <class T>
+void attention_packed_forward_out_shapes(CM<T> out, CS<T> lse, CM<T> q, index_t heads) {
+  MOM_CHECK(out.rows == q.rows && out.cols == q.cols && ssize(lse) == q.rows * heads, "attention_packed_forward: out ",
+            shape(out), ", lse ", lse.size(), " for q ", shape(q));
+}
+template <class T>
+void attention_packed_backward_grad_shapes(CM<T> dq, CM<T> dk, CM<T> dv, CM<T> dout, CM<T> out, CS<T> lse, CM<T> q,
+                                           CM<T> k, CM<T> v, index_t heads) {
+  MOM_CHECK(dq.rows == q.rows && dq.cols == q.cols && dk.rows == k.rows && dk.cols == k.cols && dv.rows == v.rows &&
+                dv.cols == v.cols && dout.rows == q.rows && out.rows == q.rows && ssize(lse) == q.rows * heads,
+            "attention_packed_backward: dq ", shape(dq), ", dk ", shape(dk), ", dv ", shape(dv), ", dout ", shape(dout),
+            " disagree with q ", shape(q), " and k ", shape(k));
+}
+
+}  // namespace mom::checks
