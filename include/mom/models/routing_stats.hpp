@@ -114,19 +114,19 @@ struct RoutingStats {
   std::string csv(std::size_t i) const {
     const Router& r = routers.at(i);
     std::string s = "from\\to";
-    for (int b = 0; b < r.classes; ++b) s += "," + class_name(r, b);
+    for (int b = 0; b < r.classes; ++b) { s += ','; s += class_name(r, b); }
     s += "\n";
     for (int a = 0; a < r.classes; ++a) {
       s += class_name(r, a);
-      for (int b = 0; b < r.classes; ++b) s += "," + std::to_string(r.transitions[std::size_t(a * r.classes + b)]);
+      for (int b = 0; b < r.classes; ++b) { s += ','; s += std::to_string(r.transitions[std::size_t(a * r.classes + b)]); }
       s += "\n";
     }
     s += "\nround";
-    for (int b = 0; b < r.classes; ++b) s += "," + class_name(r, b);
+    for (int b = 0; b < r.classes; ++b) { s += ','; s += class_name(r, b); }
     s += "\n";
     for (int h = 0; h < r.rounds; ++h) {
       s += std::to_string(h);
-      for (int b = 0; b < r.classes; ++b) s += "," + std::to_string(r.usage[std::size_t(h * r.classes + b)]);
+      for (int b = 0; b < r.classes; ++b) { s += ','; s += std::to_string(r.usage[std::size_t(h * r.classes + b)]); }
       s += "\n";
     }
     return s;
