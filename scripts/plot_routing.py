@@ -70,7 +70,7 @@ def panel(r, x0, y0, cell, normalize):
             out.append(f'<rect class="cell" x="{x}" y="{y}" width="{cell}" height="{cell}" fill="{heat(level)}" '
                        f'stroke="white"><title>{html.escape(tip)}</title></rect>')
             if n <= 12:
-                label = f"{100.0 * v / row_total:.0f}%" if normalize == "rows" else (f"{v}" if v < 10000 else f"{v:.1e}")
+                label = f"{100.0 * v / row_total:.0f}%" if normalize == "rows" else compact_count(v)
                 color = "white" if level > 0.55 else "#222"
                 out.append(f'<text x="{x + cell / 2}" y="{y + cell / 2 + 4}" text-anchor="middle" font-size="10" '
                            f'fill="{color}">{label}</text>')
@@ -105,6 +105,15 @@ def panel(r, x0, y0, cell, normalize):
     return out, width, height
 
 
+def compact_count(v):
+    """A count that fits a heatmap cell: 7760, 13k, 34k, 1.2M."""
+    if v < 10000:
+        return f"{v}"
+    if v < 1000000:
+        return f"{v / 1000:.0f}k"
+    return f"{v / 1e6:.1f}M"
+
+
 def plot(routers, out_path, normalize, title):
     cell = 44
     # Group by part: "part2.attn" and "part2.ffn" side by side on one row.
@@ -127,7 +136,7 @@ def plot(routers, out_path, normalize, title):
             row_h = max(row_h, h)
         width = max(width, x)
         y += row_h + 30
-    W, H = max(width, 400), y
+    W, H = max(width, 400, 9 * len(title) + 40), y  # the title (16 px font) must fit
     svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
            f'<rect width="{W}" height="{H}" fill="white"/>',
            f'<text x="20" y="24" font-size="16">{html.escape(title)}</text>'] + pieces + ["</svg>"]
