@@ -86,7 +86,11 @@ inline void write_file_atomically(const std::filesystem::path& path,
                                   const std::function<void(const std::function<void(const void*, std::size_t)>&)>& write) {
   namespace fs = std::filesystem;
   const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  const fs::path tmp = dir / ("." + path.filename().string() + ".tmp." + std::to_string(::getpid()));
+  std::string tmp_name = ".";  // built by appending: GCC 12 -Wrestrict misfires on "." + std::string
+  tmp_name += path.filename().string();
+  tmp_name += ".tmp.";
+  tmp_name += std::to_string(::getpid());
+  const fs::path tmp = dir / tmp_name;
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   MOM_CHECK(fd >= 0, "cannot write '", path.string(), "': ", std::strerror(errno));
   auto fail = [&](const std::string& what) {
