@@ -438,16 +438,7 @@ struct Executor<GRU, A, D> {
       const T* sf_prev = h == 0 ? ws + plan.zero_state : ws + plan.round[h - 1].rf.state;
 
       // FFN half-round.
-      const auto of = host_offsets(be, ws, r.rf, EF);
-      be.zero(sp(sc + s.dwp, n * Kp));
-      for (int m = 0; m < NF; ++m) {
-        const index_t o = of[m], nm = of[m + 1] - of[m];
-        if (nm == 0) continue;
-        const MatrixView<T> dy = mv(sc + s.dy + o * d, nm, d);
-        be.zero(dy.flat());
-        be.scatter_add_rows_backward(dy, sp(sc + s.dwp + o, nm), MatrixView<const T>(dres), cmv(ws + r.fy + o * d, nm, d),
-                                     sp<const token_t>(toks(ws, r.rf.row_token) + o, nm), sp(ws + r.rf.wpacked + o, nm));
-      }
+      const auto of = weighted_scatter_backward(be, ws, r.rf, r.fy, NF, EF, dres, s, sc, n);
       route_backward(be, p, g, ws, r.rf, rf, EF, u, sf_prev, dres, dsf[h % 2], h > 0 ? dsf[(h + 1) % 2] : nullptr, s, sc,
                      n);
       for (int m = 0; m < NF; ++m) {
@@ -463,16 +454,7 @@ struct Executor<GRU, A, D> {
       }
 
       // Attention half-round.
-      const auto oa = host_offsets(be, ws, r.ra, EA);
-      be.zero(sp(sc + s.dwp, n * Kp));
-      for (int m = 0; m < NA; ++m) {
-        const index_t o = oa[m], nm = oa[m + 1] - oa[m];
-        if (nm == 0) continue;
-        const MatrixView<T> dy = mv(sc + s.dy + o * d, nm, d);
-        be.zero(dy.flat());
-        be.scatter_add_rows_backward(dy, sp(sc + s.dwp + o, nm), MatrixView<const T>(dres), cmv(ws + r.ya + o * d, nm, d),
-                                     sp<const token_t>(toks(ws, r.ra.row_token) + o, nm), sp(ws + r.ra.wpacked + o, nm));
-      }
+      const auto oa = weighted_scatter_backward(be, ws, r.ra, r.ya, NA, EA, dres, s, sc, n);
       route_backward(be, p, g, ws, r.ra, ra, EA, x, sa_prev, dres, dsa[h % 2], h > 0 ? dsa[(h + 1) % 2] : nullptr, s, sc,
                      n);
       for (int m = 0; m < NA; ++m) {
@@ -483,6 +465,27 @@ struct Executor<GRU, A, D> {
                            o, nm, n, seq, s, sc);
       }
     }
+  }
+
+  // Backward of one half-round's weighted scatter-adds (eq. (5) or (6)), read from dres before
+  // anything accumulates into it: per module m with outputs y (group order, at y_off), dL/dy into
+  // scratch dy and dL/d(routing weight) into scratch dwp. Returns the group offsets.
+  template <class Be, class T>
+  static std::array<token_t, Emax + 1> weighted_scatter_backward(Be& be, const T* ws, const RouterSaved& r,
+                                                                 index_t y_off, int modules, index_t E,
+                                                                 MatrixView<T> dres, const Scratch& s, T* sc,
+                                                                 index_t n) {
+    const auto offsets = host_offsets(be, ws, r, E);
+    be.zero(sp(sc + s.dwp, n * Kp));
+    for (int m = 0; m < modules; ++m) {
+      const index_t o = offsets[m], nm = offsets[m + 1] - offsets[m];
+      if (nm == 0) continue;
+      const MatrixView<T> dy = mv(sc + s.dy + o * d, nm, d);
+      be.zero(dy.flat());
+      be.scatter_add_rows_backward(dy, sp(sc + s.dwp + o, nm), MatrixView<const T>(dres), cmv(ws + y_off + o * d, nm, d),
+                                   sp<const token_t>(toks(ws, r.row_token) + o, nm), sp(ws + r.wpacked + o, nm));
+    }
+    return offsets;
   }
 
   template <class Be, class T>
