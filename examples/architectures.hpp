@@ -58,6 +58,12 @@ ArchEntry make_architecture(std::string name, std::string tokenizer, std::string
 
 const std::vector<ArchEntry>& registry();
 
+// The special cases of the unified framework (issue 6), each family registered in its own translation unit
+// (examples/arch_<family>.cpp) so that their training code compiles in parallel and is cached separately.
+std::vector<ArchEntry> moe_architectures();      // arch_moe.cpp: MoE, MoE(share), MoDE (integrated)
+std::vector<ArchEntry> depth_architectures();    // arch_depth.cpp: Mixture-of-Depths, MoDE (staged), layer-skip, early-exit
+std::vector<ArchEntry> sharing_architectures();  // arch_sharing.cpp: parameter sharing (ALBERT, MoEUT cycles, AABB)
+
 inline const ArchEntry* find_architecture(std::string_view name) {
   for (const auto& a : registry())
     if (a.name == name) return &a;

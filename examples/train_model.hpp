@@ -1,0 +1,262 @@
+// The training and sampling code behind one registry entry (mom-train's per-architecture work), shared by the
+// translation units that register architectures (train.cpp and arch_*.cpp), so each family of architectures
+// compiles in its own TU (in parallel, and cached separately).
+#pragma once
+
+#include "architectures.hpp"
+#include <mom/models/routing_stats.hpp>
+#include <mom/models/warm_start.hpp>
+#include <mom/train/hf_gpt2.hpp>
+#include "sample.hpp"
+
+#include <omp.h>
+
+#include <cstdio>
+#include <iostream>
+
+#ifndef MOM_SOURCE_DIR
+#define MOM_SOURCE_DIR "."
+#endif
+
+namespace mom::examples {
+
+struct TrainRequest {
+  std::filesystem::path data = "data/kjv.txt";
+  std::string tokenizer;  // empty: the architecture's
+  double val_fraction = 0.1;
+  train::TrainConfig cfg;
+  bool resume = false;
+  std::filesystem::path init_from;  // phase 2: a checkpoint of the dense twin (run dir, step folder or .safetensors)
+  index_t sample_tokens = 200;
+  std::string prompt = "And God said";
+  double temperature = 0.8;
+};
+
+inline std::filesystem::path repo_root() {
+  namespace fs = std::filesystem;
+  if (train::find_gpt2_files(".")) return ".";
+  return MOM_SOURCE_DIR;
+}
+
+// Token files for training: a text file is tokenized into <out>/data/{train,val}.bin; a folder must hold
+// train.bin (and val.bin); a token file is used for training only.
+struct DataFiles {
+  std::filesystem::path train, val;
+};
+inline DataFiles resolve_data(const TrainRequest& r, const std::string& tokenizer_name) {
+  namespace fs = std::filesystem;
+  MOM_CHECK(fs::exists(r.data), "data file '", r.data.string(), "' does not exist");
+  if (fs::is_directory(r.data)) {
+    MOM_CHECK(fs::exists(r.data / "train.bin"), "data folder '", r.data.string(), "' has no train.bin");
+    return {r.data / "train.bin", fs::exists(r.data / "val.bin") ? r.data / "val.bin" : fs::path()};
+  }
+  if (train::is_token_file(r.data)) return {r.data, {}};
+  auto tok = train::make_tokenizer(tokenizer_name, repo_root());
+  std::printf("data: tokenizing %s with the %s tokenizer...\n", r.data.string().c_str(), tok->name().c_str());
+  std::fflush(stdout);
+  auto prep = train::prepare_text(r.data, r.cfg.out_dir / "data", *tok, r.val_fraction);
+  return {prep.train, prep.val};
+}
+
+// The model file --init-from names: a .safetensors file itself, or a run directory / step folder.
+inline std::filesystem::path init_from_file(const std::filesystem::path& p) {
+  namespace fs = std::filesystem;
+  MOM_CHECK(fs::exists(p), "--init-from: '", p.string(), "' does not exist");
+  if (fs::is_regular_file(p)) return p;
+  return train::resolve_checkpoint(p) / "model.safetensors";
+}
+
+// Phase 2 (§3.4): checks that --init-from holds the dense twin of the chosen MoM architecture, before any
+// work. A mom checkpoint must carry the twin's describe line; a file without mom metadata is read as a
+// Hugging Face GPT-2 model.safetensors (its importer checks the shapes).
+template <class DenseTwin>
+void check_init_from(const ArchEntry& arch, const TrainRequest& r) {
+  if (r.init_from.empty()) return;
+  MOM_CHECK(!r.resume, "--init-from starts phase 2 from a dense checkpoint; --resume continues a run: pass one");
+  if constexpr (std::is_void_v<DenseTwin>) {
+    MOM_CHECK(false, "--init-from: architecture '", arch.name,
+              "' is not a Mixture-of-Modules model (it has no dense twin to warm-start from)");
+  } else {
+    const auto file = init_from_file(r.init_from);
+    const train::safetensors::File f(file);
+    const auto it = f.metadata().find("mom.describe");
+    const std::string want = describe<DenseTwin>();
+    MOM_CHECK(it == f.metadata().end() || it->second == want, "--init-from: '", file.string(), "' holds '",
+              it != f.metadata().end() ? it->second : "?", "' but --arch ", arch.name,
+              " warm-starts from its dense twin ", arch.dense_twin, " ('", want, "')");
+  }
+}
+
+template <class DenseTwin, class Instance>
+void warm_start_from(const ArchEntry& arch, const TrainRequest& r, Instance& model) {
+  if constexpr (!std::is_void_v<DenseTwin>) {
+    const auto file = init_from_file(r.init_from);
+    auto dense = DenseTwin::template make<cpu::Backend<float>>(1);
+    const train::safetensors::File f(file);
+    if (f.metadata().count("mom.describe")) {  // our layout (describe line already checked)
+      std::vector<float> params(std::size_t(DenseTwin::params));
+      for (const auto& p : DenseTwin::layout) {
+        const train::safetensors::TensorInfo* t = f.find(p.name);
+        MOM_CHECK(t != nullptr && t->shape == (p.rows == 1 ? std::vector<std::int64_t>{p.cols}
+                                                            : std::vector<std::int64_t>{p.rows, p.cols}),
+                  "--init-from: '", file.string(), "': tensor '", p.name, "' is missing or has the wrong shape");
+        f.read<float>(p.name, std::span<float>(params).subspan(std::size_t(p.offset), std::size_t(p.size())));
+      }
+      dense.backend().from_host(dense.params(), std::span<const float>(params));
+    } else if constexpr (train::hf::is_hf_gpt2_compatible<DenseTwin>()) {
+      train::hf::import_hf_gpt2(dense, file);
+    }
+    warm_start(model, dense);
+    std::printf("phase 2: warm-started from %s (%s; routers freshly initialised)\n", file.string().c_str(),
+                arch.dense_twin.c_str());
+    std::fflush(stdout);
+  }
+}
+
+template <class Model, class DenseTwin>
+int train_model(const ArchEntry& arch, const TrainRequest& r) {
+  namespace fs = std::filesystem;
+  using Instance = decltype(Model::template make<cpu::Backend<float>>(1));
+  train::TrainConfig cfg = r.cfg;
+  MOM_CHECK(cfg.seq > 0 && cfg.seq <= Model::dims.context, "--seq ", cfg.seq, " exceeds the context ",
+            Model::dims.context, " of architecture '", arch.name, "'");
+  MOM_CHECK(!cfg.out_dir.empty(), "--out must name an output directory");
+  const bool existing = train::has_checkpoint(cfg.out_dir);
+  MOM_CHECK(!existing || r.resume, "output directory '", cfg.out_dir.string(),
+            "' already holds a checkpoint: pass --resume to continue it, or choose another --out");
+  MOM_CHECK(existing || !r.resume, "--resume: no checkpoint in '", cfg.out_dir.string(), "'");
+  check_init_from<DenseTwin>(arch, r);
+  train::ensure_writable_dir(cfg.out_dir);
+  if (r.resume) {  // refuse another architecture's checkpoint before any work
+    const auto dir = train::resolve_checkpoint(cfg.out_dir);
+    const train::safetensors::File f(dir / "model.safetensors");
+    const auto it = f.metadata().find("mom.describe");
+    MOM_CHECK(it != f.metadata().end() && it->second == arch.describe, "checkpoint '", dir.string(),
+              "' is a different architecture: it holds '", it != f.metadata().end() ? it->second : "?",
+              "' but --arch ", arch.name, " is '", arch.describe, "'");
+  }
+  const std::string tokenizer_name = r.tokenizer.empty() ? arch.tokenizer : r.tokenizer;
+
+  const DataFiles files = resolve_data(r, tokenizer_name);
+  train::TokenFile train_data(files.train);
+  std::optional<train::TokenFile> val_data;
+  if (!files.val.empty()) val_data.emplace(files.val);
+  cfg.arch_name = arch.name;
+  cfg.tokenizer_name = train_data.tokenizer();
+  const double entropy = train::unigram_entropy(train_data);
+  std::printf("data: %lld train tokens, %lld validation tokens, vocab %lld (%s); unigram entropy %.4f nats/token\n",
+              static_cast<long long>(train_data.size()), static_cast<long long>(val_data ? val_data->size() : 0),
+              static_cast<long long>(train_data.vocab()), cfg.tokenizer_name.c_str(), entropy);
+  std::printf("model: %s\n", arch.describe.c_str());
+  std::printf("train: %lld steps x %lld x %lld tokens x %lld accum, lr %.3g (warm-up %lld, cosine to %.3g), "
+              "weight decay %.3g, clip %.3g, %d threads, out %s\n",
+              static_cast<long long>(cfg.steps), static_cast<long long>(cfg.batch), static_cast<long long>(cfg.seq),
+              static_cast<long long>(cfg.accum), cfg.lr, static_cast<long long>(cfg.warmup), cfg.lr * cfg.min_lr_ratio,
+              cfg.weight_decay, cfg.grad_clip, omp_get_max_threads(), cfg.out_dir.string().c_str());
+  std::fflush(stdout);
+
+  auto model = Model::template make<cpu::Backend<float>>(cfg.seed);
+  if (!r.init_from.empty()) warm_start_from<DenseTwin>(arch, r, model);
+  train::Trainer<Instance> trainer(model, train_data, val_data ? &*val_data : nullptr, cfg);
+  // Routed models: routing statistics of each validation (issue 5, paper Fig. 6), next to metrics.jsonl.
+  RoutingStats routing;
+  constexpr bool routed = []<class... Es>(TypeList<Es...>) { return (requires { Es::has_aux_loss; } || ...); }(
+      typename Model::core::executors{});
+  if constexpr (routed) {
+    {
+      trainer.on_eval_forward = [&routing](Instance& m) { routing.accumulate(m); };
+      trainer.on_eval_done = [&routing, dir = cfg.out_dir](index_t step) {
+        std::filesystem::create_directories(dir / "routing");
+        const std::string stem = (dir / "routing" / train::step_folder_name(step)).string();
+        routing.write_json(stem + ".json");
+        routing.write_csv(stem);
+        routing.write_json((dir / "routing.json").string());
+        routing.clear();
+      };
+    }
+  }
+  if (r.resume) {
+    trainer.resume(cfg.out_dir);
+    std::printf("resumed from step %lld of %s\n", static_cast<long long>(trainer.step()), cfg.out_dir.string().c_str());
+    MOM_CHECK(trainer.step() < cfg.steps, "--resume: the checkpoint is at step ", trainer.step(),
+              ", nothing to do for --steps ", cfg.steps);
+  }
+  const auto result = trainer.run();
+  std::printf("done: steps %lld..%lld in %.1f s, %.0f tokens/s while training%s\n", static_cast<long long>(result.first_step),
+              static_cast<long long>(result.last_step), result.seconds, result.tokens_per_second,
+              result.interrupted ? " (interrupted; continue with --resume)" : "");
+  if (result.final_val_loss)
+    std::printf("final validation loss %.4f nats/token (perplexity %.3f) vs unigram entropy %.4f nats/token\n",
+                *result.final_val_loss, std::exp(*result.final_val_loss), entropy);
+  if (r.sample_tokens > 0 && !result.interrupted) {
+    auto tok = train::make_tokenizer(cfg.tokenizer_name, repo_root());
+    std::vector<token_t> tokens = tok->encode(r.prompt);
+    if (tokens.empty()) tokens.push_back(0);
+    std::printf("sample (temperature %.2f):\n%s", r.temperature, r.prompt.c_str());
+    std::fflush(stdout);
+    generate(model, tokens, r.sample_tokens, r.temperature, 0, cfg.seed, [&](token_t t) {
+      const std::string s = tok->decode(std::span<const token_t>(&t, 1));
+      std::fwrite(s.data(), 1, s.size(), stdout);
+      std::fflush(stdout);
+    });
+    std::printf("\n");
+  }
+  return 0;
+}
+
+template <class Model>
+std::string sample_model(const SampleRequest& r) {
+  auto model = Model::template make<cpu::Backend<float>>(1);
+  const auto meta = train::Checkpointer<decltype(model)>::load_params(r.checkpoint, model);
+  const auto it = meta.find("mom.tokenizer");
+  auto tok = train::make_tokenizer(it != meta.end() ? it->second : std::string("byte"), r.repo_root);
+  std::vector<token_t> tokens = tok->encode(r.prompt);
+  MOM_CHECK(!tokens.empty(), "--prompt must not be empty");
+  const std::size_t prompt_len = tokens.size();
+  generate(model, tokens, r.tokens, r.temperature, r.top_k, r.seed);
+  return tok->decode(std::span<const token_t>(tokens).subspan(0, prompt_len)) +
+         tok->decode(std::span<const token_t>(tokens).subspan(prompt_len));
+}
+
+template <class Model, class DenseTwin>
+ArchEntry make_architecture(std::string name, std::string tokenizer, std::string note, std::string dense_twin) {
+  ArchEntry a;
+  a.name = std::move(name);
+  a.tokenizer = std::move(tokenizer);
+  a.vocab = Model::dims.vocab;
+  a.context = Model::dims.context;
+  a.describe = describe<Model>();
+  a.note = std::move(note);
+  a.dense_twin = std::move(dense_twin);
+  a.train = [a_name = a.name](const TrainRequest& r) {
+    return train_model<Model, DenseTwin>(*find_architecture(a_name), r);
+  };
+  a.sample = [](const SampleRequest& r) { return sample_model<Model>(r); };
+  return a;
+}
+
+// Listed only: the describe line in --help, no training or sampling code instantiated.
+template <class Model>
+ArchEntry list_architecture(std::string name, std::string tokenizer, std::string note, std::string dense_twin) {
+  ArchEntry a;
+  a.name = std::move(name);
+  a.tokenizer = std::move(tokenizer);
+  a.vocab = Model::dims.vocab;
+  a.context = Model::dims.context;
+  a.describe = describe<Model>();
+  a.note = std::move(note);
+  a.dense_twin = std::move(dense_twin);
+  a.trainable = false;
+  a.train = [a_name = a.name](const TrainRequest&) -> int {
+    MOM_CHECK(false, "architecture '", a_name, "' is listed for its shape and cost only; this build does not "
+              "compile its training code (register it with make_architecture in examples/train.cpp)");
+    return 1;
+  };
+  a.sample = [a_name = a.name](const SampleRequest&) -> std::string {
+    MOM_CHECK(false, "architecture '", a_name, "' is listed only; this build cannot sample it");
+    return {};
+  };
+  return a;
+}
+
+}  // namespace mom::examples
