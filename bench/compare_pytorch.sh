@@ -14,7 +14,7 @@ py=/usr/bin/python3
 echo "environment: OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(unset)}, $threads threads, $(nproc) cores, load: $(cut -d' ' -f1-3 /proc/loadavg)"
 mom=() torch=()
 for r in $(seq "$rounds"); do
-  t=$(OMP_NUM_THREADS=$threads "$build/bench/bench_train_step" --only dense --reps 5 | awk -F'|' '/^\| dense/ {gsub(/ /,"",$5); print $5; exit}')
+  t=$(OMP_NUM_THREADS=$threads "$build/bench/bench_train_step" --only dense --reps 5 | awk -F'|' '!found && /^\| dense/ {gsub(/ /,"",$5); print $5; found=1}')
   p=$(OMP_NUM_THREADS=$threads "$py" "$here/pytorch_train_step.py" --threads "$threads" --reps 5 | sed -n 's/.*), \([0-9]*\) tokens\/s/\1/p')
   echo "round $r: mom $t tokens/s, pytorch $p tokens/s"
   mom+=("$t") torch+=("$p")
