@@ -7,6 +7,7 @@
 //   float, own kernels: 1e-5 (elementwise, reductions), 1e-4 (attention: exp of long dot products).
 //   float through cuBLAS with TF32 (the default): 1e-2 (inputs rounded to 10 mantissa bits);
 //   the same ops with set_tf32(false): 1e-5.
+//   bf16 GEMMs (Precision::BF16): 1e-5 against a reference with bf16-rounded operands.
 // Without a CUDA device every case prints "no CUDA device: skipped" once and passes.
 #include <catch2/catch.hpp>
 
@@ -125,6 +126,72 @@ TEMPLATE_TEST_CASE("gemm matches cpu (all transposes and strided C with alpha an
       }
   }
   gpu<T>().set_tf32(true);
+}
+
+// bf16 of x, round to nearest even, computed independently of the kernel's bit manipulation: keep the
+// 8 significant bits of frexp's mantissa with nearbyint (ties to even in the default rounding mode).
+double bf16_reference(float x) {
+  int e = 0;
+  const double f = std::frexp(double(x), &e);  // x = f · 2^e, 0.5 <= |f| < 1
+  return std::ldexp(std::nearbyint(std::ldexp(f, 8)), e - 8);
+}
+
+TEST_CASE("bf16 gemm: operands rounded to bf16 (nearest even), fp32 accumulation, staging sized once", "[cuda]") {
+  MOM_REQUIRE_GPU();
+  test::Rng rng(11);
+  const index_t m = 37, n = 29, k = 45, ldc = n + 3, lda = k + 5;
+  auto& be = gpu<float>();
+  be.set_precision(cuda::Precision::BF16);
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true}) {
+      INFO("ta " << ta << " tb " << tb);
+      const index_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+      auto A = rand_arr<float>(ar * lda, rng), B = rand_arr<float>(br * bc, rng), C = rand_arr<float>(m * ldc, rng);
+      const std::vector<float> c0 = C.h;
+      // References in double: with bf16-rounded operands (what must come out) and with the fp32 operands.
+      std::vector<double> want(std::size_t(m * n)), exact(std::size_t(m * n));
+      for (index_t i = 0; i < m; ++i)
+        for (index_t j = 0; j < n; ++j) {
+          double s16 = 0, s32 = 0;
+          for (index_t l = 0; l < k; ++l) {
+            const float a = ta ? A.h[std::size_t(l * lda + i)] : A.h[std::size_t(i * lda + l)];
+            const float b = tb ? B.h[std::size_t(j * bc + l)] : B.h[std::size_t(l * bc + j)];
+            s16 += bf16_reference(a) * bf16_reference(b);
+            s32 += double(a) * double(b);
+          }
+          const double c = c0[std::size_t(i * ldc + j)];
+          want[std::size_t(i * n + j)] = 0.7 * s16 + 0.3 * c;
+          exact[std::size_t(i * n + j)] = 0.7 * s32 + 0.3 * c;
+        }
+      be.gemm(C.dm(m, n, ldc), MatrixView<const float>(A.dm(ar, ac, lda)), ta ? cuda::Trans::T : cuda::Trans::N,
+              MatrixView<const float>(B.dm(br, bc)), tb ? cuda::Trans::T : cuda::Trans::N, 0.7f, 0.3f);
+      const std::vector<float> got = C.fetch();
+      double scale = 0, err16 = 0, err32 = 0;
+      for (index_t i = 0; i < m; ++i)
+        for (index_t j = 0; j < n; ++j) {
+          const double g = got[std::size_t(i * ldc + j)];
+          scale = std::max(scale, std::abs(want[std::size_t(i * n + j)]));
+          err16 = std::max(err16, std::abs(g - want[std::size_t(i * n + j)]));
+          err32 = std::max(err32, std::abs(g - exact[std::size_t(i * n + j)]));
+        }
+      INFO("error vs bf16-operand reference " << err16 / scale << ", vs fp32-operand reference " << err32 / scale);
+      CHECK(err16 / scale <= 1e-5);  // fp32 accumulation of the rounded operands
+      CHECK(err32 / scale > 1e-4);   // ... and the operands really were rounded to bf16
+      CHECK(err32 / scale < 2e-2);
+      // Strided C: the padding columns are untouched.
+      for (index_t i = 0; i < m; ++i)
+        for (index_t j = n; j < ldc; ++j) CHECK(got[std::size_t(i * ldc + j)] == c0[std::size_t(i * ldc + j)]);
+    }
+  // The staging buffer grew for the largest operands above; the same GEMMs again never allocate.
+  const index_t grows = be.context().bf16_stage_grows;
+  CHECK(be.context().bf16_stage_size >= m * k + k * n);
+  auto A = rand_arr<float>(m * k, rng), B = rand_arr<float>(k * n, rng), C = rand_arr<float>(m * n, rng);
+  for (int rep = 0; rep < 3; ++rep)
+    be.gemm(C.dm(m, n), MatrixView<const float>(A.dm(m, k)), cuda::Trans::N, MatrixView<const float>(B.dm(k, n)),
+            cuda::Trans::N);
+  be.sync();
+  CHECK(be.context().bf16_stage_grows == grows);
+  be.set_precision(cuda::Precision::TF32);
 }
 
 TEMPLATE_TEST_CASE("linear forward/backward match cpu", "[cuda]", float, double) {

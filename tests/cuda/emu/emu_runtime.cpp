@@ -2,6 +2,7 @@
 // test_cuda_emu (no libcudart, no libcublas linked): "device" memory is host memory, streams are
 // synchronous, and cublasGemmEx is a plain column-major loop that follows the cuBLAS definition
 // (so the backend's row-major-as-transposed-column-major trick is exercised, not bypassed).
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -71,16 +72,26 @@ cublasStatus_t cublasSetStream_v2(cublasHandle_t, cudaStream_t) { return CUBLAS_
 namespace {
 // C[m×n] = alpha·op(A)·op(B) + beta·C, all column-major (cuBLAS' definition), double accumulation.
 // op(A) rows and op(B) columns are first copied out contiguously, so the dot products stream.
-template <class T>
-void gemm_col_major(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, T alpha, const T* A, int lda,
-                    const T* B, int ldb, T beta, T* C, int ldc) {
+// Element loads: T itself, or a bf16 (its 16 bits are the top half of the fp32 pattern).
+inline double load(const float* p, long i) { return p[i]; }
+inline double load(const double* p, long i) { return p[i]; }
+inline double load(const std::uint16_t* p, long i) {
+  const std::uint32_t u = std::uint32_t(p[i]) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+template <class T, class In = T>
+void gemm_col_major(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, T alpha, const In* A, int lda,
+                    const In* B, int ldb, T beta, T* C, int ldc) {
   std::vector<double> a(static_cast<std::size_t>(m) * k), b(static_cast<std::size_t>(n) * k);
   for (int i = 0; i < m; ++i)
     for (int l = 0; l < k; ++l)
-      a[static_cast<std::size_t>(i) * k + l] = ta == CUBLAS_OP_N ? A[i + static_cast<long>(l) * lda] : A[l + static_cast<long>(i) * lda];
+      a[static_cast<std::size_t>(i) * k + l] = ta == CUBLAS_OP_N ? load(A, i + static_cast<long>(l) * lda) : load(A, l + static_cast<long>(i) * lda);
   for (int j = 0; j < n; ++j)
     for (int l = 0; l < k; ++l)
-      b[static_cast<std::size_t>(j) * k + l] = tb == CUBLAS_OP_N ? B[l + static_cast<long>(j) * ldb] : B[j + static_cast<long>(l) * ldb];
+      b[static_cast<std::size_t>(j) * k + l] = tb == CUBLAS_OP_N ? load(B, l + static_cast<long>(j) * ldb) : load(B, j + static_cast<long>(l) * ldb);
   for (int j = 0; j < n; ++j)
     for (int i = 0; i < m; ++i) {
       const double* ar = a.data() + static_cast<std::size_t>(i) * k;
@@ -97,13 +108,19 @@ extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t transa,
                                        int k, const void* alpha, const void* A, cudaDataType Atype, int lda,
                                        const void* B, cudaDataType Btype, int ldb, const void* beta, void* C,
                                        cudaDataType Ctype, int ldc, cublasComputeType_t, cublasGemmAlgo_t) {
-  if (Atype != Btype || Atype != Ctype) return CUBLAS_STATUS_NOT_SUPPORTED;
+  // Supported as the backend uses them: 32F/32F/32F, 64F/64F/64F, and 16BF x 16BF -> 32F (Precision::BF16).
+  const bool bf16 = Atype == CUDA_R_16BF && Btype == CUDA_R_16BF && Ctype == CUDA_R_32F;
+  if (!bf16 && (Atype != Btype || Atype != Ctype)) return CUBLAS_STATUS_NOT_SUPPORTED;
   // cuBLAS' argument checks that matter for row-major callers.
   const int rows_a = transa == CUBLAS_OP_N ? m : k, rows_b = transb == CUBLAS_OP_N ? k : n;
   if (m < 0 || n < 0 || k < 0 || lda < (rows_a > 1 ? rows_a : 1) || ldb < (rows_b > 1 ? rows_b : 1) ||
       ldc < (m > 1 ? m : 1))
     return CUBLAS_STATUS_INVALID_VALUE;
-  if (Atype == CUDA_R_32F)
+  if (bf16)
+    gemm_col_major<float, std::uint16_t>(transa, transb, m, n, k, *static_cast<const float*>(alpha),
+                                         static_cast<const std::uint16_t*>(A), lda, static_cast<const std::uint16_t*>(B),
+                                         ldb, *static_cast<const float*>(beta), static_cast<float*>(C), ldc);
+  else if (Atype == CUDA_R_32F)
     gemm_col_major<float>(transa, transb, m, n, k, *static_cast<const float*>(alpha), static_cast<const float*>(A), lda,
                           static_cast<const float*>(B), ldb, *static_cast<const float*>(beta), static_cast<float*>(C),
                           ldc);

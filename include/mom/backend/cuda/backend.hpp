@@ -6,8 +6,9 @@
 // - Memory: Buffer<U> (cudaMalloc, RAII, move-only); zero/fill/copy run on the backend's stream;
 //   to_host / from_host / read cross the bus (to_host and read wait for the stream).
 // - Ops: the same signatures and the same shape checks (same messages) as the CPU ops. GEMMs go
-//   through cuBLAS (row-major via the transpose trick; float on TF32 tensor cores unless
-//   set_tf32(false)); everything else is mom's own kernels (kernels.cuh), compiled into mom::cuda.
+//   through cuBLAS (row-major via the transpose trick; float on TF32 tensor cores by default,
+//   set_precision(Precision::BF16) for bf16 tensor cores with fp32 master weights, FP32 for none);
+//   everything else is mom's own kernels (kernels.cuh), compiled into mom::cuda.
 // - Asynchrony: every op only enqueues work on the backend's stream; nothing inside a training step
 //   waits for the GPU (grad_norm leaves the norm in device memory for adamw_step). The first host
 //   synchronisation after a bad index (token id, target, gather/scatter index) throws its error.
@@ -50,6 +51,7 @@ inline void destroy_context(Context* c) noexcept {
   (void)cudaFree(c->pair_ids);
   (void)cudaFree(c->counts);
   (void)cudaFree(c->sorted_keys);
+  (void)cudaFree(c->bf16_stage);
   delete c;
 }
 }  // namespace detail
@@ -90,9 +92,13 @@ struct Backend {
     MOM_CUDA_CHECK(cudaDeviceSynchronize(), "cuda::Backend");
   }
 
-  // Float GEMMs on TF32 tensor cores (10-bit mantissa inputs, fp32 accumulate): on by default.
-  void set_tf32(bool on) const { ctx_->tf32 = on; }
-  bool tf32() const { return ctx_->tf32; }
+  // Precision of float GEMMs (kernels.hpp): TF32 by default; BF16 stages both operands as bf16
+  // (fp32 master weights, fp32 accumulate and output); FP32 uses no tensor cores.
+  void set_precision(Precision p) const { ctx_->precision = p; }
+  Precision precision() const { return ctx_->precision; }
+  // TF32 on (the default) or plain FP32.
+  void set_tf32(bool on) const { ctx_->precision = on ? Precision::TF32 : Precision::FP32; }
+  bool tf32() const { return ctx_->precision == Precision::TF32; }
   cudaStream_t stream() const { return ctx_->stream; }
   cublasHandle_t cublas() const { return ctx_->blas; }
   const Context& context() const { return *ctx_; }
@@ -189,12 +195,29 @@ struct Backend {
               (ta == Trans::T ? "^T" : ""), " * op(B) ", shape(B), (tb == Trans::T ? "^T" : ""),
               ": shapes do not agree");
     if (m == 0 || n == 0) return;
-    constexpr cudaDataType_t type = std::is_same_v<T, float> ? CUDA_R_32F : CUDA_R_64F;
-    const cublasComputeType_t compute = std::is_same_v<T, double> ? CUBLAS_COMPUTE_64F
-                                        : ctx_->tf32                ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                                                    : CUBLAS_COMPUTE_32F;
     const auto op = [](Trans t) { return t == Trans::T ? CUBLAS_OP_T : CUBLAS_OP_N; };
     const auto ld = [](index_t x) { return static_cast<int>(std::max<index_t>(x, 1)); };
+    if constexpr (std::is_same_v<T, float>) {
+      if (ctx_->precision == Precision::BF16 && k > 0) {
+        // Both operands staged densely as bf16 (one conversion pass each), then bf16 tensor cores with
+        // fp32 accumulation into the fp32 C (alpha, beta as usual).
+        reserve_bf16_staging(A.rows * A.cols + B.rows * B.cols);
+        std::uint16_t* a16 = ctx_->bf16_stage;
+        std::uint16_t* b16 = ctx_->bf16_stage + A.rows * A.cols;
+        to_bf16(*ctx_, a16, A);
+        to_bf16(*ctx_, b16, B);
+        MOM_CUBLAS_CHECK(cublasGemmEx(ctx_->blas, op(tb), op(ta), static_cast<int>(n), static_cast<int>(m),
+                                      static_cast<int>(k), &alpha, b16, CUDA_R_16BF, ld(B.cols), a16, CUDA_R_16BF,
+                                      ld(A.cols), &beta, C.data, CUDA_R_32F, ld(C.ld), CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT),
+                         "gemm (bf16)");
+        return;
+      }
+    }
+    constexpr cudaDataType_t type = std::is_same_v<T, float> ? CUDA_R_32F : CUDA_R_64F;
+    const cublasComputeType_t compute = std::is_same_v<T, double>               ? CUBLAS_COMPUTE_64F
+                                        : ctx_->precision == Precision::FP32 ? CUBLAS_COMPUTE_32F
+                                                                              : CUBLAS_COMPUTE_32F_FAST_TF32;
     MOM_CUBLAS_CHECK(cublasGemmEx(ctx_->blas, op(tb), op(ta), static_cast<int>(n), static_cast<int>(m),
                                   static_cast<int>(k), &alpha, B.data, type, ld(B.ld), A.data, type, ld(A.ld), &beta,
                                   C.data, type, ld(C.ld), compute, CUBLAS_GEMM_DEFAULT),
@@ -426,6 +449,23 @@ struct Backend {
     const T inv_sqrt_bc2 = T(1.0 / std::sqrt(1.0 - std::pow(cfg.beta2, double(step))));
     K::adamw_step(*ctx_, params.data(), grads.data(), m.data(), v.data(), ssize(params), T(cfg.beta1), T(cfg.beta2),
                   T(cfg.eps), T(cfg.lr * cfg.weight_decay), step_size, inv_sqrt_bc2, grad_norm, max_norm);
+  }
+
+  // Sizes the bf16 staging of Precision::BF16 GEMMs for operands of up to `elements` elements together
+  // (A and B of one GEMM), so that no later GEMM allocates. The first GEMMs of a run grow it
+  // otherwise (stream-synchronising cudaFree + cudaMalloc), after which a step of the same shapes
+  // never allocates; call it outside the step to size it up front.
+  void reserve_bf16_staging(index_t elements) const {
+    Context& c = *ctx_;
+    if (elements <= c.bf16_stage_size) return;
+    MOM_CUDA_CHECK(cudaStreamSynchronize(c.stream), "reserve_bf16_staging");
+    MOM_CUDA_CHECK(cudaFree(c.bf16_stage), "reserve_bf16_staging");
+    c.bf16_stage = nullptr;
+    c.bf16_stage_size = 0;
+    MOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c.bf16_stage), static_cast<std::size_t>(elements) * 2),
+                   "reserve_bf16_staging");
+    c.bf16_stage_size = elements;
+    ++c.bf16_stage_grows;
   }
 
   // ---- token dispatch (DESIGN.md "Data and the hot path") -------------------

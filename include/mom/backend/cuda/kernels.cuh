@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #if defined(MOM_CUDA_EMULATE)
@@ -306,6 +307,23 @@ __global__ void axpy_kernel(T* y, T alpha, const T* x, index_t n) {
 template <class T>
 __global__ void scale_kernel(T* y, T alpha, index_t n) {
   MOM_GRID_STRIDE(i, n) y[i] *= alpha;
+}
+
+// fp32 -> bf16 bits, round to nearest even (as __float2bfloat16_rn): add 0x7fff plus the lowest kept
+// bit, then truncate; a NaN is kept a (quiet) NaN instead of rounding into infinity.
+__device__ __forceinline__ std::uint16_t bf16_bits(float x) {
+  std::uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+__global__ void to_bf16_kernel(std::uint16_t* out, MatrixView<const float> in) {
+  const index_t n = in.rows * in.cols;
+  MOM_GRID_STRIDE(i, n) {
+    const index_t r = i / in.cols, c = i - r * in.cols;
+    out[i] = bf16_bits(in.data[r * in.ld + c]);
+  }
 }
 
 // ---- cross-entropy: one block per row ---------------------------------------------------------
@@ -1181,6 +1199,11 @@ __global__ void module_histogram_kernel(token_t* ids, int* counts, const token_t
 }  // namespace dev
 
 // ---- launchers --------------------------------------------------------------------------------
+
+void to_bf16(const Context& ctx, std::uint16_t* out, MatrixView<const float> in) {
+  const index_t n = in.rows * in.cols;
+  dev::launch("to_bf16", ctx, dev::blocks_for(n), dev::threads, dev::to_bf16_kernel, out, in);
+}
 
 template <class U>
 void fill(const Context& ctx, U* dst, index_t n, U value) {

@@ -34,6 +34,16 @@ enum class DeviceError : int {
   packed_positions,
 };
 
+// Precision of float GEMMs (double GEMMs always run in fp64). Only the GEMMs change: parameters,
+// gradients, activations, AdamW moments and every own kernel (attention included) stay fp32, so
+// BF16 is mixed precision with fp32 master weights.
+enum class Precision : int {
+  FP32,  // fp32 inputs, fp32 accumulate (no tensor cores)
+  TF32,  // inputs rounded to TF32 (10-bit mantissa) on tensor cores, fp32 accumulate (the default)
+  BF16,  // both operands staged as bf16 (round to nearest even, 7-bit mantissa), bf16 tensor cores,
+         // fp32 accumulate and fp32 output (cublasGemmEx 16BF x 16BF -> 32F, CUBLAS_COMPUTE_32F)
+};
+
 // Per-backend state shared by the launchers: the stream, the cuBLAS handle and small device
 // scratch, all created once by the backend (never inside a step, except that the CUB temp storage
 // of group_by_module grows on its first use unless reserve_dispatch sized it).
@@ -43,7 +53,10 @@ struct Context {
   int device = 0;
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
-  bool tf32 = true;                // float GEMMs on TF32 tensor cores (fp32 accumulate)
+  Precision precision = Precision::TF32;  // of float GEMMs
+  std::uint16_t* bf16_stage = nullptr;    // device [bf16_stage_size]: the two bf16 GEMM operands (Precision::BF16)
+  index_t bf16_stage_size = 0;
+  index_t bf16_stage_grows = 0;           // how often the staging buffer grew (tests: never inside a step)
   int* error = nullptr;            // device [4]: DeviceError code, position, value, bound
   double* partials = nullptr;      // device [reduce_blocks]
   int* count = nullptr;            // device [1]: non-ignored targets of the last cross-entropy call
@@ -68,6 +81,11 @@ std::size_t group_by_module_temp_bytes(index_t n_pairs, index_t n_modules);
 void group_by_module(const Context& ctx, token_t* sorted_ids, token_t* sorted_modules, token_t* offsets, int* counts,
                      const token_t* modules, index_t n, index_t n_modules,
                      DeviceError code = DeviceError::group_module);
+// out[r * in.cols + c] = bf16(in(r, c)) (dense copy of a strided view; round to nearest even, NaN
+// kept NaN): the staging of a GEMM operand under Precision::BF16. bf16 values are passed as their
+// 16 bits (the top half of the fp32 bit pattern), so this header needs no CUDA fp16 types.
+void to_bf16(const Context& ctx, std::uint16_t* out, MatrixView<const float> in);
+
 // rows[i] = slots[i] / k (group_by_choice: a slot r·K + j belongs to token row r).
 void slots_to_rows(const Context& ctx, token_t* rows, const token_t* slots, index_t n, index_t k);
 
