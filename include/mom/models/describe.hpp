@@ -37,8 +37,18 @@ std::string assembly_name() {
     if (A::h == 1) return "Layer";
     return "Dense<" + std::to_string(A::h) + ">";
   } else {
-    return "Assembly<Router<" + std::string(A::router::policy::name) + ">, " + module_set_name<Set>() + ", K<" +
-           std::to_string(A::k) + ">, H<" + std::to_string(A::h) + ">>";
+    using Policy = typename A::router::policy;
+    std::string router(Policy::name);
+    if constexpr (requires { Policy::label(); }) router = Policy::label();  // e.g. Share<Cycle<2>>
+    std::string s = "Assembly<Router<" + router + ">, " + module_set_name<Set>() + ", K<" + std::to_string(A::k) +
+                    ">, H<" + std::to_string(A::h) + ">>";
+    // A fixed step -> module map (parameter sharing, eq. (10)): c_share(h) for every step.
+    if constexpr (requires { Policy::template step_map<A::h>(); }) {
+      s += " c_share=";
+      for (int j : Policy::template step_map<A::h>()) s += std::to_string(j) + ",";
+      s.pop_back();
+    }
+    return s;
   }
 }
 
