@@ -2,7 +2,7 @@
 // of the dense 8-layer model and of MoM_E / MoM_I / MoM_P on its [1-1-4-1-1] chunking (issue 5,
 // item 9), float, on cpu::Backend<float> wrapped in a timing backend.
 //
-//   bench_train_step [--batch B] [--reps R] [--only dense|E|I|P] [--routed-kv]
+//   bench_train_step [--batch B] [--reps R] [--only dense,E,I,P,share] [--routed-kv]
 //
 // Dims: d_model 256, 8 heads, d_ff 1024, vocab 256 (byte-level, as the KJV runs), seq 256;
 // batch 16 → 4096 tokens per step. Threads: OpenMP's (2 unless OMP_NUM_THREADS says otherwise).
@@ -293,6 +293,11 @@ using I_LM = LM<dims, Strategy_11411<MoM_I<Router<GRU>, Phi>>>;
 template <class Phi>
 using P_LM = LM<dims, Strategy_11411<MoM_P<Router<GRU>, Phi>>>;
 
+// ---- parameter sharing (issue 6, eq. (10)): the dense executor over a step -> module map; the
+// same FLOPs as the dense 8 layers with 1 or 2 stored pairs (e.g. --only dense,share).
+template <class Policy, int G>
+using Share_LM = LM<dims, Assembly<Router<Share<Policy>>, ModuleSet<MHA<G>, FFN<G>>, K<1>, H<8>>>;
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -307,7 +312,7 @@ int main(int argc, char** argv) {
     else if (a == "--only" && i + 1 < argc) only = argv[++i];
     else if (a == "--routed-kv") routed_kv = true;
     else {
-      std::fprintf(stderr, "usage: %s [--batch B] [--reps R] [--only dense|E|I|P] [--routed-kv]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--batch B] [--reps R] [--only dense,E,I,P,share] [--routed-kv]\n", argv[0]);
       return 2;
     }
   }
@@ -322,7 +327,10 @@ int main(int argc, char** argv) {
               routed_kv ? "phi::MoMRoutedKV" : "phi::MoM (default)");
 
   std::vector<Result> res;
-  auto want = [&](const char* k) { return only.empty() || only == k; };
+  // --only takes a comma-separated list, e.g. --only dense,share
+  auto want = [&](const char* k) {
+    return only.empty() || ("," + only + ",").find("," + std::string(k) + ",") != std::string::npos;
+  };
   if (want("dense")) res.push_back(run<DenseLM>("dense 8 layers", batch, seq, reps));
   if (routed_kv) {
     if (want("E")) res.push_back(run<E_LM<phi::MoMRoutedKV>>("MoM_E (K3H1S), routed KV", batch, seq, reps));
@@ -332,6 +340,12 @@ int main(int argc, char** argv) {
     if (want("E")) res.push_back(run<E_LM<phi::MoM>>("MoM_E (K3H1S)", batch, seq, reps));
     if (want("I")) res.push_back(run<I_LM<phi::MoM>>("MoM_I (K3H2S)", batch, seq, reps));
     if (want("P")) res.push_back(run<P_LM<phi::MoM>>("MoM_P (K2H6S)", batch, seq, reps));
+  }
+
+  // Parameter sharing (issue 6).
+  if (want("share")) {
+    res.push_back(run<Share_LM<All, 1>>("share All (1 pair x 8)", batch, seq, reps));
+    res.push_back(run<Share_LM<Cycle<2>, 2>>("share Cycle<2> (ABAB..)", batch, seq, reps));
   }
 
   const Result* dense = res.empty() || res[0].name.rfind("dense", 0) != 0 ? nullptr : &res[0];

@@ -2,9 +2,11 @@
 // Executor of Assembly<Router<Sequential>, ModuleSet<MHA<L>, FFN<L>>, K<1>, H<L>, phi::MoM>:
 // the dense stack. With one module per step and routing weight 1, phi_MoM's attention
 // assembly (eq. (5)) and FFN assembly (eq. (6)) reduce to the single module, and eq. (4) gives
-//   u_h     = x_h + m^A_h(x_h)
-//   x_{h+1} = u_h + m^F_h(u_h)
-// where each module applies its own LayerNorm first (pre-norm).
+//   u_h     = x_h + m^A_{c(h)}(x_h)
+//   x_{h+1} = u_h + m^F_{c(h)}(u_h)
+// where each module applies its own LayerNorm first (pre-norm) and c(h) = h. The same code runs
+// any fixed step -> module map c (detail::FixedRouteExecutor): parameter sharing (eq. (10),
+// assembly/share.hpp) is this executor with c = c_share.
 #include <algorithm>
 #include <array>
 
@@ -12,8 +14,22 @@
 
 namespace mom {
 
-template <class A, Dims D>
-struct Executor<Sequential, A, D> {
+namespace detail {
+
+// c(h) = h: step h runs module pair h.
+template <int steps>
+constexpr std::array<int, steps> identity_route() {
+  std::array<int, steps> c{};
+  for (int h = 0; h < steps; ++h) c[std::size_t(h)] = h;
+  return c;
+}
+
+// Step h (of L = A::h) runs attention module route[h] then FFN module route[h] of the set, each
+// with weight 1. The set's parameters are stored once (Set::specs), whatever the route; a module
+// used at several steps keeps one Saved block per use, and its backward accumulates (+=) into the
+// same gradient block at every use, so a shared module's gradient is the sum over its uses.
+template <class A, Dims D, std::array<int, A::h> route>
+struct FixedRouteExecutor {
   using Set = typename A::module_set;
   using Attn = modules::Attention<D>;
   using Ffn = modules::FeedForward<D>;
@@ -24,7 +40,12 @@ struct Executor<Sequential, A, D> {
   static constexpr index_t params = Set::template params<D>;
   static constexpr void specs(TensorSpec* out, index_t layer_base) { Set::template specs<D>(out, layer_base); }
 
-  // Forward FLOPs per token: every step runs one attention and one FFN module.
+  // Parameter offsets of step h's modules inside the set's block.
+  static constexpr index_t attention_offset(int h) { return Set::template attention_offset<D>(route[std::size_t(h)]); }
+  static constexpr index_t ffn_offset(int h) { return Set::template ffn_offset<D>(route[std::size_t(h)]); }
+
+  // Forward FLOPs per token: every step runs one attention and one FFN module (a shared module
+  // costs its FLOPs at every use).
   static constexpr index_t flops_per_token(index_t seq) {
     return L * (Attn::flops_per_token(seq) + Ffn::flops_per_token(seq));
   }
@@ -65,9 +86,9 @@ struct Executor<Sequential, A, D> {
     const std::span<const T> f_flat{scratch, static_cast<std::size_t>(n * d)};
     for (int h = 0; h < L; ++h) {
       const MatrixView<T> u{ws + plan.u[h], n, d}, x_next{ws + plan.x_next[h], n, d};
-      Attn::forward(be, p + Set::template attention_offset<D>(h), ws, plan.attn[h], x, f, batch, seq);
+      Attn::forward(be, p + attention_offset(h), ws, plan.attn[h], x, f, batch, seq);
       be.add_forward(u.flat(), std::span<const T>(x.data, static_cast<std::size_t>(n * d)), f_flat);  // eq. (4)
-      Ffn::forward(be, p + Set::template ffn_offset<D>(h), ws, plan.ffn[h], MatrixView<const T>(u), f, batch, seq);
+      Ffn::forward(be, p + ffn_offset(h), ws, plan.ffn[h], MatrixView<const T>(u), f, batch, seq);
       be.add_forward(x_next.flat(), std::span<const T>(u.flat()), f_flat);  // eq. (4)
       x = x_next;
     }
@@ -84,12 +105,18 @@ struct Executor<Sequential, A, D> {
     for (int h = L - 1; h >= 0; --h) {
       const MatrixView<const T> u{ws + plan.u[h], n, d};
       const MatrixView<const T> x = h == 0 ? x0 : MatrixView<const T>{ws + plan.x_next[h - 1], n, d};
-      Ffn::backward(be, p + Set::template ffn_offset<D>(h), g + Set::template ffn_offset<D>(h), ws, plan.ffn[h], u,
+      Ffn::backward(be, p + ffn_offset(h), g + ffn_offset(h), ws, plan.ffn[h], u,
                     dres, MatrixView<const T>(dres), scratch, batch, seq);
-      Attn::backward(be, p + Set::template attention_offset<D>(h), g + Set::template attention_offset<D>(h), ws,
+      Attn::backward(be, p + attention_offset(h), g + attention_offset(h), ws,
                      plan.attn[h], x, dres, MatrixView<const T>(dres), scratch, batch, seq);
     }
   }
 };
+
+}  // namespace detail
+
+// The dense stack: c(h) = h.
+template <class A, Dims D>
+struct Executor<Sequential, A, D> : detail::FixedRouteExecutor<A, D, detail::identity_route<A::h>()> {};
 
 }  // namespace mom

@@ -4,6 +4,7 @@
 //   124,439,808 params, 0.285 GFLOP/token forward at seq 1024
 #include <cstdio>
 #include <string>
+#include <type_traits>
 
 #include "mom/models/lm.hpp"
 
@@ -30,6 +31,35 @@ std::string module_set_name() {
   return s + ">";
 }
 
+inline std::string ratio_name(const char* name, long long num, long long den) {
+  return std::string(name) + "<" + std::to_string(num) + (den == 1 ? "" : ", " + std::to_string(den)) + ">";
+}
+
+// The options of Router<GRU, Options...> that differ from the defaults (routers/gru.hpp), in the
+// type's spelling: ", Width<64>, Temperature<1, 2>"; empty for the defaults and other policies.
+template <class R>
+std::string router_options_name() {
+  if constexpr (std::is_same_v<typename R::policy, GRU>) {
+    using Cfg = GRUConfig<typename R::options>;
+    using Default = GRUConfig<TypeList<>>;
+    using Tau = typename Cfg::temperature_t;
+    using Tau0 = typename Default::temperature_t;
+    using Bal = typename Cfg::balance_t;
+    using Bal0 = typename Default::balance_t;
+    std::string s;
+    if (Cfg::width != Default::width) s += ", Width<" + std::to_string(Cfg::width) + ">";
+    // Compared as fractions, so Temperature<2, 10> is the default 1/5.
+    if (Tau::numerator * Tau0::denominator != Tau0::numerator * Tau::denominator)
+      s += ", " + ratio_name("Temperature", Tau::numerator, Tau::denominator);
+    if (Bal::numerator * Bal0::denominator != Bal0::numerator * Bal::denominator)
+      s += ", " + ratio_name("BalanceCoef", Bal::numerator, Bal::denominator);
+    if (Cfg::renormalise != Default::renormalise) s += Cfg::renormalise ? ", Renormalise<true>" : ", Renormalise<false>";
+    return s;
+  } else {
+    return {};
+  }
+}
+
 template <class A>
 std::string assembly_name() {
   using Set = typename A::module_set;
@@ -37,8 +67,19 @@ std::string assembly_name() {
     if (A::h == 1) return "Layer";
     return "Dense<" + std::to_string(A::h) + ">";
   } else {
-    return "Assembly<Router<" + std::string(A::router::policy::name) + ">, " + module_set_name<Set>() + ", K<" +
-           std::to_string(A::k) + ">, H<" + std::to_string(A::h) + ">>";
+    using Policy = typename A::router::policy;
+    std::string router(Policy::name);
+    if constexpr (requires { Policy::label(); }) router = Policy::label();  // e.g. Share<Cycle<2>>
+    router += router_options_name<typename A::router>();  // e.g. GRU, Width<64>
+    std::string s = "Assembly<Router<" + router + ">, " + module_set_name<Set>() + ", K<" + std::to_string(A::k) +
+                    ">, H<" + std::to_string(A::h) + ">>";
+    // A fixed step -> module map (parameter sharing, eq. (10)): c_share(h) for every step.
+    if constexpr (requires { Policy::template step_map<A::h>(); }) {
+      s += " c_share=";
+      for (int j : Policy::template step_map<A::h>()) s += std::to_string(j) + ",";
+      s.pop_back();
+    }
+    return s;
   }
 }
 

@@ -36,11 +36,13 @@
 #include "mom/routers/router.hpp"
 #include "mom/routers/sequential.hpp"
 #include "mom/routers/gru.hpp"
+#include "mom/routers/share.hpp"
 #include "mom/assembly/phi.hpp"
 #include "mom/assembly/assembly.hpp"
 #include "mom/assembly/chunked.hpp"
 #include "mom/assembly/sequential.hpp"
 #include "mom/assembly/mom.hpp"
+#include "mom/assembly/share.hpp"
 
 namespace mom {
 
