@@ -32,11 +32,11 @@ std::vector<token_t> all_picks(Instance& m) {
   const index_t n = m.batch() * m.seq();
   [&]<class... Es, std::size_t... is>(TypeList<Es...>, std::index_sequence<is...>) {
     ([&] {
-      if constexpr (requires { Es::has_aux_loss; }) {
+      if constexpr (ReportsRouting<Es>) {
         buf.resize(std::size_t(n * Es::Kp));
         for (int h = 0; h < Es::Hn; ++h)
-          for (bool ffn : {false, true}) {
-            Es::read_picks(m.backend(), m.workspace_data(), std::get<is>(m.plan().parts), h, ffn, n, std::span(buf));
+          for (int router = 0; router < Es::routing_routers; ++router) {
+            Es::read_picks(m.backend(), m.workspace_data(), std::get<is>(m.plan().parts), h, router, n, std::span(buf));
             out.insert(out.end(), buf.begin(), buf.end());
           }
       }

@@ -25,7 +25,8 @@ std::string module_set_name() {
   std::string s = "ModuleSet<";
   const char* sep = "";
   if (Set::n_attention > 0) s += sep + ("MHA<" + std::to_string(Set::n_attention) + ">"), sep = ", ";
-  if (Set::n_ffn > 0) s += sep + ("FFN<" + std::to_string(Set::n_ffn) + ">"), sep = ", ";
+  if (Set::experts_per_step) s += sep + ("Experts<FFN, " + std::to_string(Set::ffn_choices) + ", PerStep>"), sep = ", ";
+  else if (Set::n_ffn > 0) s += sep + ("FFN<" + std::to_string(Set::n_ffn) + ">"), sep = ", ";
   if (Set::has_skip) s += sep + std::string("Skip");
   return s + ">";
 }
@@ -37,8 +38,9 @@ std::string assembly_name() {
     if (A::h == 1) return "Layer";
     return "Dense<" + std::to_string(A::h) + ">";
   } else {
+    const std::string phi = std::is_same_v<typename A::phi_type, phi::MoE> ? ", phi::MoE" : "";
     return "Assembly<Router<" + std::string(A::router::policy::name) + ">, " + module_set_name<Set>() + ", K<" +
-           std::to_string(A::k) + ">, H<" + std::to_string(A::h) + ">>";
+           std::to_string(A::k) + ">, H<" + std::to_string(A::h) + ">" + phi + ">";
   }
 }
 
