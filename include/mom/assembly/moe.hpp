@@ -43,7 +43,8 @@ template <Dims D, int E, int Kp, bool Skip, class Cfg>
 struct MoEStep {
   using RoutedFfn = dispatch::RoutedFfn<D>;
   using Ffn = modules::FeedForward<D>;
-  static constexpr int C = E + (Skip ? 1 : 0);       // router classes, SKIP last
+  static constexpr int experts = E;
+  static constexpr int C = E + (Skip ? 1 : 0);       // router classes, SKIP last (class E)
   static constexpr int real_k = Kp < E ? Kp : E;     // picks that can land on an expert
   static constexpr index_t d = D.d_model, f = D.ff();
 
