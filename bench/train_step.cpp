@@ -2,7 +2,11 @@
 // of the dense 8-layer model and of MoM_E / MoM_I / MoM_P on its [1-1-4-1-1] chunking (issue 5,
 // item 9), float, on cpu::Backend<float> wrapped in a timing backend.
 //
-//   bench_train_step [--batch B] [--reps R] [--only dense,E,I,P,share] [--routed-kv]
+//   bench_train_step [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share] [--routed-kv]
+//
+// Issue 6 adds Mixture-of-Experts at the same dims: MoE (8 layers x 8 experts, top-2) and
+// MoE(share) (8 experts shared by the 8 layers, top-2); their "router" share is the top-K
+// routers' products (W_r has 8 rows).
 //
 // Dims: d_model 256, 8 heads, d_ff 1024, vocab 256 (byte-level, as the KJV runs), seq 256;
 // batch 16 → 4096 tokens per step. Threads: OpenMP's (2 unless OMP_NUM_THREADS says otherwise).
@@ -34,6 +38,7 @@
 
 #include <mom/backend/cpu.hpp>
 #include <mom/models/mom_models.hpp>
+#include <mom/models/moe_models.hpp>
 #include <mom/mom.hpp>
 
 using namespace mom;
@@ -298,6 +303,10 @@ using P_LM = LM<dims, Strategy_11411<MoM_P<Router<GRU>, Phi>>>;
 template <class Policy, int G>
 using Share_LM = LM<dims, Assembly<Router<Share<Policy>>, ModuleSet<MHA<G>, FFN<G>>, K<1>, H<8>>>;
 
+// ---- issue 6: Mixture-of-Experts -----------------------------------------------------------------
+using MoE_LM = LM<dims, MoEStack<8, 8, 2>>;            // 8 experts per layer, top-2 (Mixtral)
+using MoEShare_LM = LM<dims, MoEShareStack<8, 8, 2>>;  // 8 experts shared by the 8 layers, top-2
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -312,7 +321,7 @@ int main(int argc, char** argv) {
     else if (a == "--only" && i + 1 < argc) only = argv[++i];
     else if (a == "--routed-kv") routed_kv = true;
     else {
-      std::fprintf(stderr, "usage: %s [--batch B] [--reps R] [--only dense,E,I,P,share] [--routed-kv]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share] [--routed-kv]\n", argv[0]);
       return 2;
     }
   }
@@ -341,6 +350,9 @@ int main(int argc, char** argv) {
     if (want("I")) res.push_back(run<I_LM<phi::MoM>>("MoM_I (K3H2S)", batch, seq, reps));
     if (want("P")) res.push_back(run<P_LM<phi::MoM>>("MoM_P (K2H6S)", batch, seq, reps));
   }
+  // issue 6: Mixture-of-Experts
+  if (want("moe")) res.push_back(run<MoE_LM>("MoE 8 layers x 8 experts, top-2", batch, seq, reps));
+  if (want("moe-share")) res.push_back(run<MoEShare_LM>("MoE(share) 8 shared experts, top-2", batch, seq, reps));
 
   // Parameter sharing (issue 6).
   if (want("share")) {

@@ -7,6 +7,7 @@
 
 #include "mom/models/mom_models.hpp"
 #include "mom/mom.hpp"
+#include "models/counting_backend.hpp"
 
 using namespace mom;
 
@@ -53,46 +54,7 @@ static_assert(LM<d8, Strategy_11411<MoM_P<Router<GRU>, phi::MoMRoutedKV>>>::flop
 
 namespace {
 
-// Forwards every op to cpu::Backend<T> and tallies the FLOPs actually executed: 2·m·n·k per
-// matrix product (linear, gemm, the GRU cell's two products), and for packed attention 4·hd per
-// (query, visible key) pair per head, counting the visible keys from the position lists.
-template <class T>
-struct CountingBackend : cpu::Backend<T> {
-  using Base = cpu::Backend<T>;
-  using typename Base::CM;
-  using typename Base::CS;
-  using typename Base::M;
-  using typename Base::S;
-  using typename Base::Tok;
-  index_t flops = 0;
-
-  void linear_forward(M y, CM x, CM w, CS b) {
-    flops += 2 * x.rows * x.cols * w.rows;
-    Base::linear_forward(y, x, w, b);
-  }
-  void gemm(M C, CM A, typename Base::Trans ta, CM B, typename Base::Trans tb, T alpha = T(1), T beta = T(0)) {
-    flops += 2 * C.rows * C.cols * (ta == Base::Trans::N ? A.cols : A.rows);
-    Base::gemm(C, A, ta, B, tb, alpha, beta);
-  }
-  void attention_forward(M out, S lse, CM qkv, index_t batch, index_t seq, index_t heads) {
-    flops += batch * 2 * (qkv.cols / 3) * seq * (seq + 1);
-    Base::attention_forward(out, lse, qkv, batch, seq, heads);
-  }
-  void gru_cell_forward(M h_out, M gates, CM x, CM h, CM w_ih, CM w_hh, CS b_ih, CS b_hh) {
-    flops += 2 * x.rows * w_ih.rows * (x.cols + h.cols);
-    Base::gru_cell_forward(h_out, gates, x, h, w_ih, w_hh, b_ih, b_hh);
-  }
-  void attention_packed_forward(M out, S lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok, index_t seq, index_t heads) {
-    for (token_t t : q_tok) {
-      index_t keys = 0;
-      if (k_tok.empty()) keys = t % seq + 1;
-      else
-        for (token_t s : k_tok) keys += (s / seq == t / seq && s <= t) ? 1 : 0;
-      flops += 4 * q.cols * keys;
-    }
-    Base::attention_packed_forward(out, lse, q, k, v, q_tok, k_tok, seq, heads);
-  }
-};
+using test::CountingBackend;
 
 std::vector<token_t> random_tokens(index_t n, index_t vocab, std::uint64_t seed) {
   std::mt19937_64 rng(seed);

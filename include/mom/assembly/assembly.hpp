@@ -5,6 +5,7 @@
 //
 // Everything that can be known from the type is checked here, when the type is used
 // (e.g. by LM<dims, Arch>), with messages in the user's terms.
+#include <concepts>
 #include <cstddef>
 #include <type_traits>
 
@@ -21,6 +22,23 @@ namespace mom {
 // policy in assembly/ (assembly/sequential.hpp for Router<Sequential>).
 template <class Policy, class A, Dims D>
 struct Executor;
+
+// Routing read-back of executors whose routers pick modules per token (MoM's GRU routers, MoE's
+// top-K routers): `routing_routers` router families, routing_info(r) describing family r, and
+//   read_picks(be, ws, plan, step, r, n, std::span<token_t> out)   step's n×K class ids (SKIP last)
+//   routed_flops(batch, seq, picks)   forward FLOPs for the routing picks(step, r) returns
+// Used by models/routing_stats.hpp, realised_forward_flops and mom-train's routing statistics.
+// (An auxiliary loss is a separate property: `has_aux_loss` with Plan::aux.)
+struct RoutingInfo {
+  const char* name;  // "attn", "ffn"
+  int classes = 0, steps = 0, k = 0;
+  bool skip = false;  // the last class is SKIP
+};
+template <class E>
+concept ReportsRouting = requires {
+  { E::routing_routers } -> std::convertible_to<int>;
+  { E::routing_info(0) } -> std::convertible_to<RoutingInfo>;
+};
 
 namespace detail {
 template <class T, template <int> class Tpl>
@@ -86,7 +104,7 @@ struct Assembly {
   static_assert(!is_k<Kn> || k >= 1, "mom::Assembly: K must be >= 1 (modules picked per token per step)");
   static_assert(!is_h<Hn> || h >= 1, "mom::Assembly: H must be >= 1 (assembly steps)");
   static_assert(!is_router<R> || RouterPolicy<typename detail::policy_of<R>::type>,
-                "mom::Assembly: unknown router policy; known: Sequential, GRU, Share<P>");
+                "mom::Assembly: unknown router policy; known: Sequential, GRU, Share<P>, TopK<Softmax>");
 
   // True when the router can drive this module set with this K and H (the static_asserts of
   // phi and of the router policy have fired otherwise).

@@ -23,15 +23,17 @@
 //                     skipped tokens (and tokens sent to other modules) are masked out of other
 //                     tokens' attention. Every cost is then per routed token (MoD-style).
 //
-// Dispatch (DESIGN.md "Data and the hot path"): the router's n×K (token, module) picks are
-// grouped by module with a stable counting sort (group_by_choice: causal order kept inside a
-// group); per module one gather, its GEMMs over exactly its tokens, one weighted scatter-add.
-// Modules no token picked cost nothing; SKIP's group is never touched.
+// Dispatch (DESIGN.md "Data and the hot path"; assembly/grouped_dispatch.hpp, shared with the
+// MoE executor): the router's n×K (token, module) picks are grouped by module with a stable
+// counting sort (group_by_choice: causal order kept inside a group); per module one gather, its
+// GEMMs over exactly its tokens, one weighted scatter-add. Modules no token picked cost nothing;
+// SKIP's group is never touched.
 #include <algorithm>
 #include <array>
 #include <type_traits>
 
 #include "mom/assembly/assembly.hpp"
+#include "mom/assembly/grouped_dispatch.hpp"
 #include "mom/assembly/phi.hpp"
 #include "mom/modules/ffn.hpp"
 #include "mom/modules/mha.hpp"
@@ -114,15 +116,15 @@ struct Executor<GRU, A, D> {
     return Hn * (router_flops_per_token(EA) + router_flops_per_token(EF) + kv + attn + ffn);
   }
 
-  // Forward FLOPs of one chunk for a realised routing: picks(h, is_ffn) gives round h's picks
-  // of the attention (false) or FFN (true) router, n×K module ids row-major on the host.
+  // Forward FLOPs of one chunk for a realised routing: picks(h, router) gives round h's picks
+  // of the attention (0) or FFN (1) router, n×K module ids row-major on the host.
   template <class Picks>
   static index_t routed_flops(index_t batch, index_t seq, Picks&& picks) {
     const index_t n = batch * seq;
     index_t total = 0;
     for (int h = 0; h < Hn; ++h) {
       total += n * (router_flops_per_token(EA) + router_flops_per_token(EF));
-      const auto pa = picks(h, false);
+      const auto pa = picks(h, 0);
       for (int m = 0; m < NA; ++m) {
         index_t n_m = 0, keys = 0, last_seq = -1, rank = 0;
         for (index_t t = 0; t < n; ++t)
@@ -135,7 +137,7 @@ struct Executor<GRU, A, D> {
         if (n_m == 0) continue;
         total += (routed_kv ? n_m : n) * 2 * d * 2 * d + n_m * 4 * d * d + 4 * d * keys;
       }
-      const auto pf = picks(h, true);
+      const auto pf = picks(h, 1);
       for (index_t s = 0; s < n * Kp; ++s)
         if (pf[std::size_t(s)] < NF) total += 4 * d * f;
     }
@@ -143,14 +145,10 @@ struct Executor<GRU, A, D> {
   }
 
   // ---- workspace --------------------------------------------------------------------------
-  // token_t index lists live in the T workspace (T is float or double, at least as wide as
-  // token_t): room for `count` of them.
-  static constexpr index_t tok_elems(index_t count) {
-    return (count * index_t(sizeof(token_t)) + index_t(sizeof(float)) - 1) / index_t(sizeof(float));
-  }
-  struct RouterSaved {
-    index_t gates, state, probs, weights, wpacked, dprobs_col, loss;  // T
-    index_t picks, row_token, row_slot, offsets;                      // token_t
+  using RoutedFfn = dispatch::RoutedFfn<D>;
+  // A router's GRU gates and state, then its selection (probs .. offsets).
+  struct RouterSaved : dispatch::Selection {
+    index_t gates = 0, state = 0;  // T
   };
   struct Round {
     RouterSaved ra{}, rf{};
@@ -159,8 +157,7 @@ struct Executor<GRU, A, D> {
     std::array<index_t, NA> ln{}, mean{}, rstd{}, kv{};
     index_t xg = 0, xq = 0, q = 0, att = 0, lse = 0, ya = 0;
     index_t u = 0;
-    index_t fx = 0, fy = 0;  // FFN: gathered inputs and outputs (packed)
-    typename Ffn::Saved ffn{};
+    typename RoutedFfn::Saved ffn{};  // FFN: gathered inputs, outputs, activations (packed)
     index_t x_next = 0;
   };
   struct Plan {
@@ -174,15 +171,7 @@ struct Executor<GRU, A, D> {
     RouterSaved r{};
     r.gates = a.take(n * 6 * W);
     r.state = a.take(n * W);
-    r.probs = a.take(n * E);
-    r.weights = a.take(n * Kp);
-    r.wpacked = a.take(n * Kp);
-    r.dprobs_col = a.take(E);
-    r.loss = a.take(1);
-    r.picks = a.take(tok_elems(n * Kp));
-    r.row_token = a.take(tok_elems(n * Kp));
-    r.row_slot = a.take(tok_elems(n * Kp));
-    r.offsets = a.take(tok_elems(E + 1));
+    static_cast<dispatch::Selection&>(r) = dispatch::plan_selection(a, n, Kp, E);
     return r;
   }
   static constexpr Plan plan(Arena& a, index_t batch, index_t seq) {
@@ -211,9 +200,7 @@ struct Executor<GRU, A, D> {
       r.ya = a.take(P * d);
       r.u = a.take(n * d);
       r.rf = plan_router(a, n, EF);
-      r.fx = a.take(P * d);
-      r.ffn = Ffn::plan(a, 1, P);
-      r.fy = a.take(P * d);
+      r.ffn = RoutedFfn::plan(a, P);
       r.x_next = a.take(n * d);
     }
     p.zero_state = a.take(n * W);
@@ -223,7 +210,7 @@ struct Executor<GRU, A, D> {
 
   // Backward scratch (all blocks live at once; see backward()).
   struct Scratch {
-    index_t dy, dwp, dws, dlogits, gru, dsa0, dsa1, dsf0, dsf1, datt, dq, dkv, dln, dxg, ffn, total;
+    index_t dy, dwp, dws, dlogits, gru, dsa0, dsa1, dsf0, dsf1, datt, dq, dkv, dln, dxg, total;
   };
   static constexpr Scratch scratch_plan(index_t batch, index_t seq) {
     const index_t n = batch * seq, P = n * Kp, rows = routed_kv ? P : n;
@@ -242,21 +229,16 @@ struct Executor<GRU, A, D> {
     s.dq = a.take(P * d);
     s.dkv = a.take(rows * 2 * d);
     s.dln = a.take(rows * d);
-    s.dxg = a.take(P * d);
-    s.ffn = a.take(Ffn::scratch(1, P));
+    s.dxg = a.take(RoutedFfn::scratch(P));  // FFN: dL/d(gathered rows) then the module's scratch
     s.total = a.used;
     return s;
   }
   static constexpr index_t scratch(index_t batch, index_t seq) { return scratch_plan(batch, seq).total; }
 
   // ---- views ------------------------------------------------------------------------------
-  template <class T>
-  static token_t* toks(T* ws, index_t off) {
-    return reinterpret_cast<token_t*>(ws + off);
-  }
-  template <class T>
-  static const token_t* toks(const T* ws, index_t off) {
-    return reinterpret_cast<const token_t*>(ws + off);
+  template <class U>
+  static auto toks(U* ws, index_t off) {
+    return dispatch::toks(ws, off);
   }
   template <class U>
   static std::span<U> sp(U* p, index_t n) {
@@ -274,10 +256,9 @@ struct Executor<GRU, A, D> {
   // Group offsets of a router's last forward, on the host (E + 1 <= 17 entries).
   template <class Be, class T>
   static std::array<token_t, Emax + 1> host_offsets(Be& be, const T* ws, const RouterSaved& r, index_t E) {
-    std::array<token_t, Emax + 1> out{};
-    be.to_host(std::span<token_t>(out.data(), std::size_t(E + 1)), std::span<const token_t>(toks(ws, r.offsets), std::size_t(E + 1)));
-    return out;
+    return dispatch::host_offsets<Emax>(be, ws, r, E);
   }
+  static constexpr index_t ffn_offset(int m) { return Set::template ffn_offset<D>(m); }
 
   // eqs. (7)-(8): state, probabilities, top-K picks, renormalised weights, groups, balance loss.
   template <class Be, class T>
@@ -289,15 +270,7 @@ struct Executor<GRU, A, D> {
                         vec(p, o.b_hh, 3 * W));
     const MatrixView<T> probs = mv(ws + r.probs, n, E);
     be.linear_forward(probs, cmv<T>(ws + r.state, n, W), mat(p, o.w_out, E, W), std::span<const T>{});  // logits
-    be.route_topk_forward(mv(ws + r.weights, n, Kp), MatrixView<token_t>(toks(ws, r.picks), n, Kp), probs,
-                          MatrixView<const T>(probs), T(1.0 / Cfg::temperature), Cfg::renormalise);
-    be.group_by_choice(sp(toks(ws, r.row_token), n * Kp), sp(toks(ws, r.row_slot), n * Kp), sp(toks(ws, r.offsets), E + 1),
-                       MatrixView<const token_t>(toks(ws, r.picks), n, Kp), E);
-    // The weights in group order (a gather of 1-column rows).
-    be.gather_rows(mv(ws + r.wpacked, n * Kp, 1), cmv<T>(ws + r.weights, n * Kp, 1),
-                   sp<const token_t>(toks(ws, r.row_slot), n * Kp));
-    be.balance_loss_forward(sp(ws + r.loss, 1), sp(ws + r.dprobs_col, E), MatrixView<const T>(probs),
-                            sp<const token_t>(toks(ws, r.offsets), E + 1), index_t(Kp), T(Cfg::balance_coef));
+    dispatch::select_forward(be, ws, r, n, Kp, E, T(1.0 / Cfg::temperature), Cfg::renormalise, T(Cfg::balance_coef));
   }
 
   template <class Be, class T>
@@ -306,14 +279,9 @@ struct Executor<GRU, A, D> {
                              T* ds_prev, const Scratch& s, T* sc, index_t n) {
     using detail::mat, detail::vec;
     // Packed dweights back to (token, pick) slots, then through top-K / softmax / head.
-    const MatrixView<T> dws = mv(sc + s.dws, n * Kp, 1);
-    be.zero(dws.flat());
-    be.scatter_add_rows(dws, cmv<T>(sc + s.dwp, n * Kp, 1), sp<const token_t>(toks(ws, r.row_slot), n * Kp));
     const MatrixView<T> dlogits = mv(sc + s.dlogits, n, E);
-    be.zero(dlogits.flat());
-    be.route_topk_backward(dlogits, cmv<T>(sc + s.dws, n, Kp), cmv(ws + r.weights, n, Kp), cmv(ws + r.probs, n, E),
-                           MatrixView<const token_t>(toks(ws, r.picks), n, Kp), T(1.0 / Cfg::temperature),
-                           Cfg::renormalise, sp(ws + r.dprobs_col, E));
+    dispatch::select_backward(be, ws, r, n, Kp, E, T(1.0 / Cfg::temperature), Cfg::renormalise,
+                              sp<const T>(sc + s.dwp, n * Kp), sp(sc + s.dws, n * Kp), dlogits);
     be.linear_backward(mv(ds_cur, n, W), mat(g, o.w_out, E, W), std::span<T>{}, MatrixView<const T>(dlogits),
                        cmv(ws + r.state, n, W), mat(p, o.w_out, E, W));
     if (ds_prev) be.zero(sp(ds_prev, n * W));
@@ -353,30 +321,12 @@ struct Executor<GRU, A, D> {
       const auto of = host_offsets(be, ws, r.rf, EF);
       const MatrixView<T> x_next = mv(ws + r.x_next, n, d);
       be.copy(x_next.flat(), sp<const T>(u.data, n * d));
-      for (int m = 0; m < NF; ++m) {
-        const index_t o = of[m], nm = of[m + 1] - of[m];
-        if (nm == 0) continue;
-        const auto idx = sp<const token_t>(toks(ws, r.rf.row_token) + o, nm);
-        const MatrixView<T> xg = mv(ws + r.fx + o * d, nm, d), y = mv(ws + r.fy + o * d, nm, d);
-        be.gather_rows(xg, MatrixView<const T>(u), idx);
-        Ffn::forward(be, p + Set::template ffn_offset<D>(m), ws, ffn_rows(r.ffn, o), MatrixView<const T>(xg), y, 1, nm);
-        be.scatter_add_rows(x_next, MatrixView<const T>(y), idx, sp<const T>(ws + r.rf.wpacked + o, nm));
-      }
+      RoutedFfn::forward(be, p, ws, r.ffn, r.rf, of, NF, ffn_offset, MatrixView<const T>(u), x_next);
       aux += be.read(ws + r.ra.loss) + be.read(ws + r.rf.loss);
       x = x_next;
     }
     be.from_host(sp(ws + plan.aux, 1), std::span<const T>(&aux, 1));
     return x;
-  }
-
-  // FFN saved activations of the packed rows starting at row o.
-  static constexpr typename Ffn::Saved ffn_rows(typename Ffn::Saved s, index_t o) {
-    s.ln += o * d;
-    s.mean += o;
-    s.rstd += o;
-    s.pre += o * f;
-    s.act += o * f;
-    return s;
   }
 
   // Attention module m over its nm routed tokens (packed rows o .. o+nm-1); adds w · y into u.
@@ -438,20 +388,10 @@ struct Executor<GRU, A, D> {
       const T* sf_prev = h == 0 ? ws + plan.zero_state : ws + plan.round[h - 1].rf.state;
 
       // FFN half-round.
-      const auto of = weighted_scatter_backward(be, ws, r.rf, r.fy, NF, EF, dres, s, sc, n);
+      const auto of = weighted_scatter_backward(be, ws, r.rf, r.ffn.y, NF, EF, dres, s, sc, n);
       route_backward(be, p, g, ws, r.rf, rf, EF, u, sf_prev, dres, dsf[h % 2], h > 0 ? dsf[(h + 1) % 2] : nullptr, s, sc,
                      n);
-      for (int m = 0; m < NF; ++m) {
-        const index_t o = of[m], nm = of[m + 1] - of[m];
-        if (nm == 0) continue;
-        const auto idx = sp<const token_t>(toks(ws, r.rf.row_token) + o, nm);
-        const MatrixView<T> dxg = mv(sc + s.dxg, nm, d);
-        be.zero(dxg.flat());
-        const index_t off = Set::template ffn_offset<D>(m);
-        Ffn::backward(be, p + off, g + off, ws, ffn_rows(r.ffn, o), cmv(ws + r.fx + o * d, nm, d), dxg,
-                      cmv<T>(sc + s.dy + o * d, nm, d), sc + s.ffn, 1, nm);
-        be.scatter_add_rows(dres, MatrixView<const T>(dxg), idx);
-      }
+      RoutedFfn::backward(be, p, g, ws, r.ffn, r.rf, of, NF, ffn_offset, sc + s.dy, dres, sc + s.dxg);
 
       // Attention half-round.
       const auto oa = weighted_scatter_backward(be, ws, r.ra, r.ya, NA, EA, dres, s, sc, n);
@@ -476,15 +416,8 @@ struct Executor<GRU, A, D> {
                                                                  MatrixView<T> dres, const Scratch& s, T* sc,
                                                                  index_t n) {
     const auto offsets = host_offsets(be, ws, r, E);
-    be.zero(sp(sc + s.dwp, n * Kp));
-    for (int m = 0; m < modules; ++m) {
-      const index_t o = offsets[m], nm = offsets[m + 1] - offsets[m];
-      if (nm == 0) continue;
-      const MatrixView<T> dy = mv(sc + s.dy + o * d, nm, d);
-      be.zero(dy.flat());
-      be.scatter_add_rows_backward(dy, sp(sc + s.dwp + o, nm), MatrixView<const T>(dres), cmv(ws + y_off + o * d, nm, d),
-                                   sp<const token_t>(toks(ws, r.row_token) + o, nm), sp(ws + r.wpacked + o, nm));
-    }
+    dispatch::weighted_scatter_backward(be, ws, r, y_off, offsets, modules, MatrixView<const T>(dres), sc + s.dy,
+                                              sc + s.dwp, n, Kp);
     return offsets;
   }
 
@@ -534,11 +467,16 @@ struct Executor<GRU, A, D> {
     }
   }
 
-  // ---- routing read-back (statistics, realised FLOPs) -------------------------------------
-  // Round h's picks of the attention (is_ffn = false) or FFN router: n×K module ids, SKIP = N.
+  // ---- routing read-back (statistics, realised FLOPs; ReportsRouting) ---------------------
+  // Two router families: 0 attention, 1 FFN.
+  static constexpr int routing_routers = 2;
+  static constexpr RoutingInfo routing_info(int router) {
+    return router == 0 ? RoutingInfo{"attn", EA, Hn, Kp, Set::has_skip} : RoutingInfo{"ffn", EF, Hn, Kp, Set::has_skip};
+  }
+  // Round h's picks of the attention (router 0) or FFN (router 1) router: n×K module ids, SKIP = N.
   template <class Be, class T>
-  static void read_picks(Be& be, const T* ws, const Plan& plan, int h, bool is_ffn, index_t n, std::span<token_t> out) {
-    const RouterSaved& r = is_ffn ? plan.round[h].rf : plan.round[h].ra;
+  static void read_picks(Be& be, const T* ws, const Plan& plan, int h, int router, index_t n, std::span<token_t> out) {
+    const RouterSaved& r = router == 1 ? plan.round[h].rf : plan.round[h].ra;
     be.to_host(out, std::span<const token_t>(toks(ws, r.picks), std::size_t(n * Kp)));
   }
 };

@@ -22,6 +22,26 @@ struct MoM {
   };
 };
 
+// φ_MoE (paper eq. (11)): step h runs attention module h densely (as a vanilla layer) and
+// φ_MoM's FFN assembly over the experts M_h of step h (Experts<FFN, E, PerStep>: layer h's own E;
+// FFN<E>: the E experts every step shares), K picked per token, SKIP a no-op expert (MoDE
+// integrated). Executed by Router<TopK<...>> (assembly/moe.hpp).
+struct MoE {
+  static constexpr bool is_phi = true;
+  template <class Set, int k, int h>
+  struct Verify {
+    static constexpr bool steps_ok = Set::n_attention == 0 || h == Set::n_attention;
+    static constexpr bool k_ok = Set::ffn_choices == 0 || k <= Set::selectable_ffn;
+    static_assert(steps_ok,
+                  "mom::phi::MoE runs attention module h at step h: H must equal the number of MHA modules, as in "
+                  "Assembly<Router<TopK<Softmax>>, ModuleSet<MHA<L>, Experts<FFN, E, PerStep>>, K<2>, H<L>, phi::MoE>");
+    static_assert(!steps_ok || k_ok,
+                  "mom::phi::MoE: K is larger than the number of experts per step (E of FFN<E> or "
+                  "Experts<FFN, E, PerStep>, plus Skip)");
+    static constexpr bool ok = steps_ok && k_ok;
+  };
+};
+
 }  // namespace mom::phi
 
 namespace mom {

@@ -25,12 +25,15 @@ enum class Init : unsigned char { Normal, ResidualNormal, Zero, One };
 
 // A tensor as a module declares it: the name below its layer ("attn.w_qkv"), the layer it
 // belongs to (-1 for model-level tensors such as "wte"), its shape and its initialisation.
+// An expert of a per-layer expert set (Experts<FFN, E, PerStep>) also carries its index in the
+// layer: "h.<layer>.expert.<expert>.<suffix>".
 struct TensorSpec {
   std::string_view suffix;
   index_t layer = -1;
   index_t rows = 0;
   index_t cols = 0;
   Init init = Init::Normal;
+  index_t expert = -1;
   constexpr index_t size() const { return rows * cols; }
 };
 
@@ -40,9 +43,19 @@ constexpr index_t decimal_digits(index_t v) {
   while (v >= 10) v /= 10, ++n;
   return n;
 }
-// Full name of a spec: "h.<layer>.<suffix>" or just "<suffix>".
+// Full name of a spec: "h.<layer>.[expert.<expert>.]<suffix>" or just "<suffix>".
+inline constexpr std::string_view expert_prefix = "expert.";
 constexpr index_t name_length(const TensorSpec& s) {
-  return (s.layer >= 0 ? 3 + decimal_digits(s.layer) : 0) + static_cast<index_t>(s.suffix.size());
+  return (s.layer >= 0 ? 3 + decimal_digits(s.layer) : 0) +
+         (s.expert >= 0 ? index_t(expert_prefix.size()) + decimal_digits(s.expert) + 1 : 0) +
+         static_cast<index_t>(s.suffix.size());
+}
+// Writes v in decimal at out[at..], returns the position after it.
+template <std::size_t C>
+constexpr std::size_t write_decimal(std::array<char, C>& out, std::size_t at, index_t v) {
+  const index_t digits = decimal_digits(v);
+  for (index_t i = digits - 1; i >= 0; --i, v /= 10) out[at + static_cast<std::size_t>(i)] = char('0' + v % 10);
+  return at + static_cast<std::size_t>(digits);
 }
 template <std::size_t N>
 constexpr std::size_t total_name_chars(const std::array<TensorSpec, N>& specs) {
@@ -59,10 +72,12 @@ constexpr std::array<char, Chars + 1> build_names(const std::array<TensorSpec, N
     if (s.layer >= 0) {
       out[at++] = 'h';
       out[at++] = '.';
-      const index_t digits = decimal_digits(s.layer);
-      index_t v = s.layer;
-      for (index_t i = digits - 1; i >= 0; --i, v /= 10) out[at + static_cast<std::size_t>(i)] = char('0' + v % 10);
-      at += static_cast<std::size_t>(digits);
+      at = write_decimal(out, at, s.layer);
+      out[at++] = '.';
+    }
+    if (s.expert >= 0) {
+      for (char c : expert_prefix) out[at++] = c;
+      at = write_decimal(out, at, s.expert);
       out[at++] = '.';
     }
     for (char c : s.suffix) out[at++] = c;

@@ -26,7 +26,8 @@ std::string module_set_name() {
   std::string s = "ModuleSet<";
   const char* sep = "";
   if (Set::n_attention > 0) s += sep + ("MHA<" + std::to_string(Set::n_attention) + ">"), sep = ", ";
-  if (Set::n_ffn > 0) s += sep + ("FFN<" + std::to_string(Set::n_ffn) + ">"), sep = ", ";
+  if (Set::experts_per_step) s += sep + ("Experts<FFN, " + std::to_string(Set::ffn_choices) + ", PerStep>"), sep = ", ";
+  else if (Set::n_ffn > 0) s += sep + ("FFN<" + std::to_string(Set::n_ffn) + ">"), sep = ", ";
   if (Set::has_skip) s += sep + std::string("Skip");
   return s + ">";
 }
@@ -71,8 +72,9 @@ std::string assembly_name() {
     std::string router(Policy::name);
     if constexpr (requires { Policy::label(); }) router = Policy::label();  // e.g. Share<Cycle<2>>
     router += router_options_name<typename A::router>();  // e.g. GRU, Width<64>
+    const std::string phi = std::is_same_v<typename A::phi_type, phi::MoE> ? ", phi::MoE" : "";
     std::string s = "Assembly<Router<" + router + ">, " + module_set_name<Set>() + ", K<" + std::to_string(A::k) +
-                    ">, H<" + std::to_string(A::h) + ">>";
+                    ">, H<" + std::to_string(A::h) + ">" + phi + ">";
     // A fixed step -> module map (parameter sharing, eq. (10)): c_share(h) for every step.
     if constexpr (requires { Policy::template step_map<A::h>(); }) {
       s += " c_share=";

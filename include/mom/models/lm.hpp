@@ -32,17 +32,22 @@
 #include "mom/modules/mha.hpp"
 #include "mom/modules/ffn.hpp"
 #include "mom/modules/skip.hpp"
+#include "mom/modules/experts.hpp"
 #include "mom/modules/module_set.hpp"
 #include "mom/routers/router.hpp"
+#include "mom/routers/options.hpp"
 #include "mom/routers/sequential.hpp"
 #include "mom/routers/gru.hpp"
 #include "mom/routers/share.hpp"
+#include "mom/routers/topk.hpp"
 #include "mom/assembly/phi.hpp"
 #include "mom/assembly/assembly.hpp"
 #include "mom/assembly/chunked.hpp"
 #include "mom/assembly/sequential.hpp"
+#include "mom/assembly/grouped_dispatch.hpp"
 #include "mom/assembly/mom.hpp"
 #include "mom/assembly/share.hpp"
+#include "mom/assembly/moe.hpp"
 
 namespace mom {
 

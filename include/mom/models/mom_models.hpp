@@ -55,7 +55,7 @@ template <class Chunk>
 using MoMLargeLM = LM<gpt2_large, MoMLarge<Chunk>>;
 
 // Forward FLOPs the last forward of `m` executed: the routed parts for their realised routing
-// (Executor<GRU>::routed_flops), every other part and the LM head at the cost model's figure.
+// (routed_flops of every executor that ReportsRouting: MoM, MoE), every other part and the LM head at the cost model's figure.
 template <class Instance>
 index_t realised_forward_flops(Instance& m) {
   using Model = typename Instance::model_type;
@@ -67,11 +67,11 @@ index_t realised_forward_flops(Instance& m) {
     (
         [&] {
           using E = Es;
-          if constexpr (requires { E::has_aux_loss; }) {
+          if constexpr (ReportsRouting<E>) {
             const auto& plan = std::get<is>(m.plan().parts);
-            total += E::routed_flops(batch, seq, [&](int h, bool is_ffn) {
-              picks.resize(std::size_t(n * E::Kp));
-              E::read_picks(m.backend(), m.workspace_data(), plan, h, is_ffn, n, std::span<token_t>(picks));
+            total += E::routed_flops(batch, seq, [&](int h, int router) {
+              picks.resize(std::size_t(n * E::routing_info(router).k));
+              E::read_picks(m.backend(), m.workspace_data(), plan, h, router, n, std::span<token_t>(picks));
               return std::span<const token_t>(picks);
             });
           } else {

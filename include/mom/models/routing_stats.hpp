@@ -1,6 +1,8 @@
 #pragma once
-// Routing statistics of the GRU-routed chunks (paper Appendix D.2, Fig. 6): per router (each
-// chunk has one for attention and one for FFN), how often each of the N + 1 classes (SKIP last)
+// Routing statistics of the routed parts (paper Appendix D.2, Fig. 6), for every executor that
+// ReportsRouting (assembly/assembly.hpp): per router family (a MoM chunk has one for attention and
+// one for FFN; a MoE part one for its FFN experts, a step per layer), how often each of the
+// N + 1 classes (SKIP last)
 // was picked in each round, and the (N+1)×(N+1) transition counts between consecutive rounds:
 // for every token and every pair (a picked in round h, b picked in round h+1), count[a][b] += 1
 // (K² pairs per token and step when K > 1). Accumulate after forwards (evaluation), then write
@@ -41,33 +43,34 @@ struct RoutingStats {
     [&]<class... Es, std::size_t... is>(TypeList<Es...>, std::index_sequence<is...>) {
       ([&] {
         using E = Es;
-        if constexpr (requires { E::has_aux_loss; }) {
-          for (bool ffn : {false, true}) {
-            const int classes = ffn ? E::EF : E::EA;
+        if constexpr (ReportsRouting<E>) {
+          for (int which = 0; which < E::routing_routers; ++which) {
+            const RoutingInfo info = E::routing_info(which);
+            const int classes = info.classes;
             if (routers.size() <= at) {
               Router r;
-              r.name = "part" + std::to_string(is) + (ffn ? ".ffn" : ".attn");
+              r.name = "part" + std::to_string(is) + "." + info.name;
               r.classes = classes;
-              r.rounds = E::Hn;
-              r.k = E::Kp;
-              r.skip = E::Set::has_skip;
-              r.usage.assign(std::size_t(E::Hn * classes), 0);
+              r.rounds = info.steps;
+              r.k = info.k;
+              r.skip = info.skip;
+              r.usage.assign(std::size_t(info.steps * classes), 0);
               r.transitions.assign(std::size_t(classes * classes), 0);
               routers.push_back(std::move(r));
             }
             Router& r = routers[at++];
             r.tokens += n;
-            prev.resize(std::size_t(n * E::Kp));
-            cur.resize(std::size_t(n * E::Kp));
-            for (int h = 0; h < E::Hn; ++h) {
-              E::read_picks(m.backend(), m.workspace_data(), std::get<is>(m.plan().parts), h, ffn, n, std::span(cur));
+            prev.resize(std::size_t(n * info.k));
+            cur.resize(std::size_t(n * info.k));
+            for (int h = 0; h < info.steps; ++h) {
+              E::read_picks(m.backend(), m.workspace_data(), std::get<is>(m.plan().parts), h, which, n, std::span(cur));
               for (token_t c : cur) ++r.usage[std::size_t(h * classes + c)];
               if (h > 0)
                 for (index_t t = 0; t < n; ++t)
-                  for (int a = 0; a < E::Kp; ++a)
-                    for (int b = 0; b < E::Kp; ++b)
-                      ++r.transitions[std::size_t(prev[std::size_t(t * E::Kp + a)] * classes +
-                                                  cur[std::size_t(t * E::Kp + b)])];
+                  for (int a = 0; a < info.k; ++a)
+                    for (int b = 0; b < info.k; ++b)
+                      ++r.transitions[std::size_t(prev[std::size_t(t * info.k + a)] * classes +
+                                                  cur[std::size_t(t * info.k + b)])];
               std::swap(prev, cur);
             }
           }

@@ -4,13 +4,15 @@
 // written ModuleSet<MHA<N_A>, FFN<N_F>, Skip>. Storage order of the parameters: module
 // index i = 0..depth-1, attention module i then FFN module i, each under the name "h.<i>",
 // so a module set built from the L layers of a dense model keeps their names (warm start,
-// paper §3.4).
+// paper §3.4). With Experts<FFN, E, PerStep> (Mixture-of-Experts, eq. (11)) layer i holds
+// attention module i then its E experts "h.<i>.expert.<e>.*".
 #include <algorithm>
 #include <array>
 #include <cstddef>
 #include <type_traits>
 
 #include "mom/core/meta.hpp"
+#include "mom/modules/experts.hpp"
 #include "mom/modules/ffn.hpp"
 #include "mom/modules/mha.hpp"
 #include "mom/modules/skip.hpp"
@@ -40,6 +42,17 @@ inline constexpr bool is_module_family = ModuleFamily<F>;
 
 template <class F>
 constexpr bool family_count_ok() {
+  if constexpr (is_per_step_experts<F>) {
+    return true;  // Experts checks its own E, with its own message
+  } else if constexpr (ModuleFamily<F>) {
+    return F::count >= 1;
+  } else {
+    return true;
+  }
+}
+// N >= 1 for every family (Experts included), for `valid`.
+template <class F>
+constexpr bool family_nonempty() {
   if constexpr (ModuleFamily<F>) {
     return F::count >= 1;
   } else {
@@ -68,20 +81,29 @@ struct ModuleSet {
                 "mom::ModuleSet: needs at least one computing module (MHA<N> or FFN<N>), not only Skip");
 
   static constexpr bool valid =
-      sizeof...(Fs) > 0 && n_computing > 0 && (ModuleFamily<Fs> && ...) && (detail::family_count_ok<Fs>() && ...) &&
+      sizeof...(Fs) > 0 && n_computing > 0 && (ModuleFamily<Fs> && ...) && (detail::family_nonempty<Fs>() && ...) &&
       (0 + ... + detail::family_occurrences<Fs, ModuleKind::Attention>()) <= 1 &&
       (0 + ... + detail::family_occurrences<Fs, ModuleKind::FeedForward>()) <= 1 &&
       (0 + ... + detail::family_occurrences<Fs, ModuleKind::Skip>()) <= 1;
 
   static constexpr int n_attention = (0 + ... + detail::family_count<Fs, ModuleKind::Attention>());
-  static constexpr int n_ffn = (0 + ... + detail::family_count<Fs, ModuleKind::FeedForward>());
+  // Experts<FFN, E, PerStep>: E experts for each of the n_attention steps.
+  static constexpr bool experts_per_step = (is_per_step_experts<Fs> || ...);
+  // FFN modules one step chooses among: E per step, or the whole flat family FFN<N>.
+  static constexpr int ffn_choices = (0 + ... + detail::family_count<Fs, ModuleKind::FeedForward>());
+  static constexpr int n_ffn = experts_per_step ? ffn_choices * n_attention : ffn_choices;
   static constexpr bool has_skip = (0 + ... + detail::family_count<Fs, ModuleKind::Skip>()) > 0;
   // Number of layer names the set's parameters occupy ("h.<base>" .. "h.<base+depth-1>").
-  static constexpr int depth = std::max(n_attention, n_ffn);
+  static constexpr int depth = experts_per_step ? n_attention : std::max(n_attention, n_ffn);
   // Modules a router can choose among for one module type, SKIP included (paper §3.1: an
   // (N_X + 1)-way distribution when SKIP is in the set).
   static constexpr int selectable_attention = n_attention + (has_skip ? 1 : 0);
-  static constexpr int selectable_ffn = n_ffn + (has_skip ? 1 : 0);
+  static constexpr int selectable_ffn = ffn_choices + (has_skip ? 1 : 0);
+  // FFN modules stored under layer name i.
+  static constexpr int ffn_in_layer(int i) {
+    if (experts_per_step) return i < n_attention ? ffn_choices : 0;
+    return i < n_ffn ? 1 : 0;
+  }
 
   template <Dims D>
   using attention = modules::Attention<D>;
@@ -97,12 +119,14 @@ struct ModuleSet {
   template <Dims D>
   static constexpr index_t attention_offset(int i) {
     index_t at = 0;
-    for (int j = 0; j < i; ++j) at += (j < n_attention ? attention<D>::params : 0) + (j < n_ffn ? ffn<D>::params : 0);
+    for (int j = 0; j < i; ++j) at += (j < n_attention ? attention<D>::params : 0) + ffn_in_layer(j) * ffn<D>::params;
     return at;
   }
+  // FFN module i (with per-step experts: expert i % E of layer i / E).
   template <Dims D>
   static constexpr index_t ffn_offset(int i) {
-    return attention_offset<D>(i) + (i < n_attention ? attention<D>::params : 0);
+    const int layer = experts_per_step ? i / ffn_choices : i, e = experts_per_step ? i % ffn_choices : 0;
+    return attention_offset<D>(layer) + (layer < n_attention ? attention<D>::params : 0) + e * ffn<D>::params;
   }
 
   // Writes the set's tensor specs (storage order) to out[0 .. tensor_count).
@@ -111,8 +135,11 @@ struct ModuleSet {
     for (int i = 0; i < depth; ++i) {
       if (i < n_attention)
         for (const auto& t : attention<D>::tensors(layer_base + i)) *out++ = t;
-      if (i < n_ffn)
-        for (const auto& t : ffn<D>::tensors(layer_base + i)) *out++ = t;
+      for (int e = 0; e < ffn_in_layer(i); ++e)
+        for (auto t : ffn<D>::tensors(layer_base + i)) {
+          if (experts_per_step) t.expert = e;
+          *out++ = t;
+        }
     }
   }
 };

@@ -21,61 +21,20 @@
 #include <string_view>
 
 #include "mom/core/meta.hpp"
+#include "mom/routers/options.hpp"
 #include "mom/routers/router.hpp"
 
 namespace mom {
-
-template <int w>
-struct Width {
-  static constexpr int value = w;
-};
-template <long long num, long long den = 1>
-struct Temperature {
-  static constexpr long long numerator = num, denominator = den;
-  static constexpr double value = den != 0 ? double(num) / double(den) : 0.0;
-};
-template <long long num, long long den = 1>
-struct BalanceCoef {
-  static constexpr long long numerator = num, denominator = den;
-  static constexpr double value = den != 0 ? double(num) / double(den) : 0.0;
-};
-template <bool on>
-struct Renormalise {
-  static constexpr bool value = on;
-};
-
-namespace detail {
-template <class T>
-inline constexpr int gru_option_kind = 0;  // 0: not a GRU option
-template <int w>
-inline constexpr int gru_option_kind<Width<w>> = 1;
-template <long long a, long long b>
-inline constexpr int gru_option_kind<Temperature<a, b>> = 2;
-template <long long a, long long b>
-inline constexpr int gru_option_kind<BalanceCoef<a, b>> = 3;
-template <bool on>
-inline constexpr int gru_option_kind<Renormalise<on>> = 4;
-
-// The value of the option of kind `kind` among Os, or `fallback`.
-template <int kind, class Fallback, class... Os>
-struct pick_option {
-  using type = Fallback;
-};
-template <int kind, class Fallback, class O, class... Os>
-struct pick_option<kind, Fallback, O, Os...> {
-  using type = std::conditional_t<gru_option_kind<O> == kind, O, typename pick_option<kind, Fallback, Os...>::type>;
-};
-}  // namespace detail
 
 // The router configuration an option list gives (checked by GRU::Drives).
 template <class OptionList>
 struct GRUConfig;
 template <class... Os>
 struct GRUConfig<TypeList<Os...>> {
-  static constexpr bool options_known = ((detail::gru_option_kind<Os> != 0) && ...);
+  static constexpr bool options_known = ((detail::option_kind<Os> != 0) && ...);
   static constexpr bool options_unique = [] {
         int counts[5] = {0, 0, 0, 0, 0};
-        ((++counts[detail::gru_option_kind<Os>]), ...);
+        ((++counts[detail::option_kind<Os>]), ...);
         return counts[1] <= 1 && counts[2] <= 1 && counts[3] <= 1 && counts[4] <= 1;
       }();
   using width_t = typename detail::pick_option<1, Width<256>, Os...>::type;
@@ -102,7 +61,10 @@ struct GRU {
   struct Drives {
     static_assert(Set::n_attention >= 1 && Set::n_ffn >= 1,
                   "mom::Router<GRU> routes attention and FFN modules: the ModuleSet needs MHA<N> and FFN<N>");
-    static constexpr bool ok = Set::n_attention >= 1 && Set::n_ffn >= 1;
+    static_assert(!Set::experts_per_step,
+                  "mom::Router<GRU> routes one flat module set: Experts<FFN, E, PerStep> needs Router<TopK<Softmax>> "
+                  "with phi::MoE");
+    static constexpr bool ok = Set::n_attention >= 1 && Set::n_ffn >= 1 && !Set::experts_per_step;
   };
 
   // The options are checked where the router is executed (assembly/mom.hpp instantiates this).

@@ -14,11 +14,14 @@ struct Sequential {
   template <class Set, int k, int h>
   struct Drives {
     static_assert(k == 1, "mom::Router<Sequential> picks exactly one module per step: use K<1>");
+    static_assert(!Set::experts_per_step,
+                  "mom::Router<Sequential> runs one FFN per step: Experts<FFN, E, PerStep> needs Router<TopK<Softmax>> "
+                  "with phi::MoE");
     static_assert(h == Set::n_attention && h == Set::n_ffn,
                   "mom::Router<Sequential> runs module h at step h: H must equal the number of MHA and of FFN "
                   "modules, as in Assembly<Router<Sequential>, ModuleSet<MHA<L>, FFN<L>>, K<1>, H<L>>");
     static_assert(!Set::has_skip, "mom::Router<Sequential> never picks Skip: remove Skip from the ModuleSet");
-    static constexpr bool ok = k == 1 && h == Set::n_attention && h == Set::n_ffn && !Set::has_skip;
+    static constexpr bool ok = k == 1 && !Set::experts_per_step && h == Set::n_attention && h == Set::n_ffn && !Set::has_skip;
   };
 };
 

@@ -1,0 +1,286 @@
+#pragma once
+// Executor of Assembly<Router<TopK<Softmax>, ...>, ModuleSet<MHA<L>, Experts<FFN, E, PerStep> | FFN<E>
+// [, Skip]>, K<k>, H<L>, phi::MoE>: Mixture-of-Experts, the paper's eq. (11) (§3.5), as in Mixtral.
+//
+// Step h = 0..L-1, for every token t (x_0 = the part's input):
+//   u_h     = x_h + m^A_h(x_h)                                      attention module h, densely
+//   r_h     = top-K(softmax(W_h LN_h(u_h) / tau)), renormalised       Router<TopK<Softmax>> of step h
+//   x_{h+1} = u_h + Σ_{e ∈ K_h, e ≠ S} r_{h,e} · m^F_{h,e}(u_h)        φ_MoM's FFN assembly over M_h (eq. (6))
+// M_h = layer h's own E experts (Experts<FFN, E, PerStep>: MoE) or the E experts all layers share
+// (FFN<E>: MoE(share)); with Skip in the set, SKIP is one more class of the router (the last): a
+// no-op expert (MoDE integrated, MoD paper §4.3) whose pick adds nothing. Each step has its own
+// router (W_h, LN_h) also when the experts are shared. Each step's Switch balance loss over its
+// C = E (+1) classes is added to the model loss.
+//
+// The FFN step is MoEStep below: a function over arbitrary rows [rows × d] (its own routing,
+// grouped dispatch through assembly/grouped_dispatch.hpp, shared with the MoM executor), usable
+// on a packed subset of tokens (MoDE staged).
+#include <algorithm>
+#include <array>
+#include <type_traits>
+
+#include "mom/assembly/assembly.hpp"
+#include "mom/assembly/grouped_dispatch.hpp"
+#include "mom/assembly/phi.hpp"
+#include "mom/modules/ffn.hpp"
+#include "mom/modules/mha.hpp"
+#include "mom/routers/topk.hpp"
+
+namespace mom {
+
+// One MoE FFN step over `rows` rows: out = in + Σ_{e picked} r_e · expert_e(in), with a top-K
+// softmax router (own LayerNorm, W [C × d], no bias) over E experts plus SKIP when Skip.
+// Parameters: the router block at p + router_offset (ln.w, ln.b, w), expert e at
+// p + expert_offset[e] (a modules::FeedForward<D> block). Workspace: Plan from plan(arena, rows).
+//
+//   using Step = MoEStep<D, E, K, skip, TopKConfig<TypeList<>>>;
+//   Step::Plan sp = Step::plan(arena, rows);                  // (rows: the most you will pass)
+//   Step::forward(be, p, router_off, expert_offs, ws, sp, in, out);          // out = in + MoE(in)
+//   T aux = be.read(ws + sp.sel.loss);                        // add to the loss (the balance loss)
+//   Step::backward(be, p, g, router_off, expert_offs, ws, sp, in, dres, scratch);  // dres: dL/dout -> dL/din
+// `in` and `out` must not alias; the rows of `in` are independent tokens (no attention inside).
+template <Dims D, int E, int Kp, bool Skip, class Cfg>
+struct MoEStep {
+  using RoutedFfn = dispatch::RoutedFfn<D>;
+  using Ffn = modules::FeedForward<D>;
+  static constexpr int experts = E;
+  static constexpr int C = E + (Skip ? 1 : 0);       // router classes, SKIP last (class E)
+  static constexpr int real_k = Kp < E ? Kp : E;     // picks that can land on an expert
+  static constexpr index_t d = D.d_model, f = D.ff();
+
+  // ---- the router's parameters ------------------------------------------------------------
+  static constexpr index_t o_ln_w = 0, o_ln_b = d, o_w = 2 * d, router_params = 2 * d + C * d;
+  static constexpr std::array<TensorSpec, 3> router_tensors(index_t layer) {
+    return {{{"router.ln.w", layer, 1, d, Init::One},
+             {"router.ln.b", layer, 1, d, Init::Zero},
+             {"router.w", layer, C, d, Init::Normal}}};
+  }
+
+  // ---- cost per row: the router's product, real_k experts at most -------------------------
+  static constexpr index_t router_flops_per_token() { return 2 * d * C; }
+  static constexpr index_t flops_per_token() { return router_flops_per_token() + real_k * Ffn::flops_per_token(0); }
+  static constexpr index_t backward_flops_per_token() {
+    return 2 * router_flops_per_token() + real_k * Ffn::backward_flops_per_token(0);
+  }
+  // Forward FLOPs for a realised routing: picks [rows·K] class ids (SKIP = E) on the host.
+  static index_t routed_flops(index_t rows, std::span<const token_t> picks) {
+    index_t total = rows * router_flops_per_token();
+    for (token_t c : picks)
+      if (c < E) total += Ffn::flops_per_token(0);
+    return total;
+  }
+
+  // ---- workspace --------------------------------------------------------------------------
+  struct Plan {
+    index_t ln = 0, mean = 0, rstd = 0;  // the router's LayerNorm
+    dispatch::Selection sel{};
+    typename RoutedFfn::Saved ffn{};
+  };
+  static constexpr Plan plan(Arena& a, index_t rows) {
+    Plan p{};
+    p.ln = a.take(rows * d);
+    p.mean = a.take(rows);
+    p.rstd = a.take(rows);
+    p.sel = dispatch::plan_selection(a, rows, Kp, C);
+    p.ffn = RoutedFfn::plan(a, rows * Kp);
+    return p;
+  }
+  struct Scratch {
+    index_t dy, dwp, dws, dlogits, dln, ffn, total;
+  };
+  static constexpr Scratch scratch_plan(index_t rows) {
+    Arena a;
+    Scratch s{};
+    s.dy = a.take(rows * Kp * d);
+    s.dwp = a.take(rows * Kp);
+    s.dws = a.take(rows * Kp);
+    s.dlogits = a.take(rows * C);
+    s.dln = a.take(rows * d);
+    s.ffn = a.take(RoutedFfn::scratch(rows * Kp));
+    s.total = a.used;
+    return s;
+  }
+  static constexpr index_t scratch(index_t rows) { return scratch_plan(rows).total; }
+
+  // ---- forward / backward -----------------------------------------------------------------
+  template <class Be, class T>
+  static void forward(Be& be, const T* p, index_t router_offset, const std::array<index_t, E>& expert_offset, T* ws,
+                      const Plan& s, MatrixView<const T> in, MatrixView<T> out) {
+    using detail::mat, detail::vec;
+    const index_t rows = in.rows;
+    const T* pr = p + router_offset;
+    // Router: z = LN_r(in), logits = W z (into probs), softmax / top-K / groups / balance loss.
+    const MatrixView<T> z{ws + s.ln, rows, d};
+    be.layernorm_forward(z, vec(ws, s.mean, rows), vec(ws, s.rstd, rows), in, vec(pr, o_ln_w, d), vec(pr, o_ln_b, d));
+    be.linear_forward(MatrixView<T>{ws + s.sel.probs, rows, C}, MatrixView<const T>(z), mat(pr, o_w, C, d),
+                      std::span<const T>{});
+    dispatch::select_forward(be, ws, s.sel, rows, Kp, C, T(1.0 / Cfg::temperature), Cfg::renormalise,
+                             T(Cfg::balance_coef));
+    // Experts over exactly their groups (eq. (6)); SKIP's group (class E) is never touched.
+    const auto offsets = dispatch::host_offsets<C>(be, ws, s.sel, C);
+    be.copy(out.flat(), std::span<const T>(in.data, std::size_t(rows * d)));
+    dispatch::RoutedFfn<D>::forward(be, p, ws, s.ffn, s.sel, offsets, E, [&](int e) { return expert_offset[e]; }, in,
+                                    out);
+  }
+
+  // dres [rows × d] holds dL/dout on entry and dL/din on exit (the residual path is the identity).
+  // The weighted scatter-adds read dres first; then the router and the experts accumulate into it.
+  template <class Be, class T>
+  static void backward(Be& be, const T* p, T* g, index_t router_offset, const std::array<index_t, E>& expert_offset,
+                       const T* ws, const Plan& s, MatrixView<const T> in, MatrixView<T> dres, T* scratch) {
+    using detail::mat, detail::vec;
+    const index_t rows = in.rows;
+    const Scratch sc = scratch_plan(rows);
+    const auto offsets = dispatch::host_offsets<C>(be, ws, s.sel, C);
+    dispatch::weighted_scatter_backward(be, ws, s.sel, s.ffn.y, offsets, E, MatrixView<const T>(dres), scratch + sc.dy,
+                                        scratch + sc.dwp, rows, Kp);
+    // Router: dlogits through top-K / softmax (+ the balance loss), then W and LN_r.
+    const T* pr = p + router_offset;
+    T* gr = g + router_offset;
+    const MatrixView<T> dlogits{scratch + sc.dlogits, rows, C}, dz{scratch + sc.dln, rows, d};
+    dispatch::select_backward(be, ws, s.sel, rows, Kp, C, T(1.0 / Cfg::temperature), Cfg::renormalise,
+                              std::span<const T>(scratch + sc.dwp, std::size_t(rows * Kp)),
+                              std::span<T>(scratch + sc.dws, std::size_t(rows * Kp)), dlogits);
+    be.zero(dz.flat());
+    be.linear_backward(dz, mat(gr, o_w, C, d), std::span<T>{}, MatrixView<const T>(dlogits),
+                       MatrixView<const T>{ws + s.ln, rows, d}, mat(pr, o_w, C, d));
+    be.layernorm_backward(dres, vec(gr, o_ln_w, d), vec(gr, o_ln_b, d), MatrixView<const T>(dz), in,
+                          vec(ws, s.mean, rows), vec(ws, s.rstd, rows), vec(pr, o_ln_w, d));
+    // Experts: parameter gradients, input gradients scatter-added into dres.
+    dispatch::RoutedFfn<D>::backward(be, p, g, ws, s.ffn, s.sel, offsets, E, [&](int e) { return expert_offset[e]; },
+                                     scratch + sc.dy, dres, scratch + sc.ffn);
+  }
+
+  // The picks of the last forward: rows×K class ids (SKIP = E), on the host.
+  template <class Be, class T>
+  static void read_picks(Be& be, const T* ws, const Plan& s, index_t rows, std::span<token_t> out) {
+    be.to_host(out, std::span<const token_t>(dispatch::toks(ws, s.sel.picks), std::size_t(rows * Kp)));
+  }
+};
+
+template <class A, Dims D>
+struct Executor<TopK<Softmax>, A, D> {
+  using Set = typename A::module_set;
+  using Cfg = TopKConfig<typename A::router::options>;
+  // Reading ok instantiates the option checks (their static_asserts carry the messages).
+  static constexpr bool options_ok = TopK<Softmax>::VerifyOptions<typename A::router::options>::ok;
+  static_assert(std::is_same_v<typename A::phi_type, phi::MoE>,
+                "mom::Router<TopK<Softmax>> assembles with phi::MoE: write Assembly<Router<TopK<Softmax>>, "
+                "ModuleSet<MHA<L>, Experts<FFN, E, PerStep>>, K<2>, H<L>, phi::MoE>");
+  using Attn = modules::Attention<D>;
+  static constexpr int L = A::h, E = Set::ffn_choices, Kp = A::k, Hn = L;
+  static constexpr bool shared_experts = !Set::experts_per_step;
+  using Step = MoEStep<D, E, Kp, Set::has_skip, Cfg>;
+  static constexpr int C = Step::C;
+  static constexpr index_t d = D.d_model;
+
+  // ---- parameters: the module set (names h.<base+i>.*), then one router per step ------------
+  static constexpr index_t router_base = Set::template params<D>;
+  static constexpr index_t router_offset(int h) { return router_base + h * Step::router_params; }
+  // Step h's experts: layer h's own (Experts<FFN, E, PerStep>) or the shared FFN<E>.
+  static constexpr std::array<index_t, E> expert_offsets(int h) {
+    std::array<index_t, E> out{};
+    for (int e = 0; e < E; ++e) out[e] = Set::template ffn_offset<D>(shared_experts ? e : h * E + e);
+    return out;
+  }
+  static constexpr std::array<std::array<index_t, E>, L> experts_of = [] {
+    std::array<std::array<index_t, E>, L> out{};
+    for (int h = 0; h < L; ++h) out[h] = expert_offsets(h);
+    return out;
+  }();
+  static constexpr std::size_t tensor_count = Set::tensor_count + (options_ok ? 3 : 3) * std::size_t(L);
+  static constexpr index_t params = router_offset(L);
+  static constexpr index_t router_params = L * Step::router_params;
+
+  // Router tensors: h.<base + h>.router.{ln.w, ln.b, w}.
+  static constexpr void specs(TensorSpec* out, index_t layer_base) {
+    Set::template specs<D>(out, layer_base);
+    out += Set::tensor_count;
+    for (int h = 0; h < L; ++h)
+      for (const auto& t : Step::router_tensors(layer_base + h)) *out++ = t;
+  }
+
+  // ---- cost model -------------------------------------------------------------------------
+  // Worst case per token: every step its attention, its router and K experts (no SKIP picked).
+  static constexpr index_t flops_per_token(index_t seq) { return L * (Attn::flops_per_token(seq) + Step::flops_per_token()); }
+  static constexpr index_t backward_flops_per_token(index_t seq) {
+    return L * (Attn::backward_flops_per_token(seq) + Step::backward_flops_per_token());
+  }
+  // Forward FLOPs for a realised routing: picks(h, 0) gives step h's n×K class ids on the host.
+  template <class Picks>
+  static index_t routed_flops(index_t batch, index_t seq, Picks&& picks) {
+    const index_t n = batch * seq;
+    index_t total = 0;
+    for (int h = 0; h < L; ++h) total += n * Attn::flops_per_token(seq) + Step::routed_flops(n, picks(h, 0));
+    return total;
+  }
+
+  // ---- workspace --------------------------------------------------------------------------
+  struct Plan {
+    std::array<typename Attn::Saved, L> attn{};
+    std::array<index_t, L> u{};
+    std::array<typename Step::Plan, L> step{};
+    std::array<index_t, L> x_next{};
+    index_t aux = 0;  // the balance losses of all steps (written by forward)
+  };
+  static constexpr bool has_aux_loss = true;
+  static constexpr Plan plan(Arena& a, index_t batch, index_t seq) {
+    const index_t n = batch * seq;
+    Plan p{};
+    for (int h = 0; h < L; ++h) {
+      p.attn[h] = Attn::plan(a, batch, seq);
+      p.u[h] = a.take(n * d);
+      p.step[h] = Step::plan(a, n);
+      p.x_next[h] = a.take(n * d);
+    }
+    p.aux = a.take(1);
+    return p;
+  }
+  // Scratch: the attention output f(x) in forward; the attention's or the MoE step's backward scratch.
+  static constexpr index_t scratch(index_t batch, index_t seq) {
+    return std::max({batch * seq * d, Attn::scratch(batch, seq), Step::scratch(batch * seq)});
+  }
+
+  // ---- forward / backward -------------------------------------------------------------------
+  template <class Be, class T>
+  static MatrixView<const T> forward(Be& be, const T* p, T* ws, const Plan& plan, MatrixView<const T> x, T* scratch,
+                                     index_t batch, index_t seq) {
+    const index_t n = batch * seq;
+    const MatrixView<T> fa{scratch, n, d};
+    T aux = T(0);
+    for (int h = 0; h < L; ++h) {
+      const MatrixView<T> u{ws + plan.u[h], n, d}, x_next{ws + plan.x_next[h], n, d};
+      Attn::forward(be, p + Set::template attention_offset<D>(h), ws, plan.attn[h], x, fa, batch, seq);
+      be.add_forward(u.flat(), std::span<const T>(x.data, std::size_t(n * d)), std::span<const T>(fa.flat()));  // eq. (4)
+      Step::forward(be, p, router_offset(h), experts_of[h], ws, plan.step[h], MatrixView<const T>(u), x_next);
+      aux += be.read(ws + plan.step[h].sel.loss);
+      x = x_next;
+    }
+    be.from_host(std::span<T>(ws + plan.aux, 1), std::span<const T>(&aux, 1));
+    return x;
+  }
+
+  template <class Be, class T>
+  static void backward(Be& be, const T* p, T* g, const T* ws, const Plan& plan, MatrixView<const T> x0,
+                       MatrixView<T> dres, T* scratch, index_t batch, index_t seq) {
+    const index_t n = batch * seq;
+    for (int h = L - 1; h >= 0; --h) {
+      const MatrixView<const T> u{ws + plan.u[h], n, d};
+      const MatrixView<const T> x = h == 0 ? x0 : MatrixView<const T>{ws + plan.x_next[h - 1], n, d};
+      Step::backward(be, p, g, router_offset(h), experts_of[h], ws, plan.step[h], u, dres, scratch);
+      const index_t at = Set::template attention_offset<D>(h);
+      Attn::backward(be, p + at, g + at, ws, plan.attn[h], x, dres, MatrixView<const T>(dres), scratch, batch, seq);
+    }
+  }
+
+  // ---- routing read-back (statistics, realised FLOPs; models/routing_stats.hpp) -------------
+  // One router family ("ffn"): step h's picks, n×K class ids (SKIP = E).
+  static constexpr int routing_routers = 1;
+  static constexpr RoutingInfo routing_info(int /*router*/) { return {"ffn", C, L, Kp, Set::has_skip}; }
+  template <class Be, class T>
+  static void read_picks(Be& be, const T* ws, const Plan& plan, int h, int /*router*/, index_t n, std::span<token_t> out) {
+    Step::read_picks(be, ws, plan.step[h], n, out);
+  }
+};
+
+}  // namespace mom

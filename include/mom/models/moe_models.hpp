@@ -1,0 +1,24 @@
+#pragma once
+// Mixture-of-Experts configurations (MoM paper §3.5, eq. (11); issue 6) as types:
+//
+//   MoEStack<L, E, k>        L layers, E experts per layer, top-k (Mixtral: E = 8, k = 2)
+//     = Assembly<Router<TopK<Softmax>>, ModuleSet<MHA<L>, Experts<FFN, E, PerStep>>, K<k>, H<L>, phi::MoE>
+//   MoEShareStack<L, E, k>   one set of E experts shared by all L layers (MoE(share); E = L has the
+//                            dense model's FFN parameters, under the dense model's names)
+//     = Assembly<Router<TopK<Softmax>>, ModuleSet<MHA<L>, FFN<E>>, K<k>, H<L>, phi::MoE>
+//   MoDEIntegrated<L, E, k>  MoDE, integrated (MoD paper §4.3): SKIP, a no-op expert, among each
+//                            layer's E experts
+//     = Assembly<Router<TopK<Softmax>>, ModuleSet<MHA<L>, Experts<FFN, E, PerStep>, Skip>, K<k>, H<L>, phi::MoE>
+#include "mom/assembly/moe.hpp"
+#include "mom/models/lm.hpp"
+
+namespace mom {
+
+template <int L, int E, int k = 2, class R = Router<TopK<Softmax>>>
+using MoEStack = Assembly<R, ModuleSet<MHA<L>, Experts<FFN, E, PerStep>>, K<k>, H<L>, phi::MoE>;
+template <int L, int E, int k = 2, class R = Router<TopK<Softmax>>>
+using MoEShareStack = Assembly<R, ModuleSet<MHA<L>, FFN<E>>, K<k>, H<L>, phi::MoE>;
+template <int L, int E, int k = 2, class R = Router<TopK<Softmax>>>
+using MoDEIntegrated = Assembly<R, ModuleSet<MHA<L>, Experts<FFN, E, PerStep>, Skip>, K<k>, H<L>, phi::MoE>;
+
+}  // namespace mom
