@@ -2,7 +2,7 @@
 // of the dense 8-layer model and of MoM_E / MoM_I / MoM_P on its [1-1-4-1-1] chunking (issue 5,
 // item 9), float, on cpu::Backend<float> wrapped in a timing backend.
 //
-//   bench_train_step [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share] [--routed-kv]
+//   bench_train_step [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share] [--routed-kv] [--wide]
 //
 // Issue 6 adds Mixture-of-Experts at the same dims: MoE (8 layers x 8 experts, top-2) and
 // MoE(share) (8 experts shared by the 8 layers, top-2); their "router" share is the top-K
@@ -204,6 +204,17 @@ using Be = TimingBackend<float>;
 constexpr Dims dims{.d_model = 256, .heads = 8, .d_ff = 1024, .vocab = 256, .context = 256};
 using DenseLM = LM<dims, Dense<8>>;
 
+// ---- --wide: the routing overhead at the paper's ratio of router width to d_model (issue 5) -------
+// The authors' GRU router width is 256 on GPT-2 small (d_model 768): a third of d_model. At the default
+// dims above (d_model 256) the same router width equals d_model, so the routers cost 3x more relative to
+// the modules. --wide runs dense / MoM_E / I / P with GPT-2 small's width (8 layers, byte vocabulary,
+// router width 256 as in their scripts).
+constexpr Dims wide_dims{.d_model = 768, .heads = 12, .d_ff = 3072, .vocab = 256, .context = 256};
+using WideDenseLM = LM<wide_dims, Dense<8>>;
+using WideE_LM = LM<wide_dims, Strategy_11411<MoM_E<>>>;
+using WideI_LM = LM<wide_dims, Strategy_11411<MoM_I<>>>;
+using WideP_LM = LM<wide_dims, Strategy_11411<MoM_P<>>>;
+
 struct Result {
   std::string name;
   index_t params = 0;
@@ -274,7 +285,7 @@ Result run(const char* name, index_t batch, index_t seq, int reps) {
   r.step_max_s = *std::max_element(times.begin(), times.end());
   r.fwd_flops = fwd_flops_sum / fwd_count;
   // (the cost model has backward FLOPs for plain layers only)
-  if constexpr (std::is_same_v<Model, DenseLM>) r.model_train_flops = double(Model::training_flops(batch, seq));
+  if constexpr (std::is_same_v<Model, DenseLM> || std::is_same_v<Model, WideDenseLM>) r.model_train_flops = double(Model::training_flops(batch, seq));
 
   stats.on = true;
   std::vector<double> inst;
@@ -307,21 +318,23 @@ using Share_LM = LM<dims, Assembly<Router<Share<Policy>>, ModuleSet<MHA<G>, FFN<
 using MoE_LM = LM<dims, MoEStack<8, 8, 2>>;            // 8 experts per layer, top-2 (Mixtral)
 using MoEShare_LM = LM<dims, MoEShareStack<8, 8, 2>>;  // 8 experts shared by the 8 layers, top-2
 
+
 }  // namespace
 
 int main(int argc, char** argv) {
   index_t batch = 16, seq = 256;
   int reps = 7;
   std::string only;
-  bool routed_kv = false;
+  bool routed_kv = false, wide = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--batch" && i + 1 < argc) batch = std::atoll(argv[++i]);
     else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--only" && i + 1 < argc) only = argv[++i];
     else if (a == "--routed-kv") routed_kv = true;
+    else if (a == "--wide") wide = true;
     else {
-      std::fprintf(stderr, "usage: %s [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share] [--routed-kv]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share] [--routed-kv] [--wide]\n", argv[0]);
       return 2;
     }
   }
@@ -329,7 +342,8 @@ int main(int argc, char** argv) {
 
   std::printf("bench_train_step: d_model %lld, heads %lld, d_ff %lld, vocab %lld, seq %lld, batch %lld (%lld tokens/step), "
               "float, %d OpenMP threads, median of %d steps after 2 warm-up steps\n",
-              (long long)dims.d_model, (long long)dims.heads, (long long)dims.ff(), (long long)dims.vocab,
+              (long long)(wide ? wide_dims : dims).d_model, (long long)(wide ? wide_dims : dims).heads,
+              (long long)(wide ? wide_dims : dims).ff(), (long long)dims.vocab,
               (long long)seq, (long long)batch, (long long)(batch * seq), omp_get_max_threads(), reps);
   std::printf("step = zero_grad + forward + backward + grad_norm + AdamW (clip 1.0) over all parameters; "
               "key/value semantics: %s\n\n",
@@ -340,6 +354,13 @@ int main(int argc, char** argv) {
   auto want = [&](const char* k) {
     return only.empty() || ("," + only + ",").find("," + std::string(k) + ",") != std::string::npos;
   };
+  if (wide) {  // only dense and MoM_E / I / P (default key/value semantics)
+    if (want("dense")) res.push_back(run<WideDenseLM>("dense 8 layers, d 768", batch, seq, reps));
+    if (want("E")) res.push_back(run<WideE_LM>("MoM_E (K3H1S), d 768", batch, seq, reps));
+    if (want("I")) res.push_back(run<WideI_LM>("MoM_I (K3H2S), d 768", batch, seq, reps));
+    if (want("P")) res.push_back(run<WideP_LM>("MoM_P (K2H6S), d 768", batch, seq, reps));
+    only = "-";  // nothing else
+  }
   if (want("dense")) res.push_back(run<DenseLM>("dense 8 layers", batch, seq, reps));
   if (routed_kv) {
     if (want("E")) res.push_back(run<E_LM<phi::MoMRoutedKV>>("MoM_E (K3H1S), routed KV", batch, seq, reps));
