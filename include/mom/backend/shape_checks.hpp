@@ -180,6 +180,22 @@ void attention_packed_backward_grad_shapes(CM<T> dq, CM<T> dk, CM<T> dv, CM<T> d
             " disagree with q ", shape(q), " and k ", shape(k));
 }
 
+// ---- depth routing (Mixture-of-Depths, layer-skip) --------------------------------------
+inline void select_topc_shapes(index_t n_idx, index_t n_scores, index_t batch, index_t seq) {
+  MOM_CHECK(batch > 0 && seq > 0 && n_scores == batch * seq, "select_topc_per_sequence: ", n_scores,
+            " scores for batch ", batch, " x seq ", seq);
+  MOM_CHECK(n_idx % batch == 0 && n_idx / batch <= seq, "select_topc_per_sequence: ", n_idx, " indices are not C per "
+            "sequence with 0 <= C <= seq = ", seq, " for batch ", batch);
+}
+inline void skip_select_shapes(index_t n_idx, index_t n_count, index_t n_alive, index_t n) {
+  MOM_CHECK(n_idx == n && n_count == 1 && (n_alive == 0 || n_alive == n), "skip_select: idx ", n_idx, ", count ",
+            n_count, ", alive ", n_alive, " elements for ", n, " logits (idx and alive: one per token, count: 1)");
+}
+inline void bce_logits_shapes(const char* op, index_t n_out, index_t n_logits, index_t n_targets) {
+  MOM_CHECK(n_out == 2 && n_logits == n_targets, op, ": out ", n_out, " (expected 2: loss, correct), ", n_logits,
+            " logits and ", n_targets, " targets");
+}
+
 // ---- gemm (C = op(A)·op(B); the backends' Trans enums differ, so transposition is a bool) ----
 template <class T>
 void gemm_shapes(CM<T> C, CM<T> A, bool ta, CM<T> B, bool tb) {
@@ -290,6 +306,21 @@ void adamw_step_args(CS<T> params, CS<T> grads, CS<T> m, CS<T> v, std::int64_t s
             "adamw_step: params/grads/m/v have ", params.size(), "/", grads.size(), "/", m.size(), "/", v.size(),
             " elements");
   MOM_CHECK(step >= 1, "adamw_step: step = ", step, " must be >= 1 (1-based, for bias correction)");
+}
+
+// ---- depth routing: the checks the depth branch's CPU ops (cpu/depth.hpp, dc98a76) make inline,
+// with the same messages, for the CUDA backend ---------------------------------------------------
+template <class T>
+void sigmoid_forward_shapes(CS<T> out, CS<T> x) {
+  MOM_CHECK(out.size() == x.size(), "sigmoid_forward: out has ", out.size(), " elements, x ", x.size());
+}
+template <class T>
+void sigmoid_backward_shapes(CS<T> dx, CS<T> out, CS<T> dout) {
+  MOM_CHECK(dx.size() == out.size() && dout.size() == out.size(), "sigmoid_backward: dx ", dx.size(), ", out ",
+            out.size(), ", dout ", dout.size(), " elements disagree");
+}
+inline void bce_logits_backward_grad_shapes(index_t n_dlogits, index_t n_logits) {
+  MOM_CHECK(n_dlogits == n_logits, "bce_logits_backward: dlogits has ", n_dlogits, " elements, logits ", n_logits);
 }
 
 }  // namespace mom::checks

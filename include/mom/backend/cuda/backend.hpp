@@ -27,6 +27,7 @@
 #include "mom/backend/cpu/optim.hpp"  // AdamWConfig (plain struct, no Eigen)
 #include "mom/backend/cuda/buffer.hpp"
 #include "mom/backend/cuda/check.hpp"
+#include "mom/backend/cuda/depth_kernels.hpp"
 #include "mom/backend/cuda/kernels.hpp"
 #include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
@@ -70,6 +71,7 @@ struct Backend {
   using CS = std::span<const T>;
   using Tok = std::span<const token_t>;
   using K = Kernels<T>;
+  using DK = DepthKernels<T>;
 
   static constexpr const char* name = "cuda";
 
@@ -380,6 +382,39 @@ struct Backend {
                                  k_tok.empty() ? nullptr : k_tok.data(), seq, heads);
   }
 
+  // ---- depth routing (Mixture-of-Depths, layer-skip, early-exit; cpu/depth.hpp) ---------------
+  // The same members and checks as the CPU backend's (depth branch, dc98a76). skip_select leaves the
+  // count in device memory (read it with read()); selection_mask reports a bad index at the next sync.
+  void select_topc_per_sequence(std::span<token_t> idx, CS scores, index_t batch, index_t seq) const {
+    checks::select_topc_shapes(ssize(idx), ssize(scores), batch, seq);
+    DK::select_topc_per_sequence(*ctx_, idx.data(), scores.data(), batch, seq, ssize(idx) / batch);
+  }
+  void selection_mask(S mask, Tok idx) const {
+    DK::selection_mask(*ctx_, mask.data(), ssize(mask), idx.data(), ssize(idx));
+  }
+  void skip_select(std::span<token_t> idx, std::span<token_t> count, std::span<token_t> alive, CS logits) const {
+    checks::skip_select_shapes(ssize(idx), ssize(count), ssize(alive), ssize(logits));
+    DK::skip_select(*ctx_, idx.data(), count.data(), alive.empty() ? nullptr : alive.data(), logits.data(),
+                    ssize(logits));
+  }
+  void sigmoid_forward(S out, CS x) const {
+    checks::sigmoid_forward_shapes<T>(out, x);
+    DK::sigmoid_forward(*ctx_, out.data(), x.data(), ssize(x));
+  }
+  void sigmoid_backward(S dx, CS out, CS dout) const {
+    checks::sigmoid_backward_shapes<T>(dx, out, dout);
+    DK::sigmoid_backward(*ctx_, dx.data(), out.data(), dout.data(), ssize(out));
+  }
+  void bce_logits_forward(S out, CS logits, CS targets) const {
+    checks::bce_logits_shapes("bce_logits_forward", ssize(out), ssize(logits), ssize(targets));
+    DK::bce_logits_forward(*ctx_, out.data(), logits.data(), targets.data(), ssize(logits));
+  }
+  void bce_logits_backward(S dlogits, CS logits, CS targets, T scale) const {
+    checks::bce_logits_shapes("bce_logits_backward", 2, ssize(logits), ssize(targets));
+    checks::bce_logits_backward_grad_shapes(ssize(dlogits), ssize(logits));
+    DK::bce_logits_backward(*ctx_, dlogits.data(), logits.data(), targets.data(), scale, ssize(logits));
+  }
+
   // *norm_out = sqrt(Σ g²) (double accumulation), written to device memory: no host sync.
   void grad_norm(CS grads, T* norm_out) const {
     checks::grad_norm_args<T>(grads, norm_out);
@@ -473,6 +508,7 @@ struct Backend {
       case DeviceError::topk_backward_index: op = "topk_rows_backward", what = "index"; break;
       case DeviceError::group_module: op = "group_by_module", what = "module id"; break;
       case DeviceError::group_choice: op = "group_by_choice", what = "pick"; break;
+      case DeviceError::selection_index: op = "selection_mask", what = "idx"; break;
       case DeviceError::packed_positions:
         mom::detail::fail("attention_packed: query positions must be ascending and in range; q_tok[", e[1], "] = ",
                           e[2], " (found on the device)");

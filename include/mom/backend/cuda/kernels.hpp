@@ -32,6 +32,7 @@ enum class DeviceError : int {
   group_module,
   group_choice,
   packed_positions,
+  selection_index,  // depth routing: selection_mask (depth_kernels.hpp)
 };
 
 // Per-backend state shared by the launchers: the stream, the cuBLAS handle and small device
