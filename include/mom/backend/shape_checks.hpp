@@ -4,6 +4,7 @@
 // the same message for the same bad call. Host-only, no Eigen, no CUDA. Checks that only one backend
 // needs (the CPU's host-side index scans, the CUDA kernels' head-dimension limit, ...) stay with it.
 // T is given explicitly at every call (checks::layernorm_forward_shapes<T>(...)).
+#include <cstdint>
 #include <span>
 
 #include "mom/core/check.hpp"
@@ -177,6 +178,149 @@ void attention_packed_backward_grad_shapes(CM<T> dq, CM<T> dk, CM<T> dv, CM<T> d
                 dv.cols == v.cols && dout.rows == q.rows && out.rows == q.rows && ssize(lse) == q.rows * heads,
             "attention_packed_backward: dq ", shape(dq), ", dk ", shape(dk), ", dv ", shape(dv), ", dout ", shape(dout),
             " disagree with q ", shape(q), " and k ", shape(k));
+}
+
+// ---- depth routing (Mixture-of-Depths, layer-skip) --------------------------------------
+inline void select_topc_shapes(index_t n_idx, index_t n_scores, index_t batch, index_t seq) {
+  MOM_CHECK(batch > 0 && seq > 0 && n_scores == batch * seq, "select_topc_per_sequence: ", n_scores,
+            " scores for batch ", batch, " x seq ", seq);
+  MOM_CHECK(n_idx % batch == 0 && n_idx / batch <= seq, "select_topc_per_sequence: ", n_idx, " indices are not C per "
+            "sequence with 0 <= C <= seq = ", seq, " for batch ", batch);
+}
+inline void skip_select_shapes(index_t n_idx, index_t n_count, index_t n_alive, index_t n) {
+  MOM_CHECK(n_idx == n && n_count == 1 && (n_alive == 0 || n_alive == n), "skip_select: idx ", n_idx, ", count ",
+            n_count, ", alive ", n_alive, " elements for ", n, " logits (idx and alive: one per token, count: 1)");
+}
+inline void bce_logits_shapes(const char* op, index_t n_out, index_t n_logits, index_t n_targets) {
+  MOM_CHECK(n_out == 2 && n_logits == n_targets, op, ": out ", n_out, " (expected 2: loss, correct), ", n_logits,
+            " logits and ", n_targets, " targets");
+}
+
+// ---- gemm (C = op(A)·op(B); the backends' Trans enums differ, so transposition is a bool) ----
+template <class T>
+void gemm_shapes(CM<T> C, CM<T> A, bool ta, CM<T> B, bool tb) {
+  const index_t m = ta ? A.cols : A.rows;
+  const index_t k = ta ? A.rows : A.cols;
+  const index_t kb = tb ? B.cols : B.rows;
+  const index_t n = tb ? B.rows : B.cols;
+  MOM_CHECK(k == kb && C.rows == m && C.cols == n, "gemm: C ", shape(C), " = op(A) ", shape(A), (ta ? "^T" : ""),
+            " * op(B) ", shape(B), (tb ? "^T" : ""), ": shapes do not agree");
+}
+
+// ---- elementwise: activations, residual add, axpy -----------------------------------------
+// gelu_forward / relu_forward: out = f(x).
+template <class T>
+void activation_forward_shapes(const char* op, CS<T> out, CS<T> x) {
+  MOM_CHECK(out.size() == x.size(), op, ": out has ", out.size(), " elements, x has ", x.size());
+}
+// gelu_backward / relu_backward: dx += dout · f'(x).
+template <class T>
+void activation_backward_shapes(const char* op, CS<T> dx, CS<T> x, CS<T> dout) {
+  MOM_CHECK(dx.size() == x.size() && dout.size() == x.size(), op, ": dx/x/dout have ", dx.size(), "/", x.size(), "/",
+            dout.size(), " elements");
+}
+template <class T>
+void add_forward_shapes(CS<T> out, CS<T> a, CS<T> b) {
+  MOM_CHECK(out.size() == a.size() && out.size() == b.size(), "add_forward: out/a/b have ", out.size(), "/", a.size(),
+            "/", b.size(), " elements");
+}
+template <class T>
+void axpy_shapes(CS<T> y, CS<T> x) {
+  MOM_CHECK(y.size() == x.size(), "axpy: y has ", y.size(), " elements, x has ", x.size());
+}
+
+// ---- per-row top-k and softmax (the indices of topk_rows_backward are range-checked by each backend) ----
+template <class T>
+void topk_rows_shapes(CM<T> values, MatrixView<const token_t> indices, CM<T> x) {
+  const index_t k = values.cols, N = x.cols;
+  MOM_CHECK(k >= 1 && k <= N, "topk_rows: k = ", k, " (values ", shape(values), ") must be in [1, ", N, "] for x ",
+            shape(x));
+  MOM_CHECK(values.rows == x.rows && indices.rows == x.rows && indices.cols == k, "topk_rows: values ", shape(values),
+            " and indices ", shape(indices), " must be [", x.rows, "x", k, "] for x ", shape(x));
+}
+template <class T>
+void topk_rows_backward_shapes(CM<T> dx, CM<T> dvalues, MatrixView<const token_t> indices) {
+  MOM_CHECK(dvalues.rows == dx.rows && indices.rows == dx.rows && indices.cols == dvalues.cols,
+            "topk_rows_backward: dx ", shape(dx), ", dvalues ", shape(dvalues), ", indices ", shape(indices),
+            " disagree");
+}
+template <class T>
+void softmax_rows_shapes(CM<T> y, CM<T> x) {
+  MOM_CHECK(y.rows == x.rows && y.cols == x.cols && x.cols > 0, "softmax_rows: y ", shape(y), " must match x ",
+            shape(x), " (and be non-empty)");
+}
+template <class T>
+void softmax_rows_backward_shapes(CM<T> dx, CM<T> dy, CM<T> y) {
+  MOM_CHECK(dx.rows == y.rows && dx.cols == y.cols && dy.rows == y.rows && dy.cols == y.cols,
+            "softmax_rows_backward: dx ", shape(dx), ", dy ", shape(dy), ", y ", shape(y), " must agree");
+}
+
+// ---- token dispatch (the indices themselves are range-checked by each backend) ---------------
+template <class T>
+void gather_rows_shapes(CM<T> out, CM<T> in, Tok idx) {
+  MOM_CHECK(ssize(idx) == out.rows && out.cols == in.cols, "gather_rows: out ", shape(out), ", in ", shape(in), ", ",
+            idx.size(), " indices");
+}
+template <class T>
+void scatter_add_rows_shapes(CM<T> out, CM<T> in, Tok idx, CS<T> weights) {
+  MOM_CHECK(ssize(idx) == in.rows && out.cols == in.cols, "scatter_add_rows: out ", shape(out), ", in ", shape(in),
+            ", ", idx.size(), " indices");
+  MOM_CHECK(weights.empty() || ssize(weights) == in.rows, "scatter_add_rows: ", weights.size(), " weights for in ",
+            shape(in));
+}
+template <class T>
+void scatter_add_rows_backward_shapes(CM<T> din, CS<T> dweights, CM<T> dout, CM<T> in, Tok idx, CS<T> weights) {
+  MOM_CHECK(ssize(idx) == in.rows && dout.cols == in.cols, "scatter_add_rows_backward: dout ", shape(dout), ", in ",
+            shape(in), ", ", idx.size(), " indices");
+  MOM_CHECK(din.empty() || (din.rows == in.rows && din.cols == in.cols), "scatter_add_rows_backward: din ", shape(din),
+            " must match in ", shape(in));
+  MOM_CHECK(weights.empty() || ssize(weights) == in.rows, "scatter_add_rows_backward: ", weights.size(),
+            " weights for in ", shape(in));
+  MOM_CHECK(dweights.empty() || ssize(dweights) == in.rows, "scatter_add_rows_backward: ", dweights.size(),
+            " dweights for in ", shape(in));
+}
+// group_by_choice over picks [n × K] into E classes (the picks are range-checked by each backend).
+inline void group_by_choice_shapes(Tok row_token, Tok row_slot, Tok offsets, MatrixView<const token_t> picks,
+                                   index_t E) {
+  const index_t n = picks.rows, k = picks.cols;
+  MOM_CHECK(ssize(row_token) == n * k && ssize(row_slot) == n * k && ssize(offsets) == E + 1, "group_by_choice: ",
+            row_token.size(), " / ", row_slot.size(), " rows and ", offsets.size(), " offsets for picks ", shape(picks),
+            " and ", E, " classes");
+}
+template <class T>
+void balance_loss_forward_shapes(CS<T> loss_out, CS<T> dprobs_col, CM<T> probs, Tok offsets) {
+  const index_t E = probs.cols;
+  MOM_CHECK(ssize(loss_out) == 1 && ssize(dprobs_col) == E && ssize(offsets) == E + 1,
+            "balance_loss_forward: loss_out ", loss_out.size(), ", dprobs_col ", dprobs_col.size(), ", offsets ",
+            offsets.size(), " for probs ", shape(probs));
+}
+
+// ---- optimizer -------------------------------------------------------------------------------
+template <class T>
+void grad_norm_args(CS<T> grads, const T* norm_out) {
+  MOM_CHECK(norm_out != nullptr, "grad_norm: norm_out is null (", grads.size(), " gradients)");
+}
+template <class T>
+void adamw_step_args(CS<T> params, CS<T> grads, CS<T> m, CS<T> v, std::int64_t step) {
+  MOM_CHECK(grads.size() == params.size() && m.size() == params.size() && v.size() == params.size(),
+            "adamw_step: params/grads/m/v have ", params.size(), "/", grads.size(), "/", m.size(), "/", v.size(),
+            " elements");
+  MOM_CHECK(step >= 1, "adamw_step: step = ", step, " must be >= 1 (1-based, for bias correction)");
+}
+
+// ---- depth routing: the checks the depth branch's CPU ops (cpu/depth.hpp, dc98a76) make inline,
+// with the same messages, for the CUDA backend ---------------------------------------------------
+template <class T>
+void sigmoid_forward_shapes(CS<T> out, CS<T> x) {
+  MOM_CHECK(out.size() == x.size(), "sigmoid_forward: out has ", out.size(), " elements, x ", x.size());
+}
+template <class T>
+void sigmoid_backward_shapes(CS<T> dx, CS<T> out, CS<T> dout) {
+  MOM_CHECK(dx.size() == out.size() && dout.size() == out.size(), "sigmoid_backward: dx ", dx.size(), ", out ",
+            out.size(), ", dout ", dout.size(), " elements disagree");
+}
+inline void bce_logits_backward_grad_shapes(index_t n_dlogits, index_t n_logits) {
+  MOM_CHECK(n_dlogits == n_logits, "bce_logits_backward: dlogits has ", n_dlogits, " elements, logits ", n_logits);
 }
 
 }  // namespace mom::checks

@@ -8,6 +8,7 @@
 #include <span>
 
 #include "mom/backend/cpu/eigen_map.hpp"
+#include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
 
@@ -42,7 +43,7 @@ constexpr T gelu_c = T(0.044715);
 // out = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))). Writes out (may alias x).
 template <class T>
 void gelu_forward(std::span<T> out, std::span<const T> x) {
-  MOM_CHECK(out.size() == x.size(), "gelu_forward: out has ", out.size(), " elements, x has ", x.size());
+  checks::activation_forward_shapes<T>("gelu_forward", out, x);
   constexpr T k = detail::gelu_k<T>, c = detail::gelu_c<T>;
   detail::for_chunks(ssize(x), [&](index_t o, index_t len) {
     const auto xv = detail::chunk(x, o, len);
@@ -53,8 +54,7 @@ void gelu_forward(std::span<T> out, std::span<const T> x) {
 // dx += dout · gelu'(x),  gelu'(x) = 0.5(1 + t) + 0.5·x·(1 - t²)·√(2/π)·(1 + 3·0.044715·x²), t = tanh(...).
 template <class T>
 void gelu_backward(std::span<T> dx, std::span<const T> x, std::span<const T> dout) {
-  MOM_CHECK(dx.size() == x.size() && dout.size() == x.size(), "gelu_backward: dx/x/dout have ", dx.size(), "/",
-            x.size(), "/", dout.size(), " elements");
+  checks::activation_backward_shapes<T>("gelu_backward", dx, x, dout);
   constexpr T k = detail::gelu_k<T>, c = detail::gelu_c<T>;
   detail::for_chunks(ssize(x), [&](index_t o, index_t len) {
     const auto xv = detail::chunk(x, o, len);
@@ -67,7 +67,7 @@ void gelu_backward(std::span<T> dx, std::span<const T> x, std::span<const T> dou
 // out = max(x, 0). Writes out (may alias x).
 template <class T>
 void relu_forward(std::span<T> out, std::span<const T> x) {
-  MOM_CHECK(out.size() == x.size(), "relu_forward: out has ", out.size(), " elements, x has ", x.size());
+  checks::activation_forward_shapes<T>("relu_forward", out, x);
   detail::for_chunks(ssize(x), [&](index_t o, index_t len) {
     detail::chunk(out, o, len) = detail::chunk(x, o, len).max(T(0));
   });
@@ -76,8 +76,7 @@ void relu_forward(std::span<T> out, std::span<const T> x) {
 // dx += dout where x > 0 (the subgradient at 0 is taken as 0).
 template <class T>
 void relu_backward(std::span<T> dx, std::span<const T> x, std::span<const T> dout) {
-  MOM_CHECK(dx.size() == x.size() && dout.size() == x.size(), "relu_backward: dx/x/dout have ", dx.size(), "/",
-            x.size(), "/", dout.size(), " elements");
+  checks::activation_backward_shapes<T>("relu_backward", dx, x, dout);
   detail::for_chunks(ssize(x), [&](index_t o, index_t len) {
     detail::chunk(dx, o, len) += (detail::chunk(x, o, len) > T(0)).select(detail::chunk(dout, o, len), T(0));
   });
@@ -86,8 +85,7 @@ void relu_backward(std::span<T> dx, std::span<const T> x, std::span<const T> dou
 // out = a + b (residual connection). Writes out (may alias a or b). Its backward is two accumulates.
 template <class T>
 void add_forward(std::span<T> out, std::span<const T> a, std::span<const T> b) {
-  MOM_CHECK(out.size() == a.size() && out.size() == b.size(), "add_forward: out/a/b have ", out.size(), "/", a.size(),
-            "/", b.size(), " elements");
+  checks::add_forward_shapes<T>(out, a, b);
   detail::for_chunks(ssize(out), [&](index_t o, index_t len) {
     detail::chunk(out, o, len) = detail::chunk(a, o, len) + detail::chunk(b, o, len);
   });
@@ -96,7 +94,7 @@ void add_forward(std::span<T> out, std::span<const T> a, std::span<const T> b) {
 // y += alpha · x.
 template <class T>
 void axpy(std::span<T> y, T alpha, std::span<const T> x) {
-  MOM_CHECK(y.size() == x.size(), "axpy: y has ", y.size(), " elements, x has ", x.size());
+  checks::axpy_shapes<T>(y, x);
   detail::for_chunks(ssize(y), [&](index_t o, index_t len) {
     detail::chunk(y, o, len) += alpha * detail::chunk(x, o, len);
   });

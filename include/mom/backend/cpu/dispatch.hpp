@@ -6,6 +6,7 @@
 #include <cstring>
 #include <span>
 
+#include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
 
@@ -22,8 +23,7 @@ inline void check_row_indices(const char* op, std::span<const token_t> idx, inde
 // out[i] = in[idx[i]] for i < n. Writes out [n×d]; in is [T×d].
 template <class T>
 void gather_rows(MatrixView<T> out, MatrixView<const T> in, std::span<const token_t> idx) {
-  MOM_CHECK(ssize(idx) == out.rows && out.cols == in.cols, "gather_rows: out ", shape(out), ", in ", shape(in), ", ",
-            idx.size(), " indices");
+  checks::gather_rows_shapes<T>(out, in, idx);
   detail::check_row_indices("gather_rows", idx, in.rows, shape(in));
   const index_t d = in.cols;
 #pragma omp parallel for schedule(static) if (out.rows * d > (1 << 16))
@@ -36,10 +36,7 @@ void gather_rows(MatrixView<T> out, MatrixView<const T> in, std::span<const toke
 template <class T>
 void scatter_add_rows(MatrixView<T> out, MatrixView<const T> in, std::span<const token_t> idx,
                       std::span<const T> weights) {
-  MOM_CHECK(ssize(idx) == in.rows && out.cols == in.cols, "scatter_add_rows: out ", shape(out), ", in ", shape(in),
-            ", ", idx.size(), " indices");
-  MOM_CHECK(weights.empty() || ssize(weights) == in.rows, "scatter_add_rows: ", weights.size(), " weights for in ",
-            shape(in));
+  checks::scatter_add_rows_shapes<T>(out, in, idx, weights);
   detail::check_row_indices("scatter_add_rows", idx, out.rows, shape(out));
   const index_t d = in.cols;
   constexpr index_t block = 128;
@@ -62,14 +59,7 @@ void scatter_add_rows(MatrixView<T> out, MatrixView<const T> in, std::span<const
 template <class T>
 void scatter_add_rows_backward(MatrixView<T> din, std::span<T> dweights, MatrixView<const T> dout,
                                MatrixView<const T> in, std::span<const token_t> idx, std::span<const T> weights) {
-  MOM_CHECK(ssize(idx) == in.rows && dout.cols == in.cols, "scatter_add_rows_backward: dout ", shape(dout), ", in ",
-            shape(in), ", ", idx.size(), " indices");
-  MOM_CHECK(din.empty() || (din.rows == in.rows && din.cols == in.cols), "scatter_add_rows_backward: din ", shape(din),
-            " must match in ", shape(in));
-  MOM_CHECK(weights.empty() || ssize(weights) == in.rows, "scatter_add_rows_backward: ", weights.size(),
-            " weights for in ", shape(in));
-  MOM_CHECK(dweights.empty() || ssize(dweights) == in.rows, "scatter_add_rows_backward: ", dweights.size(),
-            " dweights for in ", shape(in));
+  checks::scatter_add_rows_backward_shapes<T>(din, dweights, dout, in, idx, weights);
   detail::check_row_indices("scatter_add_rows_backward", idx, dout.rows, shape(dout));
   const index_t d = in.cols;
 #pragma omp parallel for schedule(static) if (in.rows * d > (1 << 16))

@@ -7,6 +7,7 @@
 //        use Eigen's product instead (and, with EIGEN_USE_BLAS, the BLAS it forwards to).
 // double, or a CPU with neither AVX-512 nor AVX2+FMA: Eigen's product.
 #include "mom/backend/cpu/eigen_map.hpp"
+#include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
 
@@ -34,12 +35,7 @@ void gemm_eigen(MatrixView<T> C, MatrixView<const T> A, Trans ta, MatrixView<con
 
 template <class T>
 void gemm_check(MatrixView<T> C, MatrixView<const T> A, Trans ta, MatrixView<const T> B, Trans tb) {
-  const index_t m = ta == Trans::N ? A.rows : A.cols;
-  const index_t k = ta == Trans::N ? A.cols : A.rows;
-  const index_t kb = tb == Trans::N ? B.rows : B.cols;
-  const index_t n = tb == Trans::N ? B.cols : B.rows;
-  MOM_CHECK(k == kb && C.rows == m && C.cols == n, "gemm: C ", shape(C), " = op(A) ", shape(A), (ta == Trans::T ? "^T" : ""),
-            " * op(B) ", shape(B), (tb == Trans::T ? "^T" : ""), ": shapes do not agree");
+  checks::gemm_shapes<T>(C, A, ta == Trans::T, B, tb == Trans::T);
 }
 
 #if defined(MOM_HAVE_NATIVE_GEMM)

@@ -6,6 +6,7 @@
 #include <span>
 
 #include "mom/backend/cpu/parallel.hpp"
+#include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
 
@@ -23,7 +24,7 @@ struct AdamWConfig {
 // hand it straight to adamw_step without a host round trip.
 template <class T>
 void grad_norm(std::span<const T> grads, T* norm_out) {
-  MOM_CHECK(norm_out != nullptr, "grad_norm: norm_out is null (", grads.size(), " gradients)");
+  checks::grad_norm_args<T>(grads, norm_out);
   const index_t n = ssize(grads);
   const T* g = grads.data();
   const double sum = detail::ordered_sum<double>(n, n > (1 << 16), [g](index_t begin, index_t end) {
@@ -42,10 +43,7 @@ void grad_norm(std::span<const T> grads, T* norm_out) {
 template <class T>
 void adamw_step(std::span<T> params, std::span<const T> grads, std::span<T> m, std::span<T> v, const AdamWConfig& cfg,
                 std::int64_t step, const T* grad_norm = nullptr, T max_norm = T(0)) {
-  MOM_CHECK(grads.size() == params.size() && m.size() == params.size() && v.size() == params.size(),
-            "adamw_step: params/grads/m/v have ", params.size(), "/", grads.size(), "/", m.size(), "/", v.size(),
-            " elements");
-  MOM_CHECK(step >= 1, "adamw_step: step = ", step, " must be >= 1 (1-based, for bias correction)");
+  checks::adamw_step_args<T>(params, grads, m, v, step);
   T clip = T(1);
   if (grad_norm != nullptr && max_norm > T(0) && *grad_norm > max_norm) clip = max_norm / *grad_norm;
   const T b1 = T(cfg.beta1), b2 = T(cfg.beta2), eps = T(cfg.eps);

@@ -103,10 +103,8 @@ void route_topk_backward(MatrixView<T> dlogits, MatrixView<const T> dweights, Ma
 // row_slot (their slot r*K + j in picks). offsets has E+1 entries.
 inline void group_by_choice(std::span<token_t> row_token, std::span<token_t> row_slot, std::span<token_t> offsets,
                             MatrixView<const token_t> picks, index_t E) {
+  checks::group_by_choice_shapes(row_token, row_slot, offsets, picks, E);
   const index_t n = picks.rows, k = picks.cols;
-  MOM_CHECK(ssize(row_token) == n * k && ssize(row_slot) == n * k && ssize(offsets) == E + 1, "group_by_choice: ",
-            row_token.size(), " / ", row_slot.size(), " rows and ", offsets.size(), " offsets for picks ", shape(picks),
-            " and ", E, " classes");
   std::fill(offsets.begin(), offsets.end(), token_t(0));
   for (index_t r = 0; r < n; ++r)
     for (index_t j = 0; j < k; ++j) {
@@ -133,10 +131,8 @@ inline void group_by_choice(std::span<token_t> row_token, std::span<token_t> row
 template <class T>
 void balance_loss_forward(std::span<T> loss_out, std::span<T> dprobs_col, MatrixView<const T> probs,
                           std::span<const token_t> offsets, index_t k, T coef) {
+  checks::balance_loss_forward_shapes<T>(loss_out, dprobs_col, probs, offsets);
   const index_t n = probs.rows, E = probs.cols;
-  MOM_CHECK(ssize(loss_out) == 1 && ssize(dprobs_col) == E && ssize(offsets) == E + 1,
-            "balance_loss_forward: loss_out ", loss_out.size(), ", dprobs_col ", dprobs_col.size(), ", offsets ",
-            offsets.size(), " for probs ", shape(probs));
   T loss = 0;
   for (index_t e = 0; e < E; ++e) {
     const T f = T(offsets[e + 1] - offsets[e]) / T(n * k);

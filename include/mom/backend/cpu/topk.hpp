@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "mom/backend/cpu/eigen_map.hpp"
+#include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
 
@@ -16,11 +17,8 @@ namespace mom::cpu {
 // keep ascending index order (ties go to the lower index, so selection is deterministic).
 template <class T>
 void topk_rows(MatrixView<T> values, MatrixView<token_t> indices, MatrixView<const T> x) {
+  checks::topk_rows_shapes<T>(values, indices, x);
   const index_t k = values.cols, N = x.cols;
-  MOM_CHECK(k >= 1 && k <= N, "topk_rows: k = ", k, " (values ", shape(values), ") must be in [1, ", N, "] for x ",
-            shape(x));
-  MOM_CHECK(values.rows == x.rows && indices.rows == x.rows && indices.cols == k, "topk_rows: values ", shape(values),
-            " and indices ", shape(indices), " must be [", x.rows, "x", k, "] for x ", shape(x));
 #pragma omp parallel for schedule(static) if (x.rows * N > (1 << 15))
   for (index_t r = 0; r < x.rows; ++r) {
     const T* row = x.row(r);
@@ -60,9 +58,7 @@ void topk_rows(MatrixView<T> values, MatrixView<token_t> indices, MatrixView<con
 // dx[i, indices[i, j]] += dvalues[i, j]. Indices within a row are distinct (as topk_rows makes them).
 template <class T>
 void topk_rows_backward(MatrixView<T> dx, MatrixView<const T> dvalues, MatrixView<const token_t> indices) {
-  MOM_CHECK(dvalues.rows == dx.rows && indices.rows == dx.rows && indices.cols == dvalues.cols,
-            "topk_rows_backward: dx ", shape(dx), ", dvalues ", shape(dvalues), ", indices ", shape(indices),
-            " disagree");
+  checks::topk_rows_backward_shapes<T>(dx, dvalues, indices);
   for (index_t r = 0; r < indices.rows; ++r)
     for (index_t j = 0; j < indices.cols; ++j)
       MOM_CHECK(indices(r, j) >= 0 && indices(r, j) < dx.cols, "topk_rows_backward: indices(", r, ",", j, ") = ",
@@ -74,8 +70,7 @@ void topk_rows_backward(MatrixView<T> dx, MatrixView<const T> dvalues, MatrixVie
 // y = softmax(scale · x) per row (max-subtracted). Writes y (may alias x).
 template <class T>
 void softmax_rows(MatrixView<T> y, MatrixView<const T> x, T scale = T(1)) {
-  MOM_CHECK(y.rows == x.rows && y.cols == x.cols && x.cols > 0, "softmax_rows: y ", shape(y), " must match x ",
-            shape(x), " (and be non-empty)");
+  checks::softmax_rows_shapes<T>(y, x);
   const index_t N = x.cols;
 #pragma omp parallel for schedule(static) if (x.rows * N > (1 << 15))
   for (index_t r = 0; r < x.rows; ++r) {
@@ -90,8 +85,7 @@ void softmax_rows(MatrixView<T> y, MatrixView<const T> x, T scale = T(1)) {
 // dx += scale · y ∘ (dy - Σ_j dy_j y_j) per row.
 template <class T>
 void softmax_rows_backward(MatrixView<T> dx, MatrixView<const T> dy, MatrixView<const T> y, T scale = T(1)) {
-  MOM_CHECK(dx.rows == y.rows && dx.cols == y.cols && dy.rows == y.rows && dy.cols == y.cols,
-            "softmax_rows_backward: dx ", shape(dx), ", dy ", shape(dy), ", y ", shape(y), " must agree");
+  checks::softmax_rows_backward_shapes<T>(dx, dy, y);
   const index_t N = y.cols;
 #pragma omp parallel for schedule(static) if (y.rows * N > (1 << 15))
   for (index_t r = 0; r < y.rows; ++r) {

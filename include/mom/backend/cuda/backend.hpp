@@ -28,6 +28,7 @@
 #include "mom/backend/cpu/optim.hpp"  // AdamWConfig (plain struct, no Eigen)
 #include "mom/backend/cuda/buffer.hpp"
 #include "mom/backend/cuda/check.hpp"
+#include "mom/backend/cuda/depth_kernels.hpp"
 #include "mom/backend/cuda/kernels.hpp"
 #include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
@@ -72,6 +73,7 @@ struct Backend {
   using CS = std::span<const T>;
   using Tok = std::span<const token_t>;
   using K = Kernels<T>;
+  using DK = DepthKernels<T>;
 
   static constexpr const char* name = "cuda";
 
@@ -187,13 +189,10 @@ struct Backend {
   // [r×c] matrix with stride ld is the column-major [c×r] matrix with leading dimension ld, so
   // C = op(A)·op(B) is computed as Cᵀ = op(B)ᵀ·op(A)ᵀ with the operands swapped.
   void gemm(M C, CM A, Trans ta, CM B, Trans tb, T alpha = T(1), T beta = T(0)) const {
+    checks::gemm_shapes<T>(C, A, ta == Trans::T, B, tb == Trans::T);
     const index_t m = ta == Trans::N ? A.rows : A.cols;
     const index_t k = ta == Trans::N ? A.cols : A.rows;
-    const index_t kb = tb == Trans::N ? B.rows : B.cols;
     const index_t n = tb == Trans::N ? B.cols : B.rows;
-    MOM_CHECK(k == kb && C.rows == m && C.cols == n, "gemm: C ", shape(C), " = op(A) ", shape(A),
-              (ta == Trans::T ? "^T" : ""), " * op(B) ", shape(B), (tb == Trans::T ? "^T" : ""),
-              ": shapes do not agree");
     if (m == 0 || n == 0) return;
     const auto op = [](Trans t) { return t == Trans::T ? CUBLAS_OP_T : CUBLAS_OP_N; };
     const auto ld = [](index_t x) { return static_cast<int>(std::max<index_t>(x, 1)); };
@@ -261,30 +260,27 @@ struct Backend {
   }
 
   void gelu_forward(S out, CS x) const {
-    MOM_CHECK(out.size() == x.size(), "gelu_forward: out has ", out.size(), " elements, x has ", x.size());
+    checks::activation_forward_shapes<T>("gelu_forward", out, x);
     K::gelu_forward(*ctx_, out.data(), x.data(), ssize(x));
   }
   void gelu_backward(S dx, CS x, CS dout) const {
-    MOM_CHECK(dx.size() == x.size() && dout.size() == x.size(), "gelu_backward: dx/x/dout have ", dx.size(), "/",
-              x.size(), "/", dout.size(), " elements");
+    checks::activation_backward_shapes<T>("gelu_backward", dx, x, dout);
     K::gelu_backward(*ctx_, dx.data(), x.data(), dout.data(), ssize(x));
   }
   void relu_forward(S out, CS x) const {
-    MOM_CHECK(out.size() == x.size(), "relu_forward: out has ", out.size(), " elements, x has ", x.size());
+    checks::activation_forward_shapes<T>("relu_forward", out, x);
     K::relu_forward(*ctx_, out.data(), x.data(), ssize(x));
   }
   void relu_backward(S dx, CS x, CS dout) const {
-    MOM_CHECK(dx.size() == x.size() && dout.size() == x.size(), "relu_backward: dx/x/dout have ", dx.size(), "/",
-              x.size(), "/", dout.size(), " elements");
+    checks::activation_backward_shapes<T>("relu_backward", dx, x, dout);
     K::relu_backward(*ctx_, dx.data(), x.data(), dout.data(), ssize(x));
   }
   void add_forward(S out, CS a, CS b) const {
-    MOM_CHECK(out.size() == a.size() && out.size() == b.size(), "add_forward: out/a/b have ", out.size(), "/",
-              a.size(), "/", b.size(), " elements");
+    checks::add_forward_shapes<T>(out, a, b);
     K::add_forward(*ctx_, out.data(), a.data(), b.data(), ssize(out));
   }
   void axpy(S y, T alpha, CS x) const {
-    MOM_CHECK(y.size() == x.size(), "axpy: y has ", y.size(), " elements, x has ", x.size());
+    checks::axpy_shapes<T>(y, x);
     K::axpy(*ctx_, y.data(), alpha, x.data(), ssize(y));
   }
   void scale(S y, T alpha) const { K::scale(*ctx_, y.data(), alpha, ssize(y)); }
@@ -309,51 +305,32 @@ struct Backend {
   }
 
   void gather_rows(M out, CM in, Tok idx) const {
-    MOM_CHECK(ssize(idx) == out.rows && out.cols == in.cols, "gather_rows: out ", shape(out), ", in ", shape(in), ", ",
-              idx.size(), " indices");
+    checks::gather_rows_shapes<T>(out, in, idx);
     K::gather_rows(*ctx_, out, in, idx.data());
   }
   void scatter_add_rows(M out, CM in, Tok idx, CS weights = {}) const {
-    MOM_CHECK(ssize(idx) == in.rows && out.cols == in.cols, "scatter_add_rows: out ", shape(out), ", in ", shape(in),
-              ", ", idx.size(), " indices");
-    MOM_CHECK(weights.empty() || ssize(weights) == in.rows, "scatter_add_rows: ", weights.size(), " weights for in ",
-              shape(in));
+    checks::scatter_add_rows_shapes<T>(out, in, idx, weights);
     K::scatter_add_rows(*ctx_, out, in, idx.data(), weights.data());
   }
   void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights = {}) const {
-    MOM_CHECK(ssize(idx) == in.rows && dout.cols == in.cols, "scatter_add_rows_backward: dout ", shape(dout), ", in ",
-              shape(in), ", ", idx.size(), " indices");
-    MOM_CHECK(din.empty() || (din.rows == in.rows && din.cols == in.cols), "scatter_add_rows_backward: din ",
-              shape(din), " must match in ", shape(in));
-    MOM_CHECK(weights.empty() || ssize(weights) == in.rows, "scatter_add_rows_backward: ", weights.size(),
-              " weights for in ", shape(in));
-    MOM_CHECK(dweights.empty() || ssize(dweights) == in.rows, "scatter_add_rows_backward: ", dweights.size(),
-              " dweights for in ", shape(in));
+    checks::scatter_add_rows_backward_shapes<T>(din, dweights, dout, in, idx, weights);
     K::scatter_add_rows_backward(*ctx_, din, dweights.data(), dout, in, idx.data(), weights.data());
   }
 
   void topk_rows(M values, MatrixView<token_t> indices, CM x) const {
-    const index_t k = values.cols, N = x.cols;
-    MOM_CHECK(k >= 1 && k <= N, "topk_rows: k = ", k, " (values ", shape(values), ") must be in [1, ", N, "] for x ",
-              shape(x));
-    MOM_CHECK(values.rows == x.rows && indices.rows == x.rows && indices.cols == k, "topk_rows: values ",
-              shape(values), " and indices ", shape(indices), " must be [", x.rows, "x", k, "] for x ", shape(x));
+    checks::topk_rows_shapes<T>(values, indices, x);
     K::topk_rows(*ctx_, values, indices, x);
   }
   void topk_rows_backward(M dx, CM dvalues, MatrixView<const token_t> indices) const {
-    MOM_CHECK(dvalues.rows == dx.rows && indices.rows == dx.rows && indices.cols == dvalues.cols,
-              "topk_rows_backward: dx ", shape(dx), ", dvalues ", shape(dvalues), ", indices ", shape(indices),
-              " disagree");
+    checks::topk_rows_backward_shapes<T>(dx, dvalues, indices);
     K::topk_rows_backward(*ctx_, dx, dvalues, indices);
   }
   void softmax_rows(M y, CM x, T scale = T(1)) const {
-    MOM_CHECK(y.rows == x.rows && y.cols == x.cols && x.cols > 0, "softmax_rows: y ", shape(y), " must match x ",
-              shape(x), " (and be non-empty)");
+    checks::softmax_rows_shapes<T>(y, x);
     K::softmax_rows(*ctx_, y, x, scale);
   }
   void softmax_rows_backward(M dx, CM dy, CM y, T scale = T(1)) const {
-    MOM_CHECK(dx.rows == y.rows && dx.cols == y.cols && dy.rows == y.rows && dy.cols == y.cols,
-              "softmax_rows_backward: dx ", shape(dx), ", dy ", shape(dy), ", y ", shape(y), " must agree");
+    checks::softmax_rows_backward_shapes<T>(dx, dy, y);
     K::softmax_rows_backward(*ctx_, dx, dy, y, scale);
   }
 
@@ -394,9 +371,7 @@ struct Backend {
   void group_by_choice(std::span<token_t> row_token, std::span<token_t> row_slot, std::span<token_t> offsets,
                        MatrixView<const token_t> picks, index_t classes) const {
     const index_t n = picks.rows, k = picks.cols, E = classes;
-    MOM_CHECK(ssize(row_token) == n * k && ssize(row_slot) == n * k && ssize(offsets) == E + 1, "group_by_choice: ",
-              row_token.size(), " / ", row_slot.size(), " rows and ", offsets.size(), " offsets for picks ",
-              shape(picks), " and ", E, " classes");
+    checks::group_by_choice_shapes(row_token, row_slot, offsets, picks, E);
     MOM_CHECK(picks.contiguous() || n <= 1, "group_by_choice: picks ", shape(picks), " with row stride ", picks.ld,
               " must be contiguous on the CUDA backend");
     reserve_dispatch(n * k, E);
@@ -407,9 +382,7 @@ struct Backend {
   // Switch-style balance loss (Fedus et al. 2022, eq. (4)); reads the group offsets on the device.
   void balance_loss_forward(S loss_out, S dprobs_col, CM probs, Tok offsets, index_t k, T coef) const {
     const index_t E = probs.cols;
-    MOM_CHECK(ssize(loss_out) == 1 && ssize(dprobs_col) == E && ssize(offsets) == E + 1,
-              "balance_loss_forward: loss_out ", loss_out.size(), ", dprobs_col ", dprobs_col.size(), ", offsets ",
-              offsets.size(), " for probs ", shape(probs));
+    checks::balance_loss_forward_shapes<T>(loss_out, dprobs_col, probs, offsets);
     MOM_CHECK(E <= Context::reduce_blocks, "balance_loss_forward: ", E, " classes exceed the CUDA backend's ",
               Context::reduce_blocks);
     K::balance_loss_forward(*ctx_, loss_out.data(), dprobs_col.data(), probs, offsets.data(), k, coef);
@@ -432,19 +405,49 @@ struct Backend {
                                  k_tok.empty() ? nullptr : k_tok.data(), seq, heads);
   }
 
+  // ---- depth routing (Mixture-of-Depths, layer-skip, early-exit; cpu/depth.hpp) ---------------
+  // The same members and checks as the CPU backend's (depth branch, dc98a76). skip_select leaves the
+  // count in device memory (read it with read()); selection_mask reports a bad index at the next sync.
+  void select_topc_per_sequence(std::span<token_t> idx, CS scores, index_t batch, index_t seq) const {
+    checks::select_topc_shapes(ssize(idx), ssize(scores), batch, seq);
+    DK::select_topc_per_sequence(*ctx_, idx.data(), scores.data(), batch, seq, ssize(idx) / batch);
+  }
+  void selection_mask(S mask, Tok idx) const {
+    DK::selection_mask(*ctx_, mask.data(), ssize(mask), idx.data(), ssize(idx));
+  }
+  void skip_select(std::span<token_t> idx, std::span<token_t> count, std::span<token_t> alive, CS logits) const {
+    checks::skip_select_shapes(ssize(idx), ssize(count), ssize(alive), ssize(logits));
+    DK::skip_select(*ctx_, idx.data(), count.data(), alive.empty() ? nullptr : alive.data(), logits.data(),
+                    ssize(logits));
+  }
+  void sigmoid_forward(S out, CS x) const {
+    checks::sigmoid_forward_shapes<T>(out, x);
+    DK::sigmoid_forward(*ctx_, out.data(), x.data(), ssize(x));
+  }
+  void sigmoid_backward(S dx, CS out, CS dout) const {
+    checks::sigmoid_backward_shapes<T>(dx, out, dout);
+    DK::sigmoid_backward(*ctx_, dx.data(), out.data(), dout.data(), ssize(out));
+  }
+  void bce_logits_forward(S out, CS logits, CS targets) const {
+    checks::bce_logits_shapes("bce_logits_forward", ssize(out), ssize(logits), ssize(targets));
+    DK::bce_logits_forward(*ctx_, out.data(), logits.data(), targets.data(), ssize(logits));
+  }
+  void bce_logits_backward(S dlogits, CS logits, CS targets, T scale) const {
+    checks::bce_logits_shapes("bce_logits_backward", 2, ssize(logits), ssize(targets));
+    checks::bce_logits_backward_grad_shapes(ssize(dlogits), ssize(logits));
+    DK::bce_logits_backward(*ctx_, dlogits.data(), logits.data(), targets.data(), scale, ssize(logits));
+  }
+
   // *norm_out = sqrt(Σ g²) (double accumulation), written to device memory: no host sync.
   void grad_norm(CS grads, T* norm_out) const {
-    MOM_CHECK(norm_out != nullptr, "grad_norm: norm_out is null (", grads.size(), " gradients)");
+    checks::grad_norm_args<T>(grads, norm_out);
     K::grad_norm(*ctx_, grads.data(), ssize(grads), norm_out);
   }
   // AdamW; with grad_norm (device memory) and max_norm > 0 the gradient is scaled by
   // min(1, max_norm / *grad_norm) inside the kernel (fused clipping, no host sync).
   void adamw_step(S params, CS grads, S m, S v, const AdamWConfig& cfg, std::int64_t step,
                   const T* grad_norm = nullptr, T max_norm = T(0)) const {
-    MOM_CHECK(grads.size() == params.size() && m.size() == params.size() && v.size() == params.size(),
-              "adamw_step: params/grads/m/v have ", params.size(), "/", grads.size(), "/", m.size(), "/", v.size(),
-              " elements");
-    MOM_CHECK(step >= 1, "adamw_step: step = ", step, " must be >= 1 (1-based, for bias correction)");
+    checks::adamw_step_args<T>(params, grads, m, v, step);
     const T step_size = T(cfg.lr / (1.0 - std::pow(cfg.beta1, double(step))));
     const T inv_sqrt_bc2 = T(1.0 / std::sqrt(1.0 - std::pow(cfg.beta2, double(step))));
     K::adamw_step(*ctx_, params.data(), grads.data(), m.data(), v.data(), ssize(params), T(cfg.beta1), T(cfg.beta2),
@@ -545,6 +548,7 @@ struct Backend {
       case DeviceError::topk_backward_index: op = "topk_rows_backward", what = "index"; break;
       case DeviceError::group_module: op = "group_by_module", what = "module id"; break;
       case DeviceError::group_choice: op = "group_by_choice", what = "pick"; break;
+      case DeviceError::selection_index: op = "selection_mask", what = "idx"; break;
       case DeviceError::packed_positions:
         mom::detail::fail("attention_packed: query positions must be ascending and in range; q_tok[", e[1], "] = ",
                           e[2], " (found on the device)");

@@ -32,6 +32,7 @@ enum class DeviceError : int {
   group_module,
   group_choice,
   packed_positions,
+  selection_index,  // depth routing: selection_mask (depth_kernels.hpp)
 };
 
 // Precision of float GEMMs (double GEMMs always run in fp64). Only the GEMMs change: parameters,
