@@ -160,7 +160,7 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
   train::Trainer<Instance> trainer(model, train_data, val_data ? &*val_data : nullptr, cfg);
   // Routed models: routing statistics of each validation (issue 5, paper Fig. 6), next to metrics.jsonl.
   RoutingStats routing;
-  constexpr bool routed = []<class... Es>(TypeList<Es...>) { return (requires { Es::has_aux_loss; } || ...); }(
+  constexpr bool routed = []<class... Es>(TypeList<Es...>) { return (requires { Es::has_module_picks; } || ...); }(
       typename Model::core::executors{});
   if constexpr (routed) {
     {

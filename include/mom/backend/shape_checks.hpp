@@ -179,4 +179,20 @@ void attention_packed_backward_grad_shapes(CM<T> dq, CM<T> dk, CM<T> dv, CM<T> d
             " disagree with q ", shape(q), " and k ", shape(k));
 }
 
+// ---- depth routing (Mixture-of-Depths, layer-skip) --------------------------------------
+inline void select_topc_shapes(index_t n_idx, index_t n_scores, index_t batch, index_t seq) {
+  MOM_CHECK(batch > 0 && seq > 0 && n_scores == batch * seq, "select_topc_per_sequence: ", n_scores,
+            " scores for batch ", batch, " x seq ", seq);
+  MOM_CHECK(n_idx % batch == 0 && n_idx / batch <= seq, "select_topc_per_sequence: ", n_idx, " indices are not C per "
+            "sequence with 0 <= C <= seq = ", seq, " for batch ", batch);
+}
+inline void skip_select_shapes(index_t n_idx, index_t n_count, index_t n_alive, index_t n) {
+  MOM_CHECK(n_idx == n && n_count == 1 && (n_alive == 0 || n_alive == n), "skip_select: idx ", n_idx, ", count ",
+            n_count, ", alive ", n_alive, " elements for ", n, " logits (idx and alive: one per token, count: 1)");
+}
+inline void bce_logits_shapes(const char* op, index_t n_out, index_t n_logits, index_t n_targets) {
+  MOM_CHECK(n_out == 2 && n_logits == n_targets, op, ": out ", n_out, " (expected 2: loss, correct), ", n_logits,
+            " logits and ", n_targets, " targets");
+}
+
 }  // namespace mom::checks

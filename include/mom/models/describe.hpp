@@ -24,6 +24,10 @@ template <class Set>
 std::string module_set_name() {
   std::string s = "ModuleSet<";
   const char* sep = "";
+  if constexpr (Set::has_block) {
+    s += "Block<" + std::to_string(Set::n_attention) + ">";
+    return s + (Set::has_skip ? ", Skip>" : ">");
+  }
   if (Set::n_attention > 0) s += sep + ("MHA<" + std::to_string(Set::n_attention) + ">"), sep = ", ";
   if (Set::n_ffn > 0) s += sep + ("FFN<" + std::to_string(Set::n_ffn) + ">"), sep = ", ";
   if (Set::has_skip) s += sep + std::string("Skip");
@@ -37,8 +41,11 @@ std::string assembly_name() {
     if (A::h == 1) return "Layer";
     return "Dense<" + std::to_string(A::h) + ">";
   } else {
-    return "Assembly<Router<" + std::string(A::router::policy::name) + ">, " + module_set_name<Set>() + ", K<" +
-           std::to_string(A::k) + ">, H<" + std::to_string(A::h) + ">>";
+    std::string policy(A::router::policy::name);
+    if constexpr (requires { A::router::policy::options_name(); })
+      policy += "<" + A::router::policy::options_name() + ">";  // e.g. ExpertChoice<Capacity<1,8>, Every<2>>
+    return "Assembly<Router<" + policy + ">, " + module_set_name<Set>() + ", K<" + std::to_string(A::k) + ">, H<" +
+           std::to_string(A::h) + ">>";
   }
 }
 

@@ -41,6 +41,9 @@
 #include "mom/assembly/chunked.hpp"
 #include "mom/assembly/sequential.hpp"
 #include "mom/assembly/mom.hpp"
+#include "mom/modules/block.hpp"
+#include "mom/routers/depth.hpp"
+#include "mom/assembly/depth.hpp"
 
 namespace mom {
 

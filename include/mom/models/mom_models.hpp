@@ -67,13 +67,15 @@ index_t realised_forward_flops(Instance& m) {
     (
         [&] {
           using E = Es;
-          if constexpr (requires { E::has_aux_loss; }) {
+          if constexpr (requires { E::has_module_picks; }) {
             const auto& plan = std::get<is>(m.plan().parts);
             total += E::routed_flops(batch, seq, [&](int h, bool is_ffn) {
               picks.resize(std::size_t(n * E::Kp));
               E::read_picks(m.backend(), m.workspace_data(), plan, h, is_ffn, n, std::span<token_t>(picks));
               return std::span<const token_t>(picks);
             });
+          } else if constexpr (requires { E::realised_flops(m.backend(), m.workspace_data(), std::get<is>(m.plan().parts), batch, seq); }) {
+            total += E::realised_flops(m.backend(), m.workspace_data(), std::get<is>(m.plan().parts), batch, seq);  // depth routing
           } else {
             total += n * E::flops_per_token(seq);
           }

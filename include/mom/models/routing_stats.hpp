@@ -41,7 +41,7 @@ struct RoutingStats {
     [&]<class... Es, std::size_t... is>(TypeList<Es...>, std::index_sequence<is...>) {
       ([&] {
         using E = Es;
-        if constexpr (requires { E::has_aux_loss; }) {
+        if constexpr (requires { E::has_module_picks; }) {
           for (bool ffn : {false, true}) {
             const int classes = ffn ? E::EF : E::EA;
             if (routers.size() <= at) {
