@@ -24,10 +24,13 @@
 //                  packed op over the running tokens (queries and keys: S's flat indices).
 // Unrouted layers (Every<k>) run every token with weight 1, exactly as Dense<L>.
 //
-// Auxiliary losses (added to the model loss; their gradients in backward):
+// Auxiliary losses (their gradients in backward):
 //   CausalAux<p,q>           p/q · mean_i BCE(σ(r_i), t_i), t_i = [i ∈ top-C]            (MoD §3.5, method 1)
 //   CausalPredictor<w,p,q>   p/q · mean_i BCE(σ(P(sg(x_i))), t_i), P: d → w → 1 (ReLU)      (method 2)
 //   SkipCost<p,q>            p/q · mean_i σ(wᵀx_i + b)         (layer-skip: the expected fraction run)
+// CausalAux and SkipCost are part of the model loss (Plan::aux). The predictor's loss is not: its
+// inputs are stop-gradient, so it is a separate objective whose gradient reaches the predictor only
+// (no scalar of the model has that gradient); backward adds it, read_causal reports its value.
 // The prediction accuracy of the causal decision (r_i > 0 or P(x_i) > 0 against t_i) is kept per
 // routed block for evaluation (read_causal).
 #include <algorithm>
@@ -152,7 +155,9 @@ struct DepthExecutor {
   // C = ⌊capacity·seq⌋ tokens per sequence in a routed MoD block.
   static constexpr index_t capacity_tokens(index_t seq) { return index_t(Cfg::capacity_tokens(seq)); }
   static constexpr index_t block_linear_flops = 2 * d * 3 * d + 2 * d * d + 4 * d * f;  // per token run
-  static constexpr index_t router_flops = (Cfg::has_router ? 2 * d : 0) + (PW > 0 ? 2 * d * PW + 2 * PW : 0);
+  // Per token of a routed layer: the score wᵀx, the predictor, the skip cost's sum of gates.
+  static constexpr index_t router_flops =
+      (Cfg::has_router ? 2 * d : 0) + (PW > 0 ? 2 * d * PW + 2 * PW : 0) + (Cfg::skip_cost > 0 ? 2 : 0);
   // Forward FLOPs of one sequence of `seq` tokens whose routed layers run `run` tokens each
   // (attention among them: a run of c tokens costs 2·d·c(c+1), as Attention::flops_per_token).
   static constexpr index_t layer_flops(index_t seq, index_t run, bool is_routed) {
@@ -379,7 +384,8 @@ struct DepthExecutor {
         be.relu_forward(sp(ws + l.act, n * PW), sp<const T>(ws + l.hid, n * PW));
         be.linear_forward(mv(ws + l.pred, n, 1), mv<const T>(ws + l.act, n, PW), mv(p + o.w2, 1, PW), sp(p + o.b2, 1));
         be.bce_logits_forward(sp(ws + l.bce, 2), sp<const T>(ws + l.pred, n), sp<const T>(ws + l.mask, n));
-        aux += T(Cfg::predictor_coef) * be.read(ws + l.bce);
+        // Not added to the model loss: on stop-gradient inputs it is a separate objective (its
+        // gradient reaches the predictor alone), and the model loss stays the LM's (+ method 1's).
       } else {  // no causal method: the accuracy of the router's sign as the decision, no loss
         be.bce_logits_forward(sp(ws + l.bce, 2), sp<const T>(logits.data, n), sp<const T>(ws + l.mask, n));
       }
