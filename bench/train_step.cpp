@@ -2,7 +2,8 @@
 // of the dense 8-layer model and of MoM_E / MoM_I / MoM_P on its [1-1-4-1-1] chunking (issue 5,
 // item 9), float, on cpu::Backend<float> wrapped in a timing backend.
 //
-//   bench_train_step [--batch B] [--reps R] [--only dense|E|I|P] [--routed-kv]
+//   bench_train_step [--batch B] [--reps R] [--only dense|E|I|P|mod|mod-causal] [--routed-kv]
+// (issue 6: mod = Mixture-of-Depths, 12.5% capacity, every other block; mod-causal adds its causal predictor)
 //
 // Dims: d_model 256, 8 heads, d_ff 1024, vocab 256 (byte-level, as the KJV runs), seq 256;
 // batch 16 → 4096 tokens per step. Threads: OpenMP's (2 unless OMP_NUM_THREADS says otherwise).
@@ -187,6 +188,18 @@ struct TimingBackend : cpu::Backend<T> {
       Base::attention_packed_backward(dq, dk, dv, dout, out, lse, q, k, v, q_tok, k_tok, seq, heads);
     });
   }
+  // ---- issue 6, depth routing (Mixture-of-Depths): its selection and loss ops count as dispatch ----
+  void select_topc_per_sequence(std::span<token_t> idx, CS scores, index_t batch, index_t seq) const {
+    timed(kDispatch, [&] { Base::select_topc_per_sequence(idx, scores, batch, seq); });
+  }
+  void selection_mask(S mask, Tok idx) const { timed(kDispatch, [&] { Base::selection_mask(mask, idx); }); }
+  void bce_logits_forward(S out, CS logits, CS targets) const {
+    timed(kDispatch, [&] { Base::bce_logits_forward(out, logits, targets); });
+  }
+  void bce_logits_backward(S dlogits, CS logits, CS targets, T scale) const {
+    timed(kDispatch, [&] { Base::bce_logits_backward(dlogits, logits, targets, scale); });
+  }
+  // ---- end of the depth-routing block ----
   void grad_norm(CS grads, T* norm_out) const { timed(kOptim, [&] { Base::grad_norm(grads, norm_out); }); }
   void adamw_step(S params, CS grads, S m, S v, const typename Base::AdamWConfig& cfg, std::int64_t step,
                   const T* gn = nullptr, T max_norm = T(0)) const {
@@ -286,6 +299,11 @@ Result run(const char* name, index_t batch, index_t seq, int reps) {
   return r;
 }
 
+// Issue 6, Mixture-of-Depths: 12.5% capacity on blocks 1, 3, 5, 7 (every other block), the dense model's dims;
+// and the same with the causal predictor (MoD §3.5, method 2).
+using MoD_LM = LM<dims, MoD<8>>;
+using MoDCausal_LM = LM<dims, MoD<8, 1, 8, 2, CausalPredictor<32>>>;
+
 template <class Phi>
 using E_LM = LM<dims, Strategy_11411<MoM_E<Router<GRU>, Phi>>>;
 template <class Phi>
@@ -307,7 +325,7 @@ int main(int argc, char** argv) {
     else if (a == "--only" && i + 1 < argc) only = argv[++i];
     else if (a == "--routed-kv") routed_kv = true;
     else {
-      std::fprintf(stderr, "usage: %s [--batch B] [--reps R] [--only dense|E|I|P] [--routed-kv]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--batch B] [--reps R] [--only dense|E|I|P|mod|mod-causal] [--routed-kv]\n", argv[0]);
       return 2;
     }
   }
@@ -322,7 +340,8 @@ int main(int argc, char** argv) {
               routed_kv ? "phi::MoMRoutedKV" : "phi::MoM (default)");
 
   std::vector<Result> res;
-  auto want = [&](const char* k) { return only.empty() || only == k; };
+  // --only takes one name or a comma-separated list (e.g. dense,mod: ratios need the dense run beside).
+  auto want = [&](const char* k) { return only.empty() || ("," + only + ",").find("," + std::string(k) + ",") != std::string::npos; };
   if (want("dense")) res.push_back(run<DenseLM>("dense 8 layers", batch, seq, reps));
   if (routed_kv) {
     if (want("E")) res.push_back(run<E_LM<phi::MoMRoutedKV>>("MoM_E (K3H1S), routed KV", batch, seq, reps));
@@ -333,6 +352,10 @@ int main(int argc, char** argv) {
     if (want("I")) res.push_back(run<I_LM<phi::MoM>>("MoM_I (K3H2S)", batch, seq, reps));
     if (want("P")) res.push_back(run<P_LM<phi::MoM>>("MoM_P (K2H6S)", batch, seq, reps));
   }
+
+  // Issue 6, depth routing (--only mod / mod-causal).
+  if (want("mod")) res.push_back(run<MoD_LM>("MoD 12.5%, every other block", batch, seq, reps));
+  if (want("mod-causal")) res.push_back(run<MoDCausal_LM>("MoD 12.5% + causal predictor", batch, seq, reps));
 
   const Result* dense = res.empty() || res[0].name.rfind("dense", 0) != 0 ? nullptr : &res[0];
   const double tokens = double(batch * seq);

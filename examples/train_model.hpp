@@ -4,6 +4,7 @@
 #pragma once
 
 #include "architectures.hpp"
+#include <mom/models/depth_stats.hpp>
 #include <mom/models/routing_stats.hpp>
 #include <mom/models/warm_start.hpp>
 #include <mom/train/hf_gpt2.hpp>
@@ -175,6 +176,23 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
       };
     }
   }
+  // Depth-routed models (issue 6): fraction of tokens run per routed layer and, for Mixture-of-Depths, the
+  // accuracy of the causal routing decision (MoD §3.5) at each validation, in <out>/depth.jsonl.
+  DepthStats depth;
+  if constexpr (has_depth_routing<Model>) {
+    trainer.on_eval_forward = [&depth, prev = trainer.on_eval_forward](Instance& m) {
+      if (prev) prev(m);
+      depth.accumulate(m);
+    };
+    trainer.on_eval_done = [&depth, prev = trainer.on_eval_done, dir = cfg.out_dir](index_t step) {
+      if (prev) prev(step);
+      train::MetricsLog(dir / "depth.jsonl").write(nlohmann::json::parse(depth.json(step)));
+      if (depth.causal_accuracy() >= 0)
+        std::printf("step %6lld | causal routing accuracy %.4f (top-C membership)\n", static_cast<long long>(step),
+                    depth.causal_accuracy());
+      depth.clear();
+    };
+  }
   if (r.resume) {
     trainer.resume(cfg.out_dir);
     std::printf("resumed from step %lld of %s\n", static_cast<long long>(trainer.step()), cfg.out_dir.string().c_str());
@@ -213,7 +231,17 @@ std::string sample_model(const SampleRequest& r) {
   std::vector<token_t> tokens = tok->encode(r.prompt);
   MOM_CHECK(!tokens.empty(), "--prompt must not be empty");
   const std::size_t prompt_len = tokens.size();
-  generate(model, tokens, r.tokens, r.temperature, r.top_k, r.seed);
+  // A Mixture-of-Depths model trained with a causal-sampling method routes by its causal decision here (the
+  // top-C of a sequence depends on its future tokens, MoD §3.5): the same parameters in that type.
+  using Sampling = causal_sampling_model_t<Model>;
+  if constexpr (!std::is_same_v<Sampling, Model>) {
+    static_assert(Sampling::params == Model::params);
+    auto causal = Sampling::template make<cpu::Backend<float>>(1);
+    std::copy(model.params().begin(), model.params().end(), causal.params().begin());
+    generate(causal, tokens, r.tokens, r.temperature, r.top_k, r.seed);
+  } else {
+    generate(model, tokens, r.tokens, r.temperature, r.top_k, r.seed);
+  }
   return tok->decode(std::span<const token_t>(tokens).subspan(0, prompt_len)) +
          tok->decode(std::span<const token_t>(tokens).subspan(prompt_len));
 }

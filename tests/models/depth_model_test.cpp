@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "mom/models/depth_stats.hpp"
 #include "mom/models/mom_models.hpp"
 #include "mom/models/warm_start.hpp"
 #include "mom/mom.hpp"
@@ -120,7 +121,8 @@ struct Naive {
   // Logits of LM<tiny, MoD> with capacity C tokens per sequence and routing on layers `routed`.
   template <class Model>
   static std::vector<double> mod_logits(const std::vector<double>& p, const std::vector<token_t>& tokens, index_t batch,
-                                        index_t seq, index_t C, const std::vector<bool>& routed, bool unit_weight) {
+                                        index_t seq, index_t C, const std::vector<bool>& routed, bool unit_weight,
+                                        bool causal = false) {
     const std::size_t d = tiny.d_model, V = tiny.vocab;
     const double* wte = at<Model>(p, "wte");
     const double* wpe = at<Model>(p, "wpe");
@@ -138,9 +140,13 @@ struct Naive {
             r[s] = 0;
             for (std::size_t c = 0; c < d; ++c) r[s] += w[c] * x[b * seq + s][c];
           }
-          std::stable_sort(S.begin(), S.end(), [&](index_t a, index_t c) { return r[a] > r[c]; });
-          S.resize(std::size_t(C));
-          std::sort(S.begin(), S.end());  // original order; positions are never recomputed
+          if (causal) {  // the causal decision: every token whose score is positive
+            S.erase(std::remove_if(S.begin(), S.end(), [&](index_t s) { return !(r[s] > 0); }), S.end());
+          } else {
+            std::stable_sort(S.begin(), S.end(), [&](index_t a, index_t c) { return r[a] > r[c]; });
+            S.resize(std::size_t(C));
+            std::sort(S.begin(), S.end());  // original order; positions are never recomputed
+          }
         }
         std::vector<Row> xs;
         for (index_t s : S) xs.push_back(x[b * seq + s]);
@@ -526,4 +532,71 @@ TEST_CASE("MoD causal sampling: the predictor's accuracy is reported and rises w
   INFO("accuracy before " << before << ", after " << after);
   CHECK(after > 0.9);
   CHECK(after > before);
+}
+
+TEST_CASE("MoD causal sampling: CausalRouting routes by the router's sign (method 1), a variable count per sequence",
+          "[depth][mod][causal]") {
+  using Trained = LM<tiny, MoD<4, 3, 8, 2, CausalAux<>>>;
+  using Sampling = causal_sampling_model_t<Trained>;
+  static_assert(!std::is_same_v<Sampling, Trained> && Sampling::params == Trained::params);
+  static_assert(std::is_same_v<causal_sampling_model_t<ModTiny>, ModTiny>);  // no causal method: unchanged
+  auto m = Sampling::make<cpu::Backend<double>>(60);
+  randomise(m, 61);
+  const index_t batch = 3, seq = 16;
+  m.reserve(batch, seq);
+  const auto tokens = random_tokens(batch * seq, tiny.vocab, 62);
+  m.forward(tokens, {}, batch, seq);
+  const std::vector<double> want = Naive::mod_logits<Sampling>(std::vector<double>(m.params().begin(), m.params().end()),
+                                                               tokens, batch, seq, 0, {false, true, false, true}, false,
+                                                               true);
+  CHECK(max_abs_diff(logits_of(m), want) < 1e-10);
+  // Not top-C: the counts per sequence differ from C = 6 (and from each other).
+  bool other_count = false;
+  for (const auto& sel : selections(m)) {
+    std::vector<int> per(3, 0);
+    for (token_t t : sel) ++per[std::size_t(t / seq)];
+    other_count |= per[0] != 6 || per[1] != 6 || per[2] != 6;
+  }
+  CHECK(other_count);
+  CHECK_THROWS_WITH(m.backward(), Catch::Contains("backward: needs a forward with targets"));
+  const auto targets = random_tokens(batch * seq, tiny.vocab, 63);
+  m.forward(tokens, targets, batch, seq);
+  CHECK_THROWS_WITH(m.backward(), Catch::Contains("inference mode"));
+}
+
+TEST_CASE("DepthStats: run fraction per routed layer and the causal accuracy, as mom-train writes them",
+          "[depth][causal]") {
+  using Model = LM<tiny, MoD<4, 1, 4, 2, CausalPredictor<8>>>;
+  auto m = Model::make<cpu::Backend<double>>(70);
+  randomise(m, 71);
+  const index_t batch = 2, seq = 16;
+  m.reserve(batch, seq);
+  DepthStats stats;
+  double correct = 0;
+  for (int i = 0; i < 2; ++i) {
+    const auto tokens = random_tokens(batch * seq, tiny.vocab, 72 + i);
+    m.forward(tokens, tokens, batch, seq);
+    stats.accumulate(m);
+    using E = Exec0<decltype(m)>;
+    for (const auto& c : E::read_causal(m.backend(), m.workspace_data(), std::get<0>(m.plan().parts), batch, seq))
+      correct += c.correct;
+  }
+  REQUIRE(stats.layers.size() == 2);
+  CHECK(stats.layers[0].name == "part0.h1");
+  CHECK(stats.layers[1].name == "part0.h3");
+  CHECK(stats.layers[0].run / stats.layers[0].tokens == 0.25);  // exactly C = 4 of 16
+  CHECK(stats.causal_accuracy() == Approx(correct / (2.0 * 2 * batch * seq)));
+  const std::string j = stats.json(50);
+  CHECK(j.find("\"step\": 50") != std::string::npos);
+  CHECK(j.find("\"run_fraction\": 0.25") != std::string::npos);
+  CHECK(j.find("\"causal_accuracy\"") != std::string::npos);
+  // Layer-skip models report run fractions only.
+  auto s = LM<tiny, EarlyExiting<3>>::make<cpu::Backend<double>>(74);
+  s.reserve(batch, seq);
+  s.forward(random_tokens(batch * seq, tiny.vocab, 75), {}, batch, seq);
+  DepthStats ss;
+  ss.accumulate(s);
+  CHECK(ss.layers.size() == 3);
+  CHECK(ss.causal_accuracy() == -1.0);
+  CHECK(ss.json(1).find("causal_accuracy") == std::string::npos);
 }

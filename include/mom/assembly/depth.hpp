@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "mom/assembly/assembly.hpp"
+#include "mom/assembly/chunked.hpp"
 #include "mom/assembly/phi.hpp"
 #include "mom/modules/block.hpp"
 #include "mom/modules/ffn.hpp"
@@ -86,12 +87,16 @@ struct DepthExecutor {
   static constexpr int L = A::h;
   static constexpr index_t d = D.d_model, f = D.ff(), heads = D.heads;
   static constexpr bool expert_choice = Cfg::expert_choice;
+  // Exactly C tokens per sequence (top-C): a dense block over (batch, C). Otherwise (a skip criterion,
+  // or MoD's causal routing at inference) a variable number: packed attention over the running tokens.
+  static constexpr bool exact_c = expert_choice && !Cfg::causal_routing;
   static_assert(!expert_choice || Cfg::capacity_tokens(D.context) >= 1,
                 "mom::ExpertChoice: Capacity<p, q> gives C = floor(p/q * context) = 0 tokens per sequence at the "
                 "model's context: no token would ever run a routed block");
   static constexpr index_t PW = Cfg::predictor_width;
   static constexpr bool unit_weight = Cfg::unit_weight;
   static constexpr bool has_aux_loss = true;  // Plan::aux (0 when no auxiliary loss is configured)
+  static constexpr bool is_depth_routed = true;  // read_selected / read_causal (models/depth_stats.hpp)
 
   static constexpr bool routed(int h) { return Cfg::routes(h); }
   static constexpr int n_routed = [] {
@@ -171,7 +176,7 @@ struct DepthExecutor {
   }
   // Worst case per sequence: MoD runs exactly C tokens per routed block (worst = expected); a skip
   // criterion may run every token.
-  static constexpr index_t worst_run(index_t seq) { return expert_choice ? capacity_tokens(seq) : seq; }
+  static constexpr index_t worst_run(index_t seq) { return exact_c ? capacity_tokens(seq) : seq; }
   static constexpr index_t flops_per_sequence(index_t seq) {
     index_t total = 0;
     for (int h = 0; h < L; ++h) total += layer_flops(seq, routed(h) ? worst_run(seq) : seq, routed(h));
@@ -203,7 +208,7 @@ struct DepthExecutor {
   }
   // Rows a routed layer can run: batch·C (MoD) or every token (skip).
   static constexpr index_t max_rows(index_t batch, index_t seq) {
-    return expert_choice ? batch * capacity_tokens(seq) : batch * seq;
+    return exact_c ? batch * capacity_tokens(seq) : batch * seq;
   }
   struct Layer {
     typename Attn::Saved attn{};  // MoD: over (batch, C); skip: packed rows (lse [rows × heads])
@@ -299,7 +304,7 @@ struct DepthExecutor {
   // Tokens routed layer h ran in the last forward (on the host: one integer).
   template <class Be, class T>
   static index_t rows_run(Be& be, const T* ws, const Layer& l, index_t batch, index_t seq) {
-    if constexpr (expert_choice) {
+    if constexpr (exact_c) {
       return batch * capacity_tokens(seq);
     } else {
       token_t m = 0;
@@ -338,7 +343,7 @@ struct DepthExecutor {
         const MatrixView<T> xg = mv(ws + l.xg, m, d), u = mv(ws + l.u, m, d), fo = mv(ws + l.fo, m, d);
         const MatrixView<T> fm = mv(scratch + s.df, m, d);
         be.gather_rows(xg, x, idx);
-        if constexpr (expert_choice)  // exactly C per sequence: a dense block over (batch, C)
+        if constexpr (exact_c)  // exactly C per sequence: a dense block over (batch, C)
           Attn::forward(be, pa, ws, l.attn, MatrixView<const T>(xg), fo, batch, m / batch);
         else
           packed_attention_forward(be, pa, ws, l, MatrixView<const T>(xg), fo, idx, seq);
@@ -368,7 +373,19 @@ struct DepthExecutor {
     else
       be.fill(logits.flat(), T(1));  // Never: every token runs
     T aux = T(0);
-    if constexpr (expert_choice) {
+    if constexpr (Cfg::causal_routing) {  // inference: the causal decision instead of top-C (MoD §3.5)
+      const T* decision = logits.data;   // method 1: the router's own sign
+      if constexpr (PW > 0) {            // method 2: the predictor's
+        be.linear_forward(mv(ws + l.hid, n, PW), x, mv(p + o.w1, PW, d), sp(p + o.b1, PW));
+        be.relu_forward(sp(ws + l.act, n * PW), sp<const T>(ws + l.hid, n * PW));
+        be.linear_forward(mv(ws + l.pred, n, 1), mv<const T>(ws + l.act, n, PW), mv(p + o.w2, 1, PW), sp(p + o.b2, 1));
+        decision = ws + l.pred;
+      }
+      be.skip_select(sp(toks(ws, l.idx), n), sp(toks(ws, l.count), 1), std::span<token_t>{}, sp(decision, n));
+      const index_t m = rows_run(be, ws, l, batch, seq);
+      if (!unit_weight && m > 0)
+        be.gather_rows(mv(ws + l.wsel, m, 1), MatrixView<const T>(logits), sp<const token_t>(toks(ws, l.idx), m));
+    } else if constexpr (expert_choice) {
       const index_t C = capacity_tokens(seq), m = batch * C;
       const auto idx = sp(toks(ws, l.idx), m);
       be.select_topc_per_sequence(idx, sp<const T>(logits.data, n), batch, seq);
@@ -433,6 +450,8 @@ struct DepthExecutor {
   template <class Be, class T>
   static void backward(Be& be, const T* p, T* g, const T* ws, const Plan& plan, MatrixView<const T> x0,
                        MatrixView<T> dres, T* sc, index_t batch, index_t seq) {
+    MOM_CHECK(!Cfg::causal_routing, "Router<ExpertChoice<..., CausalRouting>> is an inference mode (autoregressive "
+              "sampling): train the same type without CausalRouting");
     const index_t n = batch * seq;
     const Scratch s = scratch_plan(batch, seq);
     for (int h = L - 1; h >= 0; --h) {
@@ -466,7 +485,7 @@ struct DepthExecutor {
                       sc + s.module, 1, m);
         be.axpy(df.flat(), T(1), sp<const T>(du.data, m * d));  // df := dL/da
         const MatrixView<const T> xg = mv<const T>(ws + l.xg, m, d);
-        if constexpr (expert_choice)
+        if constexpr (exact_c)
           Attn::backward(be, p + oa, g + oa, ws, l.attn, xg, du, MatrixView<const T>(df), sc + s.module, batch,
                          m / batch);
         else
@@ -563,7 +582,7 @@ struct DepthExecutor {
   template <class Be, class T>
   static std::vector<CausalStats> read_causal(Be& be, const T* ws, const Plan& plan, index_t batch, index_t seq) {
     std::vector<CausalStats> out;
-    if constexpr (expert_choice) {
+    if constexpr (exact_c) {
       for (int h = 0; h < L; ++h) {
         if (!routed(h)) continue;
         T v[2];
@@ -602,6 +621,23 @@ struct Executor<Skipping<Os...>, A, D> : detail::DepthExecutor<Skipping<Os...>, 
 template <int L, long long p = 1, long long q = 8, int k = 2, class... Options>
 using MoD = Assembly<Router<ExpertChoice<Capacity<p, q>, Every<k>, Options...>>, ModuleSet<Block<L>, Skip>, K<1>, H<L>,
                      phi::LayerSkip>;
+// The type autoregressive sampling runs for a model trained with a causal-sampling method (MoD §3.5): the
+// same parameters, routed by the causal decision (CausalRouting); every other architecture is itself.
+template <class Arch>
+struct causal_sampling_arch {
+  using type = Arch;
+};
+template <class... Os, class M, class Kn, class Hn>
+  requires(ExpertChoice<Os...>::config::causal_aux || ExpertChoice<Os...>::config::predictor) &&
+          (!ExpertChoice<Os...>::config::causal_routing)
+struct causal_sampling_arch<Assembly<Router<ExpertChoice<Os...>>, M, Kn, Hn, phi::LayerSkip>> {
+  using type = Assembly<Router<ExpertChoice<Os..., CausalRouting>>, M, Kn, Hn, phi::LayerSkip>;
+};
+template <class... Ps>
+struct causal_sampling_arch<Chunked<Ps...>> {
+  using type = Chunked<typename causal_sampling_arch<Ps>::type...>;
+};
+
 // Layer-skip and early-exit over L layers with a learned per-token gate.
 template <int L, class... Options>
 using LayerSkipping = Assembly<Router<Skipping<LinearGate, Options...>>, ModuleSet<MHA<L>, FFN<L>, Skip>, K<1>, H<L>,

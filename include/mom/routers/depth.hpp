@@ -16,6 +16,10 @@
 //                               to the loss
 //         CausalPredictor<w, p, q>  method 2: an MLP d → w → 1 (ReLU) on stop-gradient x_i predicts
 //                               top-C membership, trained by p/q · BCE (no effect on the LM's gradient)
+//         CausalRouting         inference: route token i iff the causal decision says so (the predictor's
+//                               logit > 0, else the router's r_i > 0) instead of the non-causal top-C;
+//                               a variable number of tokens per sequence (autoregressive sampling, §3.5;
+//                               forward only). The parameters are those of the same type without it.
 //   Router<Skipping<Criterion, Options...>>   layer-skip / early-exit (eq. (9)): per token and layer
 //       the criterion decides to run the layer (c_skip(h) = 1) or SKIP it. Criteria:
 //         LinearGate            learned: g_i = σ(wᵀx_i + b) (b starts at 1), run iff g_i > ½, output
@@ -50,6 +54,7 @@ template <long long num = 1, long long den = 100>
 struct CausalAux {
   static constexpr long long numerator = num, denominator = den;
 };
+struct CausalRouting {};
 template <int width = 32, long long num = 1, long long den = 1>
 struct CausalPredictor {
   static constexpr int value = width;
@@ -66,7 +71,7 @@ struct SkipCost {
 namespace detail {
 // Option kinds (0: not a depth-router option).
 enum DepthOpt : int { kNotOpt, kCapacity, kEvery, kWeighting, kCausalAux, kCausalPredictor, kLinearGate, kNever,
-                      kEarlyExit, kSkipCost, kDepthOptKinds };
+                      kEarlyExit, kSkipCost, kCausalRouting, kDepthOptKinds };
 template <class T>
 inline constexpr int depth_opt = kNotOpt;
 template <long long a, long long b>
@@ -87,6 +92,8 @@ template <>
 inline constexpr int depth_opt<EarlyExit> = kEarlyExit;
 template <long long a, long long b>
 inline constexpr int depth_opt<SkipCost<a, b>> = kSkipCost;
+template <>
+inline constexpr int depth_opt<CausalRouting> = kCausalRouting;
 
 template <int kind, class Fallback, class... Os>
 struct pick_depth_opt {
@@ -137,6 +144,7 @@ struct DepthConfig {
   static constexpr double aux_coef = causal_aux ? ratio<aux_t>() : 0.0;
   static constexpr double predictor_coef = predictor ? ratio<predictor_t>() : 0.0;
   static constexpr bool never = depth_opt_count<Os...>(kNever) > 0;
+  static constexpr bool causal_routing = depth_opt_count<Os...>(kCausalRouting) > 0;
   static constexpr int criteria = depth_opt_count<Os...>(kLinearGate) + depth_opt_count<Os...>(kNever);
   static constexpr bool early_exit = depth_opt_count<Os...>(kEarlyExit) > 0;
   // Layer-skip's compute cost applies to the learned gate only.
@@ -165,6 +173,7 @@ struct DepthConfig {
       if constexpr (predictor)
         add("CausalPredictor<" + std::to_string(predictor_width) + "," +
             ratio_name(predictor_t::numerator, predictor_t::denominator) + ">");
+      if (causal_routing) add("CausalRouting");
     } else {
       add(never ? "Never" : "LinearGate");
       if (early_exit) add("EarlyExit");
@@ -197,7 +206,7 @@ struct ExpertChoice {
     using Cfg = config;
     static_assert(Cfg::options_known,
                   "mom::ExpertChoice<Options...>: unknown option; known: Capacity<p, q>, Every<k>, Weighting<w>, "
-                  "CausalAux<p, q>, CausalPredictor<w, p, q>");
+                  "CausalAux<p, q>, CausalPredictor<w, p, q>, CausalRouting");
     static_assert(Cfg::options_unique, "mom::ExpertChoice<Options...>: each option may be given at most once");
     static_assert(!Cfg::options_known || Cfg::criteria == 0,
                   "mom::ExpertChoice: LinearGate / Never are layer-skip criteria: use Router<Skipping<...>>");
@@ -211,10 +220,13 @@ struct ExpertChoice {
                   "mom::CausalAux<p, q>: the loss coefficient p/q must be > 0");
     static_assert(!Cfg::predictor || Cfg::predictor_coef > 0,
                   "mom::CausalPredictor<w, p, q>: the loss coefficient p/q must be > 0");
+    static_assert(!Cfg::causal_routing || Cfg::causal_aux || Cfg::predictor,
+                  "mom::ExpertChoice: CausalRouting decides by a trained causal predictor: add CausalAux<p, q> or "
+                  "CausalPredictor<w, p, q>");
     static_assert(Set::has_block, "mom::Router<ExpertChoice> routes whole blocks: use ModuleSet<Block<L>, Skip>");
     static constexpr bool ok = detail::VerifyDepthOptions<Cfg, h>::ok && Cfg::options_known && Cfg::options_unique &&
                                Cfg::criteria == 0 && Cfg::capacity_ok && !(Cfg::causal_aux && Cfg::predictor) &&
-                               Set::has_block;
+                               (!Cfg::causal_routing || Cfg::causal_aux || Cfg::predictor) && Set::has_block;
   };
 };
 
@@ -241,7 +253,8 @@ struct Skipping {
     static_assert(!Cfg::options_known || (Cfg::cost_t::denominator > 0 && Cfg::cost_t::numerator >= 0),
                   "mom::SkipCost<p, q>: the coefficient p/q must be >= 0");
     static_assert(!Cfg::options_known ||
-                      (!Cfg::causal_aux && !Cfg::predictor && std::is_same_v<typename Cfg::capacity_t, Capacity<1, 8>> &&
+                      (!Cfg::causal_aux && !Cfg::predictor && !Cfg::causal_routing &&
+                       std::is_same_v<typename Cfg::capacity_t, Capacity<1, 8>> &&
                        std::is_same_v<typename Cfg::weighting_t, Weighting<RouterWeight::Raw>>),
                   "mom::Skipping: Capacity, Weighting and the causal-sampling options belong to ExpertChoice (a skip "
                   "criterion is causal already)");
