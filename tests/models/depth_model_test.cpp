@@ -364,6 +364,23 @@ struct CountingBackend : cpu::Backend<T> {
     flops += batch * 2 * (qkv.cols / 3) * seq * (seq + 1);
     Base::attention_forward(out, lse, qkv, batch, seq, heads);
   }
+  void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w) {
+    flops += (dx.empty() ? 2 : 4) * x.rows * x.cols * w.rows;
+    Base::linear_backward(dx, dw, db, dy, x, w);
+  }
+  void attention_backward(M dqkv, CM dout, CM out, CS lse, CM qkv, index_t batch, index_t seq, index_t heads) {
+    flops += batch * 5 * (qkv.cols / 3) * seq * (seq + 1);
+    Base::attention_backward(dqkv, dout, out, lse, qkv, batch, seq, heads);
+  }
+  void attention_packed_backward(M dq, M dk, M dv, CM dout, CM out, CS lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok,
+                                 index_t seq, index_t heads) {
+    for (token_t t : q_tok) {
+      index_t keys = 0;
+      for (token_t s : k_tok) keys += (s / seq == t / seq && s <= t) ? 1 : 0;
+      flops += 10 * q.cols * keys;
+    }
+    Base::attention_packed_backward(dq, dk, dv, dout, out, lse, q, k, v, q_tok, k_tok, seq, heads);
+  }
   void attention_packed_forward(M out, S lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok, index_t seq, index_t heads) {
     for (token_t t : q_tok) {
       index_t keys = 0;
@@ -388,6 +405,12 @@ void check_flops(std::uint64_t seed, bool exact_worst_case) {
     const index_t worst = batch * (Exec0<decltype(m)>::flops_per_sequence(seq) + seq * 2 * tiny.d_model * tiny.vocab);
     if (exact_worst_case) CHECK(m.backend().flops == worst);  // MoD: exactly C tokens, worst = expected
     else CHECK(m.backend().flops <= worst);
+    if (exact_worst_case) {  // backward as the cost model counts it (+ the tied head's two products)
+      m.backend().flops = 0;
+      m.backward();
+      CHECK(m.backend().flops ==
+            batch * (Exec0<decltype(m)>::backward_flops_per_sequence(seq) + seq * 4 * tiny.d_model * tiny.vocab));
+    }
   }
 }
 }  // namespace
@@ -396,6 +419,9 @@ TEST_CASE("depth routing: FLOPs executed equal the cost model (MoD: exactly; lay
           "[depth][cost]") {
   check_flops<ModTiny>(30, true);
   check_flops<LM<tiny, MoD<4, 1, 4, 2, CausalPredictor<5>>>>(31, true);
+  check_flops<LM<tiny, MoD<4, 1, 2, 1, CausalAux<>>>>(34, true);
+  check_flops<LM<tiny, Assembly<Router<ExpertChoice<Capacity<1, 2>, Weighting<RouterWeight::Unit>>>, ModuleSet<Block<4>, Skip>,
+                                K<1>, H<4>, phi::LayerSkip>>>(35, true);
   check_flops<LM<tiny, LayerSkipping<3>>>(32, false);
   check_flops<LM<tiny, EarlyExiting<3>>>(33, false);
   // The cost model: routed blocks cost C/S of a dense block's linear work and attention over C tokens.

@@ -168,10 +168,13 @@ struct DepthExecutor {
   static constexpr index_t layer_flops(index_t seq, index_t run, bool is_routed) {
     return run * block_linear_flops + 2 * d * run * (run + 1) + (is_routed ? seq * router_flops : 0);
   }
+  // The router's w gets a gradient (and its backward runs) unless its score only selects (Unit weight, no
+  // causal loss on it).
+  static constexpr bool router_trained = Cfg::has_router && (!unit_weight || Cfg::causal_aux);
   static constexpr index_t layer_backward_flops(index_t seq, index_t run, bool is_routed) {
     // two products per linear; attention 5 causal products; router: dx and dw (4d), predictor: dw only
     // (its input is stop-gradient) plus the hidden layer's dx and dw.
-    const index_t router = (Cfg::has_router ? 4 * d : 0) + (PW > 0 ? 2 * d * PW + 4 * PW : 0);
+    const index_t router = (router_trained ? 4 * d : 0) + (PW > 0 ? 2 * d * PW + 4 * PW : 0);
     return 2 * run * block_linear_flops + 5 * d * run * (run + 1) + (is_routed ? seq * router : 0);
   }
   // Worst case per sequence: MoD runs exactly C tokens per routed block (worst = expected); a skip
