@@ -27,8 +27,9 @@
 // Auxiliary losses (their gradients in backward):
 //   CausalAux<p,q>           p/q · mean_i BCE(σ(r_i), t_i), t_i = [i ∈ top-C]            (MoD §3.5, method 1)
 //   CausalPredictor<w,p,q>   p/q · mean_i BCE(σ(P(sg(x_i))), t_i), P: d → w → 1 (ReLU)      (method 2)
-//   SkipCost<p,q>            p/q · mean_i σ(wᵀx_i + b)         (layer-skip: the expected fraction run)
-// CausalAux and SkipCost are part of the model loss (Plan::aux). The predictor's loss is not: its
+//   RunTarget<p,q,c,e>       c/e · (mean_i σ(wᵀx_i + b) − p/q)²  (layer-skip: hold the expected fraction run)
+//   SkipCost<p,q>            p/q · mean_i σ(wᵀx_i + b)           (layer-skip: a plain compute cost)
+// CausalAux, RunTarget and SkipCost are part of the model loss (Plan::aux). The predictor's loss is not: its
 // inputs are stop-gradient, so it is a separate objective whose gradient reaches the predictor only
 // (no scalar of the model has that gradient); backward adds it, read_causal reports its value.
 // The prediction accuracy of the causal decision (r_i > 0 or P(x_i) > 0 against t_i) is kept per
@@ -162,7 +163,7 @@ struct DepthExecutor {
   static constexpr index_t block_linear_flops = 2 * d * 3 * d + 2 * d * d + 4 * d * f;  // per token run
   // Per token of a routed layer: the score wᵀx, the predictor, the skip cost's sum of gates.
   static constexpr index_t router_flops =
-      (Cfg::has_router ? 2 * d : 0) + (PW > 0 ? 2 * d * PW + 2 * PW : 0) + (Cfg::skip_cost > 0 ? 2 : 0);
+      (Cfg::has_router ? 2 * d : 0) + (PW > 0 ? 2 * d * PW + 2 * PW : 0) + (Cfg::gate_mean ? 2 : 0);
   // Forward FLOPs of one sequence of `seq` tokens whose routed layers run `run` tokens each
   // (attention among them: a run of c tokens costs 2·d·c(c+1), as Attention::flops_per_token).
   static constexpr index_t layer_flops(index_t seq, index_t run, bool is_routed) {
@@ -417,12 +418,13 @@ struct DepthExecutor {
         const index_t m = rows_run(be, ws, l, batch, seq);
         if (m > 0)
           be.gather_rows(mv(ws + l.wsel, m, 1), mv<const T>(ws + l.gate, n, 1), sp<const token_t>(toks(ws, l.idx), m));
-        if constexpr (Cfg::skip_cost > 0) {  // p/q · mean gate: Σ σ as one product with a ones row
+        if constexpr (Cfg::gate_mean) {  // the mean gate ḡ: Σ σ as one product with a ones row
           const std::span<T> ones = sp(scratch + s.dpred, n);
           be.fill(ones, T(1));
           be.linear_forward(mv(ws + l.bce, 1, 1), mv<const T>(ws + l.gate, 1, n), mv<const T>(ones.data(), 1, n),
                             std::span<const T>{});
-          aux += T(Cfg::skip_cost) * be.read(ws + l.bce) / T(n);
+          const T mean = be.read(ws + l.bce) / T(n), off = mean - T(Cfg::run_target);
+          aux += T(Cfg::skip_cost) * mean + T(Cfg::run_target_coef) * off * off;
         }
       }
     }
@@ -532,9 +534,10 @@ struct DepthExecutor {
     } else {
       // dL/dσ: the block weights' gradient (in dgate) + the cost p/q·mean σ; then through σ.
       const std::span<T> dgate = sp(sc + s.dgate, n);
-      if constexpr (Cfg::skip_cost > 0) {
+      if constexpr (Cfg::gate_mean) {  // d/dσ_i of p/q·ḡ + c·(ḡ − ρ)²: the same for every token
+        const T mean = be.read(ws + l.bce) / T(n);
         const std::span<T> cost = sp(sc + s.dpred, n);
-        be.fill(cost, T(Cfg::skip_cost / double(n)));
+        be.fill(cost, (T(Cfg::skip_cost) + T(2 * Cfg::run_target_coef) * (mean - T(Cfg::run_target))) / T(n));
         be.axpy(dgate, T(1), std::span<const T>(cost));
       }
       be.sigmoid_backward(sp(dlogits, n), sp<const T>(ws + l.gate, n), std::span<const T>(dgate));

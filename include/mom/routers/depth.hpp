@@ -25,9 +25,11 @@
 //         LinearGate            learned: g_i = σ(wᵀx_i + b) (b starts at 1), run iff g_i > ½, output
 //                               x + g_i·f(x̃) (the gate on the gradient path, as MoD's r)
 //         Never                 never skips, weight 1 (the dense stack through the skip machinery)
-//       Options: EarlyExit (a token that skips a layer skips every later one), SkipCost<p, q> (p/q · mean
-//       gate added to the loss: the expected fraction of tokens run, default 1/50), Every<k> (as above;
-//       default 1: every layer may be skipped).
+//       Options: EarlyExit (a token that skips a layer skips every later one), RunTarget<p, q, c, e> (c/e ·
+//       (mean gate − p/q)² added to the loss: holds the expected fraction of tokens run near p/q, and gives
+//       every token's gate a gradient, the skipped ones' too; default RunTarget<1, 2>: half, coefficient 1),
+//       SkipCost<p, q> (p/q · mean gate: a plain compute cost, default 0; alone it lets the gates collapse,
+//       bench/RESULTS.md), Every<k> (as above; default 1: every layer may be skipped).
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -67,11 +69,15 @@ template <long long num = 1, long long den = 50>
 struct SkipCost {
   static constexpr long long numerator = num, denominator = den;
 };
+template <long long num = 1, long long den = 2, long long coef_num = 1, long long coef_den = 1>
+struct RunTarget {
+  static constexpr long long numerator = num, denominator = den, coef_numerator = coef_num, coef_denominator = coef_den;
+};
 
 namespace detail {
 // Option kinds (0: not a depth-router option).
 enum DepthOpt : int { kNotOpt, kCapacity, kEvery, kWeighting, kCausalAux, kCausalPredictor, kLinearGate, kNever,
-                      kEarlyExit, kSkipCost, kCausalRouting, kDepthOptKinds };
+                      kEarlyExit, kSkipCost, kCausalRouting, kRunTarget, kDepthOptKinds };
 template <class T>
 inline constexpr int depth_opt = kNotOpt;
 template <long long a, long long b>
@@ -94,6 +100,8 @@ template <long long a, long long b>
 inline constexpr int depth_opt<SkipCost<a, b>> = kSkipCost;
 template <>
 inline constexpr int depth_opt<CausalRouting> = kCausalRouting;
+template <long long a, long long b, long long c, long long e>
+inline constexpr int depth_opt<RunTarget<a, b, c, e>> = kRunTarget;
 
 template <int kind, class Fallback, class... Os>
 struct pick_depth_opt {
@@ -134,7 +142,8 @@ struct DepthConfig {
   using weighting_t = typename pick_depth_opt<kWeighting, Weighting<RouterWeight::Raw>, Os...>::type;
   using aux_t = typename pick_depth_opt<kCausalAux, NoOption, Os...>::type;
   using predictor_t = typename pick_depth_opt<kCausalPredictor, NoOption, Os...>::type;
-  using cost_t = typename pick_depth_opt<kSkipCost, SkipCost<>, Os...>::type;
+  using cost_t = typename pick_depth_opt<kSkipCost, SkipCost<0, 1>, Os...>::type;
+  using target_t = typename pick_depth_opt<kRunTarget, RunTarget<>, Os...>::type;
   static constexpr long long cap_num = capacity_t::numerator, cap_den = capacity_t::denominator;
   static constexpr bool capacity_ok = cap_den > 0 && cap_num > 0 && cap_num <= cap_den;
   static constexpr int every = every_t::value;
@@ -149,6 +158,14 @@ struct DepthConfig {
   static constexpr bool early_exit = depth_opt_count<Os...>(kEarlyExit) > 0;
   // Layer-skip's compute cost applies to the learned gate only.
   static constexpr double skip_cost = ec || never ? 0.0 : ratio<cost_t>();
+  static constexpr bool target_ok = target_t::denominator > 0 && target_t::numerator > 0 &&
+                                    target_t::numerator <= target_t::denominator && target_t::coef_denominator > 0 &&
+                                    target_t::coef_numerator >= 0;
+  static constexpr double run_target = ratio<target_t>();
+  static constexpr double run_target_coef =
+      ec || never || !target_ok ? 0.0 : double(target_t::coef_numerator) / double(target_t::coef_denominator);
+  // The gates' mean is needed (forward: the losses; backward: their gradient).
+  static constexpr bool gate_mean = skip_cost > 0 || run_target_coef > 0;
   // The weight of a selected token's block output: the raw score r (MoD), the gate σ(g) (LinearGate),
   // or 1 (Weighting<Unit>, Never).
   static constexpr bool unit_weight = ec ? weighting_t::value == RouterWeight::Unit : never;
@@ -178,7 +195,10 @@ struct DepthConfig {
       add(never ? "Never" : "LinearGate");
       if (early_exit) add("EarlyExit");
       if (every != 1) add("Every<" + std::to_string(every) + ">");
-      if (!never) add("SkipCost<" + ratio_name(cost_t::numerator, cost_t::denominator) + ">");
+      if (!never && run_target_coef > 0)
+        add("RunTarget<" + ratio_name(target_t::numerator, target_t::denominator) + "," +
+            ratio_name(target_t::coef_numerator, target_t::coef_denominator) + ">");
+      if (!never && skip_cost > 0) add("SkipCost<" + ratio_name(cost_t::numerator, cost_t::denominator) + ">");
     }
     return s;
   }
@@ -246,12 +266,14 @@ struct Skipping {
     using Cfg = config;
     static_assert(Cfg::options_known,
                   "mom::Skipping<Criterion, Options...>: unknown option; known: LinearGate, Never, EarlyExit, "
-                  "SkipCost<p, q>, Every<k>");
+                  "RunTarget<p, q, c, e>, SkipCost<p, q>, Every<k>");
     static_assert(Cfg::options_unique, "mom::Skipping<Criterion, Options...>: each option may be given at most once");
     static_assert(!Cfg::options_known || Cfg::criteria == 1,
                   "mom::Skipping<Criterion, Options...>: give one criterion, LinearGate or Never, not both");
     static_assert(!Cfg::options_known || (Cfg::cost_t::denominator > 0 && Cfg::cost_t::numerator >= 0),
                   "mom::SkipCost<p, q>: the coefficient p/q must be >= 0");
+    static_assert(!Cfg::options_known || Cfg::target_ok,
+                  "mom::RunTarget<p, q, c, e>: the target fraction p/q must be in (0, 1] and the coefficient c/e >= 0");
     static_assert(!Cfg::options_known ||
                       (!Cfg::causal_aux && !Cfg::predictor && !Cfg::causal_routing &&
                        std::is_same_v<typename Cfg::capacity_t, Capacity<1, 8>> &&
@@ -259,7 +281,7 @@ struct Skipping {
                   "mom::Skipping: Capacity, Weighting and the causal-sampling options belong to ExpertChoice (a skip "
                   "criterion is causal already)");
     static constexpr bool ok = detail::VerifyDepthOptions<Cfg, h>::ok && Cfg::options_known && Cfg::options_unique &&
-                               Cfg::criteria == 1;
+                               Cfg::criteria == 1 && Cfg::target_ok;
   };
 };
 
