@@ -43,6 +43,7 @@
 #include "mom/assembly/assembly.hpp"
 #include "mom/assembly/chunked.hpp"
 #include "mom/assembly/phi.hpp"
+#include "mom/core/check.hpp"
 #include "mom/modules/block.hpp"
 #include "mom/modules/ffn.hpp"
 #include "mom/modules/mha.hpp"
