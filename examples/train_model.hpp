@@ -206,6 +206,28 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
   if (result.final_val_loss)
     std::printf("final validation loss %.4f nats/token (perplexity %.3f) vs unigram entropy %.4f nats/token\n",
                 *result.final_val_loss, std::exp(*result.final_val_loss), entropy);
+  // Mixture-of-Depths with a causal-sampling method: the same validation windows routed by the causal decision,
+  // as autoregressive sampling routes (MoD §3.5, Fig. 6), beside the top-C figure; in <out>/depth.jsonl.
+  using CausalModel = causal_sampling_model_t<Model>;
+  if constexpr (!std::is_same_v<CausalModel, Model>) {
+    if (result.final_val_loss && val_data && !result.interrupted) {
+      auto causal = CausalModel::template make<cpu::Backend<float>>(1);
+      std::copy(model.params().begin(), model.params().end(), causal.params().begin());
+      causal.reserve(cfg.batch, cfg.seq);
+      std::vector<token_t> in(std::size_t(cfg.batch * cfg.seq)), tg(in.size());
+      double sum = 0;
+      for (index_t i = 0; i < cfg.eval_batches; ++i) {
+        train::eval_batch(*val_data, cfg.batch, cfg.seq, i, in, tg);
+        sum += double(causal.forward(in, tg, cfg.batch, cfg.seq));
+      }
+      const double causal_loss = sum / double(cfg.eval_batches);
+      std::printf("validation loss with causal routing (autoregressive sampling's routing) %.4f vs top-C %.4f\n",
+                  causal_loss, *result.final_val_loss);
+      train::MetricsLog(cfg.out_dir / "depth.jsonl")
+          .write({{"type", "depth_causal_eval"}, {"step", result.last_step}, {"val_loss_causal_routing", causal_loss},
+                  {"val_loss_top_c", *result.final_val_loss}});
+    }
+  }
   if (r.sample_tokens > 0 && !result.interrupted) {
     auto tok = train::make_tokenizer(cfg.tokenizer_name, repo_root());
     std::vector<token_t> tokens = tok->encode(r.prompt);
