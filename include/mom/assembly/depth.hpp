@@ -106,6 +106,12 @@ struct DepthExecutor {
     for (int h = 0; h < L; ++h) n += routed(h) ? 1 : 0;
     return n;
   }();
+  // The routed layer before h, or -1.
+  static constexpr int previous_routed(int h) {
+    for (int i = h - 1; i >= 0; --i)
+      if (routed(i)) return i;
+    return -1;
+  }
   // Index of routed layer h among the routed layers.
   static constexpr int routed_index(int h) {
     int j = 0;
@@ -419,10 +425,19 @@ struct DepthExecutor {
         const index_t m = rows_run(be, ws, l, batch, seq);
         if (m > 0)
           be.gather_rows(mv(ws + l.wsel, m, 1), mv<const T>(ws + l.gate, n, 1), sp<const token_t>(toks(ws, l.idx), m));
-        if constexpr (Cfg::gate_mean) {  // the mean gate ḡ: Σ σ as one product with a ones row
-          const std::span<T> ones = sp(scratch + s.dpred, n);
-          be.fill(ones, T(1));
-          be.linear_forward(mv(ws + l.bce, 1, 1), mv<const T>(ws + l.gate, 1, n), mv<const T>(ones.data(), 1, n),
+        if constexpr (Cfg::gate_mean) {
+          // The mean gate ḡ = (1/n) Σ_i a_i σ_i over the tokens still in play (a_i = 1; with early exit, a_i = 1
+          // iff token i ran the previous routed layer: an exited token's gate decides nothing), as one product
+          // of the gates with the 0/1 row a.
+          const std::span<T> in_play = sp(ws + l.mask, n);
+          const int prev = previous_routed(h);
+          if (Cfg::early_exit && prev >= 0) {
+            const Layer& lp = plan.layer[std::size_t(prev)];
+            be.selection_mask(in_play, sp<const token_t>(toks(ws, lp.idx), rows_run(be, ws, lp, batch, seq)));
+          } else {
+            be.fill(in_play, T(1));
+          }
+          be.linear_forward(mv(ws + l.bce, 1, 1), mv<const T>(ws + l.gate, 1, n), mv<const T>(in_play.data(), 1, n),
                             std::span<const T>{});
           const T mean = be.read(ws + l.bce) / T(n), off = mean - T(Cfg::run_target);
           aux += T(Cfg::skip_cost) * mean + T(Cfg::run_target_coef) * off * off;
@@ -535,11 +550,10 @@ struct DepthExecutor {
     } else {
       // dL/dσ: the block weights' gradient (in dgate) + the cost p/q·mean σ; then through σ.
       const std::span<T> dgate = sp(sc + s.dgate, n);
-      if constexpr (Cfg::gate_mean) {  // d/dσ_i of p/q·ḡ + c·(ḡ − ρ)²: the same for every token
+      if constexpr (Cfg::gate_mean) {  // d/dσ_i of p/q·ḡ + c·(ḡ − ρ)² = a_i (p/q + 2c(ḡ − ρ)) / n
         const T mean = be.read(ws + l.bce) / T(n);
-        const std::span<T> cost = sp(sc + s.dpred, n);
-        be.fill(cost, (T(Cfg::skip_cost) + T(2 * Cfg::run_target_coef) * (mean - T(Cfg::run_target))) / T(n));
-        be.axpy(dgate, T(1), std::span<const T>(cost));
+        be.axpy(dgate, (T(Cfg::skip_cost) + T(2 * Cfg::run_target_coef) * (mean - T(Cfg::run_target))) / T(n),
+                sp<const T>(ws + l.mask, n));
       }
       be.sigmoid_backward(sp(dlogits, n), sp<const T>(ws + l.gate, n), std::span<const T>(dgate));
     }

@@ -27,7 +27,8 @@
 //         Never                 never skips, weight 1 (the dense stack through the skip machinery)
 //       Options: EarlyExit (a token that skips a layer skips every later one), RunTarget<p, q, c, e> (c/e ·
 //       (mean gate − p/q)² added to the loss: holds the expected fraction of tokens run near p/q, and gives
-//       every token's gate a gradient, the skipped ones' too; default RunTarget<1, 2>: half, coefficient 1),
+//       every token's gate a gradient, the skipped ones' too; default RunTarget<1, 2>: half, coefficient 1;
+//       with EarlyExit the mean counts the tokens still in play only, exited tokens as 0),
 //       SkipCost<p, q> (p/q · mean gate: a plain compute cost, default 0; alone it lets the gates collapse,
 //       bench/RESULTS.md), Every<k> (as above; default 1: every layer may be skipped).
 #include <string>
