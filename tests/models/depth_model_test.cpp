@@ -603,6 +603,7 @@ TEST_CASE("DepthStats: run fraction per routed layer and the causal accuracy, as
     const auto tokens = random_tokens(batch * seq, tiny.vocab, 72 + i);
     m.forward(tokens, tokens, batch, seq);
     stats.accumulate(m);
+    CHECK(m.backend().read(m.workspace_data() + std::get<0>(m.plan().parts).aux) == 0.0);  // predictor: no model aux
     using E = Exec0<decltype(m)>;
     for (const auto& c : E::read_causal(m.backend(), m.workspace_data(), std::get<0>(m.plan().parts), batch, seq))
       correct += c.correct;
@@ -621,7 +622,14 @@ TEST_CASE("DepthStats: run fraction per routed layer and the causal accuracy, as
   s.reserve(batch, seq);
   s.forward(random_tokens(batch * seq, tiny.vocab, 75), {}, batch, seq);
   DepthStats ss;
+  const auto ts = random_tokens(batch * seq, tiny.vocab, 76);
+  s.forward(ts, ts, batch, seq);
   ss.accumulate(s);
+  // The run target's c·(ḡ − ½)² terms are part of the model loss; aux_loss() reports them (at initialisation
+  // every gate is σ(1 + small) ≈ 0.73, so each layer adds about (0.73 − 0.5)²).
+  CHECK(ss.aux_loss() == s.backend().read(s.workspace_data() + std::get<0>(s.plan().parts).aux));
+  CHECK(ss.aux_loss() > 3 * 0.04);
+  CHECK(ss.json(1).find("\"aux_loss\"") != std::string::npos);
   CHECK(ss.layers.size() == 3);
   CHECK(ss.causal_accuracy() == -1.0);
   CHECK(ss.json(1).find("causal_accuracy") == std::string::npos);

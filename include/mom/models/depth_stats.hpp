@@ -37,17 +37,23 @@ struct DepthStats {
     double correct = 0, bce = 0, forwards = 0; // causal decision (MoD only; forwards = 0 otherwise)
   };
   std::vector<Layer> layers;
+  // The depth parts' auxiliary losses (causal BCE, run target, skip cost) summed over the accumulated
+  // forwards: the model loss minus aux_loss() is the LM's cross-entropy alone.
+  double aux_sum = 0, forwards = 0;
+  double aux_loss() const { return forwards > 0 ? aux_sum / forwards : 0.0; }
 
   template <class Instance>
   void accumulate(Instance& m) {
     using Model = typename Instance::model_type;
     const index_t batch = m.batch(), seq = m.seq();
     std::size_t at = 0;
+    forwards += 1;
     [&]<class... Es, std::size_t... is>(TypeList<Es...>, std::index_sequence<is...>) {
       ([&] {
         using E = Es;
         if constexpr (DepthRoutedExecutor<E>) {
           const auto& plan = std::get<is>(m.plan().parts);
+          aux_sum += double(m.backend().read(m.workspace_data() + plan.aux));
           const auto causal = E::read_causal(m.backend(), m.workspace_data(), plan, batch, seq);
           std::size_t c = 0;
           for (int h = 0; h < E::L; ++h) {
@@ -68,7 +74,7 @@ struct DepthStats {
     }(typename Model::core::executors{}, std::make_index_sequence<Model::core::executors::size>{});
   }
 
-  // {"step":s, "run_fraction":f, "causal_accuracy":a, "layers":[{"name", "run_fraction", "causal_accuracy",
+  // {"step":s, "run_fraction":f, "aux_loss":x, "causal_accuracy":a, "layers":[{"name", "run_fraction", "causal_accuracy",
   //  "causal_bce"}...]} (the causal fields only for Mixture-of-Depths layers).
   std::string json(index_t step) const {
     auto num = [](double v) {
@@ -91,7 +97,7 @@ struct DepthStats {
       per += "}";
     }
     std::string s = "{\"type\": \"depth\", \"step\": " + std::to_string(step) +
-                    ", \"run_fraction\": " + num(tokens > 0 ? run / tokens : 0.0);
+                    ", \"run_fraction\": " + num(tokens > 0 ? run / tokens : 0.0) + ", \"aux_loss\": " + num(aux_loss());
     if (causal_tokens > 0) s += ", \"causal_accuracy\": " + num(correct / causal_tokens);
     return s + ", \"layers\": [" + per + "]}";
   }
@@ -102,7 +108,10 @@ struct DepthStats {
       if (l.forwards > 0) correct += l.correct, tokens += l.tokens;
     return tokens > 0 ? correct / tokens : -1.0;
   }
-  void clear() { layers.clear(); }
+  void clear() {
+    layers.clear();
+    aux_sum = forwards = 0;
+  }
 };
 
 }  // namespace mom
