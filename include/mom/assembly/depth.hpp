@@ -346,7 +346,7 @@ struct DepthExecutor {
         x = x_next;
         continue;
       }
-      aux += route_forward(be, p, ws, plan, l, h, x, scratch, batch, seq);
+      aux += route_forward(be, p, ws, plan, l, h, x, batch, seq);
       const index_t m = rows_run(be, ws, l, batch, seq);
       be.copy(x_next.flat(), sp(x.data, n * d));  // x_{h+1} = x_h for every token, then + w·f on S
       if (m > 0) {
@@ -374,9 +374,8 @@ struct DepthExecutor {
   // Returns this layer's auxiliary loss.
   template <class Be, class T>
   static T route_forward(Be& be, const T* p, T* ws, const Plan& plan, const Layer& l, int h, MatrixView<const T> x,
-                         T* scratch, index_t batch, index_t seq) {
+                         index_t batch, index_t seq) {
     const index_t n = batch * seq;
-    const Scratch s = scratch_plan(batch, seq);
     const RouterOffsets o = router_offsets(h);
     const MatrixView<T> logits = mv(ws + l.logits, n, 1);
     if constexpr (Cfg::has_router)
@@ -387,9 +386,7 @@ struct DepthExecutor {
     if constexpr (Cfg::causal_routing) {  // inference: the causal decision instead of top-C (MoD §3.5)
       const T* decision = logits.data;   // method 1: the router's own sign
       if constexpr (PW > 0) {            // method 2: the predictor's
-        be.linear_forward(mv(ws + l.hid, n, PW), x, mv(p + o.w1, PW, d), sp(p + o.b1, PW));
-        be.relu_forward(sp(ws + l.act, n * PW), sp<const T>(ws + l.hid, n * PW));
-        be.linear_forward(mv(ws + l.pred, n, 1), mv<const T>(ws + l.act, n, PW), mv(p + o.w2, 1, PW), sp(p + o.b2, 1));
+        predictor_forward(be, p, ws, l, o, x, n);
         decision = ws + l.pred;
       }
       be.skip_select(sp(toks(ws, l.idx), n), sp(toks(ws, l.count), 1), std::span<token_t>{}, sp(decision, n));
@@ -408,9 +405,7 @@ struct DepthExecutor {
         be.bce_logits_forward(sp(ws + l.bce, 2), sp<const T>(logits.data, n), sp<const T>(ws + l.mask, n));
         aux += T(Cfg::aux_coef) * be.read(ws + l.bce);
       } else if constexpr (PW > 0) {  // method 2: the predictor on stop-gradient inputs
-        be.linear_forward(mv(ws + l.hid, n, PW), x, mv(p + o.w1, PW, d), sp(p + o.b1, PW));
-        be.relu_forward(sp(ws + l.act, n * PW), sp<const T>(ws + l.hid, n * PW));
-        be.linear_forward(mv(ws + l.pred, n, 1), mv<const T>(ws + l.act, n, PW), mv(p + o.w2, 1, PW), sp(p + o.b2, 1));
+        predictor_forward(be, p, ws, l, o, x, n);
         be.bce_logits_forward(sp(ws + l.bce, 2), sp<const T>(ws + l.pred, n), sp<const T>(ws + l.mask, n));
         // Not added to the model loss: on stop-gradient inputs it is a separate objective (its
         // gradient reaches the predictor alone), and the model loss stays the LM's (+ method 1's).
@@ -445,6 +440,15 @@ struct DepthExecutor {
       }
     }
     return aux;
+  }
+
+  // The causal predictor P(x_i) = w2ᵀ ReLU(W1 x_i + b1) + b2 (logits in l.pred), MoD §3.5 method 2.
+  template <class Be, class T>
+  static void predictor_forward(Be& be, const T* p, T* ws, const Layer& l, const RouterOffsets& o,
+                                MatrixView<const T> x, index_t n) {
+    be.linear_forward(mv(ws + l.hid, n, PW), x, mv(p + o.w1, PW, d), sp(p + o.b1, PW));
+    be.relu_forward(sp(ws + l.act, n * PW), sp<const T>(ws + l.hid, n * PW));
+    be.linear_forward(mv(ws + l.pred, n, 1), mv<const T>(ws + l.act, n, PW), mv(p + o.w2, 1, PW), sp(p + o.b2, 1));
   }
 
   // Attention over the running tokens of a skip layer: queries and keys are the packed rows, each
