@@ -234,11 +234,18 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
     if (tokens.empty()) tokens.push_back(0);
     std::printf("sample (temperature %.2f):\n%s", r.temperature, r.prompt.c_str());
     std::fflush(stdout);
-    generate(model, tokens, r.sample_tokens, r.temperature, 0, cfg.seed, [&](token_t t) {
+    const auto print = [&](token_t t) {
       const std::string s = tok->decode(std::span<const token_t>(&t, 1));
       std::fwrite(s.data(), 1, s.size(), stdout);
       std::fflush(stdout);
-    });
+    };
+    if constexpr (!std::is_same_v<CausalModel, Model>) {  // routed by the causal decision, as mom-sample does
+      auto causal = CausalModel::template make<cpu::Backend<float>>(1);
+      std::copy(model.params().begin(), model.params().end(), causal.params().begin());
+      generate(causal, tokens, r.sample_tokens, r.temperature, 0, cfg.seed, print);
+    } else {
+      generate(model, tokens, r.sample_tokens, r.temperature, 0, cfg.seed, print);
+    }
     std::printf("\n");
   }
   return 0;
