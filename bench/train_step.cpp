@@ -2,11 +2,12 @@
 // of the dense 8-layer model and of MoM_E / MoM_I / MoM_P on its [1-1-4-1-1] chunking (issue 5,
 // item 9), float, on cpu::Backend<float> wrapped in a timing backend.
 //
-//   bench_train_step [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share] [--routed-kv] [--wide]
+//   bench_train_step [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,mod,mod-causal] [--routed-kv] [--wide]
 //
 // Issue 6 adds Mixture-of-Experts at the same dims: MoE (8 layers x 8 experts, top-2) and
 // MoE(share) (8 experts shared by the 8 layers, top-2); their "router" share is the top-K
 // routers' products (W_r has 8 rows).
+// (mod = Mixture-of-Depths, 12.5% capacity, every other block; mod-causal adds its causal predictor)
 //
 // Dims: d_model 256, 8 heads, d_ff 1024, vocab 256 (byte-level, as the KJV runs), seq 256;
 // batch 16 → 4096 tokens per step. Threads: OpenMP's (2 unless OMP_NUM_THREADS says otherwise).
@@ -192,6 +193,18 @@ struct TimingBackend : cpu::Backend<T> {
       Base::attention_packed_backward(dq, dk, dv, dout, out, lse, q, k, v, q_tok, k_tok, seq, heads);
     });
   }
+  // ---- issue 6, depth routing (Mixture-of-Depths): its selection and loss ops count as dispatch ----
+  void select_topc_per_sequence(std::span<token_t> idx, CS scores, index_t batch, index_t seq) const {
+    timed(kDispatch, [&] { Base::select_topc_per_sequence(idx, scores, batch, seq); });
+  }
+  void selection_mask(S mask, Tok idx) const { timed(kDispatch, [&] { Base::selection_mask(mask, idx); }); }
+  void bce_logits_forward(S out, CS logits, CS targets) const {
+    timed(kDispatch, [&] { Base::bce_logits_forward(out, logits, targets); });
+  }
+  void bce_logits_backward(S dlogits, CS logits, CS targets, T scale) const {
+    timed(kDispatch, [&] { Base::bce_logits_backward(dlogits, logits, targets, scale); });
+  }
+  // ---- end of the depth-routing block ----
   void grad_norm(CS grads, T* norm_out) const { timed(kOptim, [&] { Base::grad_norm(grads, norm_out); }); }
   void adamw_step(S params, CS grads, S m, S v, const typename Base::AdamWConfig& cfg, std::int64_t step,
                   const T* gn = nullptr, T max_norm = T(0)) const {
@@ -302,6 +315,11 @@ Result run(const char* name, index_t batch, index_t seq, int reps) {
   return r;
 }
 
+// Issue 6, Mixture-of-Depths: 12.5% capacity on blocks 1, 3, 5, 7 (every other block), the dense model's dims;
+// and the same with the causal predictor (MoD §3.5, method 2).
+using MoD_LM = LM<dims, MoD<8>>;
+using MoDCausal_LM = LM<dims, MoD<8, 1, 8, 2, CausalPredictor<32>>>;
+
 template <class Phi>
 using E_LM = LM<dims, Strategy_11411<MoM_E<Router<GRU>, Phi>>>;
 template <class Phi>
@@ -334,7 +352,7 @@ int main(int argc, char** argv) {
     else if (a == "--routed-kv") routed_kv = true;
     else if (a == "--wide") wide = true;
     else {
-      std::fprintf(stderr, "usage: %s [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share] [--routed-kv] [--wide]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,mod,mod-causal] [--routed-kv] [--wide]\n", argv[0]);
       return 2;
     }
   }
@@ -380,6 +398,10 @@ int main(int argc, char** argv) {
     res.push_back(run<Share_LM<All, 1>>("share All (1 pair x 8)", batch, seq, reps));
     res.push_back(run<Share_LM<Cycle<2>, 2>>("share Cycle<2> (ABAB..)", batch, seq, reps));
   }
+
+  // Issue 6, depth routing (--only mod / mod-causal).
+  if (want("mod")) res.push_back(run<MoD_LM>("MoD 12.5%, every other block", batch, seq, reps));
+  if (want("mod-causal")) res.push_back(run<MoDCausal_LM>("MoD 12.5% + causal predictor", batch, seq, reps));
 
   const Result* dense = res.empty() || res[0].name.rfind("dense", 0) != 0 ? nullptr : &res[0];
   const double tokens = double(batch * seq);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "architectures.hpp"
+#include <mom/models/depth_stats.hpp>
 #include <mom/models/routing_stats.hpp>
 #include <mom/models/warm_start.hpp>
 #include <mom/train/hf_gpt2.hpp>
@@ -175,6 +176,23 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
       };
     }
   }
+  // Depth-routed models (issue 6): fraction of tokens run per routed layer and, for Mixture-of-Depths, the
+  // accuracy of the causal routing decision (MoD §3.5) at each validation, in <out>/depth.jsonl.
+  DepthStats depth;
+  if constexpr (has_depth_routing<Model>) {
+    trainer.on_eval_forward = [&depth, prev = trainer.on_eval_forward](Instance& m) {
+      if (prev) prev(m);
+      depth.accumulate(m);
+    };
+    trainer.on_eval_done = [&depth, prev = trainer.on_eval_done, dir = cfg.out_dir](index_t step) {
+      if (prev) prev(step);
+      train::MetricsLog(dir / "depth.jsonl").write(nlohmann::json::parse(depth.json(step)));
+      if (depth.causal_accuracy() >= 0)
+        std::printf("step %6lld | causal routing accuracy %.4f (top-C membership)\n", static_cast<long long>(step),
+                    depth.causal_accuracy());
+      depth.clear();
+    };
+  }
   if (r.resume) {
     trainer.resume(cfg.out_dir);
     std::printf("resumed from step %lld of %s\n", static_cast<long long>(trainer.step()), cfg.out_dir.string().c_str());
@@ -188,17 +206,46 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
   if (result.final_val_loss)
     std::printf("final validation loss %.4f nats/token (perplexity %.3f) vs unigram entropy %.4f nats/token\n",
                 *result.final_val_loss, std::exp(*result.final_val_loss), entropy);
+  // Mixture-of-Depths with a causal-sampling method: the same validation windows routed by the causal decision,
+  // as autoregressive sampling routes (MoD §3.5, Fig. 6), beside the top-C figure; in <out>/depth.jsonl.
+  using CausalModel = causal_sampling_model_t<Model>;
+  if constexpr (!std::is_same_v<CausalModel, Model>) {
+    if (result.final_val_loss && val_data && !result.interrupted) {
+      auto causal = CausalModel::template make<cpu::Backend<float>>(1);
+      std::copy(model.params().begin(), model.params().end(), causal.params().begin());
+      causal.reserve(cfg.batch, cfg.seq);
+      std::vector<token_t> in(std::size_t(cfg.batch * cfg.seq)), tg(in.size());
+      double sum = 0;
+      for (index_t i = 0; i < cfg.eval_batches; ++i) {
+        train::eval_batch(*val_data, cfg.batch, cfg.seq, i, in, tg);
+        sum += double(causal.forward(in, tg, cfg.batch, cfg.seq));
+      }
+      const double causal_loss = sum / double(cfg.eval_batches);
+      std::printf("validation loss with causal routing (autoregressive sampling's routing) %.4f vs top-C %.4f\n",
+                  causal_loss, *result.final_val_loss);
+      train::MetricsLog(cfg.out_dir / "depth.jsonl")
+          .write({{"type", "depth_causal_eval"}, {"step", result.last_step}, {"val_loss_causal_routing", causal_loss},
+                  {"val_loss_top_c", *result.final_val_loss}});
+    }
+  }
   if (r.sample_tokens > 0 && !result.interrupted) {
     auto tok = train::make_tokenizer(cfg.tokenizer_name, repo_root());
     std::vector<token_t> tokens = tok->encode(r.prompt);
     if (tokens.empty()) tokens.push_back(0);
     std::printf("sample (temperature %.2f):\n%s", r.temperature, r.prompt.c_str());
     std::fflush(stdout);
-    generate(model, tokens, r.sample_tokens, r.temperature, 0, cfg.seed, [&](token_t t) {
+    const auto print = [&](token_t t) {
       const std::string s = tok->decode(std::span<const token_t>(&t, 1));
       std::fwrite(s.data(), 1, s.size(), stdout);
       std::fflush(stdout);
-    });
+    };
+    if constexpr (!std::is_same_v<CausalModel, Model>) {  // routed by the causal decision, as mom-sample does
+      auto causal = CausalModel::template make<cpu::Backend<float>>(1);
+      std::copy(model.params().begin(), model.params().end(), causal.params().begin());
+      generate(causal, tokens, r.sample_tokens, r.temperature, 0, cfg.seed, print);
+    } else {
+      generate(model, tokens, r.sample_tokens, r.temperature, 0, cfg.seed, print);
+    }
     std::printf("\n");
   }
   return 0;
@@ -213,7 +260,17 @@ std::string sample_model(const SampleRequest& r) {
   std::vector<token_t> tokens = tok->encode(r.prompt);
   MOM_CHECK(!tokens.empty(), "--prompt must not be empty");
   const std::size_t prompt_len = tokens.size();
-  generate(model, tokens, r.tokens, r.temperature, r.top_k, r.seed);
+  // A Mixture-of-Depths model trained with a causal-sampling method routes by its causal decision here (the
+  // top-C of a sequence depends on its future tokens, MoD §3.5): the same parameters in that type.
+  using Sampling = causal_sampling_model_t<Model>;
+  if constexpr (!std::is_same_v<Sampling, Model>) {
+    static_assert(Sampling::params == Model::params);
+    auto causal = Sampling::template make<cpu::Backend<float>>(1);
+    std::copy(model.params().begin(), model.params().end(), causal.params().begin());
+    generate(causal, tokens, r.tokens, r.temperature, r.top_k, r.seed);
+  } else {
+    generate(model, tokens, r.tokens, r.temperature, r.top_k, r.seed);
+  }
   return tok->decode(std::span<const token_t>(tokens).subspan(0, prompt_len)) +
          tok->decode(std::span<const token_t>(tokens).subspan(prompt_len));
 }

@@ -166,6 +166,8 @@ struct Executor<GRU, A, D> {
     index_t aux = 0;         // the balance loss of this chunk (written by forward)
   };
   static constexpr bool has_aux_loss = true;
+  // read_picks / routed_flops: module picks per round (routing statistics, realised FLOPs).
+  static constexpr bool has_module_picks = true;
 
   static constexpr RouterSaved plan_router(Arena& a, index_t n, index_t E) {
     RouterSaved r{};

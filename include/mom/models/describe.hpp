@@ -25,6 +25,10 @@ template <class Set>
 std::string module_set_name() {
   std::string s = "ModuleSet<";
   const char* sep = "";
+  if constexpr (Set::has_block) {
+    s += "Block<" + std::to_string(Set::n_attention) + ">";
+    return s + (Set::has_skip ? ", Skip>" : ">");
+  }
   if (Set::n_attention > 0) s += sep + ("MHA<" + std::to_string(Set::n_attention) + ">"), sep = ", ";
   if (Set::experts_per_step) s += sep + ("Experts<FFN, " + std::to_string(Set::ffn_choices) + ", PerStep>"), sep = ", ";
   else if (Set::n_ffn > 0) s += sep + ("FFN<" + std::to_string(Set::n_ffn) + ">"), sep = ", ";
@@ -71,6 +75,8 @@ std::string assembly_name() {
     using Policy = typename A::router::policy;
     std::string router(Policy::name);
     if constexpr (requires { Policy::label(); }) router = Policy::label();  // e.g. Share<Cycle<2>>
+    if constexpr (requires { Policy::options_name(); })
+      router += "<" + Policy::options_name() + ">";  // e.g. ExpertChoice<Capacity<1,8>, Every<2>>
     router += router_options_name<typename A::router>();  // e.g. GRU, Width<64>
     const std::string phi = std::is_same_v<typename A::phi_type, phi::MoE> ? ", phi::MoE" : "";
     std::string s = "Assembly<Router<" + router + ">, " + module_set_name<Set>() + ", K<" + std::to_string(A::k) +

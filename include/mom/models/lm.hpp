@@ -48,6 +48,9 @@
 #include "mom/assembly/mom.hpp"
 #include "mom/assembly/share.hpp"
 #include "mom/assembly/moe.hpp"
+#include "mom/modules/block.hpp"
+#include "mom/routers/depth.hpp"
+#include "mom/assembly/depth.hpp"
 
 namespace mom {
 

@@ -74,6 +74,8 @@ index_t realised_forward_flops(Instance& m) {
               E::read_picks(m.backend(), m.workspace_data(), plan, h, router, n, std::span<token_t>(picks));
               return std::span<const token_t>(picks);
             });
+          } else if constexpr (requires { E::realised_flops(m.backend(), m.workspace_data(), std::get<is>(m.plan().parts), batch, seq); }) {
+            total += E::realised_flops(m.backend(), m.workspace_data(), std::get<is>(m.plan().parts), batch, seq);  // depth routing
           } else {
             total += n * E::flops_per_token(seq);
           }

@@ -21,7 +21,8 @@
 
 namespace mom {
 
-enum class ModuleKind { Attention, FeedForward, Skip };
+// Block: a family of L transformer blocks (attention + FFN pairs, modules/block.hpp).
+enum class ModuleKind { Attention, FeedForward, Skip, Block };
 
 // A family of modules inside a ModuleSet: `kind`, `count` and, for computing modules, the
 // single-module type `template <Dims> single`.

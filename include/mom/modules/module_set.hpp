@@ -6,6 +6,7 @@
 // so a module set built from the L layers of a dense model keeps their names (warm start,
 // paper §3.4). With Experts<FFN, E, PerStep> (Mixture-of-Experts, eq. (11)) layer i holds
 // attention module i then its E experts "h.<i>.expert.<e>.*".
+// Block<L> (Mixture-of-Depths) is L attention + FFN pairs with this very layout.
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -13,6 +14,7 @@
 
 #include "mom/core/meta.hpp"
 #include "mom/modules/experts.hpp"
+#include "mom/modules/block.hpp"
 #include "mom/modules/ffn.hpp"
 #include "mom/modules/mha.hpp"
 #include "mom/modules/skip.hpp"
@@ -23,7 +25,9 @@ namespace detail {
 template <class F, ModuleKind k>
 constexpr int family_count() {
   if constexpr (ModuleFamily<F>) {
-    return F::kind == k ? int{F::count} : 0;
+    // Block<L> is L (attention, FFN) pairs: it counts as L of each.
+    const bool block_part = F::kind == ModuleKind::Block && (k == ModuleKind::Attention || k == ModuleKind::FeedForward);
+    return F::kind == k || block_part ? int{F::count} : 0;
   } else {
     return 0;
   }
@@ -70,6 +74,14 @@ struct ModuleSet {
                     (0 + ... + detail::family_occurrences<Fs, ModuleKind::FeedForward>()) <= 1 &&
                     (0 + ... + detail::family_occurrences<Fs, ModuleKind::Skip>()) <= 1,
                 "mom::ModuleSet: each module kind (MHA<N>, FFN<N>, Skip) may appear at most once");
+  static constexpr int n_block_families = (0 + ... + detail::family_occurrences<Fs, ModuleKind::Block>());
+  static constexpr int n_computing_families =
+      (0 + ... + (detail::family_occurrences<Fs, ModuleKind::Attention>() +
+                  detail::family_occurrences<Fs, ModuleKind::FeedForward>() +
+                  detail::family_occurrences<Fs, ModuleKind::Block>()));
+  static_assert(n_block_families == 0 || n_computing_families == 1,
+                "mom::ModuleSet: Block<L> already holds L attention and L FFN modules: use it alone (with Skip), not "
+                "beside MHA<N>, FFN<N> or another Block");
 
   // The elements are module families with N >= 1 (checked above); only then is "no computing
   // module" worth its own message.
@@ -84,7 +96,8 @@ struct ModuleSet {
       sizeof...(Fs) > 0 && n_computing > 0 && (ModuleFamily<Fs> && ...) && (detail::family_nonempty<Fs>() && ...) &&
       (0 + ... + detail::family_occurrences<Fs, ModuleKind::Attention>()) <= 1 &&
       (0 + ... + detail::family_occurrences<Fs, ModuleKind::FeedForward>()) <= 1 &&
-      (0 + ... + detail::family_occurrences<Fs, ModuleKind::Skip>()) <= 1;
+      (0 + ... + detail::family_occurrences<Fs, ModuleKind::Skip>()) <= 1 &&
+      (n_block_families == 0 || n_computing_families == 1);
 
   static constexpr int n_attention = (0 + ... + detail::family_count<Fs, ModuleKind::Attention>());
   // Experts<FFN, E, PerStep>: E experts for each of the n_attention steps.
@@ -93,6 +106,8 @@ struct ModuleSet {
   static constexpr int ffn_choices = (0 + ... + detail::family_count<Fs, ModuleKind::FeedForward>());
   static constexpr int n_ffn = experts_per_step ? ffn_choices * n_attention : ffn_choices;
   static constexpr bool has_skip = (0 + ... + detail::family_count<Fs, ModuleKind::Skip>()) > 0;
+  // ModuleSet<Block<L>, ...>: the same modules and layout as MHA<L>, FFN<L>, run as whole blocks.
+  static constexpr bool has_block = n_block_families > 0;
   // Number of layer names the set's parameters occupy ("h.<base>" .. "h.<base+depth-1>").
   static constexpr int depth = experts_per_step ? n_attention : std::max(n_attention, n_ffn);
   // Modules a router can choose among for one module type, SKIP included (paper §3.1: an

@@ -13,6 +13,7 @@
 #include "mom/backend/cpu/activation.hpp"
 #include "mom/backend/cpu/attention.hpp"
 #include "mom/backend/cpu/cross_entropy.hpp"
+#include "mom/backend/cpu/depth.hpp"
 #include "mom/backend/cpu/dispatch.hpp"
 #include "mom/backend/cpu/embedding.hpp"
 #include "mom/backend/cpu/gemm.hpp"
@@ -218,6 +219,21 @@ struct Backend {
   void attention_packed_backward(M dq, M dk, M dv, CM dout, CM out, CS lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok,
                                  index_t seq, index_t heads) const {
     cpu::attention_packed_backward<T>(dq, dk, dv, dout, out, lse, q, k, v, q_tok, k_tok, seq, heads);
+  }
+
+  // Depth routing (Mixture-of-Depths, layer-skip, early-exit; backend/cpu/depth.hpp).
+  void select_topc_per_sequence(std::span<token_t> idx, CS scores, index_t batch, index_t seq) const {
+    cpu::select_topc_per_sequence<T>(idx, scores, batch, seq);
+  }
+  void selection_mask(S mask, Tok idx) const { cpu::selection_mask<T>(mask, idx); }
+  void skip_select(std::span<token_t> idx, std::span<token_t> count, std::span<token_t> alive, CS logits) const {
+    cpu::skip_select<T>(idx, count, alive, logits);
+  }
+  void sigmoid_forward(S out, CS x) const { cpu::sigmoid_forward<T>(out, x); }
+  void sigmoid_backward(S dx, CS out, CS dout) const { cpu::sigmoid_backward<T>(dx, out, dout); }
+  void bce_logits_forward(S out, CS logits, CS targets) const { cpu::bce_logits_forward<T>(out, logits, targets); }
+  void bce_logits_backward(S dlogits, CS logits, CS targets, T scale) const {
+    cpu::bce_logits_backward<T>(dlogits, logits, targets, scale);
   }
 
   void grad_norm(CS grads, T* norm_out) const { cpu::grad_norm<T>(grads, norm_out); }

@@ -1,0 +1,674 @@
+#pragma once
+// phi::LayerSkip (MoM paper eq. (9)) and the executor of the depth routers (routers/depth.hpp):
+//
+//   Mixture-of-Depths   Assembly<Router<ExpertChoice<Capacity<1,8>, Every<2>>>, ModuleSet<Block<L>, Skip>,
+//                                K<1>, H<L>, phi::LayerSkip>
+//   layer-skip          Assembly<Router<Skipping<LinearGate>>, ModuleSet<MHA<L>, FFN<L>, Skip>, K<1>, H<L>,
+//                                phi::LayerSkip>
+//   early-exit          Assembly<Router<Skipping<LinearGate, EarlyExit>>, ... the same>
+//
+// Step h runs layer h (attention then FFN, each pre-norm and residual) on the tokens the criterion
+// keeps and SKIP (x ↦ x) on the others:
+//   φ_layer-skip(M, R, x_h) = m_h if c_skip(h) = 1, m^S if c_skip(h) = 0                       eq. (9)
+// A routed layer h, with S the tokens it runs (in their original order) and w_i their weight:
+//   x̃ = x[S]; u = x̃ + Attn_h(x̃) (attention among S only); y = u + FFN_h(u); f(x̃) = y − x̃
+//   x_{h+1,i} = x_{h,i} + w_i · f_i(x̃)  for i ∈ S,   x_{h+1,i} = x_{h,i}  otherwise     (MoD eq. (1))
+// so the residual is counted once. Positions enter only through the input embedding (wpe), so the
+// selected tokens keep their original positions; nothing is re-indexed or re-embedded.
+//   ExpertChoice   S = the top-C of r_i = wᵀx_i in every sequence (C = ⌊capacity·seq⌋, exactly C per
+//                  sequence), w_i = r_i (or 1: Weighting<Unit>). Since every sequence gives C rows,
+//                  the gathered rows are `batch` sequences of C tokens and the block runs as a plain
+//                  dense block over (batch, C) (ordinary causal attention, no per-token work).
+//   Skipping       S = {i : σ(wᵀx_i + b) > ½} (and, with EarlyExit, i ran every earlier routed layer),
+//                  w_i = σ(wᵀx_i + b); a variable number of tokens per sequence, so attention is the
+//                  packed op over the running tokens (queries and keys: S's flat indices).
+// Unrouted layers (Every<k>) run every token with weight 1, exactly as Dense<L>.
+//
+// Auxiliary losses (their gradients in backward):
+//   CausalAux<p,q>           p/q · mean_i BCE(σ(r_i), t_i), t_i = [i ∈ top-C]            (MoD §3.5, method 1)
+//   CausalPredictor<w,p,q>   p/q · mean_i BCE(σ(P(sg(x_i))), t_i), P: d → w → 1 (ReLU)      (method 2)
+//   RunTarget<p,q,c,e>       c/e · (mean_i σ(wᵀx_i + b) − p/q)²  (layer-skip: hold the expected fraction run)
+//   SkipCost<p,q>            p/q · mean_i σ(wᵀx_i + b)           (layer-skip: a plain compute cost)
+// CausalAux, RunTarget and SkipCost are part of the model loss (Plan::aux). The predictor's loss is not: its
+// inputs are stop-gradient, so it is a separate objective whose gradient reaches the predictor only
+// (no scalar of the model has that gradient); backward adds it, read_causal reports its value.
+// The prediction accuracy of the causal decision (r_i > 0 or P(x_i) > 0 against t_i) is kept per
+// routed block for evaluation (read_causal).
+#include <algorithm>
+#include <array>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "mom/assembly/assembly.hpp"
+#include "mom/assembly/chunked.hpp"
+#include "mom/assembly/phi.hpp"
+#include "mom/core/check.hpp"
+#include "mom/modules/block.hpp"
+#include "mom/modules/ffn.hpp"
+#include "mom/modules/mha.hpp"
+#include "mom/routers/depth.hpp"
+
+namespace mom {
+
+namespace phi {
+// φ_layer-skip, eq. (9): step h runs layer h (its attention and FFN module) or SKIP.
+struct LayerSkip {
+  static constexpr bool is_phi = true;
+  template <class Set, int k, int h>
+  struct Verify {
+    static_assert(k == 1, "mom::phi::LayerSkip runs layer h or SKIP at step h: use K<1>");
+    static_assert(!(k == 1) || Set::has_skip,
+                  "mom::phi::LayerSkip needs Skip in the ModuleSet (the module a token that skips a layer takes), e.g. "
+                  "ModuleSet<Block<L>, Skip>");
+    static_assert(!(k == 1 && Set::has_skip) || (h == Set::n_attention && h == Set::n_ffn),
+                  "mom::phi::LayerSkip runs layer h at step h: H must equal the number of layers (Block<L>, or MHA<L> "
+                  "and FFN<L>)");
+    static constexpr bool ok = k == 1 && Set::has_skip && h == Set::n_attention && h == Set::n_ffn;
+  };
+};
+}  // namespace phi
+
+namespace detail {
+template <class P>
+inline constexpr bool is_depth_policy = false;
+template <class... Os>
+inline constexpr bool is_depth_policy<ExpertChoice<Os...>> = true;
+template <class... Os>
+inline constexpr bool is_depth_policy<Skipping<Os...>> = true;
+
+template <class Policy, class A, Dims D>
+struct DepthExecutor {
+  using Cfg = typename Policy::config;
+  using Set = typename A::module_set;
+  using Attn = modules::Attention<D>;
+  using Ffn = modules::FeedForward<D>;
+  static_assert(std::is_same_v<typename A::phi_type, phi::LayerSkip>,
+                "mom::Router<ExpertChoice> and Router<Skipping> assemble with phi::LayerSkip (eq. (9)): "
+                "Assembly<R, M, K<1>, H<L>, phi::LayerSkip>");
+  static constexpr int L = A::h;
+  static constexpr index_t d = D.d_model, f = D.ff(), heads = D.heads;
+  static constexpr bool expert_choice = Cfg::expert_choice;
+  // Exactly C tokens per sequence (top-C): a dense block over (batch, C). Otherwise (a skip criterion,
+  // or MoD's causal routing at inference) a variable number: packed attention over the running tokens.
+  static constexpr bool exact_c = expert_choice && !Cfg::causal_routing;
+  static_assert(!expert_choice || Cfg::capacity_tokens(D.context) >= 1,
+                "mom::ExpertChoice: Capacity<p, q> gives C = floor(p/q * context) = 0 tokens per sequence at the "
+                "model's context: no token would ever run a routed block");
+  static constexpr index_t PW = Cfg::predictor_width;
+  static constexpr bool unit_weight = Cfg::unit_weight;
+  static constexpr bool has_aux_loss = true;  // Plan::aux (0 when no auxiliary loss is configured)
+  static constexpr bool is_depth_routed = true;  // read_selected / read_causal (models/depth_stats.hpp)
+
+  static constexpr bool routed(int h) { return Cfg::routes(h); }
+  static constexpr int n_routed = [] {
+    int n = 0;
+    for (int h = 0; h < L; ++h) n += routed(h) ? 1 : 0;
+    return n;
+  }();
+  // The routed layer before h, or -1.
+  static constexpr int previous_routed(int h) {
+    for (int i = h - 1; i >= 0; --i)
+      if (routed(i)) return i;
+    return -1;
+  }
+  // Index of routed layer h among the routed layers.
+  static constexpr int routed_index(int h) {
+    int j = 0;
+    for (int i = 0; i < h; ++i) j += routed(i) ? 1 : 0;
+    return j;
+  }
+
+  // ---- parameters: the blocks (names h.<base+i>.*, the Dense<L> layout), then per routed layer its
+  // router (h.<i>.router.w [1×d], h.<i>.router.b for the gate) and predictor (h.<i>.predictor.*) ----
+  static constexpr index_t router_size = (Cfg::has_router ? d : 0) + (Cfg::has_bias ? 1 : 0);
+  static constexpr index_t predictor_size = PW > 0 ? PW * d + PW + PW + 1 : 0;
+  static constexpr index_t per_routed = router_size + predictor_size;
+  static constexpr index_t router_base = Set::template params<D>;
+  struct RouterOffsets {
+    index_t w, b, w1, b1, w2, b2;
+  };
+  static constexpr RouterOffsets router_offsets(int h) {
+    const index_t at = router_base + routed_index(h) * per_routed;
+    RouterOffsets o{};
+    o.w = at;
+    o.b = at + d;
+    o.w1 = at + router_size;
+    o.b1 = o.w1 + PW * d;
+    o.w2 = o.b1 + PW;
+    o.b2 = o.w2 + PW;
+    return o;
+  }
+  static constexpr std::size_t per_routed_tensors =
+      (Cfg::has_router ? 1 : 0) + (Cfg::has_bias ? 1 : 0) + (PW > 0 ? 4 : 0);
+  static constexpr std::size_t tensor_count = Set::tensor_count + std::size_t(n_routed) * per_routed_tensors;
+  static constexpr index_t params = router_base + n_routed * per_routed;
+  static constexpr index_t router_params = n_routed * router_size;
+  static constexpr index_t predictor_params = n_routed * predictor_size;
+
+  static constexpr void specs(TensorSpec* out, index_t layer_base) {
+    Set::template specs<D>(out, layer_base);
+    out += Set::tensor_count;
+    for (int h = 0; h < L; ++h) {
+      if (!routed(h)) continue;
+      const index_t layer = layer_base + h;
+      if (Cfg::has_router) *out++ = {"router.w", layer, 1, d, Init::Normal};
+      // The gate's bias starts at 1: σ(1) = 0.73 > ½, so at initialisation every token runs every layer.
+      if (Cfg::has_bias) *out++ = {"router.b", layer, 1, 1, Init::One};
+      if (PW > 0) {
+        *out++ = {"predictor.w1", layer, PW, d, Init::Normal};
+        *out++ = {"predictor.b1", layer, 1, PW, Init::Zero};
+        *out++ = {"predictor.w2", layer, 1, PW, Init::Normal};
+        *out++ = {"predictor.b2", layer, 1, 1, Init::Zero};
+      }
+    }
+  }
+
+  // ---- cost model (FLOPs as in models/lm.hpp: 2·m·n·k per product, causal attention) ----------
+  // C = ⌊capacity·seq⌋ tokens per sequence in a routed MoD block.
+  static constexpr index_t capacity_tokens(index_t seq) { return index_t(Cfg::capacity_tokens(seq)); }
+  static constexpr index_t block_linear_flops = 2 * d * 3 * d + 2 * d * d + 4 * d * f;  // per token run
+  // Per token of a routed layer: the score wᵀx, the predictor, the skip cost's sum of gates.
+  static constexpr index_t router_flops =
+      (Cfg::has_router ? 2 * d : 0) + (PW > 0 ? 2 * d * PW + 2 * PW : 0) + (Cfg::gate_mean ? 2 : 0);
+  // Forward FLOPs of one sequence of `seq` tokens whose routed layers run `run` tokens each
+  // (attention among them: a run of c tokens costs 2·d·c(c+1), as Attention::flops_per_token).
+  static constexpr index_t layer_flops(index_t seq, index_t run, bool is_routed) {
+    return run * block_linear_flops + 2 * d * run * (run + 1) + (is_routed ? seq * router_flops : 0);
+  }
+  // The router's w gets a gradient (and its backward runs) unless its score only selects (Unit weight, no
+  // causal loss on it).
+  static constexpr bool router_trained = Cfg::has_router && (!unit_weight || Cfg::causal_aux);
+  static constexpr index_t layer_backward_flops(index_t seq, index_t run, bool is_routed) {
+    // two products per linear; attention 5 causal products; router: dx and dw (4d), predictor: dw only
+    // (its input is stop-gradient) plus the hidden layer's dx and dw.
+    const index_t router = (router_trained ? 4 * d : 0) + (PW > 0 ? 2 * d * PW + 4 * PW : 0);
+    return 2 * run * block_linear_flops + 5 * d * run * (run + 1) + (is_routed ? seq * router : 0);
+  }
+  // Worst case per sequence: MoD runs exactly C tokens per routed block (worst = expected); a skip
+  // criterion may run every token.
+  static constexpr index_t worst_run(index_t seq) { return exact_c ? capacity_tokens(seq) : seq; }
+  static constexpr index_t flops_per_sequence(index_t seq) {
+    index_t total = 0;
+    for (int h = 0; h < L; ++h) total += layer_flops(seq, routed(h) ? worst_run(seq) : seq, routed(h));
+    return total;
+  }
+  static constexpr index_t backward_flops_per_sequence(index_t seq) {
+    index_t total = 0;
+    for (int h = 0; h < L; ++h) total += layer_backward_flops(seq, routed(h) ? worst_run(seq) : seq, routed(h));
+    return total;
+  }
+  // Per token (the LM's convention; rounded down where C/seq does not divide evenly).
+  static constexpr index_t flops_per_token(index_t seq) { return flops_per_sequence(seq) / seq; }
+  static constexpr index_t backward_flops_per_token(index_t seq) { return backward_flops_per_sequence(seq) / seq; }
+  // Expected forward FLOPs per token when a routed layer runs a fraction `run_fraction` of every
+  // sequence (MoD: C/seq exactly; layer-skip: the measured fraction, e.g. from read_counts).
+  static constexpr double expected_flops_per_token(index_t seq, double run_fraction) {
+    double total = 0;
+    for (int h = 0; h < L; ++h) {
+      const double run = routed(h) ? run_fraction * double(seq) : double(seq);
+      total += run * double(block_linear_flops) + 2.0 * double(d) * run * (run + 1) +
+               (routed(h) ? double(seq * router_flops) : 0.0);
+    }
+    return total / double(seq);
+  }
+
+  // ---- workspace ----------------------------------------------------------------------------
+  static constexpr index_t tok_elems(index_t count) {
+    return (count * index_t(sizeof(token_t)) + index_t(sizeof(float)) - 1) / index_t(sizeof(float));
+  }
+  // Rows a routed layer can run: batch·C (MoD) or every token (skip).
+  static constexpr index_t max_rows(index_t batch, index_t seq) {
+    return exact_c ? batch * capacity_tokens(seq) : batch * seq;
+  }
+  struct Layer {
+    typename Attn::Saved attn{};  // MoD: over (batch, C); skip: packed rows (lse [rows × heads])
+    typename Ffn::Saved ffn{};
+    index_t xg = 0, u = 0, fo = 0;  // gathered inputs x̃, u = x̃ + attention, f(x̃) (routed layers)
+    index_t x_next = 0;
+    index_t logits = 0, gate = 0, wsel = 0, mask = 0, bce = 0;  // T: [n], [n], [rows], [n], [2]
+    index_t hid = 0, act = 0, pred = 0;                          // predictor [n×PW], [n×PW], [n]
+    index_t idx = 0, count = 0;                                  // token_t: [rows], [1]
+  };
+  struct Plan {
+    std::array<Layer, L> layer{};
+    index_t alive = 0;  // token_t [n]: early exit's "ran every routed layer so far"
+    index_t aux = 0;    // the auxiliary losses of this part (written by forward)
+  };
+  static constexpr Plan plan(Arena& a, index_t batch, index_t seq) {
+    const index_t n = batch * seq, rows = max_rows(batch, seq);
+    Plan p{};
+    for (int h = 0; h < L; ++h) {
+      Layer& l = p.layer[h];
+      if (!routed(h)) {
+        l.attn = Attn::plan(a, batch, seq);
+        l.u = a.take(n * d);
+        l.ffn = Ffn::plan(a, batch, seq);
+        l.x_next = a.take(n * d);
+        continue;
+      }
+      l.logits = a.take(n);
+      l.gate = a.take(n);
+      l.idx = a.take(tok_elems(rows));
+      l.count = a.take(tok_elems(1));
+      l.wsel = a.take(rows);
+      l.xg = a.take(rows * d);
+      l.attn = Attn::plan(a, 1, rows);  // the same sizes as (batch, C): rows·d, rows, rows·3d, heads·rows
+      l.u = a.take(rows * d);
+      l.ffn = Ffn::plan(a, 1, rows);
+      l.fo = a.take(rows * d);
+      l.x_next = a.take(n * d);
+      l.mask = a.take(n);
+      l.bce = a.take(2);
+      if constexpr (PW > 0) {
+        l.hid = a.take(n * PW);
+        l.act = a.take(n * PW);
+        l.pred = a.take(n);
+      }
+    }
+    p.alive = a.take(tok_elems(n));
+    p.aux = a.take(1);
+    return p;
+  }
+
+  // Scratch shared with the other parts. Forward: the FFN output of a layer [n×d]. Backward: the
+  // routed layer's buffers, then the modules' own backward scratch.
+  struct Scratch {
+    index_t df, g, dwsel, dlogits, dgate, dpred, dact, dhid, module, total;
+  };
+  static constexpr Scratch scratch_plan(index_t batch, index_t seq) {
+    const index_t n = batch * seq, rows = max_rows(batch, seq);
+    Arena a;
+    Scratch s{};
+    s.df = a.take(n * d);  // forward: a module's output; backward: dL/df (routed) 
+    s.g = a.take(rows * d);
+    s.dwsel = a.take(rows);
+    s.dlogits = a.take(n);
+    s.dgate = a.take(n);
+    s.dpred = a.take(n);
+    s.dact = a.take(n * std::max<index_t>(PW, 1));
+    s.dhid = a.take(n * std::max<index_t>(PW, 1));
+    s.module = a.take(std::max({Attn::scratch(batch, seq), Ffn::scratch(batch, seq), rows * 5 * d}));
+    s.total = a.used;
+    return s;
+  }
+  static constexpr index_t scratch(index_t batch, index_t seq) { return scratch_plan(batch, seq).total; }
+
+  // ---- views --------------------------------------------------------------------------------
+  template <class T>
+  static token_t* toks(T* ws, index_t off) {
+    return reinterpret_cast<token_t*>(ws + off);
+  }
+  template <class T>
+  static const token_t* toks(const T* ws, index_t off) {
+    return reinterpret_cast<const token_t*>(ws + off);
+  }
+  template <class U>
+  static std::span<U> sp(U* p, index_t n) {
+    return {p, static_cast<std::size_t>(n)};
+  }
+  template <class U>
+  static MatrixView<U> mv(U* p, index_t r, index_t c) {
+    return {p, r, c};
+  }
+
+  // Tokens routed layer h ran in the last forward (on the host: one integer).
+  template <class Be, class T>
+  static index_t rows_run(Be& be, const T* ws, const Layer& l, index_t batch, index_t seq) {
+    if constexpr (exact_c) {
+      return batch * capacity_tokens(seq);
+    } else {
+      token_t m = 0;
+      be.to_host(std::span<token_t>(&m, 1), std::span<const token_t>(toks(ws, l.count), 1));
+      return m;
+    }
+  }
+
+  // ---- forward ------------------------------------------------------------------------------
+  template <class Be, class T>
+  static MatrixView<const T> forward(Be& be, const T* p, T* ws, const Plan& plan, MatrixView<const T> x, T* scratch,
+                                     index_t batch, index_t seq) {
+    const index_t n = batch * seq;
+    const Scratch s = scratch_plan(batch, seq);
+    if constexpr (Cfg::early_exit) be.fill(sp(toks(ws, plan.alive), n), token_t(1));
+    T aux = T(0);
+    for (int h = 0; h < L; ++h) {
+      const Layer& l = plan.layer[h];
+      const T* pa = p + Set::template attention_offset<D>(h);
+      const T* pf = p + Set::template ffn_offset<D>(h);
+      const MatrixView<T> x_next = mv(ws + l.x_next, n, d);
+      if (!routed(h)) {  // as Dense<L>: u = x + Attn(x), x' = u + FFN(u)
+        const MatrixView<T> fo = mv(scratch + s.df, n, d), u = mv(ws + l.u, n, d);
+        Attn::forward(be, pa, ws, l.attn, x, fo, batch, seq);
+        be.add_forward(u.flat(), sp(x.data, n * d), sp<const T>(fo.data, n * d));
+        Ffn::forward(be, pf, ws, l.ffn, MatrixView<const T>(u), fo, batch, seq);
+        be.add_forward(x_next.flat(), sp<const T>(u.data, n * d), sp<const T>(fo.data, n * d));
+        x = x_next;
+        continue;
+      }
+      aux += route_forward(be, p, ws, plan, l, h, x, batch, seq);
+      const index_t m = rows_run(be, ws, l, batch, seq);
+      be.copy(x_next.flat(), sp(x.data, n * d));  // x_{h+1} = x_h for every token, then + w·f on S
+      if (m > 0) {
+        const auto idx = sp<const token_t>(toks(ws, l.idx), m);
+        const MatrixView<T> xg = mv(ws + l.xg, m, d), u = mv(ws + l.u, m, d), fo = mv(ws + l.fo, m, d);
+        const MatrixView<T> fm = mv(scratch + s.df, m, d);
+        be.gather_rows(xg, x, idx);
+        if constexpr (exact_c)  // exactly C per sequence: a dense block over (batch, C)
+          Attn::forward(be, pa, ws, l.attn, MatrixView<const T>(xg), fo, batch, m / batch);
+        else
+          packed_attention_forward(be, pa, ws, l, MatrixView<const T>(xg), fo, idx, seq);
+        be.add_forward(u.flat(), sp<const T>(xg.data, m * d), sp<const T>(fo.data, m * d));
+        Ffn::forward(be, pf, ws, l.ffn, MatrixView<const T>(u), fm, 1, m);
+        be.add_forward(fo.flat(), sp<const T>(fo.data, m * d), sp<const T>(fm.data, m * d));  // f = y - x̃
+        be.scatter_add_rows(x_next, MatrixView<const T>(fo), idx,
+                            unit_weight ? std::span<const T>{} : sp<const T>(ws + l.wsel, m));  // MoD eq. (1)
+      }
+      x = x_next;
+    }
+    be.from_host(sp(ws + plan.aux, 1), std::span<const T>(&aux, 1));
+    return x;
+  }
+
+  // The routing decision of routed layer h: scores, selection, weights, auxiliary losses.
+  // Returns this layer's auxiliary loss.
+  template <class Be, class T>
+  static T route_forward(Be& be, const T* p, T* ws, const Plan& plan, const Layer& l, int h, MatrixView<const T> x,
+                         index_t batch, index_t seq) {
+    const index_t n = batch * seq;
+    const RouterOffsets o = router_offsets(h);
+    const MatrixView<T> logits = mv(ws + l.logits, n, 1);
+    if constexpr (Cfg::has_router)
+      be.linear_forward(logits, x, mv(p + o.w, 1, d), Cfg::has_bias ? sp(p + o.b, 1) : std::span<const T>{});
+    else
+      be.fill(logits.flat(), T(1));  // Never: every token runs
+    T aux = T(0);
+    if constexpr (Cfg::causal_routing) {  // inference: the causal decision instead of top-C (MoD §3.5)
+      const T* decision = logits.data;   // method 1: the router's own sign
+      if constexpr (PW > 0) {            // method 2: the predictor's
+        predictor_forward(be, p, ws, l, o, x, n);
+        decision = ws + l.pred;
+      }
+      be.skip_select(sp(toks(ws, l.idx), n), sp(toks(ws, l.count), 1), std::span<token_t>{}, sp(decision, n));
+      const index_t m = rows_run(be, ws, l, batch, seq);
+      if (!unit_weight && m > 0)
+        be.gather_rows(mv(ws + l.wsel, m, 1), MatrixView<const T>(logits), sp<const token_t>(toks(ws, l.idx), m));
+    } else if constexpr (expert_choice) {
+      const index_t C = capacity_tokens(seq), m = batch * C;
+      const auto idx = sp(toks(ws, l.idx), m);
+      be.select_topc_per_sequence(idx, sp<const T>(logits.data, n), batch, seq);
+      if (!unit_weight && m > 0)
+        be.gather_rows(mv(ws + l.wsel, m, 1), MatrixView<const T>(logits), std::span<const token_t>(idx));
+      // Top-C membership: the causal losses' targets and the accuracy of the causal decision.
+      be.selection_mask(sp(ws + l.mask, n), std::span<const token_t>(idx));
+      if constexpr (Cfg::causal_aux) {  // method 1: BCE on the router's own logits
+        be.bce_logits_forward(sp(ws + l.bce, 2), sp<const T>(logits.data, n), sp<const T>(ws + l.mask, n));
+        aux += T(Cfg::aux_coef) * be.read(ws + l.bce);
+      } else if constexpr (PW > 0) {  // method 2: the predictor on stop-gradient inputs
+        predictor_forward(be, p, ws, l, o, x, n);
+        be.bce_logits_forward(sp(ws + l.bce, 2), sp<const T>(ws + l.pred, n), sp<const T>(ws + l.mask, n));
+        // Not added to the model loss: on stop-gradient inputs it is a separate objective (its
+        // gradient reaches the predictor alone), and the model loss stays the LM's (+ method 1's).
+      } else {  // no causal method: the accuracy of the router's sign as the decision, no loss
+        be.bce_logits_forward(sp(ws + l.bce, 2), sp<const T>(logits.data, n), sp<const T>(ws + l.mask, n));
+      }
+    } else {
+      be.skip_select(sp(toks(ws, l.idx), n), sp(toks(ws, l.count), 1),
+                     Cfg::early_exit ? sp(toks(ws, plan.alive), n) : std::span<token_t>{}, sp<const T>(logits.data, n));
+      if constexpr (!unit_weight) {
+        be.sigmoid_forward(sp(ws + l.gate, n), sp<const T>(logits.data, n));
+        const index_t m = rows_run(be, ws, l, batch, seq);
+        if (m > 0)
+          be.gather_rows(mv(ws + l.wsel, m, 1), mv<const T>(ws + l.gate, n, 1), sp<const token_t>(toks(ws, l.idx), m));
+        if constexpr (Cfg::gate_mean) {
+          // The mean gate ḡ = (1/n) Σ_i a_i σ_i over the tokens still in play (a_i = 1; with early exit, a_i = 1
+          // iff token i ran the previous routed layer: an exited token's gate decides nothing), as one product
+          // of the gates with the 0/1 row a.
+          const std::span<T> in_play = sp(ws + l.mask, n);
+          const int prev = previous_routed(h);
+          if (Cfg::early_exit && prev >= 0) {
+            const Layer& lp = plan.layer[std::size_t(prev)];
+            be.selection_mask(in_play, sp<const token_t>(toks(ws, lp.idx), rows_run(be, ws, lp, batch, seq)));
+          } else {
+            be.fill(in_play, T(1));
+          }
+          be.linear_forward(mv(ws + l.bce, 1, 1), mv<const T>(ws + l.gate, 1, n), mv<const T>(in_play.data(), 1, n),
+                            std::span<const T>{});
+          const T mean = be.read(ws + l.bce) / T(n), off = mean - T(Cfg::run_target);
+          aux += T(Cfg::skip_cost) * mean + T(Cfg::run_target_coef) * off * off;
+        }
+      }
+    }
+    return aux;
+  }
+
+  // The causal predictor P(x_i) = w2ᵀ ReLU(W1 x_i + b1) + b2 (logits in l.pred), MoD §3.5 method 2.
+  template <class Be, class T>
+  static void predictor_forward(Be& be, const T* p, T* ws, const Layer& l, const RouterOffsets& o,
+                                MatrixView<const T> x, index_t n) {
+    be.linear_forward(mv(ws + l.hid, n, PW), x, mv(p + o.w1, PW, d), sp(p + o.b1, PW));
+    be.relu_forward(sp(ws + l.act, n * PW), sp<const T>(ws + l.hid, n * PW));
+    be.linear_forward(mv(ws + l.pred, n, 1), mv<const T>(ws + l.act, n, PW), mv(p + o.w2, 1, PW), sp(p + o.b2, 1));
+  }
+
+  // Attention over the running tokens of a skip layer: queries and keys are the packed rows, each
+  // query attends to the running tokens of its own sequence at or before its position.
+  template <class Be, class T>
+  static void packed_attention_forward(Be& be, const T* pa, T* ws, const Layer& l, MatrixView<const T> xg,
+                                       MatrixView<T> out, std::span<const token_t> idx, index_t seq) {
+    using detail::mat, detail::vec;
+    const index_t m = xg.rows;
+    const auto& s = l.attn;
+    const MatrixView<T> ln = mv(ws + s.ln, m, d), qkv = mv(ws + s.qkv, m, 3 * d), att = mv(ws + s.att, m, d);
+    be.layernorm_forward(ln, sp(ws + s.mean, m), sp(ws + s.rstd, m), xg, vec(pa, Attn::o_ln_w, d),
+                         vec(pa, Attn::o_ln_b, d));
+    be.linear_forward(qkv, MatrixView<const T>(ln), mat(pa, Attn::o_w_qkv, 3 * d, d), vec(pa, Attn::o_b_qkv, 3 * d));
+    const MatrixView<const T> cq(qkv);
+    be.attention_packed_forward(att, sp(ws + s.lse, m * heads), cq.col_block(0, d), cq.col_block(d, d),
+                                cq.col_block(2 * d, d), idx, idx, seq, heads);
+    be.linear_forward(out, MatrixView<const T>(att), mat(pa, Attn::o_w_proj, d, d), vec(pa, Attn::o_b_proj, d));
+  }
+
+  // ---- backward -----------------------------------------------------------------------------
+  // dres holds dL/dx_L on entry and dL/dx_0 on exit. A routed layer's identity path (every token)
+  // leaves dres as it is; the block adds its input gradient for the tokens it ran.
+  template <class Be, class T>
+  static void backward(Be& be, const T* p, T* g, const T* ws, const Plan& plan, MatrixView<const T> x0,
+                       MatrixView<T> dres, T* sc, index_t batch, index_t seq) {
+    MOM_CHECK(!Cfg::causal_routing, "Router<ExpertChoice<..., CausalRouting>> is an inference mode (autoregressive "
+              "sampling): train the same type without CausalRouting");
+    const index_t n = batch * seq;
+    const Scratch s = scratch_plan(batch, seq);
+    for (int h = L - 1; h >= 0; --h) {
+      const Layer& l = plan.layer[h];
+      const MatrixView<const T> x = h == 0 ? x0 : mv<const T>(ws + plan.layer[h - 1].x_next, n, d);
+      const index_t oa = Set::template attention_offset<D>(h), of = Set::template ffn_offset<D>(h);
+      if (!routed(h)) {
+        const MatrixView<const T> u = mv<const T>(ws + l.u, n, d);
+        Ffn::backward(be, p + of, g + of, ws, l.ffn, u, dres, MatrixView<const T>(dres), sc + s.module, batch, seq);
+        Attn::backward(be, p + oa, g + oa, ws, l.attn, x, dres, MatrixView<const T>(dres), sc + s.module, batch, seq);
+        continue;
+      }
+      const index_t m = rows_run(be, ws, l, batch, seq);
+      const MatrixView<T> dlogits = mv(sc + s.dlogits, n, 1);
+      be.zero(dlogits.flat());
+      if constexpr (!expert_choice) be.zero(sp(sc + s.dgate, n));
+      if (m > 0) {
+        const auto idx = sp<const token_t>(toks(ws, l.idx), m);
+        const MatrixView<T> df = mv(sc + s.df, m, d), du = mv(sc + s.g, m, d);
+        const std::span<T> dwsel = sp(sc + s.dwsel, m);
+        be.zero(df.flat());
+        be.zero(dwsel);
+        // x' = x + scatter(w · f): df = w · dres[S], dw = dres[S] · f (read before dres changes).
+        be.scatter_add_rows_backward(df, unit_weight ? std::span<T>{} : dwsel, MatrixView<const T>(dres),
+                                     mv<const T>(ws + l.fo, m, d), idx,
+                                     unit_weight ? std::span<const T>{} : sp<const T>(ws + l.wsel, m));
+        // f = a + FFN(u), u = x̃ + a, a = Attn(x̃):  dL/du = FFNᵀ df;  dL/da = df + dL/du;
+        // dL/dx̃ = dL/du + Attnᵀ dL/da.
+        be.zero(du.flat());
+        Ffn::backward(be, p + of, g + of, ws, l.ffn, mv<const T>(ws + l.u, m, d), du, MatrixView<const T>(df),
+                      sc + s.module, 1, m);
+        be.axpy(df.flat(), T(1), sp<const T>(du.data, m * d));  // df := dL/da
+        const MatrixView<const T> xg = mv<const T>(ws + l.xg, m, d);
+        if constexpr (exact_c)
+          Attn::backward(be, p + oa, g + oa, ws, l.attn, xg, du, MatrixView<const T>(df), sc + s.module, batch,
+                         m / batch);
+        else
+          packed_attention_backward(be, p + oa, g + oa, ws, l, xg, du, MatrixView<const T>(df), idx, seq, sc + s.module);
+        be.scatter_add_rows(dres, MatrixView<const T>(du), idx);
+        // dL/d(weight) back to the token's score (MoD: the weight is r; skip: σ(g)).
+        if constexpr (!unit_weight) {
+          T* dw_full = expert_choice ? dlogits.data : sc + s.dgate;
+          be.scatter_add_rows(mv(dw_full, n, 1), mv<const T>(dwsel.data(), m, 1), idx);
+        }
+      }
+      route_backward(be, p, g, ws, l, h, x, dres, sc, s, n);
+    }
+  }
+
+  template <class Be, class T>
+  static void route_backward(Be& be, const T* p, T* g, const T* ws, const Layer& l, int h, MatrixView<const T> x,
+                             MatrixView<T> dres, T* sc, const Scratch& s, index_t n) {
+    if constexpr (!Cfg::has_router) return;
+    const RouterOffsets o = router_offsets(h);
+    T* dlogits = sc + s.dlogits;
+    const auto logits = sp<const T>(ws + l.logits, n);
+    if constexpr (expert_choice) {
+      if constexpr (Cfg::causal_aux)
+        be.bce_logits_backward(sp(dlogits, n), logits, sp<const T>(ws + l.mask, n), T(Cfg::aux_coef / double(n)));
+      if constexpr (PW > 0) {  // the predictor's own loss; its input is stop-gradient (no dx)
+        const std::span<T> dpred = sp(sc + s.dpred, n);
+        be.zero(dpred);
+        be.bce_logits_backward(dpred, sp<const T>(ws + l.pred, n), sp<const T>(ws + l.mask, n),
+                               T(Cfg::predictor_coef / double(n)));
+        const MatrixView<T> dact = mv(sc + s.dact, n, PW), dhid = mv(sc + s.dhid, n, PW);
+        be.zero(dact.flat());
+        be.zero(dhid.flat());
+        be.linear_backward(dact, mv(g + o.w2, 1, PW), sp(g + o.b2, 1), mv<const T>(dpred.data(), n, 1),
+                           mv<const T>(ws + l.act, n, PW), mv(p + o.w2, 1, PW));
+        be.relu_backward(dhid.flat(), sp<const T>(ws + l.hid, n * PW), sp<const T>(dact.data, n * PW));
+        be.linear_backward(MatrixView<T>{}, mv(g + o.w1, PW, d), sp(g + o.b1, PW), MatrixView<const T>(dhid), x,
+                           mv(p + o.w1, PW, d));
+      }
+      if constexpr (unit_weight && !Cfg::causal_aux) return;  // nothing reaches the router's w
+    } else {
+      // dL/dσ: the block weights' gradient (in dgate) + the cost p/q·mean σ; then through σ.
+      const std::span<T> dgate = sp(sc + s.dgate, n);
+      if constexpr (Cfg::gate_mean) {  // d/dσ_i of p/q·ḡ + c·(ḡ − ρ)² = a_i (p/q + 2c(ḡ − ρ)) / n
+        const T mean = be.read(ws + l.bce) / T(n);
+        be.axpy(dgate, (T(Cfg::skip_cost) + T(2 * Cfg::run_target_coef) * (mean - T(Cfg::run_target))) / T(n),
+                sp<const T>(ws + l.mask, n));
+      }
+      be.sigmoid_backward(sp(dlogits, n), sp<const T>(ws + l.gate, n), std::span<const T>(dgate));
+    }
+    be.linear_backward(dres, mv(g + o.w, 1, d), Cfg::has_bias ? sp(g + o.b, 1) : std::span<T>{},
+                       mv<const T>(dlogits, n, 1), x, mv(p + o.w, 1, d));
+  }
+
+  template <class Be, class T>
+  static void packed_attention_backward(Be& be, const T* pa, T* ga, const T* ws, const Layer& l, MatrixView<const T> xg,
+                                        MatrixView<T> dx, MatrixView<const T> dout, std::span<const token_t> idx,
+                                        index_t seq, T* sc) {
+    using detail::mat, detail::vec;
+    const index_t m = xg.rows;
+    const auto& s = l.attn;
+    const MatrixView<T> datt = mv(sc, m, d), dqkv = mv(sc + m * d, m, 3 * d), dln = mv(sc + 4 * m * d, m, d);
+    be.zero(sp(sc, 5 * m * d));
+    const MatrixView<const T> att = mv<const T>(ws + s.att, m, d), qkv = mv<const T>(ws + s.qkv, m, 3 * d);
+    be.linear_backward(datt, mat(ga, Attn::o_w_proj, d, d), vec(ga, Attn::o_b_proj, d), dout, att,
+                       mat(pa, Attn::o_w_proj, d, d));
+    be.attention_packed_backward(dqkv.col_block(0, d), dqkv.col_block(d, d), dqkv.col_block(2 * d, d),
+                                 MatrixView<const T>(datt), att, sp<const T>(ws + s.lse, m * heads),
+                                 qkv.col_block(0, d), qkv.col_block(d, d), qkv.col_block(2 * d, d), idx, idx, seq,
+                                 heads);
+    be.linear_backward(dln, mat(ga, Attn::o_w_qkv, 3 * d, d), vec(ga, Attn::o_b_qkv, 3 * d),
+                       MatrixView<const T>(dqkv), mv<const T>(ws + s.ln, m, d), mat(pa, Attn::o_w_qkv, 3 * d, d));
+    be.layernorm_backward(dx, vec(ga, Attn::o_ln_w, d), vec(ga, Attn::o_ln_b, d), MatrixView<const T>(dln), xg,
+                          sp<const T>(ws + s.mean, m), sp<const T>(ws + s.rstd, m), vec(pa, Attn::o_ln_w, d));
+  }
+
+  // ---- read-back: selections, counts, causal accuracy ---------------------------------------
+  // Flat indices of the tokens routed layer h ran in the last forward (ascending).
+  template <class Be, class T>
+  static std::vector<token_t> read_selected(Be& be, const T* ws, const Plan& plan, int h, index_t batch, index_t seq) {
+    const Layer& l = plan.layer[h];
+    std::vector<token_t> out(std::size_t(rows_run(be, ws, l, batch, seq)));
+    be.to_host(std::span<token_t>(out), std::span<const token_t>(toks(ws, l.idx), out.size()));
+    return out;
+  }
+  // Per routed layer of the last forward (MoD): the causal decision's BCE and number of correct
+  // predictions of top-C membership, out of batch·seq tokens. The decision is the predictor's sign
+  // (CausalPredictor), else the router's sign r_i > 0 (CausalAux, or none: how causal the plain
+  // router happens to be).
+  struct CausalStats {
+    int layer = 0;
+    double bce = 0, correct = 0, tokens = 0;
+  };
+  template <class Be, class T>
+  static std::vector<CausalStats> read_causal(Be& be, const T* ws, const Plan& plan, index_t batch, index_t seq) {
+    std::vector<CausalStats> out;
+    if constexpr (exact_c) {
+      for (int h = 0; h < L; ++h) {
+        if (!routed(h)) continue;
+        T v[2];
+        be.to_host(std::span<T>(v, 2), std::span<const T>(ws + plan.layer[h].bce, 2));
+        out.push_back({h, double(v[0]), double(v[1]), double(batch * seq)});
+      }
+    }
+    return out;
+  }
+  // Forward FLOPs of the last forward (per routed layer its realised per-sequence counts).
+  template <class Be, class T>
+  static index_t realised_flops(Be& be, const T* ws, const Plan& plan, index_t batch, index_t seq) {
+    index_t total = 0;
+    for (int h = 0; h < L; ++h) {
+      if (!routed(h)) {
+        total += batch * layer_flops(seq, seq, false);
+        continue;
+      }
+      const auto sel = read_selected(be, ws, plan, h, batch, seq);
+      std::vector<index_t> per_seq(std::size_t(batch), 0);
+      for (token_t t : sel) ++per_seq[std::size_t(t / seq)];
+      for (index_t c : per_seq) total += layer_flops(seq, c, true);
+    }
+    return total;
+  }
+};
+}  // namespace detail
+
+template <class... Os, class A, Dims D>
+struct Executor<ExpertChoice<Os...>, A, D> : detail::DepthExecutor<ExpertChoice<Os...>, A, D> {};
+template <class... Os, class A, Dims D>
+struct Executor<Skipping<Os...>, A, D> : detail::DepthExecutor<Skipping<Os...>, A, D> {};
+
+// Mixture-of-Depths over L blocks: capacity p/q, every k-th block routed (the paper's best: 12.5%,
+// every other block), router options appended (e.g. CausalAux<>, CausalPredictor<>).
+template <int L, long long p = 1, long long q = 8, int k = 2, class... Options>
+using MoD = Assembly<Router<ExpertChoice<Capacity<p, q>, Every<k>, Options...>>, ModuleSet<Block<L>, Skip>, K<1>, H<L>,
+                     phi::LayerSkip>;
+// The type autoregressive sampling runs for a model trained with a causal-sampling method (MoD §3.5): the
+// same parameters, routed by the causal decision (CausalRouting); every other architecture is itself.
+template <class Arch>
+struct causal_sampling_arch {
+  using type = Arch;
+};
+template <class... Os, class M, class Kn, class Hn>
+  requires(ExpertChoice<Os...>::config::causal_aux || ExpertChoice<Os...>::config::predictor) &&
+          (!ExpertChoice<Os...>::config::causal_routing)
+struct causal_sampling_arch<Assembly<Router<ExpertChoice<Os...>>, M, Kn, Hn, phi::LayerSkip>> {
+  using type = Assembly<Router<ExpertChoice<Os..., CausalRouting>>, M, Kn, Hn, phi::LayerSkip>;
+};
+template <class... Ps>
+struct causal_sampling_arch<Chunked<Ps...>> {
+  using type = Chunked<typename causal_sampling_arch<Ps>::type...>;
+};
+
+// Layer-skip and early-exit over L layers with a learned per-token gate.
+template <int L, class... Options>
+using LayerSkipping = Assembly<Router<Skipping<LinearGate, Options...>>, ModuleSet<MHA<L>, FFN<L>, Skip>, K<1>, H<L>,
+                               phi::LayerSkip>;
+template <int L, class... Options>
+using EarlyExiting = Assembly<Router<Skipping<LinearGate, EarlyExit, Options...>>, ModuleSet<MHA<L>, FFN<L>, Skip>,
+                              K<1>, H<L>, phi::LayerSkip>;
+
+}  // namespace mom

@@ -1,0 +1,289 @@
+#pragma once
+// Depth routers: per-token decisions to run a layer or route around it (SKIP), assembled by
+// phi::LayerSkip (MoM paper eq. (9); assembly/depth.hpp executes them).
+//
+//   Router<ExpertChoice<Options...>>   Mixture-of-Depths (Raposo et al. 2024, §3.4): in every routed
+//       block a linear router r_i = wᵀx_i scores the tokens and the block keeps exactly
+//       C = ⌊capacity · S⌋ tokens of every sequence (expert choice: the top-C scores). Options:
+//         Capacity<p, q>        capacity p/q in (0, 1] (default 1/8 = 12.5%, the paper's best)
+//         Every<k>              route every k-th block: blocks k-1, 2k-1, ... (default 2: blocks 1, 3,
+//                               5, ...; every routed block follows a full-capacity one, the
+//                               "interleaved" MoD of the paper's Fig. 5; Every<1>: all blocks)
+//         Weighting<w>          RouterWeight::Raw (default): x + r·f(x̃) with the raw score r (eq. (1),
+//                               the router's only gradient path); RouterWeight::Unit: x + f(x̃) (the
+//                               router then learns from a causal loss alone)
+//         CausalAux<p, q>       causal sampling, method 1 (§3.5): p/q · BCE(σ(r_i), [i ∈ top-C]) added
+//                               to the loss
+//         CausalPredictor<w, p, q>  method 2: an MLP d → w → 1 (ReLU) on stop-gradient x_i predicts
+//                               top-C membership, trained by p/q · BCE (no effect on the LM's gradient)
+//         CausalRouting         inference: route token i iff the causal decision says so (the predictor's
+//                               logit > 0, else the router's r_i > 0) instead of the non-causal top-C;
+//                               a variable number of tokens per sequence (autoregressive sampling, §3.5;
+//                               forward only). The parameters are those of the same type without it.
+//   Router<Skipping<Criterion, Options...>>   layer-skip / early-exit (eq. (9)): per token and layer
+//       the criterion decides to run the layer (c_skip(h) = 1) or SKIP it. Criteria:
+//         LinearGate            learned: g_i = σ(wᵀx_i + b) (b starts at 1), run iff g_i > ½, output
+//                               x + g_i·f(x̃) (the gate on the gradient path, as MoD's r)
+//         Never                 never skips, weight 1 (the dense stack through the skip machinery)
+//       Options: EarlyExit (a token that skips a layer skips every later one), RunTarget<p, q, c, e> (c/e ·
+//       (mean gate − p/q)² added to the loss: holds the expected fraction of tokens run near p/q, and gives
+//       every token's gate a gradient, the skipped ones' too; default RunTarget<1, 2>: half, coefficient 1;
+//       with EarlyExit the mean counts the tokens still in play only, exited tokens as 0),
+//       SkipCost<p, q> (p/q · mean gate: a plain compute cost, default 0; alone it lets the gates collapse,
+//       bench/RESULTS.md), Every<k> (as above; default 1: every layer may be skipped).
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "mom/core/meta.hpp"
+#include "mom/routers/router.hpp"
+
+namespace mom {
+
+template <long long num, long long den = 1>
+struct Capacity {
+  static constexpr long long numerator = num, denominator = den;
+};
+template <int k>
+struct Every {
+  static constexpr int value = k;
+};
+enum class RouterWeight { Raw, Unit };
+template <RouterWeight w>
+struct Weighting {
+  static constexpr RouterWeight value = w;
+};
+template <long long num = 1, long long den = 100>
+struct CausalAux {
+  static constexpr long long numerator = num, denominator = den;
+};
+struct CausalRouting {};
+template <int width = 32, long long num = 1, long long den = 1>
+struct CausalPredictor {
+  static constexpr int value = width;
+  static constexpr long long numerator = num, denominator = den;
+};
+struct LinearGate {};
+struct Never {};
+struct EarlyExit {};
+template <long long num = 1, long long den = 50>
+struct SkipCost {
+  static constexpr long long numerator = num, denominator = den;
+};
+template <long long num = 1, long long den = 2, long long coef_num = 1, long long coef_den = 1>
+struct RunTarget {
+  static constexpr long long numerator = num, denominator = den, coef_numerator = coef_num, coef_denominator = coef_den;
+};
+
+namespace detail {
+// Option kinds (0: not a depth-router option).
+enum DepthOpt : int { kNotOpt, kCapacity, kEvery, kWeighting, kCausalAux, kCausalPredictor, kLinearGate, kNever,
+                      kEarlyExit, kSkipCost, kCausalRouting, kRunTarget, kDepthOptKinds };
+template <class T>
+inline constexpr int depth_opt = kNotOpt;
+template <long long a, long long b>
+inline constexpr int depth_opt<Capacity<a, b>> = kCapacity;
+template <int k>
+inline constexpr int depth_opt<Every<k>> = kEvery;
+template <RouterWeight w>
+inline constexpr int depth_opt<Weighting<w>> = kWeighting;
+template <long long a, long long b>
+inline constexpr int depth_opt<CausalAux<a, b>> = kCausalAux;
+template <int w, long long a, long long b>
+inline constexpr int depth_opt<CausalPredictor<w, a, b>> = kCausalPredictor;
+template <>
+inline constexpr int depth_opt<LinearGate> = kLinearGate;
+template <>
+inline constexpr int depth_opt<Never> = kNever;
+template <>
+inline constexpr int depth_opt<EarlyExit> = kEarlyExit;
+template <long long a, long long b>
+inline constexpr int depth_opt<SkipCost<a, b>> = kSkipCost;
+template <>
+inline constexpr int depth_opt<CausalRouting> = kCausalRouting;
+template <long long a, long long b, long long c, long long e>
+inline constexpr int depth_opt<RunTarget<a, b, c, e>> = kRunTarget;
+
+template <int kind, class Fallback, class... Os>
+struct pick_depth_opt {
+  using type = Fallback;
+};
+template <int kind, class Fallback, class O, class... Os>
+struct pick_depth_opt<kind, Fallback, O, Os...> {
+  using type = std::conditional_t<depth_opt<O> == kind, O, typename pick_depth_opt<kind, Fallback, Os...>::type>;
+};
+template <class... Os>
+constexpr int depth_opt_count(int kind) {
+  return (0 + ... + (depth_opt<Os> == kind ? 1 : 0));
+}
+template <class... Os>
+constexpr bool depth_opts_unique() {
+  for (int k = 1; k < kDepthOptKinds; ++k)
+    if (depth_opt_count<Os...>(k) > 1) return false;
+  return true;
+}
+struct NoOption {
+  static constexpr long long numerator = 0, denominator = 1;
+  static constexpr int value = 0;
+};
+template <class R>
+constexpr double ratio() {
+  return R::denominator != 0 ? double(R::numerator) / double(R::denominator) : 0.0;
+}
+inline std::string ratio_name(long long p, long long q) { return std::to_string(p) + "," + std::to_string(q); }
+
+// What the executor needs to know about a depth router, from either policy.
+template <bool ec, class... Os>
+struct DepthConfig {
+  static constexpr bool expert_choice = ec;
+  static constexpr bool options_known = ((depth_opt<Os> != kNotOpt) && ...);
+  static constexpr bool options_unique = depth_opts_unique<Os...>();
+  using capacity_t = typename pick_depth_opt<kCapacity, Capacity<1, 8>, Os...>::type;
+  using every_t = typename pick_depth_opt<kEvery, std::conditional_t<ec, Every<2>, Every<1>>, Os...>::type;
+  using weighting_t = typename pick_depth_opt<kWeighting, Weighting<RouterWeight::Raw>, Os...>::type;
+  using aux_t = typename pick_depth_opt<kCausalAux, NoOption, Os...>::type;
+  using predictor_t = typename pick_depth_opt<kCausalPredictor, NoOption, Os...>::type;
+  using cost_t = typename pick_depth_opt<kSkipCost, SkipCost<0, 1>, Os...>::type;
+  using target_t = typename pick_depth_opt<kRunTarget, RunTarget<>, Os...>::type;
+  static constexpr long long cap_num = capacity_t::numerator, cap_den = capacity_t::denominator;
+  static constexpr bool capacity_ok = cap_den > 0 && cap_num > 0 && cap_num <= cap_den;
+  static constexpr int every = every_t::value;
+  static constexpr bool causal_aux = depth_opt_count<Os...>(kCausalAux) > 0;
+  static constexpr bool predictor = depth_opt_count<Os...>(kCausalPredictor) > 0;
+  static constexpr int predictor_width = predictor ? predictor_t::value : 0;
+  static constexpr double aux_coef = causal_aux ? ratio<aux_t>() : 0.0;
+  static constexpr double predictor_coef = predictor ? ratio<predictor_t>() : 0.0;
+  static constexpr bool never = depth_opt_count<Os...>(kNever) > 0;
+  static constexpr bool causal_routing = depth_opt_count<Os...>(kCausalRouting) > 0;
+  static constexpr int criteria = depth_opt_count<Os...>(kLinearGate) + depth_opt_count<Os...>(kNever);
+  static constexpr bool early_exit = depth_opt_count<Os...>(kEarlyExit) > 0;
+  // Layer-skip's compute cost applies to the learned gate only.
+  static constexpr double skip_cost = ec || never ? 0.0 : ratio<cost_t>();
+  static constexpr bool target_ok = target_t::denominator > 0 && target_t::numerator > 0 &&
+                                    target_t::numerator <= target_t::denominator && target_t::coef_denominator > 0 &&
+                                    target_t::coef_numerator >= 0;
+  static constexpr double run_target = ratio<target_t>();
+  static constexpr double run_target_coef =
+      ec || never || !target_ok ? 0.0 : double(target_t::coef_numerator) / double(target_t::coef_denominator);
+  // The gates' mean is needed (forward: the losses; backward: their gradient).
+  static constexpr bool gate_mean = skip_cost > 0 || run_target_coef > 0;
+  // The weight of a selected token's block output: the raw score r (MoD), the gate σ(g) (LinearGate),
+  // or 1 (Weighting<Unit>, Never).
+  static constexpr bool unit_weight = ec ? weighting_t::value == RouterWeight::Unit : never;
+  // Per routed block: the router's w (and the gate's bias b), none for Never.
+  static constexpr bool has_router = !never;
+  static constexpr bool has_bias = !ec && !never;
+
+  // Block h is routed when h % k == k - 1: the last block of every group of k.
+  static constexpr bool routes(int h) { return every >= 1 && h % every == every - 1; }
+  // C = ⌊capacity · seq⌋ tokens per sequence.
+  static constexpr long long capacity_tokens(long long seq) { return cap_den > 0 ? seq * cap_num / cap_den : 0; }
+
+  // Option names for describe(), e.g. "Capacity<1,8>, Every<2>, CausalAux<1,100>".
+  static std::string options_name() {
+    std::string s;
+    auto add = [&s](const std::string& part) { s += (s.empty() ? "" : ", ") + part; };
+    if constexpr (ec) {
+      add("Capacity<" + ratio_name(cap_num, cap_den) + ">");
+      add("Every<" + std::to_string(every) + ">");
+      if (unit_weight) add("Weighting<Unit>");
+      if constexpr (causal_aux) add("CausalAux<" + ratio_name(aux_t::numerator, aux_t::denominator) + ">");
+      if constexpr (predictor)
+        add("CausalPredictor<" + std::to_string(predictor_width) + "," +
+            ratio_name(predictor_t::numerator, predictor_t::denominator) + ">");
+      if (causal_routing) add("CausalRouting");
+    } else {
+      add(never ? "Never" : "LinearGate");
+      if (early_exit) add("EarlyExit");
+      if (every != 1) add("Every<" + std::to_string(every) + ">");
+      if (!never && run_target_coef > 0)
+        add("RunTarget<" + ratio_name(target_t::numerator, target_t::denominator) + "," +
+            ratio_name(target_t::coef_numerator, target_t::coef_denominator) + ">");
+      if (!never && skip_cost > 0) add("SkipCost<" + ratio_name(cost_t::numerator, cost_t::denominator) + ">");
+    }
+    return s;
+  }
+};
+
+// The checks every depth router shares (module set, K, H are phi::LayerSkip's).
+template <class Cfg, int h>
+struct VerifyDepthOptions {
+  static_assert(Cfg::every >= 1, "mom::Every<k>: k must be >= 1 (route every k-th block; Every<1>: every block)");
+  static_assert(Cfg::every < 1 || Cfg::every <= h,
+                "mom::Every<k>: k is larger than H, so no block would be routed (blocks k-1, 2k-1, ... are routed)");
+  static constexpr bool ok = Cfg::every >= 1 && Cfg::every <= h;
+};
+}  // namespace detail
+
+template <class... Options>
+struct ExpertChoice {
+  static constexpr bool is_router_policy = true;
+  static constexpr std::string_view name = "ExpertChoice";
+  using config = detail::DepthConfig<true, Options...>;
+  static std::string options_name() { return config::options_name(); }
+
+  template <class Set, int k, int h>
+  struct Drives {
+    using Cfg = config;
+    static_assert(Cfg::options_known,
+                  "mom::ExpertChoice<Options...>: unknown option; known: Capacity<p, q>, Every<k>, Weighting<w>, "
+                  "CausalAux<p, q>, CausalPredictor<w, p, q>, CausalRouting");
+    static_assert(Cfg::options_unique, "mom::ExpertChoice<Options...>: each option may be given at most once");
+    static_assert(!Cfg::options_known || Cfg::criteria == 0,
+                  "mom::ExpertChoice: LinearGate / Never are layer-skip criteria: use Router<Skipping<...>>");
+    static_assert(!Cfg::options_known || (Cfg::cap_den > 0 && Cfg::cap_num > 0 && Cfg::cap_num <= Cfg::cap_den),
+                  "mom::ExpertChoice: Capacity<p, q> must be in (0, 1] (the fraction of each sequence a routed block "
+                  "processes)");
+    static_assert(!(Cfg::causal_aux && Cfg::predictor),
+                  "mom::ExpertChoice: choose one causal-sampling method: CausalAux<p, q> or CausalPredictor<w, p, q>");
+    static_assert(!Cfg::predictor || Cfg::predictor_width >= 1, "mom::CausalPredictor<w, p, q>: width w must be >= 1");
+    static_assert(!Cfg::causal_aux || Cfg::aux_coef > 0,
+                  "mom::CausalAux<p, q>: the loss coefficient p/q must be > 0");
+    static_assert(!Cfg::predictor || Cfg::predictor_coef > 0,
+                  "mom::CausalPredictor<w, p, q>: the loss coefficient p/q must be > 0");
+    static_assert(!Cfg::causal_routing || Cfg::causal_aux || Cfg::predictor,
+                  "mom::ExpertChoice: CausalRouting decides by a trained causal predictor: add CausalAux<p, q> or "
+                  "CausalPredictor<w, p, q>");
+    static_assert(Set::has_block, "mom::Router<ExpertChoice> routes whole blocks: use ModuleSet<Block<L>, Skip>");
+    static constexpr bool ok = detail::VerifyDepthOptions<Cfg, h>::ok && Cfg::options_known && Cfg::options_unique &&
+                               Cfg::criteria == 0 && Cfg::capacity_ok && !(Cfg::causal_aux && Cfg::predictor) &&
+                               (!Cfg::causal_routing || Cfg::causal_aux || Cfg::predictor) && Set::has_block;
+  };
+};
+
+template <class... Criteria>
+struct Skipping {
+  static constexpr bool is_router_policy = true;
+  static constexpr std::string_view name = "Skipping";
+  // Without a criterion the gate is learned: Skipping<EarlyExit> is Skipping<LinearGate, EarlyExit>.
+  static constexpr int given_criteria =
+      (0 + ... + (detail::depth_opt<Criteria> == detail::kLinearGate || detail::depth_opt<Criteria> == detail::kNever));
+  using config = std::conditional_t<given_criteria == 0, detail::DepthConfig<false, LinearGate, Criteria...>,
+                                    detail::DepthConfig<false, Criteria...>>;
+  static std::string options_name() { return config::options_name(); }
+
+  template <class Set, int k, int h>
+  struct Drives {
+    using Cfg = config;
+    static_assert(Cfg::options_known,
+                  "mom::Skipping<Criterion, Options...>: unknown option; known: LinearGate, Never, EarlyExit, "
+                  "RunTarget<p, q, c, e>, SkipCost<p, q>, Every<k>");
+    static_assert(Cfg::options_unique, "mom::Skipping<Criterion, Options...>: each option may be given at most once");
+    static_assert(!Cfg::options_known || Cfg::criteria == 1,
+                  "mom::Skipping<Criterion, Options...>: give one criterion, LinearGate or Never, not both");
+    static_assert(!Cfg::options_known || (Cfg::cost_t::denominator > 0 && Cfg::cost_t::numerator >= 0),
+                  "mom::SkipCost<p, q>: the coefficient p/q must be >= 0");
+    static_assert(!Cfg::options_known || Cfg::target_ok,
+                  "mom::RunTarget<p, q, c, e>: the target fraction p/q must be in (0, 1] and the coefficient c/e >= 0");
+    static_assert(!Cfg::options_known ||
+                      (!Cfg::causal_aux && !Cfg::predictor && !Cfg::causal_routing &&
+                       std::is_same_v<typename Cfg::capacity_t, Capacity<1, 8>> &&
+                       std::is_same_v<typename Cfg::weighting_t, Weighting<RouterWeight::Raw>>),
+                  "mom::Skipping: Capacity, Weighting and the causal-sampling options belong to ExpertChoice (a skip "
+                  "criterion is causal already)");
+    static constexpr bool ok = detail::VerifyDepthOptions<Cfg, h>::ok && Cfg::options_known && Cfg::options_unique &&
+                               Cfg::criteria == 1 && Cfg::target_ok;
+  };
+};
+
+}  // namespace mom
