@@ -2,7 +2,7 @@
 // of the dense 8-layer model and of MoM_E / MoM_I / MoM_P on its [1-1-4-1-1] chunking (issue 5,
 // item 9), float, on cpu::Backend<float> wrapped in a timing backend.
 //
-//   bench_train_step [--batch B] [--reps R] [--only dense|E|I|P|moe|moe-share] [--routed-kv]
+//   bench_train_step [--batch B] [--reps R] [--only dense|E|I|P|moe|moe-share[,...]] [--routed-kv]
 //
 // Issue 6 adds Mixture-of-Experts at the same dims: MoE (8 layers x 8 experts, top-2) and
 // MoE(share) (8 experts shared by the 8 layers, top-2); their "router" share is the top-K
@@ -331,7 +331,8 @@ int main(int argc, char** argv) {
               routed_kv ? "phi::MoMRoutedKV" : "phi::MoM (default)");
 
   std::vector<Result> res;
-  auto want = [&](const char* k) { return only.empty() || only == k; };
+  // --only takes one name or a comma-separated list (e.g. dense,moe,moe-share).
+  auto want = [&](const char* k) { return only.empty() || ("," + only + ",").find("," + std::string(k) + ",") != std::string::npos; };
   if (want("dense")) res.push_back(run<DenseLM>("dense 8 layers", batch, seq, reps));
   if (routed_kv) {
     if (want("E")) res.push_back(run<E_LM<phi::MoMRoutedKV>>("MoM_E (K3H1S), routed KV", batch, seq, reps));
