@@ -7,6 +7,7 @@
 
 #include "mom/models/mom_models.hpp"
 #include "mom/mom.hpp"
+#include "models/random_tokens.hpp"
 #include "models/counting_backend.hpp"
 
 using namespace mom;
@@ -56,13 +57,7 @@ namespace {
 
 using test::CountingBackend;
 
-std::vector<token_t> random_tokens(index_t n, index_t vocab, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<token_t> dist(0, token_t(vocab - 1));
-  std::vector<token_t> out(static_cast<std::size_t>(n));
-  for (auto& t : out) t = dist(rng);
-  return out;
-}
+using test::random_tokens;
 
 template <class Model>
 void check_executed_flops(std::uint64_t seed) {

@@ -15,18 +15,13 @@
 #include "mom/models/routing_stats.hpp"
 #include "mom/models/warm_start.hpp"
 #include "mom/mom.hpp"
+#include "models/random_tokens.hpp"
 
 using namespace mom;
 
 namespace {
 
-std::vector<token_t> random_tokens(index_t n, index_t vocab, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<token_t> dist(0, token_t(vocab - 1));
-  std::vector<token_t> out(static_cast<std::size_t>(n));
-  for (auto& t : out) t = dist(rng);
-  return out;
-}
+using test::random_tokens;
 
 template <class Instance>
 double& param_at(Instance& m, std::string_view name, index_t r, index_t c) {

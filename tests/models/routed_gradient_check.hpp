@@ -14,16 +14,9 @@
 #include <vector>
 
 #include "mom/mom.hpp"
+#include "models/random_tokens.hpp"
 
 namespace mom::test {
-
-inline std::vector<token_t> random_tokens(index_t n, index_t vocab, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<token_t> dist(0, token_t(vocab - 1));
-  std::vector<token_t> out(static_cast<std::size_t>(n));
-  for (auto& t : out) t = dist(rng);
-  return out;
-}
 
 // Every router pick of the last forward, all routed parts and steps.
 template <class Instance>

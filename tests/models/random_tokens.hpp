@@ -1,0 +1,20 @@
+#pragma once
+// Random token ids for the model tests.
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "mom/core/tensor.hpp"
+
+namespace mom::test {
+
+// n uniform ids in [0, vocab), reproducible from seed.
+inline std::vector<token_t> random_tokens(index_t n, index_t vocab, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<token_t> dist(0, token_t(vocab - 1));
+  std::vector<token_t> out(static_cast<std::size_t>(n));
+  for (auto& t : out) t = dist(rng);
+  return out;
+}
+
+}  // namespace mom::test
