@@ -275,8 +275,9 @@ std::string sample_model(const SampleRequest& r) {
          tok->decode(std::span<const token_t>(tokens).subspan(prompt_len));
 }
 
-template <class Model, class DenseTwin>
-ArchEntry make_architecture(std::string name, std::string tokenizer, std::string note, std::string dense_twin) {
+// The registry fields every entry has, from the model type.
+template <class Model>
+ArchEntry describe_architecture(std::string name, std::string tokenizer, std::string note, std::string dense_twin) {
   ArchEntry a;
   a.name = std::move(name);
   a.tokenizer = std::move(tokenizer);
@@ -285,6 +286,12 @@ ArchEntry make_architecture(std::string name, std::string tokenizer, std::string
   a.describe = describe<Model>();
   a.note = std::move(note);
   a.dense_twin = std::move(dense_twin);
+  return a;
+}
+
+template <class Model, class DenseTwin>
+ArchEntry make_architecture(std::string name, std::string tokenizer, std::string note, std::string dense_twin) {
+  ArchEntry a = describe_architecture<Model>(std::move(name), std::move(tokenizer), std::move(note), std::move(dense_twin));
   a.train = [a_name = a.name](const TrainRequest& r) {
     return train_model<Model, DenseTwin>(*find_architecture(a_name), r);
   };
@@ -295,14 +302,7 @@ ArchEntry make_architecture(std::string name, std::string tokenizer, std::string
 // Listed only: the describe line in --help, no training or sampling code instantiated.
 template <class Model>
 ArchEntry list_architecture(std::string name, std::string tokenizer, std::string note, std::string dense_twin) {
-  ArchEntry a;
-  a.name = std::move(name);
-  a.tokenizer = std::move(tokenizer);
-  a.vocab = Model::dims.vocab;
-  a.context = Model::dims.context;
-  a.describe = describe<Model>();
-  a.note = std::move(note);
-  a.dense_twin = std::move(dense_twin);
+  ArchEntry a = describe_architecture<Model>(std::move(name), std::move(tokenizer), std::move(note), std::move(dense_twin));
   a.trainable = false;
   a.train = [a_name = a.name](const TrainRequest&) -> int {
     MOM_CHECK(false, "architecture '", a_name, "' is listed for its shape and cost only; this build does not "
