@@ -6,6 +6,17 @@
 //   layer-skip          Assembly<Router<Skipping<LinearGate>>, ModuleSet<MHA<L>, FFN<L>, Skip>, K<1>, H<L>,
 //                                phi::LayerSkip>
 //   early-exit          Assembly<Router<Skipping<LinearGate, EarlyExit>>, ... the same>
+//   MoDE staged         Assembly<Router<ExpertChoice<Capacity<1,8>, Every<2>>>,
+//                                ModuleSet<MHA<L>, Experts<FFN, E, PerStep>, Skip>, K<k>, H<L>, phi::LayerSkip>
+//
+// MoDE staged (MoD paper §4.3: MoD routing before the MoE routing): with Experts<FFN, E, PerStep> in
+// the set, every layer's FFN is an MoE step (MoEStep, assembly/moe.hpp: its own softmax router, top-k
+// of layer h's E experts, K<k> = that k) over the rows the layer runs: all n tokens in an unrouted
+// layer, the batch·C selected ones in a routed layer (the MoD router picks the tokens, then the MoE
+// router picks their experts). Each MoE step's Switch balance loss is added to Plan::aux. Skip is
+// the MoD skip (the block a token does not enter), not a no-op expert. Parameters: the module set
+// (as MoEStack<L, E, k>), the L MoE routers (h.<i>.router.*, as MoEStack), then the MoD routers
+// (h.<i>.mod_router.w): a MoEStack checkpoint maps one to one.
 //
 // Step h runs layer h (attention then FFN, each pre-norm and residual) on the tokens the criterion
 // keeps and SKIP (x ↦ x) on the others:
@@ -42,6 +53,7 @@
 
 #include "mom/assembly/assembly.hpp"
 #include "mom/assembly/chunked.hpp"
+#include "mom/assembly/moe.hpp"
 #include "mom/assembly/phi.hpp"
 #include "mom/core/check.hpp"
 #include "mom/modules/block.hpp"
@@ -57,14 +69,20 @@ struct LayerSkip {
   static constexpr bool is_phi = true;
   template <class Set, int k, int h>
   struct Verify {
-    static_assert(k == 1, "mom::phi::LayerSkip runs layer h or SKIP at step h: use K<1>");
-    static_assert(!(k == 1) || Set::has_skip,
+    // With per-step experts (MoDE staged) K is the MoE step's top-k among layer h's experts.
+    static constexpr bool moe = Set::experts_per_step;
+    static_assert(k == 1 || moe, "mom::phi::LayerSkip runs layer h or SKIP at step h: use K<1>");
+    static_assert(!moe || k <= Set::ffn_choices,
+                  "mom::phi::LayerSkip with Experts<FFN, E, PerStep> (MoDE staged): K<k> is the top-k of each "
+                  "layer's E experts: k must be <= E");
+    static constexpr bool k_ok = moe ? k <= Set::ffn_choices : k == 1;
+    static_assert(!k_ok || Set::has_skip,
                   "mom::phi::LayerSkip needs Skip in the ModuleSet (the module a token that skips a layer takes), e.g. "
                   "ModuleSet<Block<L>, Skip>");
-    static_assert(!(k == 1 && Set::has_skip) || (h == Set::n_attention && h == Set::n_ffn),
+    static_assert(!(k_ok && Set::has_skip) || (h == Set::n_attention && (moe || h == Set::n_ffn)),
                   "mom::phi::LayerSkip runs layer h at step h: H must equal the number of layers (Block<L>, or MHA<L> "
                   "and FFN<L>)");
-    static constexpr bool ok = k == 1 && Set::has_skip && h == Set::n_attention && h == Set::n_ffn;
+    static constexpr bool ok = k_ok && Set::has_skip && h == Set::n_attention && (moe || h == Set::n_ffn);
   };
 };
 }  // namespace phi
@@ -97,6 +115,20 @@ struct DepthExecutor {
                 "model's context: no token would ever run a routed block");
   static constexpr index_t PW = Cfg::predictor_width;
   static constexpr bool unit_weight = Cfg::unit_weight;
+  // MoDE staged: every layer's FFN is an MoE step over the rows it runs (see the header).
+  static constexpr bool moe = Set::experts_per_step;
+  static_assert(!moe || expert_choice,
+                "mom::Router<Skipping> with Experts<FFN, E, PerStep>: only Mixture-of-Depths routes before experts "
+                "(MoDE staged): use Router<ExpertChoice<...>>");
+  static constexpr int E = moe ? Set::ffn_choices : 1;
+  using Step = MoEStep<D, E, moe ? A::k : 1, false, TopKConfig<TypeList<>>>;
+  static constexpr index_t moe_router_params = moe ? L * Step::router_params : 0;
+  static constexpr index_t moe_router_offset(int h) { return Set::template params<D> + h * Step::router_params; }
+  static constexpr std::array<index_t, E> experts_of(int h) {
+    std::array<index_t, E> out{};
+    for (int e = 0; e < E; ++e) out[e] = Set::template ffn_offset<D>(h * E + e);
+    return out;
+  }
   static constexpr bool has_aux_loss = true;  // Plan::aux (0 when no auxiliary loss is configured)
   static constexpr bool is_depth_routed = true;  // read_selected / read_causal (models/depth_stats.hpp)
 
@@ -124,7 +156,7 @@ struct DepthExecutor {
   static constexpr index_t router_size = (Cfg::has_router ? d : 0) + (Cfg::has_bias ? 1 : 0);
   static constexpr index_t predictor_size = PW > 0 ? PW * d + PW + PW + 1 : 0;
   static constexpr index_t per_routed = router_size + predictor_size;
-  static constexpr index_t router_base = Set::template params<D>;
+  static constexpr index_t router_base = Set::template params<D> + moe_router_params;
   struct RouterOffsets {
     index_t w, b, w1, b1, w2, b2;
   };
@@ -141,7 +173,8 @@ struct DepthExecutor {
   }
   static constexpr std::size_t per_routed_tensors =
       (Cfg::has_router ? 1 : 0) + (Cfg::has_bias ? 1 : 0) + (PW > 0 ? 4 : 0);
-  static constexpr std::size_t tensor_count = Set::tensor_count + std::size_t(n_routed) * per_routed_tensors;
+  static constexpr std::size_t tensor_count =
+      Set::tensor_count + (moe ? 3 * std::size_t(L) : 0) + std::size_t(n_routed) * per_routed_tensors;
   static constexpr index_t params = router_base + n_routed * per_routed;
   static constexpr index_t router_params = n_routed * router_size;
   static constexpr index_t predictor_params = n_routed * predictor_size;
@@ -149,10 +182,13 @@ struct DepthExecutor {
   static constexpr void specs(TensorSpec* out, index_t layer_base) {
     Set::template specs<D>(out, layer_base);
     out += Set::tensor_count;
+    if constexpr (moe)
+      for (int h = 0; h < L; ++h)
+        for (const auto& t : Step::router_tensors(layer_base + h)) *out++ = t;
     for (int h = 0; h < L; ++h) {
       if (!routed(h)) continue;
       const index_t layer = layer_base + h;
-      if (Cfg::has_router) *out++ = {"router.w", layer, 1, d, Init::Normal};
+      if (Cfg::has_router) *out++ = {moe ? "mod_router.w" : "router.w", layer, 1, d, Init::Normal};
       // The gate's bias starts at 1: σ(1) = 0.73 > ½, so at initialisation every token runs every layer.
       if (Cfg::has_bias) *out++ = {"router.b", layer, 1, 1, Init::One};
       if (PW > 0) {
@@ -167,7 +203,10 @@ struct DepthExecutor {
   // ---- cost model (FLOPs as in models/lm.hpp: 2·m·n·k per product, causal attention) ----------
   // C = ⌊capacity·seq⌋ tokens per sequence in a routed MoD block.
   static constexpr index_t capacity_tokens(index_t seq) { return index_t(Cfg::capacity_tokens(seq)); }
-  static constexpr index_t block_linear_flops = 2 * d * 3 * d + 2 * d * d + 4 * d * f;  // per token run
+  // Per token run: attention's products, then the FFN (MoDE staged: the MoE router and k experts).
+  static constexpr index_t ffn_flops = moe ? Step::flops_per_token() : 4 * d * f;
+  static constexpr index_t ffn_backward_flops = moe ? Step::backward_flops_per_token() : 8 * d * f;
+  static constexpr index_t block_linear_flops = 2 * d * 3 * d + 2 * d * d + ffn_flops;
   // Per token of a routed layer: the score wᵀx, the predictor, the skip cost's sum of gates.
   static constexpr index_t router_flops =
       (Cfg::has_router ? 2 * d : 0) + (PW > 0 ? 2 * d * PW + 2 * PW : 0) + (Cfg::gate_mean ? 2 : 0);
@@ -183,7 +222,8 @@ struct DepthExecutor {
     // two products per linear; attention 5 causal products; router: dx and dw (4d), predictor: dw only
     // (its input is stop-gradient) plus the hidden layer's dx and dw.
     const index_t router = (router_trained ? 4 * d : 0) + (PW > 0 ? 2 * d * PW + 4 * PW : 0);
-    return 2 * run * block_linear_flops + 5 * d * run * (run + 1) + (is_routed ? seq * router : 0);
+    return run * (2 * (2 * d * 3 * d + 2 * d * d) + ffn_backward_flops) + 5 * d * run * (run + 1) +
+           (is_routed ? seq * router : 0);
   }
   // Worst case per sequence: MoD runs exactly C tokens per routed block (worst = expected); a skip
   // criterion may run every token.
@@ -224,6 +264,7 @@ struct DepthExecutor {
   struct Layer {
     typename Attn::Saved attn{};  // MoD: over (batch, C); skip: packed rows (lse [rows × heads])
     typename Ffn::Saved ffn{};
+    typename Step::Plan moe{};  // MoDE staged: the MoE step over the rows run (instead of ffn)
     index_t xg = 0, u = 0, fo = 0;  // gathered inputs x̃, u = x̃ + attention, f(x̃) (routed layers)
     index_t x_next = 0;
     index_t logits = 0, gate = 0, wsel = 0, mask = 0, bce = 0;  // T: [n], [n], [rows], [n], [2]
@@ -243,7 +284,8 @@ struct DepthExecutor {
       if (!routed(h)) {
         l.attn = Attn::plan(a, batch, seq);
         l.u = a.take(n * d);
-        l.ffn = Ffn::plan(a, batch, seq);
+        if constexpr (moe) l.moe = Step::plan(a, n);
+        else l.ffn = Ffn::plan(a, batch, seq);
         l.x_next = a.take(n * d);
         continue;
       }
@@ -255,7 +297,8 @@ struct DepthExecutor {
       l.xg = a.take(rows * d);
       l.attn = Attn::plan(a, 1, rows);  // the same sizes as (batch, C): rows·d, rows, rows·3d, heads·rows
       l.u = a.take(rows * d);
-      l.ffn = Ffn::plan(a, 1, rows);
+      if constexpr (moe) l.moe = Step::plan(a, rows);
+      else l.ffn = Ffn::plan(a, 1, rows);
       l.fo = a.take(rows * d);
       l.x_next = a.take(n * d);
       l.mask = a.take(n);
@@ -288,7 +331,8 @@ struct DepthExecutor {
     s.dpred = a.take(n);
     s.dact = a.take(n * std::max<index_t>(PW, 1));
     s.dhid = a.take(n * std::max<index_t>(PW, 1));
-    s.module = a.take(std::max({Attn::scratch(batch, seq), Ffn::scratch(batch, seq), rows * 5 * d}));
+    s.module = a.take(std::max({Attn::scratch(batch, seq), Ffn::scratch(batch, seq), rows * 5 * d,
+                                moe ? Step::scratch(n) : index_t(0)}));
     s.total = a.used;
     return s;
   }
@@ -341,8 +385,13 @@ struct DepthExecutor {
         const MatrixView<T> fo = mv(scratch + s.df, n, d), u = mv(ws + l.u, n, d);
         Attn::forward(be, pa, ws, l.attn, x, fo, batch, seq);
         be.add_forward(u.flat(), sp(x.data, n * d), sp<const T>(fo.data, n * d));
-        Ffn::forward(be, pf, ws, l.ffn, MatrixView<const T>(u), fo, batch, seq);
-        be.add_forward(x_next.flat(), sp<const T>(u.data, n * d), sp<const T>(fo.data, n * d));
+        if constexpr (moe) {  // x' = u + Σ r_e expert_e(u) (MoE eq. (11))
+          Step::forward(be, p, moe_router_offset(h), experts_of(h), ws, l.moe, MatrixView<const T>(u), x_next);
+          aux += be.read(ws + l.moe.sel.loss);
+        } else {
+          Ffn::forward(be, pf, ws, l.ffn, MatrixView<const T>(u), fo, batch, seq);
+          be.add_forward(x_next.flat(), sp<const T>(u.data, n * d), sp<const T>(fo.data, n * d));
+        }
         x = x_next;
         continue;
       }
@@ -359,8 +408,15 @@ struct DepthExecutor {
         else
           packed_attention_forward(be, pa, ws, l, MatrixView<const T>(xg), fo, idx, seq);
         be.add_forward(u.flat(), sp<const T>(xg.data, m * d), sp<const T>(fo.data, m * d));
-        Ffn::forward(be, pf, ws, l.ffn, MatrixView<const T>(u), fm, 1, m);
-        be.add_forward(fo.flat(), sp<const T>(fo.data, m * d), sp<const T>(fm.data, m * d));  // f = y - x̃
+        if constexpr (moe) {  // MoDE staged: the MoE step over the C selected rows; fm = u + MoE(u)
+          Step::forward(be, p, moe_router_offset(h), experts_of(h), ws, l.moe, MatrixView<const T>(u), fm);
+          aux += be.read(ws + l.moe.sel.loss);
+          be.axpy(fm.flat(), T(-1), sp<const T>(xg.data, m * d));  // f = y − x̃
+          be.copy(fo.flat(), sp<const T>(fm.data, m * d));
+        } else {
+          Ffn::forward(be, pf, ws, l.ffn, MatrixView<const T>(u), fm, 1, m);
+          be.add_forward(fo.flat(), sp<const T>(fo.data, m * d), sp<const T>(fm.data, m * d));  // f = y - x̃
+        }
         be.scatter_add_rows(x_next, MatrixView<const T>(fo), idx,
                             unit_weight ? std::span<const T>{} : sp<const T>(ws + l.wsel, m));  // MoD eq. (1)
       }
@@ -485,7 +541,10 @@ struct DepthExecutor {
       const index_t oa = Set::template attention_offset<D>(h), of = Set::template ffn_offset<D>(h);
       if (!routed(h)) {
         const MatrixView<const T> u = mv<const T>(ws + l.u, n, d);
-        Ffn::backward(be, p + of, g + of, ws, l.ffn, u, dres, MatrixView<const T>(dres), sc + s.module, batch, seq);
+        if constexpr (moe)
+          Step::backward(be, p, g, moe_router_offset(h), experts_of(h), ws, l.moe, u, dres, sc + s.module);
+        else
+          Ffn::backward(be, p + of, g + of, ws, l.ffn, u, dres, MatrixView<const T>(dres), sc + s.module, batch, seq);
         Attn::backward(be, p + oa, g + oa, ws, l.attn, x, dres, MatrixView<const T>(dres), sc + s.module, batch, seq);
         continue;
       }
@@ -505,10 +564,18 @@ struct DepthExecutor {
                                      unit_weight ? std::span<const T>{} : sp<const T>(ws + l.wsel, m));
         // f = a + FFN(u), u = x̃ + a, a = Attn(x̃):  dL/du = FFNᵀ df;  dL/da = df + dL/du;
         // dL/dx̃ = dL/du + Attnᵀ dL/da.
-        be.zero(du.flat());
-        Ffn::backward(be, p + of, g + of, ws, l.ffn, mv<const T>(ws + l.u, m, d), du, MatrixView<const T>(df),
-                      sc + s.module, 1, m);
-        be.axpy(df.flat(), T(1), sp<const T>(du.data, m * d));  // df := dL/da
+        if constexpr (moe) {  // the MoE step's out = u + MoE(u) has dL/dout = df: du = df + MoEᵀ df
+          be.copy(du.flat(), sp<const T>(df.data, m * d));
+          Step::backward(be, p, g, moe_router_offset(h), experts_of(h), ws, l.moe, mv<const T>(ws + l.u, m, d), du,
+                         sc + s.module);
+          be.axpy(du.flat(), T(-1), sp<const T>(df.data, m * d));  // du := dL/du = MoEᵀ df
+          be.axpy(df.flat(), T(1), sp<const T>(du.data, m * d));   // df := dL/da
+        } else {
+          be.zero(du.flat());
+          Ffn::backward(be, p + of, g + of, ws, l.ffn, mv<const T>(ws + l.u, m, d), du, MatrixView<const T>(df),
+                        sc + s.module, 1, m);
+          be.axpy(df.flat(), T(1), sp<const T>(du.data, m * d));  // df := dL/da
+        }
         const MatrixView<const T> xg = mv<const T>(ws + l.xg, m, d);
         if constexpr (exact_c)
           Attn::backward(be, p + oa, g + oa, ws, l.attn, xg, du, MatrixView<const T>(df), sc + s.module, batch,

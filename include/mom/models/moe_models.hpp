@@ -9,6 +9,12 @@
 //   MoDEIntegrated<L, E, k>  MoDE, integrated (MoD paper §4.3): SKIP, a no-op expert, among each
 //                            layer's E experts
 //     = Assembly<Router<TopK<Softmax>>, ModuleSet<MHA<L>, Experts<FFN, E, PerStep>, Skip>, K<k>, H<L>, phi::MoE>
+//   MoDEStaged<L, E, k>      MoDE, staged (MoD paper §4.3): MoD routing before MoE routing; each layer's FFN
+//                            is an MoE step (E experts, top-k), every 2nd layer runs only the top-C/seq
+//                            (12.5%) of each sequence (assembly/depth.hpp); the other layers run MoE densely
+//     = Assembly<Router<ExpertChoice<Capacity<1, 8>, Every<2>>>, ModuleSet<MHA<L>, Experts<FFN, E, PerStep>, Skip>,
+//                K<k>, H<L>, phi::LayerSkip>
+#include "mom/assembly/depth.hpp"
 #include "mom/assembly/moe.hpp"
 #include "mom/models/lm.hpp"
 
@@ -20,5 +26,9 @@ template <int L, int E, int k = 2, class R = Router<TopK<Softmax>>>
 using MoEShareStack = Assembly<R, ModuleSet<MHA<L>, FFN<E>>, K<k>, H<L>, phi::MoE>;
 template <int L, int E, int k = 2, class R = Router<TopK<Softmax>>>
 using MoDEIntegrated = Assembly<R, ModuleSet<MHA<L>, Experts<FFN, E, PerStep>, Skip>, K<k>, H<L>, phi::MoE>;
+
+template <int L, int E, int k = 2, long long p = 1, long long q = 8, int every = 2, class... Options>
+using MoDEStaged = Assembly<Router<ExpertChoice<Capacity<p, q>, Every<every>, Options...>>,
+                            ModuleSet<MHA<L>, Experts<FFN, E, PerStep>, Skip>, K<k>, H<L>, phi::LayerSkip>;
 
 }  // namespace mom

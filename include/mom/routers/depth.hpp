@@ -244,10 +244,13 @@ struct ExpertChoice {
     static_assert(!Cfg::causal_routing || Cfg::causal_aux || Cfg::predictor,
                   "mom::ExpertChoice: CausalRouting decides by a trained causal predictor: add CausalAux<p, q> or "
                   "CausalPredictor<w, p, q>");
-    static_assert(Set::has_block, "mom::Router<ExpertChoice> routes whole blocks: use ModuleSet<Block<L>, Skip>");
+    static_assert(Set::has_block || Set::experts_per_step,
+                  "mom::Router<ExpertChoice> routes whole blocks: use ModuleSet<Block<L>, Skip> (or, MoDE staged, "
+                  "ModuleSet<MHA<L>, Experts<FFN, E, PerStep>, Skip>)");
     static constexpr bool ok = detail::VerifyDepthOptions<Cfg, h>::ok && Cfg::options_known && Cfg::options_unique &&
                                Cfg::criteria == 0 && Cfg::capacity_ok && !(Cfg::causal_aux && Cfg::predictor) &&
-                               (!Cfg::causal_routing || Cfg::causal_aux || Cfg::predictor) && Set::has_block;
+                               (!Cfg::causal_routing || Cfg::causal_aux || Cfg::predictor) &&
+                               (Set::has_block || Set::experts_per_step);
   };
 };
 
