@@ -2,7 +2,7 @@
 // of the dense 8-layer model and of MoM_E / MoM_I / MoM_P on its [1-1-4-1-1] chunking (issue 5,
 // item 9), float, on cpu::Backend<float> wrapped in a timing backend.
 //
-//   bench_train_step [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,mod,mod-causal] [--routed-kv] [--wide]
+//   bench_train_step [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide]
 //
 // Issue 6 adds Mixture-of-Experts at the same dims: MoE (8 layers x 8 experts, top-2) and
 // MoE(share) (8 experts shared by the 8 layers, top-2); their "router" share is the top-K
@@ -245,13 +245,25 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-template <class Model>
+// The layer-skip gates start open (bias 1: every token runs every layer). For a representative step the
+// bench closes them to bias 0, so that about half the tokens run each layer, as in the trained skip8 (47%).
+struct OpenGates {
+  static constexpr bool zero_gate_bias = false;
+};
+struct HalfGates {
+  static constexpr bool zero_gate_bias = true;
+};
+
+template <class Model, class Gates = OpenGates>
 Result run(const char* name, index_t batch, index_t seq, int reps) {
   Be::Stats stats;
   Be be;
   be.st = &stats;
   ModelInstance<Model, Be> m(1, be);
   m.reserve(batch, seq);
+  if constexpr (Gates::zero_gate_bias)
+    for (const ParamInfo& p : Model::layout)
+      if (p.name.ends_with("router.b")) m.backend().zero(m.param(p).flat());
   const index_t n = batch * seq;
   std::mt19937_64 rng(7);
   std::uniform_int_distribution<token_t> dist(0, token_t(Model::dims.vocab - 1));
@@ -319,6 +331,11 @@ Result run(const char* name, index_t batch, index_t seq, int reps) {
 // and the same with the causal predictor (MoD §3.5, method 2).
 using MoD_LM = LM<dims, MoD<8>>;
 using MoDCausal_LM = LM<dims, MoD<8, 1, 8, 2, CausalPredictor<32>>>;
+// The remaining rows of issue 6: layer-skip / early-exit (learned gates, run target 1/2) and MoDE.
+using Skip_LM = LM<dims, LayerSkipping<8>>;
+using Exit_LM = LM<dims, EarlyExiting<8>>;
+using MoDEInt_LM = LM<dims, MoDEIntegrated<8, 8, 2>>;
+using MoDEStaged_LM = LM<dims, MoDEStaged<8, 8, 2>>;
 
 template <class Phi>
 using E_LM = LM<dims, Strategy_11411<MoM_E<Router<GRU>, Phi>>>;
@@ -352,7 +369,7 @@ int main(int argc, char** argv) {
     else if (a == "--routed-kv") routed_kv = true;
     else if (a == "--wide") wide = true;
     else {
-      std::fprintf(stderr, "usage: %s [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,mod,mod-causal] [--routed-kv] [--wide]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide]\n", argv[0]);
       return 2;
     }
   }
@@ -402,6 +419,10 @@ int main(int argc, char** argv) {
   // Issue 6, depth routing (--only mod / mod-causal).
   if (want("mod")) res.push_back(run<MoD_LM>("MoD 12.5%, every other block", batch, seq, reps));
   if (want("mod-causal")) res.push_back(run<MoDCausal_LM>("MoD 12.5% + causal predictor", batch, seq, reps));
+  if (want("skip")) res.push_back(run<Skip_LM, HalfGates>("layer-skip (gate bias 0: ~half run)", batch, seq, reps));
+  if (want("exit")) res.push_back(run<Exit_LM, HalfGates>("early-exit (gate bias 0)", batch, seq, reps));
+  if (want("mode-int")) res.push_back(run<MoDEInt_LM>("MoDE integrated, 8 experts + no-op, top-2", batch, seq, reps));
+  if (want("mode-staged")) res.push_back(run<MoDEStaged_LM>("MoDE staged, MoD 12.5% then 8 experts top-2", batch, seq, reps));
 
   const Result* dense = res.empty() || res[0].name.rfind("dense", 0) != 0 ? nullptr : &res[0];
   const double tokens = double(batch * seq);
