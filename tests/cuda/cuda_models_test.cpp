@@ -8,7 +8,8 @@
 // emulation measured 1e-5 / 4e-3).
 // MoM models are compared in double and in float without TF32 only: with TF32 a router logit can
 // move by ~1e-3 and flip a near-tied top-K pick, after which the two runs legitimately differ.
-// Add an architecture here as its ops land on both backends (MoE, MoD, ...).
+// Every family of architectures is here: dense, MoM, MoE, MoD, layer-skip, MoDE (parameter sharing in
+// cuda_share_model_test.cpp); MoD's causal-sampling options are not.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -17,6 +18,7 @@
 
 #include "mom/backend/cuda.hpp"
 #include "mom/models/mom_models.hpp"
+#include "mom/models/moe_models.hpp"
 #include "mom/mom.hpp"
 #include "ops/grad_check.hpp"
 
@@ -101,6 +103,16 @@ using ChunkedHd64 = LM<gpt_head_dims, Chunked<Layer, Dense<2>>>;
 // Mixture-of-Modules: MoM_P (K2 H6 with Skip) in the [1-1-4-1-1] strategy, and a routed-KV chunk.
 using MoMP = LM<small_dims, Strategy_11411<MoM_P<>>>;
 using MoMRoutedKV = LM<small_dims, Chunked<Layer, KaHbS<2, 3, 3, Router<GRU>, phi::MoMRoutedKV>>>;
+// The special cases of issue 6 (sharing is in cuda_share_model_test.cpp): MoE (3 experts per layer, top-2),
+// MoE(share), MoDE integrated, Mixture-of-Depths (capacity 1/8 of seq 24: 3 tokens per sequence, every
+// other block), layer-skip and early-exit (learned gates), MoDE staged.
+using MoESmall = LM<small_dims, MoEStack<2, 3, 2>>;
+using MoEShareSmall = LM<small_dims, MoEShareStack<2, 3, 2>>;
+using MoDEIntSmall = LM<small_dims, MoDEIntegrated<2, 3, 2>>;
+using MoDSmall = LM<small_dims, MoD<4>>;
+using SkipSmall = LM<small_dims, LayerSkipping<3>>;
+using ExitSmall = LM<small_dims, EarlyExiting<3>>;
+using MoDEStagedSmall = LM<small_dims, MoDEStaged<2, 3, 2>>;
 
 }  // namespace
 
@@ -156,4 +168,18 @@ TEST_CASE("dense model: same loss and gradients as cpu (float with bf16 GEMMs, f
   }
   compare_model<DenseSmall, float>(cuda::Precision::BF16, 2e-3, 3e-2);
   compare_model<ChunkedHd64, float>(cuda::Precision::BF16, 2e-3, 3e-2);
+}
+
+TEST_CASE("MoE, MoD, layer-skip, MoDE: same loss and gradients as cpu (double)", "[cuda][models][special]") {
+  if (!gpu_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  compare_model<MoESmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
+  compare_model<MoEShareSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
+  compare_model<MoDEIntSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
+  compare_model<MoDSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
+  compare_model<SkipSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
+  compare_model<ExitSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
+  compare_model<MoDEStagedSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
 }
