@@ -8,8 +8,8 @@
 // emulation measured 1e-5 / 4e-3).
 // MoM models are compared in double and in float without TF32 only: with TF32 a router logit can
 // move by ~1e-3 and flip a near-tied top-K pick, after which the two runs legitimately differ.
-// Every family of architectures is here: dense, MoM, MoE, MoD, layer-skip, MoDE (parameter sharing in
-// cuda_share_model_test.cpp); MoD's causal-sampling options are not.
+// Every family of architectures is here: dense, MoM, MoE, MoD, layer-skip, MoDE, parameter sharing;
+// MoD's causal-sampling options are not.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -103,7 +103,7 @@ using ChunkedHd64 = LM<gpt_head_dims, Chunked<Layer, Dense<2>>>;
 // Mixture-of-Modules: MoM_P (K2 H6 with Skip) in the [1-1-4-1-1] strategy, and a routed-KV chunk.
 using MoMP = LM<small_dims, Strategy_11411<MoM_P<>>>;
 using MoMRoutedKV = LM<small_dims, Chunked<Layer, KaHbS<2, 3, 3, Router<GRU>, phi::MoMRoutedKV>>>;
-// The special cases of issue 6 (sharing is in cuda_share_model_test.cpp): MoE (3 experts per layer, top-2),
+// The special cases of issue 6: MoE (3 experts per layer, top-2),
 // MoE(share), MoDE integrated, Mixture-of-Depths (capacity 1/8 of seq 24: 3 tokens per sequence, every
 // other block), layer-skip and early-exit (learned gates), MoDE staged.
 using MoESmall = LM<small_dims, MoEStack<2, 3, 2>>;
@@ -113,6 +113,12 @@ using MoDSmall = LM<small_dims, MoD<4>>;
 using SkipSmall = LM<small_dims, LayerSkipping<3>>;
 using ExitSmall = LM<small_dims, EarlyExiting<3>>;
 using MoDEStagedSmall = LM<small_dims, MoDEStaged<2, 3, 2>>;
+// Parameter sharing: the dense executor over a step -> module map (a shared module's gradient is the sum
+// over its uses).
+constexpr Dims share_dims{.d_model = 32, .heads = 4, .d_ff = 64, .vocab = 50, .context = 32};
+using ShareCycle = LM<share_dims, Assembly<Router<Share<Cycle<2>>>, ModuleSet<MHA<2>, FFN<2>>, K<1>, H<5>>>;
+using ShareAll = LM<share_dims, Assembly<Router<Share<All>>, ModuleSet<MHA<1>, FFN<1>>, K<1>, H<3>>>;
+using ShareMap = LM<share_dims, Chunked<Layer, Assembly<Router<Share<Map<0, 1, 1, 0>>>, ModuleSet<MHA<2>, FFN<2>>, K<1>, H<4>>>>;
 
 }  // namespace
 
@@ -182,4 +188,14 @@ TEST_CASE("MoE, MoD, layer-skip, MoDE: same loss and gradients as cpu (double)",
   compare_model<SkipSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
   compare_model<ExitSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
   compare_model<MoDEStagedSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
+}
+
+TEST_CASE("parameter sharing: same loss and gradients as cpu (double; Cycle<2>, All, Map)", "[cuda][models][share]") {
+  if (!gpu_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  compare_model<ShareCycle, double>(cuda::Precision::FP32, 1e-9, 1e-8);
+  compare_model<ShareAll, double>(cuda::Precision::FP32, 1e-9, 1e-8);
+  compare_model<ShareMap, double>(cuda::Precision::FP32, 1e-9, 1e-8);
 }

@@ -1,5 +1,5 @@
 #pragma once
-// A backend for cost-model tests (tests/models/*_cost_test.cpp, moe_*_test.cpp).
+// A backend for cost-model tests (tests/models/*_cost_test.cpp, moe_*, depth_*, mode_* tests).
 #include <vector>
 
 #include "mom/backend/cpu.hpp"
@@ -8,7 +8,9 @@ namespace mom::test {
 
 // Forwards every op to cpu::Backend<T> and tallies the FLOPs actually executed: 2·m·n·k per
 // matrix product (linear, gemm, the GRU cell's two products), and for packed attention 4·hd per
-// (query, visible key) pair per head, counting the visible keys from the position lists.
+// (query, visible key) pair per head, counting the visible keys from the position lists; in backward
+// 4·m·n·k per linear with an input gradient (2·m·n·k without), 5 causal products for attention and
+// 10·hd per packed (query, key) pair, as the cost model's backward_flops count them.
 template <class T>
 struct CountingBackend : cpu::Backend<T> {
   using Base = cpu::Backend<T>;
@@ -38,14 +40,33 @@ struct CountingBackend : cpu::Backend<T> {
     Base::gru_cell_forward(h_out, gates, x, h, w_ih, w_hh, b_ih, b_hh);
   }
   void attention_packed_forward(M out, S lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok, index_t seq, index_t heads) {
-    for (token_t t : q_tok) {
-      index_t keys = 0;
-      if (k_tok.empty()) keys = t % seq + 1;
-      else
-        for (token_t s : k_tok) keys += (s / seq == t / seq && s <= t) ? 1 : 0;
-      flops += 4 * q.cols * keys;
-    }
+    flops += 4 * q.cols * visible_pairs(q_tok, k_tok, seq);
     Base::attention_packed_forward(out, lse, q, k, v, q_tok, k_tok, seq, heads);
+  }
+  void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w) {
+    flops += (dx.empty() ? 2 : 4) * x.rows * x.cols * w.rows;
+    Base::linear_backward(dx, dw, db, dy, x, w);
+  }
+  void attention_backward(M dqkv, CM dout, CM out, CS lse, CM qkv, index_t batch, index_t seq, index_t heads) {
+    flops += batch * 5 * (qkv.cols / 3) * seq * (seq + 1);
+    Base::attention_backward(dqkv, dout, out, lse, qkv, batch, seq, heads);
+  }
+  void attention_packed_backward(M dq, M dk, M dv, CM dout, CM out, CS lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok,
+                                 index_t seq, index_t heads) {
+    flops += 10 * q.cols * visible_pairs(q_tok, k_tok, seq);
+    Base::attention_packed_backward(dq, dk, dv, dout, out, lse, q, k, v, q_tok, k_tok, seq, heads);
+  }
+
+  // (query, key) pairs a packed attention sees: each query t sees the keys s <= t of its own sequence
+  // (every position up to t when there is no key list).
+  static index_t visible_pairs(Tok q_tok, Tok k_tok, index_t seq) {
+    index_t pairs = 0;
+    for (token_t t : q_tok) {
+      if (k_tok.empty()) pairs += t % seq + 1;
+      else
+        for (token_t s : k_tok) pairs += (s / seq == t / seq && s <= t) ? 1 : 0;
+    }
+    return pairs;
   }
 };
 

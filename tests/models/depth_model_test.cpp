@@ -12,31 +12,20 @@
 #include <string>
 #include <vector>
 
+#include "models/counting_backend.hpp"
+#include "models/random_tokens.hpp"
 #include "mom/models/depth_stats.hpp"
 #include "mom/models/mom_models.hpp"
 #include "mom/models/warm_start.hpp"
 #include "mom/mom.hpp"
 
 using namespace mom;
+using test::random_tokens;
+using test::randomise;
 
 namespace {
 
 constexpr Dims tiny{.d_model = 8, .heads = 2, .d_ff = 12, .vocab = 11, .context = 16};
-
-std::vector<token_t> random_tokens(index_t n, index_t vocab, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<token_t> dist(0, token_t(vocab - 1));
-  std::vector<token_t> out(static_cast<std::size_t>(n));
-  for (auto& t : out) t = dist(rng);
-  return out;
-}
-
-template <class Instance>
-void randomise(Instance& m, std::uint64_t seed, double sd = 0.3) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> normal(0.0, sd);
-  for (auto& p : m.params()) p = normal(rng);
-}
 
 template <class Instance>
 std::vector<double> logits_of(Instance& m) {
@@ -346,54 +335,9 @@ TEST_CASE("early-exit: once a token skips a layer it skips every later one; plai
 }
 
 namespace {
-// Forwards to cpu::Backend<T>, tallying the FLOPs of every product executed (as in mom_cost_test).
-template <class T>
-struct CountingBackend : cpu::Backend<T> {
-  using Base = cpu::Backend<T>;
-  using typename Base::CM;
-  using typename Base::CS;
-  using typename Base::M;
-  using typename Base::S;
-  using typename Base::Tok;
-  index_t flops = 0;
-  void linear_forward(M y, CM x, CM w, CS b) {
-    flops += 2 * x.rows * x.cols * w.rows;
-    Base::linear_forward(y, x, w, b);
-  }
-  void attention_forward(M out, S lse, CM qkv, index_t batch, index_t seq, index_t heads) {
-    flops += batch * 2 * (qkv.cols / 3) * seq * (seq + 1);
-    Base::attention_forward(out, lse, qkv, batch, seq, heads);
-  }
-  void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w) {
-    flops += (dx.empty() ? 2 : 4) * x.rows * x.cols * w.rows;
-    Base::linear_backward(dx, dw, db, dy, x, w);
-  }
-  void attention_backward(M dqkv, CM dout, CM out, CS lse, CM qkv, index_t batch, index_t seq, index_t heads) {
-    flops += batch * 5 * (qkv.cols / 3) * seq * (seq + 1);
-    Base::attention_backward(dqkv, dout, out, lse, qkv, batch, seq, heads);
-  }
-  void attention_packed_backward(M dq, M dk, M dv, CM dout, CM out, CS lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok,
-                                 index_t seq, index_t heads) {
-    for (token_t t : q_tok) {
-      index_t keys = 0;
-      for (token_t s : k_tok) keys += (s / seq == t / seq && s <= t) ? 1 : 0;
-      flops += 10 * q.cols * keys;
-    }
-    Base::attention_packed_backward(dq, dk, dv, dout, out, lse, q, k, v, q_tok, k_tok, seq, heads);
-  }
-  void attention_packed_forward(M out, S lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok, index_t seq, index_t heads) {
-    for (token_t t : q_tok) {
-      index_t keys = 0;
-      for (token_t s : k_tok) keys += (s / seq == t / seq && s <= t) ? 1 : 0;
-      flops += 4 * q.cols * keys;
-    }
-    Base::attention_packed_forward(out, lse, q, k, v, q_tok, k_tok, seq, heads);
-  }
-};
-
 template <class Model>
 void check_flops(std::uint64_t seed, bool exact_worst_case) {
-  auto m = Model::template make<CountingBackend<double>>(seed);
+  auto m = Model::template make<test::CountingBackend<double>>(seed);
   randomise(m, seed + 1, 0.5);
   for (auto [batch, seq] : {std::pair<index_t, index_t>{2, 16}, {3, 7}, {1, 1}}) {
     m.reserve(batch, seq);

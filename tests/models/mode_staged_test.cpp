@@ -13,30 +13,18 @@
 #include <vector>
 
 #include "models/counting_backend.hpp"
+#include "models/random_tokens.hpp"
 #include "mom/models/mom_models.hpp"
 #include "mom/models/moe_models.hpp"
 #include "mom/mom.hpp"
 
 using namespace mom;
+using test::random_tokens;
+using test::randomise;
 
 namespace {
 
 constexpr Dims tiny{.d_model = 8, .heads = 2, .d_ff = 12, .vocab = 11, .context = 16};
-
-std::vector<token_t> random_tokens(index_t n, index_t vocab, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<token_t> dist(0, token_t(vocab - 1));
-  std::vector<token_t> out(static_cast<std::size_t>(n));
-  for (auto& t : out) t = dist(rng);
-  return out;
-}
-
-template <class Instance>
-void randomise(Instance& m, std::uint64_t seed, double sd) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> normal(0.0, sd);
-  for (auto& p : m.params()) p = normal(rng);
-}
 
 // The executor of the model's only part.
 template <class List>

@@ -19,6 +19,7 @@
 
 using namespace mom;
 using test::random_tokens;
+using test::randomise;
 
 namespace {
 
@@ -29,13 +30,6 @@ const ParamInfo* find_param(std::string_view name) {
   for (const auto& p : Model::layout)
     if (p.name == name) return &p;
   return nullptr;
-}
-
-template <class Instance>
-void randomise(Instance& m, std::uint64_t seed, double std) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> normal(0.0, std);
-  for (auto& p : m.params()) p = static_cast<typename Instance::scalar>(normal(rng));
 }
 
 template <class Instance>

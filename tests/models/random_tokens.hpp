@@ -1,5 +1,5 @@
 #pragma once
-// Random token ids for the model tests.
+// Random token ids and parameters for the model tests.
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -15,6 +15,15 @@ inline std::vector<token_t> random_tokens(index_t n, index_t vocab, std::uint64_
   std::vector<token_t> out(static_cast<std::size_t>(n));
   for (auto& t : out) t = dist(rng);
   return out;
+}
+
+// Every parameter N(0, sd²), reproducible from seed (the models' own initialisation is too small for
+// routing decisions and gradient checks to see every path).
+template <class Instance>
+void randomise(Instance& m, std::uint64_t seed, double sd = 0.3) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, sd);
+  for (auto& p : m.params()) p = static_cast<typename Instance::scalar>(normal(rng));
 }
 
 }  // namespace mom::test
