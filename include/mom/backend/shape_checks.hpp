@@ -8,6 +8,7 @@
 #include <span>
 
 #include "mom/core/check.hpp"
+#include "mom/core/groups.hpp"
 #include "mom/core/tensor.hpp"
 
 namespace mom::checks {
@@ -321,6 +322,22 @@ void sigmoid_backward_shapes(CS<T> dx, CS<T> out, CS<T> dout) {
 }
 inline void bce_logits_backward_grad_shapes(index_t n_dlogits, index_t n_logits) {
   MOM_CHECK(n_dlogits == n_logits, "bce_logits_backward: dlogits has ", n_dlogits, " elements, logits ", n_logits);
+}
+
+// ---- grouped ops (core/groups.hpp) -----------------------------------------------
+inline void row_groups_shape(const char* op, RowGroups g) {
+  MOM_CHECK(g.count >= 0 && g.count <= max_row_groups && (g.count == 0 || g.offsets != nullptr), op, ": ", g.count,
+            " row groups (at most ", max_row_groups, ", with offsets)");
+}
+// y [rows x out] and x [rows x in] of a grouped linear (the per-group weights are [out x in]).
+template <class T>
+void grouped_linear_shapes(const char* op, CM<T> y, CM<T> x, bool has_weights) {
+  MOM_CHECK(y.rows == x.rows, op, ": y ", shape(y), " and x ", shape(x), " must have the same rows");
+  MOM_CHECK(has_weights, op, ": no weights");
+}
+template <class T>
+void same_shape(const char* op, CM<T> a, CM<T> b) {
+  MOM_CHECK(a.rows == b.rows && a.cols == b.cols, op, ": ", shape(a), " and ", shape(b), " must match");
 }
 
 }  // namespace mom::checks

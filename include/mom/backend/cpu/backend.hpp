@@ -17,6 +17,7 @@
 #include "mom/backend/cpu/dispatch.hpp"
 #include "mom/backend/cpu/embedding.hpp"
 #include "mom/backend/cpu/gemm.hpp"
+#include "mom/backend/cpu/grouped.hpp"
 #include "mom/backend/cpu/gru.hpp"
 #include "mom/backend/cpu/layernorm.hpp"
 #include "mom/backend/cpu/linear.hpp"
@@ -102,6 +103,8 @@ struct Backend {
   using S = std::span<T>;
   using CS = std::span<const T>;
   using Tok = std::span<const token_t>;
+  using PG = PerGroup<T>;
+  using CPG = PerGroup<const T>;
 
   static constexpr const char* name = "cpu";
 
@@ -219,6 +222,45 @@ struct Backend {
   void attention_packed_backward(M dq, M dk, M dv, CM dout, CM out, CS lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok,
                                  index_t seq, index_t heads) const {
     cpu::attention_packed_backward<T>(dq, dk, dv, dout, out, lse, q, k, v, q_tok, k_tok, seq, heads);
+  }
+
+  // Grouped ops (core/groups.hpp, backend/cpu/grouped.hpp): rows split into groups by offsets in
+  // backend memory, each group with its own parameters; the routed executors' hot path.
+  void grouped_linear_forward(M y, CM x, CPG w, CPG b, RowGroups g) const { cpu::grouped_linear_forward<T>(y, x, w, b, g); }
+  void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, CPG w, RowGroups g) const {
+    cpu::grouped_linear_backward<T>(dx, dw, db, dy, x, w, g);
+  }
+  void grouped_layernorm_forward(M out, S mean, S rstd, CM x, CPG gamma, CPG beta, RowGroups g,
+                                 T eps = T(1e-5)) const {
+    cpu::grouped_layernorm_forward<T>(out, mean, rstd, x, gamma, beta, g, eps);
+  }
+  void grouped_layernorm_backward(M dx, PG dgamma, PG dbeta, CM dout, CM x, CS mean, CS rstd, CPG gamma,
+                                  RowGroups g) const {
+    cpu::grouped_layernorm_backward<T>(dx, dgamma, dbeta, dout, x, mean, rstd, gamma, g);
+  }
+  void gelu_forward(M out, CM x, RowGroups g) const { cpu::gelu_forward<T>(out, x, g); }
+  void gelu_backward(M dx, CM x, CM dout, RowGroups g) const { cpu::gelu_backward<T>(dx, x, dout, g); }
+  void zero_rows(M m, RowGroups g) const { cpu::zero_rows<T>(m, g); }
+  void gather_rows(M out, CM in, Tok idx, RowGroups g) const { cpu::gather_rows<T>(out, in, idx, g); }
+  void gather_rows(M out, CPG in, index_t in_rows, Tok idx, RowGroups g) const {
+    cpu::gather_rows<T>(out, in, in_rows, idx, g);
+  }
+  void scatter_add_rows(M out, CM in, Tok idx, CS weights, RowGroups g) const {
+    cpu::scatter_add_rows<T>(out, in, idx, weights, g);
+  }
+  void scatter_add_rows(PG out, index_t out_rows, CM in, Tok idx, RowGroups g) const {
+    cpu::scatter_add_rows<T>(out, out_rows, in, idx, g);
+  }
+  void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights, RowGroups g) const {
+    cpu::scatter_add_rows_backward<T>(din, dweights, dout, in, idx, weights, g);
+  }
+  void attention_grouped_forward(M out, S lse, CM q, CPG k, CPG v, index_t kv_rows, index_t kv_ld, Tok q_tok, Tok k_tok,
+                                 RowGroups g, index_t seq, index_t heads) const {
+    cpu::attention_grouped_forward<T>(out, lse, q, k, v, kv_rows, kv_ld, q_tok, k_tok, g, seq, heads);
+  }
+  void attention_grouped_backward(M dq, PG dk, PG dv, CM dout, CM out, CS lse, CM q, CPG k, CPG v, index_t kv_rows,
+                                  index_t kv_ld, Tok q_tok, Tok k_tok, RowGroups g, index_t seq, index_t heads) const {
+    cpu::attention_grouped_backward<T>(dq, dk, dv, dout, out, lse, q, k, v, kv_rows, kv_ld, q_tok, k_tok, g, seq, heads);
   }
 
   // Depth routing (Mixture-of-Depths, layer-skip, early-exit; backend/cpu/depth.hpp).

@@ -1,0 +1,198 @@
+#pragma once
+// Grouped ops on the CPU (core/groups.hpp): the row groups' offsets are host memory here, so each
+// op reads them and runs the plain op on every group's row block, with that group's parameters.
+// The CUDA backend reads the same offsets inside its kernels instead (no host-device sync); the
+// cross-backend tests compare the two. Forward ops write their rows, backward ops accumulate, and
+// rows outside [offsets[0], offsets[count]) are untouched, as the plain ops' contracts say.
+#include <span>
+
+#include "mom/backend/cpu/activation.hpp"
+#include "mom/backend/cpu/dispatch.hpp"
+#include "mom/backend/cpu/layernorm.hpp"
+#include "mom/backend/cpu/linear.hpp"
+#include "mom/backend/cpu/routing.hpp"
+#include "mom/backend/shape_checks.hpp"
+#include "mom/core/groups.hpp"
+
+namespace mom::cpu {
+
+namespace detail {
+// Validates the offsets against the packed matrices' row count and calls f(g, first_row, rows)
+// for every non-empty group.
+template <class F>
+void for_each_group(const char* op, RowGroups g, index_t rows, F&& f) {
+  checks::row_groups_shape(op, g);
+  for (int i = 0; i <= g.count; ++i)
+    MOM_CHECK(g.offsets[i] >= 0 && g.offsets[i] <= rows && (i == 0 || g.offsets[i] >= g.offsets[i - 1]), op,
+              ": group offsets must be non-decreasing in [0, ", rows, "]; offsets[", i, "] = ", g.offsets[i]);
+  for (int i = 0; i < g.count; ++i) {
+    const index_t o = g.offsets[i], n = g.offsets[i + 1] - o;
+    if (n > 0) f(i, o, n);
+  }
+}
+template <class T>
+MatrixView<T> rows_of(MatrixView<T> m, index_t o, index_t n) {
+  return m.empty() ? m : m.row_block(o, n);
+}
+template <class T>
+std::span<T> part(std::span<T> s, index_t o, index_t n) {
+  return s.empty() ? s : s.subspan(std::size_t(o), std::size_t(n));
+}
+template <class T>
+MatrixView<T> group_matrix(const PerGroup<T>& p, int g, index_t rows, index_t cols, index_t ld) {
+  return p.empty() ? MatrixView<T>{} : MatrixView<T>{p[g], rows, cols, ld};
+}
+template <class T>
+std::span<T> group_vector(const PerGroup<T>& p, int g, index_t n) {
+  return p.empty() ? std::span<T>{} : std::span<T>{p[g], std::size_t(n)};
+}
+}  // namespace detail
+
+// y[r] = W_g x[r] + b_g for the rows r of group g; W_g [y.cols × x.cols] at w[g], b_g at b[g].
+template <class T>
+void grouped_linear_forward(MatrixView<T> y, MatrixView<const T> x, PerGroup<const T> w, PerGroup<const T> b,
+                            RowGroups g) {
+  checks::grouped_linear_shapes<T>("grouped_linear_forward", y, x, !w.empty());
+  detail::for_each_group("grouped_linear_forward", g, x.rows, [&](int i, index_t o, index_t n) {
+    linear_forward<T>(y.row_block(o, n), x.row_block(o, n), {w[i], y.cols, x.cols},
+                      detail::group_vector(b, i, y.cols));
+  });
+}
+// dx[r] += W_gᵀ dy[r], dW_g += Σ_r dy[r] x[r]ᵀ, db_g += Σ_r dy[r]; dx, dw, db may each be empty.
+template <class T>
+void grouped_linear_backward(MatrixView<T> dx, PerGroup<T> dw, PerGroup<T> db, MatrixView<const T> dy,
+                             MatrixView<const T> x, PerGroup<const T> w, RowGroups g) {
+  checks::grouped_linear_shapes<T>("grouped_linear_backward", dy, x, !w.empty());
+  MOM_CHECK(dx.empty() || (dx.rows == x.rows && dx.cols == x.cols), "grouped_linear_backward: dx ", shape(dx),
+            " must match x ", shape(x));
+  detail::for_each_group("grouped_linear_backward", g, x.rows, [&](int i, index_t o, index_t n) {
+    linear_backward<T>(detail::rows_of(dx, o, n), detail::group_matrix(dw, i, dy.cols, x.cols, x.cols),
+                       detail::group_vector(db, i, dy.cols), dy.row_block(o, n), x.row_block(o, n),
+                       {w[i], dy.cols, x.cols});
+  });
+}
+
+template <class T>
+void grouped_layernorm_forward(MatrixView<T> out, std::span<T> mean, std::span<T> rstd, MatrixView<const T> x,
+                               PerGroup<const T> gamma, PerGroup<const T> beta, RowGroups g, T eps) {
+  detail::for_each_group("grouped_layernorm_forward", g, x.rows, [&](int i, index_t o, index_t n) {
+    layernorm_forward<T>(out.row_block(o, n), detail::part(mean, o, n), detail::part(rstd, o, n), x.row_block(o, n),
+                         detail::group_vector(gamma, i, x.cols), detail::group_vector(beta, i, x.cols), eps);
+  });
+}
+template <class T>
+void grouped_layernorm_backward(MatrixView<T> dx, PerGroup<T> dgamma, PerGroup<T> dbeta, MatrixView<const T> dout,
+                                MatrixView<const T> x, std::span<const T> mean, std::span<const T> rstd,
+                                PerGroup<const T> gamma, RowGroups g) {
+  detail::for_each_group("grouped_layernorm_backward", g, x.rows, [&](int i, index_t o, index_t n) {
+    layernorm_backward<T>(detail::rows_of(dx, o, n), detail::group_vector(dgamma, i, x.cols),
+                          detail::group_vector(dbeta, i, x.cols), dout.row_block(o, n), x.row_block(o, n),
+                          detail::part(mean, o, n), detail::part(rstd, o, n), detail::group_vector(gamma, i, x.cols));
+  });
+}
+
+// The plain row ops restricted to the rows [offsets[0], offsets[count]).
+template <class T>
+void gelu_forward(MatrixView<T> out, MatrixView<const T> x, RowGroups g) {
+  checks::same_shape<T>("gelu_forward", out, x);
+  detail::for_each_group("gelu_forward", g, x.rows, [&](int, index_t o, index_t n) {
+    gelu_forward<T>(out.row_block(o, n).flat(), x.row_block(o, n).flat());
+  });
+}
+template <class T>
+void gelu_backward(MatrixView<T> dx, MatrixView<const T> x, MatrixView<const T> dout, RowGroups g) {
+  checks::same_shape<T>("gelu_backward", dx, x);
+  checks::same_shape<T>("gelu_backward", dout, x);
+  detail::for_each_group("gelu_backward", g, x.rows, [&](int, index_t o, index_t n) {
+    gelu_backward<T>(dx.row_block(o, n).flat(), x.row_block(o, n).flat(), dout.row_block(o, n).flat());
+  });
+}
+template <class T>
+void zero_rows(MatrixView<T> m, RowGroups g) {
+  detail::for_each_group("zero_rows", g, m.rows, [&](int, index_t o, index_t n) {
+    for (index_t r = o; r < o + n; ++r) std::fill_n(m.row(r), m.cols, T(0));
+  });
+}
+template <class T>
+void gather_rows(MatrixView<T> out, MatrixView<const T> in, std::span<const token_t> idx, RowGroups g) {
+  checks::gather_rows_shapes<T>(out, in, idx);
+  detail::for_each_group("gather_rows", g, out.rows, [&](int, index_t o, index_t n) {
+    gather_rows<T>(out.row_block(o, n), in, idx.subspan(std::size_t(o), std::size_t(n)));
+  });
+}
+// out[r] = in_g[idx[r]] for the rows r of group g: each group gathers from its own [rows × out.cols]
+// matrix in[g] (e.g. module g's LayerNorm of every token).
+template <class T>
+void gather_rows(MatrixView<T> out, PerGroup<const T> in, index_t in_rows, std::span<const token_t> idx, RowGroups g) {
+  MOM_CHECK(ssize(idx) == out.rows, "gather_rows: ", idx.size(), " indices for out ", shape(out));
+  detail::for_each_group("gather_rows", g, out.rows, [&](int i, index_t o, index_t n) {
+    gather_rows<T>(out.row_block(o, n), {in[i], in_rows, out.cols}, idx.subspan(std::size_t(o), std::size_t(n)));
+  });
+}
+template <class T>
+void scatter_add_rows(MatrixView<T> out, MatrixView<const T> in, std::span<const token_t> idx,
+                      std::span<const T> weights, RowGroups g) {
+  checks::scatter_add_rows_shapes<T>(out, in, idx, weights);
+  detail::for_each_group("scatter_add_rows", g, in.rows, [&](int, index_t o, index_t n) {
+    scatter_add_rows<T>(out, in.row_block(o, n), idx.subspan(std::size_t(o), std::size_t(n)),
+                        detail::part(weights, o, n));
+  });
+}
+// out_g[idx[r]] += in[r] for the rows r of group g (the backward of the per-group gather).
+template <class T>
+void scatter_add_rows(PerGroup<T> out, index_t out_rows, MatrixView<const T> in, std::span<const token_t> idx,
+                      RowGroups g) {
+  MOM_CHECK(ssize(idx) == in.rows, "scatter_add_rows: ", idx.size(), " indices for in ", shape(in));
+  detail::for_each_group("scatter_add_rows", g, in.rows, [&](int i, index_t o, index_t n) {
+    scatter_add_rows<T>({out[i], out_rows, in.cols}, in.row_block(o, n), idx.subspan(std::size_t(o), std::size_t(n)),
+                        {});
+  });
+}
+template <class T>
+void scatter_add_rows_backward(MatrixView<T> din, std::span<T> dweights, MatrixView<const T> dout,
+                               MatrixView<const T> in, std::span<const token_t> idx, std::span<const T> weights,
+                               RowGroups g) {
+  checks::scatter_add_rows_backward_shapes<T>(din, dweights, dout, in, idx, weights);
+  detail::for_each_group("scatter_add_rows_backward", g, in.rows, [&](int, index_t o, index_t n) {
+    scatter_add_rows_backward<T>(detail::rows_of(din, o, n), detail::part(dweights, o, n), dout, in.row_block(o, n),
+                                 idx.subspan(std::size_t(o), std::size_t(n)), detail::part(weights, o, n));
+  });
+}
+
+// Causal attention of every group's queries over that group's keys (core/groups.hpp's attention):
+// query row r of group g (token q_tok[r]) attends, with k_tok empty, to the rows t < kv_rows of
+// k[g] / v[g] (token t), or, with k_tok given, to the rows j of group g's own row range of k[g] /
+// v[g] (token k_tok[j]); in both cases to the keys of its sequence at or before its token. Key
+// rows are kv_ld apart. dq, dk, dv accumulate (dk[g] / dv[g] laid out as k[g] / v[g]).
+template <class T>
+void attention_grouped_forward(MatrixView<T> out, std::span<T> lse, MatrixView<const T> q, PerGroup<const T> k,
+                               PerGroup<const T> v, index_t kv_rows, index_t kv_ld, std::span<const token_t> q_tok,
+                               std::span<const token_t> k_tok, RowGroups g, index_t seq, index_t heads) {
+  checks::attention_packed_forward_out_shapes<T>(out, lse, q, heads);
+  const index_t d = q.cols;
+  detail::for_each_group("attention_grouped_forward", g, q.rows, [&](int i, index_t o, index_t n) {
+    const index_t ko = k_tok.empty() ? 0 : o, kn = k_tok.empty() ? kv_rows : n;
+    attention_packed_forward<T>(out.row_block(o, n), lse.subspan(std::size_t(o * heads), std::size_t(n * heads)),
+                                q.row_block(o, n), {k[i] + ko * kv_ld, kn, d, kv_ld}, {v[i] + ko * kv_ld, kn, d, kv_ld},
+                                q_tok.subspan(std::size_t(o), std::size_t(n)),
+                                k_tok.empty() ? k_tok : k_tok.subspan(std::size_t(o), std::size_t(n)), seq, heads);
+  });
+}
+template <class T>
+void attention_grouped_backward(MatrixView<T> dq, PerGroup<T> dk, PerGroup<T> dv, MatrixView<const T> dout,
+                                MatrixView<const T> out, std::span<const T> lse, MatrixView<const T> q,
+                                PerGroup<const T> k, PerGroup<const T> v, index_t kv_rows, index_t kv_ld,
+                                std::span<const token_t> q_tok, std::span<const token_t> k_tok, RowGroups g,
+                                index_t seq, index_t heads) {
+  const index_t d = q.cols;
+  detail::for_each_group("attention_grouped_backward", g, q.rows, [&](int i, index_t o, index_t n) {
+    const index_t ko = k_tok.empty() ? 0 : o, kn = k_tok.empty() ? kv_rows : n;
+    attention_packed_backward<T>(
+        dq.row_block(o, n), {dk[i] + ko * kv_ld, kn, d, kv_ld}, {dv[i] + ko * kv_ld, kn, d, kv_ld}, dout.row_block(o, n),
+        out.row_block(o, n), lse.subspan(std::size_t(o * heads), std::size_t(n * heads)), q.row_block(o, n),
+        {k[i] + ko * kv_ld, kn, d, kv_ld}, {v[i] + ko * kv_ld, kn, d, kv_ld}, q_tok.subspan(std::size_t(o), std::size_t(n)),
+        k_tok.empty() ? k_tok : k_tok.subspan(std::size_t(o), std::size_t(n)), seq, heads);
+  });
+}
+
+}  // namespace mom::cpu

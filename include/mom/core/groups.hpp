@@ -1,0 +1,61 @@
+#pragma once
+// Row groups: the vocabulary of the routed ops that never read a routing decision on the host.
+//
+// A routed step (MoM, MoE, layer-skip) sorts its (token, module) pairs by module, so module g's
+// rows of a packed matrix are the consecutive rows [offsets[g], offsets[g+1]). The offsets are
+// computed by the backend (group_by_choice, skip_select) and stay in backend memory: on a GPU the
+// host never learns the group sizes, so a training step has no host-device synchronisation
+// (DESIGN.md, "Data and the hot path"). Ops that take RowGroups read the offsets inside their
+// kernels; only the bounds known from the cost model (the packed matrix's row count, the number of
+// groups) are host values.
+//
+//   RowGroups   g.offsets: count + 1 non-decreasing row indices in backend memory.
+//               Rows outside [offsets[0], offsets[count]) are neither read nor written by a
+//               grouped op (for MoM these are the SKIP class's rows, which the router sorts last).
+//   PerGroup<T> one tensor per group (module g's weight, bias, LayerNorm gain, key matrix...):
+//               group g's tensor starts at base + at[g]; the offsets table is a host value
+//               (parameter layout, known at compile time), passed to kernels by value.
+#include <array>
+
+#include "mom/core/check.hpp"
+#include "mom/core/tensor.hpp"
+
+namespace mom {
+
+// Most groups one grouped op serves (modules of one kind in a ModuleSet, experts of one MoE step).
+inline constexpr int max_row_groups = 256;
+
+struct RowGroups {
+  const token_t* offsets = nullptr;  // count + 1 entries, backend memory
+  int count = 0;
+};
+
+template <class T>
+struct PerGroup {
+  T* base = nullptr;
+  std::array<index_t, max_row_groups> at{};
+
+  constexpr PerGroup() = default;
+  // Group g's tensor at base + at(g) for g < count.
+  template <class F>
+  constexpr PerGroup(T* b, int count, F&& at_of) : base(b) {
+    MOM_CHECK(count >= 0 && count <= max_row_groups, "PerGroup: ", count, " groups (at most ", max_row_groups, ")");
+    for (int g = 0; g < count; ++g) at[std::size_t(g)] = index_t(at_of(g));
+  }
+  // PerGroup<T> converts to PerGroup<const T>.
+  template <class U>
+    requires(std::is_same_v<const U, T> && !std::is_same_v<U, T>)
+  constexpr PerGroup(const PerGroup<U>& o) : base(o.base), at(o.at) {}
+
+  constexpr bool empty() const { return base == nullptr; }
+  constexpr T* operator[](int g) const { return base + at[std::size_t(g)]; }
+  // The same groups' tensors `o` elements further on (from a module's parameter block to one of
+  // its tensors, from row 0 to a column block).
+  constexpr PerGroup plus(index_t o) const {
+    PerGroup r = *this;
+    if (r.base) r.base += o;
+    return r;
+  }
+};
+
+}  // namespace mom
