@@ -57,6 +57,41 @@ struct CountingBackend : cpu::Backend<T> {
     Base::attention_packed_backward(dq, dk, dv, dout, out, lse, q, k, v, q_tok, k_tok, seq, heads);
   }
 
+  // Grouped ops (core/groups.hpp): the offsets are host memory on the CPU, so the tally follows
+  // the groups exactly; a group's weights are recorded once per non-empty group.
+  using CPG = PerGroup<const T>;
+  using PG = PerGroup<T>;
+  template <class F>
+  static void each_group(RowGroups g, F&& f) {
+    for (int i = 0; i < g.count; ++i)
+      if (g.offsets[i + 1] > g.offsets[i]) f(i, index_t(g.offsets[i]), index_t(g.offsets[i + 1] - g.offsets[i]));
+  }
+  void grouped_linear_forward(M y, CM x, CPG w, CPG b, RowGroups g) {
+    each_group(g, [&](int i, index_t, index_t n) {
+      flops += 2 * n * x.cols * y.cols;
+      weights.push_back(w[i]);
+    });
+    Base::grouped_linear_forward(y, x, w, b, g);
+  }
+  void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, CPG w, RowGroups g) {
+    each_group(g, [&](int, index_t, index_t n) { flops += (dx.empty() ? 2 : 4) * n * x.cols * dy.cols; });
+    Base::grouped_linear_backward(dx, dw, db, dy, x, w, g);
+  }
+  void attention_grouped_forward(M out, S lse, CM q, CPG k, CPG v, index_t kv_rows, index_t kv_ld, Tok q_tok, Tok k_tok,
+                                 RowGroups g, index_t seq, index_t heads) {
+    each_group(g, [&](int, index_t o, index_t n) { flops += 4 * q.cols * group_pairs(q_tok, k_tok, o, n, seq); });
+    Base::attention_grouped_forward(out, lse, q, k, v, kv_rows, kv_ld, q_tok, k_tok, g, seq, heads);
+  }
+  void attention_grouped_backward(M dq, PG dk, PG dv, CM dout, CM out, CS lse, CM q, CPG k, CPG v, index_t kv_rows,
+                                  index_t kv_ld, Tok q_tok, Tok k_tok, RowGroups g, index_t seq, index_t heads) {
+    each_group(g, [&](int, index_t o, index_t n) { flops += 10 * q.cols * group_pairs(q_tok, k_tok, o, n, seq); });
+    Base::attention_grouped_backward(dq, dk, dv, dout, out, lse, q, k, v, kv_rows, kv_ld, q_tok, k_tok, g, seq, heads);
+  }
+  static index_t group_pairs(Tok q_tok, Tok k_tok, index_t o, index_t n, index_t seq) {
+    return visible_pairs(q_tok.subspan(std::size_t(o), std::size_t(n)),
+                         k_tok.empty() ? k_tok : k_tok.subspan(std::size_t(o), std::size_t(n)), seq);
+  }
+
   // (query, key) pairs a packed attention sees: each query t sees the keys s <= t of its own sequence
   // (every position up to t when there is no key list).
   static index_t visible_pairs(Tok q_tok, Tok k_tok, index_t seq) {

@@ -4,14 +4,17 @@
 //   select:   softmax / top-K of one router step's logits, the K picked weights (renormalised),
 //             the n×K (token, pick) slots grouped by class with a stable counting sort (causal
 //             order kept inside a group), the weights in group order, the balance loss
-//   FFN:      per FFN module m: gather its group's rows, run m over exactly those rows, one
-//             weighted scatter-add into the output; a module no token picked costs nothing, and
-//             the SKIP class (the last, >= the number of modules) is never touched
+//   FFN:      one gather of the grouped rows, the grouped ops (core/groups.hpp) run module m
+//             over exactly its group's rows, one weighted scatter-add into the output; a module no
+//             token picked costs nothing, the SKIP class (the last, >= the number of modules) is
+//             never touched, and the group offsets stay in backend memory: on a GPU the host
+//             never waits for the routing decision
 //   backward: the weighted scatter-adds first (dL/dy and dL/dweight, read from the output
 //             gradient before anything accumulates into it), then the modules, then the router.
 #include <array>
 #include <span>
 
+#include "mom/core/groups.hpp"
 #include "mom/core/layout.hpp"
 #include "mom/core/tensor.hpp"
 #include "mom/modules/ffn.hpp"
@@ -70,13 +73,11 @@ void select_forward(Be& be, T* ws, const Selection& s, index_t n, index_t k, ind
                           std::span<const token_t>{toks(ws, s.offsets), std::size_t(classes + 1)}, k, coef);
 }
 
-// The group offsets of the last select_forward, on the host (classes + 1 <= Max + 1 entries).
-template <int Max, class Be, class T>
-std::array<token_t, Max + 1> host_offsets(Be& be, const T* ws, const Selection& s, index_t classes) {
-  std::array<token_t, Max + 1> out{};
-  be.to_host(std::span<token_t>(out.data(), std::size_t(classes + 1)),
-             std::span<const token_t>(toks(ws, s.offsets), std::size_t(classes + 1)));
-  return out;
+// The row groups of a selection's first `modules` classes, in group order; the offsets stay in
+// backend memory. SKIP (the last class) is left out, so its rows are never touched.
+template <class T>
+RowGroups groups_of(const T* ws, const Selection& s, int modules) {
+  return {toks(ws, s.offsets), modules};
 }
 
 // Backward of select_forward (and of the balance loss): dwp holds dL/d(weight) in group order;
@@ -97,31 +98,28 @@ void select_backward(Be& be, const T* ws, const Selection& s, index_t n, index_t
 // Backward of the weighted scatter-adds of `modules` groups (module m's outputs y in group order
 // at ws + y_off), read from dres before anything accumulates into it: dL/dy into dy [n·K × d]
 // (group order) and dL/d(weight) into dwp [n·K] (zeroed here).
-template <std::size_t N, class Be, class T>
-void weighted_scatter_backward(Be& be, const T* ws, const Selection& s, index_t y_off,
-                               const std::array<token_t, N>& offsets, int modules, MatrixView<const T> dres,
-                               T* dy, T* dwp, index_t n, index_t k) {
-  const index_t d = dres.cols;
-  be.zero(std::span<T>(dwp, std::size_t(n * k)));
-  for (int m = 0; m < modules; ++m) {
-    const index_t o = offsets[m], nm = offsets[m + 1] - offsets[m];
-    if (nm == 0) continue;
-    const MatrixView<T> dym{dy + o * d, nm, d};
-    be.zero(dym.flat());
-    be.scatter_add_rows_backward(dym, std::span<T>(dwp + o, std::size_t(nm)), dres,
-                                 MatrixView<const T>{ws + y_off + o * d, nm, d},
-                                 std::span<const token_t>(toks(ws, s.row_token) + o, std::size_t(nm)),
-                                 std::span<const T>(ws + s.wpacked + o, std::size_t(nm)));
-  }
+template <class Be, class T>
+void weighted_scatter_backward(Be& be, const T* ws, const Selection& s, index_t y_off, int modules,
+                               MatrixView<const T> dres, T* dy, T* dwp, index_t n, index_t k) {
+  const index_t d = dres.cols, rows = n * k;
+  const RowGroups g = groups_of(ws, s, modules);
+  be.zero(std::span<T>(dwp, std::size_t(rows)));
+  const MatrixView<T> dyv{dy, rows, d};
+  be.zero_rows(dyv, g);
+  be.scatter_add_rows_backward(dyv, std::span<T>(dwp, std::size_t(rows)), dres, MatrixView<const T>{ws + y_off, rows, d},
+                               std::span<const token_t>(toks(ws, s.row_token), std::size_t(rows)),
+                               std::span<const T>(ws + s.wpacked, std::size_t(rows)), g);
 }
 
-// FFN modules over their groups (paper eq. (6): out = in + Σ_{m picked} r_m · m(in)).
+// FFN modules over their groups (paper eq. (6): out = in + Σ_{m picked} r_m · m(in)): one gather,
+// the modules' grouped GEMMs over exactly their rows, one weighted scatter-add. An unchosen module
+// has an empty group and costs nothing; the group sizes never reach the host.
 template <Dims D>
 struct RoutedFfn {
   using Ffn = modules::FeedForward<D>;
   static constexpr index_t d = D.d_model, f = D.ff();
 
-  // Packed rows (n·K at most, group order): gathered inputs x, outputs y, the module's activations.
+  // Packed rows (n·K, group order): gathered inputs x, outputs y, the modules' activations.
   struct Saved {
     index_t x = 0, y = 0;
     typename Ffn::Saved ffn{};
@@ -136,50 +134,34 @@ struct RoutedFfn {
   // Backward scratch: dL/d(gathered input) [rows × d] and the module's scratch.
   static constexpr index_t scratch(index_t rows) { return rows * d + Ffn::scratch(1, rows); }
 
-  // The module activations of the packed rows starting at row o.
-  static constexpr typename Ffn::Saved rows_from(typename Ffn::Saved s, index_t o) {
-    s.ln += o * d;
-    s.mean += o;
-    s.rstd += o;
-    s.pre += o * f;
-    s.act += o * f;
-    return s;
-  }
-
   // out (holding the residual) += Σ_m w · m(in) over module m's group; offset(m): module m's
   // parameter block in p; classes >= modules (SKIP's group, if any, is never touched).
-  template <std::size_t N, class Be, class T, class ParamOffset>
-  static void forward(Be& be, const T* p, T* ws, const Saved& s, const Selection& sel,
-                      const std::array<token_t, N>& offsets, int modules, ParamOffset offset,
-                      MatrixView<const T> in, MatrixView<T> out) {
-    for (int m = 0; m < modules; ++m) {
-      const index_t o = offsets[m], nm = offsets[m + 1] - offsets[m];
-      if (nm == 0) continue;  // an unchosen module costs nothing
-      const std::span<const token_t> idx(toks(ws, sel.row_token) + o, std::size_t(nm));
-      const MatrixView<T> xg{ws + s.x + o * d, nm, d}, y{ws + s.y + o * d, nm, d};
-      be.gather_rows(xg, in, idx);
-      Ffn::forward(be, p + offset(m), ws, rows_from(s.ffn, o), MatrixView<const T>(xg), y, 1, nm);
-      be.scatter_add_rows(out, MatrixView<const T>(y), idx, std::span<const T>(ws + sel.wpacked + o, std::size_t(nm)));
-    }
+  template <class Be, class T, class ParamOffset>
+  static void forward(Be& be, const T* p, T* ws, const Saved& s, const Selection& sel, int modules, ParamOffset offset,
+                      MatrixView<const T> in, MatrixView<T> out, index_t k) {
+    const index_t rows = in.rows * k;
+    const RowGroups g = groups_of(ws, sel, modules);
+    const std::span<const token_t> idx(toks(ws, sel.row_token), std::size_t(rows));
+    const MatrixView<T> xg{ws + s.x, rows, d}, y{ws + s.y, rows, d};
+    be.gather_rows(xg, in, idx, g);
+    Ffn::forward_grouped(be, PerGroup<const T>(p, modules, offset), ws, s.ffn, MatrixView<const T>(xg), y, g);
+    be.scatter_add_rows(out, MatrixView<const T>(y), idx, std::span<const T>(ws + sel.wpacked, std::size_t(rows)), g);
   }
 
   // The modules' backward, after weighted_scatter_backward put dL/dy in dy: parameter gradients
   // into g, input gradients scatter-added into din.
-  template <std::size_t N, class Be, class T, class ParamOffset>
-  static void backward(Be& be, const T* p, T* g, const T* ws, const Saved& s, const Selection& sel,
-                       const std::array<token_t, N>& offsets, int modules, ParamOffset offset, const T* dy,
-                       MatrixView<T> din, T* scratch) {
-    for (int m = 0; m < modules; ++m) {
-      const index_t o = offsets[m], nm = offsets[m + 1] - offsets[m];
-      if (nm == 0) continue;
-      const std::span<const token_t> idx(toks(ws, sel.row_token) + o, std::size_t(nm));
-      const MatrixView<T> dxg{scratch, nm, d};
-      be.zero(dxg.flat());
-      const index_t at = offset(m);
-      Ffn::backward(be, p + at, g + at, ws, rows_from(s.ffn, o), MatrixView<const T>{ws + s.x + o * d, nm, d}, dxg,
-                    MatrixView<const T>{dy + o * d, nm, d}, scratch + nm * d, 1, nm);
-      be.scatter_add_rows(din, MatrixView<const T>(dxg), idx);
-    }
+  template <class Be, class T, class ParamOffset>
+  static void backward(Be& be, const T* p, T* grads, const T* ws, const Saved& s, const Selection& sel, int modules,
+                       ParamOffset offset, const T* dy, MatrixView<T> din, T* scratch, index_t k) {
+    const index_t rows = din.rows * k;
+    const RowGroups g = groups_of(ws, sel, modules);
+    const std::span<const token_t> idx(toks(ws, sel.row_token), std::size_t(rows));
+    const MatrixView<T> dxg{scratch, rows, d};
+    be.zero_rows(dxg, g);
+    Ffn::backward_grouped(be, PerGroup<const T>(p, modules, offset), PerGroup<T>(grads, modules, offset), ws, s.ffn,
+                          MatrixView<const T>{ws + s.x, rows, d}, dxg, MatrixView<const T>{dy, rows, d},
+                          scratch + rows * d, g);
+    be.scatter_add_rows(din, MatrixView<const T>(dxg), idx, std::span<const T>{}, g);
   }
 };
 

@@ -36,7 +36,7 @@ namespace mom {
 //   using Step = MoEStep<D, E, K, skip, TopKConfig<TypeList<>>>;
 //   Step::Plan sp = Step::plan(arena, rows);                  // (rows: the most you will pass)
 //   Step::forward(be, p, router_off, expert_offs, ws, sp, in, out);          // out = in + MoE(in)
-//   T aux = be.read(ws + sp.sel.loss);                        // add to the loss (the balance loss)
+//   be.axpy(aux, T(1), {ws + sp.sel.loss, 1});              // add to the loss (the balance loss)
 //   Step::backward(be, p, g, router_off, expert_offs, ws, sp, in, dres, scratch);  // dres: dL/dout -> dL/din
 // `in` and `out` must not alias; the rows of `in` are independent tokens (no attention inside).
 template <Dims D, int E, int Kp, bool Skip, class Cfg>
@@ -117,10 +117,8 @@ struct MoEStep {
     dispatch::select_forward(be, ws, s.sel, rows, Kp, C, T(1.0 / Cfg::temperature), Cfg::renormalise,
                              T(Cfg::balance_coef));
     // Experts over exactly their groups (eq. (6)); SKIP's group (class E) is never touched.
-    const auto offsets = dispatch::host_offsets<C>(be, ws, s.sel, C);
     be.copy(out.flat(), std::span<const T>(in.data, std::size_t(rows * d)));
-    dispatch::RoutedFfn<D>::forward(be, p, ws, s.ffn, s.sel, offsets, E, [&](int e) { return expert_offset[e]; }, in,
-                                    out);
+    RoutedFfn::forward(be, p, ws, s.ffn, s.sel, E, [&](int e) { return expert_offset[e]; }, in, out, Kp);
   }
 
   // dres [rows × d] holds dL/dout on entry and dL/din on exit (the residual path is the identity).
@@ -131,8 +129,7 @@ struct MoEStep {
     using detail::mat, detail::vec;
     const index_t rows = in.rows;
     const Scratch sc = scratch_plan(rows);
-    const auto offsets = dispatch::host_offsets<C>(be, ws, s.sel, C);
-    dispatch::weighted_scatter_backward(be, ws, s.sel, s.ffn.y, offsets, E, MatrixView<const T>(dres), scratch + sc.dy,
+    dispatch::weighted_scatter_backward(be, ws, s.sel, s.ffn.y, E, MatrixView<const T>(dres), scratch + sc.dy,
                                         scratch + sc.dwp, rows, Kp);
     // Router: dlogits through top-K / softmax (+ the balance loss), then W and LN_r.
     const T* pr = p + router_offset;
@@ -147,8 +144,8 @@ struct MoEStep {
     be.layernorm_backward(dres, vec(gr, o_ln_w, d), vec(gr, o_ln_b, d), MatrixView<const T>(dz), in,
                           vec(ws, s.mean, rows), vec(ws, s.rstd, rows), vec(pr, o_ln_w, d));
     // Experts: parameter gradients, input gradients scatter-added into dres.
-    dispatch::RoutedFfn<D>::backward(be, p, g, ws, s.ffn, s.sel, offsets, E, [&](int e) { return expert_offset[e]; },
-                                     scratch + sc.dy, dres, scratch + sc.ffn);
+    RoutedFfn::backward(be, p, g, ws, s.ffn, s.sel, E, [&](int e) { return expert_offset[e]; }, scratch + sc.dy, dres,
+                        scratch + sc.ffn, Kp);
   }
 
   // The picks of the last forward: rows×K class ids (SKIP = E), on the host.
@@ -247,16 +244,16 @@ struct Executor<TopK<Softmax>, A, D> {
                                      index_t batch, index_t seq) {
     const index_t n = batch * seq;
     const MatrixView<T> fa{scratch, n, d};
-    T aux = T(0);
+    const std::span<T> aux(ws + plan.aux, 1);  // summed on the device: the host never waits
+    be.zero(aux);
     for (int h = 0; h < L; ++h) {
       const MatrixView<T> u{ws + plan.u[h], n, d}, x_next{ws + plan.x_next[h], n, d};
       Attn::forward(be, p + Set::template attention_offset<D>(h), ws, plan.attn[h], x, fa, batch, seq);
       be.add_forward(u.flat(), std::span<const T>(x.data, std::size_t(n * d)), std::span<const T>(fa.flat()));  // eq. (4)
       Step::forward(be, p, router_offset(h), experts_of[h], ws, plan.step[h], MatrixView<const T>(u), x_next);
-      aux += be.read(ws + plan.step[h].sel.loss);
+      be.axpy(aux, T(1), std::span<const T>(ws + plan.step[h].sel.loss, 1));
       x = x_next;
     }
-    be.from_host(std::span<T>(ws + plan.aux, 1), std::span<const T>(&aux, 1));
     return x;
   }
 

@@ -134,8 +134,11 @@ struct Executor<GRU, A, D> {
               if (t / seq != last_seq) last_seq = t / seq, rank = 0;
               keys += routed_kv ? ++rank : t % seq + 1;  // keys visible to this query
             }
+        // phi::MoM: module m's K/V over every token, whether or not a query picked it (the host
+        // does not know the group sizes; see attention_forward).
+        if (!routed_kv) total += n * 2 * d * 2 * d;
         if (n_m == 0) continue;
-        total += (routed_kv ? n_m : n) * 2 * d * 2 * d + n_m * 4 * d * d + 4 * d * keys;
+        total += (routed_kv ? n_m * 2 * d * 2 * d : 0) + n_m * 4 * d * d + 4 * d * keys;
       }
       const auto pf = picks(h, 1);
       for (index_t s = 0; s < n * Kp; ++s)
@@ -215,7 +218,8 @@ struct Executor<GRU, A, D> {
     index_t dy, dwp, dws, dlogits, gru, dsa0, dsa1, dsf0, dsf1, datt, dq, dkv, dln, dxg, total;
   };
   static constexpr Scratch scratch_plan(index_t batch, index_t seq) {
-    const index_t n = batch * seq, P = n * Kp, rows = routed_kv ? P : n;
+    // K/V gradients: packed (routed K/V) or one [n × 2d] block per attention module.
+    const index_t n = batch * seq, P = n * Kp, rows = routed_kv ? P : NA * n;
     Arena a;
     Scratch s{};
     s.dy = a.take(P * d);
@@ -255,12 +259,13 @@ struct Executor<GRU, A, D> {
     return {p, r, c};
   }
 
-  // Group offsets of a router's last forward, on the host (E + 1 <= 17 entries).
-  template <class Be, class T>
-  static std::array<token_t, Emax + 1> host_offsets(Be& be, const T* ws, const RouterSaved& r, index_t E) {
-    return dispatch::host_offsets<Emax>(be, ws, r, E);
-  }
   static constexpr index_t ffn_offset(int m) { return Set::template ffn_offset<D>(m); }
+  static constexpr index_t attention_offset(int m) { return Set::template attention_offset<D>(m); }
+  // The attention modules' parameters (or gradients) as one tensor per group.
+  template <class T>
+  static PerGroup<T> attention_params(T* p) {
+    return PerGroup<T>(p, NA, attention_offset);
+  }
 
   // eqs. (7)-(8): state, probabilities, top-K picks, renormalised weights, groups, balance loss.
   template <class Be, class T>
@@ -300,7 +305,8 @@ struct Executor<GRU, A, D> {
     using detail::mat, detail::vec;
     const index_t n = batch * seq;
     be.zero(sp(ws + plan.zero_state, n * W));
-    T aux = T(0);
+    const std::span<T> aux = sp(ws + plan.aux, 1);  // summed on the device: the host never waits
+    be.zero(aux);
     for (int h = 0; h < Hn; ++h) {
       const Round& r = plan.round[h];
       const T* sa_prev = h == 0 ? ws + plan.zero_state : ws + plan.round[h - 1].ra.state;
@@ -308,64 +314,62 @@ struct Executor<GRU, A, D> {
 
       // Attention round: u_h = x_h + Σ r^A_m m^A_m(x_h), eqs. (4), (5), (7), (8).
       route_forward(be, p, ws, r.ra, ra, EA, x, sa_prev, n);
-      const auto oa = host_offsets(be, ws, r.ra, EA);
       const MatrixView<T> u = mv(ws + r.u, n, d);
       be.copy(u.flat(), sp(x.data, n * d));
-      for (int m = 0; m < NA; ++m) {
-        const index_t o = oa[m], nm = oa[m + 1] - oa[m];
-        if (nm == 0) continue;  // an unchosen module costs nothing
-        attention_forward(be, p + Set::template attention_offset<D>(m), ws, r, m, x, u,
-                          sp<const token_t>(toks(ws, r.ra.row_token) + o, nm), o, nm, n, seq);
-      }
+      attention_forward(be, p, ws, r, x, u, n, seq);
 
       // FFN round: x_{h+1} = u_h + Σ r^F_m m^F_m(u_h), eqs. (4), (6), (7), (8).
       route_forward(be, p, ws, r.rf, rf, EF, MatrixView<const T>(u), sf_prev, n);
-      const auto of = host_offsets(be, ws, r.rf, EF);
       const MatrixView<T> x_next = mv(ws + r.x_next, n, d);
       be.copy(x_next.flat(), sp<const T>(u.data, n * d));
-      RoutedFfn::forward(be, p, ws, r.ffn, r.rf, of, NF, ffn_offset, MatrixView<const T>(u), x_next);
-      aux += be.read(ws + r.ra.loss) + be.read(ws + r.rf.loss);
+      RoutedFfn::forward(be, p, ws, r.ffn, r.rf, NF, ffn_offset, MatrixView<const T>(u), x_next, Kp);
+      be.axpy(aux, T(1), sp<const T>(ws + r.ra.loss, 1));
+      be.axpy(aux, T(1), sp<const T>(ws + r.rf.loss, 1));
       x = x_next;
     }
-    be.from_host(sp(ws + plan.aux, 1), std::span<const T>(&aux, 1));
     return x;
   }
 
-  // Attention module m over its nm routed tokens (packed rows o .. o+nm-1); adds w · y into u.
+  // The attention modules over their groups of the n·K packed rows (group order); adds w · y into
+  // u (eq. (5)). The group sizes stay in backend memory: every op below is a grouped op, except
+  // the phi::MoM K/V projections, which run every attention module over every token.
   template <class Be, class T>
-  static void attention_forward(Be& be, const T* pm, T* ws, const Round& r, int m, MatrixView<const T> x,
-                                MatrixView<T> u, std::span<const token_t> idx, index_t o, index_t nm, index_t n,
-                                index_t seq) {
+  static void attention_forward(Be& be, const T* p, T* ws, const Round& r, MatrixView<const T> x, MatrixView<T> u,
+                                index_t n, index_t seq) {
     using detail::mat, detail::vec;
-    const auto Wq = mat(pm, Attn::o_w_qkv, d, d), Wkv = mat(pm, Attn::o_w_qkv + d * d, 2 * d, d);
-    const auto bq = vec(pm, Attn::o_b_qkv, d), bkv = vec(pm, Attn::o_b_qkv + d, 2 * d);
-    const auto gamma = vec(pm, Attn::o_ln_w, d), beta = vec(pm, Attn::o_ln_b, d);
-    const MatrixView<T> xq = mv(ws + r.xq + o * d, nm, d), q = mv(ws + r.q + o * d, nm, d);
-    MatrixView<const T> keys, values;
-    std::span<const token_t> key_tok;  // empty: every token
-    if constexpr (routed_kv) {
-      const MatrixView<T> xg = mv(ws + r.xg + o * d, nm, d), kv = mv(ws + r.kv[m] + o * 2 * d, nm, 2 * d);
-      be.gather_rows(xg, x, idx);
-      be.layernorm_forward(xq, sp(ws + r.mean[m] + o, nm), sp(ws + r.rstd[m] + o, nm), MatrixView<const T>(xg), gamma,
-                           beta);
-      be.linear_forward(kv, MatrixView<const T>(xq), Wkv, bkv);
-      keys = MatrixView<const T>(kv).col_block(0, d);
-      values = MatrixView<const T>(kv).col_block(d, d);
-      key_tok = idx;
-    } else {
-      const MatrixView<T> ln = mv(ws + r.ln[m], n, d), kv = mv(ws + r.kv[m], n, 2 * d);
-      be.layernorm_forward(ln, sp(ws + r.mean[m], n), sp(ws + r.rstd[m], n), x, gamma, beta);
-      be.linear_forward(kv, MatrixView<const T>(ln), Wkv, bkv);
-      be.gather_rows(xq, MatrixView<const T>(ln), idx);
-      keys = MatrixView<const T>(kv).col_block(0, d);
-      values = MatrixView<const T>(kv).col_block(d, d);
+    const index_t P = n * Kp;
+    const RowGroups g = dispatch::groups_of(ws, r.ra, NA);
+    const PerGroup<const T> pm = attention_params(p);
+    const auto Wq = pm.plus(Attn::o_w_qkv), Wkv = pm.plus(Attn::o_w_qkv + d * d);
+    const auto bq = pm.plus(Attn::o_b_qkv), bkv = pm.plus(Attn::o_b_qkv + d);
+    const auto gamma = pm.plus(Attn::o_ln_w), beta = pm.plus(Attn::o_ln_b);
+    const std::span<const token_t> idx = sp<const token_t>(toks(ws, r.ra.row_token), P);
+    const MatrixView<T> xq = mv(ws + r.xq, P, d), q = mv(ws + r.q, P, d);
+    const PerGroup<const T> kv(ws, NA, [&](int m) { return r.kv[m]; });
+    if constexpr (routed_kv) {  // LN, Q, K and V of the routed rows only
+      const MatrixView<T> xg = mv(ws + r.xg, P, d);
+      be.gather_rows(xg, x, idx, g);
+      be.grouped_layernorm_forward(xq, sp(ws + r.mean[0], P), sp(ws + r.rstd[0], P), MatrixView<const T>(xg), gamma, beta,
+                                   g);
+      be.grouped_linear_forward(mv(ws + r.kv[0], P, 2 * d), MatrixView<const T>(xq), Wkv, bkv, g);
+    } else {  // K and V of every token, per module; the queries' LN rows gathered from each module's
+      for (int m = 0; m < NA; ++m) {
+        const T* pa = p + attention_offset(m);
+        const MatrixView<T> ln = mv(ws + r.ln[m], n, d), kvm = mv(ws + r.kv[m], n, 2 * d);
+        be.layernorm_forward(ln, sp(ws + r.mean[m], n), sp(ws + r.rstd[m], n), x, vec(pa, Attn::o_ln_w, d),
+                             vec(pa, Attn::o_ln_b, d));
+        be.linear_forward(kvm, MatrixView<const T>(ln), mat(pa, Attn::o_w_qkv + d * d, 2 * d, d),
+                          vec(pa, Attn::o_b_qkv + d, 2 * d));
+      }
+      be.gather_rows(xq, PerGroup<const T>(ws, NA, [&](int m) { return r.ln[m]; }), n, idx, g);
     }
-    be.linear_forward(q, MatrixView<const T>(xq), Wq, bq);
-    const MatrixView<T> att = mv(ws + r.att + o * d, nm, d), y = mv(ws + r.ya + o * d, nm, d);
-    be.attention_packed_forward(att, sp(ws + r.lse + o * heads, nm * heads), MatrixView<const T>(q), keys, values, idx,
-                                key_tok, seq, heads);
-    be.linear_forward(y, MatrixView<const T>(att), mat(pm, Attn::o_w_proj, d, d), vec(pm, Attn::o_b_proj, d));
-    be.scatter_add_rows(u, MatrixView<const T>(y), idx, sp<const T>(ws + r.ra.wpacked + o, nm));  // eq. (5)
+    be.grouped_linear_forward(q, MatrixView<const T>(xq), Wq, bq, g);
+    const MatrixView<T> att = mv(ws + r.att, P, d), y = mv(ws + r.ya, P, d);
+    be.attention_grouped_forward(att, sp(ws + r.lse, P * heads), MatrixView<const T>(q), kv, kv.plus(d),
+                                 routed_kv ? P : n, 2 * d, idx, routed_kv ? idx : std::span<const token_t>{}, g, seq,
+                                 heads);
+    be.grouped_linear_forward(y, MatrixView<const T>(att), pm.plus(Attn::o_w_proj), pm.plus(Attn::o_b_proj), g);
+    be.scatter_add_rows(u, MatrixView<const T>(y), idx, sp<const T>(ws + r.ra.wpacked, P), g);  // eq. (5)
   }
 
   // ---- backward ---------------------------------------------------------------------------
@@ -390,82 +394,87 @@ struct Executor<GRU, A, D> {
       const T* sf_prev = h == 0 ? ws + plan.zero_state : ws + plan.round[h - 1].rf.state;
 
       // FFN half-round.
-      const auto of = weighted_scatter_backward(be, ws, r.rf, r.ffn.y, NF, EF, dres, s, sc, n);
+      weighted_scatter_backward(be, ws, r.rf, r.ffn.y, NF, dres, s, sc, n);
       route_backward(be, p, g, ws, r.rf, rf, EF, u, sf_prev, dres, dsf[h % 2], h > 0 ? dsf[(h + 1) % 2] : nullptr, s, sc,
                      n);
-      RoutedFfn::backward(be, p, g, ws, r.ffn, r.rf, of, NF, ffn_offset, sc + s.dy, dres, sc + s.dxg);
+      RoutedFfn::backward(be, p, g, ws, r.ffn, r.rf, NF, ffn_offset, sc + s.dy, dres, sc + s.dxg, Kp);
 
       // Attention half-round.
-      const auto oa = weighted_scatter_backward(be, ws, r.ra, r.ya, NA, EA, dres, s, sc, n);
+      weighted_scatter_backward(be, ws, r.ra, r.ya, NA, dres, s, sc, n);
       route_backward(be, p, g, ws, r.ra, ra, EA, x, sa_prev, dres, dsa[h % 2], h > 0 ? dsa[(h + 1) % 2] : nullptr, s, sc,
                      n);
-      for (int m = 0; m < NA; ++m) {
-        const index_t o = oa[m], nm = oa[m + 1] - oa[m];
-        if (nm == 0) continue;
-        const index_t off = Set::template attention_offset<D>(m);
-        attention_backward(be, p + off, g + off, ws, r, m, x, dres, sp<const token_t>(toks(ws, r.ra.row_token) + o, nm),
-                           o, nm, n, seq, s, sc);
-      }
+      attention_backward(be, p, g, ws, r, x, dres, n, seq, s, sc);
     }
   }
 
   // Backward of one half-round's weighted scatter-adds (eq. (5) or (6)), read from dres before
-  // anything accumulates into it: per module m with outputs y (group order, at y_off), dL/dy into
-  // scratch dy and dL/d(routing weight) into scratch dwp. Returns the group offsets.
+  // anything accumulates into it: dL/dy into scratch dy and dL/d(routing weight) into scratch dwp.
   template <class Be, class T>
-  static std::array<token_t, Emax + 1> weighted_scatter_backward(Be& be, const T* ws, const RouterSaved& r,
-                                                                 index_t y_off, int modules, index_t E,
-                                                                 MatrixView<T> dres, const Scratch& s, T* sc,
-                                                                 index_t n) {
-    const auto offsets = host_offsets(be, ws, r, E);
-    dispatch::weighted_scatter_backward(be, ws, r, y_off, offsets, modules, MatrixView<const T>(dres), sc + s.dy,
-                                              sc + s.dwp, n, Kp);
-    return offsets;
+  static void weighted_scatter_backward(Be& be, const T* ws, const RouterSaved& r, index_t y_off, int modules,
+                                        MatrixView<T> dres, const Scratch& s, T* sc, index_t n) {
+    dispatch::weighted_scatter_backward(be, ws, r, y_off, modules, MatrixView<const T>(dres), sc + s.dy, sc + s.dwp, n,
+                                        Kp);
   }
 
+  // Backward of attention_forward, after weighted_scatter_backward put dL/dy in scratch dy: the
+  // modules' parameter gradients, their input gradients accumulated into dres.
   template <class Be, class T>
-  static void attention_backward(Be& be, const T* pm, T* gm, const T* ws, const Round& r, int m, MatrixView<const T> x,
-                                 MatrixView<T> dres, std::span<const token_t> idx, index_t o, index_t nm, index_t n,
-                                 index_t seq, const Scratch& s, T* sc) {
+  static void attention_backward(Be& be, const T* p, T* g, const T* ws, const Round& r, MatrixView<const T> x,
+                                 MatrixView<T> dres, index_t n, index_t seq, const Scratch& s, T* sc) {
     using detail::mat, detail::vec;
-    const auto Wq = mat(pm, Attn::o_w_qkv, d, d), Wkv = mat(pm, Attn::o_w_qkv + d * d, 2 * d, d);
-    const auto dWq = mat(gm, Attn::o_w_qkv, d, d), dWkv = mat(gm, Attn::o_w_qkv + d * d, 2 * d, d);
-    const auto dbq = vec(gm, Attn::o_b_qkv, d), dbkv = vec(gm, Attn::o_b_qkv + d, 2 * d);
-    const MatrixView<T> datt = mv(sc + s.datt, nm, d), dq = mv(sc + s.dq, nm, d);
-    be.zero(datt.flat());
-    be.zero(dq.flat());
-    const MatrixView<const T> att = cmv(ws + r.att + o * d, nm, d), q = cmv(ws + r.q + o * d, nm, d);
-    const MatrixView<const T> xq = cmv(ws + r.xq + o * d, nm, d);
-    be.linear_backward(datt, mat(gm, Attn::o_w_proj, d, d), vec(gm, Attn::o_b_proj, d), cmv<T>(sc + s.dy + o * d, nm, d),
-                       att, mat(pm, Attn::o_w_proj, d, d));
-    const index_t rows = routed_kv ? nm : n;  // key/value rows of this module
-    const MatrixView<const T> kv = routed_kv ? cmv(ws + r.kv[m] + o * 2 * d, nm, 2 * d) : cmv(ws + r.kv[m], n, 2 * d);
-    const MatrixView<T> dkv = mv(sc + s.dkv, rows, 2 * d), dln = mv(sc + s.dln, rows, d);
-    be.zero(dkv.flat());
-    be.zero(dln.flat());
-    be.attention_packed_backward(dq, dkv.col_block(0, d), dkv.col_block(d, d), MatrixView<const T>(datt), att,
-                                 sp(ws + r.lse + o * heads, nm * heads), q, kv.col_block(0, d), kv.col_block(d, d), idx,
-                                 routed_kv ? idx : std::span<const token_t>{}, seq, heads);
-    const auto gamma = vec(pm, Attn::o_ln_w, d);
-    const auto dgamma = vec(gm, Attn::o_ln_w, d), dbeta = vec(gm, Attn::o_ln_b, d);
+    const index_t P = n * Kp;
+    const RowGroups gr = dispatch::groups_of(ws, r.ra, NA);
+    const PerGroup<const T> pm = attention_params(p);
+    const PerGroup<T> gm = attention_params(g);
+    const std::span<const token_t> idx = sp<const token_t>(toks(ws, r.ra.row_token), P);
+    const MatrixView<T> datt = mv(sc + s.datt, P, d), dq = mv(sc + s.dq, P, d);
+    be.zero_rows(datt, gr);
+    be.zero_rows(dq, gr);
+    const MatrixView<const T> att = cmv(ws + r.att, P, d), q = cmv(ws + r.q, P, d), xq = cmv(ws + r.xq, P, d);
+    be.grouped_linear_backward(datt, gm.plus(Attn::o_w_proj), gm.plus(Attn::o_b_proj), cmv<T>(sc + s.dy, P, d), att,
+                               pm.plus(Attn::o_w_proj), gr);
+    // K/V gradients: one packed block (routed K/V) or module m's [n × 2d] block at dkv + m·n·2d.
+    const index_t kv_rows = routed_kv ? P : n;
+    const PerGroup<const T> kv(ws, NA, [&](int m) { return r.kv[m]; });
+    const PerGroup<T> dkv(sc + s.dkv, NA, [&](int m) { return routed_kv ? 0 : m * n * 2 * d; });
+    be.zero(sp(sc + s.dkv, (routed_kv ? P : NA * n) * 2 * d));
+    be.attention_grouped_backward(dq, dkv, dkv.plus(d), MatrixView<const T>(datt), att, sp(ws + r.lse, P * heads), q, kv,
+                                  kv.plus(d), kv_rows, 2 * d, idx, routed_kv ? idx : std::span<const token_t>{}, gr, seq,
+                                  heads);
+    const auto Wq = pm.plus(Attn::o_w_qkv), dWq = gm.plus(Attn::o_w_qkv), dbq = gm.plus(Attn::o_b_qkv);
     if constexpr (routed_kv) {
       // Q and K/V both read the routed tokens' LN rows.
-      be.linear_backward(dln, dWq, dbq, MatrixView<const T>(dq), xq, Wq);
-      be.linear_backward(dln, dWkv, dbkv, MatrixView<const T>(dkv), xq, Wkv);
-      const MatrixView<T> dxg = mv(sc + s.dxg, nm, d);
-      be.zero(dxg.flat());
-      be.layernorm_backward(dxg, dgamma, dbeta, MatrixView<const T>(dln), cmv(ws + r.xg + o * d, nm, d),
-                            sp(ws + r.mean[m] + o, nm), sp(ws + r.rstd[m] + o, nm), gamma);
-      be.scatter_add_rows(dres, MatrixView<const T>(dxg), idx);
+      const MatrixView<T> dln = mv(sc + s.dln, P, d), dxg = mv(sc + s.dxg, P, d);
+      be.zero_rows(dln, gr);
+      be.grouped_linear_backward(dln, dWq, dbq, MatrixView<const T>(dq), xq, Wq, gr);
+      be.grouped_linear_backward(dln, gm.plus(Attn::o_w_qkv + d * d), gm.plus(Attn::o_b_qkv + d),
+                                 cmv(sc + s.dkv, P, 2 * d), xq, pm.plus(Attn::o_w_qkv + d * d), gr);
+      be.zero_rows(dxg, gr);
+      be.grouped_layernorm_backward(dxg, gm.plus(Attn::o_ln_w), gm.plus(Attn::o_ln_b), MatrixView<const T>(dln),
+                                    cmv(ws + r.xg, P, d), sp(ws + r.mean[0], P), sp(ws + r.rstd[0], P),
+                                    pm.plus(Attn::o_ln_w), gr);
+      be.scatter_add_rows(dres, MatrixView<const T>(dxg), idx, std::span<const T>{}, gr);
     } else {
-      // Q reads the gathered LN rows, K/V every token's LN row.
-      const MatrixView<T> dxq = mv(sc + s.dxg, nm, d);
-      be.zero(dxq.flat());
-      be.linear_backward(dxq, dWq, dbq, MatrixView<const T>(dq), xq, Wq);
-      be.linear_backward(dln, dWkv, dbkv, MatrixView<const T>(dkv), cmv(ws + r.ln[m], n, d), Wkv);
-      be.scatter_add_rows(dln, MatrixView<const T>(dxq), idx);
-      be.layernorm_backward(dres, dgamma, dbeta, MatrixView<const T>(dln), x, sp(ws + r.mean[m], n),
-                            sp(ws + r.rstd[m], n), gamma);
+      // Q reads the gathered LN rows, K/V every token's LN row (module m's dL/dLN at dln + m·n·d).
+      const PerGroup<T> dln(sc + s.dln, NA, [&](int m) { return m * n * d; });
+      for (int m = 0; m < NA; ++m) {
+        const T* pa = p + attention_offset(m);
+        T* ga = g + attention_offset(m);
+        be.zero(sp(dln[m], n * d));
+        be.linear_backward(mv(dln[m], n, d), mat(ga, Attn::o_w_qkv + d * d, 2 * d, d), vec(ga, Attn::o_b_qkv + d, 2 * d),
+                           cmv(sc + s.dkv + m * n * 2 * d, n, 2 * d), cmv(ws + r.ln[m], n, d),
+                           mat(pa, Attn::o_w_qkv + d * d, 2 * d, d));
+      }
+      const MatrixView<T> dxq = mv(sc + s.dxg, P, d);
+      be.zero_rows(dxq, gr);
+      be.grouped_linear_backward(dxq, dWq, dbq, MatrixView<const T>(dq), xq, Wq, gr);
+      be.scatter_add_rows(dln, n, MatrixView<const T>(dxq), idx, gr);
+      for (int m = 0; m < NA; ++m) {
+        const T* pa = p + attention_offset(m);
+        T* ga = g + attention_offset(m);
+        be.layernorm_backward(dres, vec(ga, Attn::o_ln_w, d), vec(ga, Attn::o_ln_b, d), cmv(dln[m], n, d), x,
+                              sp(ws + r.mean[m], n), sp(ws + r.rstd[m], n), vec(pa, Attn::o_ln_w, d));
+      }
     }
   }
 

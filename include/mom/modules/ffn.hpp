@@ -84,6 +84,43 @@ struct FeedForward {
     be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
                           vec(ws, s.rstd, n), vec(p, o_ln_w, d));
   }
+
+  // The same module over row groups (core/groups.hpp): the rows of group i of x run module i,
+  // whose parameters start at p[i] (gradients at g[i]). Saved and scratch are planned for all the
+  // packed rows (plan(a, 1, rows)); rows outside the groups are neither read nor written. Used by
+  // the routed executors, whose group sizes stay in backend memory.
+  template <class Be, class T>
+  static void forward_grouped(Be& be, PerGroup<const T> p, T* ws, const Saved& s, MatrixView<const T> x,
+                              MatrixView<T> f_out, RowGroups gr) {
+    using detail::mat, detail::vec;
+    const index_t n = x.rows;
+    const auto ln = mat(ws, s.ln, n, d);
+    const auto pre = mat(ws, s.pre, n, f), act = mat(ws, s.act, n, f);
+    be.grouped_layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, p.plus(o_ln_w), p.plus(o_ln_b), gr);
+    be.grouped_linear_forward(pre, MatrixView<const T>(ln), p.plus(o_w_fc), p.plus(o_b_fc), gr);
+    be.gelu_forward(act, MatrixView<const T>(pre), gr);
+    be.grouped_linear_forward(f_out, MatrixView<const T>(act), p.plus(o_w_proj), p.plus(o_b_proj), gr);
+  }
+
+  template <class Be, class T>
+  static void backward_grouped(Be& be, PerGroup<const T> p, PerGroup<T> g, const T* ws, const Saved& s,
+                               MatrixView<const T> x, MatrixView<T> dx, MatrixView<const T> df, T* scratch,
+                               RowGroups gr) {
+    using detail::mat, detail::vec;
+    const index_t n = x.rows;
+    const auto dact = mat(scratch, 0, n, f);
+    const auto dpre = mat(scratch, n * f, n, f);
+    const auto dln = mat(scratch, 2 * n * f, n, d);
+    be.zero_rows(dact, gr);
+    be.zero_rows(dpre, gr);
+    be.zero_rows(dln, gr);
+    be.grouped_linear_backward(dact, g.plus(o_w_proj), g.plus(o_b_proj), df, mat(ws, s.act, n, f), p.plus(o_w_proj), gr);
+    be.gelu_backward(dpre, mat(ws, s.pre, n, f), MatrixView<const T>(dact), gr);
+    be.grouped_linear_backward(dln, g.plus(o_w_fc), g.plus(o_b_fc), MatrixView<const T>(dpre), mat(ws, s.ln, n, d),
+                               p.plus(o_w_fc), gr);
+    be.grouped_layernorm_backward(dx, g.plus(o_ln_w), g.plus(o_ln_b), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
+                                  vec(ws, s.rstd, n), p.plus(o_ln_w), gr);
+  }
 };
 
 }  // namespace modules

@@ -16,6 +16,7 @@
 #include <span>
 
 #include "mom/core/dims.hpp"
+#include "mom/core/groups.hpp"
 #include "mom/core/layout.hpp"
 #include "mom/core/tensor.hpp"
 
