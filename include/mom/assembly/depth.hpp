@@ -213,15 +213,19 @@ struct DepthExecutor {
   // Forward FLOPs of one sequence of `seq` tokens whose routed layers run `run` tokens each
   // (attention among them: a run of c tokens costs 2·d·c(c+1), as Attention::flops_per_token).
   static constexpr index_t layer_flops(index_t seq, index_t run, bool is_routed) {
-    return run * block_linear_flops + 2 * d * run * (run + 1) + (is_routed ? seq * router_flops : 0);
+    return run * block_linear_flops + 2 * d * run * (run + 1) + (is_routed ? seq * router_flops + gate_loss_flops : 0);
   }
+  // The gate loss's square c·(ḡ − ρ)², a 1×1 product on the device once per batch (counted per
+  // sequence by layer_flops: an upper bound; realised_flops counts it once).
+  static constexpr index_t gate_loss_flops = Cfg::gate_mean ? 2 : 0;
   // The router's w gets a gradient (and its backward runs) unless its score only selects (Unit weight, no
   // causal loss on it).
   static constexpr bool router_trained = Cfg::has_router && (!unit_weight || Cfg::causal_aux);
   static constexpr index_t layer_backward_flops(index_t seq, index_t run, bool is_routed) {
     // two products per linear; attention 5 causal products; router: dx and dw (4d), predictor: dw only
     // (its input is stop-gradient) plus the hidden layer's dx and dw.
-    const index_t router = (router_trained ? 4 * d : 0) + (PW > 0 ? 2 * d * PW + 4 * PW : 0);
+    const index_t router =
+        (router_trained ? 4 * d : 0) + (PW > 0 ? 2 * d * PW + 4 * PW : 0) + (Cfg::gate_mean ? 2 : 0);
     return run * (2 * (2 * d * 3 * d + 2 * d * d) + ffn_backward_flops) + 5 * d * run * (run + 1) +
            (is_routed ? seq * router : 0);
   }
@@ -269,11 +273,12 @@ struct DepthExecutor {
     index_t x_next = 0;
     index_t logits = 0, gate = 0, wsel = 0, mask = 0, bce = 0;  // T: [n], [n], [rows], [n], [2]
     index_t hid = 0, act = 0, pred = 0;                          // predictor [n×PW], [n×PW], [n]
-    index_t idx = 0, count = 0;                                  // token_t: [rows], [1]
+    index_t idx = 0, groups = 0;  // token_t: [rows]; the run rows' offsets {0, count} (count on the device)
   };
   struct Plan {
     std::array<Layer, L> layer{};
     index_t alive = 0;  // token_t [n]: early exit's "ran every routed layer so far"
+    index_t ones = 0;   // T [n] of 1 (the early-exit mean gate's in-play mask)
     index_t aux = 0;    // the auxiliary losses of this part (written by forward)
   };
   static constexpr Plan plan(Arena& a, index_t batch, index_t seq) {
@@ -292,7 +297,7 @@ struct DepthExecutor {
       l.logits = a.take(n);
       l.gate = a.take(n);
       l.idx = a.take(tok_elems(rows));
-      l.count = a.take(tok_elems(1));
+      l.groups = a.take(tok_elems(2));
       l.wsel = a.take(rows);
       l.xg = a.take(rows * d);
       l.attn = Attn::plan(a, 1, rows);  // the same sizes as (batch, C): rows·d, rows, rows·3d, heads·rows
@@ -310,6 +315,7 @@ struct DepthExecutor {
       }
     }
     p.alive = a.take(tok_elems(n));
+    p.ones = a.take(n);
     p.aux = a.take(1);
     return p;
   }
@@ -356,16 +362,27 @@ struct DepthExecutor {
     return {p, r, c};
   }
 
-  // Tokens routed layer h ran in the last forward (on the host: one integer).
+  // Tokens routed layer h ran in the last forward, on the host (read-back only: a training step
+  // never calls it; the skip layers' count stays on the device, see run_groups).
   template <class Be, class T>
   static index_t rows_run(Be& be, const T* ws, const Layer& l, index_t batch, index_t seq) {
     if constexpr (exact_c) {
       return batch * capacity_tokens(seq);
     } else {
       token_t m = 0;
-      be.to_host(std::span<token_t>(&m, 1), std::span<const token_t>(toks(ws, l.count), 1));
+      be.to_host(std::span<token_t>(&m, 1), std::span<const token_t>(toks(ws, l.groups) + 1, 1));
       return m;
     }
+  }
+  // A skip layer's run rows as one row group {0, count} (core/groups.hpp), so the block runs over
+  // a count the host never reads, with host bounds of n rows.
+  template <class T>
+  static RowGroups run_groups(const T* ws, const Layer& l) {
+    return {toks(ws, l.groups), 1};
+  }
+  template <class T>
+  static PerGroup<T> one_group(T* p) {
+    return PerGroup<T>(p, 1, [](int) { return 0; });
   }
 
   // ---- forward ------------------------------------------------------------------------------
@@ -375,7 +392,8 @@ struct DepthExecutor {
     const index_t n = batch * seq;
     const Scratch s = scratch_plan(batch, seq);
     if constexpr (Cfg::early_exit) be.fill(sp(toks(ws, plan.alive), n), token_t(1));
-    T aux = T(0);
+    const std::span<T> aux = sp(ws + plan.aux, 1);  // summed on the device: the host never waits
+    be.zero(aux);
     for (int h = 0; h < L; ++h) {
       const Layer& l = plan.layer[h];
       const T* pa = p + Set::template attention_offset<D>(h);
@@ -387,7 +405,7 @@ struct DepthExecutor {
         be.add_forward(u.flat(), sp(x.data, n * d), sp<const T>(fo.data, n * d));
         if constexpr (moe) {  // x' = u + Σ r_e expert_e(u) (MoE eq. (11))
           Step::forward(be, p, moe_router_offset(h), experts_of(h), ws, l.moe, MatrixView<const T>(u), x_next);
-          aux += be.read(ws + l.moe.sel.loss);
+          be.axpy(aux, T(1), sp<const T>(ws + l.moe.sel.loss, 1));
         } else {
           Ffn::forward(be, pf, ws, l.ffn, MatrixView<const T>(u), fo, batch, seq);
           be.add_forward(x_next.flat(), sp<const T>(u.data, n * d), sp<const T>(fo.data, n * d));
@@ -395,22 +413,23 @@ struct DepthExecutor {
         x = x_next;
         continue;
       }
-      aux += route_forward(be, p, ws, plan, l, h, x, batch, seq);
-      const index_t m = rows_run(be, ws, l, batch, seq);
+      route_forward(be, p, ws, plan, l, h, x, aux, batch, seq);
       be.copy(x_next.flat(), sp(x.data, n * d));  // x_{h+1} = x_h for every token, then + w·f on S
-      if (m > 0) {
+      if constexpr (exact_c) {  // exactly C per sequence: a dense block over (batch, C)
+        const index_t m = batch * capacity_tokens(seq);
+        if (m == 0) {  // C = ⌊capacity·seq⌋ is 0 for a short sequence: nobody runs the block
+          x = x_next;
+          continue;
+        }
         const auto idx = sp<const token_t>(toks(ws, l.idx), m);
         const MatrixView<T> xg = mv(ws + l.xg, m, d), u = mv(ws + l.u, m, d), fo = mv(ws + l.fo, m, d);
         const MatrixView<T> fm = mv(scratch + s.df, m, d);
         be.gather_rows(xg, x, idx);
-        if constexpr (exact_c)  // exactly C per sequence: a dense block over (batch, C)
-          Attn::forward(be, pa, ws, l.attn, MatrixView<const T>(xg), fo, batch, m / batch);
-        else
-          packed_attention_forward(be, pa, ws, l, MatrixView<const T>(xg), fo, idx, seq);
+        Attn::forward(be, pa, ws, l.attn, MatrixView<const T>(xg), fo, batch, m / batch);
         be.add_forward(u.flat(), sp<const T>(xg.data, m * d), sp<const T>(fo.data, m * d));
         if constexpr (moe) {  // MoDE staged: the MoE step over the C selected rows; fm = u + MoE(u)
           Step::forward(be, p, moe_router_offset(h), experts_of(h), ws, l.moe, MatrixView<const T>(u), fm);
-          aux += be.read(ws + l.moe.sel.loss);
+          be.axpy(aux, T(1), sp<const T>(ws + l.moe.sel.loss, 1));
           be.axpy(fm.flat(), T(-1), sp<const T>(xg.data, m * d));  // f = y − x̃
           be.copy(fo.flat(), sp<const T>(fm.data, m * d));
         } else {
@@ -419,18 +438,29 @@ struct DepthExecutor {
         }
         be.scatter_add_rows(x_next, MatrixView<const T>(fo), idx,
                             unit_weight ? std::span<const T>{} : sp<const T>(ws + l.wsel, m));  // MoD eq. (1)
+      } else {  // a variable number of tokens (count on the device): grouped ops over one row group
+        const RowGroups g = run_groups(ws, l);
+        const auto idx = sp<const token_t>(toks(ws, l.idx), n);
+        const MatrixView<T> xg = mv(ws + l.xg, n, d), u = mv(ws + l.u, n, d), fo = mv(ws + l.fo, n, d);
+        const MatrixView<T> fm = mv(scratch + s.df, n, d);
+        be.gather_rows(xg, x, idx, g);
+        packed_attention_forward(be, pa, ws, l, MatrixView<const T>(xg), fo, idx, seq, g);
+        be.add_forward(u, MatrixView<const T>(xg), MatrixView<const T>(fo), g);
+        Ffn::forward_grouped(be, one_group(pf), ws, l.ffn, MatrixView<const T>(u), fm, g);
+        be.add_forward(fo, MatrixView<const T>(fo), MatrixView<const T>(fm), g);  // f = y − x̃
+        be.scatter_add_rows(x_next, MatrixView<const T>(fo), idx,
+                            unit_weight ? std::span<const T>{} : sp<const T>(ws + l.wsel, n), g);
       }
       x = x_next;
     }
-    be.from_host(sp(ws + plan.aux, 1), std::span<const T>(&aux, 1));
     return x;
   }
 
-  // The routing decision of routed layer h: scores, selection, weights, auxiliary losses.
-  // Returns this layer's auxiliary loss.
+  // The routing decision of routed layer h: scores, selection, weights; its auxiliary losses
+  // are added to aux (device memory).
   template <class Be, class T>
-  static T route_forward(Be& be, const T* p, T* ws, const Plan& plan, const Layer& l, int h, MatrixView<const T> x,
-                         index_t batch, index_t seq) {
+  static void route_forward(Be& be, const T* p, T* ws, const Plan& plan, const Layer& l, int h, MatrixView<const T> x,
+                            std::span<T> aux, index_t batch, index_t seq) {
     const index_t n = batch * seq;
     const RouterOffsets o = router_offsets(h);
     const MatrixView<T> logits = mv(ws + l.logits, n, 1);
@@ -438,17 +468,18 @@ struct DepthExecutor {
       be.linear_forward(logits, x, mv(p + o.w, 1, d), Cfg::has_bias ? sp(p + o.b, 1) : std::span<const T>{});
     else
       be.fill(logits.flat(), T(1));  // Never: every token runs
-    T aux = T(0);
+    if constexpr (!exact_c) be.fill(sp(toks(ws, l.groups), 1), token_t(0));  // run_groups' offsets[0]
+    const std::span<token_t> count = sp(toks(ws, l.groups) + 1, 1);
     if constexpr (Cfg::causal_routing) {  // inference: the causal decision instead of top-C (MoD §3.5)
       const T* decision = logits.data;   // method 1: the router's own sign
       if constexpr (PW > 0) {            // method 2: the predictor's
         predictor_forward(be, p, ws, l, o, x, n);
         decision = ws + l.pred;
       }
-      be.skip_select(sp(toks(ws, l.idx), n), sp(toks(ws, l.count), 1), std::span<token_t>{}, sp(decision, n));
-      const index_t m = rows_run(be, ws, l, batch, seq);
-      if (!unit_weight && m > 0)
-        be.gather_rows(mv(ws + l.wsel, m, 1), MatrixView<const T>(logits), sp<const token_t>(toks(ws, l.idx), m));
+      be.skip_select(sp(toks(ws, l.idx), n), count, std::span<token_t>{}, sp(decision, n));
+      if constexpr (!unit_weight)
+        be.gather_rows(mv(ws + l.wsel, n, 1), MatrixView<const T>(logits), sp<const token_t>(toks(ws, l.idx), n),
+                       run_groups(ws, l));
     } else if constexpr (expert_choice) {
       const index_t C = capacity_tokens(seq), m = batch * C;
       const auto idx = sp(toks(ws, l.idx), m);
@@ -459,7 +490,7 @@ struct DepthExecutor {
       be.selection_mask(sp(ws + l.mask, n), std::span<const token_t>(idx));
       if constexpr (Cfg::causal_aux) {  // method 1: BCE on the router's own logits
         be.bce_logits_forward(sp(ws + l.bce, 2), sp<const T>(logits.data, n), sp<const T>(ws + l.mask, n));
-        aux += T(Cfg::aux_coef) * be.read(ws + l.bce);
+        be.axpy(aux, T(Cfg::aux_coef), sp<const T>(ws + l.bce, 1));
       } else if constexpr (PW > 0) {  // method 2: the predictor on stop-gradient inputs
         predictor_forward(be, p, ws, l, o, x, n);
         be.bce_logits_forward(sp(ws + l.bce, 2), sp<const T>(ws + l.pred, n), sp<const T>(ws + l.mask, n));
@@ -469,33 +500,41 @@ struct DepthExecutor {
         be.bce_logits_forward(sp(ws + l.bce, 2), sp<const T>(logits.data, n), sp<const T>(ws + l.mask, n));
       }
     } else {
-      be.skip_select(sp(toks(ws, l.idx), n), sp(toks(ws, l.count), 1),
+      be.skip_select(sp(toks(ws, l.idx), n), count,
                      Cfg::early_exit ? sp(toks(ws, plan.alive), n) : std::span<token_t>{}, sp<const T>(logits.data, n));
       if constexpr (!unit_weight) {
         be.sigmoid_forward(sp(ws + l.gate, n), sp<const T>(logits.data, n));
-        const index_t m = rows_run(be, ws, l, batch, seq);
-        if (m > 0)
-          be.gather_rows(mv(ws + l.wsel, m, 1), mv<const T>(ws + l.gate, n, 1), sp<const token_t>(toks(ws, l.idx), m));
-        if constexpr (Cfg::gate_mean) {
-          // The mean gate ḡ = (1/n) Σ_i a_i σ_i over the tokens still in play (a_i = 1; with early exit, a_i = 1
-          // iff token i ran the previous routed layer: an exited token's gate decides nothing), as one product
-          // of the gates with the 0/1 row a.
-          const std::span<T> in_play = sp(ws + l.mask, n);
-          const int prev = previous_routed(h);
-          if (Cfg::early_exit && prev >= 0) {
-            const Layer& lp = plan.layer[std::size_t(prev)];
-            be.selection_mask(in_play, sp<const token_t>(toks(ws, lp.idx), rows_run(be, ws, lp, batch, seq)));
-          } else {
-            be.fill(in_play, T(1));
-          }
-          be.linear_forward(mv(ws + l.bce, 1, 1), mv<const T>(ws + l.gate, 1, n), mv<const T>(in_play.data(), 1, n),
-                            std::span<const T>{});
-          const T mean = be.read(ws + l.bce) / T(n), off = mean - T(Cfg::run_target);
-          aux += T(Cfg::skip_cost) * mean + T(Cfg::run_target_coef) * off * off;
-        }
+        be.gather_rows(mv(ws + l.wsel, n, 1), mv<const T>(ws + l.gate, n, 1), sp<const token_t>(toks(ws, l.idx), n),
+                       run_groups(ws, l));
+        if constexpr (Cfg::gate_mean) gate_mean_forward(be, ws, plan, l, h, aux, n);
       }
     }
-    return aux;
+  }
+
+  // The skip gates' auxiliary loss p/q·ḡ + c·(ḡ − ρ)² on the device. ḡ = (1/n) Σ_i a_i σ_i over the
+  // tokens still in play (a_i = 1; with early exit, a_i = 1 iff token i ran the previous routed
+  // layer: an exited token's gate decides nothing), as one product of the gates with the 0/1 row a.
+  // l.bce holds {Σ a_i σ_i, ḡ − ρ} for the backward.
+  template <class Be, class T>
+  static void gate_mean_forward(Be& be, T* ws, const Plan& plan, const Layer& l, int h, std::span<T> aux, index_t n) {
+    const std::span<T> in_play = sp(ws + l.mask, n);
+    const int prev = previous_routed(h);
+    if (Cfg::early_exit && prev >= 0) {  // 1 at the previous routed layer's run rows
+      const Layer& lp = plan.layer[std::size_t(prev)];
+      be.zero(in_play);
+      be.fill(sp(ws + plan.ones, n), T(1));
+      be.scatter_add_rows(mv(in_play.data(), n, 1), mv<const T>(ws + plan.ones, n, 1),
+                          sp<const token_t>(toks(ws, lp.idx), n), std::span<const T>{}, run_groups(ws, lp));
+    } else {
+      be.fill(in_play, T(1));
+    }
+    const MatrixView<T> sum = mv(ws + l.bce, 1, 1), off = mv(ws + l.bce + 1, 1, 1);
+    be.linear_forward(sum, mv<const T>(ws + l.gate, 1, n), mv<const T>(in_play.data(), 1, n), std::span<const T>{});
+    be.fill(off.flat(), T(-Cfg::run_target));
+    be.axpy(off.flat(), T(1) / T(n), sum.flat());  // ḡ − ρ
+    be.axpy(aux, T(Cfg::skip_cost) / T(n), std::span<const T>(sum.flat()));
+    be.gemm(MatrixView<T>(aux.data(), 1, 1), MatrixView<const T>(off), Be::Trans::N, MatrixView<const T>(off),
+            Be::Trans::N, T(Cfg::run_target_coef), T(1));  // + c·(ḡ − ρ)²
   }
 
   // The causal predictor P(x_i) = w2ᵀ ReLU(W1 x_i + b1) + b2 (logits in l.pred), MoD §3.5 method 2.
@@ -507,22 +546,23 @@ struct DepthExecutor {
     be.linear_forward(mv(ws + l.pred, n, 1), mv<const T>(ws + l.act, n, PW), mv(p + o.w2, 1, PW), sp(p + o.b2, 1));
   }
 
-  // Attention over the running tokens of a skip layer: queries and keys are the packed rows, each
-  // query attends to the running tokens of its own sequence at or before its position.
+  // Attention over the running tokens of a skip layer: queries and keys are the run rows (one row
+  // group: the count stays on the device), each query attends to the running tokens of its own
+  // sequence at or before its position.
   template <class Be, class T>
   static void packed_attention_forward(Be& be, const T* pa, T* ws, const Layer& l, MatrixView<const T> xg,
-                                       MatrixView<T> out, std::span<const token_t> idx, index_t seq) {
-    using detail::mat, detail::vec;
+                                       MatrixView<T> out, std::span<const token_t> idx, index_t seq, RowGroups g) {
     const index_t m = xg.rows;
     const auto& s = l.attn;
+    const PerGroup<const T> P = one_group(pa);
     const MatrixView<T> ln = mv(ws + s.ln, m, d), qkv = mv(ws + s.qkv, m, 3 * d), att = mv(ws + s.att, m, d);
-    be.layernorm_forward(ln, sp(ws + s.mean, m), sp(ws + s.rstd, m), xg, vec(pa, Attn::o_ln_w, d),
-                         vec(pa, Attn::o_ln_b, d));
-    be.linear_forward(qkv, MatrixView<const T>(ln), mat(pa, Attn::o_w_qkv, 3 * d, d), vec(pa, Attn::o_b_qkv, 3 * d));
+    be.grouped_layernorm_forward(ln, sp(ws + s.mean, m), sp(ws + s.rstd, m), xg, P.plus(Attn::o_ln_w),
+                                 P.plus(Attn::o_ln_b), g);
+    be.grouped_linear_forward(qkv, MatrixView<const T>(ln), P.plus(Attn::o_w_qkv), P.plus(Attn::o_b_qkv), g);
     const MatrixView<const T> cq(qkv);
-    be.attention_packed_forward(att, sp(ws + s.lse, m * heads), cq.col_block(0, d), cq.col_block(d, d),
-                                cq.col_block(2 * d, d), idx, idx, seq, heads);
-    be.linear_forward(out, MatrixView<const T>(att), mat(pa, Attn::o_w_proj, d, d), vec(pa, Attn::o_b_proj, d));
+    be.attention_grouped_forward(att, sp(ws + s.lse, m * heads), cq.col_block(0, d), one_group(cq.data + d),
+                                 one_group(cq.data + 2 * d), m, 3 * d, idx, idx, g, seq, heads);
+    be.grouped_linear_forward(out, MatrixView<const T>(att), P.plus(Attn::o_w_proj), P.plus(Attn::o_b_proj), g);
   }
 
   // ---- backward -----------------------------------------------------------------------------
@@ -548,11 +588,15 @@ struct DepthExecutor {
         Attn::backward(be, p + oa, g + oa, ws, l.attn, x, dres, MatrixView<const T>(dres), sc + s.module, batch, seq);
         continue;
       }
-      const index_t m = rows_run(be, ws, l, batch, seq);
       const MatrixView<T> dlogits = mv(sc + s.dlogits, n, 1);
       be.zero(dlogits.flat());
       if constexpr (!expert_choice) be.zero(sp(sc + s.dgate, n));
-      if (m > 0) {
+      if constexpr (exact_c) {
+        const index_t m = batch * capacity_tokens(seq);
+        if (m == 0) {  // nobody ran the block: only the router's own losses
+          route_backward(be, p, g, ws, l, h, x, dres, sc, s, n);
+          continue;
+        }
         const auto idx = sp<const token_t>(toks(ws, l.idx), m);
         const MatrixView<T> df = mv(sc + s.df, m, d), du = mv(sc + s.g, m, d);
         const std::span<T> dwsel = sp(sc + s.dwsel, m);
@@ -576,18 +620,31 @@ struct DepthExecutor {
                         sc + s.module, 1, m);
           be.axpy(df.flat(), T(1), sp<const T>(du.data, m * d));  // df := dL/da
         }
-        const MatrixView<const T> xg = mv<const T>(ws + l.xg, m, d);
-        if constexpr (exact_c)
-          Attn::backward(be, p + oa, g + oa, ws, l.attn, xg, du, MatrixView<const T>(df), sc + s.module, batch,
-                         m / batch);
-        else
-          packed_attention_backward(be, p + oa, g + oa, ws, l, xg, du, MatrixView<const T>(df), idx, seq, sc + s.module);
+        Attn::backward(be, p + oa, g + oa, ws, l.attn, mv<const T>(ws + l.xg, m, d), du, MatrixView<const T>(df),
+                       sc + s.module, batch, m / batch);
         be.scatter_add_rows(dres, MatrixView<const T>(du), idx);
-        // dL/d(weight) back to the token's score (MoD: the weight is r; skip: σ(g)).
-        if constexpr (!unit_weight) {
-          T* dw_full = expert_choice ? dlogits.data : sc + s.dgate;
-          be.scatter_add_rows(mv(dw_full, n, 1), mv<const T>(dwsel.data(), m, 1), idx);
-        }
+        // dL/d(weight) back to the token's score (MoD: the weight is r).
+        if constexpr (!unit_weight) be.scatter_add_rows(dlogits, mv<const T>(dwsel.data(), m, 1), idx);
+      } else {  // the same over the run rows as one row group (the count stays on the device)
+        const RowGroups gr = run_groups(ws, l);
+        const auto idx = sp<const token_t>(toks(ws, l.idx), n);
+        const MatrixView<T> df = mv(sc + s.df, n, d), du = mv(sc + s.g, n, d);
+        const std::span<T> dwsel = sp(sc + s.dwsel, n);
+        be.zero_rows(df, gr);
+        be.zero(dwsel);
+        be.scatter_add_rows_backward(df, unit_weight ? std::span<T>{} : dwsel, MatrixView<const T>(dres),
+                                     mv<const T>(ws + l.fo, n, d), idx,
+                                     unit_weight ? std::span<const T>{} : sp<const T>(ws + l.wsel, n), gr);
+        be.zero_rows(du, gr);
+        Ffn::backward_grouped(be, one_group(p + of), one_group(g + of), ws, l.ffn, mv<const T>(ws + l.u, n, d), du,
+                              MatrixView<const T>(df), sc + s.module, gr);
+        be.axpy(df, T(1), MatrixView<const T>(du), gr);  // df := dL/da
+        packed_attention_backward(be, p + oa, g + oa, ws, l, mv<const T>(ws + l.xg, n, d), du, MatrixView<const T>(df),
+                                  idx, seq, sc + s.module, gr);
+        be.scatter_add_rows(dres, MatrixView<const T>(du), idx, std::span<const T>{}, gr);
+        // dL/d(weight) back to the gate σ(g).
+        if constexpr (!unit_weight)
+          be.scatter_add_rows(mv(sc + s.dgate, n, 1), mv<const T>(dwsel.data(), n, 1), idx, std::span<const T>{}, gr);
       }
       route_backward(be, p, g, ws, l, h, x, dres, sc, s, n);
     }
@@ -622,9 +679,10 @@ struct DepthExecutor {
       // dL/dσ: the block weights' gradient (in dgate) + the cost p/q·mean σ; then through σ.
       const std::span<T> dgate = sp(sc + s.dgate, n);
       if constexpr (Cfg::gate_mean) {  // d/dσ_i of p/q·ḡ + c·(ḡ − ρ)² = a_i (p/q + 2c(ḡ − ρ)) / n
-        const T mean = be.read(ws + l.bce) / T(n);
-        be.axpy(dgate, (T(Cfg::skip_cost) + T(2 * Cfg::run_target_coef) * (mean - T(Cfg::run_target))) / T(n),
-                sp<const T>(ws + l.mask, n));
+        // a·p/q/n, then a·(ḡ − ρ)·2c/n as a product with the device scalar ḡ − ρ (l.bce[1]).
+        be.axpy(dgate, T(Cfg::skip_cost) / T(n), sp<const T>(ws + l.mask, n));
+        be.gemm(mv(dgate.data(), n, 1), mv<const T>(ws + l.mask, n, 1), Be::Trans::N, mv<const T>(ws + l.bce + 1, 1, 1),
+                Be::Trans::N, T(2 * Cfg::run_target_coef) / T(n), T(1));
       }
       be.sigmoid_backward(sp(dlogits, n), sp<const T>(ws + l.gate, n), std::span<const T>(dgate));
     }
@@ -635,23 +693,26 @@ struct DepthExecutor {
   template <class Be, class T>
   static void packed_attention_backward(Be& be, const T* pa, T* ga, const T* ws, const Layer& l, MatrixView<const T> xg,
                                         MatrixView<T> dx, MatrixView<const T> dout, std::span<const token_t> idx,
-                                        index_t seq, T* sc) {
-    using detail::mat, detail::vec;
+                                        index_t seq, T* sc, RowGroups g) {
     const index_t m = xg.rows;
     const auto& s = l.attn;
+    const PerGroup<const T> P = one_group(pa);
+    const PerGroup<T> G = one_group(ga);
     const MatrixView<T> datt = mv(sc, m, d), dqkv = mv(sc + m * d, m, 3 * d), dln = mv(sc + 4 * m * d, m, d);
-    be.zero(sp(sc, 5 * m * d));
+    be.zero_rows(datt, g);
+    be.zero_rows(dqkv, g);
+    be.zero_rows(dln, g);
     const MatrixView<const T> att = mv<const T>(ws + s.att, m, d), qkv = mv<const T>(ws + s.qkv, m, 3 * d);
-    be.linear_backward(datt, mat(ga, Attn::o_w_proj, d, d), vec(ga, Attn::o_b_proj, d), dout, att,
-                       mat(pa, Attn::o_w_proj, d, d));
-    be.attention_packed_backward(dqkv.col_block(0, d), dqkv.col_block(d, d), dqkv.col_block(2 * d, d),
-                                 MatrixView<const T>(datt), att, sp<const T>(ws + s.lse, m * heads),
-                                 qkv.col_block(0, d), qkv.col_block(d, d), qkv.col_block(2 * d, d), idx, idx, seq,
-                                 heads);
-    be.linear_backward(dln, mat(ga, Attn::o_w_qkv, 3 * d, d), vec(ga, Attn::o_b_qkv, 3 * d),
-                       MatrixView<const T>(dqkv), mv<const T>(ws + s.ln, m, d), mat(pa, Attn::o_w_qkv, 3 * d, d));
-    be.layernorm_backward(dx, vec(ga, Attn::o_ln_w, d), vec(ga, Attn::o_ln_b, d), MatrixView<const T>(dln), xg,
-                          sp<const T>(ws + s.mean, m), sp<const T>(ws + s.rstd, m), vec(pa, Attn::o_ln_w, d));
+    be.grouped_linear_backward(datt, G.plus(Attn::o_w_proj), G.plus(Attn::o_b_proj), dout, att, P.plus(Attn::o_w_proj),
+                               g);
+    be.attention_grouped_backward(dqkv.col_block(0, d), one_group(dqkv.data + d), one_group(dqkv.data + 2 * d),
+                                  MatrixView<const T>(datt), att, sp<const T>(ws + s.lse, m * heads),
+                                  qkv.col_block(0, d), one_group(qkv.data + d), one_group(qkv.data + 2 * d), m, 3 * d,
+                                  idx, idx, g, seq, heads);
+    be.grouped_linear_backward(dln, G.plus(Attn::o_w_qkv), G.plus(Attn::o_b_qkv), MatrixView<const T>(dqkv),
+                               mv<const T>(ws + s.ln, m, d), P.plus(Attn::o_w_qkv), g);
+    be.grouped_layernorm_backward(dx, G.plus(Attn::o_ln_w), G.plus(Attn::o_ln_b), MatrixView<const T>(dln), xg,
+                                  sp<const T>(ws + s.mean, m), sp<const T>(ws + s.rstd, m), P.plus(Attn::o_ln_w), g);
   }
 
   // ---- read-back: selections, counts, causal accuracy ---------------------------------------
@@ -696,7 +757,8 @@ struct DepthExecutor {
       const auto sel = read_selected(be, ws, plan, h, batch, seq);
       std::vector<index_t> per_seq(std::size_t(batch), 0);
       for (token_t t : sel) ++per_seq[std::size_t(t / seq)];
-      for (index_t c : per_seq) total += layer_flops(seq, c, true);
+      for (index_t c : per_seq) total += layer_flops(seq, c, true) - gate_loss_flops;
+      total += gate_loss_flops;
     }
     return total;
   }

@@ -240,6 +240,8 @@ struct Backend {
   }
   void gelu_forward(M out, CM x, RowGroups g) const { cpu::gelu_forward<T>(out, x, g); }
   void gelu_backward(M dx, CM x, CM dout, RowGroups g) const { cpu::gelu_backward<T>(dx, x, dout, g); }
+  void add_forward(M out, CM a, CM b, RowGroups g) const { cpu::add_forward<T>(out, a, b, g); }
+  void axpy(M y, T alpha, CM x, RowGroups g) const { cpu::axpy<T>(y, alpha, x, g); }
   void zero_rows(M m, RowGroups g) const { cpu::zero_rows<T>(m, g); }
   void gather_rows(M out, CM in, Tok idx, RowGroups g) const { cpu::gather_rows<T>(out, in, idx, g); }
   void gather_rows(M out, CPG in, index_t in_rows, Tok idx, RowGroups g) const {

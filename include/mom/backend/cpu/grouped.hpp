@@ -108,6 +108,21 @@ void gelu_backward(MatrixView<T> dx, MatrixView<const T> x, MatrixView<const T> 
   });
 }
 template <class T>
+void add_forward(MatrixView<T> out, MatrixView<const T> a, MatrixView<const T> b, RowGroups g) {
+  checks::same_shape<T>("add_forward", out, a);
+  checks::same_shape<T>("add_forward", out, b);
+  detail::for_each_group("add_forward", g, out.rows, [&](int, index_t o, index_t n) {
+    add_forward<T>(out.row_block(o, n).flat(), a.row_block(o, n).flat(), b.row_block(o, n).flat());
+  });
+}
+template <class T>
+void axpy(MatrixView<T> y, T alpha, MatrixView<const T> x, RowGroups g) {
+  checks::same_shape<T>("axpy", y, x);
+  detail::for_each_group("axpy", g, y.rows, [&](int, index_t o, index_t n) {
+    axpy<T>(y.row_block(o, n).flat(), alpha, x.row_block(o, n).flat());
+  });
+}
+template <class T>
 void zero_rows(MatrixView<T> m, RowGroups g) {
   detail::for_each_group("zero_rows", g, m.rows, [&](int, index_t o, index_t n) {
     for (index_t r = o; r < o + n; ++r) std::fill_n(m.row(r), m.cols, T(0));
