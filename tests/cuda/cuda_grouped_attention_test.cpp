@@ -265,7 +265,7 @@ TEST_CASE("grouped attention backward passes a finite-difference check in double
   }
 }
 
-TEMPLATE_TEST_CASE("grouped attention reports bad offsets and bad positions at the next sync", "[cuda][grouped]",
+TEMPLATE_TEST_CASE("grouped attention reports bad offsets and bad positions at the next sync; empty groups touch nothing", "[cuda][grouped]",
                    float, double) {
   MOM_REQUIRE_GPU();
   using T = TestType;
@@ -289,4 +289,11 @@ TEMPLATE_TEST_CASE("grouped attention reports bad offsets and bad positions at t
   CHECK_THROWS_WITH(be.sync(), Catch::Contains("query positions must be ascending") && Catch::Contains("q_tok[1] = 3"));
   run({1, 3, 6}, {-3, 2, 4, 5, 6, 7});  // good: row 0 (position -3) is outside the groups, never read
   CHECK_NOTHROW(be.sync());
+  // Only empty groups: nothing is read or written.
+  const std::vector<T> sentinel(std::size_t(nq * d), T(7));
+  be.from_host(out.span(), std::span<const T>(sentinel));
+  run({3, 3, 3}, {-3, -3, -3, -3, -3, -3});
+  std::vector<T> got(sentinel.size());
+  be.to_host(std::span<T>(got), std::span<const T>(out.span()));
+  CHECK(got == sentinel);
 }
