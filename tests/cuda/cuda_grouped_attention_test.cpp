@@ -265,8 +265,8 @@ TEST_CASE("grouped attention backward passes a finite-difference check in double
   }
 }
 
-TEMPLATE_TEST_CASE("grouped attention reports bad offsets and bad positions at the next sync; empty groups touch nothing", "[cuda][grouped]",
-                   float, double) {
+TEMPLATE_TEST_CASE("grouped attention reports bad offsets and positions at the next sync; empty groups touch nothing",
+                   "[cuda][grouped]", float, double) {
   MOM_REQUIRE_GPU();
   using T = TestType;
   auto& be = gpu<T>();
@@ -282,7 +282,8 @@ TEMPLATE_TEST_CASE("grouped attention reports bad offsets and bad positions at t
                                  2 * d, q_tok.span(), {}, RowGroups{offsets.data(), 2}, seq, 1);
   };
   run({0, 5, 3}, {0, 1, 2, 3, 4, 5});  // decreasing offsets
-  CHECK_THROWS_WITH(be.sync(), Catch::Contains("group offsets must be non-decreasing") && Catch::Contains("offsets[2] = 3"));
+  CHECK_THROWS_WITH(be.sync(),
+                    Catch::Contains("group offsets must be non-decreasing") && Catch::Contains("offsets[2] = 3"));
   run({1, 3, 7}, {0, 1, 2, 3, 4, 5});  // past the rows
   CHECK_THROWS_WITH(be.sync(), Catch::Contains("offsets[2] = 7"));
   run({1, 3, 6}, {-3, 2, 4, 5, 3, -3});  // group 1's positions descend (row 4 = its position 1)

@@ -609,9 +609,9 @@ struct Backend {
   static void check_grouped_attention(const char* op, CM q, CPG k, CPG v, index_t kv_rows, index_t kv_ld, Tok q_tok,
                                       Tok k_tok, RowGroups g, index_t seq, index_t heads) {
     checks::row_groups_shape(op, g);
-    MOM_CHECK(!k.empty() && !v.empty() && kv_ld >= q.cols && kv_rows >= 0, op, ": keys ", (k.empty() ? "missing" : "given"),
-              ", values ", (v.empty() ? "missing" : "given"), ", kv_rows ", kv_rows, ", kv_ld ", kv_ld, " for q ",
-              shape(q));
+    MOM_CHECK(!k.empty() && !v.empty() && kv_ld >= q.cols && kv_rows >= 0, op, ": keys ",
+              (k.empty() ? "missing" : "given"), ", values ", (v.empty() ? "missing" : "given"), ", kv_rows ", kv_rows,
+              ", kv_ld ", kv_ld, " for q ", shape(q));
     const index_t key_rows = k_tok.empty() ? kv_rows : q.rows;
     check_packed(op, q, CM{k.base, key_rows, q.cols, kv_ld}, CM{v.base, key_rows, q.cols, kv_ld}, q_tok, k_tok, seq,
                  heads);

@@ -794,7 +794,8 @@ __global__ void attention_packed_forward_kernel(MatrixView<T> out, T* lse, Matri
     group_rows(L, g, L.nq, gb, ge);
     const index_t t = L.q_tok[i];
     if ((i > gb && L.q_tok[i - 1] >= t) || t < 0 || (!L.k_tok && t >= L.nk)) {
-      if (h == 0) report(error, DeviceError::packed_positions, i - gb, t, L.nk);  // position within the group, as the CPU
+      // The position within the group, as the CPU's per-group check reports it.
+      if (h == 0) report(error, DeviceError::packed_positions, i - gb, t, L.nk);
     } else {
       packed_key_range(L, g, t, lo, hi);
     }
@@ -1584,7 +1585,8 @@ void attention_packed_backward_hd(const Context& ctx, const char* op, MatrixView
   launch(op, ctx, dim3(blocks_exact(L.nq, BT), heads), BT, attention_packed_backward_dq_kernel<T, HD, KV>, dq, dout,
          out, lse, q, kv, L, scale);
   // Key tiles: of the packed key rows (k_tok given), or of every group's own nk keys.
-  const unsigned key_blocks = L.k_tok ? blocks_exact(L.nk, BT) : blocks_exact(L.nk, BT) * static_cast<unsigned>(L.count);
+  const unsigned key_tiles = blocks_exact(L.nk, BT);
+  const unsigned key_blocks = L.k_tok ? key_tiles : key_tiles * static_cast<unsigned>(L.count);
   launch(op, ctx, dim3(key_blocks, heads), BT, attention_packed_backward_dkdv_kernel<T, HD, KV, DKV>, dkv, dout, out,
          lse, q, kv, L, scale);
 }
