@@ -32,6 +32,7 @@
 #include "mom/backend/cuda/kernels.hpp"
 #include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
+#include "mom/core/groups.hpp"
 #include "mom/core/tensor.hpp"
 
 namespace mom::cuda {
@@ -72,6 +73,8 @@ struct Backend {
   using S = std::span<T>;
   using CS = std::span<const T>;
   using Tok = std::span<const token_t>;
+  using PG = PerGroup<T>;
+  using CPG = PerGroup<const T>;
   using K = Kernels<T>;
   using DK = DepthKernels<T>;
 
@@ -404,6 +407,32 @@ struct Backend {
     K::attention_packed_backward(*ctx_, dq, dk, dv, dout, out, lse.data(), q, k, v, q_tok.data(),
                                  k_tok.empty() ? nullptr : k_tok.data(), seq, heads);
   }
+  // The packed attention per row group (cpu/grouped.hpp): query row r of group g (offsets[g] <= r <
+  // offsets[g+1], read on the device only) attends to k[g] / v[g]: with k_tok empty to its rows
+  // t < kv_rows (token t), with k_tok to the rows of g's own row range (tokens k_tok); key rows are
+  // kv_ld apart. Rows outside [offsets[0], offsets[count]) are untouched. Bad offsets or query
+  // positions are reported at the next sync. dq, dk, dv accumulate; groups' dk / dv rows must not
+  // overlap (own buffers per group, or disjoint row ranges of a shared one with k_tok).
+  void attention_grouped_forward(M out, S lse, CM q, CPG k, CPG v, index_t kv_rows, index_t kv_ld, Tok q_tok,
+                                 Tok k_tok, RowGroups g, index_t seq, index_t heads) const {
+    check_grouped_attention("attention_grouped_forward", q, k, v, kv_rows, kv_ld, q_tok, k_tok, g, seq, heads);
+    checks::attention_packed_forward_out_shapes<T>(out, lse, q, heads);
+    if (q.rows == 0 || g.count == 0) return;
+    K::attention_grouped_forward(*ctx_, out, lse.data(), q, k, v, kv_rows, kv_ld, q_tok.data(),
+                                 k_tok.empty() ? nullptr : k_tok.data(), g, seq, heads);
+  }
+  void attention_grouped_backward(M dq, PG dk, PG dv, CM dout, CM out, CS lse, CM q, CPG k, CPG v, index_t kv_rows,
+                                  index_t kv_ld, Tok q_tok, Tok k_tok, RowGroups g, index_t seq, index_t heads) const {
+    check_grouped_attention("attention_grouped_backward", q, k, v, kv_rows, kv_ld, q_tok, k_tok, g, seq, heads);
+    MOM_CHECK(dq.rows == q.rows && dq.cols == q.cols && dout.rows == q.rows && dout.cols == q.cols &&
+                  out.rows == q.rows && out.cols == q.cols && ssize(lse) == q.rows * heads && !dk.empty() &&
+                  !dv.empty(),
+              "attention_grouped_backward: dq ", shape(dq), ", dout ", shape(dout), ", out ", shape(out), ", lse ",
+              lse.size(), (dk.empty() || dv.empty() ? " (no dk / dv)" : ""), " disagree with q ", shape(q));
+    if (q.rows == 0 || g.count == 0) return;
+    K::attention_grouped_backward(*ctx_, dq, dk, dv, dout, out, lse.data(), q, k, v, kv_rows, kv_ld, q_tok.data(),
+                                  k_tok.empty() ? nullptr : k_tok.data(), g, seq, heads);
+  }
 
   // ---- depth routing (Mixture-of-Depths, layer-skip, early-exit; cpu/depth.hpp) ---------------
   // The same members and checks as the CPU backend's (depth branch, dc98a76). skip_select leaves the
@@ -549,6 +578,9 @@ struct Backend {
       case DeviceError::group_module: op = "group_by_module", what = "module id"; break;
       case DeviceError::group_choice: op = "group_by_choice", what = "pick"; break;
       case DeviceError::selection_index: op = "selection_mask", what = "idx"; break;
+      case DeviceError::group_offsets:
+        mom::detail::fail("grouped op: group offsets must be non-decreasing in [0, ", e[3], "]; offsets[", e[1],
+                          "] = ", e[2], " (found on the device)");
       case DeviceError::packed_positions:
         mom::detail::fail("attention_packed: query positions must be ascending and in range; q_tok[", e[1], "] = ",
                           e[2], " (found on the device)");
@@ -571,6 +603,18 @@ struct Backend {
     checks::packed_attention_shapes<T>(op, q, k, v, q_tok, k_tok, seq, heads);
     MOM_CHECK(q.cols / heads <= 128, op, ": head dimension ", q.cols / heads,
               " exceeds the CUDA kernels' maximum of 128");
+  }
+  // The CPU's per-group checks (packed_attention_shapes) on the whole packed matrices; every group's
+  // key matrix is [kv_rows × d] (k_tok empty) or [q.rows × d] (k_tok given: one key per query row).
+  static void check_grouped_attention(const char* op, CM q, CPG k, CPG v, index_t kv_rows, index_t kv_ld, Tok q_tok,
+                                      Tok k_tok, RowGroups g, index_t seq, index_t heads) {
+    checks::row_groups_shape(op, g);
+    MOM_CHECK(!k.empty() && !v.empty() && kv_ld >= q.cols && kv_rows >= 0, op, ": keys ",
+              (k.empty() ? "missing" : "given"), ", values ", (v.empty() ? "missing" : "given"), ", kv_rows ", kv_rows,
+              ", kv_ld ", kv_ld, " for q ", shape(q));
+    const index_t key_rows = k_tok.empty() ? kv_rows : q.rows;
+    check_packed(op, q, CM{k.base, key_rows, q.cols, kv_ld}, CM{v.base, key_rows, q.cols, kv_ld}, q_tok, k_tok, seq,
+                 heads);
   }
   static void check_gru_shapes(const char* op, index_t n, index_t H, CM gates, CM x, CM h, CM w_ih, CM w_hh,
                                index_t b_ih, index_t b_hh) {

@@ -12,6 +12,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include "mom/core/groups.hpp"
 #include "mom/core/tensor.hpp"
 
 namespace mom::cuda {
@@ -33,6 +34,7 @@ enum class DeviceError : int {
   group_choice,
   packed_positions,
   selection_index,  // depth routing: selection_mask (depth_kernels.hpp)
+  group_offsets,    // grouped ops: RowGroups offsets decreasing or outside [0, rows]
 };
 
 // Precision of float GEMMs (double GEMMs always run in fp64). Only the GEMMs change: parameters,
@@ -158,6 +160,15 @@ struct Kernels {
   static void attention_packed_backward(const Context& ctx, M dq, M dk, M dv, CM dout, CM out, const T* lse, CM q,
                                         CM k, CM v, const token_t* q_tok, const token_t* k_tok, index_t seq,
                                         index_t heads);
+  // The packed attention per row group (cpu/grouped.hpp); the same kernels as the packed op, which
+  // is one group. g.offsets stay on the device; the grids follow q.rows, g.count and kv_rows.
+  static void attention_grouped_forward(const Context& ctx, M out, T* lse, CM q, PerGroup<const T> k,
+                                        PerGroup<const T> v, index_t kv_rows, index_t kv_ld, const token_t* q_tok,
+                                        const token_t* k_tok, RowGroups g, index_t seq, index_t heads);
+  static void attention_grouped_backward(const Context& ctx, M dq, PerGroup<T> dk, PerGroup<T> dv, CM dout, CM out,
+                                         const T* lse, CM q, PerGroup<const T> k, PerGroup<const T> v,
+                                         index_t kv_rows, index_t kv_ld, const token_t* q_tok, const token_t* k_tok,
+                                         RowGroups g, index_t seq, index_t heads);
 
   static void grad_norm(const Context& ctx, const T* grads, index_t n, T* norm_out);
   static void adamw_step(const Context& ctx, T* params, const T* grads, T* m, T* v, index_t n, T b1, T b2, T eps,
