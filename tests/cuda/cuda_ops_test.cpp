@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -489,6 +490,14 @@ TEMPLATE_TEST_CASE("grad_norm and AdamW (fused clipping from the device norm) ma
     expect_close(p, tol_kernel<T>, "params");
     expect_close(m, tol_kernel<T>, "m");
     expect_close(v, tol_kernel<T>, "v");
+  }
+  // A non-finite norm (a diverged step) skips the update on the device, as on the CPU.
+  for (const T bad : {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity()}) {
+    norm.h[0] = bad;
+    gpu<T>().from_host(norm.d.span(), std::span<const T>(norm.h));
+    const std::vector<T> before = p.fetch();
+    gpu<T>().adamw_step(p.ds(), std::span<const T>(g.ds()), m.ds(), v.ds(), cfg, 4, norm.d.data(), T(1));
+    CHECK(p.fetch() == before);
   }
   // An empty buffer has norm 0 (the second pass still writes it).
   gpu<T>().grad_norm(std::span<const T>(), norm.d.data());

@@ -109,7 +109,7 @@ constexpr index_t dense_activation_elements(Dims D, index_t L, index_t B, index_
   const index_t ffn = round16(n * d) + 2 * round16(n) + 2 * round16(n * f);
   const index_t per_layer = attn + ffn + 2 * round16(n * d);  // + residual stream after each round
   const index_t scratch = round16(std::max({n * d, n * 5 * d, n * (2 * f + d)}));
-  return round16(n * d) + L * per_layer + round16(n * d) + 2 * round16(n) + round16(n * D.vocab) + round16(n) + 16 +
+  return round16(n * d) + L * per_layer + round16(n * d) + 2 * round16(n) + round16(n * D.vocab) + round16(n) + 16 + 16 +
          2 * round16(n * d) + scratch;
 }
 static_assert(Plain4::activation_elements(3, 50) == dense_activation_elements(tiny, 4, 3, 50));

@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <limits>
+#include <vector>
 
 #include <mom/backend/cpu.hpp>
 
@@ -62,6 +64,23 @@ TEST_CASE("adamw_step: fused clipping scales the gradient by max_norm / norm", "
   std::vector<float> p3{1.f, 1.f}, m3(2, 0.f), v3(2, 0.f);
   cpu::adamw_step<float>(p3, grads, m3, v3, cfg, 1, &norm, 10.0f);
   CHECK(m3[0] == Approx(0.3f));
+}
+
+TEST_CASE("adamw_step: a non-finite gradient norm skips the update", "[ops][optim]") {
+  const cpu::AdamWConfig cfg{.lr = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1};
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    std::vector<float> grads{bad, 1.f};
+    float norm = 0;
+    cpu::grad_norm<float>(grads, &norm);
+    REQUIRE_FALSE(std::isfinite(norm));
+    std::vector<float> p{1.f, 2.f}, m{0.1f, 0.2f}, v{0.3f, 0.4f};
+    for (const float max_norm : {0.f, 1.f}) {  // with and without clipping
+      cpu::adamw_step<float>(p, grads, m, v, cfg, 3, &norm, max_norm);
+      CHECK(p == std::vector<float>{1.f, 2.f});
+      CHECK(m == std::vector<float>{0.1f, 0.2f});
+      CHECK(v == std::vector<float>{0.3f, 0.4f});
+    }
+  }
 }
 
 TEST_CASE("grad_norm: matches a naive sum (parallel size, float and double)", "[ops][optim]") {

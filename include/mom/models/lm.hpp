@@ -150,6 +150,7 @@ struct LMCore<D, TypeList<Ps...>> {
     std::tuple<typename exec<Ps>::Plan...> parts{};  // each part's saved activations
     index_t lnf = 0, mean_f = 0, rstd_f = 0;     // final LayerNorm
     index_t logits = 0, lse = 0, loss = 0;       // [n x vocab], [n], [1]; dlogits overwrite logits
+    index_t objective = 0;                       // [1]: loss + the parts' auxiliary losses
     index_t dres = 0, dlnf = 0;                  // backward: dL/d(residual stream), dL/d(LN_f out)
     index_t scratch = 0;                         // shared by the parts (max over them)
     index_t total = 0;                           // elements of T
@@ -168,6 +169,7 @@ struct LMCore<D, TypeList<Ps...>> {
     p.logits = a.take(n * D.vocab);
     p.lse = a.take(n);
     p.loss = a.take(1);
+    p.objective = a.take(1);
     p.dres = a.take(n * d);
     p.dlnf = a.take(n * d);
     index_t scratch = 0;

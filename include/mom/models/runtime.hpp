@@ -76,6 +76,22 @@ class ModelInstance {
   // targets (same size; -1 = ignored) returns the mean cross-entropy and enables backward();
   // with empty targets returns 0 and only the logits are computed.
   T forward(std::span<const token_t> tokens, std::span<const token_t> targets, index_t batch, index_t seq) {
+    forward_async(tokens, targets, batch, seq);
+    return targets.empty() ? T(0) : loss();
+  }
+
+  // The loss of the last forward with targets (cross-entropy + the parts' auxiliary losses): one
+  // read from the backend, the only point where the host waits for the forward.
+  T loss() const {
+    MOM_CHECK(state_ == State::Loss, "loss: needs a forward with targets");
+    return be_.read(ws_.data() + plan_.objective);
+  }
+  // The same value left in backend memory (a trainer sums it over micro-batches on the device).
+  std::span<const T> loss_data() const { return {ws_.data() + plan_.objective, 1}; }
+
+  // forward without reading anything back: it only enqueues work on a device backend, so a
+  // training step (forward_async, backward, the optimizer) never waits for the device.
+  void forward_async(std::span<const token_t> tokens, std::span<const token_t> targets, index_t batch, index_t seq) {
     MOM_CHECK(state_ != State::Empty, "forward: call reserve(batch, seq) first");
     MOM_CHECK(batch > 0 && seq > 0 && batch * seq <= plan_.batch * plan_.seq && seq <= plan_.seq, "forward: batch ",
               batch, " x seq ", seq, " does not fit the reserved ", plan_.batch, " x ", plan_.seq);
@@ -105,19 +121,19 @@ class ModelInstance {
 
     if (targets.empty()) {
       state_ = State::Logits;
-      return T(0);
+      return;
     }
     be_.from_host(std::span<token_t>(targets_.data(), targets.size()), targets);
     be_.cross_entropy_forward(span(plan_.loss, 1), span(plan_.lse, n), MatrixView<const T>(logits_view(n)),
                               std::span<const token_t>(targets_.data(), targets.size()));
     state_ = State::Loss;
-    // Parts with an auxiliary loss (the MoM routers' load balancing) add it to the model loss;
-    // their backward adds its gradient.
-    T aux = T(0);
+    // Parts with an auxiliary loss (the routers' load balancing, MoD's causal loss, ...) add it to
+    // the model loss, on the device; their backward adds its gradient.
+    const std::span<T> objective = span(plan_.objective, 1);
+    be_.copy(objective, cspan(plan_.loss, 1));
     for_each_part([&]<std::size_t i, class E>() {
-      if constexpr (requires { E::has_aux_loss; }) aux += be_.read(ws + std::get<i>(plan_.parts).aux);
+      if constexpr (requires { E::has_aux_loss; }) be_.axpy(objective, T(1), cspan(std::get<i>(plan_.parts).aux, 1));
     });
-    return be_.read(ws + plan_.loss) + aux;
   }
 
   // Accumulates d(mean loss)/d(params) of the last forward into grads(). Overwrites the

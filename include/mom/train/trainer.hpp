@@ -100,7 +100,7 @@ class Trainer {
     auto& be = model_.backend();
     m_ = be.template alloc<T>(Model::params);
     v_ = be.template alloc<T>(Model::params);
-    norm_ = be.template alloc<T>(1);
+    norm_ = be.template alloc<T>(2);  // {gradient norm, summed micro-batch losses}, read once per step
     be.zero(m_.span());
     be.zero(v_.span());
     be.zero(norm_.span());
@@ -147,18 +147,21 @@ class Trainer {
   }
 
   // One optimizer step (accum micro-batches). Returns the mean training loss.
+  // One optimizer step. Everything is enqueued on the backend and the host reads back once, at
+  // the end ({grad norm, loss}): on a GPU the step has no host-device synchronisation inside it.
+  // A non-finite loss gives a non-finite gradient norm, so AdamW skips the update (backend
+  // contract) and the parameters stay as they were when the divergence is reported.
   double train_step() {
     auto& be = model_.backend();
     model_.zero_grad();
-    double loss = 0;
+    const std::span<T> loss_sum = norm_.span().subspan(1, 1);
+    be.zero(loss_sum);
     for (index_t a = 0; a < cfg_.accum; ++a) {
       sampler_.next(inputs_, targets_);
-      loss += double(model_.forward(inputs_, targets_, cfg_.batch, cfg_.seq));
+      model_.forward_async(inputs_, targets_, cfg_.batch, cfg_.seq);
+      be.axpy(loss_sum, T(1), model_.loss_data());
       model_.backward();
     }
-    loss /= double(cfg_.accum);
-    MOM_CHECK(std::isfinite(loss), "training diverged: loss is ", loss, " at step ", step_ + 1,
-              " (try a lower --lr)");
     if (cfg_.accum > 1) be.scale(model_.grads(), T(1) / T(cfg_.accum));  // the mean over micro-batches
     be.grad_norm(std::span<const T>(model_.grads()), norm_.data());
     ++step_;
@@ -171,8 +174,13 @@ class Trainer {
       be.adamw_step(model_.params().subspan(at, n), std::span<const T>(model_.grads()).subspan(at, n),
                     m_.span().subspan(at, n), v_.span().subspan(at, n), opt, step_, norm_.data(), T(cfg_.grad_clip));
     }
+    T host[2];
+    be.to_host(std::span<T>(host, 2), std::span<const T>(norm_.span()));
+    const double loss = double(host[1]) / double(cfg_.accum);
+    MOM_CHECK(std::isfinite(loss), "training diverged: loss is ", loss, " at step ", step_,
+              " (try a lower --lr)");
     last_lr_ = lr;
-    last_grad_norm_ = double(be.read(norm_.data()));
+    last_grad_norm_ = double(host[0]);
     return loss;
   }
 

@@ -38,12 +38,15 @@ void grad_norm(std::span<const T> grads, T* norm_out) {
 
 // One AdamW step, step >= 1 (bias correction 1 - β^step):
 //   g = grads · c,  c = min(1, max_norm / *grad_norm) when grad_norm && max_norm > 0, else 1
+// A non-finite *grad_norm (a diverged step: inf or NaN gradients) skips the update: parameters and
+// moments stay as they were, so a trainer that notices the divergence afterwards lost nothing.
 //   m = β1 m + (1-β1) g,  v = β2 v + (1-β2) g²
 //   p -= lr · ( (m / (1-β1^t)) / (sqrt(v / (1-β2^t)) + eps) + weight_decay · p )
 template <class T>
 void adamw_step(std::span<T> params, std::span<const T> grads, std::span<T> m, std::span<T> v, const AdamWConfig& cfg,
                 std::int64_t step, const T* grad_norm = nullptr, T max_norm = T(0)) {
   checks::adamw_step_args<T>(params, grads, m, v, step);
+  if (grad_norm != nullptr && !std::isfinite(*grad_norm)) return;
   T clip = T(1);
   if (grad_norm != nullptr && max_norm > T(0) && *grad_norm > max_norm) clip = max_norm / *grad_norm;
   const T b1 = T(cfg.beta1), b2 = T(cfg.beta2), eps = T(cfg.eps);

@@ -1326,9 +1326,10 @@ template <class T>
 __global__ void adamw_kernel(T* p, const T* g, T* m, T* v, index_t n, T b1, T b2, T eps, T decay, T step_size,
                              T inv_sqrt_bc2, const T* grad_norm, T max_norm) {
   T clip = T(1);  // fused clipping: the norm never leaves the device
-  if (grad_norm && max_norm > T(0)) {
+  if (grad_norm) {
     const T norm = *grad_norm;
-    if (norm > max_norm) clip = max_norm / norm;
+    if (!(norm - norm == T(0))) return;  // inf or NaN: a diverged step is skipped (as the CPU op)
+    if (max_norm > T(0) && norm > max_norm) clip = max_norm / norm;
   }
   MOM_GRID_STRIDE(i, n) {
     const T gi = g[i] * clip;
