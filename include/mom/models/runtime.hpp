@@ -70,6 +70,7 @@ class ModelInstance {
     tokens_ = be_.template alloc<token_t>(batch * seq);
     targets_ = be_.template alloc<token_t>(batch * seq);
     state_ = State::Reserved;
+    has_loss_ = false;
   }
 
   // Runs the model on tokens [batch * seq] (batch sequences of seq tokens, row-major). With
@@ -83,7 +84,7 @@ class ModelInstance {
   // The loss of the last forward with targets (cross-entropy + the parts' auxiliary losses): one
   // read from the backend, the only point where the host waits for the forward.
   T loss() const {
-    MOM_CHECK(state_ == State::Loss, "loss: needs a forward with targets");
+    MOM_CHECK(has_loss_, "loss: needs a forward with targets (since the last reserve)");
     return be_.read(ws_.data() + plan_.objective);
   }
   // The same value left in backend memory (a trainer sums it over micro-batches on the device).
@@ -121,12 +122,14 @@ class ModelInstance {
 
     if (targets.empty()) {
       state_ = State::Logits;
+      has_loss_ = false;
       return;
     }
     be_.from_host(std::span<token_t>(targets_.data(), targets.size()), targets);
     be_.cross_entropy_forward(span(plan_.loss, 1), span(plan_.lse, n), MatrixView<const T>(logits_view(n)),
                               std::span<const token_t>(targets_.data(), targets.size()));
     state_ = State::Loss;
+    has_loss_ = true;
     // Parts with an auxiliary loss (the routers' load balancing, MoD's causal loss, ...) add it to
     // the model loss, on the device; their backward adds its gradient.
     const std::span<T> objective = span(plan_.objective, 1);
@@ -224,6 +227,7 @@ class ModelInstance {
   // Residual stream entering each part; the last entry is the architecture's output.
   std::array<MatrixView<const T>, n_parts + 1> part_input_{};
   State state_ = State::Empty;
+  bool has_loss_ = false;  // the objective slot holds the last forward's loss (backward keeps it)
 };
 
 }  // namespace mom
