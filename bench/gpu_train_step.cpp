@@ -4,9 +4,9 @@
 //
 //   bench_gpu_train_step [--batch B] [--seq S] [--reps R] [--only dense|mom] [--peak TFLOPS]
 //
-// A step = zero_grad + forward + backward + grad_norm + AdamW (clip 1.0), all on the device; the host
-// waits for the stream only after each timed step (the loss read inside forward is the model's own
-// synchronisation). MFU = 3 × the cost model's forward FLOPs per token (= 6N + attention, PaLM's
+// A step = zero_grad + forward_async + backward + grad_norm + AdamW (clip 1.0), all on the device: nothing
+// inside a step waits for the GPU (the loss stays on the device; the routed models keep their group
+// sizes there), and the host waits for the stream only after each timed step. MFU = 3 × the cost model's forward FLOPs per token (= 6N + attention, PaLM's
 // definition; the attention recomputation of our backward is not counted) × tokens/s ÷ the GPU's
 // dense bf16 tensor-core peak (H100 / H200 SXM: 989.4 TFLOP/s; pass --peak for another GPU). The TF32
 // rows are also given against the TF32 peak (half of it).
@@ -55,7 +55,7 @@ Row run(const char* name, cuda::Precision precision, index_t batch, index_t seq,
   std::int64_t step = 0;
   auto train_step = [&] {
     m.zero_grad();
-    m.forward(x, y, batch, seq);
+    m.forward_async(x, y, batch, seq);
     m.backward();
     be.grad_norm(std::span<const float>(m.grads()), norm.data());
     be.adamw_step(m.params(), std::span<const float>(m.grads()), opt_m.span(), opt_v.span(), cfg, ++step, norm.data(),
