@@ -7,13 +7,16 @@
 // range so that reading them would raise a device error. Per-group tensors are laid out in reverse
 // group order with gaps between them, so PerGroup::at is really used.
 //
-// Tolerances (max |gpu - cpu| / max |cpu|): double 1e-12, float 1e-5 (the grouped GEMMs are fp32
-// SIMT kernels whatever the precision setting).
+// Tolerances (max |gpu - cpu| / max |cpu|): double 1e-12, float 1e-5 (GEMMs with Precision::FP32).
+// The float GEMMs' tensor-core paths (TF32, BF16) are compared with a double reference computed from
+// operands rounded independently of the kernels: 1e-5, and at least 2e-5 (TF32) / 2e-4 (BF16) away
+// from the unrounded product, so the rounding is really in use.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "mom/backend/cpu.hpp"
@@ -78,23 +81,27 @@ Arr<T> const_arr(index_t n, T value) {
   return Arr<T>(std::vector<T>(static_cast<std::size_t>(n), value));
 }
 
-// Device copy within tol of the CPU copy; with a row range, rows of a [rows × cols] matrix outside
-// [lo, hi) must also be exactly as they were before the op.
+// Rows of a [rows × cols] device matrix outside [lo, hi) must be exactly as before the op.
+template <class T>
+void expect_untouched(const std::vector<T>& got, const std::vector<T>& initial, const std::string& what, index_t cols,
+                      index_t lo, index_t hi) {
+  const index_t rows = ssize(got) / cols;
+  bool untouched = true;
+  for (index_t r = 0; r < rows; ++r)
+    if (r < lo || r >= hi)
+      for (index_t c = 0; c < cols; ++c)
+        untouched = untouched && got[std::size_t(r * cols + c)] == initial[std::size_t(r * cols + c)];
+  INFO(what << ": rows outside [" << lo << ", " << hi << ") untouched");
+  CHECK(untouched);
+}
+// Device copy within tol of the CPU copy (and, with cols, untouched outside rows [lo, hi)).
 template <class T>
 void expect_close(Arr<T>& a, const std::string& what, index_t cols = 0, index_t lo = 0, index_t hi = 0) {
   const auto got = a.fetch();
   const double err = test::rel_error(got, a.h);
   INFO(what << ": relative error " << err << " (tolerance " << tol<T> << ")");
   CHECK(err <= tol<T>);
-  if (cols == 0) return;
-  const index_t rows = ssize(got) / cols;
-  bool untouched = true;
-  for (index_t r = 0; r < rows; ++r)
-    if (r < lo || r >= hi)
-      for (index_t c = 0; c < cols; ++c)
-        untouched = untouched && got[std::size_t(r * cols + c)] == a.initial[std::size_t(r * cols + c)];
-  INFO(what << ": rows outside [" << lo << ", " << hi << ") untouched");
-  CHECK(untouched);
+  if (cols > 0) expect_untouched(got, a.initial, what, cols, lo, hi);
 }
 
 // A row-group layout over `rows` packed rows.
@@ -130,6 +137,14 @@ std::vector<token_t> grouped_indices(const Layout& L, index_t n, test::Rng& rng)
   return v;
 }
 
+// Full fp32 grouped GEMMs for the duration of a case (float follows the backend's precision,
+// TF32 by default; the tensor-core paths have their own case below).
+template <class T>
+struct Fp32Gemms {
+  Fp32Gemms() { gpu<T>().set_precision(cuda::Precision::FP32); }
+  ~Fp32Gemms() { gpu<T>().set_precision(cuda::Precision::TF32); }
+};
+
 template <class T>
 struct Groups {
   Arr<T, token_t> offsets;
@@ -145,6 +160,7 @@ TEMPLATE_TEST_CASE("grouped linear forward/backward match cpu (empty groups, SKI
                    "[cuda][grouped]", float, double) {
   MOM_REQUIRE_GPU();
   using T = TestType;
+  const Fp32Gemms<T> fp32;
   test::Rng rng(71);
   for (const auto& [in, out] : {std::pair<index_t, index_t>{70, 130}, {16, 64}, {3, 1}})
     for (const Layout& L : layouts())
@@ -196,6 +212,7 @@ TEMPLATE_TEST_CASE("grouped linear forward/backward match cpu (empty groups, SKI
 TEMPLATE_TEST_CASE("grouped linear: large group with many k steps matches cpu", "[cuda][grouped]", float, double) {
   MOM_REQUIRE_GPU();
   using T = TestType;
+  const Fp32Gemms<T> fp32;
   test::Rng rng(72);
   const Layout L{700, {1, 450, 451, 690}};  // a 449-row group: 8 row tiles, 29 k steps in dW
   const index_t in = 200, out = 67;
@@ -217,6 +234,92 @@ TEMPLATE_TEST_CASE("grouped linear: large group with many k steps matches cpu", 
   expect_close(dx, "dx", in, L.lo(), L.hi());
   expect_close(dw, "dw");
   expect_close(db, "db");
+}
+
+namespace {
+// TF32 (cvt.rna: 11 significant bits, ties away from zero) and bf16 (8 significant bits, ties to
+// even) of x, computed with frexp independently of the kernels' bit manipulation.
+double tf32_reference(float x) {
+  int e = 0;
+  const double f = std::frexp(double(x), &e);
+  return std::ldexp(std::round(std::ldexp(f, 11)), e - 11);
+}
+double bf16_reference(float x) {
+  int e = 0;
+  const double f = std::frexp(double(x), &e);
+  return std::ldexp(std::nearbyint(std::ldexp(f, 8)), e - 8);
+}
+double max_abs_diff(const std::vector<float>& a, const std::vector<double>& b, double& scale) {
+  double m = 0;
+  scale = 1e-300;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    m = std::max(m, std::abs(double(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(b[i]));
+  }
+  return m;
+}
+}  // namespace
+
+TEST_CASE("grouped linear on tensor cores (TF32, BF16): rounded operands, fp32 accumulation, exact bias gradient",
+          "[cuda][grouped]") {
+  MOM_REQUIRE_GPU();
+  using T = float;
+  auto& be = gpu<T>();
+  test::Rng rng(76);
+  const index_t in = 70, out = 130;
+  for (const auto precision : {cuda::Precision::TF32, cuda::Precision::BF16})
+    for (const Layout& L : {Layout{300, {5, 70, 70, 200, 260}}, Layout{130, {0, 130}}}) {
+      const bool tf32 = precision == cuda::Precision::TF32;
+      INFO((tf32 ? "TF32" : "BF16") << " rows " << L.rows << " groups " << L.count());
+      const auto round = [&](float v) { return tf32 ? tf32_reference(v) : bf16_reference(v); };
+      const double min_effect = tf32 ? 2e-5 : 2e-4;
+      const int G = L.count();
+      const index_t R = L.rows;
+      Groups<T> g(L);
+      auto x = rand_arr<T>(R * in, rng), y = const_arr<T>(R * out, T(-3.25));
+      auto w = rand_arr<T>(G * pg_stride(out * in), rng), b = rand_arr<T>(G * pg_stride(out), rng);
+      auto dy = rand_arr<T>(R * out, rng), dx = rand_arr<T>(R * in, rng);
+      auto dw = rand_arr<T>(G * pg_stride(out * in), rng), db = rand_arr<T>(G * pg_stride(out), rng);
+      const auto wh = per_group<const T>(w.h.data(), G, out * in), wd = per_group<const T>(w.d.data(), G, out * in);
+      const auto at = [&](int gi, index_t size) { return std::size_t(index_t(G - 1 - gi) * pg_stride(size)); };
+      // Double references from rounded operands, starting from the initial values.
+      std::vector<double> yr(y.initial.begin(), y.initial.end()), dxr(dx.initial.begin(), dx.initial.end()),
+          dwr(dw.initial.begin(), dw.initial.end());
+      for (int gi = 0; gi < G; ++gi)
+        for (index_t r = L.offsets[std::size_t(gi)]; r < L.offsets[std::size_t(gi) + 1]; ++r)
+          for (index_t o = 0; o < out; ++o) {
+            double s = b.h[at(gi, out) + std::size_t(o)];
+            for (index_t k = 0; k < in; ++k) {
+              const double wv = round(w.h[at(gi, out * in) + std::size_t(o * in + k)]);
+              s += round(x.h[std::size_t(r * in + k)]) * wv;
+              const double dyv = round(dy.h[std::size_t(r * out + o)]);
+              dxr[std::size_t(r * in + k)] += dyv * wv;
+              dwr[at(gi, out * in) + std::size_t(o * in + k)] += dyv * round(x.h[std::size_t(r * in + k)]);
+            }
+            yr[std::size_t(r * out + o)] = s;
+          }
+      be.set_precision(precision);
+      be.grouped_linear_forward(y.dm(R, out), x.dm(R, in), wd, per_group<const T>(b.d.data(), G, out), g.d());
+      be.grouped_linear_backward(dx.dm(R, in), per_group(dw.d.data(), G, out * in), per_group(db.d.data(), G, out),
+                                 dy.dm(R, out), x.dm(R, in), wd, g.d());
+      be.set_precision(cuda::Precision::TF32);
+      host<T>().grouped_linear_forward(y.hm(R, out), x.hm(R, in), wh, per_group<const T>(b.h.data(), G, out), g.h());
+      host<T>().grouped_linear_backward(dx.hm(R, in), per_group(dw.h.data(), G, out * in),
+                                        per_group(db.h.data(), G, out), dy.hm(R, out), x.hm(R, in), wh, g.h());
+      for (auto [arr, ref, name] : {std::tuple{&y, &yr, "y"}, std::tuple{&dx, &dxr, "dx"}, std::tuple{&dw, &dwr, "dw"}}) {
+        const auto got = arr->fetch();
+        double scale = 0;
+        const double err = max_abs_diff(got, *ref, scale) / scale;
+        const double effect = test::rel_error(got, arr->h);  // against the CPU's unrounded fp32 product
+        INFO(name << ": error " << err << " against the rounded-operand reference, " << effect
+                  << " against the unrounded product");
+        CHECK(err <= 1e-5);
+        CHECK(effect >= min_effect);
+      }
+      expect_close(db, "db (full precision)");
+      expect_untouched(y.fetch(), y.initial, "y", out, L.lo(), L.hi());
+      expect_untouched(dx.fetch(), dx.initial, "dx", in, L.lo(), L.hi());
+    }
 }
 
 TEMPLATE_TEST_CASE("grouped layernorm forward/backward match cpu", "[cuda][grouped]", float, double) {

@@ -24,6 +24,7 @@ struct GroupedKernels {
   using CPG = PerGroup<const T>;
 
   // Grouped GEMMs (one tiled kernel core, grouped_kernels.cuh). W_g is [y.cols × x.cols], dense.
+  // Float follows ctx.precision: TF32 / BF16 on tensor cores (wmma), FP32 on the CUDA cores.
   // y[r] = W_g x[r] + b_g (b may be empty): grid (row-tile slots: ceil(rows / 64) + count) ×
   // (column tiles); each block finds its (group, row tile) from the device offsets.
   static void linear_forward(const Context& ctx, M y, CM x, CPG w, CPG b, RowGroups g);
