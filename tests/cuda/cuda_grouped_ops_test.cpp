@@ -112,6 +112,18 @@ struct Layout {
   index_t lo() const { return offsets.front(); }
   index_t hi() const { return offsets.back(); }
 };
+// max_row_groups groups over 200 of 230 rows: runs of empty groups between groups of 1 to 9 rows.
+Layout many_groups() {
+  Layout L{230, {}};
+  test::Rng rng(70);
+  token_t o = 20;
+  for (int g = 0; g <= max_row_groups; ++g) {
+    L.offsets.push_back(std::min<token_t>(o, 220));
+    if (rng.integer(0, 3) == 0) o += token_t(rng.integer(1, 9));
+  }
+  L.offsets.back() = 220;
+  return L;
+}
 std::vector<Layout> layouts() {
   return {
       {300, {5, 70, 70, 200, 260}},               // offsets[0] > 0, an empty group, a SKIP range
@@ -119,6 +131,7 @@ std::vector<Layout> layouts() {
       {64, {0, 0, 64, 64}},                       // empty first and last groups
       {200, {3, 3, 40, 41, 41, 41, 130, 131, 190, 190}},  // nine groups, one-row groups
       {50, {10, 10, 10}},                         // no grouped rows at all
+      many_groups(),                              // max_row_groups groups, most of them empty
   };
 }
 

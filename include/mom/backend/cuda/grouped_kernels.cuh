@@ -126,6 +126,14 @@ __device__ __forceinline__ float from_stage(bf16_t x) { return __bfloat162float(
 __device__ __forceinline__ float from_stage(float x) { return x; }
 __device__ __forceinline__ double from_stage(double x) { return x; }
 
+// TF32 / bf16 wmma need sm_80; older targets run the tensor-core paths' staged values through
+// the SIMT FMAs instead (bf16-rounded; TF32 then unrounded).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+inline constexpr bool wmma_available = true;
+#else
+inline constexpr bool wmma_available = false;
+#endif
+
 // Shared-memory element type and row padding (keeps the transposed stores at most 2-way
 // bank-conflicted, and wmma's ldm a multiple of 16 bytes with 32-byte aligned fragment rows).
 template <class T, int Path>
@@ -141,18 +149,11 @@ struct GemmStage<float, gemm_bf16> {
 
 template <class T, int Path>
 __device__ __forceinline__ typename GemmStage<T, Path>::type stage_value(T v) {
-  if constexpr (Path == gemm_tf32) return nvcuda::wmma::__float_to_tf32(v);
+  if constexpr (Path == gemm_tf32 && wmma_available) return nvcuda::wmma::__float_to_tf32(v);
   else if constexpr (Path == gemm_bf16) return to_bf16_t(v);
   else return v;
 }
 
-// TF32 / bf16 wmma need sm_80; older targets run the tensor-core paths' staged (rounded) values
-// through the SIMT FMAs instead.
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-inline constexpr bool wmma_available = true;
-#else
-inline constexpr bool wmma_available = false;
-#endif
 // The two 16 × 16 fp32 accumulators of a warp on the tensor-core paths (nothing otherwise).
 template <bool TensorCores, int Kf>
 struct AccFragments {};
