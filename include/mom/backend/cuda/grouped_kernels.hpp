@@ -10,7 +10,8 @@
 // a decrease is reported as DeviceError::group_offsets at the next sync; the kernels clamp the
 // offsets into [0, rows] (and each group's end to at least its start), so bad offsets never make
 // them read or write outside the matrices. As for Kernels<T>: no shape checks here (cuda::Backend
-// does them), every launcher only enqueues on ctx.stream.
+// does them), every launcher only enqueues on ctx.stream. PerGroup tables travel as kernel
+// parameters by value (2 KB each; two in some kernels: CUDA 12.1+ for > 4 KB of parameters).
 #include "mom/backend/cuda/kernels.hpp"
 #include "mom/core/groups.hpp"
 
