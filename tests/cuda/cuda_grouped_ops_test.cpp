@@ -319,7 +319,8 @@ TEST_CASE("grouped linear on tensor cores (TF32, BF16): rounded operands, fp32 a
       host<T>().grouped_linear_forward(y.hm(R, out), x.hm(R, in), wh, per_group<const T>(b.h.data(), G, out), g.h());
       host<T>().grouped_linear_backward(dx.hm(R, in), per_group(dw.h.data(), G, out * in),
                                         per_group(db.h.data(), G, out), dy.hm(R, out), x.hm(R, in), wh, g.h());
-      for (auto [arr, ref, name] : {std::tuple{&y, &yr, "y"}, std::tuple{&dx, &dxr, "dx"}, std::tuple{&dw, &dwr, "dw"}}) {
+      for (auto [arr, ref, name] :
+           {std::tuple{&y, &yr, "y"}, std::tuple{&dx, &dxr, "dx"}, std::tuple{&dw, &dwr, "dw"}}) {
         const auto got = arr->fetch();
         double scale = 0;
         const double err = max_abs_diff(got, *ref, scale) / scale;
@@ -481,7 +482,8 @@ TEST_CASE("grouped ops: host shape errors as the cpu's, bad offsets and indices 
 
   // Offsets the CPU rejects on the host: the device reports them at the next sync, naming the bad
   // entry, and the kernels stay inside the matrices (offsets clamped to [0, rows]).
-  for (const auto& bad : {std::vector<token_t>{0, 60, 20}, std::vector<token_t>{0, 40, 150}, std::vector<token_t>{-5, 40, 100}}) {
+  for (const auto& bad :
+       {std::vector<token_t>{0, 60, 20}, std::vector<token_t>{0, 40, 150}, std::vector<token_t>{-5, 40, 100}}) {
     INFO("offsets " << bad[0] << " " << bad[1] << " " << bad[2]);
     auto b = Arr<double, token_t>(bad);
     const RowGroups bh{b.h.data(), 2}, bd{b.d.data(), 2};
@@ -512,6 +514,22 @@ TEST_CASE("grouped ops: host shape errors as the cpu's, bad offsets and indices 
     });
     expect_reported([&] { be.gelu_forward(dx.dm(R, in), x.dm(R, in), bd); });
     expect_reported([&] { be.zero_rows(dx.dm(R, in), bd); });
+    // Ops that look up each row's group (binary search over the offsets) stay in range too.
+    auto mean = rand_arr<double>(R, rng), rstd = rand_arr<double>(R, rng), ln = rand_arr<double>(2 * in, rng);
+    const PerGroup<const double> gamma(ln.d.data(), 2, [&](int gi) { return index_t(gi) * in; });
+    expect_reported(
+        [&] { be.grouped_layernorm_forward(dx.dm(R, in), mean.ds(), rstd.ds(), x.dm(R, in), gamma, gamma, bd); });
+    auto tables = rand_arr<double>(2 * 10 * in, rng);
+    auto zeros = Arr<double, token_t>(std::vector<token_t>(std::size_t(R), 0));
+    const auto tat = [&](int gi) { return index_t(gi) * 10 * in; };
+    expect_reported([&] {
+      be.gather_rows(dx.dm(R, in), PerGroup<const double>(tables.d.data(), 2, tat), 10,
+                     std::span<const token_t>(zeros.d.span()), bd);
+    });
+    expect_reported([&] {
+      be.scatter_add_rows(PerGroup<double>(tables.d.data(), 2, tat), 10, x.dm(R, in),
+                          std::span<const token_t>(zeros.d.span()), bd);
+    });
     be.sync();  // the error was consumed
   }
 
@@ -519,7 +537,8 @@ TEST_CASE("grouped ops: host shape errors as the cpu's, bad offsets and indices 
   std::vector<token_t> ix(static_cast<std::size_t>(R), 0);
   ix[57] = 99;
   auto idx = Arr<double, token_t>(ix);
-  be.gather_rows(y.dm(R, out), y.dm(50, out), std::span<const token_t>(idx.d.span()), gd);
+  auto table = rand_arr<double>(50 * out, rng);
+  be.gather_rows(y.dm(R, out), table.dm(50, out), std::span<const token_t>(idx.d.span()), gd);
   try {
     be.sync();
     FAIL("grouped gather_rows with index 99 into 50 rows did not raise");

@@ -68,7 +68,8 @@ __device__ inline void check_offsets(RowGroups g, index_t rows, int* error) {
 // (Σ_g ceil(n_g / tile) <= ceil(rows / tile) + count slots): its group and tile index, or false
 // when the slot is beyond the last tile (the whole block then exits). One thread per group
 // (count <= max_row_groups = blockDim.x) and a block scan; every thread must call it.
-__device__ inline bool find_row_tile(RowGroups g, index_t rows, int tile, index_t slot, int* group, index_t* tile_index) {
+__device__ inline bool find_row_tile(RowGroups g, index_t rows, int tile, index_t slot, int* group,
+                                     index_t* tile_index) {
   __shared__ int s_group;
   __shared__ int s_tile;
   const int t = threadIdx.x;
@@ -315,8 +316,8 @@ __global__ void grouped_rows_gemm_kernel(MatrixView<T> c, MatrixView<const T> a,
 #pragma unroll
     for (int j = 0; j < 4; ++j) acc[i][j] = T(0);
   T unused = T(0);
-  gemm_tile<T, true, BKC, true, Path>(acc, unused, false, a.data + rr.lo * a.ld, a.ld, w.base + w.at[gi], ldw, M, N, K, m0,
-                                n0);
+  gemm_tile<T, true, BKC, true, Path>(acc, unused, false, a.data + rr.lo * a.ld, a.ld, w.base + w.at[gi], ldw, M, N,
+                                      K, m0, n0);
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   const T* b = bias.base ? bias.base + bias.at[gi] : nullptr;
 #pragma unroll
@@ -355,8 +356,8 @@ __global__ void grouped_dw_kernel(PerGroup<T> dw, PerGroup<T> db, MatrixView<con
 #pragma unroll
     for (int j = 0; j < 4; ++j) acc[i][j] = T(0);
   T asum = T(0);
-  gemm_tile<T, false, false, WithDw, Path>(acc, asum, want_db, dy.data + rr.lo * dy.ld, dy.ld, x.data + rr.lo * x.ld, x.ld,
-                                     M, N, K, m0, n0);
+  gemm_tile<T, false, false, WithDw, Path>(acc, asum, want_db, dy.data + rr.lo * dy.ld, dy.ld, x.data + rr.lo * x.ld,
+                                           x.ld, M, N, K, m0, n0);
   const int t = threadIdx.x, tx = t % 16, ty = t / 16;
   if constexpr (WithDw) {
     T* d = dw.base + dw.at[gi];
