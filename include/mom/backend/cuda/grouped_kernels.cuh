@@ -631,7 +631,7 @@ void GroupedKernels<T>::linear_backward_dw(const Context& ctx, PG dw, PG db, CM 
   const index_t m_tiles = (dy.cols + dev::gemm_bm - 1) / dev::gemm_bm;
   if (!dw.empty()) {
     if (x.cols == 0) {  // dW has no columns: only db is left
-      dw = PG{};
+      if (db.empty()) return;
     } else {
       const index_t n_tiles = (x.cols + dev::gemm_bn - 1) / dev::gemm_bn;
       dev::with_gemm_path<T>(ctx, [&](auto path) {
