@@ -131,8 +131,12 @@ __device__ __forceinline__ double from_stage(double x) { return x; }
 // the SIMT FMAs instead (bf16-rounded; TF32 then unrounded).
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 inline constexpr bool wmma_available = true;
+using tf32_tag = nvcuda::wmma::precision::tf32;
+__device__ __forceinline__ float to_tf32(float v) { return nvcuda::wmma::__float_to_tf32(v); }
 #else
 inline constexpr bool wmma_available = false;
+struct tf32_tag;
+__device__ __forceinline__ float to_tf32(float v) { return v; }
 #endif
 
 // Shared-memory element type and row padding (keeps the transposed stores at most 2-way
@@ -150,7 +154,7 @@ struct GemmStage<float, gemm_bf16> {
 
 template <class T, int Path>
 __device__ __forceinline__ typename GemmStage<T, Path>::type stage_value(T v) {
-  if constexpr (Path == gemm_tf32 && wmma_available) return nvcuda::wmma::__float_to_tf32(v);
+  if constexpr (Path == gemm_tf32) return to_tf32(v);
   else if constexpr (Path == gemm_bf16) return to_bf16_t(v);
   else return v;
 }
@@ -216,7 +220,7 @@ __device__ void gemm_tile(T (&acc)[4][4], T& asum, bool want_asum, const T* A, i
   constexpr bool tensor_cores = Path != gemm_simt && wmma_available;
   [[maybe_unused]] const int warp = t / 32, wm = warp % 4, wn = warp / 4;
   constexpr int kf = Path == gemm_bf16 ? 16 : 8;  // wmma k of the path
-  using FragT = std::conditional_t<Path == gemm_bf16, bf16_t, nvcuda::wmma::precision::tf32>;
+  using FragT = std::conditional_t<Path == gemm_bf16, bf16_t, tf32_tag>;
   [[maybe_unused]] AccFragments<tensor_cores, kf> cf;
   if constexpr (tensor_cores) {
     nvcuda::wmma::fill_fragment(cf.f[0], 0.0f);
