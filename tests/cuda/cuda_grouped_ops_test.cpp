@@ -311,11 +311,13 @@ TEST_CASE("grouped linear on tensor cores (TF32, BF16): rounded operands, fp32 a
             }
             yr[std::size_t(r * out + o)] = s;
           }
+      const index_t grows = be.context().bf16_stage_grows;
       be.set_precision(precision);
       be.grouped_linear_forward(y.dm(R, out), x.dm(R, in), wd, per_group<const T>(b.d.data(), G, out), g.d());
       be.grouped_linear_backward(dx.dm(R, in), per_group(dw.d.data(), G, out * in), per_group(db.d.data(), G, out),
                                  dy.dm(R, out), x.dm(R, in), wd, g.d());
       be.set_precision(cuda::Precision::TF32);
+      CHECK(be.context().bf16_stage_grows == grows);  // operands are converted in shared memory: no staging buffer
       host<T>().grouped_linear_forward(y.hm(R, out), x.hm(R, in), wh, per_group<const T>(b.h.data(), G, out), g.h());
       host<T>().grouped_linear_backward(dx.hm(R, in), per_group(dw.h.data(), G, out * in),
                                         per_group(db.h.data(), G, out), dy.hm(R, out), x.hm(R, in), wh, g.h());
