@@ -29,6 +29,7 @@
 #include "mom/backend/cuda/buffer.hpp"
 #include "mom/backend/cuda/check.hpp"
 #include "mom/backend/cuda/depth_kernels.hpp"
+#include "mom/backend/cuda/grouped_kernels.hpp"
 #include "mom/backend/cuda/kernels.hpp"
 #include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
@@ -467,6 +468,87 @@ struct Backend {
     DK::bce_logits_backward(*ctx_, dlogits.data(), logits.data(), targets.data(), scale, ssize(logits));
   }
 
+  // ---- grouped ops (core/groups.hpp, cpu/grouped.hpp) ------------------------------------------
+  // The same members and host checks as the CPU backend's, but the offsets are never read on the
+  // host: every kernel reads them in device memory (grouped_kernels.hpp), so a routed step has no
+  // host-device synchronisation. Offsets outside [0, rows] or decreasing are reported at the next
+  // sync (the CPU throws at once). The grouped GEMMs are mom's own kernels (not cuBLAS); in float they
+  // follow the precision setting: TF32 and BF16 on tensor cores (wmma, operands rounded when staged,
+  // fp32 accumulate), FP32 on the CUDA cores; the bias gradient is always summed in full precision.
+  using GK = GroupedKernels<T>;
+
+  void grouped_linear_forward(M y, CM x, CPG w, CPG b, RowGroups g) const {
+    checks::grouped_linear_shapes<T>("grouped_linear_forward", y, x, !w.empty());
+    checks::row_groups_shape("grouped_linear_forward", g);
+    GK::linear_forward(*ctx_, y, x, w, b, g);
+  }
+  void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, CPG w, RowGroups g) const {
+    checks::grouped_linear_shapes<T>("grouped_linear_backward", dy, x, !w.empty());
+    MOM_CHECK(dx.empty() || (dx.rows == x.rows && dx.cols == x.cols), "grouped_linear_backward: dx ", shape(dx),
+              " must match x ", shape(x));
+    checks::row_groups_shape("grouped_linear_backward", g);
+    if (!dx.empty()) GK::linear_backward_dx(*ctx_, dx, dy, w, g);
+    GK::linear_backward_dw(*ctx_, dw, db, dy, x, g);
+  }
+  // mean, rstd [x.rows] and every group's gamma / beta are required, as on the CPU (whose
+  // per-group checks cannot run here: the group sizes live on the device).
+  void grouped_layernorm_forward(M out, S mean, S rstd, CM x, CPG gamma, CPG beta, RowGroups g,
+                                 T eps = T(1e-5)) const {
+    checks::layernorm_forward_shapes<T>(out, mean, rstd, x, group_span(gamma, x.cols), group_span(beta, x.cols));
+    checks::row_groups_shape("grouped_layernorm_forward", g);
+    GK::layernorm_forward(*ctx_, out, mean.data(), rstd.data(), x, gamma, beta, g, eps);
+  }
+  void grouped_layernorm_backward(M dx, PG dgamma, PG dbeta, CM dout, CM x, CS mean, CS rstd, CPG gamma,
+                                  RowGroups g) const {
+    checks::layernorm_backward_shapes<T>(dx, group_span(CPG(dgamma), x.cols), group_span(CPG(dbeta), x.cols), dout, x,
+                                         mean, rstd, group_span(gamma, x.cols));
+    checks::row_groups_shape("grouped_layernorm_backward", g);
+    GK::layernorm_backward(*ctx_, dx, dgamma, dbeta, dout, x, mean.data(), rstd.data(), gamma, g);
+  }
+  void gelu_forward(M out, CM x, RowGroups g) const {
+    checks::same_shape<T>("gelu_forward", out, x);
+    checks::row_groups_shape("gelu_forward", g);
+    GK::gelu_forward(*ctx_, out, x, g);
+  }
+  void gelu_backward(M dx, CM x, CM dout, RowGroups g) const {
+    checks::same_shape<T>("gelu_backward", dx, x);
+    checks::same_shape<T>("gelu_backward", dout, x);
+    checks::row_groups_shape("gelu_backward", g);
+    GK::gelu_backward(*ctx_, dx, x, dout, g);
+  }
+  void zero_rows(M m, RowGroups g) const {
+    checks::row_groups_shape("zero_rows", g);
+    GK::zero_rows(*ctx_, m, g);
+  }
+  void gather_rows(M out, CM in, Tok idx, RowGroups g) const {
+    checks::gather_rows_shapes<T>(out, in, idx);
+    checks::row_groups_shape("gather_rows", g);
+    GK::gather_rows(*ctx_, out, in, idx.data(), g);
+  }
+  void gather_rows(M out, CPG in, index_t in_rows, Tok idx, RowGroups g) const {
+    MOM_CHECK(ssize(idx) == out.rows, "gather_rows: ", idx.size(), " indices for out ", shape(out));
+    checks::row_groups_shape("gather_rows", g);
+    MOM_CHECK(!in.empty() || g.count == 0, "gather_rows: no per-group inputs");
+    GK::gather_rows(*ctx_, out, in, in_rows, idx.data(), g);
+  }
+  void scatter_add_rows(M out, CM in, Tok idx, CS weights, RowGroups g) const {
+    checks::scatter_add_rows_shapes<T>(out, in, idx, weights);
+    checks::row_groups_shape("scatter_add_rows", g);
+    GK::scatter_add_rows(*ctx_, out, in, idx.data(), weights.empty() ? nullptr : weights.data(), g);
+  }
+  void scatter_add_rows(PG out, index_t out_rows, CM in, Tok idx, RowGroups g) const {
+    MOM_CHECK(ssize(idx) == in.rows, "scatter_add_rows: ", idx.size(), " indices for in ", shape(in));
+    checks::row_groups_shape("scatter_add_rows", g);
+    MOM_CHECK(!out.empty() || g.count == 0, "scatter_add_rows: no per-group outputs");
+    GK::scatter_add_rows(*ctx_, out, out_rows, in, idx.data(), g);
+  }
+  void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights, RowGroups g) const {
+    checks::scatter_add_rows_backward_shapes<T>(din, dweights, dout, in, idx, weights);
+    checks::row_groups_shape("scatter_add_rows_backward", g);
+    GK::scatter_add_rows_backward(*ctx_, din, dweights.empty() ? nullptr : dweights.data(), dout, in, idx.data(),
+                                  weights.empty() ? nullptr : weights.data(), g);
+  }
+
   // *norm_out = sqrt(Σ g²) (double accumulation), written to device memory: no host sync.
   void grad_norm(CS grads, T* norm_out) const {
     checks::grad_norm_args<T>(grads, norm_out);
@@ -589,6 +671,9 @@ struct Backend {
     mom::detail::fail(op, ": ", what, " ", e[2], " at position ", e[1], " is out of range [0, ", e[3],
                       ") (found on the device; the row was skipped)");
   }
+
+  // A per-group tensor's size for the host checks: cols elements when given, empty otherwise.
+  static CS group_span(CPG p, index_t cols) { return p.empty() ? CS{} : CS{p.base, std::size_t(cols)}; }
 
   static void check_embedding_shapes(const char* op, CM rows, Tok tokens, CM wte, CM wpe, index_t seq) {
     checks::embedding_shapes<T>(op, rows, tokens, wte, wpe, seq);

@@ -34,7 +34,7 @@ enum class DeviceError : int {
   group_choice,
   packed_positions,
   selection_index,  // depth routing: selection_mask (depth_kernels.hpp)
-  group_offsets,    // grouped ops: RowGroups offsets decreasing or outside [0, rows]
+  group_offsets,    // grouped ops: RowGroups offsets outside [0, rows] or decreasing (grouped attention, grouped_kernels.hpp)
 };
 
 // Precision of float GEMMs (double GEMMs always run in fp64). Only the GEMMs change: parameters,

@@ -1,0 +1,551 @@
+// Cross-backend cases for the grouped ops of cuda::Backend (grouped_kernels.cuh): every op against
+// cpu::Backend<T> (backend/cpu/grouped.hpp) on the same random inputs, over several row-group layouts:
+// empty groups (first, middle, last), offsets[0] > 0, rows after offsets[count] (the SKIP range),
+// one group, and sizes that are no tile multiples (d = 70, out = 130). Backward ops start from
+// random gradients (accumulation is checked). Rows outside [offsets[0], offsets[count]) must come
+// back bit-for-bit as they were (a sentinel for forward outputs), and their indices are set out of
+// range so that reading them would raise a device error. Per-group tensors are laid out in reverse
+// group order with gaps between them, so PerGroup::at is really used.
+//
+// Tolerances (max |gpu - cpu| / max |cpu|): double 1e-12, float 1e-5 (GEMMs with Precision::FP32).
+// The float GEMMs' tensor-core paths (TF32, BF16) are compared with a double reference computed from
+// operands rounded independently of the kernels: 1e-5, and at least 2e-5 (TF32) / 2e-4 (BF16) away
+// from the unrounded product, so the rounding is really in use.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "mom/backend/cpu.hpp"
+#include "mom/backend/cuda.hpp"
+#include "ops/grad_check.hpp"
+
+using namespace mom;
+
+namespace {
+
+bool gpu_available() {
+  static const bool yes = cuda::device_count() > 0;
+  return yes;
+}
+#define MOM_REQUIRE_GPU()              \
+  do {                                 \
+    if (!gpu_available()) {            \
+      WARN("no CUDA device: skipped"); \
+      return;                          \
+    }                                  \
+  } while (0)
+
+template <class T>
+cuda::Backend<T>& gpu() {
+  static auto* be = new cuda::Backend<T>();  // never destroyed (see cuda_ops_test.cpp)
+  return *be;
+}
+template <class T>
+cpu::Backend<T>& host() {
+  static cpu::Backend<T> be;
+  return be;
+}
+
+template <class T>
+constexpr double tol = std::is_same_v<T, double> ? 1e-12 : 1e-5;
+
+// An array on both backends (h: the CPU's copy, d: the device copy, same initial values).
+template <class T, class U = T>
+struct Arr {
+  std::vector<U> h, initial;
+  cuda::Buffer<U> d;
+  explicit Arr(std::vector<U> v)
+      : h(std::move(v)), initial(h), d(gpu<T>().template alloc<U>(ssize(std::span<U>(h)))) {
+    gpu<T>().from_host(d.span(), std::span<const U>(h));
+  }
+  MatrixView<U> hm(index_t r, index_t c) { return {h.data(), r, c}; }
+  MatrixView<U> dm(index_t r, index_t c) { return {d.data(), r, c}; }
+  std::span<U> hs() { return {h.data(), h.size()}; }
+  std::span<U> ds() { return d.span(); }
+  std::vector<U> fetch() {
+    std::vector<U> out(h.size());
+    gpu<T>().to_host(std::span<U>(out), std::span<const U>(d.span()));
+    return out;
+  }
+};
+template <class T>
+Arr<T> rand_arr(index_t n, test::Rng& rng, double lo = -1, double hi = 1) {
+  return Arr<T>(test::random_vec<T>(static_cast<std::size_t>(n), rng, lo, hi));
+}
+template <class T>
+Arr<T> const_arr(index_t n, T value) {
+  return Arr<T>(std::vector<T>(static_cast<std::size_t>(n), value));
+}
+
+// Rows of a [rows × cols] device matrix outside [lo, hi) must be exactly as before the op.
+template <class T>
+void expect_untouched(const std::vector<T>& got, const std::vector<T>& initial, const std::string& what, index_t cols,
+                      index_t lo, index_t hi) {
+  const index_t rows = ssize(got) / cols;
+  bool untouched = true;
+  for (index_t r = 0; r < rows; ++r)
+    if (r < lo || r >= hi)
+      for (index_t c = 0; c < cols; ++c)
+        untouched = untouched && got[std::size_t(r * cols + c)] == initial[std::size_t(r * cols + c)];
+  INFO(what << ": rows outside [" << lo << ", " << hi << ") untouched");
+  CHECK(untouched);
+}
+// Device copy within tol of the CPU copy (and, with cols, untouched outside rows [lo, hi)).
+template <class T>
+void expect_close(Arr<T>& a, const std::string& what, index_t cols = 0, index_t lo = 0, index_t hi = 0) {
+  const auto got = a.fetch();
+  const double err = test::rel_error(got, a.h);
+  INFO(what << ": relative error " << err << " (tolerance " << tol<T> << ")");
+  CHECK(err <= tol<T>);
+  if (cols > 0) expect_untouched(got, a.initial, what, cols, lo, hi);
+}
+
+// A row-group layout over `rows` packed rows.
+struct Layout {
+  index_t rows;
+  std::vector<token_t> offsets;
+  int count() const { return int(offsets.size()) - 1; }
+  index_t lo() const { return offsets.front(); }
+  index_t hi() const { return offsets.back(); }
+};
+// max_row_groups groups over 200 of 230 rows: runs of empty groups between groups of 1 to 9 rows.
+Layout many_groups() {
+  Layout L{230, {}};
+  test::Rng rng(70);
+  token_t o = 20;
+  for (int g = 0; g <= max_row_groups; ++g) {
+    L.offsets.push_back(std::min<token_t>(o, 220));
+    if (rng.integer(0, 3) == 0) o += token_t(rng.integer(1, 9));
+  }
+  L.offsets.back() = 220;
+  return L;
+}
+std::vector<Layout> layouts() {
+  return {
+      {300, {5, 70, 70, 200, 260}},               // offsets[0] > 0, an empty group, a SKIP range
+      {130, {0, 130}},                            // one group, every row
+      {64, {0, 0, 64, 64}},                       // empty first and last groups
+      {200, {3, 3, 40, 41, 41, 41, 130, 131, 190, 190}},  // nine groups, one-row groups
+      {50, {10, 10, 10}},                         // no grouped rows at all
+      many_groups(),                              // max_row_groups groups, most of them empty
+  };
+}
+
+// Group g's tensor of `size` elements at (count - 1 - g)·(size + 7): reverse order, with gaps.
+inline index_t pg_stride(index_t size) { return size + 7; }
+template <class U>
+PerGroup<U> per_group(U* base, int count, index_t size) {
+  return PerGroup<U>(base, count, [&](int g) { return index_t(count - 1 - g) * pg_stride(size); });
+}
+
+// Row indices into a table of n rows for the grouped rows; -1 (out of range: a device error if read)
+// for the others.
+std::vector<token_t> grouped_indices(const Layout& L, index_t n, test::Rng& rng) {
+  std::vector<token_t> v(static_cast<std::size_t>(L.rows), -1);
+  for (index_t r = L.lo(); r < L.hi(); ++r) v[std::size_t(r)] = token_t(rng.integer(0, int(n) - 1));
+  return v;
+}
+
+// Full fp32 grouped GEMMs for the duration of a case (float follows the backend's precision,
+// TF32 by default; the tensor-core paths have their own case below).
+template <class T>
+struct Fp32Gemms {
+  Fp32Gemms() { gpu<T>().set_precision(cuda::Precision::FP32); }
+  ~Fp32Gemms() { gpu<T>().set_precision(cuda::Precision::TF32); }
+};
+
+template <class T>
+struct Groups {
+  Arr<T, token_t> offsets;
+  int count;
+  explicit Groups(const Layout& L) : offsets(L.offsets), count(L.count()) {}
+  RowGroups h() { return {offsets.h.data(), count}; }
+  RowGroups d() { return {offsets.d.data(), count}; }
+};
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("grouped linear forward/backward match cpu (empty groups, SKIP rows, ragged tiles)",
+                   "[cuda][grouped]", float, double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  const Fp32Gemms<T> fp32;
+  test::Rng rng(71);
+  for (const auto& [in, out] : {std::pair<index_t, index_t>{70, 130}, {16, 64}, {3, 1}})
+    for (const Layout& L : layouts())
+      for (const bool bias : {true, false}) {
+        INFO("in " << in << " out " << out << " rows " << L.rows << " groups " << L.count() << " bias " << bias);
+        const int G = L.count();
+        const index_t R = L.rows;
+        Groups<T> g(L);
+        auto x = rand_arr<T>(R * in, rng), y = const_arr<T>(R * out, T(-3.25));
+        auto w = rand_arr<T>(G * pg_stride(out * in), rng), b = rand_arr<T>(G * pg_stride(out), rng);
+        const auto wh = per_group<const T>(w.h.data(), G, out * in), wd = per_group<const T>(w.d.data(), G, out * in);
+        const auto bh = bias ? per_group<const T>(b.h.data(), G, out) : PerGroup<const T>{};
+        const auto bd = bias ? per_group<const T>(b.d.data(), G, out) : PerGroup<const T>{};
+        host<T>().grouped_linear_forward(y.hm(R, out), x.hm(R, in), wh, bh, g.h());
+        gpu<T>().grouped_linear_forward(y.dm(R, out), x.dm(R, in), wd, bd, g.d());
+        expect_close(y, "y", out, L.lo(), L.hi());
+
+        auto dy = rand_arr<T>(R * out, rng), dx = rand_arr<T>(R * in, rng);
+        auto dw = rand_arr<T>(G * pg_stride(out * in), rng), db = rand_arr<T>(G * pg_stride(out), rng);
+        host<T>().grouped_linear_backward(dx.hm(R, in), per_group(dw.h.data(), G, out * in),
+                                          bias ? per_group(db.h.data(), G, out) : PerGroup<T>{}, dy.hm(R, out),
+                                          x.hm(R, in), wh, g.h());
+        gpu<T>().grouped_linear_backward(dx.dm(R, in), per_group(dw.d.data(), G, out * in),
+                                         bias ? per_group(db.d.data(), G, out) : PerGroup<T>{}, dy.dm(R, out),
+                                         x.dm(R, in), wd, g.d());
+        expect_close(dx, "dx", in, L.lo(), L.hi());
+        expect_close(dw, "dw");
+        expect_close(db, "db");
+
+        // Each gradient alone (the others empty): dx only, dW only, db only.
+        auto dx2 = rand_arr<T>(R * in, rng), dw2 = rand_arr<T>(G * pg_stride(out * in), rng),
+             db2 = rand_arr<T>(G * pg_stride(out), rng);
+        host<T>().grouped_linear_backward(dx2.hm(R, in), {}, {}, dy.hm(R, out), x.hm(R, in), wh, g.h());
+        gpu<T>().grouped_linear_backward(dx2.dm(R, in), {}, {}, dy.dm(R, out), x.dm(R, in), wd, g.d());
+        host<T>().grouped_linear_backward({}, per_group(dw2.h.data(), G, out * in), {}, dy.hm(R, out), x.hm(R, in), wh,
+                                          g.h());
+        gpu<T>().grouped_linear_backward({}, per_group(dw2.d.data(), G, out * in), {}, dy.dm(R, out), x.dm(R, in), wd,
+                                         g.d());
+        host<T>().grouped_linear_backward({}, {}, per_group(db2.h.data(), G, out), dy.hm(R, out), x.hm(R, in), wh,
+                                          g.h());
+        gpu<T>().grouped_linear_backward({}, {}, per_group(db2.d.data(), G, out), dy.dm(R, out), x.dm(R, in), wd,
+                                         g.d());
+        expect_close(dx2, "dx alone", in, L.lo(), L.hi());
+        expect_close(dw2, "dw alone");
+        expect_close(db2, "db alone");
+      }
+}
+
+TEMPLATE_TEST_CASE("grouped linear: large group with many k steps matches cpu", "[cuda][grouped]", float, double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  const Fp32Gemms<T> fp32;
+  test::Rng rng(72);
+  const Layout L{700, {1, 450, 451, 690}};  // a 449-row group: 8 row tiles, 29 k steps in dW
+  const index_t in = 200, out = 67;
+  const int G = L.count();
+  const index_t R = L.rows;
+  Groups<T> g(L);
+  auto x = rand_arr<T>(R * in, rng), y = const_arr<T>(R * out, T(7));
+  auto w = rand_arr<T>(G * pg_stride(out * in), rng), b = rand_arr<T>(G * pg_stride(out), rng);
+  const auto wh = per_group<const T>(w.h.data(), G, out * in), wd = per_group<const T>(w.d.data(), G, out * in);
+  host<T>().grouped_linear_forward(y.hm(R, out), x.hm(R, in), wh, per_group<const T>(b.h.data(), G, out), g.h());
+  gpu<T>().grouped_linear_forward(y.dm(R, out), x.dm(R, in), wd, per_group<const T>(b.d.data(), G, out), g.d());
+  expect_close(y, "y", out, L.lo(), L.hi());
+  auto dy = rand_arr<T>(R * out, rng), dx = rand_arr<T>(R * in, rng);
+  auto dw = rand_arr<T>(G * pg_stride(out * in), rng), db = rand_arr<T>(G * pg_stride(out), rng);
+  host<T>().grouped_linear_backward(dx.hm(R, in), per_group(dw.h.data(), G, out * in), per_group(db.h.data(), G, out),
+                                    dy.hm(R, out), x.hm(R, in), wh, g.h());
+  gpu<T>().grouped_linear_backward(dx.dm(R, in), per_group(dw.d.data(), G, out * in), per_group(db.d.data(), G, out),
+                                   dy.dm(R, out), x.dm(R, in), wd, g.d());
+  expect_close(dx, "dx", in, L.lo(), L.hi());
+  expect_close(dw, "dw");
+  expect_close(db, "db");
+}
+
+namespace {
+// TF32 (cvt.rna: 11 significant bits, ties away from zero) and bf16 (8 significant bits, ties to
+// even) of x, computed with frexp independently of the kernels' bit manipulation.
+double tf32_reference(float x) {
+  int e = 0;
+  const double f = std::frexp(double(x), &e);
+  return std::ldexp(std::round(std::ldexp(f, 11)), e - 11);
+}
+double bf16_reference(float x) {
+  int e = 0;
+  const double f = std::frexp(double(x), &e);
+  return std::ldexp(std::nearbyint(std::ldexp(f, 8)), e - 8);
+}
+double max_abs_diff(const std::vector<float>& a, const std::vector<double>& b, double& scale) {
+  double m = 0;
+  scale = 1e-300;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    m = std::max(m, std::abs(double(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(b[i]));
+  }
+  return m;
+}
+}  // namespace
+
+TEST_CASE("grouped linear on tensor cores (TF32, BF16): rounded operands, fp32 accumulation, exact bias gradient",
+          "[cuda][grouped]") {
+  MOM_REQUIRE_GPU();
+  using T = float;
+  auto& be = gpu<T>();
+  test::Rng rng(76);
+  const index_t in = 70, out = 130;
+  for (const auto precision : {cuda::Precision::TF32, cuda::Precision::BF16})
+    for (const Layout& L : {Layout{300, {5, 70, 70, 200, 260}}, Layout{130, {0, 130}}}) {
+      const bool tf32 = precision == cuda::Precision::TF32;
+      INFO((tf32 ? "TF32" : "BF16") << " rows " << L.rows << " groups " << L.count());
+      const auto round = [&](float v) { return tf32 ? tf32_reference(v) : bf16_reference(v); };
+      const double min_effect = tf32 ? 2e-5 : 2e-4;
+      const int G = L.count();
+      const index_t R = L.rows;
+      Groups<T> g(L);
+      auto x = rand_arr<T>(R * in, rng), y = const_arr<T>(R * out, T(-3.25));
+      auto w = rand_arr<T>(G * pg_stride(out * in), rng), b = rand_arr<T>(G * pg_stride(out), rng);
+      auto dy = rand_arr<T>(R * out, rng), dx = rand_arr<T>(R * in, rng);
+      auto dw = rand_arr<T>(G * pg_stride(out * in), rng), db = rand_arr<T>(G * pg_stride(out), rng);
+      const auto wh = per_group<const T>(w.h.data(), G, out * in), wd = per_group<const T>(w.d.data(), G, out * in);
+      const auto at = [&](int gi, index_t size) { return std::size_t(index_t(G - 1 - gi) * pg_stride(size)); };
+      // Double references from rounded operands, starting from the initial values.
+      std::vector<double> yr(y.initial.begin(), y.initial.end()), dxr(dx.initial.begin(), dx.initial.end()),
+          dwr(dw.initial.begin(), dw.initial.end());
+      for (int gi = 0; gi < G; ++gi)
+        for (index_t r = L.offsets[std::size_t(gi)]; r < L.offsets[std::size_t(gi) + 1]; ++r)
+          for (index_t o = 0; o < out; ++o) {
+            double s = b.h[at(gi, out) + std::size_t(o)];
+            for (index_t k = 0; k < in; ++k) {
+              const double wv = round(w.h[at(gi, out * in) + std::size_t(o * in + k)]);
+              s += round(x.h[std::size_t(r * in + k)]) * wv;
+              const double dyv = round(dy.h[std::size_t(r * out + o)]);
+              dxr[std::size_t(r * in + k)] += dyv * wv;
+              dwr[at(gi, out * in) + std::size_t(o * in + k)] += dyv * round(x.h[std::size_t(r * in + k)]);
+            }
+            yr[std::size_t(r * out + o)] = s;
+          }
+      const index_t grows = be.context().bf16_stage_grows;
+      be.set_precision(precision);
+      be.grouped_linear_forward(y.dm(R, out), x.dm(R, in), wd, per_group<const T>(b.d.data(), G, out), g.d());
+      be.grouped_linear_backward(dx.dm(R, in), per_group(dw.d.data(), G, out * in), per_group(db.d.data(), G, out),
+                                 dy.dm(R, out), x.dm(R, in), wd, g.d());
+      be.set_precision(cuda::Precision::TF32);
+      CHECK(be.context().bf16_stage_grows == grows);  // operands are converted in shared memory: no staging buffer
+      host<T>().grouped_linear_forward(y.hm(R, out), x.hm(R, in), wh, per_group<const T>(b.h.data(), G, out), g.h());
+      host<T>().grouped_linear_backward(dx.hm(R, in), per_group(dw.h.data(), G, out * in),
+                                        per_group(db.h.data(), G, out), dy.hm(R, out), x.hm(R, in), wh, g.h());
+      for (auto [arr, ref, name] :
+           {std::tuple{&y, &yr, "y"}, std::tuple{&dx, &dxr, "dx"}, std::tuple{&dw, &dwr, "dw"}}) {
+        const auto got = arr->fetch();
+        double scale = 0;
+        const double err = max_abs_diff(got, *ref, scale) / scale;
+        const double effect = test::rel_error(got, arr->h);  // against the CPU's unrounded fp32 product
+        INFO(name << ": error " << err << " against the rounded-operand reference, " << effect
+                  << " against the unrounded product");
+        CHECK(err <= 1e-5);
+        CHECK(effect >= min_effect);
+      }
+      expect_close(db, "db (full precision)");
+      expect_untouched(y.fetch(), y.initial, "y", out, L.lo(), L.hi());
+      expect_untouched(dx.fetch(), dx.initial, "dx", in, L.lo(), L.hi());
+    }
+}
+
+TEMPLATE_TEST_CASE("grouped layernorm forward/backward match cpu", "[cuda][grouped]", float, double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  test::Rng rng(73);
+  for (const index_t d : {index_t(8), index_t(70), index_t(300)})
+    for (const Layout& L : layouts()) {
+      INFO("d " << d << " rows " << L.rows << " groups " << L.count());
+      const int G = L.count();
+      const index_t R = L.rows;
+      Groups<T> g(L);
+      auto x = rand_arr<T>(R * d, rng, -2, 3), out = const_arr<T>(R * d, T(-3.25));
+      auto mean = const_arr<T>(R, T(-3.25)), rstd = const_arr<T>(R, T(-3.25));
+      auto ga = rand_arr<T>(G * pg_stride(d), rng), be = rand_arr<T>(G * pg_stride(d), rng);
+      host<T>().grouped_layernorm_forward(out.hm(R, d), mean.hs(), rstd.hs(), x.hm(R, d),
+                                          per_group<const T>(ga.h.data(), G, d), per_group<const T>(be.h.data(), G, d),
+                                          g.h());
+      gpu<T>().grouped_layernorm_forward(out.dm(R, d), mean.ds(), rstd.ds(), x.dm(R, d),
+                                         per_group<const T>(ga.d.data(), G, d), per_group<const T>(be.d.data(), G, d),
+                                         g.d());
+      expect_close(out, "out", d, L.lo(), L.hi());
+      expect_close(mean, "mean", 1, L.lo(), L.hi());
+      expect_close(rstd, "rstd", 1, L.lo(), L.hi());
+      // Backward from the CPU's statistics (the SKIP rows' sentinel included: they must not be read).
+      auto m2 = Arr<T>(mean.h), r2 = Arr<T>(rstd.h);
+      auto dout = rand_arr<T>(R * d, rng), dx = rand_arr<T>(R * d, rng);
+      auto dg = rand_arr<T>(G * pg_stride(d), rng), db = rand_arr<T>(G * pg_stride(d), rng);
+      host<T>().grouped_layernorm_backward(dx.hm(R, d), per_group(dg.h.data(), G, d), per_group(db.h.data(), G, d),
+                                           dout.hm(R, d), x.hm(R, d), std::span<const T>(m2.hs()),
+                                           std::span<const T>(r2.hs()), per_group<const T>(ga.h.data(), G, d), g.h());
+      gpu<T>().grouped_layernorm_backward(dx.dm(R, d), per_group(dg.d.data(), G, d), per_group(db.d.data(), G, d),
+                                          dout.dm(R, d), x.dm(R, d), std::span<const T>(m2.ds()),
+                                          std::span<const T>(r2.ds()), per_group<const T>(ga.d.data(), G, d), g.d());
+      expect_close(dx, "dx", d, L.lo(), L.hi());
+      expect_close(dg, "dgamma");
+      expect_close(db, "dbeta");
+      // Parameter gradients alone, and dx alone.
+      auto dx2 = rand_arr<T>(R * d, rng), dg2 = rand_arr<T>(G * pg_stride(d), rng);
+      host<T>().grouped_layernorm_backward({}, per_group(dg2.h.data(), G, d), {}, dout.hm(R, d), x.hm(R, d),
+                                           std::span<const T>(m2.hs()), std::span<const T>(r2.hs()),
+                                           per_group<const T>(ga.h.data(), G, d), g.h());
+      gpu<T>().grouped_layernorm_backward({}, per_group(dg2.d.data(), G, d), {}, dout.dm(R, d), x.dm(R, d),
+                                          std::span<const T>(m2.ds()), std::span<const T>(r2.ds()),
+                                          per_group<const T>(ga.d.data(), G, d), g.d());
+      host<T>().grouped_layernorm_backward(dx2.hm(R, d), {}, {}, dout.hm(R, d), x.hm(R, d), std::span<const T>(m2.hs()),
+                                           std::span<const T>(r2.hs()), per_group<const T>(ga.h.data(), G, d), g.h());
+      gpu<T>().grouped_layernorm_backward(dx2.dm(R, d), {}, {}, dout.dm(R, d), x.dm(R, d), std::span<const T>(m2.ds()),
+                                          std::span<const T>(r2.ds()), per_group<const T>(ga.d.data(), G, d), g.d());
+      expect_close(dg2, "dgamma alone");
+      expect_close(dx2, "dx alone", d, L.lo(), L.hi());
+    }
+}
+
+TEMPLATE_TEST_CASE("grouped gelu, zero_rows, gather and scatter-add match cpu", "[cuda][grouped]", float, double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  test::Rng rng(74);
+  const index_t d = 70, Tn = 23;
+  for (const Layout& L : layouts()) {
+    INFO("rows " << L.rows << " groups " << L.count());
+    const int G = L.count();
+    const index_t R = L.rows;
+    Groups<T> g(L);
+    auto x = rand_arr<T>(R * d, rng, -3, 3), out = const_arr<T>(R * d, T(-3.25));
+    host<T>().gelu_forward(out.hm(R, d), x.hm(R, d), g.h());
+    gpu<T>().gelu_forward(out.dm(R, d), x.dm(R, d), g.d());
+    expect_close(out, "gelu", d, L.lo(), L.hi());
+    auto dout = rand_arr<T>(R * d, rng), dx = rand_arr<T>(R * d, rng);
+    host<T>().gelu_backward(dx.hm(R, d), x.hm(R, d), dout.hm(R, d), g.h());
+    gpu<T>().gelu_backward(dx.dm(R, d), x.dm(R, d), dout.dm(R, d), g.d());
+    expect_close(dx, "gelu backward", d, L.lo(), L.hi());
+    auto z = rand_arr<T>(R * d, rng);
+    host<T>().zero_rows(z.hm(R, d), g.h());
+    gpu<T>().zero_rows(z.dm(R, d), g.d());
+    expect_close(z, "zero_rows", d, L.lo(), L.hi());
+
+    // Shared table; indices of the SKIP rows are -1 (reading them would raise at the next sync).
+    auto idx = Arr<T, token_t>(grouped_indices(L, Tn, rng));
+    const std::span<const token_t> ih(idx.h), id(idx.d.span());
+    auto table = rand_arr<T>(Tn * d, rng), packed = const_arr<T>(R * d, T(-3.25));
+    host<T>().gather_rows(packed.hm(R, d), table.hm(Tn, d), ih, g.h());
+    gpu<T>().gather_rows(packed.dm(R, d), table.dm(Tn, d), id, g.d());
+    expect_close(packed, "gather_rows", d, L.lo(), L.hi());
+    // Per-group tables [Tn × d] at in[g].
+    auto tables = rand_arr<T>(G * pg_stride(Tn * d), rng), packed2 = const_arr<T>(R * d, T(-3.25));
+    host<T>().gather_rows(packed2.hm(R, d), per_group<const T>(tables.h.data(), G, Tn * d), Tn, ih, g.h());
+    gpu<T>().gather_rows(packed2.dm(R, d), per_group<const T>(tables.d.data(), G, Tn * d), Tn, id, g.d());
+    expect_close(packed2, "gather_rows per group", d, L.lo(), L.hi());
+
+    auto src = rand_arr<T>(R * d, rng), wts = rand_arr<T>(R, rng);
+    for (const bool weighted : {true, false}) {
+      INFO("weighted " << weighted);
+      const std::span<const T> wh = weighted ? std::span<const T>(wts.hs()) : std::span<const T>();
+      const std::span<const T> wd = weighted ? std::span<const T>(wts.ds()) : std::span<const T>();
+      auto acc = rand_arr<T>(Tn * d, rng);
+      host<T>().scatter_add_rows(acc.hm(Tn, d), src.hm(R, d), ih, wh, g.h());
+      gpu<T>().scatter_add_rows(acc.dm(Tn, d), src.dm(R, d), id, wd, g.d());
+      expect_close(acc, "scatter_add_rows");
+      auto din = rand_arr<T>(R * d, rng), dwts = rand_arr<T>(R, rng);
+      host<T>().scatter_add_rows_backward(din.hm(R, d), dwts.hs(), acc.hm(Tn, d), src.hm(R, d), ih, wh, g.h());
+      gpu<T>().scatter_add_rows_backward(din.dm(R, d), dwts.ds(), acc.dm(Tn, d), src.dm(R, d), id, wd, g.d());
+      expect_close(din, "scatter_add_rows_backward din", d, L.lo(), L.hi());
+      expect_close(dwts, "scatter_add_rows_backward dweights", 1, L.lo(), L.hi());
+      auto din2 = rand_arr<T>(R * d, rng);
+      host<T>().scatter_add_rows_backward(din2.hm(R, d), {}, acc.hm(Tn, d), src.hm(R, d), ih, wh, g.h());
+      gpu<T>().scatter_add_rows_backward(din2.dm(R, d), {}, acc.dm(Tn, d), src.dm(R, d), id, wd, g.d());
+      expect_close(din2, "scatter_add_rows_backward din alone", d, L.lo(), L.hi());
+    }
+    auto accs = rand_arr<T>(G * pg_stride(Tn * d), rng);
+    host<T>().scatter_add_rows(per_group(accs.h.data(), G, Tn * d), Tn, src.hm(R, d), ih, g.h());
+    gpu<T>().scatter_add_rows(per_group(accs.d.data(), G, Tn * d), Tn, src.dm(R, d), id, g.d());
+    expect_close(accs, "scatter_add_rows per group");
+    gpu<T>().sync();  // no index error: the SKIP rows' -1 indices were never read
+  }
+}
+
+TEST_CASE("grouped ops: host shape errors as the cpu's, bad offsets and indices reported at the next sync",
+          "[cuda][grouped]") {
+  MOM_REQUIRE_GPU();
+  auto& be = gpu<double>();
+  test::Rng rng(75);
+  const index_t R = 100, in = 20, out = 30;
+  auto x = rand_arr<double>(R * in, rng), y = rand_arr<double>(R * out, rng);
+  auto w = rand_arr<double>(2 * out * in, rng);
+  const auto at = [&](int g) { return index_t(g) * out * in; };
+  std::vector<token_t> ok{0, 40, 100};
+  auto offs = Arr<double, token_t>(ok);
+  const RowGroups gh{offs.h.data(), 2}, gd{offs.d.data(), 2};
+  const PerGroup<const double> wh(w.h.data(), 2, at), wd(w.d.data(), 2, at);
+  auto expect_same_error = [](auto&& on_cpu, auto&& on_gpu) {
+    std::string cpu_msg, gpu_msg;
+    try { on_cpu(); } catch (const Error& e) { cpu_msg = e.what(); }
+    try { on_gpu(); } catch (const Error& e) { gpu_msg = e.what(); }
+    CHECK(!cpu_msg.empty());
+    CHECK(gpu_msg == cpu_msg);
+  };
+  expect_same_error([&] { host<double>().grouped_linear_forward(y.hm(R - 1, out), x.hm(R, in), wh, {}, gh); },
+                    [&] { be.grouped_linear_forward(y.dm(R - 1, out), x.dm(R, in), wd, {}, gd); });
+  expect_same_error([&] { host<double>().grouped_linear_forward(y.hm(R, out), x.hm(R, in), {}, {}, gh); },
+                    [&] { be.grouped_linear_forward(y.dm(R, out), x.dm(R, in), {}, {}, gd); });
+  expect_same_error([&] { host<double>().gelu_forward(y.hm(R, out), x.hm(R, in), gh); },
+                    [&] { be.gelu_forward(y.dm(R, out), x.dm(R, in), gd); });
+  expect_same_error([&] { host<double>().zero_rows(y.hm(R, out), RowGroups{nullptr, 2}); },
+                    [&] { be.zero_rows(y.dm(R, out), RowGroups{nullptr, 2}); });
+
+  // Offsets the CPU rejects on the host: the device reports them at the next sync, naming the bad
+  // entry, and the kernels stay inside the matrices (offsets clamped to [0, rows]).
+  for (const auto& bad :
+       {std::vector<token_t>{0, 60, 20}, std::vector<token_t>{0, 40, 150}, std::vector<token_t>{-5, 40, 100}}) {
+    INFO("offsets " << bad[0] << " " << bad[1] << " " << bad[2]);
+    auto b = Arr<double, token_t>(bad);
+    const RowGroups bh{b.h.data(), 2}, bd{b.d.data(), 2};
+    std::string cpu_msg;
+    try {
+      host<double>().grouped_linear_forward(y.hm(R, out), x.hm(R, in), wh, {}, bh);
+    } catch (const Error& e) {
+      cpu_msg = e.what();
+    }
+    CHECK_THAT(cpu_msg, Catch::Contains("group offsets must be non-decreasing"));
+    const int bad_at = bad[2] == 20 ? 2 : bad[2] == 150 ? 2 : 0;
+    const std::string entry = "offsets[" + std::to_string(bad_at) + "] = " + std::to_string(bad[std::size_t(bad_at)]);
+    auto expect_reported = [&](auto&& op) {
+      op();
+      try {
+        be.sync();
+        FAIL("bad offsets were not reported");
+      } catch (const Error& e) {
+        CHECK_THAT(e.what(), Catch::Contains("group offsets must be non-decreasing in [0, 100]") &&
+                                 Catch::Contains(entry));
+      }
+    };
+    auto dx = rand_arr<double>(R * in, rng), dw = rand_arr<double>(2 * out * in, rng);
+    expect_reported([&] { be.grouped_linear_forward(y.dm(R, out), x.dm(R, in), wd, {}, bd); });
+    expect_reported([&] {
+      be.grouped_linear_backward(dx.dm(R, in), PerGroup<double>(dw.d.data(), 2, at), {}, y.dm(R, out), x.dm(R, in), wd,
+                                 bd);
+    });
+    expect_reported([&] { be.gelu_forward(dx.dm(R, in), x.dm(R, in), bd); });
+    expect_reported([&] { be.zero_rows(dx.dm(R, in), bd); });
+    // Ops that look up each row's group (binary search over the offsets) stay in range too.
+    auto mean = rand_arr<double>(R, rng), rstd = rand_arr<double>(R, rng), ln = rand_arr<double>(2 * in, rng);
+    const PerGroup<const double> gamma(ln.d.data(), 2, [&](int gi) { return index_t(gi) * in; });
+    expect_reported(
+        [&] { be.grouped_layernorm_forward(dx.dm(R, in), mean.ds(), rstd.ds(), x.dm(R, in), gamma, gamma, bd); });
+    auto tables = rand_arr<double>(2 * 10 * in, rng);
+    auto zeros = Arr<double, token_t>(std::vector<token_t>(std::size_t(R), 0));
+    const auto tat = [&](int gi) { return index_t(gi) * 10 * in; };
+    expect_reported([&] {
+      be.gather_rows(dx.dm(R, in), PerGroup<const double>(tables.d.data(), 2, tat), 10,
+                     std::span<const token_t>(zeros.d.span()), bd);
+    });
+    expect_reported([&] {
+      be.scatter_add_rows(PerGroup<double>(tables.d.data(), 2, tat), 10, x.dm(R, in),
+                          std::span<const token_t>(zeros.d.span()), bd);
+    });
+    be.sync();  // the error was consumed
+  }
+
+  // An index out of range inside the grouped rows is reported as for the plain ops.
+  std::vector<token_t> ix(static_cast<std::size_t>(R), 0);
+  ix[57] = 99;
+  auto idx = Arr<double, token_t>(ix);
+  auto table = rand_arr<double>(50 * out, rng);
+  be.gather_rows(y.dm(R, out), table.dm(50, out), std::span<const token_t>(idx.d.span()), gd);
+  try {
+    be.sync();
+    FAIL("grouped gather_rows with index 99 into 50 rows did not raise");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("gather_rows") && Catch::Contains("99") && Catch::Contains("position 57"));
+  }
+  be.sync();
+}
