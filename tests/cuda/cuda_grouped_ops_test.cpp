@@ -390,7 +390,7 @@ TEMPLATE_TEST_CASE("grouped layernorm forward/backward match cpu", "[cuda][group
     }
 }
 
-TEMPLATE_TEST_CASE("grouped gelu, zero_rows, gather and scatter-add match cpu", "[cuda][grouped]", float, double) {
+TEMPLATE_TEST_CASE("grouped gelu, add, axpy, zero_rows, gather and scatter-add match cpu", "[cuda][grouped]", float, double) {
   MOM_REQUIRE_GPU();
   using T = TestType;
   test::Rng rng(74);
@@ -408,6 +408,13 @@ TEMPLATE_TEST_CASE("grouped gelu, zero_rows, gather and scatter-add match cpu", 
     host<T>().gelu_backward(dx.hm(R, d), x.hm(R, d), dout.hm(R, d), g.h());
     gpu<T>().gelu_backward(dx.dm(R, d), x.dm(R, d), dout.dm(R, d), g.d());
     expect_close(dx, "gelu backward", d, L.lo(), L.hi());
+    auto sum = const_arr<T>(R * d, T(-3.25));  // add_forward, then axpy into the sum (aliasing y)
+    host<T>().add_forward(sum.hm(R, d), x.hm(R, d), dout.hm(R, d), g.h());
+    gpu<T>().add_forward(sum.dm(R, d), x.dm(R, d), dout.dm(R, d), g.d());
+    expect_close(sum, "add_forward", d, L.lo(), L.hi());
+    host<T>().axpy(sum.hm(R, d), T(-0.75), x.hm(R, d), g.h());
+    gpu<T>().axpy(sum.dm(R, d), T(-0.75), x.dm(R, d), g.d());
+    expect_close(sum, "axpy", d, L.lo(), L.hi());
     auto z = rand_arr<T>(R * d, rng);
     host<T>().zero_rows(z.hm(R, d), g.h());
     gpu<T>().zero_rows(z.dm(R, d), g.d());

@@ -199,3 +199,71 @@ TEST_CASE("parameter sharing: same loss and gradients as cpu (double; Cycle<2>, 
   compare_model<ShareAll, double>(cuda::Precision::FP32, 1e-9, 1e-8);
   compare_model<ShareMap, double>(cuda::Precision::FP32, 1e-9, 1e-8);
 }
+
+// The emulated runtime (tests/cuda/emu/emu_runtime.cpp) counts what a real runtime would make the host
+// wait for (stream / device synchronisation, blocking copies) and the allocations; in test_cuda (the
+// real runtime) these symbols are absent and the check is skipped.
+extern "C" long mom_emu_host_waits() __attribute__((weak));
+extern "C" long mom_emu_allocations() __attribute__((weak));
+
+namespace {
+// After a warm-up step (CUB temp storage and bf16 staging sized on first use), a whole training step
+// (forward_async, backward, grad_norm, AdamW) neither waits for the device nor allocates; the loss
+// read afterwards waits.
+template <class Model>
+void check_step_never_waits(cuda::Precision precision) {
+  INFO(describe<Model>());
+  using T = float;
+  cuda::Backend<T> be;
+  be.set_precision(precision);
+  ModelInstance<Model, cuda::Backend<T>> m(3, be);
+  const index_t batch = 2, seq = 24;
+  m.reserve(batch, seq);
+  std::mt19937_64 gen(5);
+  std::uniform_int_distribution<int> tok(0, int(Model::dims.vocab) - 1);
+  std::vector<token_t> tokens(static_cast<std::size_t>(batch * seq)), targets(tokens.size());
+  for (auto& t : tokens) t = tok(gen);
+  for (auto& t : targets) t = tok(gen);
+  auto mom = be.alloc(Model::params), vel = be.alloc(Model::params), norm = be.alloc(1);
+  auto step = [&](std::int64_t s) {
+    m.zero_grad();
+    m.forward_async(tokens, targets, batch, seq);
+    m.backward();
+    be.grad_norm(std::span<const T>(m.grads()), norm.data());
+    be.adamw_step(m.params(), std::span<const T>(m.grads()), mom.span(), vel.span(), cpu::AdamWConfig{.lr = 1e-3}, s,
+                  norm.data(), T(1));
+  };
+  step(1);
+  be.sync();
+  const long waits = mom_emu_host_waits(), allocs = mom_emu_allocations();
+  step(2);
+  CHECK(mom_emu_host_waits() == waits);
+  CHECK(mom_emu_allocations() == allocs);
+  CHECK(std::isfinite(double(m.loss())));
+  CHECK(mom_emu_host_waits() > waits);
+}
+}  // namespace
+
+TEST_CASE("a training step on the CUDA backend neither waits for the device nor allocates (every routed family)",
+          "[cuda][models][sync]") {
+  if (!gpu_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  if (!mom_emu_host_waits || !mom_emu_allocations) {
+    WARN("host waits are counted by the emulated runtime only (test_cuda_emu): skipped");
+    return;
+  }
+  check_step_never_waits<DenseSmall>(cuda::Precision::TF32);
+  check_step_never_waits<DenseSmall>(cuda::Precision::BF16);
+  check_step_never_waits<MoMP>(cuda::Precision::TF32);
+  check_step_never_waits<MoMP>(cuda::Precision::BF16);
+  check_step_never_waits<MoMRoutedKV>(cuda::Precision::TF32);
+  check_step_never_waits<MoESmall>(cuda::Precision::TF32);
+  check_step_never_waits<MoDEIntSmall>(cuda::Precision::TF32);
+  check_step_never_waits<MoDEStagedSmall>(cuda::Precision::TF32);
+  check_step_never_waits<MoDSmall>(cuda::Precision::TF32);
+  check_step_never_waits<SkipSmall>(cuda::Precision::TF32);
+  check_step_never_waits<ExitSmall>(cuda::Precision::TF32);
+  check_step_never_waits<ShareCycle>(cuda::Precision::TF32);
+}

@@ -10,7 +10,16 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+namespace {
+// What a real runtime would make the host wait for, or allocate: counted so that the tests can check
+// that a training step does neither (tests/cuda/cuda_models_test.cpp).
+long host_waits = 0, allocations = 0;
+}  // namespace
+
 extern "C" {
+
+long mom_emu_host_waits() { return host_waits; }
+long mom_emu_allocations() { return allocations; }
 
 cudaError_t cudaGetDeviceCount(int* count) {
   *count = 1;
@@ -20,19 +29,27 @@ cudaError_t cudaGetLastError(void) { return cudaSuccess; }
 const char* cudaGetErrorName(cudaError_t) { return "cudaErrorEmulated"; }
 const char* cudaGetErrorString(cudaError_t) { return "emulated CUDA runtime error"; }
 cudaError_t cudaSetDevice(int) { return cudaSuccess; }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) {
+  ++host_waits;
+  return cudaSuccess;
+}
 cudaError_t cudaStreamCreate(cudaStream_t* s) {
   *s = nullptr;
   return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  ++host_waits;
+  return cudaSuccess;
+}
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
+  ++allocations;
   *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
   return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 cudaError_t cudaFree(void* p) {
+  ++allocations;  // synchronises the device on a real runtime
   std::free(p);
   return cudaSuccess;
 }
@@ -46,11 +63,13 @@ cudaError_t cudaMemset2DAsync(void* p, size_t pitch, int value, size_t width, si
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+  ++host_waits;  // blocking
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
-  return cudaMemcpy(dst, src, bytes, kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
+  std::memmove(dst, src, bytes);
+  return cudaSuccess;
 }
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
                               cudaMemcpyKind, cudaStream_t) {

@@ -516,6 +516,17 @@ struct Backend {
     checks::row_groups_shape("gelu_backward", g);
     GK::gelu_backward(*ctx_, dx, x, dout, g);
   }
+  void add_forward(M out, CM a, CM b, RowGroups g) const {
+    checks::same_shape<T>("add_forward", out, a);
+    checks::same_shape<T>("add_forward", out, b);
+    checks::row_groups_shape("add_forward", g);
+    GK::axpby(*ctx_, out, T(1), a, T(1), b, g);
+  }
+  void axpy(M y, T alpha, CM x, RowGroups g) const {
+    checks::same_shape<T>("axpy", y, x);
+    checks::row_groups_shape("axpy", g);
+    GK::axpby(*ctx_, y, T(1), CM(y), alpha, x, g);
+  }
   void zero_rows(M m, RowGroups g) const {
     checks::row_groups_shape("zero_rows", g);
     GK::zero_rows(*ctx_, m, g);

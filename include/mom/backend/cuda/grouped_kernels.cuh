@@ -496,6 +496,18 @@ __global__ void grouped_gelu_backward_kernel(MatrixView<T> dx, MatrixView<const 
     dx.data[r * dx.ld + c] += dout.data[r * dout.ld + c] * dgelu;
   }
 }
+// out = alpha·a + beta·b over the grouped rows (out may alias a or b: each element is read once,
+// then written by the same thread): add_forward and axpy.
+template <class T>
+__global__ void grouped_axpby_kernel(MatrixView<T> out, T alpha, MatrixView<const T> a, T beta, MatrixView<const T> b,
+                                     RowGroups g, int* error) {
+  check_offsets(g, out.rows, error);
+  const RowRange all = grouped_rows(g, out.rows);
+  MOM_GROUPED_ELEMENTS(e, all, out.cols) {
+    const index_t r = all.lo + e / out.cols, c = e % out.cols;
+    out.data[r * out.ld + c] = alpha * a.data[r * a.ld + c] + beta * b.data[r * b.ld + c];
+  }
+}
 template <class T>
 __global__ void grouped_zero_rows_kernel(MatrixView<T> m, RowGroups g, int* error) {
   check_offsets(g, m.rows, error);
@@ -682,6 +694,12 @@ void GroupedKernels<T>::gelu_backward(const Context& ctx, M dx, CM x, CM dout, R
   if (g.count == 0) return;
   dev::launch("gelu_backward", ctx, dev::blocks_for(x.rows * x.cols), dev::threads,
               dev::grouped_gelu_backward_kernel<T>, dx, x, dout, g, ctx.error);
+}
+template <class T>
+void GroupedKernels<T>::axpby(const Context& ctx, M out, T alpha, CM a, T beta, CM b, RowGroups g) {
+  if (g.count == 0) return;
+  dev::launch("axpby", ctx, dev::blocks_for(out.rows * out.cols), dev::threads, dev::grouped_axpby_kernel<T>, out,
+              alpha, a, beta, b, g, ctx.error);
 }
 template <class T>
 void GroupedKernels<T>::zero_rows(const Context& ctx, M m, RowGroups g) {

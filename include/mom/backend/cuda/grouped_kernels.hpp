@@ -46,6 +46,8 @@ struct GroupedKernels {
   static void gelu_forward(const Context& ctx, M out, CM x, RowGroups g);
   static void gelu_backward(const Context& ctx, M dx, CM x, CM dout, RowGroups g);
   static void zero_rows(const Context& ctx, M m, RowGroups g);
+  // out = alpha·a + beta·b (add_forward, axpy); out may alias a or b.
+  static void axpby(const Context& ctx, M out, T alpha, CM a, T beta, CM b, RowGroups g);
   static void gather_rows(const Context& ctx, M out, CM in, const token_t* idx, RowGroups g);
   // out[r] = in_g[idx[r]], in_g = [in_rows × out.cols] dense at in[g].
   static void gather_rows(const Context& ctx, M out, CPG in, index_t in_rows, const token_t* idx, RowGroups g);
