@@ -205,6 +205,70 @@ struct TimingBackend : cpu::Backend<T> {
     timed(kDispatch, [&] { Base::bce_logits_backward(dlogits, logits, targets, scale); });
   }
   // ---- end of the depth-routing block ----
+  // ---- grouped ops (core/groups.hpp): the routed executors' hot path, timed and counted like the
+  // plain ops (the CPU's offsets are host memory, so the counts follow the groups exactly) ----
+  using PG = PerGroup<T>;
+  using CPG = PerGroup<const T>;
+  static double grouped_rows(RowGroups g) { return g.count == 0 ? 0.0 : double(g.offsets[g.count] - g.offsets[0]); }
+  // A grouped linear is a router head when it has few outputs (as linear_cat).
+  static Cat grouped_cat(index_t out_cols) { return out_cols <= 16 ? kRouter : kLinear; }
+  void grouped_linear_forward(M y, CM x, CPG w, CPG b, RowGroups g) const {
+    count(grouped_cat(y.cols), 2.0 * grouped_rows(g) * x.cols * y.cols);
+    timed(grouped_cat(y.cols), [&] { Base::grouped_linear_forward(y, x, w, b, g); });
+  }
+  void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, CPG w, RowGroups g) const {
+    count(grouped_cat(dy.cols), (dx.empty() ? 2.0 : 4.0) * grouped_rows(g) * x.cols * dy.cols);
+    timed(grouped_cat(dy.cols), [&] { Base::grouped_linear_backward(dx, dw, db, dy, x, w, g); });
+  }
+  void grouped_layernorm_forward(M out, S mean, S rstd, CM x, CPG gamma, CPG beta, RowGroups g, T eps = T(1e-5)) const {
+    timed(kLayerNorm, [&] { Base::grouped_layernorm_forward(out, mean, rstd, x, gamma, beta, g, eps); });
+  }
+  void grouped_layernorm_backward(M dx, PG dgamma, PG dbeta, CM dout, CM x, CS mean, CS rstd, CPG gamma,
+                                  RowGroups g) const {
+    timed(kLayerNorm, [&] { Base::grouped_layernorm_backward(dx, dgamma, dbeta, dout, x, mean, rstd, gamma, g); });
+  }
+  void gelu_forward(M out, CM x, RowGroups g) const { timed(kElementwise, [&] { Base::gelu_forward(out, x, g); }); }
+  void gelu_backward(M dx, CM x, CM dout, RowGroups g) const {
+    timed(kElementwise, [&] { Base::gelu_backward(dx, x, dout, g); });
+  }
+  void add_forward(M out, CM a, CM b, RowGroups g) const { timed(kElementwise, [&] { Base::add_forward(out, a, b, g); }); }
+  void gather_rows(M out, CM in, Tok idx, RowGroups g) const { timed(kDispatch, [&] { Base::gather_rows(out, in, idx, g); }); }
+  void gather_rows(M out, CPG in, index_t in_rows, Tok idx, RowGroups g) const {
+    timed(kDispatch, [&] { Base::gather_rows(out, in, in_rows, idx, g); });
+  }
+  void scatter_add_rows(M out, CM in, Tok idx, CS weights, RowGroups g) const {
+    timed(kDispatch, [&] { Base::scatter_add_rows(out, in, idx, weights, g); });
+  }
+  void scatter_add_rows(PG out, index_t out_rows, CM in, Tok idx, RowGroups g) const {
+    timed(kDispatch, [&] { Base::scatter_add_rows(out, out_rows, in, idx, g); });
+  }
+  void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights, RowGroups g) const {
+    timed(kDispatch, [&] { Base::scatter_add_rows_backward(din, dweights, dout, in, idx, weights, g); });
+  }
+  // Visible (query, key) pairs of a grouped attention: each group's queries against its keys.
+  static double grouped_pairs(Tok q_tok, Tok k_tok, RowGroups g, index_t seq) {
+    double pairs = 0;
+    for (int i = 0; i < g.count; ++i) {
+      const auto o = std::size_t(g.offsets[i]), n = std::size_t(g.offsets[i + 1] - g.offsets[i]);
+      pairs += packed_pairs(CM{}, q_tok.subspan(o, n), k_tok.empty() ? k_tok : k_tok.subspan(o, n), seq);
+    }
+    return pairs;
+  }
+  void attention_grouped_forward(M out, S lse, CM q, CPG k, CPG v, index_t kv_rows, index_t kv_ld, Tok q_tok, Tok k_tok,
+                                 RowGroups g, index_t seq, index_t heads) const {
+    if (st) count(kPackedAttention, 4.0 * q.cols * grouped_pairs(q_tok, k_tok, g, seq));
+    timed(kPackedAttention, [&] {
+      Base::attention_grouped_forward(out, lse, q, k, v, kv_rows, kv_ld, q_tok, k_tok, g, seq, heads);
+    });
+  }
+  void attention_grouped_backward(M dq, PG dk, PG dv, CM dout, CM out, CS lse, CM q, CPG k, CPG v, index_t kv_rows,
+                                  index_t kv_ld, Tok q_tok, Tok k_tok, RowGroups g, index_t seq, index_t heads) const {
+    if (st) count(kPackedAttention, 10.0 * q.cols * grouped_pairs(q_tok, k_tok, g, seq));
+    timed(kPackedAttention, [&] {
+      Base::attention_grouped_backward(dq, dk, dv, dout, out, lse, q, k, v, kv_rows, kv_ld, q_tok, k_tok, g, seq, heads);
+    });
+  }
+
   void grad_norm(CS grads, T* norm_out) const { timed(kOptim, [&] { Base::grad_norm(grads, norm_out); }); }
   void adamw_step(S params, CS grads, S m, S v, const typename Base::AdamWConfig& cfg, std::int64_t step,
                   const T* gn = nullptr, T max_norm = T(0)) const {
