@@ -1,0 +1,158 @@
+// The grouped ops (core/groups.hpp, backend/cpu/grouped.hpp): gradients by central differences in
+// double, each group with its own parameters, rows outside the groups untouched, bad offsets
+// rejected. The CUDA kernels are compared with these in tests/cuda/cuda_grouped_*_test.cpp.
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include <mom/backend/cpu.hpp>
+
+#include "ops/grad_check.hpp"
+
+using namespace mom;
+using test::Rng;
+
+namespace {
+
+using Be = cpu::Backend<double>;
+// 11 packed rows: row 0 before the groups, group 0 = rows 1..3, group 1 empty, group 2 = rows 4..8,
+// rows 9..10 after them (a SKIP class).
+const std::vector<token_t> offsets{1, 4, 4, 9};
+constexpr index_t R = 11;
+constexpr int G = 3;
+const RowGroups groups{offsets.data(), G};
+bool grouped(index_t r) { return r >= 1 && r < 9; }
+
+// Group g's tensor of `size` elements at g·(size + 3) (gaps, so the table is really used).
+template <class T>
+PerGroup<T> per_group(T* base, index_t size) {
+  return PerGroup<T>(base, G, [&](int g) { return g * (size + 3); });
+}
+
+// Σ c ⊙ y over the grouped rows (the loss whose gradient dy = c on those rows).
+double weighted_sum(const std::vector<double>& y, const std::vector<double>& c, index_t cols) {
+  double s = 0;
+  for (index_t r = 0; r < R; ++r)
+    if (grouped(r))
+      for (index_t j = 0; j < cols; ++j) s += y[std::size_t(r * cols + j)] * c[std::size_t(r * cols + j)];
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("grouped_linear: gradients match finite differences; each group uses its own weights", "[ops][grouped]") {
+  Rng rng(91);
+  const index_t in = 5, out = 4, stride = out * in + 3, bstride = out + 3;
+  auto x = test::random_vec(std::size_t(R * in), rng), w = test::random_vec(std::size_t(G * stride), rng);
+  auto b = test::random_vec(std::size_t(G * bstride), rng), c = test::random_vec(std::size_t(R * out), rng);
+  Be be;
+  const double sentinel = -7.25;
+  auto forward = [&] {
+    std::vector<double> y(std::size_t(R * out), sentinel);
+    be.grouped_linear_forward(test::mat(y, R, out), test::cmat(x, R, in), per_group<const double>(w.data(), out * in),
+                              per_group<const double>(b.data(), out), groups);
+    return y;
+  };
+  const auto y = forward();
+  for (index_t r : {0, 9, 10})
+    for (index_t j = 0; j < out; ++j) CHECK(y[std::size_t(r * out + j)] == sentinel);
+  // Row 5 (group 2) against a hand product with group 2's weights.
+  for (index_t j = 0; j < out; ++j) {
+    double want = b[std::size_t(2 * bstride + j)];
+    for (index_t k = 0; k < in; ++k) want += w[std::size_t(2 * stride + j * in + k)] * x[std::size_t(5 * in + k)];
+    CHECK(y[std::size_t(5 * out + j)] == Approx(want).epsilon(1e-14));
+  }
+  std::vector<double> dx(x.size(), 0.5), dw(w.size(), 0.25), db(b.size(), 0.125);
+  be.grouped_linear_backward(test::mat(dx, R, in), per_group(dw.data(), out * in), per_group(db.data(), out),
+                             test::cmat(c, R, out), test::cmat(x, R, in), per_group<const double>(w.data(), out * in),
+                             groups);
+  auto loss = [&] { return weighted_sum(forward(), c, out); };
+  auto shifted = [](std::vector<double> g, double by) {
+    for (auto& v : g) v -= by;  // backward accumulates onto the initial values
+    return g;
+  };
+  auto num_x = test::numeric_grad(x, loss), num_w = test::numeric_grad(w, loss), num_b = test::numeric_grad(b, loss);
+  CHECK(test::rel_error(shifted(dx, 0.5), num_x) < test::fd_tol);
+  CHECK(test::rel_error(shifted(dw, 0.25), num_w) < test::fd_tol);
+  CHECK(test::rel_error(shifted(db, 0.125), num_b) < test::fd_tol);
+  // The empty group's weights and the rows outside the groups get nothing.
+  for (index_t i = 0; i < out * in; ++i) CHECK(dw[std::size_t(stride + i)] == 0.25);
+  for (index_t k = 0; k < in; ++k) CHECK(dx[std::size_t(9 * in + k)] == 0.5);
+}
+
+TEST_CASE("grouped_layernorm: gradients match finite differences; gamma/beta per group", "[ops][grouped]") {
+  Rng rng(92);
+  const index_t d = 6;
+  auto x = test::random_vec(std::size_t(R * d), rng, -2, 2), gamma = test::random_vec(std::size_t(G * (d + 3)), rng);
+  auto beta = test::random_vec(std::size_t(G * (d + 3)), rng), c = test::random_vec(std::size_t(R * d), rng);
+  Be be;
+  std::vector<double> mean(R), rstd(R);
+  auto forward = [&] {
+    std::vector<double> y(std::size_t(R * d), 0.0);
+    be.grouped_layernorm_forward(test::mat(y, R, d), mean, rstd, test::cmat(x, R, d),
+                                 per_group<const double>(gamma.data(), d), per_group<const double>(beta.data(), d),
+                                 groups);
+    return y;
+  };
+  forward();
+  std::vector<double> dx(x.size(), 0.0), dgamma(gamma.size(), 0.0), dbeta(beta.size(), 0.0);
+  be.grouped_layernorm_backward(test::mat(dx, R, d), per_group(dgamma.data(), d), per_group(dbeta.data(), d),
+                                test::cmat(c, R, d), test::cmat(x, R, d), mean, rstd,
+                                per_group<const double>(gamma.data(), d), groups);
+  auto loss = [&] { return weighted_sum(forward(), c, d); };
+  CHECK(test::rel_error(dx, test::numeric_grad(x, loss)) < test::fd_tol);
+  CHECK(test::rel_error(dgamma, test::numeric_grad(gamma, loss)) < test::fd_tol);
+  CHECK(test::rel_error(dbeta, test::numeric_grad(beta, loss)) < test::fd_tol);
+}
+
+TEST_CASE("attention_grouped: gradients match finite differences, keys per group or the group's own rows",
+          "[ops][grouped]") {
+  Rng rng(93);
+  const index_t d = 4, heads = 2, seq = 6, n = 12;  // 2 sequences of 6 tokens
+  // Query tokens per packed row (ascending inside each group); row 0 and rows 9..10 are outside.
+  const std::vector<token_t> q_tok{0, 1, 3, 7, 0, 2, 5, 6, 11, 4, 8};
+  for (const bool own_keys : {false, true}) {
+    INFO((own_keys ? "each group's own rows as keys" : "every token's keys, per group"));
+    const index_t kv_rows = own_keys ? R : n, ld = 2 * d;
+    auto q = test::random_vec(std::size_t(R * d), rng);
+    auto kv = test::random_vec(std::size_t(own_keys ? R * ld : G * (kv_rows * ld + 3)), rng);
+    auto c = test::random_vec(std::size_t(R * d), rng);
+    auto kv_of = [&](double* p) {
+      return own_keys ? PerGroup<double>(p, G, [](int) { return 0; }) : per_group(p, kv_rows * ld);
+    };
+    Be be;
+    std::vector<double> lse(std::size_t(R * heads));
+    const std::span<const token_t> k_tok = own_keys ? std::span<const token_t>(q_tok) : std::span<const token_t>{};
+    auto forward = [&] {
+      std::vector<double> out(std::size_t(R * d), 0.0);
+      const PerGroup<const double> k = kv_of(kv.data());
+      be.attention_grouped_forward(test::mat(out, R, d), lse, test::cmat(q, R, d), k, k.plus(d), kv_rows, ld, q_tok,
+                                   k_tok, groups, seq, heads);
+      return out;
+    };
+    const auto out = forward();
+    std::vector<double> dq(q.size(), 0.0), dkv(kv.size(), 0.0);
+    const PerGroup<double> dk = kv_of(dkv.data());
+    const PerGroup<const double> k = kv_of(kv.data());
+    be.attention_grouped_backward(test::mat(dq, R, d), dk, dk.plus(d), test::cmat(c, R, d), test::cmat(out, R, d), lse,
+                                  test::cmat(q, R, d), k, k.plus(d), kv_rows, ld, q_tok, k_tok, groups, seq, heads);
+    auto loss = [&] { return weighted_sum(forward(), c, d); };
+    CHECK(test::rel_error(dq, test::numeric_grad(q, loss)) < test::fd_tol);
+    CHECK(test::rel_error(dkv, test::numeric_grad(kv, loss)) < test::fd_tol);
+  }
+}
+
+TEST_CASE("grouped ops: row ops stay inside the groups; bad offsets are rejected", "[ops][grouped]") {
+  Be be;
+  const index_t d = 3;
+  std::vector<double> a(std::size_t(R * d), 1.0), b(std::size_t(R * d), 2.0), out(std::size_t(R * d), -1.0);
+  be.add_forward(test::mat(out, R, d), test::cmat(a, R, d), test::cmat(b, R, d), groups);
+  be.axpy(test::mat(out, R, d), 0.5, test::cmat(b, R, d), groups);
+  for (index_t r = 0; r < R; ++r) CHECK(out[std::size_t(r * d)] == (grouped(r) ? 4.0 : -1.0));
+  const std::vector<token_t> bad{0, 5, 3, 9};  // decreasing
+  CHECK_THROWS_WITH(be.zero_rows(test::mat(out, R, d), RowGroups{bad.data(), 3}),
+                    Catch::Contains("zero_rows: group offsets must be non-decreasing in [0, 11]; offsets[2] = 3"));
+  const std::vector<token_t> past{0, 12};
+  CHECK_THROWS_WITH(be.gelu_forward(test::mat(out, R, d), test::cmat(a, R, d), RowGroups{past.data(), 1}),
+                    Catch::Contains("offsets[1] = 12"));
+}
