@@ -10,31 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "mom/backend/cpu.hpp"
-#include "mom/backend/cuda.hpp"
-#include "ops/grad_check.hpp"
+#include "cuda/cuda_test_support.hpp"
 
 using namespace mom;
+using namespace mom::test;
 
 namespace {
-
-bool gpu_available() {
-  static const bool yes = cuda::device_count() > 0;
-  return yes;
-}
-#define MOM_REQUIRE_GPU()              \
-  do {                                 \
-    if (!gpu_available()) {            \
-      WARN("no CUDA device: skipped"); \
-      return;                          \
-    }                                  \
-  } while (0)
-
-template <class T>
-cuda::Backend<T>& gpu() {
-  static auto* be = new cuda::Backend<T>();  // never destroyed (see cuda_ops_test.cpp)
-  return *be;
-}
 
 template <class T>
 cuda::Buffer<T> upload(const std::vector<T>& v) {

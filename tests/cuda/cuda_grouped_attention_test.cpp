@@ -12,61 +12,16 @@
 #include <string>
 #include <vector>
 
-#include "mom/backend/cpu.hpp"
-#include "mom/backend/cuda.hpp"
-#include "ops/grad_check.hpp"
+#include "cuda/cuda_test_support.hpp"
 
 using namespace mom;
+using namespace mom::test;
 
 namespace {
-
-bool gpu_available() {
-  static const bool yes = cuda::device_count() > 0;
-  return yes;
-}
-#define MOM_REQUIRE_GPU()              \
-  do {                                 \
-    if (!gpu_available()) {            \
-      WARN("no CUDA device: skipped"); \
-      return;                          \
-    }                                  \
-  } while (0)
-
-template <class T>
-cuda::Backend<T>& gpu() {
-  static auto* be = new cuda::Backend<T>();  // never destroyed (see cuda_ops_test.cpp)
-  return *be;
-}
-template <class T>
-cpu::Backend<T>& host() {
-  static cpu::Backend<T> be;
-  return be;
-}
 
 template <class T>
 constexpr double tol_attention = std::is_same_v<T, double> ? 1e-10 : 1e-4;
 
-// An array on both backends: h is the CPU backend's copy, d the device copy (same initial values).
-template <class T, class U = T>
-struct Arr {
-  std::vector<U> h;
-  std::vector<U> initial;
-  cuda::Buffer<U> d;
-  explicit Arr(std::vector<U> v) : h(std::move(v)), initial(h), d(gpu<T>().template alloc<U>(ssize(std::span<U>(h)))) {
-    gpu<T>().from_host(d.span(), std::span<const U>(h));
-  }
-  std::span<U> hs() { return {h.data(), h.size()}; }
-  std::span<U> ds() { return d.span(); }
-  std::vector<U> fetch() {
-    std::vector<U> out(h.size());
-    gpu<T>().to_host(std::span<U>(out), std::span<const U>(d.span()));
-    return out;
-  }
-};
-template <class T>
-Arr<T> rand_arr(index_t n, test::Rng& rng, double lo = -1, double hi = 1) {
-  return Arr<T>(test::random_vec<T>(static_cast<std::size_t>(n), rng, lo, hi));
-}
 
 // max |got - want| / max |want| over the finite entries; -inf must sit at the same places in both.
 template <class T>

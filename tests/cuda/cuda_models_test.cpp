@@ -16,6 +16,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda/cuda_test_support.hpp"
 #include "mom/backend/cuda.hpp"
 #include "mom/models/mom_models.hpp"
 #include "mom/models/moe_models.hpp"
@@ -23,13 +24,9 @@
 #include "ops/grad_check.hpp"
 
 using namespace mom;
+using test::gpu_available;
 
 namespace {
-
-bool gpu_available() {
-  static const bool yes = cuda::device_count() > 0;
-  return yes;
-}
 
 template <class Model, class T>
 void compare_model(cuda::Precision precision, double loss_tol, double grad_tol) {

@@ -18,39 +18,12 @@
 #include <string>
 #include <vector>
 
-#include "mom/backend/cpu.hpp"
-#include "mom/backend/cuda.hpp"
-#include "ops/grad_check.hpp"
+#include "cuda/cuda_test_support.hpp"
 
 using namespace mom;
+using namespace mom::test;
 
 namespace {
-
-bool gpu_available() {
-  static const bool yes = cuda::device_count() > 0;
-  return yes;
-}
-
-#define MOM_REQUIRE_GPU()                     \
-  do {                                        \
-    if (!gpu_available()) {                   \
-      WARN("no CUDA device: skipped");        \
-      return;                                 \
-    }                                         \
-  } while (0)
-
-// One backend (one stream, one cuBLAS handle) per scalar type for the whole binary; never
-// destroyed, so no cuBLAS/CUDA teardown runs after the runtime has unloaded at exit.
-template <class T>
-cuda::Backend<T>& gpu() {
-  static auto* be = new cuda::Backend<T>();
-  return *be;
-}
-template <class T>
-cpu::Backend<T>& host() {
-  static cpu::Backend<T> be;
-  return be;
-}
 
 template <class T>
 constexpr double tol_kernel = std::is_same_v<T, double> ? 1e-10 : 1e-5;
@@ -59,36 +32,6 @@ constexpr double tol_attention = std::is_same_v<T, double> ? 1e-10 : 1e-4;
 template <class T>
 constexpr double tol_tf32 = std::is_same_v<T, double> ? 1e-10 : 1e-2;
 
-// An array on both backends: h is the CPU backend's copy, d the device copy (same initial values).
-template <class T, class U = T>
-struct Arr {
-  std::vector<U> h;
-  cuda::Buffer<U> d;
-  explicit Arr(std::vector<U> v) : h(std::move(v)), d(gpu<T>().template alloc<U>(ssize(std::span<U>(h)))) {
-    gpu<T>().from_host(d.span(), std::span<const U>(h));
-  }
-  index_t size() const { return static_cast<index_t>(h.size()); }
-  MatrixView<U> hm(index_t r, index_t c) { return {h.data(), r, c}; }
-  MatrixView<U> dm(index_t r, index_t c) { return {d.data(), r, c}; }
-  MatrixView<U> hm(index_t r, index_t c, index_t ld) { return {h.data(), r, c, ld}; }
-  MatrixView<U> dm(index_t r, index_t c, index_t ld) { return {d.data(), r, c, ld}; }
-  std::span<U> hs() { return {h.data(), h.size()}; }
-  std::span<U> ds() { return d.span(); }
-  std::vector<U> fetch() {
-    std::vector<U> out(h.size());
-    gpu<T>().to_host(std::span<U>(out), std::span<const U>(d.span()));
-    return out;
-  }
-};
-
-template <class T>
-Arr<T> rand_arr(index_t n, test::Rng& rng, double lo = -1, double hi = 1) {
-  return Arr<T>(test::random_vec<T>(static_cast<std::size_t>(n), rng, lo, hi));
-}
-template <class T>
-Arr<T, token_t> tok_arr(std::vector<token_t> v) {
-  return Arr<T, token_t>(std::move(v));
-}
 
 // The device copy must match the CPU copy within tol (relative to the CPU's largest magnitude).
 template <class T, class U>

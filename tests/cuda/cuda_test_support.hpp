@@ -1,0 +1,79 @@
+#pragma once
+// Shared by the CUDA test sources (test_cuda with the real runtime, test_cuda_emu with the emulated
+// one): the skip-without-GPU guard, one backend per scalar type for the whole binary, and Arr, an
+// array with a CPU copy and a device copy holding the same initial values.
+#include <catch2/catch.hpp>
+
+#include <span>
+#include <vector>
+
+#include "mom/backend/cpu.hpp"
+#include "mom/backend/cuda.hpp"
+#include "ops/grad_check.hpp"
+
+namespace mom::test {
+
+inline bool gpu_available() {
+  static const bool yes = cuda::device_count() > 0;
+  return yes;
+}
+
+// One backend (one stream, one cuBLAS handle) per scalar type for the whole binary; never
+// destroyed, so no cuBLAS/CUDA teardown runs after the runtime has unloaded at exit.
+template <class T>
+cuda::Backend<T>& gpu() {
+  static auto* be = new cuda::Backend<T>();
+  return *be;
+}
+template <class T>
+cpu::Backend<T>& host() {
+  static cpu::Backend<T> be;
+  return be;
+}
+
+// h: the CPU backend's copy, initial: the values both started from, d: the device copy.
+template <class T, class U = T>
+struct Arr {
+  std::vector<U> h, initial;
+  cuda::Buffer<U> d;
+  explicit Arr(std::vector<U> v)
+      : h(std::move(v)), initial(h), d(gpu<T>().template alloc<U>(ssize(std::span<U>(h)))) {
+    gpu<T>().from_host(d.span(), std::span<const U>(h));
+  }
+  index_t size() const { return static_cast<index_t>(h.size()); }
+  MatrixView<U> hm(index_t r, index_t c) { return {h.data(), r, c}; }
+  MatrixView<U> dm(index_t r, index_t c) { return {d.data(), r, c}; }
+  MatrixView<U> hm(index_t r, index_t c, index_t ld) { return {h.data(), r, c, ld}; }
+  MatrixView<U> dm(index_t r, index_t c, index_t ld) { return {d.data(), r, c, ld}; }
+  std::span<U> hs() { return {h.data(), h.size()}; }
+  std::span<U> ds() { return d.span(); }
+  std::vector<U> fetch() {
+    std::vector<U> out(h.size());
+    gpu<T>().to_host(std::span<U>(out), std::span<const U>(d.span()));
+    return out;
+  }
+};
+
+template <class T>
+Arr<T> rand_arr(index_t n, Rng& rng, double lo = -1, double hi = 1) {
+  return Arr<T>(random_vec<T>(static_cast<std::size_t>(n), rng, lo, hi));
+}
+template <class T>
+Arr<T> const_arr(index_t n, T value) {
+  return Arr<T>(std::vector<T>(static_cast<std::size_t>(n), value));
+}
+template <class T>
+Arr<T, token_t> tok_arr(std::vector<token_t> v) {
+  return Arr<T, token_t>(std::move(v));
+}
+
+}  // namespace mom::test
+
+// Skips the rest of a test case (one warning line) when there is no GPU or no driver.
+#define MOM_REQUIRE_GPU()                                \
+  do {                                                   \
+    if (!::mom::test::gpu_available()) {                 \
+      WARN("no CUDA device: skipped");                   \
+      return;                                            \
+    }                                                    \
+  } while (0)
