@@ -220,7 +220,7 @@ TEST_CASE("grouped attention backward passes a finite-difference check in double
   }
 }
 
-TEMPLATE_TEST_CASE("grouped attention reports bad offsets and positions at the next sync; empty groups touch nothing",
+TEMPLATE_TEST_CASE("grouped attention reports bad offsets and positions at the next sync, empty groups touch nothing",
                    "[cuda][grouped]", float, double) {
   MOM_REQUIRE_GPU();
   using T = TestType;

@@ -187,7 +187,7 @@ TEST_CASE("MoE, MoD, layer-skip, MoDE: same loss and gradients as cpu (double)",
   compare_model<MoDEStagedSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
 }
 
-TEST_CASE("parameter sharing: same loss and gradients as cpu (double; Cycle<2>, All, Map)", "[cuda][models][share]") {
+TEST_CASE("parameter sharing: same loss and gradients as cpu (double, Cycle<2>, All, Map)", "[cuda][models][share]") {
   if (!gpu_available()) {
     WARN("no CUDA device: skipped");
     return;

@@ -169,7 +169,7 @@ TEST_CASE("whole-model gradient equals central finite differences (double)", "[m
   CHECK(grad[static_cast<std::size_t>(wpe.offset + seq * dims.d_model)] == 0.0);
 }
 
-TEST_CASE("a training step allocates nothing; the workspace is the cost model's size", "[model]") {
+TEST_CASE("a training step allocates nothing, the workspace is the cost model's size", "[model]") {
   constexpr Dims dims{.d_model = 32, .heads = 4, .d_ff = 64, .vocab = 40, .context = 16};
   using Model = LM<dims, Chunked<Layer, Dense<2>>>;
   auto m = Model::make<cpu::Backend<float>>(3);

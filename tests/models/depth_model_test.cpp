@@ -269,7 +269,7 @@ TEST_CASE("MoD with Capacity<1>, every block routed and unit weights computes th
   }
 }
 
-TEST_CASE("layer-skip: a criterion that never skips computes the dense stack; a saturated gate nearly so",
+TEST_CASE("layer-skip: a criterion that never skips computes the dense stack, a saturated gate nearly so",
           "[depth][skip]") {
   using Dense3 = LM<tiny, Dense<3>>;
   using NeverSkip = LM<tiny, Assembly<Router<Skipping<Never>>, ModuleSet<MHA<3>, FFN<3>, Skip>, K<1>, H<3>, phi::LayerSkip>>;
@@ -304,7 +304,7 @@ TEST_CASE("layer-skip: a criterion that never skips computes the dense stack; a 
                      std::vector<double>(never.grads().begin(), never.grads().end())) < 1e-12);
 }
 
-TEST_CASE("early-exit: once a token skips a layer it skips every later one; plain layer-skip need not", "[depth][skip]") {
+TEST_CASE("early-exit: once a token skips a layer it skips every later one, plain layer-skip need not", "[depth][skip]") {
   using Exit = LM<tiny, EarlyExiting<4>>;
   using Skip4 = LM<tiny, LayerSkipping<4>>;
   static_assert(Exit::params == Skip4::params);
@@ -359,7 +359,7 @@ void check_flops(std::uint64_t seed, bool exact_worst_case) {
 }
 }  // namespace
 
-TEST_CASE("depth routing: FLOPs executed equal the cost model (MoD: exactly; layer-skip: realised <= worst)",
+TEST_CASE("depth routing: FLOPs executed equal the cost model (MoD: exactly, layer-skip: realised <= worst)",
           "[depth][cost]") {
   check_flops<ModTiny>(30, true);
   check_flops<LM<tiny, MoD<4, 1, 4, 2, CausalPredictor<5>>>>(31, true);

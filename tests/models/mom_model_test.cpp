@@ -312,7 +312,7 @@ TEST_CASE("routing statistics count K^2 transitions per token with SKIP as the l
   CHECK(stats.csv(0).find(",S\n") != std::string::npos);
 }
 
-TEST_CASE("warm_start copies a dense model into a MoM model of the same depth; routers stay fresh", "[mom]") {
+TEST_CASE("warm_start copies a dense model into a MoM model of the same depth, routers stay fresh", "[mom]") {
   using DenseModel = LM<dims, Dense<8>>;
   using MoMModel = LM<dims, Strategy_11411<MoM_P<Router<GRU, Width<8>>>>>;
   auto dense = DenseModel::make<cpu::Backend<double>>(1);
@@ -330,7 +330,7 @@ TEST_CASE("warm_start copies a dense model into a MoM model of the same depth; r
   CHECK(MoMModel::params - DenseModel::params == 2 * (3 * 8 * 16 + 3 * 8 * 8 + 6 * 8 + 5 * 8));
 }
 
-TEST_CASE("MoM: smaller shapes than reserved give the same results; reruns are bit-identical", "[mom]") {
+TEST_CASE("MoM: smaller shapes than reserved give the same results, reruns are bit-identical", "[mom]") {
   using Model = LM<dims, Strategy_11411<MoM_P<Router<GRU, Width<8>>>>>;
   static_assert(Model::depth == 8 && Model::steps == 4 + 6);
   std::mt19937_64 rng(4);

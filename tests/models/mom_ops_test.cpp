@@ -40,7 +40,7 @@ TEST_CASE("attention_packed over all tokens equals the dense causal attention op
   }
 }
 
-TEST_CASE("attention_packed: a query subset sees only earlier keys of its own sequence; gradients", "[mom][ops]") {
+TEST_CASE("attention_packed: a query subset sees only earlier keys of its own sequence, gradients", "[mom][ops]") {
   const index_t seq = 6, heads = 2, d = 4;
   const std::vector<token_t> q_tok{1, 2, 5, 6, 9, 11};   // two sequences of 6
   const std::vector<token_t> k_tok{0, 2, 4, 5, 7, 9, 10};
@@ -121,7 +121,7 @@ TEST_CASE("route_topk: temperature softmax, top-K, renormalised weights and thei
   }
 }
 
-TEST_CASE("group_by_choice is a stable counting sort; balance loss", "[mom][ops]") {
+TEST_CASE("group_by_choice is a stable counting sort, balance loss", "[mom][ops]") {
   const std::vector<token_t> picks{2, 0, 1, 2, 0, 3, 2, 1};  // 4 tokens, K = 2, E = 4
   std::vector<token_t> row_token(8), row_slot(8), offsets(5);
   cpu::group_by_choice(row_token, row_slot, offsets, MatrixView<const token_t>(picks.data(), 4, 2), 4);

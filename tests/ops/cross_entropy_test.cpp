@@ -49,7 +49,7 @@ TEST_CASE("cross_entropy: gradient matches finite differences (double), with an 
   for (index_t j = 0; j < V; ++j) CHECK(dlogits[1 * V + j] == 0.0);  // the ignored row
 }
 
-TEST_CASE("cross_entropy: float over a GPT-2 vocabulary matches naive loops; in-place backward",
+TEST_CASE("cross_entropy: float over a GPT-2 vocabulary matches naive loops, in-place backward",
           "[ops][cross_entropy]") {
   Rng rng(21);
   const index_t n = 6, V = 50257;
@@ -80,7 +80,7 @@ TEST_CASE("cross_entropy: float over a GPT-2 vocabulary matches naive loops; in-
   }
 }
 
-TEST_CASE("cross_entropy: ignore_index excludes rows from the mean; all ignored gives 0", "[ops][cross_entropy]") {
+TEST_CASE("cross_entropy: ignore_index excludes rows from the mean, all ignored gives 0", "[ops][cross_entropy]") {
   const index_t V = 3;
   // Row 0: uniform logits, target 1 -> loss log 3. Row 1 is ignored whatever its logits.
   std::vector<double> logits{0, 0, 0, 100, -100, 5};

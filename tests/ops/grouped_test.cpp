@@ -40,7 +40,7 @@ double weighted_sum(const std::vector<double>& y, const std::vector<double>& c, 
 
 }  // namespace
 
-TEST_CASE("grouped_linear: gradients match finite differences; each group uses its own weights", "[ops][grouped]") {
+TEST_CASE("grouped_linear: gradients match finite differences, each group uses its own weights", "[ops][grouped]") {
   Rng rng(91);
   const index_t in = 5, out = 4, stride = out * in + 3, bstride = out + 3;
   auto x = test::random_vec(std::size_t(R * in), rng), w = test::random_vec(std::size_t(G * stride), rng);
@@ -80,7 +80,7 @@ TEST_CASE("grouped_linear: gradients match finite differences; each group uses i
   for (index_t k = 0; k < in; ++k) CHECK(dx[std::size_t(9 * in + k)] == 0.5);
 }
 
-TEST_CASE("grouped_layernorm: gradients match finite differences; gamma/beta per group", "[ops][grouped]") {
+TEST_CASE("grouped_layernorm: gradients match finite differences, gamma/beta per group", "[ops][grouped]") {
   Rng rng(92);
   const index_t d = 6;
   auto x = test::random_vec(std::size_t(R * d), rng, -2, 2), gamma = test::random_vec(std::size_t(G * (d + 3)), rng);
@@ -142,7 +142,7 @@ TEST_CASE("attention_grouped: gradients match finite differences, keys per group
   }
 }
 
-TEST_CASE("grouped ops: row ops stay inside the groups; bad offsets are rejected", "[ops][grouped]") {
+TEST_CASE("grouped ops: row ops stay inside the groups, bad offsets are rejected", "[ops][grouped]") {
   Be be;
   const index_t d = 3;
   std::vector<double> a(std::size_t(R * d), 1.0), b(std::size_t(R * d), 2.0), out(std::size_t(R * d), -1.0);

@@ -64,7 +64,7 @@ TEST_CASE("gru_cell: gradients match finite differences (double)", "[ops][gru]")
   CHECK(rel_error(db_hh, numeric_grad(b_hh, loss)) < fd_tol);
 }
 
-TEST_CASE("gru_cell: float forward matches a hand-written torch.nn.GRUCell; gates saved", "[ops][gru]") {
+TEST_CASE("gru_cell: float forward matches a hand-written torch.nn.GRUCell, gates saved", "[ops][gru]") {
   Rng rng(51);
   const index_t n = 40, I = 24, H = 16;
   auto x = random_vec<float>(n * I, rng), h = random_vec<float>(n * H, rng);

@@ -93,7 +93,7 @@ TEST_CASE("topk_rows: gradient matches finite differences (double)", "[ops][topk
   CHECK(rel_error(dx, numeric_grad(x, loss)) < fd_tol);
 }
 
-TEST_CASE("topk_rows: float vs naive selection, small and large k; ties go to the lower index", "[ops][topk]") {
+TEST_CASE("topk_rows: float vs naive selection, small and large k, ties go to the lower index", "[ops][topk]") {
   Rng rng(44);
   const index_t n = 50, N = 64;
   std::vector<float> x(n * N);

@@ -96,7 +96,7 @@ template <class... Os>
 inline constexpr bool is_depth_policy<Skipping<Os...>> = true;
 
 template <class Policy, class A, Dims D>
-struct DepthExecutor {
+struct DepthExecutor : WorkspaceViews {
   using Cfg = typename Policy::config;
   using Set = typename A::module_set;
   using Attn = modules::Attention<D>;
@@ -258,9 +258,6 @@ struct DepthExecutor {
   }
 
   // ---- workspace ----------------------------------------------------------------------------
-  static constexpr index_t tok_elems(index_t count) {
-    return (count * index_t(sizeof(token_t)) + index_t(sizeof(float)) - 1) / index_t(sizeof(float));
-  }
   // Rows a routed layer can run: batch·C (MoD) or every token (skip).
   static constexpr index_t max_rows(index_t batch, index_t seq) {
     return exact_c ? batch * capacity_tokens(seq) : batch * seq;
@@ -343,24 +340,6 @@ struct DepthExecutor {
     return s;
   }
   static constexpr index_t scratch(index_t batch, index_t seq) { return scratch_plan(batch, seq).total; }
-
-  // ---- views --------------------------------------------------------------------------------
-  template <class T>
-  static token_t* toks(T* ws, index_t off) {
-    return reinterpret_cast<token_t*>(ws + off);
-  }
-  template <class T>
-  static const token_t* toks(const T* ws, index_t off) {
-    return reinterpret_cast<const token_t*>(ws + off);
-  }
-  template <class U>
-  static std::span<U> sp(U* p, index_t n) {
-    return {p, static_cast<std::size_t>(n)};
-  }
-  template <class U>
-  static MatrixView<U> mv(U* p, index_t r, index_t c) {
-    return {p, r, c};
-  }
 
   // Tokens routed layer h ran in the last forward, on the host (read-back only: a training step
   // never calls it; the skip layers' count stays on the device, see run_groups).

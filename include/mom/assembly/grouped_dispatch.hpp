@@ -166,3 +166,30 @@ struct RoutedFfn {
 };
 
 }  // namespace mom::dispatch
+
+namespace mom {
+
+// The executors' views into their workspace: spans, matrices and token_t lists at element offsets.
+// A base class of the routed executors, so that its members are found by unqualified lookup in
+// their static member functions.
+struct WorkspaceViews {
+  static constexpr index_t tok_elems(index_t count) { return dispatch::tok_elems(count); }
+  template <class U>
+  static auto toks(U* ws, index_t off) {
+    return dispatch::toks(ws, off);
+  }
+  template <class U>
+  static std::span<U> sp(U* p, index_t n) {
+    return {p, static_cast<std::size_t>(n)};
+  }
+  template <class U>
+  static MatrixView<U> mv(U* p, index_t r, index_t c) {
+    return {p, r, c};
+  }
+  template <class T>
+  static MatrixView<const T> cmv(const T* p, index_t r, index_t c) {
+    return {p, r, c};
+  }
+};
+
+}  // namespace mom

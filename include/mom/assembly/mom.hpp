@@ -47,7 +47,7 @@ struct MoMRoutedKV : MoM {};
 }  // namespace phi
 
 template <class A, Dims D>
-struct Executor<GRU, A, D> {
+struct Executor<GRU, A, D> : WorkspaceViews {
   using Set = typename A::module_set;
   using Cfg = GRUConfig<typename A::router::options>;
   // Reading ok instantiates the option checks (their static_asserts carry the messages).
@@ -240,24 +240,6 @@ struct Executor<GRU, A, D> {
     return s;
   }
   static constexpr index_t scratch(index_t batch, index_t seq) { return scratch_plan(batch, seq).total; }
-
-  // ---- views ------------------------------------------------------------------------------
-  template <class U>
-  static auto toks(U* ws, index_t off) {
-    return dispatch::toks(ws, off);
-  }
-  template <class U>
-  static std::span<U> sp(U* p, index_t n) {
-    return {p, static_cast<std::size_t>(n)};
-  }
-  template <class U>
-  static MatrixView<U> mv(U* p, index_t r, index_t c) {
-    return {p, r, c};
-  }
-  template <class T>
-  static MatrixView<const T> cmv(const T* p, index_t r, index_t c) {
-    return {p, r, c};
-  }
 
   static constexpr index_t ffn_offset(int m) { return Set::template ffn_offset<D>(m); }
   static constexpr index_t attention_offset(int m) { return Set::template attention_offset<D>(m); }
