@@ -19,9 +19,12 @@ summary="$out/summary.txt"
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
 
-{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv; nvcc --version | tail -1; } \
-  >"$out/device.txt" 2>&1
-note "device: $(sed -n 2p "$out/device.txt")"
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader >"$out/device.txt" 2>&1
+else
+  echo "no nvidia-smi (no GPU driver)" >"$out/device.txt"
+fi
+note "device: $(head -1 "$out/device.txt"); $(nvcc --version | tail -1)"
 
 arch="${MOM_CUDA_ARCH:-native}"
 if ! cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DMOM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" \
