@@ -274,7 +274,10 @@ TEST_CASE("layer-skip: a criterion that never skips computes the dense stack, a 
   using Dense3 = LM<tiny, Dense<3>>;
   using NeverSkip = LM<tiny, Assembly<Router<Skipping<Never>>, ModuleSet<MHA<3>, FFN<3>, Skip>, K<1>, H<3>, phi::LayerSkip>>;
   using Gate = LM<tiny, LayerSkipping<3>>;
-  static_assert(NeverSkip::params == Dense3::params);
+  // With AttendToSkipped (keys from every token, Q from the run rows) the same must hold.
+  using NeverSkipAll = LM<tiny, Assembly<Router<Skipping<Never, AttendToSkipped>>, ModuleSet<MHA<3>, FFN<3>, Skip>, K<1>,
+                                         H<3>, phi::LayerSkip>>;
+  static_assert(NeverSkip::params == Dense3::params && NeverSkipAll::params == Dense3::params);
   auto dense = Dense3::make<cpu::Backend<double>>(13);
   randomise(dense, 14);
   auto never = NeverSkip::make<cpu::Backend<double>>(15);
@@ -298,10 +301,20 @@ TEST_CASE("layer-skip: a criterion that never skips computes the dense stack, a 
   CHECK(max_abs_diff(logits_of(dense), logits_of(never)) < 1e-12);
   CHECK(max_abs_diff(logits_of(dense), logits_of(gate)) < 1e-12);
   for (const auto& sel : selections(never)) CHECK(index_t(sel.size()) == batch * seq);
+  const auto dense_logits = logits_of(dense);
   dense.backward();
   never.backward();
   CHECK(max_abs_diff(std::vector<double>(dense.grads().begin(), dense.grads().end()),
                      std::vector<double>(never.grads().begin(), never.grads().end())) < 1e-12);
+
+  auto never_all = NeverSkipAll::make<cpu::Backend<double>>(19);
+  warm_start(never_all, dense);
+  never_all.reserve(batch, seq);
+  CHECK(std::abs(never_all.forward(tokens, targets, batch, seq) - ld) < 1e-12);
+  CHECK(max_abs_diff(dense_logits, logits_of(never_all)) < 1e-12);
+  never_all.backward();
+  CHECK(max_abs_diff(std::vector<double>(dense.grads().begin(), dense.grads().end()),
+                     std::vector<double>(never_all.grads().begin(), never_all.grads().end())) < 1e-12);
 }
 
 TEST_CASE("early-exit: once a token skips a layer it skips every later one, plain layer-skip need not", "[depth][skip]") {
@@ -458,7 +471,8 @@ TEST_CASE("MoD causal sampling: gradient check with the router BCE (method 1) an
 
 TEST_CASE("layer-skip and early-exit: whole-model gradient equals finite differences", "[depth][skip][gradcheck]") {
   gradient_check<LM<tiny, LayerSkipping<3>>>(44);
-  gradient_check<LM<tiny, EarlyExiting<3, SkipCost<1, 5>>>>(45);
+  gradient_check<LM<tiny, EarlyExiting<3, SkipCost<1, 5>>>>(45);  // AttendToSkipped (early exit's default)
+  gradient_check<LM<tiny, LayerSkipping<3, AttendToSkipped>>>(46);
 }
 
 TEST_CASE("MoD causal sampling: the predictor's accuracy is reported and rises with training", "[depth][mod][causal]") {

@@ -110,6 +110,9 @@ struct DepthExecutor : WorkspaceViews {
   // Exactly C tokens per sequence (top-C): a dense block over (batch, C). Otherwise (a skip criterion,
   // or MoD's causal routing at inference) a variable number: packed attention over the running tokens.
   static constexpr bool exact_c = expert_choice && !Cfg::causal_routing;
+  // Layer-skip with AttendToSkipped: a layer's running tokens attend to every token (the skipped ones'
+  // keys/values from their current state), so K/V run over all tokens, Q and the rest over the run rows.
+  static constexpr bool attend_all = Cfg::attend_skipped;
   static_assert(!expert_choice || Cfg::capacity_tokens(D.context) >= 1,
                 "mom::ExpertChoice: Capacity<p, q> gives C = floor(p/q * context) = 0 tokens per sequence at the "
                 "model's context: no token would ever run a routed block");
@@ -210,10 +213,16 @@ struct DepthExecutor : WorkspaceViews {
   // Per token of a routed layer: the score wᵀx, the predictor, the skip cost's sum of gates.
   static constexpr index_t router_flops =
       (Cfg::has_router ? 2 * d : 0) + (PW > 0 ? 2 * d * PW + 2 * PW : 0) + (Cfg::gate_mean ? 2 : 0);
-  // Forward FLOPs of one sequence of `seq` tokens whose routed layers run `run` tokens each
-  // (attention among them: a run of c tokens costs 2·d·c(c+1), as Attention::flops_per_token).
-  static constexpr index_t layer_flops(index_t seq, index_t run, bool is_routed) {
-    return run * block_linear_flops + 2 * d * run * (run + 1) + (is_routed ? seq * router_flops + gate_loss_flops : 0);
+  // Forward FLOPs of one layer over a sequence of `seq` tokens of which it runs `run`, whose running
+  // queries see `pairs` (query, key) pairs in all: c(c+1)/2 among c running tokens, or with
+  // AttendToSkipped Σ (position + 1) over the running tokens (every earlier token is a key). Attention
+  // costs 4·d per pair (2·d·c(c+1) among c tokens, as Attention::flops_per_token); with
+  // AttendToSkipped the K/V projection runs over every token, Q and the output projection per run token.
+  static constexpr index_t pairs_among(index_t c) { return c * (c + 1) / 2; }
+  static constexpr index_t layer_flops(index_t seq, index_t run, index_t pairs, bool is_routed) {
+    const index_t linear = is_routed && attend_all ? seq * 2 * d * 2 * d + run * (2 * d * d + 2 * d * d + ffn_flops)
+                                                   : run * block_linear_flops;
+    return linear + 4 * d * pairs + (is_routed ? seq * router_flops + gate_loss_flops : 0);
   }
   // The gate loss's square c·(ḡ − ρ)², a 1×1 product on the device once per batch (counted per
   // sequence by layer_flops: an upper bound; realised_flops counts it once).
@@ -221,40 +230,53 @@ struct DepthExecutor : WorkspaceViews {
   // The router's w gets a gradient (and its backward runs) unless its score only selects (Unit weight, no
   // causal loss on it).
   static constexpr bool router_trained = Cfg::has_router && (!unit_weight || Cfg::causal_aux);
-  static constexpr index_t layer_backward_flops(index_t seq, index_t run, bool is_routed) {
-    // two products per linear; attention 5 causal products; router: dx and dw (4d), predictor: dw only
-    // (its input is stop-gradient) plus the hidden layer's dx and dw.
+  static constexpr index_t layer_backward_flops(index_t seq, index_t run, index_t pairs, bool is_routed) {
+    // two products per linear; attention 10·d per pair (5 causal products); router: dx and dw (4d),
+    // predictor: dw only (its input is stop-gradient) plus the hidden layer's dx and dw.
     const index_t router =
         (router_trained ? 4 * d : 0) + (PW > 0 ? 2 * d * PW + 4 * PW : 0) + (Cfg::gate_mean ? 2 : 0);
-    return run * (2 * (2 * d * 3 * d + 2 * d * d) + ffn_backward_flops) + 5 * d * run * (run + 1) +
-           (is_routed ? seq * router : 0);
+    const index_t linear = is_routed && attend_all
+                               ? seq * 2 * (2 * d * 2 * d) + run * (2 * (2 * d * d + 2 * d * d) + ffn_backward_flops)
+                               : run * (2 * (2 * d * 3 * d + 2 * d * d) + ffn_backward_flops);
+    return linear + 10 * d * pairs + (is_routed ? seq * router : 0);
   }
   // Worst case per sequence: MoD runs exactly C tokens per routed block (worst = expected); a skip
   // criterion may run every token.
   static constexpr index_t worst_run(index_t seq) { return exact_c ? capacity_tokens(seq) : seq; }
   static constexpr index_t flops_per_sequence(index_t seq) {
     index_t total = 0;
-    for (int h = 0; h < L; ++h) total += layer_flops(seq, routed(h) ? worst_run(seq) : seq, routed(h));
+    for (int h = 0; h < L; ++h) {
+      const index_t run = routed(h) ? worst_run(seq) : seq;
+      total += layer_flops(seq, run, pairs_among(run), routed(h));
+    }
     return total;
   }
   static constexpr index_t backward_flops_per_sequence(index_t seq) {
     index_t total = 0;
-    for (int h = 0; h < L; ++h) total += layer_backward_flops(seq, routed(h) ? worst_run(seq) : seq, routed(h));
+    for (int h = 0; h < L; ++h) {
+      const index_t run = routed(h) ? worst_run(seq) : seq;
+      total += layer_backward_flops(seq, run, pairs_among(run), routed(h));
+    }
     return total;
   }
   // Per token (the LM's convention; rounded down where C/seq does not divide evenly).
   static constexpr index_t flops_per_token(index_t seq) { return flops_per_sequence(seq) / seq; }
   static constexpr index_t backward_flops_per_token(index_t seq) { return backward_flops_per_sequence(seq) / seq; }
   // Expected forward FLOPs per token when a routed layer runs a fraction `run_fraction` of every
-  // sequence (MoD: C/seq exactly; layer-skip: the measured fraction, e.g. from read_counts).
+  // sequence (MoD: C/seq exactly; layer-skip: the measured fraction, e.g. from read_counts), the run
+  // tokens spread evenly over the positions.
   static constexpr double expected_flops_per_token(index_t seq, double run_fraction) {
     double total = 0;
+    const double S = double(seq);
     for (int h = 0; h < L; ++h) {
-      const double run = routed(h) ? run_fraction * double(seq) : double(seq);
-      total += run * double(block_linear_flops) + 2.0 * double(d) * run * (run + 1) +
-               (routed(h) ? double(seq * router_flops) : 0.0);
+      const double run = routed(h) ? run_fraction * S : S;
+      const double pairs = routed(h) && attend_all ? run_fraction * S * (S + 1) / 2 : run * (run + 1) / 2;
+      const double linear = routed(h) && attend_all
+                                ? S * double(2 * d * 2 * d) + run * double(2 * d * d + 2 * d * d + ffn_flops)
+                                : run * double(block_linear_flops);
+      total += linear + 4.0 * double(d) * pairs + (routed(h) ? double(seq * router_flops) : 0.0);
     }
-    return total / double(seq);
+    return total / S;
   }
 
   // ---- workspace ----------------------------------------------------------------------------
@@ -271,6 +293,7 @@ struct DepthExecutor : WorkspaceViews {
     index_t logits = 0, gate = 0, wsel = 0, mask = 0, bce = 0;  // T: [n], [n], [rows], [n], [2]
     index_t hid = 0, act = 0, pred = 0;                          // predictor [n×PW], [n×PW], [n]
     index_t idx = 0, groups = 0;  // token_t: [rows]; the run rows' offsets {0, count} (count on the device)
+    index_t kv = 0, xq = 0, q = 0;  // AttendToSkipped: every token's [K|V] [n×2d]; the run rows' LN and Q
   };
   struct Plan {
     std::array<Layer, L> layer{};
@@ -302,6 +325,11 @@ struct DepthExecutor : WorkspaceViews {
       if constexpr (moe) l.moe = Step::plan(a, rows);
       else l.ffn = Ffn::plan(a, 1, rows);
       l.fo = a.take(rows * d);
+      if constexpr (attend_all) {
+        l.kv = a.take(n * 2 * d);
+        l.xq = a.take(n * d);
+        l.q = a.take(n * d);
+      }
       l.x_next = a.take(n * d);
       l.mask = a.take(n);
       l.bce = a.take(2);
@@ -334,7 +362,7 @@ struct DepthExecutor : WorkspaceViews {
     s.dpred = a.take(n);
     s.dact = a.take(n * std::max<index_t>(PW, 1));
     s.dhid = a.take(n * std::max<index_t>(PW, 1));
-    s.module = a.take(std::max({Attn::scratch(batch, seq), Ffn::scratch(batch, seq), rows * 5 * d,
+    s.module = a.take(std::max({Attn::scratch(batch, seq), Ffn::scratch(batch, seq), rows * (attend_all ? 6 : 5) * d,
                                 moe ? Step::scratch(n) : index_t(0)}));
     s.total = a.used;
     return s;
@@ -423,7 +451,7 @@ struct DepthExecutor : WorkspaceViews {
         const MatrixView<T> xg = mv(ws + l.xg, n, d), u = mv(ws + l.u, n, d), fo = mv(ws + l.fo, n, d);
         const MatrixView<T> fm = mv(scratch + s.df, n, d);
         be.gather_rows(xg, x, idx, g);
-        packed_attention_forward(be, pa, ws, l, MatrixView<const T>(xg), fo, idx, seq, g);
+        packed_attention_forward(be, pa, ws, l, x, MatrixView<const T>(xg), fo, idx, seq, g);
         be.add_forward(u, MatrixView<const T>(xg), MatrixView<const T>(fo), g);
         Ffn::forward_grouped(be, one_group(pf), ws, l.ffn, MatrixView<const T>(u), fm, g);
         be.add_forward(fo, MatrixView<const T>(fo), MatrixView<const T>(fm), g);  // f = y − x̃
@@ -525,22 +553,39 @@ struct DepthExecutor : WorkspaceViews {
     be.linear_forward(mv(ws + l.pred, n, 1), mv<const T>(ws + l.act, n, PW), mv(p + o.w2, 1, PW), sp(p + o.b2, 1));
   }
 
-  // Attention over the running tokens of a skip layer: queries and keys are the run rows (one row
-  // group: the count stays on the device), each query attends to the running tokens of its own
-  // sequence at or before its position.
+  // Attention over the running tokens of a skip layer (one row group: the count stays on the
+  // device): queries are the run rows, each attending within its own sequence at or before its
+  // position to the other run tokens, or, with AttendToSkipped, to every token (K/V of all n rows of
+  // x; LN and Q of the run rows gathered from every token's LN).
   template <class Be, class T>
-  static void packed_attention_forward(Be& be, const T* pa, T* ws, const Layer& l, MatrixView<const T> xg,
-                                       MatrixView<T> out, std::span<const token_t> idx, index_t seq, RowGroups g) {
+  static void packed_attention_forward(Be& be, const T* pa, T* ws, const Layer& l, MatrixView<const T> x,
+                                       MatrixView<const T> xg, MatrixView<T> out, std::span<const token_t> idx,
+                                       index_t seq, RowGroups g) {
+    using detail::mat, detail::vec;
     const index_t m = xg.rows;
     const auto& s = l.attn;
     const PerGroup<const T> P = one_group(pa);
-    const MatrixView<T> ln = mv(ws + s.ln, m, d), qkv = mv(ws + s.qkv, m, 3 * d), att = mv(ws + s.att, m, d);
-    be.grouped_layernorm_forward(ln, sp(ws + s.mean, m), sp(ws + s.rstd, m), xg, P.plus(Attn::o_ln_w),
-                                 P.plus(Attn::o_ln_b), g);
-    be.grouped_linear_forward(qkv, MatrixView<const T>(ln), P.plus(Attn::o_w_qkv), P.plus(Attn::o_b_qkv), g);
-    const MatrixView<const T> cq(qkv);
-    be.attention_grouped_forward(att, sp(ws + s.lse, m * heads), cq.col_block(0, d), one_group(cq.data + d),
-                                 one_group(cq.data + 2 * d), m, 3 * d, idx, idx, g, seq, heads);
+    const MatrixView<T> ln = mv(ws + s.ln, m, d), att = mv(ws + s.att, m, d);
+    if constexpr (attend_all) {
+      const MatrixView<T> kv = mv(ws + l.kv, m, 2 * d), xq = mv(ws + l.xq, m, d), q = mv(ws + l.q, m, d);
+      be.layernorm_forward(ln, sp(ws + s.mean, m), sp(ws + s.rstd, m), x, vec(pa, Attn::o_ln_w, d),
+                           vec(pa, Attn::o_ln_b, d));
+      be.linear_forward(kv, MatrixView<const T>(ln), mat(pa, Attn::o_w_qkv + d * d, 2 * d, d),
+                        vec(pa, Attn::o_b_qkv + d, 2 * d));
+      be.gather_rows(xq, MatrixView<const T>(ln), idx, g);
+      be.grouped_linear_forward(q, MatrixView<const T>(xq), P.plus(Attn::o_w_qkv), P.plus(Attn::o_b_qkv), g);
+      be.attention_grouped_forward(att, sp(ws + s.lse, m * heads), MatrixView<const T>(q), one_group<const T>(kv.data),
+                                   one_group<const T>(kv.data + d), m, 2 * d, idx, std::span<const token_t>{}, g, seq,
+                                   heads);
+    } else {
+      const MatrixView<T> qkv = mv(ws + s.qkv, m, 3 * d);
+      be.grouped_layernorm_forward(ln, sp(ws + s.mean, m), sp(ws + s.rstd, m), xg, P.plus(Attn::o_ln_w),
+                                   P.plus(Attn::o_ln_b), g);
+      be.grouped_linear_forward(qkv, MatrixView<const T>(ln), P.plus(Attn::o_w_qkv), P.plus(Attn::o_b_qkv), g);
+      const MatrixView<const T> cq(qkv);
+      be.attention_grouped_forward(att, sp(ws + s.lse, m * heads), cq.col_block(0, d), one_group(cq.data + d),
+                                   one_group(cq.data + 2 * d), m, 3 * d, idx, idx, g, seq, heads);
+    }
     be.grouped_linear_forward(out, MatrixView<const T>(att), P.plus(Attn::o_w_proj), P.plus(Attn::o_b_proj), g);
   }
 
@@ -618,8 +663,8 @@ struct DepthExecutor : WorkspaceViews {
         Ffn::backward_grouped(be, one_group(p + of), one_group(g + of), ws, l.ffn, mv<const T>(ws + l.u, n, d), du,
                               MatrixView<const T>(df), sc + s.module, gr);
         be.axpy(df, T(1), MatrixView<const T>(du), gr);  // df := dL/da
-        packed_attention_backward(be, p + oa, g + oa, ws, l, mv<const T>(ws + l.xg, n, d), du, MatrixView<const T>(df),
-                                  idx, seq, sc + s.module, gr);
+        packed_attention_backward(be, p + oa, g + oa, ws, l, x, mv<const T>(ws + l.xg, n, d), du, dres,
+                                  MatrixView<const T>(df), idx, seq, sc + s.module, gr);
         be.scatter_add_rows(dres, MatrixView<const T>(du), idx, std::span<const T>{}, gr);
         // dL/d(weight) back to the gate σ(g).
         if constexpr (!unit_weight)
@@ -669,29 +714,58 @@ struct DepthExecutor : WorkspaceViews {
                        mv<const T>(dlogits, n, 1), x, mv(p + o.w, 1, d));
   }
 
+  // Backward of packed_attention_forward: the input gradient of the run rows into dx (then
+  // scatter-added by the caller); with AttendToSkipped every token's LN gets a gradient through its
+  // keys/values, which goes straight into dres (all n rows).
   template <class Be, class T>
-  static void packed_attention_backward(Be& be, const T* pa, T* ga, const T* ws, const Layer& l, MatrixView<const T> xg,
-                                        MatrixView<T> dx, MatrixView<const T> dout, std::span<const token_t> idx,
-                                        index_t seq, T* sc, RowGroups g) {
+  static void packed_attention_backward(Be& be, const T* pa, T* ga, const T* ws, const Layer& l, MatrixView<const T> x,
+                                        MatrixView<const T> xg, MatrixView<T> dx, MatrixView<T> dres,
+                                        MatrixView<const T> dout, std::span<const token_t> idx, index_t seq, T* sc,
+                                        RowGroups g) {
+    using detail::mat, detail::vec;
     const index_t m = xg.rows;
     const auto& s = l.attn;
     const PerGroup<const T> P = one_group(pa);
     const PerGroup<T> G = one_group(ga);
-    const MatrixView<T> datt = mv(sc, m, d), dqkv = mv(sc + m * d, m, 3 * d), dln = mv(sc + 4 * m * d, m, d);
+    const MatrixView<const T> att = mv<const T>(ws + s.att, m, d);
+    const MatrixView<T> datt = mv(sc, m, d);
     be.zero_rows(datt, g);
-    be.zero_rows(dqkv, g);
-    be.zero_rows(dln, g);
-    const MatrixView<const T> att = mv<const T>(ws + s.att, m, d), qkv = mv<const T>(ws + s.qkv, m, 3 * d);
     be.grouped_linear_backward(datt, G.plus(Attn::o_w_proj), G.plus(Attn::o_b_proj), dout, att, P.plus(Attn::o_w_proj),
                                g);
-    be.attention_grouped_backward(dqkv.col_block(0, d), one_group(dqkv.data + d), one_group(dqkv.data + 2 * d),
-                                  MatrixView<const T>(datt), att, sp<const T>(ws + s.lse, m * heads),
-                                  qkv.col_block(0, d), one_group(qkv.data + d), one_group(qkv.data + 2 * d), m, 3 * d,
-                                  idx, idx, g, seq, heads);
-    be.grouped_linear_backward(dln, G.plus(Attn::o_w_qkv), G.plus(Attn::o_b_qkv), MatrixView<const T>(dqkv),
-                               mv<const T>(ws + s.ln, m, d), P.plus(Attn::o_w_qkv), g);
-    be.grouped_layernorm_backward(dx, G.plus(Attn::o_ln_w), G.plus(Attn::o_ln_b), MatrixView<const T>(dln), xg,
-                                  sp<const T>(ws + s.mean, m), sp<const T>(ws + s.rstd, m), P.plus(Attn::o_ln_w), g);
+    if constexpr (attend_all) {
+      // scratch: datt, dq, dxq [m×d] (run rows), dkv [m×2d] and dln [m×d] (every token)
+      const MatrixView<T> dq = mv(sc + m * d, m, d), dxq = mv(sc + 2 * m * d, m, d);
+      const MatrixView<T> dkv = mv(sc + 3 * m * d, m, 2 * d), dln = mv(sc + 5 * m * d, m, d);
+      const MatrixView<const T> kv = mv<const T>(ws + l.kv, m, 2 * d), ln = mv<const T>(ws + s.ln, m, d);
+      be.zero_rows(dq, g);
+      be.zero(dkv.flat());
+      be.attention_grouped_backward(dq, one_group(dkv.data), one_group(dkv.data + d), MatrixView<const T>(datt), att,
+                                    sp<const T>(ws + s.lse, m * heads), mv<const T>(ws + l.q, m, d),
+                                    one_group(kv.data), one_group(kv.data + d), m, 2 * d, idx, std::span<const token_t>{},
+                                    g, seq, heads);
+      be.zero(dln.flat());
+      be.linear_backward(dln, mat(ga, Attn::o_w_qkv + d * d, 2 * d, d), vec(ga, Attn::o_b_qkv + d, 2 * d),
+                         MatrixView<const T>(dkv), ln, mat(pa, Attn::o_w_qkv + d * d, 2 * d, d));
+      be.zero_rows(dxq, g);
+      be.grouped_linear_backward(dxq, G.plus(Attn::o_w_qkv), G.plus(Attn::o_b_qkv), MatrixView<const T>(dq),
+                                 mv<const T>(ws + l.xq, m, d), P.plus(Attn::o_w_qkv), g);
+      be.scatter_add_rows(dln, MatrixView<const T>(dxq), idx, std::span<const T>{}, g);
+      be.layernorm_backward(dres, vec(ga, Attn::o_ln_w, d), vec(ga, Attn::o_ln_b, d), MatrixView<const T>(dln), x,
+                            sp<const T>(ws + s.mean, m), sp<const T>(ws + s.rstd, m), vec(pa, Attn::o_ln_w, d));
+    } else {
+      const MatrixView<T> dqkv = mv(sc + m * d, m, 3 * d), dln = mv(sc + 4 * m * d, m, d);
+      be.zero_rows(dqkv, g);
+      be.zero_rows(dln, g);
+      const MatrixView<const T> qkv = mv<const T>(ws + s.qkv, m, 3 * d);
+      be.attention_grouped_backward(dqkv.col_block(0, d), one_group(dqkv.data + d), one_group(dqkv.data + 2 * d),
+                                    MatrixView<const T>(datt), att, sp<const T>(ws + s.lse, m * heads),
+                                    qkv.col_block(0, d), one_group(qkv.data + d), one_group(qkv.data + 2 * d), m, 3 * d,
+                                    idx, idx, g, seq, heads);
+      be.grouped_linear_backward(dln, G.plus(Attn::o_w_qkv), G.plus(Attn::o_b_qkv), MatrixView<const T>(dqkv),
+                                 mv<const T>(ws + s.ln, m, d), P.plus(Attn::o_w_qkv), g);
+      be.grouped_layernorm_backward(dx, G.plus(Attn::o_ln_w), G.plus(Attn::o_ln_b), MatrixView<const T>(dln), xg,
+                                    sp<const T>(ws + s.mean, m), sp<const T>(ws + s.rstd, m), P.plus(Attn::o_ln_w), g);
+    }
   }
 
   // ---- read-back: selections, counts, causal accuracy ---------------------------------------
@@ -730,13 +804,17 @@ struct DepthExecutor : WorkspaceViews {
     index_t total = 0;
     for (int h = 0; h < L; ++h) {
       if (!routed(h)) {
-        total += batch * layer_flops(seq, seq, false);
+        total += batch * layer_flops(seq, seq, pairs_among(seq), false);
         continue;
       }
       const auto sel = read_selected(be, ws, plan, h, batch, seq);
-      std::vector<index_t> per_seq(std::size_t(batch), 0);
-      for (token_t t : sel) ++per_seq[std::size_t(t / seq)];
-      for (index_t c : per_seq) total += layer_flops(seq, c, true) - gate_loss_flops;
+      std::vector<index_t> run(std::size_t(batch), 0), pairs(std::size_t(batch), 0);
+      for (token_t t : sel) {
+        const auto b = std::size_t(t / seq);
+        ++run[b];
+        pairs[b] += attend_all ? t % seq + 1 : run[b];  // keys: every earlier token, or the earlier run ones
+      }
+      for (std::size_t b = 0; b < run.size(); ++b) total += layer_flops(seq, run[b], pairs[b], true) - gate_loss_flops;
       total += gate_loss_flops;
     }
     return total;
@@ -775,8 +853,11 @@ struct causal_sampling_arch<Chunked<Ps...>> {
 template <int L, class... Options>
 using LayerSkipping = Assembly<Router<Skipping<LinearGate, Options...>>, ModuleSet<MHA<L>, FFN<L>, Skip>, K<1>, H<L>,
                                phi::LayerSkip>;
+// Early exit attends to the exited tokens (AttendToSkipped): their state is copied up unchanged, and later
+// layers compute their keys/values from it, as depth-adaptive transformers and CALM do; otherwise an
+// exited token would vanish from every later token's context.
 template <int L, class... Options>
-using EarlyExiting = Assembly<Router<Skipping<LinearGate, EarlyExit, Options...>>, ModuleSet<MHA<L>, FFN<L>, Skip>,
-                              K<1>, H<L>, phi::LayerSkip>;
+using EarlyExiting = Assembly<Router<Skipping<LinearGate, EarlyExit, AttendToSkipped, Options...>>,
+                              ModuleSet<MHA<L>, FFN<L>, Skip>, K<1>, H<L>, phi::LayerSkip>;
 
 }  // namespace mom

@@ -66,6 +66,11 @@ struct CausalPredictor {
 struct LinearGate {};
 struct Never {};
 struct EarlyExit {};
+// Layer-skip: a layer's running tokens also attend to the tokens that skip it (their keys and values
+// from the layer's own projections of their current, copied-up state), as early-exit models do
+// (depth-adaptive transformers' and CALM's state copying). Without it a skipped token is not a key
+// in that layer (Mixture-of-Depths' semantics).
+struct AttendToSkipped {};
 template <long long num = 1, long long den = 50>
 struct SkipCost {
   static constexpr long long numerator = num, denominator = den;
@@ -78,7 +83,7 @@ struct RunTarget {
 namespace detail {
 // Option kinds (0: not a depth-router option).
 enum DepthOpt : int { kNotOpt, kCapacity, kEvery, kWeighting, kCausalAux, kCausalPredictor, kLinearGate, kNever,
-                      kEarlyExit, kSkipCost, kCausalRouting, kRunTarget, kDepthOptKinds };
+                      kEarlyExit, kSkipCost, kCausalRouting, kRunTarget, kAttendToSkipped, kDepthOptKinds };
 template <class T>
 inline constexpr int depth_opt = kNotOpt;
 template <long long a, long long b>
@@ -97,6 +102,8 @@ template <>
 inline constexpr int depth_opt<Never> = kNever;
 template <>
 inline constexpr int depth_opt<EarlyExit> = kEarlyExit;
+template <>
+inline constexpr int depth_opt<AttendToSkipped> = kAttendToSkipped;
 template <long long a, long long b>
 inline constexpr int depth_opt<SkipCost<a, b>> = kSkipCost;
 template <>
@@ -157,6 +164,7 @@ struct DepthConfig {
   static constexpr bool causal_routing = depth_opt_count<Os...>(kCausalRouting) > 0;
   static constexpr int criteria = depth_opt_count<Os...>(kLinearGate) + depth_opt_count<Os...>(kNever);
   static constexpr bool early_exit = depth_opt_count<Os...>(kEarlyExit) > 0;
+  static constexpr bool attend_skipped = depth_opt_count<Os...>(kAttendToSkipped) > 0;
   // Layer-skip's compute cost applies to the learned gate only.
   static constexpr double skip_cost = ec || never ? 0.0 : ratio<cost_t>();
   static constexpr bool target_ok = target_t::denominator > 0 && target_t::numerator > 0 &&
@@ -195,6 +203,7 @@ struct DepthConfig {
     } else {
       add(never ? "Never" : "LinearGate");
       if (early_exit) add("EarlyExit");
+      if (attend_skipped) add("AttendToSkipped");
       if (every != 1) add("Every<" + std::to_string(every) + ">");
       if (!never && run_target_coef > 0)
         add("RunTarget<" + ratio_name(target_t::numerator, target_t::denominator) + "," +
@@ -231,6 +240,9 @@ struct ExpertChoice {
     static_assert(Cfg::options_unique, "mom::ExpertChoice<Options...>: each option may be given at most once");
     static_assert(!Cfg::options_known || Cfg::criteria == 0,
                   "mom::ExpertChoice: LinearGate / Never are layer-skip criteria: use Router<Skipping<...>>");
+    static_assert(!Cfg::attend_skipped,
+                  "mom::ExpertChoice: AttendToSkipped is a layer-skip option (in Mixture-of-Depths a routed block "
+                  "attends among its selected tokens only)");
     static_assert(!Cfg::options_known || (Cfg::cap_den > 0 && Cfg::cap_num > 0 && Cfg::cap_num <= Cfg::cap_den),
                   "mom::ExpertChoice: Capacity<p, q> must be in (0, 1] (the fraction of each sequence a routed block "
                   "processes)");
@@ -248,7 +260,7 @@ struct ExpertChoice {
                   "mom::Router<ExpertChoice> routes whole blocks: use ModuleSet<Block<L>, Skip> (or, MoDE staged, "
                   "ModuleSet<MHA<L>, Experts<FFN, E, PerStep>, Skip>)");
     static constexpr bool ok = detail::VerifyDepthOptions<Cfg, h>::ok && Cfg::options_known && Cfg::options_unique &&
-                               Cfg::criteria == 0 && Cfg::capacity_ok && !(Cfg::causal_aux && Cfg::predictor) &&
+                               Cfg::criteria == 0 && !Cfg::attend_skipped && Cfg::capacity_ok && !(Cfg::causal_aux && Cfg::predictor) &&
                                (!Cfg::causal_routing || Cfg::causal_aux || Cfg::predictor) &&
                                (Set::has_block || Set::experts_per_step);
   };
@@ -270,7 +282,7 @@ struct Skipping {
     using Cfg = config;
     static_assert(Cfg::options_known,
                   "mom::Skipping<Criterion, Options...>: unknown option; known: LinearGate, Never, EarlyExit, "
-                  "RunTarget<p, q, c, e>, SkipCost<p, q>, Every<k>");
+                  "AttendToSkipped, RunTarget<p, q, c, e>, SkipCost<p, q>, Every<k>");
     static_assert(Cfg::options_unique, "mom::Skipping<Criterion, Options...>: each option may be given at most once");
     static_assert(!Cfg::options_known || Cfg::criteria == 1,
                   "mom::Skipping<Criterion, Options...>: give one criterion, LinearGate or Never, not both");
