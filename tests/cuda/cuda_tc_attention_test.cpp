@@ -43,6 +43,7 @@ double round_bf16(double x) {
 
 struct AttnShape {
   index_t batch, seq, heads, hd;
+  index_t pad = 0;  // qkv and dqkv rows are 3d + pad apart (pad 1: the kernels' unaligned, scalar staging)
 };
 
 // Reference attention in double. rnd rounds the operands and P / dS (identity: unrounded).
@@ -52,13 +53,14 @@ struct Reference {
   float scale;
   Round rnd;
   index_t d() const { return s.heads * s.hd; }
+  index_t qld() const { return 3 * d() + s.pad; }
   double at(const std::vector<float>& m, index_t ld, index_t row, index_t col) const {
     return m[std::size_t(row * ld + col)];
   }
 
   // out [B·S × d], lse [B·heads·S] from qkv [B·S × 3d].
   void forward(std::vector<double>& out, std::vector<double>& lse, const std::vector<float>& qkv) const {
-    const index_t d3 = 3 * d(), S = s.seq, hd = s.hd;
+    const index_t d3 = qld(), S = s.seq, hd = s.hd;
     out.assign(std::size_t(s.batch * S * d()), 0.0);
     lse.assign(std::size_t(s.batch * s.heads * S), 0.0);
     std::vector<double> o(static_cast<std::size_t>(hd)), sc(static_cast<std::size_t>(S));
@@ -93,10 +95,10 @@ struct Reference {
         }
   }
 
-  // The increment of dqkv [B·S × 3d] given the forward's out and lse (the device's, as the op gets them).
+  // The increment of dqkv [B·S × 3d] (dense) given the forward's out and lse (the device's, as the op gets them).
   void backward(std::vector<double>& dqkv, const std::vector<float>& dout, const std::vector<float>& out,
                 const std::vector<float>& lse, const std::vector<float>& qkv) const {
-    const index_t d3 = 3 * d(), S = s.seq, hd = s.hd;
+    const index_t d3 = 3 * d(), q3 = qld(), S = s.seq, hd = s.hd;
     dqkv.assign(std::size_t(s.batch * S * d3), 0.0);
     for (index_t b = 0; b < s.batch; ++b)
       for (index_t h = 0; h < s.heads; ++h)
@@ -107,13 +109,13 @@ struct Reference {
           for (index_t j = 0; j <= i; ++j) {
             double dot = 0, dp = 0;
             for (index_t c = 0; c < hd; ++c) {
-              dot += rnd(at(qkv, d3, b * S + i, h * hd + c)) * rnd(at(qkv, d3, b * S + j, d() + h * hd + c));
-              dp += rnd(at(dout, d(), b * S + i, h * hd + c)) * rnd(at(qkv, d3, b * S + j, 2 * d() + h * hd + c));
+              dot += rnd(at(qkv, q3, b * S + i, h * hd + c)) * rnd(at(qkv, q3, b * S + j, d() + h * hd + c));
+              dp += rnd(at(dout, d(), b * S + i, h * hd + c)) * rnd(at(qkv, q3, b * S + j, 2 * d() + h * hd + c));
             }
             const double p = std::exp(dot * scale - li), ds = p * (dp - di);
             const double pr = rnd(p), dsr = rnd(ds);
             for (index_t c = 0; c < hd; ++c) {
-              const double qc = rnd(at(qkv, d3, b * S + i, h * hd + c)), kc = rnd(at(qkv, d3, b * S + j, d() + h * hd + c));
+              const double qc = rnd(at(qkv, q3, b * S + i, h * hd + c)), kc = rnd(at(qkv, q3, b * S + j, d() + h * hd + c));
               dqkv[std::size_t((b * S + i) * d3 + h * hd + c)] += scale * dsr * kc;
               dqkv[std::size_t((b * S + j) * d3 + d() + h * hd + c)] += scale * dsr * qc;
               dqkv[std::size_t((b * S + j) * d3 + 2 * d() + h * hd + c)] += pr * rnd(at(dout, d(), b * S + i, h * hd + c));
@@ -170,19 +172,21 @@ TEST_CASE("tensor-core attention (TF32, BF16): forward and backward match a refe
   test::Rng rng(21);
   for (const Case& k : cases) {
     PrecisionGuard guard(k.precision);
-    for (const AttnShape s : {AttnShape{2, 1, 3, 64}, AttnShape{2, 37, 3, 64}, AttnShape{2, 100, 2, 64}, AttnShape{2, 200, 2, 64},
-                          AttnShape{2, 37, 2, 128}, AttnShape{2, 100, 2, 128}, AttnShape{1, 200, 1, 128}}) {
-      INFO(k.name << ": batch " << s.batch << " seq " << s.seq << " heads " << s.heads << " hd " << s.hd);
-      const index_t d = s.heads * s.hd, n = s.batch * s.seq;
+    for (const AttnShape s : {AttnShape{2, 1, 3, 64}, AttnShape{2, 37, 3, 64}, AttnShape{2, 100, 2, 64},
+                              AttnShape{2, 200, 2, 64}, AttnShape{2, 37, 2, 128}, AttnShape{2, 100, 2, 128},
+                              AttnShape{1, 200, 1, 128}, AttnShape{2, 70, 2, 64, 1}}) {
+      INFO(k.name << ": batch " << s.batch << " seq " << s.seq << " heads " << s.heads << " hd " << s.hd << " pad "
+                  << s.pad);
+      const index_t d = s.heads * s.hd, n = s.batch * s.seq, qld = 3 * d + s.pad;
       const float scale = 1.0f / std::sqrt(float(s.hd));
-      auto qkv = rand_arr<float>(n * 3 * d, rng, -2, 2), out = rand_arr<float>(n * d, rng);
+      auto qkv = rand_arr<float>(n * qld, rng, -2, 2), out = rand_arr<float>(n * d, rng);
       auto lse = rand_arr<float>(s.batch * s.heads * s.seq, rng), dout = rand_arr<float>(n * d, rng);
-      auto dqkv = rand_arr<float>(n * 3 * d, rng);
+      auto dqkv = rand_arr<float>(n * qld, rng);
       const Reference rounded{s, scale, k.round};
       const Reference exact{s, scale, [](double x) { return x; }};
 
-      gpu<float>().attention_forward(out.dm(n, d), lse.ds(), MatrixView<const float>(qkv.dm(n, 3 * d)), s.batch, s.seq,
-                                     s.heads);
+      gpu<float>().attention_forward(out.dm(n, d), lse.ds(), MatrixView<const float>(qkv.dm(n, 3 * d, qld)), s.batch,
+                                     s.seq, s.heads);
       const std::vector<float> got_out = out.fetch(), got_lse = lse.fetch();
       std::vector<double> want_out, want_lse, exact_out, exact_lse;
       rounded.forward(want_out, want_lse, qkv.h);
@@ -194,12 +198,20 @@ TEST_CASE("tensor-core attention (TF32, BF16): forward and backward match a refe
       CHECK(fl.max <= 1e-5);  // fp32 statistics: the rounding of P does not enter lse
       CHECK(fx.rms >= k.floor);
 
-      gpu<float>().attention_backward(dqkv.dm(n, 3 * d), MatrixView<const float>(dout.dm(n, d)),
+      gpu<float>().attention_backward(dqkv.dm(n, 3 * d, qld), MatrixView<const float>(dout.dm(n, d)),
                                       MatrixView<const float>(out.dm(n, d)), std::span<const float>(lse.ds()),
-                                      MatrixView<const float>(qkv.dm(n, 3 * d)), s.batch, s.seq, s.heads);
+                                      MatrixView<const float>(qkv.dm(n, 3 * d, qld)), s.batch, s.seq, s.heads);
       const std::vector<float> got_dqkv = dqkv.fetch();
-      std::vector<double> inc(got_dqkv.size());  // what the op added (it accumulates into random values)
-      for (std::size_t e = 0; e < inc.size(); ++e) inc[e] = double(got_dqkv[e]) - double(dqkv.initial[e]);
+      std::vector<double> inc(std::size_t(n * 3 * d));  // what the op added (it accumulates into random values)
+      bool pad_untouched = true;
+      for (index_t r = 0; r < n; ++r) {
+        for (index_t c = 0; c < 3 * d; ++c)
+          inc[std::size_t(r * 3 * d + c)] =
+              double(got_dqkv[std::size_t(r * qld + c)]) - double(dqkv.initial[std::size_t(r * qld + c)]);
+        for (index_t c = 3 * d; c < qld; ++c)
+          pad_untouched = pad_untouched && got_dqkv[std::size_t(r * qld + c)] == dqkv.initial[std::size_t(r * qld + c)];
+      }
+      CHECK(pad_untouched);
       std::vector<double> want_d, exact_d;
       rounded.backward(want_d, dout.h, got_out, got_lse, qkv.h);
       exact.backward(exact_d, dout.h, got_out, got_lse, qkv.h);

@@ -25,9 +25,10 @@
 // loaded fragment reproduces the memory), so x[e] of that fragment is the row of x[e] in every
 // accumulator of the same type.
 //
-// Shared memory is dynamic (up to 170 KB for dK/dV at head dim 128 in TF32): the launchers fall
-// back to the SIMT kernels when the device allows less per block.
+// Shared memory is dynamic (up to 167 KB for dQ and dK/dV at head dim 128 in TF32): the launchers
+// fall back to the SIMT kernels when the device allows less per block.
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 #include "mom/backend/cuda/grouped_kernels.cuh"
@@ -102,10 +103,27 @@ struct TcLayout {
 #endif
 
 // dst[rr][c] = rounded base[(r0 + rr)·ld + col0 + c] for rr < 64, c < HD; rows past seq are 0.
+// 16-byte loads when every row of the slice starts 16-byte aligned (the usual qkv / dout layouts);
+// the condition is the same for the whole block.
 template <int Path, int HD>
 __device__ __forceinline__ void tc_stage(typename TcLayout<Path, HD>::S* dst, const float* base, index_t ld,
                                          index_t r0, index_t seq, index_t col0) {
   constexpr int LD = TcLayout<Path, HD>::ld;
+  if (ld % 4 == 0 && reinterpret_cast<std::uintptr_t>(base + col0) % 16 == 0) {
+    constexpr int H4 = HD / 4;
+    for (int e = threadIdx.x; e < tc_tile * H4; e += tc_threads) {
+      const int rr = e / H4, c = (e % H4) * 4;
+      const index_t r = r0 + rr;
+      float4 v{0.0f, 0.0f, 0.0f, 0.0f};
+      if (r < seq) v = *reinterpret_cast<const float4*>(base + r * ld + col0 + c);
+      auto* d = dst + rr * LD + c;
+      d[0] = stage_value<float, Path>(v.x);
+      d[1] = stage_value<float, Path>(v.y);
+      d[2] = stage_value<float, Path>(v.z);
+      d[3] = stage_value<float, Path>(v.w);
+    }
+    return;
+  }
   for (int e = threadIdx.x; e < tc_tile * HD; e += tc_threads) {
     const int rr = e / HD, c = e % HD;
     const index_t r = r0 + rr;
@@ -509,6 +527,7 @@ bool tc_kernel_usable(const Context& ctx, std::size_t smem) {
       (void)cudaGetLastError();  // not a launch error: fall back to the SIMT kernels
       return false;
     }
+    // ptxVersion: the virtual architecture the code was compiled from (cub::PtxVersion reads it so).
     return a.ptxVersion >= 80 && a.binaryVersion >= 80 && smem + a.sharedSizeBytes <= std::size_t(limit);
   }();
   return usable;
