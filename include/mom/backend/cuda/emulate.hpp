@@ -20,6 +20,7 @@
 #include <ucontext.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -222,6 +223,11 @@ inline void EmuBarrier::arrive_and_wait() {
 }
 
 inline void __syncthreads() { EmuScheduler::get().block.block.arrive_and_wait(); }
+// Every lane of the calling thread's warp must reach it (as the full-mask __syncwarp on a GPU).
+inline void __syncwarp(unsigned = 0xffffffffu) {
+  EmuBlock& b = EmuScheduler::get().block;
+  b.warps[threadIdx.x / 32].arrive_and_wait();
+}
 
 template <class T>
 T __shfl_xor_sync(unsigned, T v, int lane_mask) {
@@ -258,10 +264,15 @@ A max(A a, A b) {
   return a < b ? b : a;
 }
 
-// Runs body() as kernel<<<grid, block>>>: blocks in order, each as blockDim fibers.
+// Dynamic shared memory (kernel<<<grid, block, bytes>>>'s extern __shared__ array): one buffer,
+// sized by the launch, shared by the block's fibers; kernels reach it through dynamic_smem().
+inline thread_local std::vector<std::max_align_t> emu_dynamic_smem;
+
+// Runs body() as kernel<<<grid, block, smem_bytes>>>: blocks in order, each as blockDim fibers.
 template <class F>
-void emulate_launch(dim3 grid, dim3 block, F&& body) {
+void emulate_launch(dim3 grid, dim3 block, F&& body, std::size_t smem_bytes = 0) {
   EmuScheduler& s = EmuScheduler::get();
+  emu_dynamic_smem.assign((smem_bytes + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t), std::max_align_t{});
   const std::function<void()> fn = std::forward<F>(body);
   s.body = &fn;
   blockDim = block;

@@ -1,7 +1,7 @@
 #pragma once
-// CPU emulation of the part of CUDA's warp matrix API (nvcuda::wmma, <mma.h>) that the grouped
-// GEMM's tensor-core path uses (grouped_kernels.cuh), plus a bf16 storage type: tests only, under
-// MOM_CUDA_EMULATE (see emulate.hpp).
+// CPU emulation of the part of CUDA's warp matrix API (nvcuda::wmma, <mma.h>) that the tensor-core
+// paths use (grouped GEMM: grouped_kernels.cuh; dense attention: attention_tc.cuh), plus a bf16
+// storage type: tests only, under MOM_CUDA_EMULATE (see emulate.hpp).
 //
 // Model: on a GPU a fragment is spread over the 32 lanes of a warp; here every thread holds the
 // whole tile (x[] in logical row-major order), loads it whole, multiplies it whole and stores it
@@ -92,6 +92,14 @@ void load_matrix_sync(fragment<Use, M, N, K, T, Layout>& f, const E* p, unsigned
     for (int c = 0; c < F::cols; ++c)
       f.x[r * F::cols + c] =
           detail::widen(std::is_same_v<Layout, row_major> ? p[std::size_t(r) * ldm + c] : p[std::size_t(c) * ldm + r]);
+}
+
+// An accumulator from fp32 memory in either layout.
+template <int M, int N, int K>
+void load_matrix_sync(fragment<accumulator, M, N, K, float>& f, const float* p, unsigned ldm, layout_t layout) {
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j)
+      f.x[i * N + j] = layout == mem_row_major ? p[std::size_t(i) * ldm + j] : p[std::size_t(j) * ldm + i];
 }
 
 template <int M, int N, int K, class TA, class LA, class TB, class LB>

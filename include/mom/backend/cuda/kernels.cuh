@@ -1456,6 +1456,15 @@ void Kernels<T>::cross_entropy_backward(const Context& ctx, M dlogits, CM logits
 }
 
 namespace dev {
+// The tensor-core path (attention_tc.cuh, included by mom_cuda.cu): false when it does not apply
+// (double, Precision::FP32, head dims other than 64 and 128), and the SIMT kernels run instead.
+template <class T>
+bool attention_tc_forward(const Context& ctx, MatrixView<T> out, T* lse, MatrixView<const T> qkv, HeadLayout L,
+                          index_t batch);
+template <class T>
+bool attention_tc_backward(const Context& ctx, MatrixView<T> dqkv, MatrixView<const T> dout, MatrixView<const T> out,
+                           const T* lse, MatrixView<const T> qkv, HeadLayout L, index_t batch);
+
 template <class T, int HD>
 void attention_forward_hd(const Context& ctx, MatrixView<T> out, T* lse, MatrixView<const T> qkv, HeadLayout L,
                           index_t batch) {
@@ -1482,6 +1491,7 @@ void Kernels<T>::attention_forward(const Context& ctx, M out, T* lse, CM qkv, in
                                    index_t heads) {
   const index_t d = qkv.cols / 3, hd = d / heads;
   const dev::HeadLayout L{seq, heads, d, hd, qkv.ld, out.ld};
+  if (dev::attention_tc_forward<T>(ctx, out, lse, qkv, L, batch)) return;
   if (hd <= 32) dev::attention_forward_hd<T, 32>(ctx, out, lse, qkv, L, batch);
   else if (hd <= 64) dev::attention_forward_hd<T, 64>(ctx, out, lse, qkv, L, batch);
   else dev::attention_forward_hd<T, 128>(ctx, out, lse, qkv, L, batch);
@@ -1491,6 +1501,7 @@ void Kernels<T>::attention_backward(const Context& ctx, M dqkv, CM dout, CM out,
                                     index_t seq, index_t heads) {
   const index_t d = qkv.cols / 3, hd = d / heads;
   const dev::HeadLayout L{seq, heads, d, hd, qkv.ld, out.ld};
+  if (dev::attention_tc_backward<T>(ctx, dqkv, dout, out, lse, qkv, L, batch)) return;
   if (hd <= 32) dev::attention_backward_hd<T, 32>(ctx, dqkv, dout, out, lse, qkv, L, batch);
   else if (hd <= 64) dev::attention_backward_hd<T, 64>(ctx, dqkv, dout, out, lse, qkv, L, batch);
   else dev::attention_backward_hd<T, 128>(ctx, dqkv, dout, out, lse, qkv, L, batch);

@@ -37,9 +37,10 @@ enum class DeviceError : int {
   group_offsets,    // grouped ops: RowGroups offsets outside [0, rows] or decreasing (grouped attention, grouped_kernels.hpp)
 };
 
-// Precision of float GEMMs (double GEMMs always run in fp64). Only the GEMMs change: parameters,
-// gradients, activations, AdamW moments and every own kernel (attention included) stay fp32, so
-// BF16 is mixed precision with fp32 master weights.
+// Precision of float matrix products (double always runs in fp64): the GEMMs (cuBLAS and the
+// grouped GEMM) and the products inside the dense attention at head dims 64 and 128
+// (attention_tc.cuh). Parameters, gradients, activations, AdamW moments and every other own
+// kernel stay fp32, so BF16 is mixed precision with fp32 master weights.
 enum class Precision : int {
   FP32,  // fp32 inputs, fp32 accumulate (no tensor cores)
   TF32,  // inputs rounded to TF32 (10-bit mantissa) on tensor cores, fp32 accumulate (the default)
@@ -129,6 +130,9 @@ struct Kernels {
   static void cross_entropy_backward(const Context& ctx, M dlogits, CM logits, const T* lse, const token_t* targets,
                                      T dloss, token_t ignore_index);
 
+  // Dense causal attention. Float with Precision::TF32 / BF16 at head dims 64 and 128 runs on
+  // tensor cores (attention_tc.cuh: operands, P and dS rounded to TF32 / bf16, fp32 statistics);
+  // everything else on the SIMT kernels of kernels.cuh. Same outputs and layout either way.
   static void attention_forward(const Context& ctx, M out, T* lse, CM qkv, index_t batch, index_t seq, index_t heads);
   static void attention_backward(const Context& ctx, M dqkv, CM dout, CM out, const T* lse, CM qkv, index_t batch,
                                  index_t seq, index_t heads);

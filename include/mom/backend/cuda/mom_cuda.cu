@@ -4,6 +4,7 @@
 #include "mom/backend/cuda/kernels.cuh"
 #include "mom/backend/cuda/depth_kernels.cuh"
 #include "mom/backend/cuda/grouped_kernels.cuh"
+#include "mom/backend/cuda/attention_tc.cuh"
 
 namespace mom::cuda {
 template struct Kernels<float>;
