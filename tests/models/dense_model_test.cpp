@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "models/random_tokens.hpp"
 #include "mom/mom.hpp"
 
 using namespace mom;
@@ -36,7 +37,8 @@ void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::fre
 
 namespace {
 
-// Forwards every op to cpu::Backend<T> and tallies the FLOPs actually executed: 2*m*n*k for
+// Forwards every op to cpu::Backend<T> and tallies the FLOPs actually executed (counted per position,
+// independently of tests/models/counting_backend.hpp's closed forms): 2*m*n*k for
 // every matrix product, and for attention the causal dot products (query t against keys
 // 0..t: QK^T and PV, 2*hd*(t+1) FLOPs each, per head and sequence).
 template <class T>
@@ -83,13 +85,7 @@ struct CountingBackend : cpu::Backend<T> {
   }
 };
 
-std::vector<token_t> random_tokens(index_t n, index_t vocab, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<token_t> dist(0, token_t(vocab - 1));
-  std::vector<token_t> out(static_cast<std::size_t>(n));
-  for (auto& t : out) t = dist(rng);
-  return out;
-}
+using test::random_tokens;
 
 // One AdamW step over the flat buffers.
 template <class Instance, class T>
