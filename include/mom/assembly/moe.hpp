@@ -41,6 +41,9 @@ namespace mom {
 // `in` and `out` must not alias; the rows of `in` are independent tokens (no attention inside).
 template <Dims D, int E, int Kp, bool Skip, class Cfg>
 struct MoEStep {
+  static_assert(E <= max_row_groups,
+                "mom::phi::MoE: at most 256 experts per step (mom::max_row_groups: the grouped ops pass one parameter "
+                "offset per expert to their kernels)");
   using RoutedFfn = dispatch::RoutedFfn<D>;
   using Ffn = modules::FeedForward<D>;
   static constexpr int experts = E;

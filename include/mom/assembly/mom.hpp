@@ -58,6 +58,9 @@ struct Executor<GRU, A, D> : WorkspaceViews {
   using Ffn = modules::FeedForward<D>;
 
   static constexpr int NA = Set::n_attention, NF = Set::n_ffn, Hn = A::h, Kp = A::k;
+  static_assert(NA <= max_row_groups && NF <= max_row_groups,
+                "mom::phi::MoM: at most 256 modules of each kind (mom::max_row_groups: the grouped ops pass one "
+                "parameter offset per module to their kernels)");
   static constexpr int EA = Set::selectable_attention, EF = Set::selectable_ffn;  // SKIP is class N (last)
   static constexpr int Emax = EA > EF ? EA : EF;
   static constexpr index_t d = D.d_model, f = D.ff(), heads = D.heads, W = Cfg::width;
