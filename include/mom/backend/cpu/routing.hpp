@@ -11,6 +11,7 @@
 #include <span>
 #include <vector>
 
+#include "mom/backend/cpu/attention.hpp"
 #include "mom/backend/cpu/gemm.hpp"
 #include "mom/backend/cpu/parallel.hpp"
 #include "mom/backend/shape_checks.hpp"
@@ -249,11 +250,12 @@ void attention_packed_forward(MatrixView<T> out, std::span<T> lse, MatrixView<co
           lse[i * heads + h] = -std::numeric_limits<T>::infinity();
           continue;
         }
-        T m = -std::numeric_limits<T>::infinity();
-        for (index_t j = 0; j < valid; ++j) m = std::max(m, s[j] * scale);
-        T sum = 0;
-        for (index_t j = 0; j < valid; ++j) sum += (s[j] = std::exp(s[j] * scale - m));
-        for (index_t j = 0; j < valid; ++j) s[j] /= sum;
+        // The valid scores as an Eigen array: max, exp and sum vectorised, as in attention_forward.
+        auto sv = detail::score_row(s, valid - 1);
+        const T m = sv.maxCoeff() * scale;  // scale > 0
+        sv = (sv * scale - m).exp();
+        const T sum = sv.sum();
+        sv /= sum;
         std::fill(s + valid, s + keys, T(0));  // causal mask
         lse[i * heads + h] = m + std::log(sum);
       }
@@ -296,7 +298,7 @@ void attention_packed_backward(MatrixView<T> dq, MatrixView<T> dk, MatrixView<T>
         const index_t i = i0 + r, valid = std::max<index_t>(0, detail::key_upper(k_tok, q_tok[i]) - task.k0);
         T* s = p.row(r);
         const T l = lse[i * heads + h];
-        for (index_t j = 0; j < valid; ++j) s[j] = std::exp(s[j] * scale - l);
+        if (valid > 0) detail::score_row(s, valid - 1) = (detail::score_row(s, valid - 1) * scale - l).exp();
         std::fill(s + valid, s + keys, T(0));
       }
       gemm<T>(dvh.row_block(task.k0, keys), MatrixView<const T>(p), Trans::T, dOh.row_block(i0, rows), Trans::N, T(1), T(1));
@@ -305,9 +307,8 @@ void attention_packed_backward(MatrixView<T> dq, MatrixView<T> dk, MatrixView<T>
         const index_t i = i0 + r;
         T di = 0;  // Σ_j P_ij dP_ij = dO_i · O_i
         for (index_t c = 0; c < hd; ++c) di += dOh(i, c) * oh(i, c);
-        T* g = ds.row(r);
-        const T* pr = p.row(r);
-        for (index_t j = 0; j < keys; ++j) g[j] = scale * pr[j] * (g[j] - di);  // 0 where P is masked
+        auto g = detail::score_row(ds.row(r), keys - 1);
+        g = scale * detail::score_row(p.row(r), keys - 1) * (g - di);  // 0 where P is masked
       }
       gemm<T>(dqh.row_block(i0, rows), MatrixView<const T>(ds), Trans::N, kh.row_block(task.k0, keys), Trans::N, T(1), T(1));
       gemm<T>(dkh.row_block(task.k0, keys), MatrixView<const T>(ds), Trans::T, qh.row_block(i0, rows), Trans::N, T(1), T(1));
