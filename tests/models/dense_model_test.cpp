@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "models/random_tokens.hpp"
+#include "models/routed_gradient_check.hpp"
 #include "mom/mom.hpp"
 
 using namespace mom;
@@ -136,27 +137,13 @@ TEST_CASE("whole-model gradient equals central finite differences (double)", "[m
   const std::vector<double> grad(m.grads().begin(), m.grads().end());
   CHECK(std::isfinite(loss));
 
-  const double eps = 1e-5;
   double max_err = 0, max_grad = 0;
-  for (const auto& info : Model::layout) {
-    for (index_t j = 0; j < info.size(); ++j) {
-      double& p = m.params()[static_cast<std::size_t>(info.offset + j)];
-      const double saved = p;
-      p = saved + eps;
-      const double up = m.forward(tokens, targets, batch, seq);
-      p = saved - eps;
-      const double down = m.forward(tokens, targets, batch, seq);
-      p = saved;
-      const double fd = (up - down) / (2 * eps);
-      const double g = grad[static_cast<std::size_t>(info.offset + j)];
-      const double err = std::abs(fd - g);
-      max_err = std::max(max_err, err);
-      max_grad = std::max(max_grad, std::abs(g));
-      if (err > 1e-8 + 1e-6 * std::abs(fd)) {
-        FAIL_CHECK(std::string(info.name) << "[" << j << "]: backward " << g << " vs finite difference " << fd);
-      }
-    }
-  }
+  test::check_central_differences(
+      m, grad, 1e-5, [&](const auto&) { return m.forward(tokens, targets, batch, seq); }, test::no_routing,
+      [&](const auto&, double fd, double g) {
+        max_err = std::max(max_err, std::abs(fd - g));
+        max_grad = std::max(max_grad, std::abs(g));
+      });
   INFO("max |fd - grad| " << max_err << ", max |grad| " << max_grad);
   CHECK(max_err < 1e-8);
   CHECK(max_grad > 1e-2);  // the check is not vacuous

@@ -14,6 +14,7 @@
 
 #include "models/counting_backend.hpp"
 #include "models/random_tokens.hpp"
+#include "models/routed_gradient_check.hpp"
 #include "mom/models/depth_stats.hpp"
 #include "mom/models/mom_models.hpp"
 #include "mom/models/warm_start.hpp"
@@ -417,43 +418,26 @@ void gradient_check(std::uint64_t seed, double sd = 0.35) {
   targets[3] = -1;
   m.zero_grad();
   const double loss = m.forward(tokens, targets, batch, seq);
-  const auto sel = selections(m);
   m.backward();
   const std::vector<double> grad(m.grads().begin(), m.grads().end());
   REQUIRE(std::isfinite(loss));
-  const double eps = 1e-6;
-  int flipped = 0, checked = 0;
   double max_router_grad = 0;
-  for (const auto& info : Model::layout) {
-    const bool predictor = std::string_view(info.name).find("predictor") != std::string_view::npos;
-    const bool router = std::string_view(info.name).find("router") != std::string_view::npos || predictor;
-    auto objective = [&] {
-      const double l = m.forward(tokens, targets, batch, seq);
-      return predictor ? predictor_loss(m) : l;
-    };
-    for (index_t j = 0; j < info.size(); ++j) {
-      double& p = m.params()[static_cast<std::size_t>(info.offset + j)];
-      const double saved = p;
-      p = saved + eps;
-      const double up = objective();
-      const bool same_up = selections(m) == sel;
-      p = saved - eps;
-      const double down = objective();
-      const bool same_down = selections(m) == sel;
-      p = saved;
-      if (!same_up || !same_down) {
-        ++flipped;
-        continue;
-      }
-      ++checked;
-      const double fd = (up - down) / (2 * eps), g = grad[static_cast<std::size_t>(info.offset + j)];
-      if (router) max_router_grad = std::max(max_router_grad, std::abs(g));
-      if (std::abs(fd - g) > 1e-8 + 1e-6 * std::abs(fd))
-        FAIL_CHECK(std::string(info.name) << "[" << j << "]: backward " << g << " vs finite difference " << fd);
-    }
-  }
-  INFO("checked " << checked << ", flipped " << flipped);
-  CHECK(flipped <= checked / 200);
+  auto is_predictor = [](const auto& info) {
+    return std::string_view(info.name).find("predictor") != std::string_view::npos;
+  };
+  const test::FdTally t = test::check_central_differences(
+      m, grad, 1e-6,
+      [&](const auto& info) {
+        const double l = m.forward(tokens, targets, batch, seq);
+        return is_predictor(info) ? predictor_loss(m) : l;
+      },
+      [&] { return selections(m); },
+      [&](const auto& info, double, double g) {
+        if (is_predictor(info) || std::string_view(info.name).find("router") != std::string_view::npos)
+          max_router_grad = std::max(max_router_grad, std::abs(g));
+      });
+  INFO("checked " << t.checked << ", flipped " << t.flipped);
+  CHECK(t.flipped <= t.checked / 200);
   CHECK(max_router_grad > 1e-4);  // the routers (and predictors) do receive gradient
 }
 }  // namespace

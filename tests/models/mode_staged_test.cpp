@@ -14,6 +14,7 @@
 
 #include "models/counting_backend.hpp"
 #include "models/random_tokens.hpp"
+#include "models/routed_gradient_check.hpp"
 #include "mom/models/mom_models.hpp"
 #include "mom/models/moe_models.hpp"
 #include "mom/mom.hpp"
@@ -69,41 +70,21 @@ void gradient_check(std::uint64_t seed) {
   targets[3] = -1;
   m.zero_grad();
   const double loss = m.forward(tokens, targets, batch, seq);
-  const auto fixed = routing(m);
   m.backward();
   const std::vector<double> grad(m.grads().begin(), m.grads().end());
   REQUIRE(std::isfinite(loss));
-  const double eps = 1e-6;
-  int flipped = 0, checked = 0;
   double max_mod_router = 0, max_moe_router = 0;
-  for (const auto& info : Model::layout) {
-    const std::string_view name(info.name);
-    const bool mod_router = name.find("mod_router") != std::string_view::npos;
-    const bool moe_router = !mod_router && name.find("router") != std::string_view::npos;
-    for (index_t j = 0; j < info.size(); ++j) {
-      double& p = m.params()[static_cast<std::size_t>(info.offset + j)];
-      const double saved = p;
-      p = saved + eps;
-      const double up = m.forward(tokens, targets, batch, seq);
-      const bool same_up = routing(m) == fixed;
-      p = saved - eps;
-      const double down = m.forward(tokens, targets, batch, seq);
-      const bool same_down = routing(m) == fixed;
-      p = saved;
-      if (!same_up || !same_down) {
-        ++flipped;
-        continue;
-      }
-      ++checked;
-      const double fd = (up - down) / (2 * eps), g = grad[static_cast<std::size_t>(info.offset + j)];
-      if (mod_router) max_mod_router = std::max(max_mod_router, std::abs(g));
-      if (moe_router) max_moe_router = std::max(max_moe_router, std::abs(g));
-      if (std::abs(fd - g) > 1e-8 + 1e-6 * std::abs(fd))
-        FAIL_CHECK(std::string(info.name) << "[" << j << "]: backward " << g << " vs finite difference " << fd);
-    }
-  }
-  INFO("checked " << checked << ", flipped " << flipped);
-  CHECK(flipped <= checked / 100);
+  const test::FdTally t = test::check_central_differences(
+      m, grad, 1e-6, [&](const auto&) { return m.forward(tokens, targets, batch, seq); }, [&] { return routing(m); },
+      [&](const auto& info, double, double g) {
+        const std::string_view name(info.name);
+        const bool mod_router = name.find("mod_router") != std::string_view::npos;
+        if (mod_router) max_mod_router = std::max(max_mod_router, std::abs(g));
+        if (!mod_router && name.find("router") != std::string_view::npos)
+          max_moe_router = std::max(max_moe_router, std::abs(g));
+      });
+  INFO("checked " << t.checked << ", flipped " << t.flipped);
+  CHECK(t.flipped <= t.checked / 100);
   CHECK(max_mod_router > 1e-4);  // the MoD router's weight r_i scales f(x̃)
   CHECK(max_moe_router > 1e-4);  // the MoE routers: expert weights and the balance loss
 }

@@ -1,16 +1,18 @@
 #pragma once
-// Whole-model central finite differences in double for models with routed parts (every executor
-// that ReportsRouting: MoM chunks, MoE parts), with the routing fixed: every parameter is
-// perturbed by ±eps and the difference is compared with backward() only where no top-K decision
-// flipped (the test counts flips and requires them rare), and the router tensors (names
-// containing "router") must receive gradient. Shared by tests/models/mom_gradient_test.cpp and
-// tests/models/moe_gradient_test.cpp.
+// Whole-model central finite differences in double, shared by the model tests:
+//   check_central_differences: the loop itself (every parameter ± eps against backward's gradient,
+//     perturbations that change a routing decision counted as flips and skipped), used by the
+//     dense, sharing, depth-routing and MoDE tests and by
+//   gradient_check: the check for models whose routed parts ReportsRouting (MoM chunks, MoE parts),
+//     with the routing fixed; the router tensors (names containing "router") must receive gradient.
+//     Used by tests/models/mom_gradient_test.cpp and tests/models/moe_gradient_test.cpp.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "mom/mom.hpp"
@@ -39,6 +41,49 @@ std::vector<token_t> all_picks(Instance& m) {
   return out;
 }
 
+// Compared entries and the perturbations skipped because a routing decision flipped.
+struct FdTally {
+  int checked = 0, flipped = 0;
+};
+
+// Central differences of objective(info) (the loss whose gradient `grad` is, for the last forward)
+// over every parameter of m. An entry whose ±eps perturbation changes routing() (a top-K or
+// selection decision: the loss is not differentiable across it) is counted as a flip and skipped;
+// every other one must agree with grad within 1e-8 + 1e-6·|fd|, and on_checked(info, fd, g) sees it
+// (for the caller's own maxima). routing() is read once first, for the routing of the last forward.
+template <class Instance, class Objective, class Routing, class OnChecked>
+FdTally check_central_differences(Instance& m, const std::vector<double>& grad, double eps, Objective&& objective,
+                                  Routing&& routing, OnChecked&& on_checked) {
+  using Model = typename Instance::model_type;
+  const auto fixed = routing();
+  FdTally tally;
+  for (const auto& info : Model::layout) {
+    for (index_t j = 0; j < info.size(); ++j) {
+      double& p = m.params()[static_cast<std::size_t>(info.offset + j)];
+      const double saved = p;
+      p = saved + eps;
+      const double up = objective(info);
+      const bool same_up = routing() == fixed;
+      p = saved - eps;
+      const double down = objective(info);
+      const bool same_down = routing() == fixed;
+      p = saved;
+      if (!same_up || !same_down) {
+        ++tally.flipped;
+        continue;
+      }
+      ++tally.checked;
+      const double fd = (up - down) / (2 * eps), g = grad[static_cast<std::size_t>(info.offset + j)];
+      on_checked(info, fd, g);
+      if (std::abs(fd - g) > 1e-8 + 1e-6 * std::abs(fd))
+        FAIL_CHECK(std::string(info.name) << "[" << j << "]: backward " << g << " vs finite difference " << fd);
+    }
+  }
+  return tally;
+}
+// The routing() of a model without routing decisions: every entry is compared.
+inline int no_routing() { return 0; }
+
 template <class Model>
 void gradient_check(std::uint64_t seed, int min_classes_used) {
   constexpr Dims dims = Model::dims;
@@ -63,37 +108,16 @@ void gradient_check(std::uint64_t seed, int min_classes_used) {
   for (token_t c : picks) used[std::size_t(c)] = 1;
   CHECK(std::count(used.begin(), used.end(), 1) >= min_classes_used);
 
-  const double eps = 1e-6;
   double max_err = 0, max_router_grad = 0;
-  int flipped = 0, checked = 0;
-  for (const auto& info : Model::layout) {
-    const bool router = std::string_view(info.name).find("router") != std::string_view::npos;
-    for (index_t j = 0; j < info.size(); ++j) {
-      double& p = m.params()[static_cast<std::size_t>(info.offset + j)];
-      const double saved = p;
-      p = saved + eps;
-      const double up = m.forward(tokens, targets, batch, seq);
-      const bool same_up = all_picks(m) == picks;
-      p = saved - eps;
-      const double down = m.forward(tokens, targets, batch, seq);
-      const bool same_down = all_picks(m) == picks;
-      p = saved;
-      if (!same_up || !same_down) {
-        ++flipped;  // a top-K decision changed: the loss is not differentiable across it
-        continue;
-      }
-      ++checked;
-      const double fd = (up - down) / (2 * eps);
-      const double g = grad[static_cast<std::size_t>(info.offset + j)];
-      const double err = std::abs(fd - g);
-      max_err = std::max(max_err, err / (1e-6 + std::abs(fd)));
-      if (router) max_router_grad = std::max(max_router_grad, std::abs(g));
-      if (err > 1e-8 + 1e-6 * std::abs(fd))
-        FAIL_CHECK(std::string(info.name) << "[" << j << "]: backward " << g << " vs finite difference " << fd);
-    }
-  }
-  INFO("checked " << checked << ", flipped " << flipped << ", max rel err " << max_err);
-  CHECK(flipped <= checked / 200);
+  const FdTally t = check_central_differences(
+      m, grad, 1e-6, [&](const auto&) { return m.forward(tokens, targets, batch, seq); }, [&] { return all_picks(m); },
+      [&](const auto& info, double fd, double g) {
+        max_err = std::max(max_err, std::abs(fd - g) / (1e-6 + std::abs(fd)));
+        if (std::string_view(info.name).find("router") != std::string_view::npos)
+          max_router_grad = std::max(max_router_grad, std::abs(g));
+      });
+  INFO("checked " << t.checked << ", flipped " << t.flipped << ", max rel err " << max_err);
+  CHECK(t.flipped <= t.checked / 200);
   CHECK(max_router_grad > 1e-3);  // the routers do receive gradient
 }
 

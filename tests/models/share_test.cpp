@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "models/routed_gradient_check.hpp"
 #include "mom/mom.hpp"
 
 using namespace mom;
@@ -59,13 +60,7 @@ static_assert(ChunkedShare::depth == 4 && ChunkedShare::steps == 8);
 static_assert(ChunkedShare::find("h.3.mlp.w_fc").offset > ChunkedShare::find("h.2.attn.w_qkv").offset);
 static_assert(ChunkedShare::params == outer_params + 4 * layer_params);
 
-std::vector<token_t> random_tokens(index_t n, index_t vocab, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<token_t> dist(0, token_t(vocab - 1));
-  std::vector<token_t> out(static_cast<std::size_t>(n));
-  for (auto& t : out) t = dist(rng);
-  return out;
-}
+using test::random_tokens;
 
 // Share<Cycle<L>> (and Blocks<L>, Map<0..L-1>) over L pairs with H<L> against Dense<L>.
 template <class A, int L>
@@ -176,22 +171,13 @@ void gradient_check(std::uint64_t seed) {
   m.backward();
   const std::vector<double> grad(m.grads().begin(), m.grads().end());
   REQUIRE(std::isfinite(loss));
-  const double eps = 1e-6;
   double max_err = 0, max_g = 0;
-  for (std::size_t i = 0; i < grad.size(); ++i) {
-    double& p = m.params()[i];
-    const double saved = p;
-    p = saved + eps;
-    const double up = m.forward(tokens, targets, batch, seq);
-    p = saved - eps;
-    const double down = m.forward(tokens, targets, batch, seq);
-    p = saved;
-    const double fd = (up - down) / (2 * eps);
-    const double err = std::abs(fd - grad[i]);
-    max_err = std::max(max_err, err);
-    max_g = std::max(max_g, std::abs(fd));
-    if (err > 1e-8 + 1e-6 * std::abs(fd)) FAIL_CHECK("param " << i << ": backward " << grad[i] << " vs fd " << fd);
-  }
+  test::check_central_differences(
+      m, grad, 1e-6, [&](const auto&) { return m.forward(tokens, targets, batch, seq); }, test::no_routing,
+      [&](const auto&, double fd, double g) {
+        max_err = std::max(max_err, std::abs(fd - g));
+        max_g = std::max(max_g, std::abs(fd));
+      });
   INFO("max |backward - fd| " << max_err << ", max |fd| " << max_g);
   CHECK(max_g > 1e-2);
   CHECK(max_err < 1e-7 * max_g);
