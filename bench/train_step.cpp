@@ -169,7 +169,7 @@ struct TimingBackend : cpu::Backend<T> {
     timed(kDispatch, [&] { Base::to_host(host, dev); });
   }
   // (query, visible key) pairs of packed attention: keys of the query's sequence up to itself.
-  static double packed_pairs(CM k, Tok q_tok, Tok k_tok, index_t seq) {
+  static double packed_pairs(Tok q_tok, Tok k_tok, index_t seq) {
     double pairs = 0;
     for (token_t t : q_tok) {
       if (k_tok.empty()) {
@@ -179,16 +179,15 @@ struct TimingBackend : cpu::Backend<T> {
         pairs += double(std::upper_bound(k_tok.begin(), k_tok.end(), t) - lo);
       }
     }
-    (void)k;
     return pairs;
   }
   void attention_packed_forward(M out, S lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok, index_t seq, index_t heads) const {
-    if (st) count(kPackedAttention, 4.0 * q.cols * packed_pairs(k, q_tok, k_tok, seq));
+    if (st) count(kPackedAttention, 4.0 * q.cols * packed_pairs(q_tok, k_tok, seq));
     timed(kPackedAttention, [&] { Base::attention_packed_forward(out, lse, q, k, v, q_tok, k_tok, seq, heads); });
   }
   void attention_packed_backward(M dq, M dk, M dv, CM dout, CM out, CS lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok,
                                  index_t seq, index_t heads) const {
-    if (st) count(kPackedAttention, 10.0 * q.cols * packed_pairs(k, q_tok, k_tok, seq));
+    if (st) count(kPackedAttention, 10.0 * q.cols * packed_pairs(q_tok, k_tok, seq));
     timed(kPackedAttention, [&] {
       Base::attention_packed_backward(dq, dk, dv, dout, out, lse, q, k, v, q_tok, k_tok, seq, heads);
     });
@@ -231,8 +230,12 @@ struct TimingBackend : cpu::Backend<T> {
   void gelu_backward(M dx, CM x, CM dout, RowGroups g) const {
     timed(kElementwise, [&] { Base::gelu_backward(dx, x, dout, g); });
   }
-  void add_forward(M out, CM a, CM b, RowGroups g) const { timed(kElementwise, [&] { Base::add_forward(out, a, b, g); }); }
-  void gather_rows(M out, CM in, Tok idx, RowGroups g) const { timed(kDispatch, [&] { Base::gather_rows(out, in, idx, g); }); }
+  void add_forward(M out, CM a, CM b, RowGroups g) const {
+    timed(kElementwise, [&] { Base::add_forward(out, a, b, g); });
+  }
+  void gather_rows(M out, CM in, Tok idx, RowGroups g) const {
+    timed(kDispatch, [&] { Base::gather_rows(out, in, idx, g); });
+  }
   void gather_rows(M out, CPG in, index_t in_rows, Tok idx, RowGroups g) const {
     timed(kDispatch, [&] { Base::gather_rows(out, in, in_rows, idx, g); });
   }
@@ -250,7 +253,7 @@ struct TimingBackend : cpu::Backend<T> {
     double pairs = 0;
     for (int i = 0; i < g.count; ++i) {
       const auto o = std::size_t(g.offsets[i]), n = std::size_t(g.offsets[i + 1] - g.offsets[i]);
-      pairs += packed_pairs(CM{}, q_tok.subspan(o, n), k_tok.empty() ? k_tok : k_tok.subspan(o, n), seq);
+      pairs += packed_pairs(q_tok.subspan(o, n), k_tok.empty() ? k_tok : k_tok.subspan(o, n), seq);
     }
     return pairs;
   }

@@ -399,6 +399,7 @@ struct DepthExecutor : WorkspaceViews {
     const index_t n = batch * seq;
     const Scratch s = scratch_plan(batch, seq);
     if constexpr (Cfg::early_exit) be.fill(sp(toks(ws, plan.alive), n), token_t(1));
+    if constexpr (Cfg::early_exit && Cfg::gate_mean) be.fill(sp(ws + plan.ones, n), T(1));  // once per forward
     const std::span<T> aux = sp(ws + plan.aux, 1);  // summed on the device: the host never waits
     be.zero(aux);
     for (int h = 0; h < L; ++h) {
@@ -529,7 +530,6 @@ struct DepthExecutor : WorkspaceViews {
     if (Cfg::early_exit && prev >= 0) {  // 1 at the previous routed layer's run rows
       const Layer& lp = plan.layer[std::size_t(prev)];
       be.zero(in_play);
-      be.fill(sp(ws + plan.ones, n), T(1));
       be.scatter_add_rows(mv(in_play.data(), n, 1), mv<const T>(ws + plan.ones, n, 1),
                           sp<const token_t>(toks(ws, lp.idx), n), std::span<const T>{}, run_groups(ws, lp));
     } else {
@@ -741,8 +741,8 @@ struct DepthExecutor : WorkspaceViews {
       be.zero(dkv.flat());
       be.attention_grouped_backward(dq, one_group(dkv.data), one_group(dkv.data + d), MatrixView<const T>(datt), att,
                                     sp<const T>(ws + s.lse, m * heads), mv<const T>(ws + l.q, m, d),
-                                    one_group(kv.data), one_group(kv.data + d), m, 2 * d, idx, std::span<const token_t>{},
-                                    g, seq, heads);
+                                    one_group(kv.data), one_group(kv.data + d), m, 2 * d, idx,
+                                    std::span<const token_t>{}, g, seq, heads);
       be.zero(dln.flat());
       be.linear_backward(dln, mat(ga, Attn::o_w_qkv + d * d, 2 * d, d), vec(ga, Attn::o_b_qkv + d, 2 * d),
                          MatrixView<const T>(dkv), ln, mat(pa, Attn::o_w_qkv + d * d, 2 * d, d));

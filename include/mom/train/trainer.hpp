@@ -100,10 +100,10 @@ class Trainer {
     auto& be = model_.backend();
     m_ = be.template alloc<T>(Model::params);
     v_ = be.template alloc<T>(Model::params);
-    norm_ = be.template alloc<T>(2);  // {gradient norm, summed micro-batch losses}, read once per step
+    step_scalars_ = be.template alloc<T>(2);  // {gradient norm, summed micro-batch losses}, read once per step
     be.zero(m_.span());
     be.zero(v_.span());
-    be.zero(norm_.span());
+    be.zero(step_scalars_.span());
     inputs_.resize(static_cast<std::size_t>(cfg_.batch * cfg_.seq));
     targets_.resize(inputs_.size());
     model_.reserve(cfg_.batch, cfg_.seq);
@@ -154,7 +154,7 @@ class Trainer {
   double train_step() {
     auto& be = model_.backend();
     model_.zero_grad();
-    const std::span<T> loss_sum = norm_.span().subspan(1, 1);
+    const std::span<T> loss_sum = step_scalars_.span().subspan(1, 1);
     be.zero(loss_sum);
     for (index_t a = 0; a < cfg_.accum; ++a) {
       sampler_.next(inputs_, targets_);
@@ -163,7 +163,7 @@ class Trainer {
       model_.backward();
     }
     if (cfg_.accum > 1) be.scale(model_.grads(), T(1) / T(cfg_.accum));  // the mean over micro-batches
-    be.grad_norm(std::span<const T>(model_.grads()), norm_.data());
+    be.grad_norm(std::span<const T>(model_.grads()), step_scalars_.data());
     ++step_;
     const double lr = learning_rate(cfg_, step_);
     for (const auto& g : groups_) {
@@ -172,10 +172,11 @@ class Trainer {
       cpu::AdamWConfig opt{.lr = lr, .beta1 = cfg_.beta1, .beta2 = cfg_.beta2, .eps = cfg_.eps,
                            .weight_decay = g.decay ? cfg_.weight_decay : 0.0};
       be.adamw_step(model_.params().subspan(at, n), std::span<const T>(model_.grads()).subspan(at, n),
-                    m_.span().subspan(at, n), v_.span().subspan(at, n), opt, step_, norm_.data(), T(cfg_.grad_clip));
+                    m_.span().subspan(at, n), v_.span().subspan(at, n), opt, step_, step_scalars_.data(),
+                    T(cfg_.grad_clip));
     }
     T host[2];
-    be.to_host(std::span<T>(host, 2), std::span<const T>(norm_.span()));
+    be.to_host(std::span<T>(host, 2), std::span<const T>(step_scalars_.span()));
     const double loss = double(host[1]) / double(cfg_.accum);
     MOM_CHECK(std::isfinite(loss), "training diverged: loss is ", loss, " at step ", step_,
               " (try a lower --lr)");
@@ -296,7 +297,7 @@ class Trainer {
   TrainConfig cfg_;
   BatchSampler sampler_;
   Progress progress_;
-  typename Instance::backend_type::template Buffer<T> m_, v_, norm_;
+  typename Instance::backend_type::template Buffer<T> m_, v_, step_scalars_;
   std::vector<token_t> inputs_, targets_;
   std::vector<Group> groups_;
   index_t step_ = 0;
