@@ -410,25 +410,15 @@ double predictor_loss(Instance& m) {
 template <class Model>
 void gradient_check(std::uint64_t seed, double sd = 0.35) {
   auto m = Model::template make<cpu::Backend<double>>(seed);
-  randomise(m, seed + 10, sd);
-  const index_t batch = 2, seq = 8;
-  m.reserve(batch, seq);
-  const auto tokens = random_tokens(batch * seq, tiny.vocab, seed + 1);
-  auto targets = random_tokens(batch * seq, tiny.vocab, seed + 2);
-  targets[3] = -1;
-  m.zero_grad();
-  const double loss = m.forward(tokens, targets, batch, seq);
-  m.backward();
-  const std::vector<double> grad(m.grads().begin(), m.grads().end());
-  REQUIRE(std::isfinite(loss));
+  const test::GradientCase c = test::gradient_case(m, seed, 8, sd);
   double max_router_grad = 0;
   auto is_predictor = [](const auto& info) {
     return std::string_view(info.name).find("predictor") != std::string_view::npos;
   };
   const test::FdTally t = test::check_central_differences(
-      m, grad, 1e-6,
+      m, c.grad, 1e-6,
       [&](const auto& info) {
-        const double l = m.forward(tokens, targets, batch, seq);
+        const double l = c.forward(m);
         return is_predictor(info) ? predictor_loss(m) : l;
       },
       [&] { return selections(m); },

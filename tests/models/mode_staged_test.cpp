@@ -62,20 +62,10 @@ std::vector<token_t> routing(Instance& m) {
 template <class Model>
 void gradient_check(std::uint64_t seed) {
   auto m = Model::template make<cpu::Backend<double>>(seed);
-  randomise(m, seed + 10, 0.35);
-  const index_t batch = 2, seq = 8;
-  m.reserve(batch, seq);
-  const auto tokens = random_tokens(batch * seq, tiny.vocab, seed + 1);
-  auto targets = random_tokens(batch * seq, tiny.vocab, seed + 2);
-  targets[3] = -1;
-  m.zero_grad();
-  const double loss = m.forward(tokens, targets, batch, seq);
-  m.backward();
-  const std::vector<double> grad(m.grads().begin(), m.grads().end());
-  REQUIRE(std::isfinite(loss));
+  const test::GradientCase c = test::gradient_case(m, seed, 8);
   double max_mod_router = 0, max_moe_router = 0;
   const test::FdTally t = test::check_central_differences(
-      m, grad, 1e-6, [&](const auto&) { return m.forward(tokens, targets, batch, seq); }, [&] { return routing(m); },
+      m, c.grad, 1e-6, [&](const auto&) { return c.forward(m); }, [&] { return routing(m); },
       [&](const auto& info, double, double g) {
         const std::string_view name(info.name);
         const bool mod_router = name.find("mod_router") != std::string_view::npos;

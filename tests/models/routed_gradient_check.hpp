@@ -41,6 +41,36 @@ std::vector<token_t> all_picks(Instance& m) {
   return out;
 }
 
+// What a whole-model gradient check compares against: O(1) parameters, N(0, sd²) from seed + 10 (the
+// GPT-2 init's tiny values would hide paths), batch 2 × seq tokens and targets from seed + 1 / seed + 2
+// (target 3 ignored), and backward's gradient of one forward.
+struct GradientCase {
+  index_t batch = 2, seq = 0;
+  std::vector<token_t> tokens, targets;
+  std::vector<double> grad;
+  template <class Instance>
+  double forward(Instance& m) const {
+    return double(m.forward(tokens, targets, batch, seq));
+  }
+};
+template <class Instance>
+GradientCase gradient_case(Instance& m, std::uint64_t seed, index_t seq, double sd = 0.35) {
+  constexpr Dims dims = Instance::model_type::dims;
+  GradientCase c;
+  c.seq = seq;
+  randomise(m, seed + 10, sd);
+  m.reserve(c.batch, seq);
+  c.tokens = random_tokens(c.batch * seq, dims.vocab, seed + 1);
+  c.targets = random_tokens(c.batch * seq, dims.vocab, seed + 2);
+  c.targets[3] = -1;
+  m.zero_grad();
+  const double loss = c.forward(m);
+  m.backward();
+  c.grad.assign(m.grads().begin(), m.grads().end());
+  REQUIRE(std::isfinite(loss));
+  return c;
+}
+
 // Compared entries and the perturbations skipped because a routing decision flipped.
 struct FdTally {
   int checked = 0, flipped = 0;
@@ -86,31 +116,16 @@ inline int no_routing() { return 0; }
 
 template <class Model>
 void gradient_check(std::uint64_t seed, int min_classes_used) {
-  constexpr Dims dims = Model::dims;
   auto m = Model::template make<cpu::Backend<double>>(seed);
-  std::mt19937_64 rng(seed + 10);
-  std::normal_distribution<double> normal(0.0, 0.35);
-  for (auto& p : m.params()) p = normal(rng);
-  const index_t batch = 2, seq = 5;
-  m.reserve(batch, seq);
-  const auto tokens = random_tokens(batch * seq, dims.vocab, seed + 1);
-  auto targets = random_tokens(batch * seq, dims.vocab, seed + 2);
-  targets[3] = -1;
-
-  m.zero_grad();
-  const double loss = m.forward(tokens, targets, batch, seq);
-  const auto picks = all_picks(m);
-  m.backward();
-  const std::vector<double> grad(m.grads().begin(), m.grads().end());
-  REQUIRE(std::isfinite(loss));
+  const GradientCase c = gradient_case(m, seed, 5);
   // The routing is not degenerate: several modules (and SKIP, when in the set) are picked.
   std::vector<int> used(17, 0);
-  for (token_t c : picks) used[std::size_t(c)] = 1;
+  for (token_t k : all_picks(m)) used[std::size_t(k)] = 1;
   CHECK(std::count(used.begin(), used.end(), 1) >= min_classes_used);
 
   double max_err = 0, max_router_grad = 0;
   const FdTally t = check_central_differences(
-      m, grad, 1e-6, [&](const auto&) { return m.forward(tokens, targets, batch, seq); }, [&] { return all_picks(m); },
+      m, c.grad, 1e-6, [&](const auto&) { return c.forward(m); }, [&] { return all_picks(m); },
       [&](const auto& info, double fd, double g) {
         max_err = std::max(max_err, std::abs(fd - g) / (1e-6 + std::abs(fd)));
         if (std::string_view(info.name).find("router") != std::string_view::npos)

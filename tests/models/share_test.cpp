@@ -158,22 +158,10 @@ template <class A>
 void gradient_check(std::uint64_t seed) {
   using Model = LM<tiny, A>;
   auto m = Model::template make<cpu::Backend<double>>(seed);
-  std::mt19937_64 rng(seed + 10);
-  std::normal_distribution<double> normal(0.0, 0.35);
-  for (auto& p : m.params()) p = normal(rng);
-  const index_t batch = 2, seq = 5;
-  m.reserve(batch, seq);
-  const auto tokens = random_tokens(batch * seq, tiny.vocab, seed + 1);
-  auto targets = random_tokens(batch * seq, tiny.vocab, seed + 2);
-  targets[3] = -1;
-  m.zero_grad();
-  const double loss = m.forward(tokens, targets, batch, seq);
-  m.backward();
-  const std::vector<double> grad(m.grads().begin(), m.grads().end());
-  REQUIRE(std::isfinite(loss));
+  const test::GradientCase c = test::gradient_case(m, seed, 5);
   double max_err = 0, max_g = 0;
   test::check_central_differences(
-      m, grad, 1e-6, [&](const auto&) { return m.forward(tokens, targets, batch, seq); }, test::no_routing,
+      m, c.grad, 1e-6, [&](const auto&) { return c.forward(m); }, test::no_routing,
       [&](const auto&, double fd, double g) {
         max_err = std::max(max_err, std::abs(fd - g));
         max_g = std::max(max_g, std::abs(fd));
