@@ -5,7 +5,7 @@
 // rows of a packed matrix are the consecutive rows [offsets[g], offsets[g+1]). The offsets are
 // computed by the backend (group_by_choice, skip_select) and stay in backend memory: on a GPU the
 // host never learns the group sizes, so a training step has no host-device synchronisation
-// (DESIGN.md, "Data and the hot path"). Ops that take RowGroups read the offsets inside their
+// (docs/design.md, "Data and the hot path"). Ops that take RowGroups read the offsets inside their
 // kernels; only the bounds known from the cost model (the packed matrix's row count, the number of
 // groups) are host values.
 //
