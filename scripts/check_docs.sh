@@ -19,7 +19,7 @@
 #        - a layer of the library (core modules routers assembly models train backend), or cpu /
 #          cuda, ending in `/` or in a file name with an extension: `models/lm.hpp` is
 #          include/mom/models/lm.hpp, `cpu/depth.hpp` is include/mom/backend/cpu/depth.hpp.
-#   3. Bare Markdown file names ending in `.md` (`special_cases.md`, `DESIGN.md`).
+#   3. Bare Markdown file names ending in `.md` (`special_cases.md`, `ops.md`).
 # A path exists if it exists relative to the repository root or to the doc's own folder; a bare
 # `.md` name may also name a file of docs/ (the README's tour lists them so).
 #
