@@ -7,6 +7,7 @@
 // (e.g. by LM<dims, Arch>), with messages in the user's terms.
 #include <concepts>
 #include <cstddef>
+#include <span>
 #include <type_traits>
 
 #include "mom/assembly/phi.hpp"
@@ -19,9 +20,57 @@
 namespace mom {
 
 // How an Assembly with router policy P computes (forward, backward, cost). Specialised per
-// policy in assembly/ (assembly/sequential.hpp for Router<Sequential>).
+// policy in assembly/ (assembly/sequential.hpp for Router<Sequential>), or per phi for every policy
+// of a kind (assembly/moe.hpp: phi::MoE for every policy with an ExpertGate). A user's policy gets its
+// executor by the same means.
 template <class Policy, class A, Dims D>
 struct Executor;
+
+// The executor contract (what LM<dims, Arch> and ModelInstance call), for one part at dims D:
+//   tensor_count, specs(TensorSpec* out, index_t layer_base)   the part's tensors in layout order
+//   params                                                     their total size
+//   flops_per_token(seq), backward_flops_per_token(seq)         cost model (upper bounds for routed parts)
+//   Plan plan(Arena&, batch, seq), scratch(batch, seq)          workspace
+//   forward(be, p, ws, plan, x, scratch, batch, seq, tokens) -> MatrixView<const T>   the part's output
+//   backward(be, p, g, ws, plan, x, dres, scratch, batch, seq)   dres: dL/dout on entry, dL/dx on exit
+// and optionally has_aux_loss (Plan::aux: a loss added to the model's), the routing read-back
+// (ReportsRouting below) and depth read-back (models/depth_stats.hpp).
+template <class E>
+concept AssemblyExecutor = requires(Arena& a, index_t i, TensorSpec* out) {
+  { E::tensor_count } -> std::convertible_to<std::size_t>;
+  { E::params } -> std::convertible_to<index_t>;
+  E::specs(out, i);
+  { E::flops_per_token(i) } -> std::convertible_to<index_t>;
+  { E::backward_flops_per_token(i) } -> std::convertible_to<index_t>;
+  typename E::Plan;
+  { E::plan(a, i, i) } -> std::same_as<typename E::Plan>;
+  { E::scratch(i, i) } -> std::convertible_to<index_t>;
+};
+template <class E, class Be, class T = typename Be::scalar>
+concept AssemblyExecutorOn = AssemblyExecutor<E> && requires(Be& be, const T* p, T* g, T* ws, const typename E::Plan& plan,
+                                                             MatrixView<const T> x, MatrixView<T> dres, index_t i,
+                                                             std::span<const token_t> tokens) {
+  { E::forward(be, p, ws, plan, x, g, i, i, tokens) } -> std::convertible_to<MatrixView<const T>>;
+  E::backward(be, p, g, ws, plan, x, dres, g, i, i);
+};
+// Member by member, one message naming the missing one.
+template <class E>
+struct VerifyExecutor {
+  static_assert(requires { { E::tensor_count } -> std::convertible_to<std::size_t>; },
+                "mom::Executor: missing `static constexpr std::size_t tensor_count`");
+  static_assert(requires { { E::params } -> std::convertible_to<index_t>; }, "mom::Executor: missing `static constexpr index_t params`");
+  static_assert(requires(TensorSpec* out, index_t i) { E::specs(out, i); },
+                "mom::Executor: missing `static constexpr void specs(TensorSpec* out, index_t layer_base)`");
+  static_assert(requires(index_t i) { { E::flops_per_token(i) } -> std::convertible_to<index_t>; },
+                "mom::Executor: missing `static constexpr index_t flops_per_token(index_t seq)`");
+  static_assert(requires(index_t i) { { E::backward_flops_per_token(i) } -> std::convertible_to<index_t>; },
+                "mom::Executor: missing `static constexpr index_t backward_flops_per_token(index_t seq)`");
+  static_assert(requires(Arena& a, index_t i) { E::plan(a, i, i); },
+                "mom::Executor: missing `struct Plan` or `static constexpr Plan plan(Arena&, index_t batch, index_t seq)`");
+  static_assert(requires(index_t i) { { E::scratch(i, i) } -> std::convertible_to<index_t>; },
+                "mom::Executor: missing `static constexpr index_t scratch(index_t batch, index_t seq)`");
+  static constexpr bool ok = AssemblyExecutor<E>;
+};
 
 // Routing read-back of executors whose routers pick modules per token (MoM's GRU routers, MoE's
 // top-K routers): `routing_routers` router families, routing_info(r) describing family r, and
@@ -58,17 +107,6 @@ template <class P, class... O>
 struct policy_of<Router<P, O...>> {
   using type = P;
 };
-
-template <class R, class M>
-constexpr std::size_t assembly_tensor_count() {
-  if constexpr (is_router<R> && is_module_set<M>) {
-    if constexpr (RouterPolicy<typename policy_of<R>::type>)
-      return router_tensor_count<typename R::policy, M>() + M::tensor_count;
-    else return 0;
-  } else {
-    return 0;
-  }
-}
 
 template <class R, class M, int k, int h, class Phi>
 constexpr bool assembly_drivable() {
@@ -117,7 +155,6 @@ struct Assembly {
     else return 0;
   }();
   static constexpr int steps = h;
-  static constexpr std::size_t tensor_count = detail::assembly_tensor_count<R, M>();
 
   template <Dims D>
   using executor = Executor<typename detail::policy_of<R>::type, Assembly, D>;

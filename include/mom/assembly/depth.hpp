@@ -56,51 +56,19 @@
 #include "mom/assembly/moe.hpp"
 #include "mom/assembly/phi.hpp"
 #include "mom/core/check.hpp"
-#include "mom/modules/block.hpp"
-#include "mom/modules/ffn.hpp"
-#include "mom/modules/mha.hpp"
 #include "mom/routers/depth.hpp"
 
 namespace mom {
 
-namespace phi {
-// φ_layer-skip, eq. (9): step h runs layer h (its attention and FFN module) or SKIP.
-struct LayerSkip {
-  static constexpr bool is_phi = true;
-  template <class Set, int k, int h>
-  struct Verify {
-    // With per-step experts (MoDE staged) K is the MoE step's top-k among layer h's experts.
-    static constexpr bool moe = Set::experts_per_step;
-    static_assert(k == 1 || moe, "mom::phi::LayerSkip runs layer h or SKIP at step h: use K<1>");
-    static_assert(!moe || k <= Set::ffn_choices,
-                  "mom::phi::LayerSkip with Experts<FFN, E, PerStep> (MoDE staged): K<k> is the top-k of each "
-                  "layer's E experts: k must be <= E");
-    static constexpr bool k_ok = moe ? k <= Set::ffn_choices : k == 1;
-    static_assert(!k_ok || Set::has_skip,
-                  "mom::phi::LayerSkip needs Skip in the ModuleSet (the module a token that skips a layer takes), e.g. "
-                  "ModuleSet<Block<L>, Skip>");
-    static_assert(!(k_ok && Set::has_skip) || (h == Set::n_attention && (moe || h == Set::n_ffn)),
-                  "mom::phi::LayerSkip runs layer h at step h: H must equal the number of layers (Block<L>, or MHA<L> "
-                  "and FFN<L>)");
-    static constexpr bool ok = k_ok && Set::has_skip && h == Set::n_attention && (moe || h == Set::n_ffn);
-  };
-};
-}  // namespace phi
 
 namespace detail {
-template <class P>
-inline constexpr bool is_depth_policy = false;
-template <class... Os>
-inline constexpr bool is_depth_policy<ExpertChoice<Os...>> = true;
-template <class... Os>
-inline constexpr bool is_depth_policy<Skipping<Os...>> = true;
 
 template <class Policy, class A, Dims D>
 struct DepthExecutor : WorkspaceViews {
   using Cfg = typename Policy::config;
   using Set = typename A::module_set;
-  using Attn = modules::Attention<D>;
-  using Ffn = modules::FeedForward<D>;
+  using Attn = typename Set::template attention<D>;
+  using Ffn = typename Set::template ffn<D>;
   static_assert(std::is_same_v<typename A::phi_type, phi::LayerSkip>,
                 "mom::Router<ExpertChoice> and Router<Skipping> assemble with phi::LayerSkip (eq. (9)): "
                 "Assembly<R, M, K<1>, H<L>, phi::LayerSkip>");
@@ -113,6 +81,7 @@ struct DepthExecutor : WorkspaceViews {
   // Layer-skip with AttendToSkipped: a layer's running tokens attend to every token (the skipped ones'
   // keys/values from their current state), so K/V run over all tokens, Q and the rest over the run rows.
   static constexpr bool attend_all = Cfg::attend_skipped;
+  static constexpr KeySource keys = attend_all ? KeySource::AllTokens : KeySource::Routed;
   static_assert(!expert_choice || Cfg::capacity_tokens(D.context) >= 1,
                 "mom::ExpertChoice: Capacity<p, q> gives C = floor(p/q * context) = 0 tokens per sequence at the "
                 "model's context: no token would ever run a routed block");
@@ -124,7 +93,7 @@ struct DepthExecutor : WorkspaceViews {
                 "mom::Router<Skipping> with Experts<FFN, E, PerStep>: only Mixture-of-Depths routes before experts "
                 "(MoDE staged): use Router<ExpertChoice<...>>");
   static constexpr int E = moe ? Set::ffn_choices : 1;
-  using Step = MoEStep<D, E, moe ? A::k : 1, false, TopKConfig<TypeList<>>>;
+  using Step = MoEStep<D, Ffn, E, moe ? A::k : 1, SoftmaxTopKGate<D, E, moe ? A::k : 1, false, TypeList<>>>;
   static constexpr index_t moe_router_params = moe ? L * Step::router_params : 0;
   static constexpr index_t moe_router_offset(int h) { return Set::template params<D> + h * Step::router_params; }
   static constexpr std::array<index_t, E> experts_of(int h) {
@@ -176,15 +145,16 @@ struct DepthExecutor : WorkspaceViews {
   }
   static constexpr std::size_t per_routed_tensors =
       (Cfg::has_router ? 1 : 0) + (Cfg::has_bias ? 1 : 0) + (PW > 0 ? 4 : 0);
-  static constexpr std::size_t tensor_count =
-      Set::tensor_count + (moe ? 3 * std::size_t(L) : 0) + std::size_t(n_routed) * per_routed_tensors;
+  static constexpr std::size_t tensor_count = Set::template tensor_count<D> +
+                                              (moe ? Step::router_tensor_count * std::size_t(L) : 0) +
+                                              std::size_t(n_routed) * per_routed_tensors;
   static constexpr index_t params = router_base + n_routed * per_routed;
   static constexpr index_t router_params = n_routed * router_size;
   static constexpr index_t predictor_params = n_routed * predictor_size;
 
   static constexpr void specs(TensorSpec* out, index_t layer_base) {
     Set::template specs<D>(out, layer_base);
-    out += Set::tensor_count;
+    out += Set::template tensor_count<D>;
     if constexpr (moe)
       for (int h = 0; h < L; ++h)
         for (const auto& t : Step::router_tensors(layer_base + h)) *out++ = t;
@@ -207,9 +177,9 @@ struct DepthExecutor : WorkspaceViews {
   // C = ⌊capacity·seq⌋ tokens per sequence in a routed MoD block.
   static constexpr index_t capacity_tokens(index_t seq) { return index_t(Cfg::capacity_tokens(seq)); }
   // Per token run: attention's products, then the FFN (MoDE staged: the MoE router and k experts).
-  static constexpr index_t ffn_flops = moe ? Step::flops_per_token() : 4 * d * f;
-  static constexpr index_t ffn_backward_flops = moe ? Step::backward_flops_per_token() : 8 * d * f;
-  static constexpr index_t block_linear_flops = 2 * d * 3 * d + 2 * d * d + ffn_flops;
+  static constexpr index_t ffn_flops = moe ? Step::flops_per_token() : Ffn::flops_per_token(0);
+  static constexpr index_t ffn_backward_flops = moe ? Step::backward_flops_per_token() : Ffn::backward_flops_per_token(0);
+  static constexpr index_t block_linear_flops = Attn::kv_flops + Attn::query_flops + ffn_flops;
   // Per token of a routed layer: the score wᵀx, the predictor, the skip cost's sum of gates.
   static constexpr index_t router_flops =
       (Cfg::has_router ? 2 * d : 0) + (PW > 0 ? 2 * d * PW + 2 * PW : 0) + (Cfg::gate_mean ? 2 : 0);
@@ -220,9 +190,9 @@ struct DepthExecutor : WorkspaceViews {
   // AttendToSkipped the K/V projection runs over every token, Q and the output projection per run token.
   static constexpr index_t pairs_among(index_t c) { return c * (c + 1) / 2; }
   static constexpr index_t layer_flops(index_t seq, index_t run, index_t pairs, bool is_routed) {
-    const index_t linear = is_routed && attend_all ? seq * 2 * d * 2 * d + run * (2 * d * d + 2 * d * d + ffn_flops)
+    const index_t linear = is_routed && attend_all ? seq * Attn::kv_flops + run * (Attn::query_flops + ffn_flops)
                                                    : run * block_linear_flops;
-    return linear + 4 * d * pairs + (is_routed ? seq * router_flops + gate_loss_flops : 0);
+    return linear + Attn::pair_flops * pairs + (is_routed ? seq * router_flops + gate_loss_flops : 0);
   }
   // The gate loss's square c·(ḡ − ρ)², a 1×1 product on the device once per batch (counted per
   // sequence by layer_flops: an upper bound; realised_flops counts it once).
@@ -235,10 +205,10 @@ struct DepthExecutor : WorkspaceViews {
     // predictor: dw only (its input is stop-gradient) plus the hidden layer's dx and dw.
     const index_t router =
         (router_trained ? 4 * d : 0) + (PW > 0 ? 2 * d * PW + 4 * PW : 0) + (Cfg::gate_mean ? 2 : 0);
-    const index_t linear = is_routed && attend_all
-                               ? seq * 2 * (2 * d * 2 * d) + run * (2 * (2 * d * d + 2 * d * d) + ffn_backward_flops)
-                               : run * (2 * (2 * d * 3 * d + 2 * d * d) + ffn_backward_flops);
-    return linear + 10 * d * pairs + (is_routed ? seq * router : 0);
+    const index_t linear =
+        is_routed && attend_all ? seq * Attn::kv_backward_flops + run * (Attn::query_backward_flops + ffn_backward_flops)
+                                : run * (Attn::kv_backward_flops + Attn::query_backward_flops + ffn_backward_flops);
+    return linear + Attn::pair_backward_flops * pairs + (is_routed ? seq * router : 0);
   }
   // Worst case per sequence: MoD runs exactly C tokens per routed block (worst = expected); a skip
   // criterion may run every token.
@@ -271,10 +241,9 @@ struct DepthExecutor : WorkspaceViews {
     for (int h = 0; h < L; ++h) {
       const double run = routed(h) ? run_fraction * S : S;
       const double pairs = routed(h) && attend_all ? run_fraction * S * (S + 1) / 2 : run * (run + 1) / 2;
-      const double linear = routed(h) && attend_all
-                                ? S * double(2 * d * 2 * d) + run * double(2 * d * d + 2 * d * d + ffn_flops)
-                                : run * double(block_linear_flops);
-      total += linear + 4.0 * double(d) * pairs + (routed(h) ? double(seq * router_flops) : 0.0);
+      const double linear = routed(h) && attend_all ? S * double(Attn::kv_flops) + run * double(Attn::query_flops + ffn_flops)
+                                                    : run * double(block_linear_flops);
+      total += linear + double(Attn::pair_flops) * pairs + (routed(h) ? double(seq * router_flops) : 0.0);
     }
     return total / S;
   }
@@ -285,7 +254,8 @@ struct DepthExecutor : WorkspaceViews {
     return exact_c ? batch * capacity_tokens(seq) : batch * seq;
   }
   struct Layer {
-    typename Attn::Saved attn{};  // MoD: over (batch, C); skip: packed rows (lse [rows × heads])
+    typename Attn::Saved attn{};  // unrouted layers; MoD: over (batch, C)
+    typename Attn::template GroupedSaved<1> gattn{};  // skip: over the run rows (one row group)
     typename Ffn::Saved ffn{};
     typename Step::Plan moe{};  // MoDE staged: the MoE step over the rows run (instead of ffn)
     index_t xg = 0, u = 0, fo = 0;  // gathered inputs x̃, u = x̃ + attention, f(x̃) (routed layers)
@@ -293,7 +263,6 @@ struct DepthExecutor : WorkspaceViews {
     index_t logits = 0, gate = 0, wsel = 0, mask = 0, bce = 0;  // T: [n], [n], [rows], [n], [2]
     index_t hid = 0, act = 0, pred = 0;                          // predictor [n×PW], [n×PW], [n]
     index_t idx = 0, groups = 0;  // token_t: [rows]; the run rows' offsets {0, count} (count on the device)
-    index_t kv = 0, xq = 0, q = 0;  // AttendToSkipped: every token's [K|V] [n×2d]; the run rows' LN and Q
   };
   struct Plan {
     std::array<Layer, L> layer{};
@@ -320,16 +289,12 @@ struct DepthExecutor : WorkspaceViews {
       l.groups = a.take(tok_elems(2));
       l.wsel = a.take(rows);
       l.xg = a.take(rows * d);
-      l.attn = Attn::plan(a, 1, rows);  // the same sizes as (batch, C): rows·d, rows, rows·3d, heads·rows
+      if constexpr (exact_c) l.attn = Attn::plan(a, 1, rows);  // the same sizes as (batch, C)
+      else l.gattn = Attn::template plan_grouped<1, keys>(a, n, rows);
       l.u = a.take(rows * d);
       if constexpr (moe) l.moe = Step::plan(a, rows);
       else l.ffn = Ffn::plan(a, 1, rows);
       l.fo = a.take(rows * d);
-      if constexpr (attend_all) {
-        l.kv = a.take(n * 2 * d);
-        l.xq = a.take(n * d);
-        l.q = a.take(n * d);
-      }
       l.x_next = a.take(n * d);
       l.mask = a.take(n);
       l.bce = a.take(2);
@@ -362,7 +327,8 @@ struct DepthExecutor : WorkspaceViews {
     s.dpred = a.take(n);
     s.dact = a.take(n * std::max<index_t>(PW, 1));
     s.dhid = a.take(n * std::max<index_t>(PW, 1));
-    s.module = a.take(std::max({Attn::scratch(batch, seq), Ffn::scratch(batch, seq), rows * (attend_all ? 6 : 5) * d,
+    s.module = a.take(std::max({Attn::scratch(batch, seq), Ffn::scratch(batch, seq),
+                                exact_c ? index_t(0) : Attn::template scratch_grouped<1, keys>(n, rows),
                                 moe ? Step::scratch(n) : index_t(0)}));
     s.total = a.used;
     return s;
@@ -395,7 +361,7 @@ struct DepthExecutor : WorkspaceViews {
   // ---- forward ------------------------------------------------------------------------------
   template <class Be, class T>
   static MatrixView<const T> forward(Be& be, const T* p, T* ws, const Plan& plan, MatrixView<const T> x, T* scratch,
-                                     index_t batch, index_t seq) {
+                                     index_t batch, index_t seq, std::span<const token_t> /*tokens*/) {
     const index_t n = batch * seq;
     const Scratch s = scratch_plan(batch, seq);
     if constexpr (Cfg::early_exit) be.fill(sp(toks(ws, plan.alive), n), token_t(1));
@@ -412,8 +378,8 @@ struct DepthExecutor : WorkspaceViews {
         Attn::forward(be, pa, ws, l.attn, x, fo, batch, seq);
         be.add_forward(u.flat(), sp(x.data, n * d), sp<const T>(fo.data, n * d));
         if constexpr (moe) {  // x' = u + Σ r_e expert_e(u) (MoE eq. (11))
-          Step::forward(be, p, moe_router_offset(h), experts_of(h), ws, l.moe, MatrixView<const T>(u), x_next);
-          be.axpy(aux, T(1), sp<const T>(ws + l.moe.sel.loss, 1));
+          Step::forward(be, p, moe_router_offset(h), experts_of(h), ws, l.moe, MatrixView<const T>(u), x_next, {});
+          be.axpy(aux, T(1), sp<const T>(ws + Step::selection(l.moe).loss, 1));
         } else {
           Ffn::forward(be, pf, ws, l.ffn, MatrixView<const T>(u), fo, batch, seq);
           be.add_forward(x_next.flat(), sp<const T>(u.data, n * d), sp<const T>(fo.data, n * d));
@@ -436,8 +402,8 @@ struct DepthExecutor : WorkspaceViews {
         Attn::forward(be, pa, ws, l.attn, MatrixView<const T>(xg), fo, batch, m / batch);
         be.add_forward(u.flat(), sp<const T>(xg.data, m * d), sp<const T>(fo.data, m * d));
         if constexpr (moe) {  // MoDE staged: the MoE step over the C selected rows; fm = u + MoE(u)
-          Step::forward(be, p, moe_router_offset(h), experts_of(h), ws, l.moe, MatrixView<const T>(u), fm);
-          be.axpy(aux, T(1), sp<const T>(ws + l.moe.sel.loss, 1));
+          Step::forward(be, p, moe_router_offset(h), experts_of(h), ws, l.moe, MatrixView<const T>(u), fm, {});
+          be.axpy(aux, T(1), sp<const T>(ws + Step::selection(l.moe).loss, 1));
           be.axpy(fm.flat(), T(-1), sp<const T>(xg.data, m * d));  // f = y − x̃
           be.copy(fo.flat(), sp<const T>(fm.data, m * d));
         } else {
@@ -452,7 +418,7 @@ struct DepthExecutor : WorkspaceViews {
         const MatrixView<T> xg = mv(ws + l.xg, n, d), u = mv(ws + l.u, n, d), fo = mv(ws + l.fo, n, d);
         const MatrixView<T> fm = mv(scratch + s.df, n, d);
         be.gather_rows(xg, x, idx, g);
-        packed_attention_forward(be, pa, ws, l, x, MatrixView<const T>(xg), fo, idx, seq, g);
+        Attn::template forward_grouped<keys>(be, one_group(pa), ws, l.gattn, x, MatrixView<const T>(xg), fo, idx, g, seq);
         be.add_forward(u, MatrixView<const T>(xg), MatrixView<const T>(fo), g);
         Ffn::forward_grouped(be, one_group(pf), ws, l.ffn, MatrixView<const T>(u), fm, g);
         be.add_forward(fo, MatrixView<const T>(fo), MatrixView<const T>(fm), g);  // f = y − x̃
@@ -553,42 +519,6 @@ struct DepthExecutor : WorkspaceViews {
     be.linear_forward(mv(ws + l.pred, n, 1), mv<const T>(ws + l.act, n, PW), mv(p + o.w2, 1, PW), sp(p + o.b2, 1));
   }
 
-  // Attention over the running tokens of a skip layer (one row group: the count stays on the
-  // device): queries are the run rows, each attending within its own sequence at or before its
-  // position to the other run tokens, or, with AttendToSkipped, to every token (K/V of all n rows of
-  // x; LN and Q of the run rows gathered from every token's LN).
-  template <class Be, class T>
-  static void packed_attention_forward(Be& be, const T* pa, T* ws, const Layer& l, MatrixView<const T> x,
-                                       MatrixView<const T> xg, MatrixView<T> out, std::span<const token_t> idx,
-                                       index_t seq, RowGroups g) {
-    using detail::mat, detail::vec;
-    const index_t m = xg.rows;
-    const auto& s = l.attn;
-    const PerGroup<const T> P = one_group(pa);
-    const MatrixView<T> ln = mv(ws + s.ln, m, d), att = mv(ws + s.att, m, d);
-    if constexpr (attend_all) {
-      const MatrixView<T> kv = mv(ws + l.kv, m, 2 * d), xq = mv(ws + l.xq, m, d), q = mv(ws + l.q, m, d);
-      be.layernorm_forward(ln, sp(ws + s.mean, m), sp(ws + s.rstd, m), x, vec(pa, Attn::o_ln_w, d),
-                           vec(pa, Attn::o_ln_b, d));
-      be.linear_forward(kv, MatrixView<const T>(ln), mat(pa, Attn::o_w_qkv + d * d, 2 * d, d),
-                        vec(pa, Attn::o_b_qkv + d, 2 * d));
-      be.gather_rows(xq, MatrixView<const T>(ln), idx, g);
-      be.grouped_linear_forward(q, MatrixView<const T>(xq), P.plus(Attn::o_w_qkv), P.plus(Attn::o_b_qkv), g);
-      be.attention_grouped_forward(att, sp(ws + s.lse, m * heads), MatrixView<const T>(q), one_group<const T>(kv.data),
-                                   one_group<const T>(kv.data + d), m, 2 * d, idx, std::span<const token_t>{}, g, seq,
-                                   heads);
-    } else {
-      const MatrixView<T> qkv = mv(ws + s.qkv, m, 3 * d);
-      be.grouped_layernorm_forward(ln, sp(ws + s.mean, m), sp(ws + s.rstd, m), xg, P.plus(Attn::o_ln_w),
-                                   P.plus(Attn::o_ln_b), g);
-      be.grouped_linear_forward(qkv, MatrixView<const T>(ln), P.plus(Attn::o_w_qkv), P.plus(Attn::o_b_qkv), g);
-      const MatrixView<const T> cq(qkv);
-      be.attention_grouped_forward(att, sp(ws + s.lse, m * heads), cq.col_block(0, d), one_group(cq.data + d),
-                                   one_group(cq.data + 2 * d), m, 3 * d, idx, idx, g, seq, heads);
-    }
-    be.grouped_linear_forward(out, MatrixView<const T>(att), P.plus(Attn::o_w_proj), P.plus(Attn::o_b_proj), g);
-  }
-
   // ---- backward -----------------------------------------------------------------------------
   // dres holds dL/dx_L on entry and dL/dx_0 on exit. A routed layer's identity path (every token)
   // leaves dres as it is; the block adds its input gradient for the tokens it ran.
@@ -663,8 +593,10 @@ struct DepthExecutor : WorkspaceViews {
         Ffn::backward_grouped(be, one_group(p + of), one_group(g + of), ws, l.ffn, mv<const T>(ws + l.u, n, d), du,
                               MatrixView<const T>(df), sc + s.module, gr);
         be.axpy(df, T(1), MatrixView<const T>(du), gr);  // df := dL/da
-        packed_attention_backward(be, p + oa, g + oa, ws, l, x, mv<const T>(ws + l.xg, n, d), du, dres,
-                                  MatrixView<const T>(df), idx, seq, sc + s.module, gr);
+        // the run rows' input gradient into du (Routed keys); with AttendToSkipped every token's, into dres
+        Attn::template backward_grouped<keys>(be, one_group(p + oa), one_group(g + oa), ws, l.gattn, x,
+                                              mv<const T>(ws + l.xg, n, d), dres, du, MatrixView<const T>(df), idx, gr,
+                                              seq, sc + s.module);
         be.scatter_add_rows(dres, MatrixView<const T>(du), idx, std::span<const T>{}, gr);
         // dL/d(weight) back to the gate σ(g).
         if constexpr (!unit_weight)
@@ -712,60 +644,6 @@ struct DepthExecutor : WorkspaceViews {
     }
     be.linear_backward(dres, mv(g + o.w, 1, d), Cfg::has_bias ? sp(g + o.b, 1) : std::span<T>{},
                        mv<const T>(dlogits, n, 1), x, mv(p + o.w, 1, d));
-  }
-
-  // Backward of packed_attention_forward: the input gradient of the run rows into dx (then
-  // scatter-added by the caller); with AttendToSkipped every token's LN gets a gradient through its
-  // keys/values, which goes straight into dres (all n rows).
-  template <class Be, class T>
-  static void packed_attention_backward(Be& be, const T* pa, T* ga, const T* ws, const Layer& l, MatrixView<const T> x,
-                                        MatrixView<const T> xg, MatrixView<T> dx, MatrixView<T> dres,
-                                        MatrixView<const T> dout, std::span<const token_t> idx, index_t seq, T* sc,
-                                        RowGroups g) {
-    using detail::mat, detail::vec;
-    const index_t m = xg.rows;
-    const auto& s = l.attn;
-    const PerGroup<const T> P = one_group(pa);
-    const PerGroup<T> G = one_group(ga);
-    const MatrixView<const T> att = mv<const T>(ws + s.att, m, d);
-    const MatrixView<T> datt = mv(sc, m, d);
-    be.zero_rows(datt, g);
-    be.grouped_linear_backward(datt, G.plus(Attn::o_w_proj), G.plus(Attn::o_b_proj), dout, att, P.plus(Attn::o_w_proj),
-                               g);
-    if constexpr (attend_all) {
-      // scratch: datt, dq, dxq [m×d] (run rows), dkv [m×2d] and dln [m×d] (every token)
-      const MatrixView<T> dq = mv(sc + m * d, m, d), dxq = mv(sc + 2 * m * d, m, d);
-      const MatrixView<T> dkv = mv(sc + 3 * m * d, m, 2 * d), dln = mv(sc + 5 * m * d, m, d);
-      const MatrixView<const T> kv = mv<const T>(ws + l.kv, m, 2 * d), ln = mv<const T>(ws + s.ln, m, d);
-      be.zero_rows(dq, g);
-      be.zero(dkv.flat());
-      be.attention_grouped_backward(dq, one_group(dkv.data), one_group(dkv.data + d), MatrixView<const T>(datt), att,
-                                    sp<const T>(ws + s.lse, m * heads), mv<const T>(ws + l.q, m, d),
-                                    one_group(kv.data), one_group(kv.data + d), m, 2 * d, idx,
-                                    std::span<const token_t>{}, g, seq, heads);
-      be.zero(dln.flat());
-      be.linear_backward(dln, mat(ga, Attn::o_w_qkv + d * d, 2 * d, d), vec(ga, Attn::o_b_qkv + d, 2 * d),
-                         MatrixView<const T>(dkv), ln, mat(pa, Attn::o_w_qkv + d * d, 2 * d, d));
-      be.zero_rows(dxq, g);
-      be.grouped_linear_backward(dxq, G.plus(Attn::o_w_qkv), G.plus(Attn::o_b_qkv), MatrixView<const T>(dq),
-                                 mv<const T>(ws + l.xq, m, d), P.plus(Attn::o_w_qkv), g);
-      be.scatter_add_rows(dln, MatrixView<const T>(dxq), idx, std::span<const T>{}, g);
-      be.layernorm_backward(dres, vec(ga, Attn::o_ln_w, d), vec(ga, Attn::o_ln_b, d), MatrixView<const T>(dln), x,
-                            sp<const T>(ws + s.mean, m), sp<const T>(ws + s.rstd, m), vec(pa, Attn::o_ln_w, d));
-    } else {
-      const MatrixView<T> dqkv = mv(sc + m * d, m, 3 * d), dln = mv(sc + 4 * m * d, m, d);
-      be.zero_rows(dqkv, g);
-      be.zero_rows(dln, g);
-      const MatrixView<const T> qkv = mv<const T>(ws + s.qkv, m, 3 * d);
-      be.attention_grouped_backward(dqkv.col_block(0, d), one_group(dqkv.data + d), one_group(dqkv.data + 2 * d),
-                                    MatrixView<const T>(datt), att, sp<const T>(ws + s.lse, m * heads),
-                                    qkv.col_block(0, d), one_group(qkv.data + d), one_group(qkv.data + 2 * d), m, 3 * d,
-                                    idx, idx, g, seq, heads);
-      be.grouped_linear_backward(dln, G.plus(Attn::o_w_qkv), G.plus(Attn::o_b_qkv), MatrixView<const T>(dqkv),
-                                 mv<const T>(ws + s.ln, m, d), P.plus(Attn::o_w_qkv), g);
-      be.grouped_layernorm_backward(dx, G.plus(Attn::o_ln_w), G.plus(Attn::o_ln_b), MatrixView<const T>(dln), xg,
-                                    sp<const T>(ws + s.mean, m), sp<const T>(ws + s.rstd, m), P.plus(Attn::o_ln_w), g);
-    }
   }
 
   // ---- read-back: selections, counts, causal accuracy ---------------------------------------

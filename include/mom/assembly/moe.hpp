@@ -12,9 +12,10 @@
 // router (W_h, LN_h) also when the experts are shared. Each step's Switch balance loss over its
 // C = E (+1) classes is added to the model loss.
 //
-// The FFN step is MoEStep below: a function over arbitrary rows [rows × d] (its own routing,
+// The FFN step is MoEStep below: a function over arbitrary rows [rows × d] (its gate's routing,
 // grouped dispatch through assembly/grouped_dispatch.hpp, shared with the MoM executor), usable
-// on a packed subset of tokens (MoDE staged).
+// on a packed subset of tokens (MoDE staged). The gate is the router policy's (routers/gate.hpp), so
+// a user's policy with `gates_experts` and a `gate` runs here unchanged (docs/extending.md).
 #include <algorithm>
 #include <array>
 #include <type_traits>
@@ -22,50 +23,45 @@
 #include "mom/assembly/assembly.hpp"
 #include "mom/assembly/grouped_dispatch.hpp"
 #include "mom/assembly/phi.hpp"
-#include "mom/modules/ffn.hpp"
-#include "mom/modules/mha.hpp"
+#include "mom/routers/gate.hpp"
 #include "mom/routers/topk.hpp"
 
 namespace mom {
 
-// One MoE FFN step over `rows` rows: out = in + Σ_{e picked} r_e · expert_e(in), with a top-K
-// softmax router (own LayerNorm, W [C × d], no bias) over E experts plus SKIP when Skip.
-// Parameters: the router block at p + router_offset (ln.w, ln.b, w), expert e at
-// p + expert_offset[e] (a modules::FeedForward<D> block). Workspace: Plan from plan(arena, rows).
+// One MoE FFN step over `rows` rows: out = in + Σ_{e picked} r_e · expert_e(in), the picks and weights
+// r_e from an ExpertGate (routers/gate.hpp; TopK<Softmax>'s: its own LayerNorm, W [C × d], softmax, top-K)
+// over E experts (plus SKIP when the set has Skip), each expert a TokenMixer Ffn.
+// Parameters: the gate's block at p + router_offset, expert e at p + expert_offset[e] (an Ffn block).
 //
-//   using Step = MoEStep<D, E, K, skip, TopKConfig<TypeList<>>>;
+//   using Step = MoEStep<D, Ffn, E, K, Gate>;
 //   Step::Plan sp = Step::plan(arena, rows);                  // (rows: the most you will pass)
-//   Step::forward(be, p, router_off, expert_offs, ws, sp, in, out);          // out = in + MoE(in)
-//   be.axpy(aux, T(1), {ws + sp.sel.loss, 1});              // add to the loss (the balance loss)
+//   Step::forward(be, p, router_off, expert_offs, ws, sp, in, out, tokens);   // out = in + MoE(in)
+//   be.axpy(aux, T(1), {ws + Step::selection(sp).loss, 1});  // add the gate's auxiliary loss
 //   Step::backward(be, p, g, router_off, expert_offs, ws, sp, in, dres, scratch);  // dres: dL/dout -> dL/din
 // `in` and `out` must not alias; the rows of `in` are independent tokens (no attention inside).
-template <Dims D, int E, int Kp, bool Skip, class Cfg>
+template <Dims D, class Ffn, int E, int Kp, class Gate>
 struct MoEStep {
   static_assert(E <= max_row_groups,
                 "mom::phi::MoE: at most 256 experts per step (mom::max_row_groups: the grouped ops pass one parameter "
                 "offset per expert to their kernels)");
-  using RoutedFfn = dispatch::RoutedFfn<D>;
-  using Ffn = modules::FeedForward<D>;
+  static_assert(ExpertGate<Gate>, "mom::phi::MoE: the router's gate is not a mom::ExpertGate (routers/gate.hpp)");
+  using RoutedFfn = dispatch::RoutedFfn<Ffn, D>;
   static constexpr int experts = E;
-  static constexpr int C = E + (Skip ? 1 : 0);       // router classes, SKIP last (class E)
+  static constexpr int C = Gate::classes;            // router classes; >= E never run (SKIP, unused slots)
   static constexpr int real_k = Kp < E ? Kp : E;     // picks that can land on an expert
-  static constexpr index_t d = D.d_model, f = D.ff();
+  static constexpr index_t d = D.d_model;
 
-  // ---- the router's parameters ------------------------------------------------------------
-  static constexpr index_t o_ln_w = 0, o_ln_b = d, o_w = 2 * d, router_params = 2 * d + C * d;
-  static constexpr std::array<TensorSpec, 3> router_tensors(index_t layer) {
-    return {{{"router.ln.w", layer, 1, d, Init::One},
-             {"router.ln.b", layer, 1, d, Init::Zero},
-             {"router.w", layer, C, d, Init::Normal}}};
-  }
+  static constexpr index_t router_params = Gate::params;
+  static constexpr auto router_tensors(index_t layer) { return Gate::tensors(layer); }
+  static constexpr std::size_t router_tensor_count = module_tensor_count<Gate>;
 
-  // ---- cost per row: the router's product, real_k experts at most -------------------------
-  static constexpr index_t router_flops_per_token() { return 2 * d * C; }
+  // ---- cost per row: the gate, real_k experts at most -----------------------------------------
+  static constexpr index_t router_flops_per_token() { return Gate::flops_per_token(); }
   static constexpr index_t flops_per_token() { return router_flops_per_token() + real_k * Ffn::flops_per_token(0); }
   static constexpr index_t backward_flops_per_token() {
-    return 2 * router_flops_per_token() + real_k * Ffn::backward_flops_per_token(0);
+    return Gate::backward_flops_per_token() + real_k * Ffn::backward_flops_per_token(0);
   }
-  // Forward FLOPs for a realised routing: picks [rows·K] class ids (SKIP = E) on the host.
+  // Forward FLOPs for a realised routing: picks [rows·K] class ids (>= E: no expert) on the host.
   static index_t routed_flops(index_t rows, std::span<const token_t> picks) {
     index_t total = rows * router_flops_per_token();
     for (token_t c : picks)
@@ -75,30 +71,25 @@ struct MoEStep {
 
   // ---- workspace --------------------------------------------------------------------------
   struct Plan {
-    index_t ln = 0, mean = 0, rstd = 0;  // the router's LayerNorm
-    dispatch::Selection sel{};
+    typename Gate::Plan gate{};
     typename RoutedFfn::Saved ffn{};
   };
   static constexpr Plan plan(Arena& a, index_t rows) {
     Plan p{};
-    p.ln = a.take(rows * d);
-    p.mean = a.take(rows);
-    p.rstd = a.take(rows);
-    p.sel = dispatch::plan_selection(a, rows, Kp, C);
+    p.gate = Gate::plan(a, rows);
     p.ffn = RoutedFfn::plan(a, rows * Kp);
     return p;
   }
+  static constexpr const dispatch::Selection& selection(const Plan& p) { return Gate::selection(p.gate); }
   struct Scratch {
-    index_t dy, dwp, dws, dlogits, dln, ffn, total;
+    index_t dy, dwp, gate, ffn, total;
   };
   static constexpr Scratch scratch_plan(index_t rows) {
     Arena a;
     Scratch s{};
     s.dy = a.take(rows * Kp * d);
     s.dwp = a.take(rows * Kp);
-    s.dws = a.take(rows * Kp);
-    s.dlogits = a.take(rows * C);
-    s.dln = a.take(rows * d);
+    s.gate = a.take(Gate::scratch(rows));
     s.ffn = a.take(RoutedFfn::scratch(rows * Kp));
     s.total = a.used;
     return s;
@@ -108,69 +99,56 @@ struct MoEStep {
   // ---- forward / backward -----------------------------------------------------------------
   template <class Be, class T>
   static void forward(Be& be, const T* p, index_t router_offset, const std::array<index_t, E>& expert_offset, T* ws,
-                      const Plan& s, MatrixView<const T> in, MatrixView<T> out) {
-    using detail::mat, detail::vec;
-    const index_t rows = in.rows;
-    const T* pr = p + router_offset;
-    // Router: z = LN_r(in), logits = W z (into probs), softmax / top-K / groups / balance loss.
-    const MatrixView<T> z{ws + s.ln, rows, d};
-    be.layernorm_forward(z, vec(ws, s.mean, rows), vec(ws, s.rstd, rows), in, vec(pr, o_ln_w, d), vec(pr, o_ln_b, d));
-    be.linear_forward(MatrixView<T>{ws + s.sel.probs, rows, C}, MatrixView<const T>(z), mat(pr, o_w, C, d),
-                      std::span<const T>{});
-    dispatch::select_forward(be, ws, s.sel, rows, Kp, C, T(1.0 / Cfg::temperature), Cfg::renormalise,
-                             T(Cfg::balance_coef));
-    // Experts over exactly their groups (eq. (6)); SKIP's group (class E) is never touched.
-    be.copy(out.flat(), std::span<const T>(in.data, std::size_t(rows * d)));
-    RoutedFfn::forward(be, p, ws, s.ffn, s.sel, E, [&](int e) { return expert_offset[e]; }, in, out, Kp);
+                      const Plan& s, MatrixView<const T> in, MatrixView<T> out, std::span<const token_t> tokens) {
+    static_assert(ExpertGateOn<Gate, Be, T>, "mom::phi::MoE: the gate lacks forward/backward for this backend");
+    Gate::forward(be, p + router_offset, ws, s.gate, in, tokens);
+    // Experts over exactly their groups (eq. (6)); classes >= E (SKIP, unused slots) are never touched.
+    be.copy(out.flat(), std::span<const T>(in.data, std::size_t(in.rows * d)));
+    RoutedFfn::forward(be, p, ws, s.ffn, selection(s), E, [&](int e) { return expert_offset[e]; }, in, out, Kp);
   }
 
   // dres [rows × d] holds dL/dout on entry and dL/din on exit (the residual path is the identity).
-  // The weighted scatter-adds read dres first; then the router and the experts accumulate into it.
+  // The weighted scatter-adds read dres first; then the gate and the experts accumulate into it.
   template <class Be, class T>
   static void backward(Be& be, const T* p, T* g, index_t router_offset, const std::array<index_t, E>& expert_offset,
                        const T* ws, const Plan& s, MatrixView<const T> in, MatrixView<T> dres, T* scratch) {
-    using detail::mat, detail::vec;
     const index_t rows = in.rows;
     const Scratch sc = scratch_plan(rows);
-    dispatch::weighted_scatter_backward(be, ws, s.sel, s.ffn.y, E, MatrixView<const T>(dres), scratch + sc.dy,
+    dispatch::weighted_scatter_backward(be, ws, selection(s), s.ffn.y, E, MatrixView<const T>(dres), scratch + sc.dy,
                                         scratch + sc.dwp, rows, Kp);
-    // Router: dlogits through top-K / softmax (+ the balance loss), then W and LN_r.
-    const T* pr = p + router_offset;
-    T* gr = g + router_offset;
-    const MatrixView<T> dlogits{scratch + sc.dlogits, rows, C}, dz{scratch + sc.dln, rows, d};
-    dispatch::select_backward(be, ws, s.sel, rows, Kp, C, T(1.0 / Cfg::temperature), Cfg::renormalise,
-                              std::span<const T>(scratch + sc.dwp, std::size_t(rows * Kp)),
-                              std::span<T>(scratch + sc.dws, std::size_t(rows * Kp)), dlogits);
-    be.zero(dz.flat());
-    be.linear_backward(dz, mat(gr, o_w, C, d), std::span<T>{}, MatrixView<const T>(dlogits),
-                       MatrixView<const T>{ws + s.ln, rows, d}, mat(pr, o_w, C, d));
-    be.layernorm_backward(dres, vec(gr, o_ln_w, d), vec(gr, o_ln_b, d), MatrixView<const T>(dz), in,
-                          vec(ws, s.mean, rows), vec(ws, s.rstd, rows), vec(pr, o_ln_w, d));
-    // Experts: parameter gradients, input gradients scatter-added into dres.
-    RoutedFfn::backward(be, p, g, ws, s.ffn, s.sel, E, [&](int e) { return expert_offset[e]; }, scratch + sc.dy, dres,
-                        scratch + sc.ffn, Kp);
+    Gate::backward(be, p + router_offset, g + router_offset, ws, s.gate, in, dres,
+                   std::span<const T>(scratch + sc.dwp, std::size_t(rows * Kp)), scratch + sc.gate);
+    RoutedFfn::backward(be, p, g, ws, s.ffn, selection(s), E, [&](int e) { return expert_offset[e]; }, scratch + sc.dy,
+                        dres, scratch + sc.ffn, Kp);
   }
 
-  // The picks of the last forward: rows×K class ids (SKIP = E), on the host.
+  // The picks of the last forward: rows×K class ids (>= E: no expert), on the host.
   template <class Be, class T>
   static void read_picks(Be& be, const T* ws, const Plan& s, index_t rows, std::span<token_t> out) {
-    be.to_host(out, std::span<const token_t>(dispatch::toks(ws, s.sel.picks), std::size_t(rows * Kp)));
+    be.to_host(out, std::span<const token_t>(dispatch::toks(ws, selection(s).picks), std::size_t(rows * Kp)));
   }
 };
 
-template <class A, Dims D>
-struct Executor<TopK<Softmax>, A, D> {
+// The MoE step of an Assembly's step h: its set's token mixer, E choices, K, the router policy's gate.
+template <class A, Dims D, class Policy = typename A::router::policy>
+using MoEStepOf =
+    MoEStep<D, typename A::module_set::template ffn<D>, A::module_set::ffn_choices, A::k,
+            typename Policy::template gate<D, A::module_set::ffn_choices, A::k, A::module_set::has_skip,
+                                           typename A::router::options>>;
+
+// phi::MoE's executor, for every router policy that gates experts (routers/gate.hpp: TopK<Softmax>,
+// or a user's policy).
+template <class P, class A, Dims D>
+  requires ExpertGatePolicy<P>
+struct Executor<P, A, D> {
   using Set = typename A::module_set;
-  using Cfg = TopKConfig<typename A::router::options>;
-  // Reading ok instantiates the option checks (their static_asserts carry the messages).
-  static constexpr bool options_ok = TopK<Softmax>::VerifyOptions<typename A::router::options>::ok;
   static_assert(std::is_same_v<typename A::phi_type, phi::MoE>,
                 "mom::Router<TopK<Softmax>> assembles with phi::MoE: write Assembly<Router<TopK<Softmax>>, "
                 "ModuleSet<MHA<L>, Experts<FFN, E, PerStep>>, K<2>, H<L>, phi::MoE>");
-  using Attn = modules::Attention<D>;
+  using Attn = typename Set::template attention<D>;
   static constexpr int L = A::h, E = Set::ffn_choices, Kp = A::k, Hn = L;
   static constexpr bool shared_experts = !Set::experts_per_step;
-  using Step = MoEStep<D, E, Kp, Set::has_skip, Cfg>;
+  using Step = MoEStepOf<A, D, P>;
   static constexpr int C = Step::C;
   static constexpr index_t d = D.d_model;
 
@@ -188,14 +166,14 @@ struct Executor<TopK<Softmax>, A, D> {
     for (int h = 0; h < L; ++h) out[h] = expert_offsets(h);
     return out;
   }();
-  static constexpr std::size_t tensor_count = Set::tensor_count + (options_ok ? 3 : 3) * std::size_t(L);
+  static constexpr std::size_t tensor_count = Set::template tensor_count<D> + Step::router_tensor_count * std::size_t(L);
   static constexpr index_t params = router_offset(L);
   static constexpr index_t router_params = L * Step::router_params;
 
   // Router tensors: h.<base + h>.router.{ln.w, ln.b, w}.
   static constexpr void specs(TensorSpec* out, index_t layer_base) {
     Set::template specs<D>(out, layer_base);
-    out += Set::tensor_count;
+    out += Set::template tensor_count<D>;
     for (int h = 0; h < L; ++h)
       for (const auto& t : Step::router_tensors(layer_base + h)) *out++ = t;
   }
@@ -244,7 +222,7 @@ struct Executor<TopK<Softmax>, A, D> {
   // ---- forward / backward -------------------------------------------------------------------
   template <class Be, class T>
   static MatrixView<const T> forward(Be& be, const T* p, T* ws, const Plan& plan, MatrixView<const T> x, T* scratch,
-                                     index_t batch, index_t seq) {
+                                     index_t batch, index_t seq, std::span<const token_t> tokens) {
     const index_t n = batch * seq;
     const MatrixView<T> fa{scratch, n, d};
     const std::span<T> aux(ws + plan.aux, 1);  // summed on the device: the host never waits
@@ -253,8 +231,8 @@ struct Executor<TopK<Softmax>, A, D> {
       const MatrixView<T> u{ws + plan.u[h], n, d}, x_next{ws + plan.x_next[h], n, d};
       Attn::forward(be, p + Set::template attention_offset<D>(h), ws, plan.attn[h], x, fa, batch, seq);
       be.add_forward(u.flat(), std::span<const T>(x.data, std::size_t(n * d)), std::span<const T>(fa.flat()));  // eq. (4)
-      Step::forward(be, p, router_offset(h), experts_of[h], ws, plan.step[h], MatrixView<const T>(u), x_next);
-      be.axpy(aux, T(1), std::span<const T>(ws + plan.step[h].sel.loss, 1));
+      Step::forward(be, p, router_offset(h), experts_of[h], ws, plan.step[h], MatrixView<const T>(u), x_next, tokens);
+      be.axpy(aux, T(1), std::span<const T>(ws + Step::selection(plan.step[h]).loss, 1));
       x = x_next;
     }
     return x;
@@ -276,7 +254,7 @@ struct Executor<TopK<Softmax>, A, D> {
   // ---- routing read-back (statistics, realised FLOPs; models/routing_stats.hpp) -------------
   // One router family ("ffn"): step h's picks, n×K class ids (SKIP = E).
   static constexpr int routing_routers = 1;
-  static constexpr RoutingInfo routing_info(int /*router*/) { return {"ffn", C, L, Kp, Set::has_skip}; }
+  static constexpr RoutingInfo routing_info(int /*router*/) { return {"ffn", C, L, Kp, C > E}; }
   template <class Be, class T>
   static void read_picks(Be& be, const T* ws, const Plan& plan, int h, int /*router*/, index_t n, std::span<token_t> out) {
     Step::read_picks(be, ws, plan.step[h], n, out);

@@ -35,27 +35,20 @@
 #include "mom/assembly/assembly.hpp"
 #include "mom/assembly/grouped_dispatch.hpp"
 #include "mom/assembly/phi.hpp"
-#include "mom/modules/ffn.hpp"
-#include "mom/modules/mha.hpp"
 #include "mom/routers/gru.hpp"
 
 namespace mom {
 
-namespace phi {
-// φ_MoM with each attention module's keys/values restricted to the tokens routed to it.
-struct MoMRoutedKV : MoM {};
-}  // namespace phi
 
 template <class A, Dims D>
 struct Executor<GRU, A, D> : WorkspaceViews {
   using Set = typename A::module_set;
   using Cfg = GRUConfig<typename A::router::options>;
-  // Reading ok instantiates the option checks (their static_asserts carry the messages).
-  static constexpr bool options_ok = GRU::VerifyOptions<typename A::router::options>::ok;
+  static_assert(sizeof(GRU::VerifyOptions<typename A::router::options>) > 0);  // runs the option checks
   static_assert(std::is_same_v<typename A::phi_type, phi::MoM> || std::is_same_v<typename A::phi_type, phi::MoMRoutedKV>,
                 "mom::Router<GRU> assembles with phi::MoM or phi::MoMRoutedKV");
-  using Attn = modules::Attention<D>;
-  using Ffn = modules::FeedForward<D>;
+  using Attn = typename Set::template attention<D>;
+  using Ffn = typename Set::template ffn<D>;
 
   static constexpr int NA = Set::n_attention, NF = Set::n_ffn, Hn = A::h, Kp = A::k;
   static_assert(NA <= max_row_groups && NF <= max_row_groups,
@@ -65,44 +58,22 @@ struct Executor<GRU, A, D> : WorkspaceViews {
   static constexpr int Emax = EA > EF ? EA : EF;
   static constexpr index_t d = D.d_model, f = D.ff(), heads = D.heads, W = Cfg::width;
   static constexpr bool routed_kv = std::is_same_v<typename A::phi_type, phi::MoMRoutedKV>;
+  static constexpr KeySource keys = routed_kv ? KeySource::Routed : KeySource::AllTokens;
   // Picks that can land on a computing module (K = N + 1 with SKIP always includes SKIP).
   static constexpr int real_a = Kp < NA ? Kp : NA, real_f = Kp < NF ? Kp : NF;
 
-  // ---- parameters: the module set (names h.<base+i>.*), then the two routers -------------
-  struct RouterOffsets {
-    index_t w_ih, w_hh, b_ih, b_hh, w_out, end;
-  };
-  static constexpr RouterOffsets router_offsets(index_t at, index_t E) {
-    RouterOffsets r{};
-    r.w_ih = at;
-    r.w_hh = r.w_ih + 3 * W * d;
-    r.b_ih = r.w_hh + 3 * W * W;
-    r.b_hh = r.b_ih + 3 * W;
-    r.w_out = r.b_hh + 3 * W;
-    r.end = r.w_out + E * W;
-    return r;
-  }
-  static constexpr RouterOffsets ra = router_offsets(Set::template params<D>, EA);
-  static constexpr RouterOffsets rf = router_offsets(ra.end, EF);
-  // (reading options_ok here makes every use of the model type run the option checks)
-  static constexpr std::size_t tensor_count = Set::tensor_count + (options_ok ? 10 : 10);
+  // ---- parameters: the module set (names h.<base+i>.*), then the two routers (GRU::tensors) ----
+  using RouterOffsets = GRU::Offsets;
+  static constexpr RouterOffsets ra = GRU::offsets(Set::template params<D>, d, W, EA);
+  static constexpr RouterOffsets rf = GRU::offsets(ra.end, d, W, EF);
+  static constexpr std::size_t tensor_count = Set::template tensor_count<D> + GRU::router_tensor_count;
   static constexpr index_t params = rf.end;
   static constexpr index_t router_params = rf.end - ra.w_ih;
 
-  // Router tensors are named under the chunk's first layer: h.<base>.router_attn.w_ih, ...
   static constexpr void specs(TensorSpec* out, index_t layer_base) {
     Set::template specs<D>(out, layer_base);
-    out += Set::tensor_count;
-    *out++ = {"router_attn.w_ih", layer_base, 3 * W, d, Init::Normal};
-    *out++ = {"router_attn.w_hh", layer_base, 3 * W, W, Init::Normal};
-    *out++ = {"router_attn.b_ih", layer_base, 1, 3 * W, Init::Zero};
-    *out++ = {"router_attn.b_hh", layer_base, 1, 3 * W, Init::Zero};
-    *out++ = {"router_attn.w_out", layer_base, EA, W, Init::Normal};
-    *out++ = {"router_ffn.w_ih", layer_base, 3 * W, d, Init::Normal};
-    *out++ = {"router_ffn.w_hh", layer_base, 3 * W, W, Init::Normal};
-    *out++ = {"router_ffn.b_ih", layer_base, 1, 3 * W, Init::Zero};
-    *out++ = {"router_ffn.b_hh", layer_base, 1, 3 * W, Init::Zero};
-    *out++ = {"router_ffn.w_out", layer_base, EF, W, Init::Normal};
+    out += Set::template tensor_count<D>;
+    for (const auto& t : GRU::tensors(layer_base, d, W, EA, EF)) *out++ = t;
   }
 
   // ---- cost model -------------------------------------------------------------------------
@@ -113,10 +84,19 @@ struct Executor<GRU, A, D> : WorkspaceViews {
   // projections, causal attention averaging 2d(seq+1)), the K/V projections (phi::MoM: every
   // attention module over every token; phi::MoMRoutedKV: per routed token), K FFN passes.
   static constexpr index_t flops_per_token(index_t seq) {
-    const index_t kv = routed_kv ? real_a * 4 * d * d : NA * 4 * d * d;
-    const index_t attn = real_a * (2 * d * d + 2 * d * d + 2 * d * (seq + 1));
-    const index_t ffn = real_f * 4 * d * f;
+    const index_t kv = (routed_kv ? real_a : NA) * Attn::kv_flops;
+    const index_t attn = real_a * (Attn::query_flops + Attn::pair_flops * (seq + 1) / 2);
+    const index_t ffn = real_f * Ffn::flops_per_token(seq);
     return Hn * (router_flops_per_token(EA) + router_flops_per_token(EF) + kv + attn + ffn);
+  }
+
+  // Backward, the same worst case: two products per forward product (the GRU cells' and heads' dx and
+  // dW; the modules' backward as they count it).
+  static constexpr index_t backward_flops_per_token(index_t seq) {
+    const index_t kv = (routed_kv ? real_a : NA) * Attn::kv_backward_flops;
+    const index_t attn = real_a * (Attn::query_backward_flops + Attn::pair_backward_flops * (seq + 1) / 2);
+    const index_t ffn = real_f * Ffn::backward_flops_per_token(seq);
+    return Hn * (2 * router_flops_per_token(EA) + 2 * router_flops_per_token(EF) + kv + attn + ffn);
   }
 
   // Forward FLOPs of one chunk for a realised routing: picks(h, router) gives round h's picks
@@ -139,29 +119,29 @@ struct Executor<GRU, A, D> : WorkspaceViews {
             }
         // phi::MoM: module m's K/V over every token, whether or not a query picked it (the host
         // does not know the group sizes; see attention_forward).
-        if (!routed_kv) total += n * 2 * d * 2 * d;
+        if (!routed_kv) total += n * Attn::kv_flops;
         if (n_m == 0) continue;
-        total += (routed_kv ? n_m * 2 * d * 2 * d : 0) + n_m * 4 * d * d + 4 * d * keys;
+        total += (routed_kv ? n_m * Attn::kv_flops : 0) + n_m * Attn::query_flops + Attn::pair_flops * keys;
       }
       const auto pf = picks(h, 1);
       for (index_t s = 0; s < n * Kp; ++s)
-        if (pf[std::size_t(s)] < NF) total += 4 * d * f;
+        if (pf[std::size_t(s)] < NF) total += Ffn::flops_per_token(seq);
     }
     return total;
   }
 
   // ---- workspace --------------------------------------------------------------------------
-  using RoutedFfn = dispatch::RoutedFfn<D>;
+  using RoutedFfn = dispatch::RoutedFfn<Ffn, D>;
   // A router's GRU gates and state, then its selection (probs .. offsets).
   struct RouterSaved : dispatch::Selection {
     index_t gates = 0, state = 0;  // T
   };
   struct Round {
     RouterSaved ra{}, rf{};
-    // attention: phi::MoM keeps LN_m(x), mean, rstd, [K|V] per module over all n tokens;
-    // phi::MoMRoutedKV keeps them packed (module m's routed rows). Packed rows: n·K.
-    std::array<index_t, NA> ln{}, mean{}, rstd{}, kv{};
-    index_t xg = 0, xq = 0, q = 0, att = 0, lse = 0, ya = 0;
+    // attention: the modules' grouped workspace (KeySource: every token's K/V or the routed rows'),
+    // the gathered inputs (Routed keys) and the outputs y, over the n·K packed rows.
+    typename Attn::template GroupedSaved<NA> attn{};
+    index_t xg = 0, ya = 0;
     index_t u = 0;
     typename RoutedFfn::Saved ffn{};  // FFN: gathered inputs, outputs, activations (packed)
     index_t x_next = 0;
@@ -172,8 +152,6 @@ struct Executor<GRU, A, D> : WorkspaceViews {
     index_t aux = 0;         // the balance loss of this chunk (written by forward)
   };
   static constexpr bool has_aux_loss = true;
-  // read_picks / routed_flops: module picks per round (routing statistics, realised FLOPs).
-  static constexpr bool has_module_picks = true;
 
   static constexpr RouterSaved plan_router(Arena& a, index_t n, index_t E) {
     RouterSaved r{};
@@ -188,23 +166,8 @@ struct Executor<GRU, A, D> : WorkspaceViews {
     for (int h = 0; h < Hn; ++h) {
       Round& r = p.round[h];
       r.ra = plan_router(a, n, EA);
-      if constexpr (routed_kv) {
-        r.xg = a.take(P * d);
-        const index_t ln = a.take(P * d), mean = a.take(P), rstd = a.take(P), kv = a.take(P * 2 * d);
-        for (int m = 0; m < NA; ++m) r.ln[m] = ln, r.mean[m] = mean, r.rstd[m] = rstd, r.kv[m] = kv;
-        r.xq = ln;
-      } else {
-        for (int m = 0; m < NA; ++m) {
-          r.ln[m] = a.take(n * d);
-          r.mean[m] = a.take(n);
-          r.rstd[m] = a.take(n);
-          r.kv[m] = a.take(n * 2 * d);
-        }
-        r.xq = a.take(P * d);
-      }
-      r.q = a.take(P * d);
-      r.att = a.take(P * d);
-      r.lse = a.take(P * heads);
+      if constexpr (routed_kv) r.xg = a.take(P * d);
+      r.attn = Attn::template plan_grouped<NA, keys>(a, n, P);
       r.ya = a.take(P * d);
       r.u = a.take(n * d);
       r.rf = plan_router(a, n, EF);
@@ -218,11 +181,10 @@ struct Executor<GRU, A, D> : WorkspaceViews {
 
   // Backward scratch (all blocks live at once; see backward()).
   struct Scratch {
-    index_t dy, dwp, dws, dlogits, gru, dsa0, dsa1, dsf0, dsf1, datt, dq, dkv, dln, dxg, total;
+    index_t dy, dwp, dws, dlogits, gru, dsa0, dsa1, dsf0, dsf1, attn, dxg, total;
   };
   static constexpr Scratch scratch_plan(index_t batch, index_t seq) {
-    // K/V gradients: packed (routed K/V) or one [n × 2d] block per attention module.
-    const index_t n = batch * seq, P = n * Kp, rows = routed_kv ? P : NA * n;
+    const index_t n = batch * seq, P = n * Kp;
     Arena a;
     Scratch s{};
     s.dy = a.take(P * d);
@@ -234,11 +196,9 @@ struct Executor<GRU, A, D> : WorkspaceViews {
     s.dsa1 = a.take(n * W);
     s.dsf0 = a.take(n * W);
     s.dsf1 = a.take(n * W);
-    s.datt = a.take(P * d);
-    s.dq = a.take(P * d);
-    s.dkv = a.take(rows * 2 * d);
-    s.dln = a.take(rows * d);
-    s.dxg = a.take(RoutedFfn::scratch(P));  // FFN: dL/d(gathered rows) then the module's scratch
+    s.attn = a.take(Attn::template scratch_grouped<NA, keys>(n, P));
+    // FFN: dL/d(gathered rows) then the module's scratch; attention (Routed keys): dL/d(gathered rows)
+    s.dxg = a.take(std::max(RoutedFfn::scratch(P), P * d));
     s.total = a.used;
     return s;
   }
@@ -251,6 +211,7 @@ struct Executor<GRU, A, D> : WorkspaceViews {
   static PerGroup<T> attention_params(T* p) {
     return PerGroup<T>(p, NA, attention_offset);
   }
+  static_assert(NA == 0 || is_sequence_mixer<Attn>, "mom::Router<GRU>: the attention modules are not a mom::SequenceMixer");
 
   // eqs. (7)-(8): state, probabilities, top-K picks, renormalised weights, groups, balance loss.
   template <class Be, class T>
@@ -286,7 +247,7 @@ struct Executor<GRU, A, D> : WorkspaceViews {
   // ---- forward ----------------------------------------------------------------------------
   template <class Be, class T>
   static MatrixView<const T> forward(Be& be, const T* p, T* ws, const Plan& plan, MatrixView<const T> x, T* /*scratch*/,
-                                     index_t batch, index_t seq) {
+                                     index_t batch, index_t seq, std::span<const token_t> /*tokens*/) {
     using detail::mat, detail::vec;
     const index_t n = batch * seq;
     be.zero(sp(ws + plan.zero_state, n * W));
@@ -315,45 +276,18 @@ struct Executor<GRU, A, D> : WorkspaceViews {
     return x;
   }
 
-  // The attention modules over their groups of the n·K packed rows (group order); adds w · y into
-  // u (eq. (5)). The group sizes stay in backend memory: every op below is a grouped op, except
-  // the phi::MoM K/V projections, which run every attention module over every token.
+  // The attention modules over their groups of the n·K packed rows (group order; the module's
+  // forward_grouped, modules/module.hpp); adds w · y into u (eq. (5)). The group sizes stay in backend
+  // memory: every op is a grouped op, except phi::MoM's K/V projections over every token.
   template <class Be, class T>
   static void attention_forward(Be& be, const T* p, T* ws, const Round& r, MatrixView<const T> x, MatrixView<T> u,
                                 index_t n, index_t seq) {
-    using detail::mat, detail::vec;
     const index_t P = n * Kp;
     const RowGroups g = dispatch::groups_of(ws, r.ra, NA);
-    const PerGroup<const T> pm = attention_params(p);
-    const auto Wq = pm.plus(Attn::o_w_qkv), Wkv = pm.plus(Attn::o_w_qkv + d * d);
-    const auto bq = pm.plus(Attn::o_b_qkv), bkv = pm.plus(Attn::o_b_qkv + d);
-    const auto gamma = pm.plus(Attn::o_ln_w), beta = pm.plus(Attn::o_ln_b);
     const std::span<const token_t> idx = sp<const token_t>(toks(ws, r.ra.row_token), P);
-    const MatrixView<T> xq = mv(ws + r.xq, P, d), q = mv(ws + r.q, P, d);
-    const PerGroup<const T> kv(ws, NA, [&](int m) { return r.kv[m]; });
-    if constexpr (routed_kv) {  // LN, Q, K and V of the routed rows only
-      const MatrixView<T> xg = mv(ws + r.xg, P, d);
-      be.gather_rows(xg, x, idx, g);
-      be.grouped_layernorm_forward(xq, sp(ws + r.mean[0], P), sp(ws + r.rstd[0], P), MatrixView<const T>(xg), gamma, beta,
-                                   g);
-      be.grouped_linear_forward(mv(ws + r.kv[0], P, 2 * d), MatrixView<const T>(xq), Wkv, bkv, g);
-    } else {  // K and V of every token, per module; the queries' LN rows gathered from each module's
-      for (int m = 0; m < NA; ++m) {
-        const T* pa = p + attention_offset(m);
-        const MatrixView<T> ln = mv(ws + r.ln[m], n, d), kvm = mv(ws + r.kv[m], n, 2 * d);
-        be.layernorm_forward(ln, sp(ws + r.mean[m], n), sp(ws + r.rstd[m], n), x, vec(pa, Attn::o_ln_w, d),
-                             vec(pa, Attn::o_ln_b, d));
-        be.linear_forward(kvm, MatrixView<const T>(ln), mat(pa, Attn::o_w_qkv + d * d, 2 * d, d),
-                          vec(pa, Attn::o_b_qkv + d, 2 * d));
-      }
-      be.gather_rows(xq, PerGroup<const T>(ws, NA, [&](int m) { return r.ln[m]; }), n, idx, g);
-    }
-    be.grouped_linear_forward(q, MatrixView<const T>(xq), Wq, bq, g);
-    const MatrixView<T> att = mv(ws + r.att, P, d), y = mv(ws + r.ya, P, d);
-    be.attention_grouped_forward(att, sp(ws + r.lse, P * heads), MatrixView<const T>(q), kv, kv.plus(d),
-                                 routed_kv ? P : n, 2 * d, idx, routed_kv ? idx : std::span<const token_t>{}, g, seq,
-                                 heads);
-    be.grouped_linear_forward(y, MatrixView<const T>(att), pm.plus(Attn::o_w_proj), pm.plus(Attn::o_b_proj), g);
+    const MatrixView<T> xg = mv(ws + r.xg, routed_kv ? P : 0, d), y = mv(ws + r.ya, P, d);
+    if constexpr (routed_kv) be.gather_rows(xg, x, idx, g);
+    Attn::template forward_grouped<keys>(be, attention_params(p), ws, r.attn, x, MatrixView<const T>(xg), y, idx, g, seq);
     be.scatter_add_rows(u, MatrixView<const T>(y), idx, sp<const T>(ws + r.ra.wpacked, P), g);  // eq. (5)
   }
 
@@ -406,61 +340,15 @@ struct Executor<GRU, A, D> : WorkspaceViews {
   template <class Be, class T>
   static void attention_backward(Be& be, const T* p, T* g, const T* ws, const Round& r, MatrixView<const T> x,
                                  MatrixView<T> dres, index_t n, index_t seq, const Scratch& s, T* sc) {
-    using detail::mat, detail::vec;
     const index_t P = n * Kp;
     const RowGroups gr = dispatch::groups_of(ws, r.ra, NA);
-    const PerGroup<const T> pm = attention_params(p);
-    const PerGroup<T> gm = attention_params(g);
     const std::span<const token_t> idx = sp<const token_t>(toks(ws, r.ra.row_token), P);
-    const MatrixView<T> datt = mv(sc + s.datt, P, d), dq = mv(sc + s.dq, P, d);
-    be.zero_rows(datt, gr);
-    be.zero_rows(dq, gr);
-    const MatrixView<const T> att = cmv(ws + r.att, P, d), q = cmv(ws + r.q, P, d), xq = cmv(ws + r.xq, P, d);
-    be.grouped_linear_backward(datt, gm.plus(Attn::o_w_proj), gm.plus(Attn::o_b_proj), cmv<T>(sc + s.dy, P, d), att,
-                               pm.plus(Attn::o_w_proj), gr);
-    // K/V gradients: one packed block (routed K/V) or module m's [n × 2d] block at dkv + m·n·2d.
-    const index_t kv_rows = routed_kv ? P : n;
-    const PerGroup<const T> kv(ws, NA, [&](int m) { return r.kv[m]; });
-    const PerGroup<T> dkv(sc + s.dkv, NA, [&](int m) { return routed_kv ? 0 : m * n * 2 * d; });
-    be.zero(sp(sc + s.dkv, (routed_kv ? P : NA * n) * 2 * d));
-    be.attention_grouped_backward(dq, dkv, dkv.plus(d), MatrixView<const T>(datt), att, sp(ws + r.lse, P * heads), q, kv,
-                                  kv.plus(d), kv_rows, 2 * d, idx, routed_kv ? idx : std::span<const token_t>{}, gr, seq,
-                                  heads);
-    const auto Wq = pm.plus(Attn::o_w_qkv), dWq = gm.plus(Attn::o_w_qkv), dbq = gm.plus(Attn::o_b_qkv);
-    if constexpr (routed_kv) {
-      // Q and K/V both read the routed tokens' LN rows.
-      const MatrixView<T> dln = mv(sc + s.dln, P, d), dxg = mv(sc + s.dxg, P, d);
-      be.zero_rows(dln, gr);
-      be.grouped_linear_backward(dln, dWq, dbq, MatrixView<const T>(dq), xq, Wq, gr);
-      be.grouped_linear_backward(dln, gm.plus(Attn::o_w_qkv + d * d), gm.plus(Attn::o_b_qkv + d),
-                                 cmv(sc + s.dkv, P, 2 * d), xq, pm.plus(Attn::o_w_qkv + d * d), gr);
-      be.zero_rows(dxg, gr);
-      be.grouped_layernorm_backward(dxg, gm.plus(Attn::o_ln_w), gm.plus(Attn::o_ln_b), MatrixView<const T>(dln),
-                                    cmv(ws + r.xg, P, d), sp(ws + r.mean[0], P), sp(ws + r.rstd[0], P),
-                                    pm.plus(Attn::o_ln_w), gr);
-      be.scatter_add_rows(dres, MatrixView<const T>(dxg), idx, std::span<const T>{}, gr);
-    } else {
-      // Q reads the gathered LN rows, K/V every token's LN row (module m's dL/dLN at dln + m·n·d).
-      const PerGroup<T> dln(sc + s.dln, NA, [&](int m) { return m * n * d; });
-      for (int m = 0; m < NA; ++m) {
-        const T* pa = p + attention_offset(m);
-        T* ga = g + attention_offset(m);
-        be.zero(sp(dln[m], n * d));
-        be.linear_backward(mv(dln[m], n, d), mat(ga, Attn::o_w_qkv + d * d, 2 * d, d), vec(ga, Attn::o_b_qkv + d, 2 * d),
-                           cmv(sc + s.dkv + m * n * 2 * d, n, 2 * d), cmv(ws + r.ln[m], n, d),
-                           mat(pa, Attn::o_w_qkv + d * d, 2 * d, d));
-      }
-      const MatrixView<T> dxq = mv(sc + s.dxg, P, d);
-      be.zero_rows(dxq, gr);
-      be.grouped_linear_backward(dxq, dWq, dbq, MatrixView<const T>(dq), xq, Wq, gr);
-      be.scatter_add_rows(dln, n, MatrixView<const T>(dxq), idx, gr);
-      for (int m = 0; m < NA; ++m) {
-        const T* pa = p + attention_offset(m);
-        T* ga = g + attention_offset(m);
-        be.layernorm_backward(dres, vec(ga, Attn::o_ln_w, d), vec(ga, Attn::o_ln_b, d), cmv(dln[m], n, d), x,
-                              sp(ws + r.mean[m], n), sp(ws + r.rstd[m], n), vec(pa, Attn::o_ln_w, d));
-      }
-    }
+    const MatrixView<T> dxg = mv(sc + s.dxg, routed_kv ? P : 0, d);
+    if constexpr (routed_kv) be.zero_rows(dxg, gr);
+    Attn::template backward_grouped<keys>(be, attention_params(p), attention_params(g), ws, r.attn, x,
+                                          cmv(ws + r.xg, routed_kv ? P : 0, d), dres, dxg, cmv<T>(sc + s.dy, P, d), idx,
+                                          gr, seq, sc + s.attn);
+    if constexpr (routed_kv) be.scatter_add_rows(dres, MatrixView<const T>(dxg), idx, std::span<const T>{}, gr);
   }
 
   // ---- routing read-back (statistics, realised FLOPs; ReportsRouting) ---------------------

@@ -1,8 +1,12 @@
 #pragma once
-// Assembling functions phi (paper §3.2, eq. (3)). phi::MoM is the general one: the attention
-// assembly of eq. (5), the FFN assembly of eq. (6), each round adding to the residual stream
-// as in eq. (4). The special cases of §3.5 (layer-skip eq. (9), parameter sharing eq. (10),
-// MoE eq. (11)) arrive with later issues as further tags.
+// Assembling functions phi (paper §3.2, eq. (3)), all of them: phi::MoM is the general one: the
+// attention assembly of eq. (5), the FFN assembly of eq. (6), each round adding to the residual stream
+// as in eq. (4); phi::MoMRoutedKV the same with routed keys/values; phi::MoE eq. (11); phi::LayerSkip
+// eq. (9). Parameter sharing (eq. (10)) is phi::MoM driven by Router<Share<P>>.
+// A phi selects code: the executor of an Assembly is chosen by (router policy, phi) (assembly/), and
+// each phi's Verify rejects the K and H it cannot assemble. `name` is what describe<> prints.
+#include <concepts>
+
 #include "mom/core/meta.hpp"
 #include "mom/modules/module_set.hpp"
 
@@ -10,6 +14,7 @@ namespace mom::phi {
 
 struct MoM {
   static constexpr bool is_phi = true;
+  static constexpr const char* name = "phi::MoM";
   // K modules are chosen among the N_X computing modules of one type plus SKIP, for X = A and
   // X = F, so K may not exceed either count.
   template <class Set, int k, int h>
@@ -28,6 +33,7 @@ struct MoM {
 // integrated). Executed by Router<TopK<...>> (assembly/moe.hpp).
 struct MoE {
   static constexpr bool is_phi = true;
+  static constexpr const char* name = "phi::MoE";
   template <class Set, int k, int h>
   struct Verify {
     static constexpr bool steps_ok = Set::n_attention == 0 || h == Set::n_attention;
@@ -42,9 +48,41 @@ struct MoE {
   };
 };
 
+// φ_MoM with each attention module's keys/values restricted to the tokens routed to it
+// (assembly/mom.hpp, KeySource::Routed).
+struct MoMRoutedKV : MoM {
+  static constexpr const char* name = "phi::MoMRoutedKV";
+};
+
+// φ_layer-skip, eq. (9): step h runs layer h (its attention and FFN module) or SKIP.
+struct LayerSkip {
+  static constexpr bool is_phi = true;
+  static constexpr const char* name = "phi::LayerSkip";
+  template <class Set, int k, int h>
+  struct Verify {
+    // With per-step experts (MoDE staged) K is the MoE step's top-k among layer h's experts.
+    static constexpr bool moe = Set::experts_per_step;
+    static_assert(k == 1 || moe, "mom::phi::LayerSkip runs layer h or SKIP at step h: use K<1>");
+    static_assert(!moe || k <= Set::ffn_choices,
+                  "mom::phi::LayerSkip with Experts<FFN, E, PerStep> (MoDE staged): K<k> is the top-k of each "
+                  "layer's E experts: k must be <= E");
+    static constexpr bool k_ok = moe ? k <= Set::ffn_choices : k == 1;
+    static_assert(!k_ok || Set::has_skip,
+                  "mom::phi::LayerSkip needs Skip in the ModuleSet (the module a token that skips a layer takes), e.g. "
+                  "ModuleSet<Block<L>, Skip>");
+    static_assert(!(k_ok && Set::has_skip) || (h == Set::n_attention && (moe || h == Set::n_ffn)),
+                  "mom::phi::LayerSkip runs layer h at step h: H must equal the number of layers (Block<L>, or MHA<L> "
+                  "and FFN<L>)");
+    static constexpr bool ok = k_ok && Set::has_skip && h == Set::n_attention && (moe || h == Set::n_ffn);
+  };
+};
+
 }  // namespace mom::phi
 
 namespace mom {
 template <class P>
-concept AssemblingFunction = requires { requires P::is_phi; };
+concept AssemblingFunction = requires {
+  requires P::is_phi;
+  { P::name } -> std::convertible_to<const char*>;
+};
 }  // namespace mom

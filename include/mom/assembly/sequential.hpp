@@ -31,12 +31,12 @@ constexpr std::array<int, steps> identity_route() {
 template <class A, Dims D, std::array<int, A::h> route>
 struct FixedRouteExecutor {
   using Set = typename A::module_set;
-  using Attn = modules::Attention<D>;
-  using Ffn = modules::FeedForward<D>;
+  using Attn = typename Set::template attention<D>;
+  using Ffn = typename Set::template ffn<D>;
   static constexpr int L = A::h;
   static constexpr index_t d = D.d_model;
 
-  static constexpr std::size_t tensor_count = Set::tensor_count;
+  static constexpr std::size_t tensor_count = Set::template tensor_count<D>;
   static constexpr index_t params = Set::template params<D>;
   static constexpr void specs(TensorSpec* out, index_t layer_base) { Set::template specs<D>(out, layer_base); }
 
@@ -80,7 +80,7 @@ struct FixedRouteExecutor {
   // p: this part's parameter block. Returns the residual stream after the last step.
   template <class Be, class T>
   static MatrixView<const T> forward(Be& be, const T* p, T* ws, const Plan& plan, MatrixView<const T> x, T* scratch,
-                                     index_t batch, index_t seq) {
+                                     index_t batch, index_t seq, std::span<const token_t> /*tokens*/) {
     const index_t n = batch * seq;
     const MatrixView<T> f{scratch, n, d};
     const std::span<const T> f_flat{scratch, static_cast<std::size_t>(n * d)};

@@ -1,7 +1,7 @@
 #pragma once
 // describe<Model>(): a one-line summary of a model type from its cost model, e.g.
 //   LM<d_model=768 heads=12 d_ff=3072 vocab=50257 context=1024> Dense<12>: depth 12, 12 steps,
-//   124,439,808 params, 0.285 GFLOP/token forward at seq 1024
+//   124,439,808 params, 266 MFLOP/token forward at seq 1024
 #include <cstdio>
 #include <string>
 #include <type_traits>
@@ -21,17 +21,29 @@ inline std::string with_commas(index_t v) {
   return out;
 }
 
-template <class Set>
+// ", Name" for a module type that names itself (a user's module: FFN<4, SwiGLU>), "" for GPT-2's.
+template <class M>
+std::string impl_name() {
+  if constexpr (requires { M::name; }) return std::string(", ") + M::name;
+  else return {};
+}
+
+template <class Set, Dims D>
 std::string module_set_name() {
   std::string s = "ModuleSet<";
+  const std::string attn = impl_name<typename Set::template attention<D>>();
+  const std::string ffn = impl_name<typename Set::template ffn<D>>();
   const char* sep = "";
   if constexpr (Set::has_block) {
     s += "Block<" + std::to_string(Set::n_attention) + ">";
     return s + (Set::has_skip ? ", Skip>" : ">");
   }
-  if (Set::n_attention > 0) s += sep + ("MHA<" + std::to_string(Set::n_attention) + ">"), sep = ", ";
-  if (Set::experts_per_step) s += sep + ("Experts<FFN, " + std::to_string(Set::ffn_choices) + ", PerStep>"), sep = ", ";
-  else if (Set::n_ffn > 0) s += sep + ("FFN<" + std::to_string(Set::n_ffn) + ">"), sep = ", ";
+  if (Set::n_attention > 0) s += sep + ("MHA<" + std::to_string(Set::n_attention) + attn + ">"), sep = ", ";
+  if (Set::experts_per_step)
+    s += sep + ("Experts<FFN" + (ffn.empty() ? "" : "<1" + ffn + ">") + ", " + std::to_string(Set::ffn_choices) +
+                ", PerStep>"),
+        sep = ", ";
+  else if (Set::n_ffn > 0) s += sep + ("FFN<" + std::to_string(Set::n_ffn) + ffn + ">"), sep = ", ";
   if (Set::has_skip) s += sep + std::string("Skip");
   return s + ">";
 }
@@ -65,7 +77,7 @@ std::string router_options_name() {
   }
 }
 
-template <class A>
+template <class A, Dims D>
 std::string assembly_name() {
   using Set = typename A::module_set;
   if constexpr (std::is_same_v<typename A::router::policy, Sequential>) {
@@ -78,8 +90,10 @@ std::string assembly_name() {
     if constexpr (requires { Policy::options_name(); })
       router += "<" + Policy::options_name() + ">";  // e.g. ExpertChoice<Capacity<1,8>, Every<2>>
     router += router_options_name<typename A::router>();  // e.g. GRU, Width<64>
-    const std::string phi = std::is_same_v<typename A::phi_type, phi::MoE> ? ", phi::MoE" : "";
-    std::string s = "Assembly<Router<" + router + ">, " + module_set_name<Set>() + ", K<" + std::to_string(A::k) +
+    // phi::MoM is the default argument, left out as in the type's spelling.
+    using Phi = typename A::phi_type;
+    const std::string phi = std::is_same_v<Phi, phi::MoM> ? "" : std::string(", ") + Phi::name;
+    std::string s = "Assembly<Router<" + router + ">, " + module_set_name<Set, D>() + ", K<" + std::to_string(A::k) +
                     ">, H<" + std::to_string(A::h) + ">" + phi + ">";
     // A fixed step -> module map (parameter sharing, eq. (10)): c_share(h) for every step.
     if constexpr (requires { Policy::template step_map<A::h>(); }) {
@@ -91,17 +105,17 @@ std::string assembly_name() {
   }
 }
 
-template <class... Ps>
+template <Dims D, class... Ps>
 std::string arch_name(TypeList<Ps...>) {
   if constexpr (sizeof...(Ps) == 1) {
-    return (assembly_name<Ps>() + ...);
+    return (assembly_name<Ps, D>() + ...);
   } else {
     // The paper's notation for a chunking strategy: layers per part, e.g. [1-1-4-1-1].
     std::string s = "Chunked[";
     ((s += std::to_string(Ps::depth) + "-"), ...);
     s.back() = ']';
     std::string parts;
-    ((parts += (parts.empty() ? "" : ", ") + assembly_name<Ps>()), ...);
+    ((parts += (parts.empty() ? "" : ", ") + assembly_name<Ps, D>()), ...);
     return s + "(" + parts + ")";
   }
 }
@@ -115,7 +129,7 @@ std::string describe(index_t seq = Model::dims.context) {
   std::snprintf(flops, sizeof flops, "%.4g MFLOP/token", double(Model::flops_per_token(seq)) * 1e-6);
   return "LM<d_model=" + std::to_string(D.d_model) + " heads=" + std::to_string(D.heads) +
          " d_ff=" + std::to_string(D.ff()) + " vocab=" + std::to_string(D.vocab) +
-         " context=" + std::to_string(D.context) + "> " + detail::arch_name(typename Model::parts{}) +
+         " context=" + std::to_string(D.context) + "> " + detail::arch_name<D>(typename Model::parts{}) +
          ": depth " + std::to_string(Model::depth) + ", " + std::to_string(Model::steps) + " steps, " +
          detail::with_commas(Model::params) + " params, " + flops + " forward at seq " + std::to_string(seq);
 }

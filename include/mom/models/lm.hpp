@@ -111,6 +111,9 @@ struct LMCore;
 
 template <Dims D, class... Ps>
 struct LMCore<D, TypeList<Ps...>> {
+  // The contracts of every part's modules and executor (one message naming a missing member).
+  static_assert(sizeof(std::tuple<typename Ps::module_set::template Verify<D>...>) > 0);
+  static_assert(sizeof(std::tuple<VerifyExecutor<typename Ps::template executor<D>>...>) > 0);
   template <class P>
   using exec = typename P::template executor<D>;
   using executors = TypeList<exec<Ps>...>;

@@ -40,6 +40,8 @@ class ModelInstance {
   // mlp.w_proj) N(0, 0.02 / sqrt(2 * depth)), biases 0, LayerNorm gains 1. Same seed, same
   // parameters, bit for bit (mt19937_64; values drawn in layout order on the host).
   explicit ModelInstance(std::uint64_t seed, Be be = Be{}) : be_(std::move(be)) {
+    static_assert(runs_on_backend(typename Model::core::executors{}),
+                  "mom::LM::make<Be>: a part's executor lacks forward/backward for this backend (mom::AssemblyExecutorOn)");
     params_ = be_.template alloc<T>(Model::params);
     grads_ = be_.template alloc<T>(Model::params);
     std::vector<T> host(static_cast<std::size_t>(Model::params));
@@ -112,7 +114,8 @@ class ModelInstance {
     part_input_[0] = x0;
     for_each_part([&]<std::size_t i, class E>() {
       part_input_[i + 1] = E::forward(be_, p + Model::core::part_offset[i], ws, std::get<i>(plan_.parts),
-                                      part_input_[i], ws + plan_.scratch, batch, seq);
+                                      part_input_[i], ws + plan_.scratch, batch, seq,
+                                      std::span<const token_t>(tokens_.data(), tokens.size()));
     });
     const MatrixView<const T> x = part_input_[n_parts];
     const MatrixView<T> lnf{ws + plan_.lnf, n, d};
@@ -194,6 +197,10 @@ class ModelInstance {
   index_t reserved_seq() const { return plan_.seq; }
 
  private:
+  template <class... Es>
+  static constexpr bool runs_on_backend(TypeList<Es...>) {
+    return (AssemblyExecutorOn<Es, Be> && ...);
+  }
   enum class State { Empty, Reserved, Logits, Loss };
   using Executors = typename Model::core::executors;
   static constexpr std::size_t n_parts = Model::core::n_parts;

@@ -5,6 +5,8 @@
 // (layer h) owns experts h·E .. h·E + E - 1, stored after attention module h under the names
 // "h.<h>.expert.<e>.ln_2.w", "h.<h>.expert.<e>.mlp.w_fc", ...
 // One set of E experts shared by all layers (MoE(share)) is the plain family FFN<E>.
+// The experts are computed by the family's single type: with `template <int N> using SwiGLUFFN =
+// FFN<N, SwiGLU>;`, Experts<SwiGLUFFN, 8, PerStep> holds SwiGLU experts.
 #include "mom/modules/ffn.hpp"
 #include "mom/modules/module.hpp"
 
@@ -16,13 +18,14 @@ struct PerStep {};
 template <template <int> class Family, int E, class Placement = PerStep>
 struct Experts {
   static_assert(E >= 1, "mom::Experts<FFN, E, PerStep>: E (experts per step) must be >= 1");
-  static_assert(std::is_same_v<Family<1>, FFN<1>>, "mom::Experts<Family, E, PerStep>: experts are FFN modules: Experts<FFN, E, PerStep>");
+  static_assert(ModuleFamily<Family<1>> && Family<1>::role == ModuleRole::TokenMixer,
+                "mom::Experts<Family, E, PerStep>: experts are token mixers: Experts<FFN, E, PerStep>");
   static_assert(std::is_same_v<Placement, PerStep>, "mom::Experts<FFN, E, Placement>: the placement must be PerStep (for experts shared by all steps write FFN<E>)");
-  static constexpr ModuleKind kind = ModuleKind::FeedForward;
+  static constexpr ModuleRole role = ModuleRole::TokenMixer;
   static constexpr int count = E;  // per step; the set multiplies by its number of steps (MHA<L>)
   static constexpr int per_step = E;
   template <Dims D>
-  using single = modules::FeedForward<D>;
+  using single = typename Family<1>::template single<D>;
 };
 
 template <class F>

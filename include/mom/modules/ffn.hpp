@@ -125,13 +125,14 @@ struct FeedForward {
 
 }  // namespace modules
 
-// FFN<N>: N feed-forward modules in a ModuleSet.
-template <int N>
+// FFN<N, Impl>: N feed-forward modules in a ModuleSet, each an Impl<D> (a TokenMixer;
+// modules::FeedForward, GPT-2's, by default).
+template <int N, template <Dims> class Impl = modules::FeedForward>
 struct FFN {
-  static constexpr ModuleKind kind = ModuleKind::FeedForward;
+  static constexpr ModuleRole role = ModuleRole::TokenMixer;
   static constexpr int count = N;
   template <Dims D>
-  using single = modules::FeedForward<D>;
+  using single = Impl<D>;
 };
 
 }  // namespace mom

@@ -4,6 +4,7 @@
 // The residual x + f(x) is added by the assembling function. MHA<N> is a family of N
 // such modules inside a ModuleSet (paper eq. (1), m^A_1..m^A_N).
 #include <array>
+#include <span>
 
 #include "mom/modules/module.hpp"
 
@@ -99,17 +100,157 @@ struct Attention {
     be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
                           vec(ws, s.rstd, n), vec(p, o_ln_w, d));
   }
+  // ---- over row groups (routed rows; modules/module.hpp, SequenceMixer) --------------------------
+  // Cost split as the routed executors count it: per row of the K/V side (LN, the K/V projection),
+  // per query row (Q and output projections), per (query, visible key) pair (QKᵀ and PV: 4·d).
+  static constexpr index_t kv_flops = 2 * d * 2 * d, query_flops = 2 * d * d + 2 * d * d, pair_flops = 4 * d;
+  static constexpr index_t kv_backward_flops = 2 * kv_flops, query_backward_flops = 2 * query_flops,
+                           pair_backward_flops = 10 * d;
+
+  // G modules over the packed rows (module g: the rows of group g). AllTokens: per module LN_g, mean,
+  // rstd and [K|V] over all n tokens, then the packed rows' LN (gathered), Q, attention output and
+  // lse. Routed: the packed rows' LN, mean, rstd, [Q|K|V], attention output and lse.
+  template <int G>
+  struct GroupedSaved {
+    std::array<index_t, G> ln{}, mean{}, rstd{}, kv{};  // AllTokens, [n × d], [n], [n], [n × 2d] each
+    index_t xq = 0, mean_r = 0, rstd_r = 0;             // the packed rows' LN [rows × d] (+ stats: Routed)
+    index_t q = 0;                                      // AllTokens: Q [rows × d]; Routed: [Q|K|V] [rows × 3d]
+    index_t att = 0, lse = 0;                           // [rows × d], [rows × heads]
+  };
+  template <int G, KeySource keys>
+  static constexpr GroupedSaved<G> plan_grouped(Arena& a, index_t n, index_t rows) {
+    GroupedSaved<G> s{};
+    if constexpr (keys == KeySource::AllTokens) {
+      for (int g = 0; g < G; ++g) {
+        s.ln[g] = a.take(n * d);
+        s.mean[g] = a.take(n);
+        s.rstd[g] = a.take(n);
+        s.kv[g] = a.take(n * 2 * d);
+      }
+      s.xq = a.take(rows * d);
+      s.q = a.take(rows * d);
+    } else {
+      s.xq = a.take(rows * d);
+      s.mean_r = a.take(rows);
+      s.rstd_r = a.take(rows);
+      s.q = a.take(rows * 3 * d);
+    }
+    s.att = a.take(rows * d);
+    s.lse = a.take(rows * D.heads);
+    return s;
+  }
+  // Backward scratch. AllTokens: d(att), dQ, d(LN rows) [rows × d], then per module d[K|V] [n × 2d] and
+  // d(LN) [n × d]. Routed: d(att) [rows × d], d[Q|K|V] [rows × 3d], d(LN) [rows × d].
+  template <int G, KeySource keys>
+  static constexpr index_t scratch_grouped(index_t n, index_t rows) {
+    return keys == KeySource::AllTokens ? 3 * rows * d + G * n * 3 * d : rows * 5 * d;
+  }
+
+  template <KeySource keys, class Be, class T, int G>
+  static void forward_grouped(Be& be, PerGroup<const T> p, T* ws, const GroupedSaved<G>& s, MatrixView<const T> x,
+                              MatrixView<const T> xg, MatrixView<T> out, std::span<const token_t> idx, RowGroups g,
+                              index_t seq) {
+    using detail::mat, detail::vec;
+    const index_t n = x.rows, rows = out.rows, heads = D.heads;
+    const auto att = mat(ws, s.att, rows, d);
+    const auto lse = vec(ws, s.lse, rows * heads);
+    if constexpr (keys == KeySource::AllTokens) {  // K and V of every token, per module
+      for (int m = 0; m < G; ++m) {
+        const T* pm = p[m];
+        const auto ln = mat(ws, s.ln[m], n, d);
+        be.layernorm_forward(ln, vec(ws, s.mean[m], n), vec(ws, s.rstd[m], n), x, vec(pm, o_ln_w, d), vec(pm, o_ln_b, d));
+        be.linear_forward(mat(ws, s.kv[m], n, 2 * d), MatrixView<const T>(ln), mat(pm, o_w_qkv + d * d, 2 * d, d),
+                          vec(pm, o_b_qkv + d, 2 * d));
+      }
+      // The queries' LN rows gathered from each module's LN of every token, then Q.
+      const auto xq = mat(ws, s.xq, rows, d), q = mat(ws, s.q, rows, d);
+      be.gather_rows(xq, PerGroup<const T>(ws, G, [&](int m) { return s.ln[m]; }), n, idx, g);
+      be.grouped_linear_forward(q, MatrixView<const T>(xq), p.plus(o_w_qkv), p.plus(o_b_qkv), g);
+      const PerGroup<const T> kv(ws, G, [&](int m) { return s.kv[m]; });
+      be.attention_grouped_forward(att, lse, MatrixView<const T>(q), kv, kv.plus(d), n, 2 * d, idx,
+                                   std::span<const token_t>{}, g, seq, heads);
+    } else {  // LN, Q, K and V of the packed rows only
+      const auto ln = mat(ws, s.xq, rows, d), qkv = mat(ws, s.q, rows, 3 * d);
+      be.grouped_layernorm_forward(ln, vec(ws, s.mean_r, rows), vec(ws, s.rstd_r, rows), xg, p.plus(o_ln_w),
+                                   p.plus(o_ln_b), g);
+      be.grouped_linear_forward(qkv, MatrixView<const T>(ln), p.plus(o_w_qkv), p.plus(o_b_qkv), g);
+      const MatrixView<const T> cq(qkv);
+      be.attention_grouped_forward(att, lse, cq.col_block(0, d), same_for_all<G>(cq.data + d),
+                                   same_for_all<G>(cq.data + 2 * d), rows, 3 * d, idx, idx, g, seq, heads);
+    }
+    be.grouped_linear_forward(out, MatrixView<const T>(att), p.plus(o_w_proj), p.plus(o_b_proj), g);
+  }
+
+  template <KeySource keys, class Be, class T, int G>
+  static void backward_grouped(Be& be, PerGroup<const T> p, PerGroup<T> gp, const T* ws, const GroupedSaved<G>& s,
+                               MatrixView<const T> x, MatrixView<const T> xg, MatrixView<T> dx, MatrixView<T> dxg,
+                               MatrixView<const T> dout, std::span<const token_t> idx, RowGroups g, index_t seq,
+                               T* scratch) {
+    using detail::mat, detail::vec;
+    const index_t n = x.rows, rows = dout.rows, heads = D.heads;
+    const auto att = mat(ws, s.att, rows, d);
+    const auto lse = vec(ws, s.lse, rows * heads);
+    const auto datt = mat(scratch, 0, rows, d);
+    be.zero_rows(datt, g);
+    be.grouped_linear_backward(datt, gp.plus(o_w_proj), gp.plus(o_b_proj), dout, att, p.plus(o_w_proj), g);
+    if constexpr (keys == KeySource::AllTokens) {
+      const auto dq = mat(scratch, rows * d, rows, d), dxq = mat(scratch, 2 * rows * d, rows, d);
+      T* const dkv0 = scratch + 3 * rows * d;  // module m's d[K|V] at m·n·2d
+      T* const dln0 = dkv0 + G * n * 2 * d;     // module m's d(LN) at m·n·d
+      const PerGroup<const T> kv(ws, G, [&](int m) { return s.kv[m]; });
+      const PerGroup<T> dkv(dkv0, G, [&](int m) { return m * n * 2 * d; });
+      const PerGroup<T> dln(dln0, G, [&](int m) { return m * n * d; });
+      be.zero_rows(dq, g);
+      be.zero(vec(dkv0, 0, G * n * 2 * d));
+      be.attention_grouped_backward(dq, dkv, dkv.plus(d), MatrixView<const T>(datt), att, lse, mat(ws, s.q, rows, d), kv,
+                                    kv.plus(d), n, 2 * d, idx, std::span<const token_t>{}, g, seq, heads);
+      // K/V read every token's LN row (module m's dL/dLN at dln[m]); Q the gathered LN rows.
+      for (int m = 0; m < G; ++m) {
+        be.zero(vec(dln[m], 0, n * d));
+        be.linear_backward(mat(dln[m], 0, n, d), mat(gp[m], o_w_qkv + d * d, 2 * d, d), vec(gp[m], o_b_qkv + d, 2 * d),
+                           mat<const T>(dkv[m], 0, n, 2 * d), mat(ws, s.ln[m], n, d), mat(p[m], o_w_qkv + d * d, 2 * d, d));
+      }
+      be.zero_rows(dxq, g);
+      be.grouped_linear_backward(dxq, gp.plus(o_w_qkv), gp.plus(o_b_qkv), MatrixView<const T>(dq), mat(ws, s.xq, rows, d),
+                                 p.plus(o_w_qkv), g);
+      be.scatter_add_rows(dln, n, MatrixView<const T>(dxq), idx, g);
+      for (int m = 0; m < G; ++m)
+        be.layernorm_backward(dx, vec(gp[m], o_ln_w, d), vec(gp[m], o_ln_b, d), mat<const T>(dln[m], 0, n, d), x,
+                              vec(ws, s.mean[m], n), vec(ws, s.rstd[m], n), vec(p[m], o_ln_w, d));
+    } else {
+      const auto dqkv = mat(scratch, rows * d, rows, 3 * d), dln = mat(scratch, 4 * rows * d, rows, d);
+      const auto qkv = mat(ws, s.q, rows, 3 * d);
+      be.zero_rows(dqkv, g);
+      be.zero_rows(dln, g);
+      be.attention_grouped_backward(dqkv.col_block(0, d), same_for_all<G>(dqkv.data + d),
+                                    same_for_all<G>(dqkv.data + 2 * d), MatrixView<const T>(datt), att, lse,
+                                    qkv.col_block(0, d), same_for_all<G>(qkv.data + d), same_for_all<G>(qkv.data + 2 * d),
+                                    rows, 3 * d, idx, idx, g, seq, heads);
+      be.grouped_linear_backward(dln, gp.plus(o_w_qkv), gp.plus(o_b_qkv), MatrixView<const T>(dqkv),
+                                 mat(ws, s.xq, rows, d), p.plus(o_w_qkv), g);
+      be.grouped_layernorm_backward(dxg, gp.plus(o_ln_w), gp.plus(o_ln_b), MatrixView<const T>(dln), xg,
+                                    vec(ws, s.mean_r, rows), vec(ws, s.rstd_r, rows), p.plus(o_ln_w), g);
+    }
+  }
+
+ private:
+  // One packed matrix shared by all G groups (the Routed keys and values).
+  template <int G, class T>
+  static PerGroup<T> same_for_all(T* base) {
+    return PerGroup<T>(base, G, [](int) { return 0; });
+  }
 };
 
 }  // namespace modules
 
-// MHA<N>: N attention modules in a ModuleSet.
-template <int N>
+// MHA<N, Impl>: N attention modules in a ModuleSet, each an Impl<D> (a SequenceMixer;
+// modules::Attention, GPT-2's, by default).
+template <int N, template <Dims> class Impl = modules::Attention>
 struct MHA {
-  static constexpr ModuleKind kind = ModuleKind::Attention;
+  static constexpr ModuleRole role = ModuleRole::SequenceMixer;
   static constexpr int count = N;
   template <Dims D>
-  using single = modules::Attention<D>;
+  using single = Impl<D>;
 };
 
 }  // namespace mom

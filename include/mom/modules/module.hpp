@@ -1,19 +1,30 @@
 #pragma once
-// What every module family shares. A module family (MHA<N>, FFN<N>, Skip) is an element
-// of a ModuleSet (the paper's M, eq. (1)); each family names how many modules it holds
-// and which single-module type computes one of them.
+// The module vocabulary: what a module family and a single module must provide, as concepts.
 //
-// A single module m computes f(LN(x)) with its own LayerNorm (pre-norm, paper eq. (4));
-// the assembling function phi adds the residual and the routing weights. Every single
-// module type provides, for a Dims D:
-//   tensors(layer)        its parameter tensors in layout order (TensorSpec, names below h.<layer>)
-//   params                parameter count
-//   flops_per_token(seq)  forward multiply-add FLOPs per token (2*m*n*k per GEMM)
-//   Saved plan(Arena&, batch, seq)   activations kept from forward for backward
-//   scratch(batch, seq)   backward scratch elements (shared by all modules)
-//   forward / backward    generic over the backend, side by side
+// A module family (MHA<N>, FFN<N>, Experts<FFN, E, PerStep>, Skip, Block<L>, or a user's own) is an
+// element of a ModuleSet (the paper's M, eq. (1)). It names its `role`, how many modules it holds
+// (`count`) and, for computing modules, the single-module type `template <Dims> single` that computes
+// one of them. The single type is a parameter of the standard families, so a new module kind is a
+// new type, not an edit of the library:
+//   FFN<4, SwiGLU>                 four feed-forward modules computed by the user's SwiGLU<D>
+//   MHA<8, GroupedQuery<2>::type>  eight attention modules with two key/value heads each
+// (docs/extending.md walks through both.)
+//
+// The executors (assembly/) reach a module only through the members its role's concept lists:
+//
+//   TokenMixer<M>     rows are independent (FFN-like). Used densely over (batch, seq) and over row
+//                     groups (routed rows: MoM, MoE, MoD, layer-skip).
+//   SequenceMixer<M>  sees the sequence (attention-like). Used densely over (batch, seq) and over row
+//                     groups in the two key/value modes the routed executors use (KeySource below).
+//
+// A single module m computes f(LN(x)) with its own LayerNorm (pre-norm, paper eq. (4)); the assembling
+// function phi adds the residual and the routing weights. Forward ops write, backward ops accumulate
+// (+=) into dx and into the gradient block g. The forward/backward members are templates over the
+// backend; `TokenMixerOn<M, Be>` / `SequenceMixerOn<M, Be>` check them for one backend type.
 #include <concepts>
+#include <cstddef>
 #include <span>
+#include <tuple>
 
 #include "mom/core/dims.hpp"
 #include "mom/core/groups.hpp"
@@ -22,15 +33,147 @@
 
 namespace mom {
 
-// Block: a family of L transformer blocks (attention + FFN pairs, modules/block.hpp).
-enum class ModuleKind { Attention, FeedForward, Skip, Block };
+// The role a module family plays in a ModuleSet. Block is a pair (sequence mixer, token mixer) run
+// as one transformer block (Mixture-of-Depths).
+enum class ModuleRole { SequenceMixer, TokenMixer, Skip, Block };
 
-// A family of modules inside a ModuleSet: `kind`, `count` and, for computing modules, the
-// single-module type `template <Dims> single`.
+// A family of modules inside a ModuleSet: `role` and `count`; computing families also give
+// `template <Dims> using single = ...` (Block: `sequence_mixer` and `token_mixer`).
 template <class F>
 concept ModuleFamily = requires {
-  { F::kind } -> std::convertible_to<ModuleKind>;
+  { F::role } -> std::convertible_to<ModuleRole>;
   { F::count } -> std::convertible_to<int>;
+};
+
+// Where a sequence mixer's keys and values come from when it runs over row groups (routed rows):
+//   AllTokens  every token of the sequence: module m computes LN_m and K/V over all n rows, the routed
+//              rows only their queries (phi::MoM, the authors' semantics; layer-skip AttendToSkipped)
+//   Routed     the routed rows only: a row attends to the earlier rows of its own group and sequence
+//              (phi::MoMRoutedKV; layer-skip over the running tokens)
+enum class KeySource { AllTokens, Routed };
+
+// Members every computing module provides (D fixed by the single type):
+//   tensors(layer)   its parameter tensors in layout order (std::array<TensorSpec, n>), names below h.<layer>
+//   params           parameter count (the tensors' sizes summed, in the same order)
+//   flops_per_token(seq), backward_flops_per_token(seq)   forward / backward FLOPs per token, dense
+//   Saved plan(Arena&, batch, seq)   activations kept from forward for backward
+//   scratch(batch, seq)              backward scratch elements
+template <class M>
+concept ModuleCore = requires(Arena& a, index_t i) {
+  M::tensors(i);
+  { M::tensors(i).size() } -> std::convertible_to<std::size_t>;
+  { M::params } -> std::convertible_to<index_t>;
+  { M::flops_per_token(i) } -> std::convertible_to<index_t>;
+  { M::backward_flops_per_token(i) } -> std::convertible_to<index_t>;
+  typename M::Saved;
+  { M::plan(a, i, i) } -> std::same_as<typename M::Saved>;
+  { M::scratch(i, i) } -> std::convertible_to<index_t>;
+};
+
+// Number of parameter tensors of a module (the size of its tensors() array).
+template <class M>
+inline constexpr std::size_t module_tensor_count = std::tuple_size_v<decltype(M::tensors(0))>;
+
+// A token mixer: over row groups (group g's rows run module g, whose parameters start at p[g]),
+// Saved from plan(a, 1, rows) and scratch(1, rows) sized for all the packed rows.
+template <class M>
+concept TokenMixer = ModuleCore<M>;
+
+// A sequence mixer additionally gives its grouped workspace for G modules and a key source, and its
+// cost split as the routed executors count it:
+//   GroupedSaved<G>, plan_grouped<G, keys>(a, n, rows), scratch_grouped<G, keys>(n, rows)
+//   kv_flops, query_flops     forward FLOPs per row of the key/value side and of the query side
+//                             (queries, output projection)
+//   pair_flops                forward FLOPs per (query, visible key) pair
+//   kv_backward_flops, query_backward_flops, pair_backward_flops   the same for backward
+template <class M>
+concept SequenceMixer = ModuleCore<M> && requires(Arena& a, index_t i) {
+  typename M::template GroupedSaved<1>;
+  { M::template plan_grouped<1, KeySource::AllTokens>(a, i, i) } -> std::same_as<typename M::template GroupedSaved<1>>;
+  { M::template plan_grouped<1, KeySource::Routed>(a, i, i) } -> std::same_as<typename M::template GroupedSaved<1>>;
+  { M::template scratch_grouped<1, KeySource::AllTokens>(i, i) } -> std::convertible_to<index_t>;
+  { M::template scratch_grouped<1, KeySource::Routed>(i, i) } -> std::convertible_to<index_t>;
+  { M::kv_flops } -> std::convertible_to<index_t>;
+  { M::query_flops } -> std::convertible_to<index_t>;
+  { M::pair_flops } -> std::convertible_to<index_t>;
+  { M::kv_backward_flops } -> std::convertible_to<index_t>;
+  { M::query_backward_flops } -> std::convertible_to<index_t>;
+  { M::pair_backward_flops } -> std::convertible_to<index_t>;
+};
+
+// The forward / backward members of a token mixer on backend Be (T = Be::scalar):
+//   forward(be, p, ws, saved, x, f_out, batch, seq)                     f_out = f(x)
+//   backward(be, p, g, ws, saved, x, dx, df, scratch, batch, seq)       dx += df·∂f/∂x, g += ∂L/∂p
+//   forward_grouped(be, PerGroup p, ws, saved, x, f_out, RowGroups)      the same per row group
+//   backward_grouped(be, PerGroup p, PerGroup g, ws, saved, x, dx, df, scratch, RowGroups)
+template <class M, class Be, class T = typename Be::scalar>
+concept TokenMixerOn =
+    TokenMixer<M> && requires(Be& be, const T* p, T* g, T* ws, const typename M::Saved& s, MatrixView<const T> x,
+                              MatrixView<T> y, PerGroup<const T> pg, PerGroup<T> gg, RowGroups gr, index_t i) {
+      M::forward(be, p, ws, s, x, y, i, i);
+      M::backward(be, p, g, ws, s, x, y, x, g, i, i);
+      M::forward_grouped(be, pg, ws, s, x, y, gr);
+      M::backward_grouped(be, pg, gg, ws, s, x, y, x, g, gr);
+    };
+
+// The forward / backward members of a sequence mixer on backend Be:
+//   forward / backward                  dense, as a token mixer's (over batch sequences of seq tokens)
+//   forward_grouped<keys>(be, p, ws, gs, x, xg, out, idx, groups, seq)
+//       out [rows × d] = module g's output for the rows of group g. idx [rows]: the flat token index
+//       (b·seq + position) of each packed row; x [n × d]: every token's input (read in AllTokens mode);
+//       xg [rows × d]: the packed rows' inputs (read in Routed mode).
+//   backward_grouped<keys>(be, p, g, ws, gs, x, xg, dx, dxg, dout, idx, groups, seq, scratch)
+//       AllTokens: every token's input gradient accumulated into dx [n × d]; Routed: the packed rows'
+//       input gradient accumulated into dxg [rows × d].
+template <class M, class Be, class T = typename Be::scalar>
+concept SequenceMixerOn =
+    SequenceMixer<M> &&
+    requires(Be& be, const T* p, T* g, T* ws, const typename M::Saved& s, const typename M::template GroupedSaved<1>& gs,
+             MatrixView<const T> x, MatrixView<T> y, PerGroup<const T> pg, PerGroup<T> gg, RowGroups gr,
+             std::span<const token_t> idx, index_t i) {
+      M::forward(be, p, ws, s, x, y, i, i);
+      M::backward(be, p, g, ws, s, x, y, x, g, i, i);
+      M::template forward_grouped<KeySource::AllTokens>(be, pg, ws, gs, x, x, y, idx, gr, i);
+      M::template forward_grouped<KeySource::Routed>(be, pg, ws, gs, x, x, y, idx, gr, i);
+      M::template backward_grouped<KeySource::AllTokens>(be, pg, gg, ws, gs, x, x, y, y, x, idx, gr, i, g);
+      M::template backward_grouped<KeySource::Routed>(be, pg, gg, ws, gs, x, x, y, y, x, idx, gr, i, g);
+    };
+
+// The same contracts member by member, each static_assert naming the one that is missing, so a
+// user's module that lacks a member gets one line in its terms. Instantiated where a ModuleSet's
+// modules are fixed (LM<dims, Arch>); `ok` is the concept.
+template <class M>
+struct VerifyModule {
+  static_assert(requires(index_t i) { M::tensors(i).size(); },
+                "mom module: missing `static constexpr std::array<TensorSpec, n> tensors(index_t layer)`");
+  static_assert(requires { { M::params } -> std::convertible_to<index_t>; }, "mom module: missing `static constexpr index_t params`");
+  static_assert(requires(index_t i) { { M::flops_per_token(i) } -> std::convertible_to<index_t>; },
+                "mom module: missing `static constexpr index_t flops_per_token(index_t seq)`");
+  static_assert(requires(index_t i) { { M::backward_flops_per_token(i) } -> std::convertible_to<index_t>; },
+                "mom module: missing `static constexpr index_t backward_flops_per_token(index_t seq)`");
+  static_assert(requires { typename M::Saved; }, "mom module: missing `struct Saved` (its activation offsets)");
+  static_assert(requires(Arena& a, index_t i) { M::plan(a, i, i); },
+                "mom module: missing `static constexpr Saved plan(Arena&, index_t batch, index_t seq)`");
+  static_assert(requires(index_t i) { { M::scratch(i, i) } -> std::convertible_to<index_t>; },
+                "mom module: missing `static constexpr index_t scratch(index_t batch, index_t seq)`");
+  static constexpr bool ok = ModuleCore<M>;
+};
+template <class M>
+struct VerifySequenceMixer : VerifyModule<M> {
+  static_assert(requires { typename M::template GroupedSaved<1>; },
+                "mom::SequenceMixer: missing `template <int G> struct GroupedSaved` (its grouped activation offsets)");
+  static_assert(requires(Arena& a, index_t i) { M::template plan_grouped<1, KeySource::Routed>(a, i, i); },
+                "mom::SequenceMixer: missing `template <int G, KeySource> static constexpr GroupedSaved<G> "
+                "plan_grouped(Arena&, index_t n, index_t rows)`");
+  static_assert(requires(index_t i) { M::template scratch_grouped<1, KeySource::Routed>(i, i); },
+                "mom::SequenceMixer: missing `template <int G, KeySource> static constexpr index_t "
+                "scratch_grouped(index_t n, index_t rows)`");
+  static_assert(requires { M::kv_flops + M::query_flops + M::pair_flops; },
+                "mom::SequenceMixer: missing the grouped cost `kv_flops`, `query_flops`, `pair_flops`");
+  static_assert(requires { M::kv_backward_flops + M::query_backward_flops + M::pair_backward_flops; },
+                "mom::SequenceMixer: missing the grouped cost `kv_backward_flops`, `query_backward_flops`, "
+                "`pair_backward_flops`");
+  static constexpr bool ok = SequenceMixer<M>;
 };
 
 namespace detail {

@@ -22,20 +22,20 @@
 namespace mom {
 
 namespace detail {
-template <class F, ModuleKind k>
+// Modules of role r that family F holds (Block<L> counts as L sequence and L token mixers).
+template <class F, ModuleRole r>
 constexpr int family_count() {
   if constexpr (ModuleFamily<F>) {
-    // Block<L> is L (attention, FFN) pairs: it counts as L of each.
-    const bool block_part = F::kind == ModuleKind::Block && (k == ModuleKind::Attention || k == ModuleKind::FeedForward);
-    return F::kind == k || block_part ? int{F::count} : 0;
+    const bool block_part = F::role == ModuleRole::Block && (r == ModuleRole::SequenceMixer || r == ModuleRole::TokenMixer);
+    return F::role == r || block_part ? int{F::count} : 0;
   } else {
     return 0;
   }
 }
-template <class F, ModuleKind k>
+template <class F, ModuleRole r>
 constexpr int family_occurrences() {
   if constexpr (ModuleFamily<F>) {
-    return F::kind == k ? 1 : 0;
+    return F::role == r ? 1 : 0;
   } else {
     return 0;
   }
@@ -63,22 +63,56 @@ constexpr bool family_nonempty() {
     return true;
   }
 }
+
+// The single-module types of a set: the family of role r (or Block<L>'s part), else Fallback.
+struct NoModule {
+  template <Dims D>
+  using single = void;
+};
+template <ModuleRole r, class... Fs>
+struct family_of {
+  using type = NoModule;
+};
+template <ModuleRole r, class F, class... Fs>
+struct family_of<r, F, Fs...> {
+  using type = std::conditional_t<family_occurrences<F, r>() == 1, F, typename family_of<r, Fs...>::type>;
+};
+template <class F, Dims D, bool sequence>
+struct single_of {
+  using type = typename F::template single<D>;
+};
+template <class F, Dims D>
+  requires(F::role == ModuleRole::Block)
+struct single_of<F, D, true> {
+  using type = typename F::template sequence_mixer<D>;
+};
+template <class F, Dims D>
+  requires(F::role == ModuleRole::Block)
+struct single_of<F, D, false> {
+  using type = typename F::template token_mixer<D>;
+};
 }  // namespace detail
+
+// The single-module types' contracts (plain bools keep a failed static_assert to one line).
+template <class M>
+inline constexpr bool is_sequence_mixer = SequenceMixer<M>;
+template <class M>
+inline constexpr bool is_token_mixer = TokenMixer<M>;
 
 template <class... Fs>
 struct ModuleSet {
   static_assert(sizeof...(Fs) > 0, "mom::ModuleSet: the module set is empty");
   static_assert((detail::is_module_family<Fs> && ...), "mom::ModuleSet: every element must be a module family: MHA<N>, FFN<N> or Skip");
   static_assert((detail::family_count_ok<Fs>() && ...), "mom::ModuleSet: MHA<N> and FFN<N> need N >= 1");
-  static_assert((0 + ... + detail::family_occurrences<Fs, ModuleKind::Attention>()) <= 1 &&
-                    (0 + ... + detail::family_occurrences<Fs, ModuleKind::FeedForward>()) <= 1 &&
-                    (0 + ... + detail::family_occurrences<Fs, ModuleKind::Skip>()) <= 1,
+  static_assert((0 + ... + detail::family_occurrences<Fs, ModuleRole::SequenceMixer>()) <= 1 &&
+                    (0 + ... + detail::family_occurrences<Fs, ModuleRole::TokenMixer>()) <= 1 &&
+                    (0 + ... + detail::family_occurrences<Fs, ModuleRole::Skip>()) <= 1,
                 "mom::ModuleSet: each module kind (MHA<N>, FFN<N>, Skip) may appear at most once");
-  static constexpr int n_block_families = (0 + ... + detail::family_occurrences<Fs, ModuleKind::Block>());
+  static constexpr int n_block_families = (0 + ... + detail::family_occurrences<Fs, ModuleRole::Block>());
   static constexpr int n_computing_families =
-      (0 + ... + (detail::family_occurrences<Fs, ModuleKind::Attention>() +
-                  detail::family_occurrences<Fs, ModuleKind::FeedForward>() +
-                  detail::family_occurrences<Fs, ModuleKind::Block>()));
+      (0 + ... + (detail::family_occurrences<Fs, ModuleRole::SequenceMixer>() +
+                  detail::family_occurrences<Fs, ModuleRole::TokenMixer>() +
+                  detail::family_occurrences<Fs, ModuleRole::Block>()));
   static_assert(n_block_families == 0 || n_computing_families == 1,
                 "mom::ModuleSet: Block<L> already holds L attention and L FFN modules: use it alone (with Skip), not "
                 "beside MHA<N>, FFN<N> or another Block");
@@ -88,24 +122,24 @@ struct ModuleSet {
   static constexpr bool families_ok = sizeof...(Fs) > 0 && (detail::is_module_family<Fs> && ...) &&
                                       (detail::family_count_ok<Fs>() && ...);
   static constexpr int n_computing =
-      (0 + ... + (detail::family_count<Fs, ModuleKind::Attention>() + detail::family_count<Fs, ModuleKind::FeedForward>()));
+      (0 + ... + (detail::family_count<Fs, ModuleRole::SequenceMixer>() + detail::family_count<Fs, ModuleRole::TokenMixer>()));
   static_assert(!families_ok || n_computing > 0,
                 "mom::ModuleSet: needs at least one computing module (MHA<N> or FFN<N>), not only Skip");
 
   static constexpr bool valid =
       sizeof...(Fs) > 0 && n_computing > 0 && (ModuleFamily<Fs> && ...) && (detail::family_nonempty<Fs>() && ...) &&
-      (0 + ... + detail::family_occurrences<Fs, ModuleKind::Attention>()) <= 1 &&
-      (0 + ... + detail::family_occurrences<Fs, ModuleKind::FeedForward>()) <= 1 &&
-      (0 + ... + detail::family_occurrences<Fs, ModuleKind::Skip>()) <= 1 &&
+      (0 + ... + detail::family_occurrences<Fs, ModuleRole::SequenceMixer>()) <= 1 &&
+      (0 + ... + detail::family_occurrences<Fs, ModuleRole::TokenMixer>()) <= 1 &&
+      (0 + ... + detail::family_occurrences<Fs, ModuleRole::Skip>()) <= 1 &&
       (n_block_families == 0 || n_computing_families == 1);
 
-  static constexpr int n_attention = (0 + ... + detail::family_count<Fs, ModuleKind::Attention>());
+  static constexpr int n_attention = (0 + ... + detail::family_count<Fs, ModuleRole::SequenceMixer>());
   // Experts<FFN, E, PerStep>: E experts for each of the n_attention steps.
   static constexpr bool experts_per_step = (is_per_step_experts<Fs> || ...);
   // FFN modules one step chooses among: E per step, or the whole flat family FFN<N>.
-  static constexpr int ffn_choices = (0 + ... + detail::family_count<Fs, ModuleKind::FeedForward>());
+  static constexpr int ffn_choices = (0 + ... + detail::family_count<Fs, ModuleRole::TokenMixer>());
   static constexpr int n_ffn = experts_per_step ? ffn_choices * n_attention : ffn_choices;
-  static constexpr bool has_skip = (0 + ... + detail::family_count<Fs, ModuleKind::Skip>()) > 0;
+  static constexpr bool has_skip = (0 + ... + detail::family_count<Fs, ModuleRole::Skip>()) > 0;
   // ModuleSet<Block<L>, ...>: the same modules and layout as MHA<L>, FFN<L>, run as whole blocks.
   static constexpr bool has_block = n_block_families > 0;
   // Number of layer names the set's parameters occupy ("h.<base>" .. "h.<base+depth-1>").
@@ -120,12 +154,27 @@ struct ModuleSet {
     return i < n_ffn ? 1 : 0;
   }
 
+  // The single-module types (the families' `single`; a Block's parts). A role the set does not hold
+  // gives GPT-2's module, which nothing then runs.
+  using sequence_family = typename detail::family_of<has_block ? ModuleRole::Block : ModuleRole::SequenceMixer, Fs...>::type;
+  using token_family = typename detail::family_of<has_block ? ModuleRole::Block : ModuleRole::TokenMixer, Fs...>::type;
   template <Dims D>
-  using attention = modules::Attention<D>;
+  using attention = std::conditional_t<std::is_same_v<sequence_family, detail::NoModule>, modules::Attention<D>,
+                                       typename detail::single_of<sequence_family, D, true>::type>;
   template <Dims D>
-  using ffn = modules::FeedForward<D>;
+  using ffn = std::conditional_t<std::is_same_v<token_family, detail::NoModule>, modules::FeedForward<D>,
+                                 typename detail::single_of<token_family, D, false>::type>;
+  // The modules' contracts at dims D (modules/module.hpp): instantiating Verify fires a static_assert
+  // naming the first missing member of a module that lacks one.
+  template <Dims D>
+  struct Verify {
+    static_assert(sizeof(VerifySequenceMixer<attention<D>>) > 0 && sizeof(VerifyModule<ffn<D>>) > 0);
+    static constexpr bool ok = is_sequence_mixer<attention<D>> && is_token_mixer<ffn<D>>;
+  };
 
-  static constexpr std::size_t tensor_count = std::size_t(n_attention) * 6 + std::size_t(n_ffn) * 6;
+  template <Dims D>
+  static constexpr std::size_t tensor_count = std::size_t(n_attention) * module_tensor_count<attention<D>> +
+                                              std::size_t(n_ffn) * module_tensor_count<ffn<D>>;
 
   template <Dims D>
   static constexpr index_t params = n_attention * attention<D>::params + n_ffn * ffn<D>::params;

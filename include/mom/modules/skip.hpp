@@ -6,7 +6,7 @@
 namespace mom {
 
 struct Skip {
-  static constexpr ModuleKind kind = ModuleKind::Skip;
+  static constexpr ModuleRole role = ModuleRole::Skip;
   static constexpr int count = 1;
 };
 

@@ -18,6 +18,7 @@
 //   Renormalise<b>      renormalise the K picked weights to sum 1 (default true, the code); false:
 //                       use the raw softmax probabilities (the paper's eqs. (5)-(6) read literally)
 // e.g. Router<GRU, Width<64>, Temperature<1, 2>, BalanceCoef<0>>.
+#include <array>
 #include <string_view>
 
 #include "mom/core/meta.hpp"
@@ -53,9 +54,35 @@ struct GRUConfig<TypeList<Os...>> {
 struct GRU {
   static constexpr bool is_router_policy = true;
   static constexpr std::string_view name = "GRU";
-  // Two routers (attention, FFN), each w_ih, w_hh, b_ih, b_hh, w_out.
-  template <class Set>
-  static constexpr std::size_t tensor_count = 10;
+  // Two routers (attention, FFN), each w_ih, w_hh, b_ih, b_hh, w_out for a GRU of width W over inputs
+  // of width d and E classes. Named under the chunk's first layer: h.<base>.router_attn.w_ih, ...
+  static constexpr std::size_t router_tensor_count = 10;
+  struct Offsets {
+    index_t w_ih, w_hh, b_ih, b_hh, w_out, end;
+  };
+  static constexpr Offsets offsets(index_t at, index_t d, index_t W, index_t E) {
+    Offsets r{};
+    r.w_ih = at;
+    r.w_hh = r.w_ih + 3 * W * d;
+    r.b_ih = r.w_hh + 3 * W * W;
+    r.b_hh = r.b_ih + 3 * W;
+    r.w_out = r.b_hh + 3 * W;
+    r.end = r.w_out + E * W;
+    return r;
+  }
+  static constexpr std::array<TensorSpec, router_tensor_count> tensors(index_t layer_base, index_t d, index_t W,
+                                                                       index_t EA, index_t EF) {
+    return {{{"router_attn.w_ih", layer_base, 3 * W, d, Init::Normal},
+             {"router_attn.w_hh", layer_base, 3 * W, W, Init::Normal},
+             {"router_attn.b_ih", layer_base, 1, 3 * W, Init::Zero},
+             {"router_attn.b_hh", layer_base, 1, 3 * W, Init::Zero},
+             {"router_attn.w_out", layer_base, EA, W, Init::Normal},
+             {"router_ffn.w_ih", layer_base, 3 * W, d, Init::Normal},
+             {"router_ffn.w_hh", layer_base, 3 * W, W, Init::Normal},
+             {"router_ffn.b_ih", layer_base, 1, 3 * W, Init::Zero},
+             {"router_ffn.b_hh", layer_base, 1, 3 * W, Init::Zero},
+             {"router_ffn.w_out", layer_base, EF, W, Init::Normal}}};
+  }
 
   template <class Set, int k, int h>
   struct Drives {

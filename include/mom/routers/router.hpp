@@ -4,8 +4,9 @@
 // with `is_router_policy = true`, a `name`, and a nested
 //   template <class Set, int k, int h> struct Drives { static constexpr bool ok; };
 // whose static_asserts reject module sets / K / H the policy cannot drive, and (for routers
-// with parameters) tensor specs and FLOPs. How an Assembly executes a policy lives in
-// assembly/ (Executor specialisations), so dependencies point down.
+// with parameters) their tensor specs, declared once by the policy (GRU::tensors, an ExpertGate's
+// tensors, ...). How an Assembly executes a policy lives in assembly/ (Executor specialisations,
+// keyed on the policy or, for expert gates, on phi::MoE), so dependencies point down.
 #include <concepts>
 #include <cstddef>
 #include <string_view>
@@ -32,13 +33,5 @@ concept RouterPolicy = requires {
   requires P::is_router_policy;
   { P::name } -> std::convertible_to<std::string_view>;
 };
-
-// Router parameters (none for Sequential): policies that own tensors provide
-// tensor_count<Set>, params<D, Set> and specs<D, Set>(out, layer_base).
-template <class P, class Set>
-constexpr std::size_t router_tensor_count() {
-  if constexpr (requires { P::template tensor_count<Set>; }) return P::template tensor_count<Set>;
-  else return 0;
-}
 
 }  // namespace mom

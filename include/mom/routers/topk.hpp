@@ -21,6 +21,8 @@
 #include <string_view>
 
 #include "mom/core/meta.hpp"
+#include "mom/modules/module.hpp"
+#include "mom/routers/gate.hpp"
 #include "mom/routers/options.hpp"
 #include "mom/routers/router.hpp"
 
@@ -50,14 +52,17 @@ struct TopKConfig<TypeList<Os...>> {
                                 balance_t::denominator > 0;
 };
 
+template <Dims D, int E, int Kp, bool Skip, class Options>
+struct SoftmaxTopKGate;
+
 template <class Gate>
 struct TopK {
   static_assert(std::is_same_v<Gate, Softmax>, "mom::TopK<Gate>: the gate must be Softmax (TopK<Softmax>)");
   static constexpr bool is_router_policy = true;
+  static constexpr bool gates_experts = true;  // an ExpertGate per step (routers/gate.hpp)
   static constexpr std::string_view name = "TopK<Softmax>";
-  // One router per step: ln.w, ln.b, w.
-  template <class Set>
-  static constexpr std::size_t tensor_count = 3 * std::size_t(Set::n_attention);
+  template <Dims D, int E, int Kp, bool Skip, class Options>
+  using gate = SoftmaxTopKGate<D, E, Kp, Skip, Options>;
 
   template <class Set, int k, int h>
   struct Drives {
@@ -81,6 +86,81 @@ struct TopK {
                   "mom::Router<TopK<Softmax>>: BalanceCoef<p, q> must be >= 0");
     static constexpr bool ok = Cfg::valid;
   };
+};
+
+// The gate of one step (an ExpertGate, routers/gate.hpp): z = LN_r(in), logits = W z (W [C × d], no
+// bias), softmax(logits / tau), top-K, the K picked weights renormalised (option), the Switch balance
+// loss. Parameters: ln.w, ln.b, w (h.<layer>.router.*).
+template <Dims D, int E, int Kp, bool Skip, class Options>
+struct SoftmaxTopKGate {
+  static_assert(sizeof(typename TopK<Softmax>::template VerifyOptions<Options>) > 0);  // runs the option checks
+  using Cfg = TopKConfig<Options>;
+  static constexpr int classes = E + (Skip ? 1 : 0);  // SKIP last (class E)
+  static constexpr index_t d = D.d_model, C = classes;
+  static constexpr index_t o_ln_w = 0, o_ln_b = d, o_w = 2 * d, params = 2 * d + C * d;
+  static constexpr std::array<TensorSpec, 3> tensors(index_t layer) {
+    return {{{"router.ln.w", layer, 1, d, Init::One},
+             {"router.ln.b", layer, 1, d, Init::Zero},
+             {"router.w", layer, C, d, Init::Normal}}};
+  }
+  static constexpr index_t flops_per_token() { return 2 * d * C; }
+  static constexpr index_t backward_flops_per_token() { return 2 * flops_per_token(); }
+
+  struct Plan {
+    index_t ln = 0, mean = 0, rstd = 0;  // LN_r
+    dispatch::Selection sel{};
+  };
+  static constexpr Plan plan(Arena& a, index_t rows) {
+    Plan p{};
+    p.ln = a.take(rows * d);
+    p.mean = a.take(rows);
+    p.rstd = a.take(rows);
+    p.sel = dispatch::plan_selection(a, rows, Kp, C);
+    return p;
+  }
+  static constexpr const dispatch::Selection& selection(const Plan& p) { return p.sel; }
+  struct Scratch {
+    index_t dws, dlogits, dln, total;
+  };
+  static constexpr Scratch scratch_plan(index_t rows) {
+    Arena a;
+    Scratch s{};
+    s.dws = a.take(rows * Kp);
+    s.dlogits = a.take(rows * C);
+    s.dln = a.take(rows * d);
+    s.total = a.used;
+    return s;
+  }
+  static constexpr index_t scratch(index_t rows) { return scratch_plan(rows).total; }
+
+  template <class Be, class T>
+  static void forward(Be& be, const T* p, T* ws, const Plan& s, MatrixView<const T> in, std::span<const token_t>) {
+    using detail::mat, detail::vec;
+    const index_t rows = in.rows;
+    const MatrixView<T> z{ws + s.ln, rows, d};
+    be.layernorm_forward(z, vec(ws, s.mean, rows), vec(ws, s.rstd, rows), in, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
+    be.linear_forward(MatrixView<T>{ws + s.sel.probs, rows, C}, MatrixView<const T>(z), mat(p, o_w, C, d),
+                      std::span<const T>{});
+    dispatch::select_forward(be, ws, s.sel, rows, Kp, C, T(1.0 / Cfg::temperature), Cfg::renormalise,
+                             T(Cfg::balance_coef));
+  }
+
+  // dL/dlogits through top-K / softmax (+ the balance loss), then W and LN_r.
+  template <class Be, class T>
+  static void backward(Be& be, const T* p, T* g, const T* ws, const Plan& s, MatrixView<const T> in, MatrixView<T> din,
+                       std::span<const T> dwp, T* scratch) {
+    using detail::mat, detail::vec;
+    const index_t rows = in.rows;
+    const Scratch sc = scratch_plan(rows);
+    const MatrixView<T> dlogits{scratch + sc.dlogits, rows, C}, dz{scratch + sc.dln, rows, d};
+    dispatch::select_backward(be, ws, s.sel, rows, Kp, C, T(1.0 / Cfg::temperature), Cfg::renormalise, dwp,
+                              std::span<T>(scratch + sc.dws, std::size_t(rows * Kp)), dlogits);
+    be.zero(dz.flat());
+    be.linear_backward(dz, mat(g, o_w, C, d), std::span<T>{}, MatrixView<const T>(dlogits),
+                       MatrixView<const T>{ws + s.ln, rows, d}, mat(p, o_w, C, d));
+    be.layernorm_backward(din, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dz), in, vec(ws, s.mean, rows),
+                          vec(ws, s.rstd, rows), vec(p, o_ln_w, d));
+  }
 };
 
 }  // namespace mom

@@ -1,0 +1,60 @@
+#pragma once
+// Expert gates: the per-step router of phi::MoE (paper eq. (11)) as a contract a user's router meets.
+//
+// A router policy P gates the experts of phi::MoE when it says so (`gates_experts = true`) and gives
+//   template <Dims D, int E, int K, bool skip, class Options> using gate = G;
+// for E experts per step, K slots per row, SKIP as class E when `skip`, and the Router<P, Options...>
+// options. G is an ExpertGate:
+//   classes                   router classes C (E, + 1 for SKIP, + any no-op class of its own: a class
+//                             >= E is never run, so a gate that picks fewer than K experts for a row
+//                             fills the other slots with such a class and weight 0)
+//   tensors(layer), params    its parameters, in layout order, named below h.<layer>
+//   flops_per_token(), backward_flops_per_token()   per routed row
+//   Plan plan(Arena&, rows), scratch(rows), selection(plan) -> dispatch::Selection
+//   forward(be, p, ws, plan, in, tokens)
+//       fills the selection for rows `in` [rows × d]: probs, picks and weights [rows × K], the groups
+//       (dispatch::group_picks) and its auxiliary loss in selection.loss (0 if none). `tokens`: the
+//       rows' token ids when the rows are the model's tokens (phi::MoE), empty otherwise.
+//   backward(be, p, g, ws, plan, in, din, dwp, scratch)
+//       dwp [rows·K]: dL/d(weight) in group order (dispatch::slot_grads unpacks it); accumulates its
+//       input gradient into din and its parameter gradients into g.
+// TopK<Softmax> (routers/topk.hpp) is one; docs/extending.md writes two more (hash routing and a
+// threshold router with a variable number of experts per token).
+#include <concepts>
+#include <cstddef>
+#include <span>
+#include <utility>
+
+#include "mom/core/layout.hpp"
+#include "mom/core/tensor.hpp"
+#include "mom/routers/router.hpp"
+#include "mom/routers/selection.hpp"
+
+namespace mom {
+
+template <class G>
+concept ExpertGate = requires(Arena& a, index_t i, const typename G::Plan& plan) {
+  { G::classes } -> std::convertible_to<int>;
+  G::tensors(i);
+  { G::tensors(i).size() } -> std::convertible_to<std::size_t>;
+  { G::params } -> std::convertible_to<index_t>;
+  { G::flops_per_token() } -> std::convertible_to<index_t>;
+  { G::backward_flops_per_token() } -> std::convertible_to<index_t>;
+  { G::plan(a, i) } -> std::same_as<typename G::Plan>;
+  { G::scratch(i) } -> std::convertible_to<index_t>;
+  { G::selection(plan) } -> std::convertible_to<dispatch::Selection>;
+};
+
+// The forward / backward of a gate on backend Be.
+template <class G, class Be, class T = typename Be::scalar>
+concept ExpertGateOn = ExpertGate<G> && requires(Be& be, const T* p, T* g, T* ws, const typename G::Plan& plan,
+                                                 MatrixView<const T> x, MatrixView<T> dx, std::span<const token_t> tok,
+                                                 std::span<const T> dwp) {
+  G::forward(be, p, ws, plan, x, tok);
+  G::backward(be, p, g, ws, plan, x, dx, dwp, g);
+};
+
+template <class P>
+concept ExpertGatePolicy = RouterPolicy<P> && requires { requires P::gates_experts; };
+
+}  // namespace mom
