@@ -1,4 +1,4 @@
-// Cross-backend cases for the depth-routing ops of cuda::Backend (depth_kernels.cuh), ported from the
+// Cross-backend cases for the depth-routing ops of cuda::Backend (kernels/depth.cuh), ported from the
 // CPU ops of backend/cpu/depth.hpp (depth branch, commit dc98a76). Each case checks the device
 // against a plain host reference written here (the definition of the op), and also against
 // cpu::Backend<T> where that backend has the op (once the depth branch is merged).

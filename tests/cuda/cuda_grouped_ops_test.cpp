@@ -1,4 +1,4 @@
-// Cross-backend cases for the grouped ops of cuda::Backend (grouped_kernels.cuh): every op against
+// Cross-backend cases for the grouped ops of cuda::Backend (kernels/grouped_*.cuh): every op against
 // cpu::Backend<T> (backend/cpu/grouped.hpp) on the same random inputs, over several row-group layouts:
 // empty groups (first, middle, last), offsets[0] > 0, rows after offsets[count] (the SKIP range),
 // one group, and sizes that are no tile multiples (d = 70, out = 130). Backward ops start from

@@ -270,7 +270,7 @@ TEMPLATE_TEST_CASE("attention forward/backward match cpu (head dims 8 to 128 and
     index_t batch, seq, heads, hd;
   };
   // Float runs twice: Precision::FP32 (the SIMT kernels everywhere, tol_attention) and the default
-  // TF32, under which head dims 64 and 128 take the tensor-core kernels (attention_tc.cuh): they
+  // TF32, under which head dims 64 and 128 take the tensor-core kernels (kernels/attention_tc.cuh): they
   // round Q, K, V, dO and P to TF32 (2^-11 relative), which moves out and lse by up to ~4e-4 of
   // their scale, so those shapes get a TF32-sized tolerance here; the exact rounding model is
   // checked by cuda_tc_attention_test.cpp.

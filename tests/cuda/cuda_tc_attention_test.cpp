@@ -1,4 +1,4 @@
-// The tensor-core path of the dense causal attention (attention_tc.cuh): cuda::Backend<float> with
+// The tensor-core path of the dense causal attention (kernels/attention_tc.cuh): cuda::Backend<float> with
 // Precision::TF32 or BF16 and head dim 64 or 128. Compared with double references computed here:
 //   "rounded":   what the kernels compute, in double: Q, K, V, dO rounded to TF32 / bf16 (rounding
 //                done independently of the kernels, with frexp and nearbyint / round), the online

@@ -8,9 +8,9 @@
 // - Ops: the same signatures and the same shape checks (same messages) as the CPU ops. GEMMs go
 //   through cuBLAS (row-major via the transpose trick; float on TF32 tensor cores by default,
 //   set_precision(Precision::BF16) for bf16 tensor cores with fp32 master weights, FP32 for none);
-//   everything else is mom's own kernels (kernels.cuh), compiled into mom::cuda; the dense
+//   everything else is mom's own kernels (kernels/*.cuh), compiled into mom::cuda; the dense
 //   attention of float at head dims 64 / 128 follows the same precision on tensor cores
-//   (attention_tc.cuh).
+//   (kernels/attention_tc.cuh).
 // - Asynchrony: every op only enqueues work on the backend's stream; nothing inside a training step
 //   waits for the GPU (grad_norm leaves the norm in device memory for adamw_step). The first host
 //   synchronisation after a bad index (token id, target, gather/scatter index) throws its error.

@@ -3,7 +3,7 @@
 // layer-skip, early-exit), the counterparts of backend/cpu/depth.hpp (depth branch, commit dc98a76):
 // per-sequence top-C selection, the 0/1 selection mask, the skip decision with its early-exit
 // state, the logistic gate, and binary cross-entropy on logits. Plain C++; the definitions live in
-// depth_kernels.cuh, compiled into mom::cuda by mom_cuda.cu. As for Kernels<T>: no shape checks
+// kernels/depth.cuh, compiled into mom::cuda by mom_cuda.cu. As for Kernels<T>: no shape checks
 // here (cuda::Backend does them), every launcher only enqueues on ctx.stream.
 #include "mom/backend/cuda/kernels.hpp"
 

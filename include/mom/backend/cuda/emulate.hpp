@@ -1,6 +1,6 @@
 #pragma once
-// CPU emulation of the few CUDA device features the kernels in kernels.cuh use, so that the very
-// same kernel source runs (slowly) on a machine without a GPU: compile kernels.cuh with a host
+// CPU emulation of the few CUDA device features the kernels in kernels/*.cuh use, so that the very
+// same kernel source runs (slowly) on a machine without a GPU: compile mom_cuda.cu with a host
 // compiler and MOM_CUDA_EMULATE defined. A test facility, not a backend: tests/cuda builds
 // test_cuda_emu with it (plus host stand-ins for the CUDA runtime and cublasGemmEx), which runs
 // the cross-backend suite where no GPU exists.

@@ -1,6 +1,6 @@
 #pragma once
 // CPU emulation of the part of CUDA's warp matrix API (nvcuda::wmma, <mma.h>) that the tensor-core
-// paths use (grouped GEMM: grouped_kernels.cuh; dense attention: attention_tc.cuh), plus a bf16
+// paths use (grouped GEMM: kernels/grouped_linear.cuh; dense attention: kernels/attention_tc.cuh), plus a bf16
 // storage type: tests only, under MOM_CUDA_EMULATE (see emulate.hpp).
 //
 // Model: on a GPU a fragment is spread over the 32 lanes of a warp; here every thread holds the

@@ -1,7 +1,7 @@
 #pragma once
 // Host-side declarations of the CUDA launchers for the grouped ops (core/groups.hpp), the
-// counterparts of backend/cpu/grouped.hpp. Plain C++; the definitions live in grouped_kernels.cuh,
-// compiled into mom::cuda by mom_cuda.cu.
+// counterparts of backend/cpu/grouped.hpp. Plain C++; the definitions live in kernels/grouped.cuh,
+// kernels/grouped_linear.cuh and kernels/grouped_rows.cuh, compiled into mom::cuda by mom_cuda.cu.
 //
 // The row groups' offsets stay in device memory: every kernel reads them itself (no copy to the
 // host, no synchronisation) and its grid is sized from host-known bounds only (the packed matrix's
@@ -24,7 +24,7 @@ struct GroupedKernels {
   using PG = PerGroup<T>;
   using CPG = PerGroup<const T>;
 
-  // Grouped GEMMs (one tiled kernel core, grouped_kernels.cuh). W_g is [y.cols × x.cols], dense.
+  // Grouped GEMMs (one tiled kernel core, kernels/grouped_linear.cuh). W_g is [y.cols × x.cols], dense.
   // Float follows ctx.precision: TF32 / BF16 on tensor cores (wmma), FP32 on the CUDA cores.
   // y[r] = W_g x[r] + b_g (b may be empty): grid (row-tile slots: ceil(rows / 64) + count) ×
   // (column tiles); each block finds its (group, row tile) from the device offsets.

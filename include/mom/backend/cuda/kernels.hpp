@@ -1,7 +1,8 @@
 #pragma once
 // Host-side declarations of the CUDA backend's kernel launchers. This header is plain C++ (any
-// host compiler reads it); the definitions live in kernels.cuh and are compiled by nvcc into
-// the mom::cuda library (mom_cuda.cu: explicit instantiations for float and double).
+// host compiler reads it); the definitions live in kernels/*.cuh (one file per op family, each
+// with its kernels and their launchers) and are compiled by nvcc into the mom::cuda library
+// (mom_cuda.cu: explicit instantiations for float and double).
 //
 // The launchers do no shape checking: mom::cuda::Backend checks shapes (with the same messages
 // as the CPU ops) and then calls them. Every launcher enqueues on ctx.stream and returns without
@@ -39,7 +40,7 @@ enum class DeviceError : int {
 
 // Precision of float matrix products (double always runs in fp64): the GEMMs (cuBLAS and the
 // grouped GEMM) and the products inside the dense attention at head dims 64 and 128
-// (attention_tc.cuh). Parameters, gradients, activations, AdamW moments and every other own
+// (kernels/attention_tc.cuh). Parameters, gradients, activations, AdamW moments and every other own
 // kernel stay fp32, so BF16 is mixed precision with fp32 master weights.
 enum class Precision : int {
   FP32,  // fp32 inputs, fp32 accumulate (no tensor cores)
@@ -131,8 +132,8 @@ struct Kernels {
                                      T dloss, token_t ignore_index);
 
   // Dense causal attention. Float with Precision::TF32 / BF16 at head dims 64 and 128 runs on
-  // tensor cores (attention_tc.cuh: operands, P and dS rounded to TF32 / bf16, fp32 statistics);
-  // everything else on the SIMT kernels of kernels.cuh. Same outputs and layout either way.
+  // tensor cores (kernels/attention_tc.cuh: operands, P and dS rounded to TF32 / bf16, fp32 statistics);
+  // everything else on the SIMT kernels of kernels/attention.cuh. Same outputs and layout either way.
   static void attention_forward(const Context& ctx, M out, T* lse, CM qkv, index_t batch, index_t seq, index_t heads);
   static void attention_backward(const Context& ctx, M dqkv, CM dout, CM out, const T* lse, CM qkv, index_t batch,
                                  index_t seq, index_t heads);

@@ -1,10 +1,26 @@
-// The compiled part of the CUDA backend: every kernel of kernels.cuh, instantiated for float and
-// double. CMake builds it into mom::cuda; a project that uses the installed headers without CMake
-// compiles this one file with nvcc (-std=c++20) and links it with cudart, cublas and cublasLt.
-#include "mom/backend/cuda/kernels.cuh"
-#include "mom/backend/cuda/depth_kernels.cuh"
-#include "mom/backend/cuda/grouped_kernels.cuh"
-#include "mom/backend/cuda/attention_tc.cuh"
+// The compiled part of the CUDA backend: every kernel of kernels/ (one file per op family, each with
+// its kernels and their launchers), instantiated for float and double. CMake builds it into
+// mom::cuda; a project that uses the installed headers without CMake compiles this one file with
+// nvcc (-std=c++20) and links it with cudart, cublas and cublasLt. The host-side declarations are
+// kernels.hpp (Kernels<T>, Context), depth_kernels.hpp and grouped_kernels.hpp.
+#include "mom/backend/cuda/kernels/common.cuh"  // launch, reductions, error report
+
+#include "mom/backend/cuda/kernels/linear.cuh"  // fill, bias broadcast and column sums, bf16 staging
+#include "mom/backend/cuda/kernels/embedding.cuh"
+#include "mom/backend/cuda/kernels/layernorm.cuh"
+#include "mom/backend/cuda/kernels/activation.cuh"  // gelu, relu, add, axpy, scale
+#include "mom/backend/cuda/kernels/cross_entropy.cuh"
+#include "mom/backend/cuda/kernels/attention.cuh"         // dense causal attention (SIMT)
+#include "mom/backend/cuda/kernels/attention_packed.cuh"  // packed and grouped attention
+#include "mom/backend/cuda/kernels/routing.cuh"           // router top-K, balance loss, group_by_module
+#include "mom/backend/cuda/kernels/rows.cuh"              // gather / scatter, topk_rows, softmax_rows
+#include "mom/backend/cuda/kernels/gru.cuh"
+#include "mom/backend/cuda/kernels/optim.cuh"  // grad_norm, AdamW
+#include "mom/backend/cuda/kernels/depth.cuh"  // depth routing (DepthKernels)
+#include "mom/backend/cuda/kernels/grouped.cuh"         // row groups on the device (GroupedKernels)
+#include "mom/backend/cuda/kernels/grouped_linear.cuh"  // the grouped GEMMs
+#include "mom/backend/cuda/kernels/grouped_rows.cuh"    // grouped LayerNorm and row ops
+#include "mom/backend/cuda/kernels/attention_tc.cuh"    // dense attention on tensor cores (float)
 
 namespace mom::cuda {
 template struct Kernels<float>;

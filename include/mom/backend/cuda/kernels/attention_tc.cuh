@@ -1,9 +1,9 @@
 #pragma once
 // Dense causal attention on tensor cores (nvcuda::wmma) for cuda::Backend<float> with
 // Precision::TF32 or BF16 and head dim 64 or 128: the path Kernels<float>::attention_forward /
-// attention_backward (kernels.cuh) take when attention_tc_forward / attention_tc_backward below
+// attention_backward (attention.cuh) take when attention_tc_forward / attention_tc_backward below
 // accept the call; everything else (double, Precision::FP32, other head dims, GPUs without the
-// shared memory) keeps the SIMT kernels of kernels.cuh. Same contract as those: out and lse written
+// shared memory) keeps the SIMT kernels of attention.cuh. Same contract as those: out and lse written
 // (lse[(b·heads + h)·seq + i], natural log), dqkv accumulated (+=), no [S × S] buffer.
 //
 // FlashAttention-2 structure. A block is 4 warps (128 threads) and owns a tile of 64 rows (queries
@@ -11,7 +11,7 @@
 // streams through shared memory in tiles of 64 rows; causal tiles wholly above the diagonal are
 // never visited, and inside the diagonal tile a warp only multiplies the 16-column blocks that
 // hold a key <= its last query. Operands are rounded when staged into shared memory, as the
-// grouped GEMM does (grouped_kernels.cuh): TF32 (cvt.rna, wmma m16n16k8) or bf16 (nearest even,
+// grouped GEMM does (grouped_linear.cuh): TF32 (cvt.rna, wmma m16n16k8) or bf16 (nearest even,
 // m16n16k16), fp32 accumulate. Scores, softmax statistics, D = rowsum(dO ∘ O) and the output stay
 // fp32; the probabilities P (and dS in the backward) are rounded like the operands before their
 // products, since they are the A operand of the next wmma.
@@ -31,7 +31,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "mom/backend/cuda/grouped_kernels.cuh"
+#include "mom/backend/cuda/kernels/attention.cuh"
+#include "mom/backend/cuda/kernels/grouped_linear.cuh"
 
 namespace mom::cuda {
 

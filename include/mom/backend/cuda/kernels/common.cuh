@@ -1,0 +1,162 @@
+#pragma once
+// Shared by every kernel file of the CUDA backend (kernels/*.cuh): launch geometry, launch() (a real
+// <<<grid, block>>> launch, or the CPU emulation of emulate.hpp under MOM_CUDA_EMULATE), math by
+// overload, warp and block reductions, the block scan, the device-side error report, and the
+// grid-stride loop. nvcc only (or the emulation): the kernel files are included once, by mom_cuda.cu,
+// which instantiates the launchers for float and double (see kernels.hpp, depth_kernels.hpp,
+// grouped_kernels.hpp for the host-side declarations).
+//
+// Conventions (as the CPU ops): forward ops write their outputs, backward ops accumulate (+=),
+// a null pointer for an optional gradient means "not wanted". Views are row-major with a row
+// stride (ld). Index errors are reported through Context::error (see kernels.hpp), never by
+// reading or writing out of bounds.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#if defined(MOM_CUDA_EMULATE)
+#include "mom/backend/cuda/emulate.hpp"  // the kernels on CPU threads (tests without a GPU)
+#else
+#include <cuda_runtime.h>
+#endif
+
+#include "mom/backend/cuda/check.hpp"
+#include "mom/backend/cuda/kernels.hpp"
+
+namespace mom::cuda {
+
+namespace dev {
+
+inline constexpr int threads = 256;  // block size of the elementwise and row kernels
+inline constexpr int warps_per_block = threads / 32;
+
+#if defined(MOM_CUDA_EMULATE)
+inline constexpr index_t max_stride_blocks = 4;  // emulated blocks run one at a time
+#else
+inline constexpr index_t max_stride_blocks = 65535;
+#endif
+
+// Blocks for a grid-stride loop over n items (capped: each thread then handles several).
+inline unsigned blocks_for(index_t n, int per_block = threads) {
+  const index_t b = (n + per_block - 1) / per_block;
+  return static_cast<unsigned>(std::clamp<index_t>(b, 0, max_stride_blocks));
+}
+// Blocks for kernels that map one block (or warp) to each item: never capped.
+inline unsigned blocks_exact(index_t n, int per_block) {
+  return static_cast<unsigned>((n + per_block - 1) / per_block);
+}
+
+// Enqueues kernel<<<grid, block>>> on the backend's stream and checks the launch.
+template <class... Params, class... Args>
+void launch(const char* op, const Context& ctx, dim3 grid, dim3 block, void (*kernel)(Params...), Args&&... args) {
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
+#if defined(MOM_CUDA_EMULATE)
+  (void)ctx;
+  emulate_launch(grid, block, [&] { kernel(static_cast<Params>(args)...); });
+#else
+  kernel<<<grid, block, 0, ctx.stream>>>(static_cast<Params>(args)...);
+#endif
+  MOM_CUDA_CHECK(cudaGetLastError(), op);
+}
+
+// Math by overload (the CUDA math API names the float versions expf, tanhf, ...).
+__device__ __forceinline__ float exp_(float x) { return expf(x); }
+__device__ __forceinline__ double exp_(double x) { return exp(x); }
+__device__ __forceinline__ float log_(float x) { return logf(x); }
+__device__ __forceinline__ double log_(double x) { return log(x); }
+__device__ __forceinline__ float sqrt_(float x) { return sqrtf(x); }
+__device__ __forceinline__ double sqrt_(double x) { return sqrt(x); }
+__device__ __forceinline__ float tanh_(float x) { return tanhf(x); }
+__device__ __forceinline__ double tanh_(double x) { return tanh(x); }
+template <class T>
+__device__ __forceinline__ T sigmoid_(T a) {
+  return T(1) / (T(1) + exp_(-a));
+}
+template <class T>
+__device__ __forceinline__ T neg_inf() {
+  return -std::numeric_limits<T>::infinity();
+}
+
+template <class T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <class T>
+__device__ __forceinline__ T warp_max(T v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+template <class T>
+__device__ __forceinline__ T warp_min(T v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum / max over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets
+// the result. Safe to call repeatedly (the first barrier protects the shared slots).
+template <class T, bool Max = false>
+__device__ T block_reduce(T v) {
+  __shared__ T part[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = Max ? warp_max(v) : warp_sum(v);
+  __syncthreads();
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    T w = lane < nw ? part[lane] : (Max ? neg_inf<T>() : T(0));
+    w = Max ? warp_max(w) : warp_sum(w);
+    if (lane == 0) part[0] = w;
+  }
+  __syncthreads();
+  return part[0];
+}
+
+// Records the first device-side index error (see kernels.hpp); later ones are dropped.
+__device__ __forceinline__ void report(int* error, DeviceError code, index_t position, index_t value, index_t bound) {
+  if (atomicCAS(error, 0, static_cast<int>(code)) == 0) {
+    error[1] = static_cast<int>(position);
+    error[2] = static_cast<int>(value);
+    error[3] = static_cast<int>(bound);
+  }
+}
+
+#define MOM_GRID_STRIDE(i, n) \
+  for (index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += index_t(gridDim.x) * blockDim.x)
+
+// Column sums (bias gradients, LayerNorm's dgamma / dbeta): thread = column, blockIdx.y strides over
+// chunks of column_chunk rows; chunks meet in atomics.
+inline constexpr int column_chunk = 64;
+inline dim3 column_grid(index_t rows, index_t cols) {
+  return dim3(static_cast<unsigned>((cols + threads - 1) / threads),
+              static_cast<unsigned>(std::clamp<index_t>((rows + column_chunk - 1) / column_chunk, 1, 65535)));
+}
+
+// Exclusive prefix sum of one int per thread over the block (Hillis-Steele in shared memory,
+// blockDim.x <= threads); *total receives the block's sum. Every thread must call it.
+__device__ inline int block_exclusive_scan(int v, int* total) {
+  __shared__ int buf[2][threads];
+  const int t = threadIdx.x;
+  int in = 0;
+  buf[0][t] = v;
+  __syncthreads();
+  for (int offset = 1; offset < int(blockDim.x); offset <<= 1) {
+    const int out = in ^ 1;
+    buf[out][t] = buf[in][t] + (t >= offset ? buf[in][t - offset] : 0);
+    __syncthreads();
+    in = out;
+  }
+  const int inclusive = buf[in][t];
+  *total = buf[in][blockDim.x - 1];
+  __syncthreads();  // buf is reused by the next call
+  return inclusive - v;
+}
+
+}  // namespace dev
+
+}  // namespace mom::cuda
