@@ -10,6 +10,7 @@
 #include <span>
 #include <utility>
 
+#include "mom/backend/backend_concept.hpp"
 #include "mom/backend/cpu/activation.hpp"
 #include "mom/backend/cpu/attention.hpp"
 #include "mom/backend/cpu/cross_entropy.hpp"
@@ -288,3 +289,6 @@ struct Backend {
 };
 
 }  // namespace mom::cpu
+
+static_assert(mom::Backend<mom::cpu::Backend<float>> && mom::Backend<mom::cpu::Backend<double>>,
+              "cpu::Backend must satisfy mom::Backend (backend/backend_concept.hpp)");

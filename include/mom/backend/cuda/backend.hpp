@@ -27,6 +27,7 @@
 #include <span>
 #include <vector>
 
+#include "mom/backend/backend_concept.hpp"
 #include "mom/backend/cpu/optim.hpp"  // AdamWConfig (plain struct, no Eigen)
 #include "mom/backend/cuda/buffer.hpp"
 #include "mom/backend/cuda/check.hpp"
@@ -723,3 +724,6 @@ struct Backend {
 };
 
 }  // namespace mom::cuda
+
+static_assert(mom::Backend<mom::cuda::Backend<float>> && mom::Backend<mom::cuda::Backend<double>>,
+              "cuda::Backend must satisfy mom::Backend (backend/backend_concept.hpp)");

@@ -1,0 +1,157 @@
+#pragma once
+// mom::Backend<Be>: the op set the library calls on a backend (modules/, assembly/, routers/, models/,
+// train/), as one C++20 concept. cpu::Backend<T> and cuda::Backend<T> satisfy it (checked by a
+// static_assert at the end of each backend's header); a new backend, or a wrapper that counts or
+// times ops, checks itself the same way:
+//
+//   static_assert(mom::Backend<MyBackend<float>>, "MyBackend must satisfy mom::Backend");
+//
+// Each op is checked as a call on an lvalue Be& (const or non-const members both qualify) with the
+// argument types the library passes, T = Be::scalar: outputs MatrixView<T> / std::span<T>, inputs
+// MatrixView<const T> / std::span<const T>, indices std::span<const token_t>, per-group tensors
+// PerGroup<T> / PerGroup<const T> with RowGroups. Defaulted trailing arguments the library leaves
+// out are checked both with and without them. The parts (memory, dense ops, routing, grouped ops,
+// depth routing, optimizer) are separate concepts, so a failure names the part and the call.
+//
+// Not listed: ops that only tests call (topk_rows, softmax_rows, attention_packed_* and their
+// backwards), and each backend's own extras (cuda::Backend's sync, precision, reserve_dispatch,
+// group_by_module, ...).
+#include <concepts>
+#include <cstdint>
+#include <span>
+
+#include "mom/core/groups.hpp"
+#include "mom/core/tensor.hpp"
+
+namespace mom {
+
+namespace backend_parts {
+
+// Types, buffers and host/backend memory traffic.
+template <class Be, class T>
+concept Memory = requires(Be& be, index_t n, std::span<T> s, std::span<const T> cs, std::span<token_t> ts,
+                          std::span<const token_t> cts, MatrixView<T> m, T x, token_t tok, const T* p,
+                          typename Be::template Buffer<T>& buf) {
+  typename Be::template Buffer<T>;
+  typename Be::template Buffer<token_t>;
+  { be.template alloc<T>(n) } -> std::same_as<typename Be::template Buffer<T>>;
+  { be.template alloc<token_t>(n) } -> std::same_as<typename Be::template Buffer<token_t>>;
+  { buf.data() } -> std::convertible_to<T*>;
+  { buf.span() } -> std::convertible_to<std::span<T>>;
+  be.zero(s);
+  be.zero(m);
+  be.fill(s, x);
+  be.fill(ts, tok);
+  be.copy(s, cs);
+  be.copy(s, s);
+  be.to_host(s, cs);
+  be.to_host(ts, cts);
+  be.from_host(s, cs);
+  be.from_host(ts, cts);
+  { be.read(p) } -> std::convertible_to<T>;
+};
+
+// The dense model's ops (embedding, LayerNorm, linear / GEMM, activations, attention, loss) and the
+// GRU router's cell.
+template <class Be, class T>
+concept DenseOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std::span<T> s, std::span<const T> cs,
+                            std::span<const token_t> tok, index_t i, T x) {
+  { Be::Trans::N } -> std::convertible_to<typename Be::Trans>;
+  { Be::Trans::T } -> std::convertible_to<typename Be::Trans>;
+  be.gemm(m, cm, Be::Trans::N, cm, Be::Trans::T);
+  be.gemm(m, cm, Be::Trans::N, cm, Be::Trans::N, x, x);
+  be.linear_forward(m, cm, cm, cs);
+  be.linear_backward(m, m, s, cm, cm, cm);
+  be.embedding_forward(m, tok, cm, cm, i);
+  be.embedding_backward(m, m, cm, tok, i);
+  be.layernorm_forward(m, s, s, cm, cs, cs);
+  be.layernorm_forward(m, s, s, cm, cs, cs, x);
+  be.layernorm_backward(m, s, s, cm, cm, cs, cs, cs);
+  be.gelu_forward(s, cs);
+  be.gelu_backward(s, cs, cs);
+  be.relu_forward(s, cs);
+  be.relu_backward(s, cs, cs);
+  be.add_forward(s, cs, cs);
+  be.axpy(s, x, cs);
+  be.scale(s, x);
+  be.attention_forward(m, s, cm, i, i, i);
+  be.attention_backward(m, cm, cm, cs, cm, i, i, i);
+  be.cross_entropy_forward(s, s, cm, tok);
+  be.cross_entropy_forward(s, s, cm, tok, token_t(-1));
+  be.cross_entropy_backward(m, cm, cs, tok, x);
+  be.cross_entropy_backward(m, cm, cs, tok, x, token_t(-1));
+  be.gather_rows(m, cm, tok);
+  be.scatter_add_rows(m, cm, tok);
+  be.scatter_add_rows(m, cm, tok, cs);
+  be.scatter_add_rows_backward(m, s, cm, cm, tok, cs);
+  be.gru_cell_forward(m, m, cm, cm, cm, cm, cs, cs);
+  be.gru_cell_backward(m, m, m, m, s, s, m, cm, cm, cm, cm, cm, cm);
+};
+
+// Routed assembly (Mixture-of-Modules, MoE): router top-K, grouping by choice, balance loss.
+template <class Be, class T>
+concept RoutingOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, MatrixView<token_t> picks,
+                              MatrixView<const token_t> cpicks, std::span<T> s, std::span<const T> cs,
+                              std::span<token_t> ts, std::span<const token_t> tok, index_t i, T x, bool flag) {
+  be.route_topk_forward(m, picks, m, cm, x, flag);
+  be.route_topk_backward(m, cm, cm, cm, cpicks, x, flag, cs);
+  be.group_by_choice(ts, ts, ts, cpicks, i);
+  be.balance_loss_forward(s, s, cm, tok, i, x);
+};
+
+// Grouped ops (core/groups.hpp): rows split into groups by offsets in backend memory, each group with
+// its own parameters.
+template <class Be, class T>
+concept GroupedOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std::span<T> s, std::span<const T> cs,
+                              std::span<const token_t> tok, PerGroup<T> pg, PerGroup<const T> cpg, RowGroups g,
+                              index_t i, T x) {
+  be.grouped_linear_forward(m, cm, cpg, cpg, g);
+  be.grouped_linear_backward(m, pg, pg, cm, cm, cpg, g);
+  be.grouped_layernorm_forward(m, s, s, cm, cpg, cpg, g);
+  be.grouped_layernorm_backward(m, pg, pg, cm, cm, cs, cs, cpg, g);
+  be.gelu_forward(m, cm, g);
+  be.gelu_backward(m, cm, cm, g);
+  be.add_forward(m, cm, cm, g);
+  be.axpy(m, x, cm, g);
+  be.zero_rows(m, g);
+  be.gather_rows(m, cm, tok, g);
+  be.gather_rows(m, cpg, i, tok, g);
+  be.scatter_add_rows(m, cm, tok, cs, g);
+  be.scatter_add_rows(pg, i, cm, tok, g);
+  be.scatter_add_rows_backward(m, s, cm, cm, tok, cs, g);
+  be.attention_grouped_forward(m, s, cm, cpg, cpg, i, i, tok, tok, g, i, i);
+  be.attention_grouped_backward(m, pg, pg, cm, cm, cs, cm, cpg, cpg, i, i, tok, tok, g, i, i);
+};
+
+// Depth routing (Mixture-of-Depths, layer-skip, early-exit).
+template <class Be, class T>
+concept DepthOps = requires(Be& be, std::span<T> s, std::span<const T> cs, std::span<token_t> ts,
+                            std::span<const token_t> tok, index_t i, T x) {
+  be.select_topc_per_sequence(ts, cs, i, i);
+  be.selection_mask(s, tok);
+  be.skip_select(ts, ts, ts, cs);
+  be.sigmoid_forward(s, cs);
+  be.sigmoid_backward(s, cs, cs);
+  be.bce_logits_forward(s, cs, cs);
+  be.bce_logits_backward(s, cs, cs, x);
+};
+
+// The optimizer: gradient norm (left in backend memory) and AdamW with fused clipping.
+template <class Be, class T>
+concept OptimOps = requires(Be& be, std::span<T> s, std::span<const T> cs, T* out, const T* norm, T x,
+                            const typename Be::AdamWConfig& cfg, std::int64_t step) {
+  be.grad_norm(cs, out);
+  be.adamw_step(s, cs, s, s, cfg, step);
+  be.adamw_step(s, cs, s, s, cfg, step, norm, x);
+};
+
+}  // namespace backend_parts
+
+// A backend: a scalar type (float or double) and every op above over it.
+template <class Be>
+concept Backend = requires { typename Be::scalar; } && backend_parts::Memory<Be, typename Be::scalar> && backend_parts::DenseOps<Be, typename Be::scalar> &&
+                  backend_parts::RoutingOps<Be, typename Be::scalar> &&
+                  backend_parts::GroupedOps<Be, typename Be::scalar> &&
+                  backend_parts::DepthOps<Be, typename Be::scalar> && backend_parts::OptimOps<Be, typename Be::scalar>;
+
+}  // namespace mom
