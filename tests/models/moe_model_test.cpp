@@ -151,7 +151,7 @@ TEST_CASE("MoE: the load-balancing loss is Switch's coef · C · Σ f_e P_e per 
   double aux = 0;
   for (int h = 0; h < 2; ++h) {
     const auto picks = step_picks(a, h);
-    const double* probs = a.workspace_data() + std::get<0>(a.plan().parts).step[h].sel.probs;
+    const double* probs = a.workspace_data() + std::get<0>(a.plan().parts).step[h].gate.sel.probs;
     double s = 0;
     for (int e = 0; e < 4; ++e) {
       const double f = double(std::count(picks.begin(), picks.end(), e)) / double(n * 2);

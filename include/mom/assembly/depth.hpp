@@ -82,6 +82,8 @@ struct DepthExecutor : WorkspaceViews {
   // keys/values from their current state), so K/V run over all tokens, Q and the rest over the run rows.
   static constexpr bool attend_all = Cfg::attend_skipped;
   static constexpr KeySource keys = attend_all ? KeySource::AllTokens : KeySource::Routed;
+  // Skip criteria run attention over the packed run rows (row groups); MoD over (batch, C), densely.
+  static_assert(sizeof(std::conditional_t<exact_c, VerifyModule<Attn>, VerifyRoutedSequenceMixer<Attn>>) > 0);
   static_assert(!expert_choice || Cfg::capacity_tokens(D.context) >= 1,
                 "mom::ExpertChoice: Capacity<p, q> gives C = floor(p/q * context) = 0 tokens per sequence at the "
                 "model's context: no token would ever run a routed block");

@@ -99,7 +99,7 @@ struct MoEStep {
   // ---- forward / backward -----------------------------------------------------------------
   template <class Be, class T>
   static void forward(Be& be, const T* p, index_t router_offset, const std::array<index_t, E>& expert_offset, T* ws,
-                      const Plan& s, MatrixView<const T> in, MatrixView<T> out, std::span<const token_t> tokens) {
+                      const Plan& s, MatrixView<const T> in, MatrixView<T> out, std::span<const token_t> tokens = {}) {
     static_assert(ExpertGateOn<Gate, Be, T>, "mom::phi::MoE: the gate lacks forward/backward for this backend");
     Gate::forward(be, p + router_offset, ws, s.gate, in, tokens);
     // Experts over exactly their groups (eq. (6)); classes >= E (SKIP, unused slots) are never touched.

@@ -211,7 +211,7 @@ struct Executor<GRU, A, D> : WorkspaceViews {
   static PerGroup<T> attention_params(T* p) {
     return PerGroup<T>(p, NA, attention_offset);
   }
-  static_assert(NA == 0 || is_sequence_mixer<Attn>, "mom::Router<GRU>: the attention modules are not a mom::SequenceMixer");
+  static_assert(sizeof(VerifyRoutedSequenceMixer<Attn>) > 0);  // MoM runs attention over row groups
 
   // eqs. (7)-(8): state, probabilities, top-K picks, renormalised weights, groups, balance loss.
   template <class Be, class T>

@@ -27,6 +27,8 @@ std::string impl_name() {
   if constexpr (requires { M::name; }) return std::string(", ") + M::name;
   else return {};
 }
+template <class M>
+inline constexpr bool names_itself = requires { M::name; };
 
 template <class Set, Dims D>
 std::string module_set_name() {
@@ -80,9 +82,12 @@ std::string router_options_name() {
 template <class A, Dims D>
 std::string assembly_name() {
   using Set = typename A::module_set;
+  constexpr bool gpt2_modules =
+      !names_itself<typename Set::template attention<D>> && !names_itself<typename Set::template ffn<D>>;
   if constexpr (std::is_same_v<typename A::router::policy, Sequential>) {
-    if (A::h == 1) return "Layer";
-    return "Dense<" + std::to_string(A::h) + ">";
+    if (A::h == 1 && gpt2_modules) return "Layer";
+    if (gpt2_modules) return "Dense<" + std::to_string(A::h) + ">";
+    return "Assembly<Router<Sequential>, " + module_set_name<Set, D>() + ", K<1>, H<" + std::to_string(A::h) + ">>";
   } else {
     using Policy = typename A::router::policy;
     std::string router(Policy::name);

@@ -14,8 +14,10 @@
 //
 //   TokenMixer<M>     rows are independent (FFN-like). Used densely over (batch, seq) and over row
 //                     groups (routed rows: MoM, MoE, MoD, layer-skip).
-//   SequenceMixer<M>  sees the sequence (attention-like). Used densely over (batch, seq) and over row
-//                     groups in the two key/value modes the routed executors use (KeySource below).
+//   SequenceMixer<M>  sees the sequence (attention-like), used densely over (batch, seq): enough for the
+//                     dense stack, parameter sharing, MoE's attention and MoD's (batch, C) blocks.
+//   RoutedSequenceMixer<M>  also over row groups in the two key/value modes the routed executors use
+//                     (KeySource below): MoM and layer-skip / early-exit need it.
 //
 // A single module m computes f(LN(x)) with its own LayerNorm (pre-norm, paper eq. (4)); the assembling
 // function phi adds the residual and the routing weights. Forward ops write, backward ops accumulate
@@ -79,15 +81,19 @@ inline constexpr std::size_t module_tensor_count = std::tuple_size_v<decltype(M:
 template <class M>
 concept TokenMixer = ModuleCore<M>;
 
-// A sequence mixer additionally gives its grouped workspace for G modules and a key source, and its
-// cost split as the routed executors count it:
+// A sequence mixer used densely.
+template <class M>
+concept SequenceMixer = ModuleCore<M>;
+
+// A routed sequence mixer additionally gives its grouped workspace for G modules and a key source, and
+// its cost split as the routed executors count it:
 //   GroupedSaved<G>, plan_grouped<G, keys>(a, n, rows), scratch_grouped<G, keys>(n, rows)
 //   kv_flops, query_flops     forward FLOPs per row of the key/value side and of the query side
 //                             (queries, output projection)
 //   pair_flops                forward FLOPs per (query, visible key) pair
 //   kv_backward_flops, query_backward_flops, pair_backward_flops   the same for backward
 template <class M>
-concept SequenceMixer = ModuleCore<M> && requires(Arena& a, index_t i) {
+concept RoutedSequenceMixer = SequenceMixer<M> && requires(Arena& a, index_t i) {
   typename M::template GroupedSaved<1>;
   { M::template plan_grouped<1, KeySource::AllTokens>(a, i, i) } -> std::same_as<typename M::template GroupedSaved<1>>;
   { M::template plan_grouped<1, KeySource::Routed>(a, i, i) } -> std::same_as<typename M::template GroupedSaved<1>>;
@@ -116,8 +122,17 @@ concept TokenMixerOn =
       M::backward_grouped(be, pg, gg, ws, s, x, y, x, g, gr);
     };
 
-// The forward / backward members of a sequence mixer on backend Be:
-//   forward / backward                  dense, as a token mixer's (over batch sequences of seq tokens)
+// The forward / backward members of a sequence mixer on backend Be: dense, as a token mixer's (over
+// batch sequences of seq tokens).
+template <class M, class Be, class T = typename Be::scalar>
+concept SequenceMixerOn =
+    SequenceMixer<M> && requires(Be& be, const T* p, T* g, T* ws, const typename M::Saved& s, MatrixView<const T> x,
+                                 MatrixView<T> y, index_t i) {
+      M::forward(be, p, ws, s, x, y, i, i);
+      M::backward(be, p, g, ws, s, x, y, x, g, i, i);
+    };
+
+// A routed sequence mixer's grouped members on backend Be:
 //   forward_grouped<keys>(be, p, ws, gs, x, xg, out, idx, groups, seq)
 //       out [rows × d] = module g's output for the rows of group g. idx [rows]: the flat token index
 //       (b·seq + position) of each packed row; x [n × d]: every token's input (read in AllTokens mode);
@@ -126,13 +141,10 @@ concept TokenMixerOn =
 //       AllTokens: every token's input gradient accumulated into dx [n × d]; Routed: the packed rows'
 //       input gradient accumulated into dxg [rows × d].
 template <class M, class Be, class T = typename Be::scalar>
-concept SequenceMixerOn =
-    SequenceMixer<M> &&
-    requires(Be& be, const T* p, T* g, T* ws, const typename M::Saved& s, const typename M::template GroupedSaved<1>& gs,
-             MatrixView<const T> x, MatrixView<T> y, PerGroup<const T> pg, PerGroup<T> gg, RowGroups gr,
-             std::span<const token_t> idx, index_t i) {
-      M::forward(be, p, ws, s, x, y, i, i);
-      M::backward(be, p, g, ws, s, x, y, x, g, i, i);
+concept RoutedSequenceMixerOn =
+    RoutedSequenceMixer<M> && SequenceMixerOn<M, Be, T> &&
+    requires(Be& be, T* g, T* ws, const typename M::template GroupedSaved<1>& gs, MatrixView<const T> x,
+             MatrixView<T> y, PerGroup<const T> pg, PerGroup<T> gg, RowGroups gr, std::span<const token_t> idx, index_t i) {
       M::template forward_grouped<KeySource::AllTokens>(be, pg, ws, gs, x, x, y, idx, gr, i);
       M::template forward_grouped<KeySource::Routed>(be, pg, ws, gs, x, x, y, idx, gr, i);
       M::template backward_grouped<KeySource::AllTokens>(be, pg, gg, ws, gs, x, x, y, y, x, idx, gr, i, g);
@@ -159,7 +171,7 @@ struct VerifyModule {
   static constexpr bool ok = ModuleCore<M>;
 };
 template <class M>
-struct VerifySequenceMixer : VerifyModule<M> {
+struct VerifyRoutedSequenceMixer : VerifyModule<M> {
   static_assert(requires { typename M::template GroupedSaved<1>; },
                 "mom::SequenceMixer: missing `template <int G> struct GroupedSaved` (its grouped activation offsets)");
   static_assert(requires(Arena& a, index_t i) { M::template plan_grouped<1, KeySource::Routed>(a, i, i); },
@@ -173,7 +185,7 @@ struct VerifySequenceMixer : VerifyModule<M> {
   static_assert(requires { M::kv_backward_flops + M::query_backward_flops + M::pair_backward_flops; },
                 "mom::SequenceMixer: missing the grouped cost `kv_backward_flops`, `query_backward_flops`, "
                 "`pair_backward_flops`");
-  static constexpr bool ok = SequenceMixer<M>;
+  static constexpr bool ok = RoutedSequenceMixer<M>;
 };
 
 namespace detail {

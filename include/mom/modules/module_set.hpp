@@ -97,6 +97,8 @@ struct single_of<F, D, false> {
 template <class M>
 inline constexpr bool is_sequence_mixer = SequenceMixer<M>;
 template <class M>
+inline constexpr bool is_routed_sequence_mixer = RoutedSequenceMixer<M>;
+template <class M>
 inline constexpr bool is_token_mixer = TokenMixer<M>;
 
 template <class... Fs>
@@ -168,7 +170,7 @@ struct ModuleSet {
   // naming the first missing member of a module that lacks one.
   template <Dims D>
   struct Verify {
-    static_assert(sizeof(VerifySequenceMixer<attention<D>>) > 0 && sizeof(VerifyModule<ffn<D>>) > 0);
+    static_assert(sizeof(VerifyModule<attention<D>>) > 0 && sizeof(VerifyModule<ffn<D>>) > 0);
     static constexpr bool ok = is_sequence_mixer<attention<D>> && is_token_mixer<ffn<D>>;
   };
 
