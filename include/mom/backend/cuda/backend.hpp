@@ -177,20 +177,6 @@ struct Backend {
     sync();
     return value;
   }
-  // Convenience for tests and tools: a device view's elements on the host (row-major, dense).
-  template <class U>
-  std::vector<std::remove_const_t<U>> to_vector(MatrixView<U> m) const {
-    std::vector<std::remove_const_t<U>> out(static_cast<std::size_t>(m.rows * m.cols));
-    if (!out.empty())
-      MOM_CUDA_CHECK(cudaMemcpy2DAsync(out.data(), static_cast<std::size_t>(m.cols) * sizeof(U), m.data,
-                                       static_cast<std::size_t>(m.ld) * sizeof(U),
-                                       static_cast<std::size_t>(m.cols) * sizeof(U), static_cast<std::size_t>(m.rows),
-                                       cudaMemcpyDefault, ctx_->stream),
-                     "to_vector");
-    sync();
-    return out;
-  }
-
   // ---- ops -----------------------------------------------------------------
   // C = alpha·op(A)·op(B) + beta·C on row-major views. cuBLAS is column-major, and a row-major
   // [r×c] matrix with stride ld is the column-major [c×r] matrix with leading dimension ld, so
@@ -596,7 +582,7 @@ struct Backend {
     ++c.bf16_stage_grows;
   }
 
-  // ---- token dispatch (DESIGN.md "Data and the hot path") -------------------
+  // ---- token dispatch (docs/design.md, "Data and the hot path") ------------
   // Sizes group_by_module's CUB temp storage and scratch for up to n_pairs pairs and n_modules
   // modules, so that no later call allocates. Call once, outside the training step.
   void reserve_dispatch(index_t n_pairs, index_t n_modules) const {
