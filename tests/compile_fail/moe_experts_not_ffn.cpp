@@ -1,5 +1,5 @@
-// Rejected at compile time: experts must be FFN modules.
-// EXPECT: experts are FFN modules
+// Rejected at compile time: experts must be token mixers (FFN-like), not attention.
+// EXPECT: experts are token mixers
 #include <mom/mom.hpp>
 using namespace mom;
 constexpr Dims dims{.d_model = 64, .heads = 4, .d_ff = 256, .vocab = 256, .context = 64};

@@ -1,6 +1,6 @@
-// DESIGN.md "What a user writes", with the dense architecture in the chunk's place (the GRU
-// router arrives with the Mixture-of-Modules issue): the type compiles, its parameter count
-// is a compile-time constant, and it trains.
+// docs/design.md "A model is a type" (what a user writes), with the dense architecture in the chunk's
+// place (tests/models/mom_model_test.cpp trains the GRU chunk itself): the type compiles, its parameter
+// count is a compile-time constant, and it trains.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -20,7 +20,7 @@ static_assert(Model::params == 19'249'920);
 static_assert(Model::depth == 8);
 static_assert(Model::params == LM<dims, Dense<8>>::params);
 
-TEST_CASE("DESIGN.md example: the dense [1-1-4-1-1] model trains a few steps", "[model][example]") {
+TEST_CASE("design.md example: the dense [1-1-4-1-1] model trains a few steps", "[model][example]") {
   auto model = Model::make<cpu::Backend<float>>(/*seed=*/1);
   const index_t batch = 2, seq = 32;
   model.reserve(batch, seq);

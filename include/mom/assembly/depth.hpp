@@ -67,7 +67,6 @@ template <class Policy, class A, Dims D>
 struct DepthExecutor : WorkspaceViews {
   using Cfg = typename Policy::config;
   using Set = typename A::module_set;
-  using Attn = typename Set::template attention<D>;
   using Ffn = typename Set::template ffn<D>;
   static_assert(std::is_same_v<typename A::phi_type, phi::LayerSkip>,
                 "mom::Router<ExpertChoice> and Router<Skipping> assemble with phi::LayerSkip (eq. (9)): "
@@ -82,8 +81,11 @@ struct DepthExecutor : WorkspaceViews {
   // keys/values from their current state), so K/V run over all tokens, Q and the rest over the run rows.
   static constexpr bool attend_all = Cfg::attend_skipped;
   static constexpr KeySource keys = attend_all ? KeySource::AllTokens : KeySource::Routed;
+  // MoD runs its blocks densely over (batch, C); skip criteria run attention over the run rows.
+  using Attn = std::conditional_t<exact_c, typename Set::template attention<D>, typename Set::template routed_attention<D>>;
   // Skip criteria run attention over the packed run rows (row groups); MoD over (batch, C), densely.
-  static_assert(sizeof(std::conditional_t<exact_c, VerifyModule<Attn>, VerifyRoutedSequenceMixer<Attn>>) > 0);
+  static_assert(sizeof(std::conditional_t<exact_c, VerifyModule<typename Set::template attention<D>>,
+                                          VerifyRoutedSequenceMixer<typename Set::template attention<D>>>) > 0);
   static_assert(!expert_choice || Cfg::capacity_tokens(D.context) >= 1,
                 "mom::ExpertChoice: Capacity<p, q> gives C = floor(p/q * context) = 0 tokens per sequence at the "
                 "model's context: no token would ever run a routed block");
@@ -257,7 +259,7 @@ struct DepthExecutor : WorkspaceViews {
   }
   struct Layer {
     typename Attn::Saved attn{};  // unrouted layers; MoD: over (batch, C)
-    typename Attn::template GroupedSaved<1> gattn{};  // skip: over the run rows (one row group)
+    typename Set::template routed_attention<D>::template GroupedSaved<1> gattn{};  // skip: the run rows (one group)
     typename Ffn::Saved ffn{};
     typename Step::Plan moe{};  // MoDE staged: the MoE step over the rows run (instead of ffn)
     index_t xg = 0, u = 0, fo = 0;  // gathered inputs x̃, u = x̃ + attention, f(x̃) (routed layers)
@@ -292,7 +294,7 @@ struct DepthExecutor : WorkspaceViews {
       l.wsel = a.take(rows);
       l.xg = a.take(rows * d);
       if constexpr (exact_c) l.attn = Attn::plan(a, 1, rows);  // the same sizes as (batch, C)
-      else l.gattn = Attn::template plan_grouped<1, keys>(a, n, rows);
+      else l.gattn = Set::template routed_attention<D>::template plan_grouped<1, keys>(a, n, rows);
       l.u = a.take(rows * d);
       if constexpr (moe) l.moe = Step::plan(a, rows);
       else l.ffn = Ffn::plan(a, 1, rows);
@@ -330,7 +332,8 @@ struct DepthExecutor : WorkspaceViews {
     s.dact = a.take(n * std::max<index_t>(PW, 1));
     s.dhid = a.take(n * std::max<index_t>(PW, 1));
     s.module = a.take(std::max({Attn::scratch(batch, seq), Ffn::scratch(batch, seq),
-                                exact_c ? index_t(0) : Attn::template scratch_grouped<1, keys>(n, rows),
+                                exact_c ? index_t(0)
+                                        : Set::template routed_attention<D>::template scratch_grouped<1, keys>(n, rows),
                                 moe ? Step::scratch(n) : index_t(0)}));
     s.total = a.used;
     return s;

@@ -1,6 +1,6 @@
 #pragma once
 // Grouped dispatch, shared by the routed executors (assembly/mom.hpp: MoM's routers and FFN
-// half-round; assembly/moe.hpp: the MoE FFN step). DESIGN.md "Data and the hot path":
+// half-round; assembly/moe.hpp: the MoE FFN step). docs/design.md "Data and the hot path":
 //   select:   softmax / top-K of one router step's logits, the K picked weights (renormalised),
 //             the n×K (token, pick) slots grouped by class with a stable counting sort (causal
 //             order kept inside a group), the weights in group order, the balance loss

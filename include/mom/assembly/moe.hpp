@@ -39,12 +39,17 @@ namespace mom {
 //   be.axpy(aux, T(1), {ws + Step::selection(sp).loss, 1});  // add the gate's auxiliary loss
 //   Step::backward(be, p, g, router_off, expert_offs, ws, sp, in, dres, scratch);  // dres: dL/dout -> dL/din
 // `in` and `out` must not alias; the rows of `in` are independent tokens (no attention inside).
-template <Dims D, class Ffn, int E, int Kp, class Gate>
+template <class G>
+inline constexpr bool is_expert_gate = ExpertGate<G>;
+
+template <Dims D, class Ffn, int E, int Kp, class GateArg>
 struct MoEStep {
   static_assert(E <= max_row_groups,
                 "mom::phi::MoE: at most 256 experts per step (mom::max_row_groups: the grouped ops pass one parameter "
                 "offset per expert to their kernels)");
-  static_assert(ExpertGate<Gate>, "mom::phi::MoE: the router's gate is not a mom::ExpertGate (routers/gate.hpp)");
+  static_assert(is_expert_gate<GateArg>, "mom::phi::MoE: the router's gate is not a mom::ExpertGate (routers/gate.hpp)");
+  // After a failed check the top-K softmax gate stands in, so that one mistake gives one message.
+  using Gate = std::conditional_t<is_expert_gate<GateArg>, GateArg, SoftmaxTopKGate<D, E, Kp, false, TypeList<>>>;
   using RoutedFfn = dispatch::RoutedFfn<Ffn, D>;
   static constexpr int experts = E;
   static constexpr int C = Gate::classes;            // router classes; >= E never run (SKIP, unused slots)

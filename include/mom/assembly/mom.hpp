@@ -23,7 +23,7 @@
 //                     skipped tokens (and tokens sent to other modules) are masked out of other
 //                     tokens' attention. Every cost is then per routed token (MoD-style).
 //
-// Dispatch (DESIGN.md "Data and the hot path"; assembly/grouped_dispatch.hpp, shared with the
+// Dispatch (docs/design.md "Data and the hot path"; assembly/grouped_dispatch.hpp, shared with the
 // MoE executor): the router's n×K (token, module) picks are grouped by module with a stable
 // counting sort (group_by_choice: causal order kept inside a group); per module one gather, its
 // GEMMs over exactly its tokens, one weighted scatter-add. Modules no token picked cost nothing;
@@ -47,7 +47,9 @@ struct Executor<GRU, A, D> : WorkspaceViews {
   static_assert(sizeof(GRU::VerifyOptions<typename A::router::options>) > 0);  // runs the option checks
   static_assert(std::is_same_v<typename A::phi_type, phi::MoM> || std::is_same_v<typename A::phi_type, phi::MoMRoutedKV>,
                 "mom::Router<GRU> assembles with phi::MoM or phi::MoMRoutedKV");
-  using Attn = typename Set::template attention<D>;
+  // MoM runs attention over row groups: the set's sequence mixer must be a RoutedSequenceMixer.
+  static_assert(sizeof(VerifyRoutedSequenceMixer<typename Set::template attention<D>>) > 0);
+  using Attn = typename Set::template routed_attention<D>;
   using Ffn = typename Set::template ffn<D>;
 
   static constexpr int NA = Set::n_attention, NF = Set::n_ffn, Hn = A::h, Kp = A::k;
@@ -211,7 +213,6 @@ struct Executor<GRU, A, D> : WorkspaceViews {
   static PerGroup<T> attention_params(T* p) {
     return PerGroup<T>(p, NA, attention_offset);
   }
-  static_assert(sizeof(VerifyRoutedSequenceMixer<Attn>) > 0);  // MoM runs attention over row groups
 
   // eqs. (7)-(8): state, probabilities, top-K picks, renormalised weights, groups, balance loss.
   template <class Be, class T>

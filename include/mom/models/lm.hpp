@@ -24,6 +24,7 @@
 
 // Included directly (not only through each other) in dependency order, so that a failed
 // check's "In file included from" note is two lines, not eight.
+#include "mom/backend/backend_concept.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/dims.hpp"
 #include "mom/core/layout.hpp"
@@ -57,12 +58,9 @@ namespace mom {
 template <class Model, class Backend>
 class ModelInstance;  // models/runtime.hpp
 
-// What a model needs from a backend type (the ops themselves are checked where they are called).
+// What a model needs from a backend type: the op set of mom::Backend (backend/backend_concept.hpp).
 template <class Be>
-concept BackendType = requires {
-  typename Be::scalar;
-  typename Be::template Buffer<typename Be::scalar>;
-};
+concept BackendType = Backend<Be>;
 
 namespace detail {
 

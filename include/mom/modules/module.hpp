@@ -172,19 +172,28 @@ struct VerifyModule {
 };
 template <class M>
 struct VerifyRoutedSequenceMixer : VerifyModule<M> {
-  static_assert(requires { typename M::template GroupedSaved<1>; },
-                "mom::SequenceMixer: missing `template <int G> struct GroupedSaved` (its grouped activation offsets)");
-  static_assert(requires(Arena& a, index_t i) { M::template plan_grouped<1, KeySource::Routed>(a, i, i); },
-                "mom::SequenceMixer: missing `template <int G, KeySource> static constexpr GroupedSaved<G> "
+  // Checked in order, each only when the ones before hold, so a dense-only module gets one line.
+  static constexpr bool has_saved = requires { typename M::template GroupedSaved<1>; };
+  static_assert(has_saved,
+                "mom::RoutedSequenceMixer: missing `template <int G> struct GroupedSaved` (MoM chunks and layer-skip run "
+                "attention over row groups; modules/module.hpp lists the members)");
+  static constexpr bool has_plan =
+      has_saved && requires(Arena& a, index_t i) { M::template plan_grouped<1, KeySource::Routed>(a, i, i); };
+  static_assert(!has_saved || has_plan,
+                "mom::RoutedSequenceMixer: missing `template <int G, KeySource> static constexpr GroupedSaved<G> "
                 "plan_grouped(Arena&, index_t n, index_t rows)`");
-  static_assert(requires(index_t i) { M::template scratch_grouped<1, KeySource::Routed>(i, i); },
-                "mom::SequenceMixer: missing `template <int G, KeySource> static constexpr index_t "
+  static constexpr bool has_scratch =
+      has_plan && requires(index_t i) { M::template scratch_grouped<1, KeySource::Routed>(i, i); };
+  static_assert(!has_plan || has_scratch,
+                "mom::RoutedSequenceMixer: missing `template <int G, KeySource> static constexpr index_t "
                 "scratch_grouped(index_t n, index_t rows)`");
-  static_assert(requires { M::kv_flops + M::query_flops + M::pair_flops; },
-                "mom::SequenceMixer: missing the grouped cost `kv_flops`, `query_flops`, `pair_flops`");
-  static_assert(requires { M::kv_backward_flops + M::query_backward_flops + M::pair_backward_flops; },
-                "mom::SequenceMixer: missing the grouped cost `kv_backward_flops`, `query_backward_flops`, "
-                "`pair_backward_flops`");
+  static constexpr bool has_cost = has_scratch && requires {
+    M::kv_flops + M::query_flops + M::pair_flops + M::kv_backward_flops + M::query_backward_flops +
+        M::pair_backward_flops;
+  };
+  static_assert(!has_scratch || has_cost,
+                "mom::RoutedSequenceMixer: missing the grouped cost `kv_flops`, `query_flops`, `pair_flops` and their "
+                "`*_backward_flops`");
   static constexpr bool ok = RoutedSequenceMixer<M>;
 };
 

@@ -166,6 +166,13 @@ struct ModuleSet {
   template <Dims D>
   using ffn = std::conditional_t<std::is_same_v<token_family, detail::NoModule>, modules::FeedForward<D>,
                                  typename detail::single_of<token_family, D, false>::type>;
+  // The sequence mixer as the routed executors use it (over row groups). When it is not a
+  // RoutedSequenceMixer, their check (VerifyRoutedSequenceMixer) has fired and GPT-2's attention
+  // stands in, so that one mistake gives one message.
+  template <Dims D>
+  using routed_attention =
+      std::conditional_t<is_routed_sequence_mixer<attention<D>>, attention<D>, modules::Attention<D>>;
+
   // The modules' contracts at dims D (modules/module.hpp): instantiating Verify fires a static_assert
   // naming the first missing member of a module that lacks one.
   template <Dims D>

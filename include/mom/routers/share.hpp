@@ -4,7 +4,7 @@
 // over ModuleSet<MHA<G>, FFN<G>> with K<1>, H<L>: step h runs attention module c(h), then FFN
 // module c(h), each with weight 1 (the dense residual update of eq. (4)); the G module pairs are
 // stored once and reused at every step that maps to them. Policies give c:
-//   Cycle<G>     c(h) = h mod G           ABAB… (MoEUT's layer grouping, moeut.txt §2.3)
+//   Cycle<G>     c(h) = h mod G           ABAB… (MoEUT's layer grouping, arXiv 2405.16039 §2.3)
 //   All          c(h) = 0                 one pair for every step (ALBERT, Universal Transformer)
 //   Blocks<G>    c(h) = h / (H / G)       AABB… (MoEUT's "AABB" ablation, for comparison)
 //   Map<j0, j1, …>  c(h) = j_h            any c_share, one entry per step
