@@ -53,6 +53,7 @@
 
 #include "mom/assembly/assembly.hpp"
 #include "mom/assembly/chunked.hpp"
+#include "mom/assembly/depth_block.hpp"
 #include "mom/assembly/moe.hpp"
 #include "mom/assembly/phi.hpp"
 #include "mom/core/check.hpp"
@@ -96,15 +97,15 @@ struct DepthExecutor : WorkspaceViews {
   static_assert(!moe || expert_choice,
                 "mom::Router<Skipping> with Experts<FFN, E, PerStep>: only Mixture-of-Depths routes before experts "
                 "(MoDE staged): use Router<ExpertChoice<...>>");
-  static constexpr int E = moe ? Set::ffn_choices : 1;
-  using Step = MoEStep<D, Ffn, E, moe ? A::k : 1, SoftmaxTopKGate<D, E, moe ? A::k : 1, false, TypeList<>>>;
-  static constexpr index_t moe_router_params = moe ? L * Step::router_params : 0;
-  static constexpr index_t moe_router_offset(int h) { return Set::template params<D> + h * Step::router_params; }
-  static constexpr std::array<index_t, E> experts_of(int h) {
-    std::array<index_t, E> out{};
-    for (int e = 0; e < E; ++e) out[e] = Set::template ffn_offset<D>(h * E + e);
-    return out;
-  }
+  static_assert(!moe || exact_c,
+                "mom::ExpertChoice<..., CausalRouting> over per-layer experts (MoDE staged at inference) is not "
+                "supported: its MoE step would run over a token count known only on the device");
+  static_assert(moe || !Cfg::expert_router_given,
+                "mom::ExpertRouter<R> routes the experts of MoDE staged: it needs ModuleSet<MHA<L>, Experts<FFN, E, "
+                "PerStep>, Skip>");
+  // The block's FFN half (assembly/depth_block.hpp): the set's token mixer, or MoDE staged's MoE step.
+  using Block = std::conditional_t<moe, MoEBlockFfn<Set, D, typename Cfg::expert_router_t::router, A::k>,
+                                   PlainBlockFfn<Set, D>>;
   static constexpr bool has_aux_loss = true;  // Plan::aux (0 when no auxiliary loss is configured)
   static constexpr bool is_depth_routed = true;  // read_selected / read_causal (models/depth_stats.hpp)
 
@@ -132,7 +133,7 @@ struct DepthExecutor : WorkspaceViews {
   static constexpr index_t router_size = (Cfg::has_router ? d : 0) + (Cfg::has_bias ? 1 : 0);
   static constexpr index_t predictor_size = PW > 0 ? PW * d + PW + PW + 1 : 0;
   static constexpr index_t per_routed = router_size + predictor_size;
-  static constexpr index_t router_base = Set::template params<D> + moe_router_params;
+  static constexpr index_t router_base = Set::template params<D> + Block::params;
   struct RouterOffsets {
     index_t w, b, w1, b1, w2, b2;
   };
@@ -149,9 +150,8 @@ struct DepthExecutor : WorkspaceViews {
   }
   static constexpr std::size_t per_routed_tensors =
       (Cfg::has_router ? 1 : 0) + (Cfg::has_bias ? 1 : 0) + (PW > 0 ? 4 : 0);
-  static constexpr std::size_t tensor_count = Set::template tensor_count<D> +
-                                              (moe ? Step::router_tensor_count * std::size_t(L) : 0) +
-                                              std::size_t(n_routed) * per_routed_tensors;
+  static constexpr std::size_t tensor_count =
+      Set::template tensor_count<D> + Block::tensor_count + std::size_t(n_routed) * per_routed_tensors;
   static constexpr index_t params = router_base + n_routed * per_routed;
   static constexpr index_t router_params = n_routed * router_size;
   static constexpr index_t predictor_params = n_routed * predictor_size;
@@ -159,9 +159,8 @@ struct DepthExecutor : WorkspaceViews {
   static constexpr void specs(TensorSpec* out, index_t layer_base) {
     Set::template specs<D>(out, layer_base);
     out += Set::template tensor_count<D>;
-    if constexpr (moe)
-      for (int h = 0; h < L; ++h)
-        for (const auto& t : Step::router_tensors(layer_base + h)) *out++ = t;
+    Block::specs(out, layer_base);
+    out += Block::tensor_count;
     for (int h = 0; h < L; ++h) {
       if (!routed(h)) continue;
       const index_t layer = layer_base + h;
@@ -181,8 +180,7 @@ struct DepthExecutor : WorkspaceViews {
   // C = ⌊capacity·seq⌋ tokens per sequence in a routed MoD block.
   static constexpr index_t capacity_tokens(index_t seq) { return index_t(Cfg::capacity_tokens(seq)); }
   // Per token run: attention's products, then the FFN (MoDE staged: the MoE router and k experts).
-  static constexpr index_t ffn_flops = moe ? Step::flops_per_token() : Ffn::flops_per_token(0);
-  static constexpr index_t ffn_backward_flops = moe ? Step::backward_flops_per_token() : Ffn::backward_flops_per_token(0);
+  static constexpr index_t ffn_flops = Block::flops, ffn_backward_flops = Block::backward_flops;
   static constexpr index_t block_linear_flops = Attn::kv_flops + Attn::query_flops + ffn_flops;
   // Per token of a routed layer: the score wᵀx, the predictor, the skip cost's sum of gates.
   static constexpr index_t router_flops =
@@ -260,8 +258,7 @@ struct DepthExecutor : WorkspaceViews {
   struct Layer {
     typename Attn::Saved attn{};  // unrouted layers; MoD: over (batch, C)
     typename Set::template routed_attention<D>::template GroupedSaved<1> gattn{};  // skip: the run rows (one group)
-    typename Ffn::Saved ffn{};
-    typename Step::Plan moe{};  // MoDE staged: the MoE step over the rows run (instead of ffn)
+    typename Block::Saved ffn{};  // the block's FFN half (MoDE staged: the MoE step) over the rows run
     index_t xg = 0, u = 0, fo = 0;  // gathered inputs x̃, u = x̃ + attention, f(x̃) (routed layers)
     index_t x_next = 0;
     index_t logits = 0, gate = 0, wsel = 0, mask = 0, bce = 0;  // T: [n], [n], [rows], [n], [2]
@@ -282,8 +279,7 @@ struct DepthExecutor : WorkspaceViews {
       if (!routed(h)) {
         l.attn = Attn::plan(a, batch, seq);
         l.u = a.take(n * d);
-        if constexpr (moe) l.moe = Step::plan(a, n);
-        else l.ffn = Ffn::plan(a, batch, seq);
+        l.ffn = Block::plan(a, n);
         l.x_next = a.take(n * d);
         continue;
       }
@@ -296,8 +292,7 @@ struct DepthExecutor : WorkspaceViews {
       if constexpr (exact_c) l.attn = Attn::plan(a, 1, rows);  // the same sizes as (batch, C)
       else l.gattn = Set::template routed_attention<D>::template plan_grouped<1, keys>(a, n, rows);
       l.u = a.take(rows * d);
-      if constexpr (moe) l.moe = Step::plan(a, rows);
-      else l.ffn = Ffn::plan(a, 1, rows);
+      l.ffn = Block::plan(a, rows);
       l.fo = a.take(rows * d);
       l.x_next = a.take(n * d);
       l.mask = a.take(n);
@@ -334,7 +329,7 @@ struct DepthExecutor : WorkspaceViews {
     s.module = a.take(std::max({Attn::scratch(batch, seq), Ffn::scratch(batch, seq),
                                 exact_c ? index_t(0)
                                         : Set::template routed_attention<D>::template scratch_grouped<1, keys>(n, rows),
-                                moe ? Step::scratch(n) : index_t(0)}));
+                                Block::scratch(n)}));
     s.total = a.used;
     return s;
   }
@@ -376,19 +371,12 @@ struct DepthExecutor : WorkspaceViews {
     for (int h = 0; h < L; ++h) {
       const Layer& l = plan.layer[h];
       const T* pa = p + Set::template attention_offset<D>(h);
-      const T* pf = p + Set::template ffn_offset<D>(h);
       const MatrixView<T> x_next = mv(ws + l.x_next, n, d);
       if (!routed(h)) {  // as Dense<L>: u = x + Attn(x), x' = u + FFN(u)
         const MatrixView<T> fo = mv(scratch + s.df, n, d), u = mv(ws + l.u, n, d);
         Attn::forward(be, pa, ws, l.attn, x, fo, batch, seq);
         be.add_forward(u.flat(), sp(x.data, n * d), sp<const T>(fo.data, n * d));
-        if constexpr (moe) {  // x' = u + Σ r_e expert_e(u) (MoE eq. (11))
-          Step::forward(be, p, moe_router_offset(h), experts_of(h), ws, l.moe, MatrixView<const T>(u), x_next, {});
-          be.axpy(aux, T(1), sp<const T>(ws + Step::selection(l.moe).loss, 1));
-        } else {
-          Ffn::forward(be, pf, ws, l.ffn, MatrixView<const T>(u), fo, batch, seq);
-          be.add_forward(x_next.flat(), sp<const T>(u.data, n * d), sp<const T>(fo.data, n * d));
-        }
+        Block::forward_residual(be, p, ws, l.ffn, h, MatrixView<const T>(u), x_next, fo, aux);
         x = x_next;
         continue;
       }
@@ -406,15 +394,7 @@ struct DepthExecutor : WorkspaceViews {
         be.gather_rows(xg, x, idx);
         Attn::forward(be, pa, ws, l.attn, MatrixView<const T>(xg), fo, batch, m / batch);
         be.add_forward(u.flat(), sp<const T>(xg.data, m * d), sp<const T>(fo.data, m * d));
-        if constexpr (moe) {  // MoDE staged: the MoE step over the C selected rows; fm = u + MoE(u)
-          Step::forward(be, p, moe_router_offset(h), experts_of(h), ws, l.moe, MatrixView<const T>(u), fm, {});
-          be.axpy(aux, T(1), sp<const T>(ws + Step::selection(l.moe).loss, 1));
-          be.axpy(fm.flat(), T(-1), sp<const T>(xg.data, m * d));  // f = y − x̃
-          be.copy(fo.flat(), sp<const T>(fm.data, m * d));
-        } else {
-          Ffn::forward(be, pf, ws, l.ffn, MatrixView<const T>(u), fm, 1, m);
-          be.add_forward(fo.flat(), sp<const T>(fo.data, m * d), sp<const T>(fm.data, m * d));  // f = y - x̃
-        }
+        Block::forward_block(be, p, ws, l.ffn, h, MatrixView<const T>(u), MatrixView<const T>(xg), fo, fm, aux);
         be.scatter_add_rows(x_next, MatrixView<const T>(fo), idx,
                             unit_weight ? std::span<const T>{} : sp<const T>(ws + l.wsel, m));  // MoD eq. (1)
       } else {  // a variable number of tokens (count on the device): grouped ops over one row group
@@ -425,8 +405,7 @@ struct DepthExecutor : WorkspaceViews {
         be.gather_rows(xg, x, idx, g);
         Attn::template forward_grouped<keys>(be, one_group(pa), ws, l.gattn, x, MatrixView<const T>(xg), fo, idx, g, seq);
         be.add_forward(u, MatrixView<const T>(xg), MatrixView<const T>(fo), g);
-        Ffn::forward_grouped(be, one_group(pf), ws, l.ffn, MatrixView<const T>(u), fm, g);
-        be.add_forward(fo, MatrixView<const T>(fo), MatrixView<const T>(fm), g);  // f = y − x̃
+        Block::forward_grouped(be, p, ws, l.ffn, h, MatrixView<const T>(u), fo, fm, g);
         be.scatter_add_rows(x_next, MatrixView<const T>(fo), idx,
                             unit_weight ? std::span<const T>{} : sp<const T>(ws + l.wsel, n), g);
       }
@@ -537,13 +516,10 @@ struct DepthExecutor : WorkspaceViews {
     for (int h = L - 1; h >= 0; --h) {
       const Layer& l = plan.layer[h];
       const MatrixView<const T> x = h == 0 ? x0 : mv<const T>(ws + plan.layer[h - 1].x_next, n, d);
-      const index_t oa = Set::template attention_offset<D>(h), of = Set::template ffn_offset<D>(h);
+      const index_t oa = Set::template attention_offset<D>(h);
       if (!routed(h)) {
         const MatrixView<const T> u = mv<const T>(ws + l.u, n, d);
-        if constexpr (moe)
-          Step::backward(be, p, g, moe_router_offset(h), experts_of(h), ws, l.moe, u, dres, sc + s.module);
-        else
-          Ffn::backward(be, p + of, g + of, ws, l.ffn, u, dres, MatrixView<const T>(dres), sc + s.module, batch, seq);
+        Block::backward_residual(be, p, g, ws, l.ffn, h, u, dres, sc + s.module);
         Attn::backward(be, p + oa, g + oa, ws, l.attn, x, dres, MatrixView<const T>(dres), sc + s.module, batch, seq);
         continue;
       }
@@ -567,18 +543,7 @@ struct DepthExecutor : WorkspaceViews {
                                      unit_weight ? std::span<const T>{} : sp<const T>(ws + l.wsel, m));
         // f = a + FFN(u), u = x̃ + a, a = Attn(x̃):  dL/du = FFNᵀ df;  dL/da = df + dL/du;
         // dL/dx̃ = dL/du + Attnᵀ dL/da.
-        if constexpr (moe) {  // the MoE step's out = u + MoE(u) has dL/dout = df: du = df + MoEᵀ df
-          be.copy(du.flat(), sp<const T>(df.data, m * d));
-          Step::backward(be, p, g, moe_router_offset(h), experts_of(h), ws, l.moe, mv<const T>(ws + l.u, m, d), du,
-                         sc + s.module);
-          be.axpy(du.flat(), T(-1), sp<const T>(df.data, m * d));  // du := dL/du = MoEᵀ df
-          be.axpy(df.flat(), T(1), sp<const T>(du.data, m * d));   // df := dL/da
-        } else {
-          be.zero(du.flat());
-          Ffn::backward(be, p + of, g + of, ws, l.ffn, mv<const T>(ws + l.u, m, d), du, MatrixView<const T>(df),
-                        sc + s.module, 1, m);
-          be.axpy(df.flat(), T(1), sp<const T>(du.data, m * d));  // df := dL/da
-        }
+        Block::backward_block(be, p, g, ws, l.ffn, h, mv<const T>(ws + l.u, m, d), df, du, sc + s.module);
         Attn::backward(be, p + oa, g + oa, ws, l.attn, mv<const T>(ws + l.xg, m, d), du, MatrixView<const T>(df),
                        sc + s.module, batch, m / batch);
         be.scatter_add_rows(dres, MatrixView<const T>(du), idx);
@@ -594,10 +559,7 @@ struct DepthExecutor : WorkspaceViews {
         be.scatter_add_rows_backward(df, unit_weight ? std::span<T>{} : dwsel, MatrixView<const T>(dres),
                                      mv<const T>(ws + l.fo, n, d), idx,
                                      unit_weight ? std::span<const T>{} : sp<const T>(ws + l.wsel, n), gr);
-        be.zero_rows(du, gr);
-        Ffn::backward_grouped(be, one_group(p + of), one_group(g + of), ws, l.ffn, mv<const T>(ws + l.u, n, d), du,
-                              MatrixView<const T>(df), sc + s.module, gr);
-        be.axpy(df, T(1), MatrixView<const T>(du), gr);  // df := dL/da
+        Block::backward_grouped(be, p, g, ws, l.ffn, h, mv<const T>(ws + l.u, n, d), df, du, sc + s.module, gr);
         // the run rows' input gradient into du (Routed keys); with AttendToSkipped every token's, into dres
         Attn::template backward_grouped<keys>(be, one_group(p + oa), one_group(g + oa), ws, l.gattn, x,
                                               mv<const T>(ws + l.xg, n, d), dres, du, MatrixView<const T>(df), idx, gr,

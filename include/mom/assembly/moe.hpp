@@ -134,12 +134,12 @@ struct MoEStep {
   }
 };
 
-// The MoE step of an Assembly's step h: its set's token mixer, E choices, K, the router policy's gate.
-template <class A, Dims D, class Policy = typename A::router::policy>
-using MoEStepOf =
-    MoEStep<D, typename A::module_set::template ffn<D>, A::module_set::ffn_choices, A::k,
-            typename Policy::template gate<D, A::module_set::ffn_choices, A::k, A::module_set::has_skip,
-                                           typename A::router::options>>;
+// The MoE step over a set's per-step experts: its token mixer, E choices, top-k, the gate of router R's
+// policy with R's options; SKIP a no-op expert when `skip` (MoDE integrated; in MoDE staged Skip is the
+// MoD skip, not an expert).
+template <class Set, Dims D, int k, class R, bool skip = Set::has_skip>
+using MoEStepOf = MoEStep<D, typename Set::template ffn<D>, Set::ffn_choices, k,
+                          typename R::policy::template gate<D, Set::ffn_choices, k, skip, typename R::options>>;
 
 // phi::MoE's executor, for every router policy that gates experts (routers/gate.hpp: TopK<Softmax>,
 // or a user's policy).
@@ -153,7 +153,7 @@ struct Executor<P, A, D> {
   using Attn = typename Set::template attention<D>;
   static constexpr int L = A::h, E = Set::ffn_choices, Kp = A::k, Hn = L;
   static constexpr bool shared_experts = !Set::experts_per_step;
-  using Step = MoEStepOf<A, D, P>;
+  using Step = MoEStepOf<Set, D, A::k, typename A::router>;
   static constexpr int C = Step::C;
   static constexpr index_t d = D.d_model;
 

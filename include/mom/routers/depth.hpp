@@ -36,7 +36,9 @@
 #include <type_traits>
 
 #include "mom/core/meta.hpp"
+#include "mom/routers/options.hpp"
 #include "mom/routers/router.hpp"
+#include "mom/routers/topk.hpp"
 
 namespace mom {
 
@@ -80,59 +82,14 @@ struct RunTarget {
   static constexpr long long numerator = num, denominator = den, coef_numerator = coef_num, coef_denominator = coef_den;
 };
 
-namespace detail {
-// Option kinds (0: not a depth-router option).
-enum DepthOpt : int { kNotOpt, kCapacity, kEvery, kWeighting, kCausalAux, kCausalPredictor, kLinearGate, kNever,
-                      kEarlyExit, kSkipCost, kCausalRouting, kRunTarget, kAttendToSkipped, kDepthOptKinds };
-template <class T>
-inline constexpr int depth_opt = kNotOpt;
-template <long long a, long long b>
-inline constexpr int depth_opt<Capacity<a, b>> = kCapacity;
-template <int k>
-inline constexpr int depth_opt<Every<k>> = kEvery;
-template <RouterWeight w>
-inline constexpr int depth_opt<Weighting<w>> = kWeighting;
-template <long long a, long long b>
-inline constexpr int depth_opt<CausalAux<a, b>> = kCausalAux;
-template <int w, long long a, long long b>
-inline constexpr int depth_opt<CausalPredictor<w, a, b>> = kCausalPredictor;
-template <>
-inline constexpr int depth_opt<LinearGate> = kLinearGate;
-template <>
-inline constexpr int depth_opt<Never> = kNever;
-template <>
-inline constexpr int depth_opt<EarlyExit> = kEarlyExit;
-template <>
-inline constexpr int depth_opt<AttendToSkipped> = kAttendToSkipped;
-template <long long a, long long b>
-inline constexpr int depth_opt<SkipCost<a, b>> = kSkipCost;
-template <>
-inline constexpr int depth_opt<CausalRouting> = kCausalRouting;
-template <long long a, long long b, long long c, long long e>
-inline constexpr int depth_opt<RunTarget<a, b, c, e>> = kRunTarget;
+// MoDE staged (ExpertChoice over ModuleSet<MHA<L>, Experts<FFN, E, PerStep>, Skip>): the router of every
+// block's MoE FFN step, any policy that gates experts with its options (default Router<TopK<Softmax>>).
+template <class R>
+struct ExpertRouter {
+  using router = R;
+};
 
-template <int kind, class Fallback, class... Os>
-struct pick_depth_opt {
-  using type = Fallback;
-};
-template <int kind, class Fallback, class O, class... Os>
-struct pick_depth_opt<kind, Fallback, O, Os...> {
-  using type = std::conditional_t<depth_opt<O> == kind, O, typename pick_depth_opt<kind, Fallback, Os...>::type>;
-};
-template <class... Os>
-constexpr int depth_opt_count(int kind) {
-  return (0 + ... + (depth_opt<Os> == kind ? 1 : 0));
-}
-template <class... Os>
-constexpr bool depth_opts_unique() {
-  for (int k = 1; k < kDepthOptKinds; ++k)
-    if (depth_opt_count<Os...>(k) > 1) return false;
-  return true;
-}
-struct NoOption {
-  static constexpr long long numerator = 0, denominator = 1;
-  static constexpr int value = 0;
-};
+namespace detail {
 template <class R>
 constexpr double ratio() {
   return R::denominator != 0 ? double(R::numerator) / double(R::denominator) : 0.0;
@@ -143,28 +100,34 @@ inline std::string ratio_name(long long p, long long q) { return std::to_string(
 template <bool ec, class... Os>
 struct DepthConfig {
   static constexpr bool expert_choice = ec;
-  static constexpr bool options_known = ((depth_opt<Os> != kNotOpt) && ...);
-  static constexpr bool options_unique = depth_opts_unique<Os...>();
-  using capacity_t = typename pick_depth_opt<kCapacity, Capacity<1, 8>, Os...>::type;
-  using every_t = typename pick_depth_opt<kEvery, std::conditional_t<ec, Every<2>, Every<1>>, Os...>::type;
-  using weighting_t = typename pick_depth_opt<kWeighting, Weighting<RouterWeight::Raw>, Os...>::type;
-  using aux_t = typename pick_depth_opt<kCausalAux, NoOption, Os...>::type;
-  using predictor_t = typename pick_depth_opt<kCausalPredictor, NoOption, Os...>::type;
-  using cost_t = typename pick_depth_opt<kSkipCost, SkipCost<0, 1>, Os...>::type;
-  using target_t = typename pick_depth_opt<kRunTarget, RunTarget<>, Os...>::type;
+  static constexpr bool options_known =
+      mom::options_known<TypeList<Capacity<1>, Every<1>, Weighting<RouterWeight::Raw>, CausalAux<>, CausalPredictor<>,
+                                  LinearGate, Never, EarlyExit, SkipCost<>, CausalRouting, RunTarget<>, AttendToSkipped,
+                                  ExpertRouter<void>>,
+                         Os...>;
+  static constexpr bool options_unique = mom::options_unique<Os...>;
+  using capacity_t = option_t<Capacity<1, 8>, Os...>;
+  using every_t = option_t<std::conditional_t<ec, Every<2>, Every<1>>, Os...>;
+  using weighting_t = option_t<Weighting<RouterWeight::Raw>, Os...>;
+  using aux_t = option_t<CausalAux<>, Os...>;
+  using predictor_t = option_t<CausalPredictor<>, Os...>;
+  using cost_t = option_t<SkipCost<0, 1>, Os...>;
+  using target_t = option_t<RunTarget<>, Os...>;
+  using expert_router_t = option_t<ExpertRouter<Router<TopK<Softmax>>>, Os...>;
+  static constexpr bool expert_router_given = has_option<ExpertRouter<void>, Os...>;
   static constexpr long long cap_num = capacity_t::numerator, cap_den = capacity_t::denominator;
   static constexpr bool capacity_ok = cap_den > 0 && cap_num > 0 && cap_num <= cap_den;
   static constexpr int every = every_t::value;
-  static constexpr bool causal_aux = depth_opt_count<Os...>(kCausalAux) > 0;
-  static constexpr bool predictor = depth_opt_count<Os...>(kCausalPredictor) > 0;
+  static constexpr bool causal_aux = has_option<CausalAux<>, Os...>;
+  static constexpr bool predictor = has_option<CausalPredictor<>, Os...>;
   static constexpr int predictor_width = predictor ? predictor_t::value : 0;
   static constexpr double aux_coef = causal_aux ? ratio<aux_t>() : 0.0;
   static constexpr double predictor_coef = predictor ? ratio<predictor_t>() : 0.0;
-  static constexpr bool never = depth_opt_count<Os...>(kNever) > 0;
-  static constexpr bool causal_routing = depth_opt_count<Os...>(kCausalRouting) > 0;
-  static constexpr int criteria = depth_opt_count<Os...>(kLinearGate) + depth_opt_count<Os...>(kNever);
-  static constexpr bool early_exit = depth_opt_count<Os...>(kEarlyExit) > 0;
-  static constexpr bool attend_skipped = depth_opt_count<Os...>(kAttendToSkipped) > 0;
+  static constexpr bool never = has_option<Never, Os...>;
+  static constexpr bool causal_routing = has_option<CausalRouting, Os...>;
+  static constexpr int criteria = option_count<LinearGate, Os...> + option_count<Never, Os...>;
+  static constexpr bool early_exit = has_option<EarlyExit, Os...>;
+  static constexpr bool attend_skipped = has_option<AttendToSkipped, Os...>;
   // Layer-skip's compute cost applies to the learned gate only.
   static constexpr double skip_cost = ec || never ? 0.0 : ratio<cost_t>();
   static constexpr bool target_ok = target_t::denominator > 0 && target_t::numerator > 0 &&
@@ -236,7 +199,7 @@ struct ExpertChoice {
     using Cfg = config;
     static_assert(Cfg::options_known,
                   "mom::ExpertChoice<Options...>: unknown option; known: Capacity<p, q>, Every<k>, Weighting<w>, "
-                  "CausalAux<p, q>, CausalPredictor<w, p, q>, CausalRouting");
+                  "CausalAux<p, q>, CausalPredictor<w, p, q>, CausalRouting, ExpertRouter<R>");
     static_assert(Cfg::options_unique, "mom::ExpertChoice<Options...>: each option may be given at most once");
     static_assert(!Cfg::options_known || Cfg::criteria == 0,
                   "mom::ExpertChoice: LinearGate / Never are layer-skip criteria: use Router<Skipping<...>>");
@@ -271,8 +234,7 @@ struct Skipping {
   static constexpr bool is_router_policy = true;
   static constexpr std::string_view name = "Skipping";
   // Without a criterion the gate is learned: Skipping<EarlyExit> is Skipping<LinearGate, EarlyExit>.
-  static constexpr int given_criteria =
-      (0 + ... + (detail::depth_opt<Criteria> == detail::kLinearGate || detail::depth_opt<Criteria> == detail::kNever));
+  static constexpr int given_criteria = option_count<LinearGate, Criteria...> + option_count<Never, Criteria...>;
   using config = std::conditional_t<given_criteria == 0, detail::DepthConfig<false, LinearGate, Criteria...>,
                                     detail::DepthConfig<false, Criteria...>>;
   static std::string options_name() { return config::options_name(); }
@@ -293,9 +255,10 @@ struct Skipping {
     static_assert(!Cfg::options_known ||
                       (!Cfg::causal_aux && !Cfg::predictor && !Cfg::causal_routing &&
                        std::is_same_v<typename Cfg::capacity_t, Capacity<1, 8>> &&
-                       std::is_same_v<typename Cfg::weighting_t, Weighting<RouterWeight::Raw>>),
-                  "mom::Skipping: Capacity, Weighting and the causal-sampling options belong to ExpertChoice (a skip "
-                  "criterion is causal already)");
+                       std::is_same_v<typename Cfg::weighting_t, Weighting<RouterWeight::Raw>> &&
+                       !Cfg::expert_router_given),
+                  "mom::Skipping: Capacity, Weighting and the causal-sampling options belong to ExpertChoice (as does "
+                  "ExpertRouter; a skip criterion is causal already)");
     static constexpr bool ok = detail::VerifyDepthOptions<Cfg, h>::ok && Cfg::options_known && Cfg::options_unique &&
                                Cfg::criteria == 1 && Cfg::target_ok;
   };

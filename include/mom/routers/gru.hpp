@@ -32,16 +32,13 @@ template <class OptionList>
 struct GRUConfig;
 template <class... Os>
 struct GRUConfig<TypeList<Os...>> {
-  static constexpr bool options_known = ((detail::option_kind<Os> != 0) && ...);
-  static constexpr bool options_unique = [] {
-        int counts[5] = {0, 0, 0, 0, 0};
-        ((++counts[detail::option_kind<Os>]), ...);
-        return counts[1] <= 1 && counts[2] <= 1 && counts[3] <= 1 && counts[4] <= 1;
-      }();
-  using width_t = typename detail::pick_option<1, Width<256>, Os...>::type;
-  using temperature_t = typename detail::pick_option<2, Temperature<1, 5>, Os...>::type;
-  using balance_t = typename detail::pick_option<3, BalanceCoef<1, 100>, Os...>::type;
-  using renormalise_t = typename detail::pick_option<4, Renormalise<true>, Os...>::type;
+  static constexpr bool options_known =
+      mom::options_known<TypeList<Width<1>, Temperature<1>, BalanceCoef<1>, Renormalise<true>>, Os...>;
+  static constexpr bool options_unique = mom::options_unique<Os...>;
+  using width_t = option_t<Width<256>, Os...>;
+  using temperature_t = option_t<Temperature<1, 5>, Os...>;
+  using balance_t = option_t<BalanceCoef<1, 100>, Os...>;
+  using renormalise_t = option_t<Renormalise<true>, Os...>;
   static constexpr int width = width_t::value;
   static constexpr double temperature = temperature_t::value;
   static constexpr double balance_coef = balance_t::value;

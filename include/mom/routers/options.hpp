@@ -7,6 +7,8 @@
 //   Renormalise<b>      renormalise the K picked weights to sum 1
 #include <type_traits>
 
+#include "mom/core/meta.hpp"
+
 namespace mom {
 
 template <int w>
@@ -28,28 +30,55 @@ struct Renormalise {
   static constexpr bool value = on;
 };
 
-namespace detail {
-// The kind of an option: 0 not an option, 1 Width, 2 Temperature, 3 BalanceCoef, 4 Renormalise.
-template <class T>
-inline constexpr int option_kind = 0;
-template <int w>
-inline constexpr int option_kind<Width<w>> = 1;
-template <long long a, long long b>
-inline constexpr int option_kind<Temperature<a, b>> = 2;
-template <long long a, long long b>
-inline constexpr int option_kind<BalanceCoef<a, b>> = 3;
-template <bool on>
-inline constexpr int option_kind<Renormalise<on>> = 4;
+// ---- one option mechanism for every router policy ----------------------------------------------
+// An option is identified by its template (Width<64> and Width<128> are both "Width"; Capacity<1, 8>
+// is "Capacity") or, when it has no parameters, by itself (EarlyExit). A policy looks its options up
+// by a default of the same kind, so an option list is read the same way everywhere (GRU, TopK,
+// ExpertChoice, Skipping, a user's policy):
+//   option_t<Width<256>, Os...>        the Width among Os, or Width<256>
+//   has_option<EarlyExit, Os...>       whether Os holds an EarlyExit
+//   options_known<TypeList<Known...>, Os...>, options_unique<Os...>   for the policy's checks
+template <template <auto...> class Tpl>
+struct ValueOptionKey {};
+template <template <class...> class Tpl>
+struct TypeOptionKey {};
+template <class O>
+struct option_key {
+  using type = O;
+};
+template <template <auto...> class Tpl, auto... v>
+struct option_key<Tpl<v...>> {
+  using type = ValueOptionKey<Tpl>;
+};
+template <template <class...> class Tpl, class... Ts>
+struct option_key<Tpl<Ts...>> {
+  using type = TypeOptionKey<Tpl>;
+};
+// A and B are options of the same kind.
+template <class A, class B>
+inline constexpr bool same_option = std::is_same_v<typename option_key<A>::type, typename option_key<B>::type>;
 
-// The option of kind `kind` among Os, or Fallback.
-template <int kind, class Fallback, class... Os>
-struct pick_option {
-  using type = Fallback;
+template <class Default, class... Os>
+struct find_option {
+  using type = Default;
 };
-template <int kind, class Fallback, class O, class... Os>
-struct pick_option<kind, Fallback, O, Os...> {
-  using type = std::conditional_t<option_kind<O> == kind, O, typename pick_option<kind, Fallback, Os...>::type>;
+template <class Default, class O, class... Os>
+struct find_option<Default, O, Os...> {
+  using type = std::conditional_t<same_option<Default, O>, O, typename find_option<Default, Os...>::type>;
 };
-}  // namespace detail
+template <class Default, class... Os>
+using option_t = typename find_option<Default, Os...>::type;
+
+template <class Kind, class... Os>
+inline constexpr int option_count = (0 + ... + (same_option<Kind, Os> ? 1 : 0));
+template <class Kind, class... Os>
+inline constexpr bool has_option = option_count<Kind, Os...> > 0;
+
+template <class KnownList, class... Os>
+inline constexpr bool options_known = false;
+template <class... Known, class... Os>
+inline constexpr bool options_known<TypeList<Known...>, Os...> = ((option_count<Os, Known...> > 0) && ...);
+template <class... Os>
+inline constexpr bool options_unique = ((option_count<Os, Os...> == 1) && ...);
 
 }  // namespace mom
