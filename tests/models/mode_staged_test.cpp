@@ -52,8 +52,8 @@ std::vector<token_t> routing(Instance& m) {
       out.insert(out.end(), sel.begin(), sel.end());
       rows = index_t(sel.size());
     }
-    std::vector<token_t> picks(std::size_t(rows * E::Step::real_k));
-    E::Step::read_picks(m.backend(), m.workspace_data(), plan.layer[std::size_t(h)].moe, rows, std::span(picks));
+    std::vector<token_t> picks(std::size_t(rows * E::Block::Step::real_k));
+    E::Block::Step::read_picks(m.backend(), m.workspace_data(), plan.layer[std::size_t(h)].ffn, rows, std::span(picks));
     out.insert(out.end(), picks.begin(), picks.end());
   }
   return out;
@@ -87,49 +87,73 @@ TEST_CASE("MoDE staged: whole-model gradient equals finite differences, MoD and 
   gradient_check<LM<tiny, MoDEStaged<2, 4, 1, 1, 2, 1>>>(61);  // every layer routed, top-1
 }
 
+namespace {
+// Staged with Capacity<1> and unit weights against the MoEStack `Stack` (same parameters by name).
+template <class Stack, class Staged>
+void check_against_stack(std::uint64_t seed) {
+  auto stack = Stack::template make<cpu::Backend<double>>(seed);
+  auto mode = Staged::template make<cpu::Backend<double>>(seed + 1);
+  randomise(stack, seed + 2, 0.3);
+  randomise(mode, seed + 3, 0.3);  // the MoD routers keep random weights: with Capacity<1> they select all
+  for (const auto& p : Stack::layout) {  // every tensor of the stack, by name (MoEStack's names)
+    const auto& q = Staged::find(p.name);
+    REQUIRE(q.size() == p.size());
+    std::copy_n(stack.params().begin() + p.offset, p.size(), mode.params().begin() + q.offset);
+  }
+  const index_t batch = 2, seq = 9;
+  stack.reserve(batch, seq);
+  mode.reserve(batch, seq);
+  const auto tokens = random_tokens(batch * seq, tiny.vocab, seed + 4);
+  const auto targets = random_tokens(batch * seq, tiny.vocab, seed + 5);
+  stack.zero_grad();
+  mode.zero_grad();
+  const double ls = stack.forward(tokens, targets, batch, seq), lm = mode.forward(tokens, targets, batch, seq);
+  CHECK(std::abs(ls - lm) < 1e-12);  // LM loss + the same balance losses
+  const auto a = stack.logits(), b = mode.logits();
+  double diff = 0;
+  for (index_t i = 0; i < a.rows * a.cols; ++i) diff = std::max(diff, std::abs(a.data[i] - b.data[i]));
+  CHECK(diff < 1e-12);
+  stack.backward();
+  mode.backward();
+  for (const auto& p : Stack::layout) {
+    const auto& q = Staged::find(p.name);
+    double e = 0;
+    for (index_t j = 0; j < p.size(); ++j)
+      e = std::max(e, std::abs(stack.grads()[std::size_t(p.offset + j)] - mode.grads()[std::size_t(q.offset + j)]));
+    INFO(p.name);
+    CHECK(e < 1e-12);
+  }
+}
+}  // namespace
+
 TEST_CASE("MoDE staged with Capacity<1> and unit weights computes MoEStack (same parameters, same routing)",
           "[mode]") {
   using Stack = LM<tiny, MoEStack<3, 4, 2>>;
-  auto check_against_stack = []<class Staged>(Staged*, std::uint64_t seed) {
-    auto stack = Stack::make<cpu::Backend<double>>(seed);
-    auto mode = Staged::template make<cpu::Backend<double>>(seed + 1);
-    randomise(stack, seed + 2, 0.3);
-    randomise(mode, seed + 3, 0.3);  // the MoD routers keep random weights: with Capacity<1> they select all
-    for (const auto& p : Stack::layout) {  // every tensor of the stack, by name (MoEStack's names)
-      const auto& q = Staged::find(p.name);
-      REQUIRE(q.size() == p.size());
-      std::copy_n(stack.params().begin() + p.offset, p.size(), mode.params().begin() + q.offset);
-    }
-    const index_t batch = 2, seq = 9;
-    stack.reserve(batch, seq);
-    mode.reserve(batch, seq);
-    const auto tokens = random_tokens(batch * seq, tiny.vocab, seed + 4);
-    const auto targets = random_tokens(batch * seq, tiny.vocab, seed + 5);
-    stack.zero_grad();
-    mode.zero_grad();
-    const double ls = stack.forward(tokens, targets, batch, seq), lm = mode.forward(tokens, targets, batch, seq);
-    CHECK(std::abs(ls - lm) < 1e-12);  // LM loss + the same balance losses
-    const auto a = stack.logits(), b = mode.logits();
-    double diff = 0;
-    for (index_t i = 0; i < a.rows * a.cols; ++i) diff = std::max(diff, std::abs(a.data[i] - b.data[i]));
-    CHECK(diff < 1e-12);
-    stack.backward();
-    mode.backward();
-    for (const auto& p : Stack::layout) {
-      const auto& q = Staged::find(p.name);
-      double e = 0;
-      for (index_t j = 0; j < p.size(); ++j)
-        e = std::max(e, std::abs(stack.grads()[std::size_t(p.offset + j)] - mode.grads()[std::size_t(q.offset + j)]));
-      INFO(p.name);
-      CHECK(e < 1e-12);
-    }
-  };
   using AllRouted = LM<tiny, MoDEStaged<3, 4, 2, 1, 1, 1, Weighting<RouterWeight::Unit>>>;
   using EveryOther = LM<tiny, MoDEStaged<3, 4, 2, 1, 1, 2, Weighting<RouterWeight::Unit>>>;
   static_assert(AllRouted::params == Stack::params + 3 * tiny.d_model);   // + one MoD router row per block
   static_assert(EveryOther::params == Stack::params + 1 * tiny.d_model);  // block 1 routed
-  check_against_stack(static_cast<AllRouted*>(nullptr), 70);
-  check_against_stack(static_cast<EveryOther*>(nullptr), 71);
+  check_against_stack<Stack, AllRouted>(70);
+  check_against_stack<Stack, EveryOther>(71);
+}
+
+TEST_CASE("MoDE staged: ExpertRouter<R> gives the MoE steps R's policy and options", "[mode]") {
+  // The experts' router with non-default options: equal to the MoEStack with that router, and its gradient.
+  using R = Router<TopK<Softmax>, Temperature<1, 2>, Renormalise<false>, BalanceCoef<1, 10>>;
+  using Stack = LM<tiny, MoEStack<3, 4, 2, R>>;
+  using Staged = LM<tiny, MoDEStaged<3, 4, 2, 1, 1, 1, Weighting<RouterWeight::Unit>, ExpertRouter<R>>>;
+  check_against_stack<Stack, Staged>(72);
+  // ... and not equal to the default router's model (the options do reach the gate).
+  using Default = LM<tiny, MoDEStaged<3, 4, 2, 1, 1, 1, Weighting<RouterWeight::Unit>>>;
+  auto a = Staged::make<cpu::Backend<double>>(73);
+  auto b = Default::make<cpu::Backend<double>>(73);
+  randomise(a, 74, 0.3);
+  randomise(b, 74, 0.3);
+  a.reserve(2, 9);
+  b.reserve(2, 9);
+  const auto tokens = random_tokens(18, tiny.vocab, 75), targets = random_tokens(18, tiny.vocab, 76);
+  CHECK(std::abs(a.forward(tokens, targets, 2, 9) - b.forward(tokens, targets, 2, 9)) > 1e-6);
+  gradient_check<LM<tiny, MoDEStaged<2, 4, 2, 1, 2, 1, ExpertRouter<R>>>>(62);
 }
 
 TEST_CASE("MoDE staged: forward FLOPs executed equal the cost model", "[mode][cost]") {
@@ -152,5 +176,5 @@ TEST_CASE("MoDE staged: forward FLOPs executed equal the cost model", "[mode][co
   constexpr index_t dense_layer = S * (8 * d * d + moe) + 2 * d * S * (S + 1);
   constexpr index_t routed_layer = C * (8 * d * d + moe) + 2 * d * C * (C + 1) + S * 2 * d;
   static_assert(E::flops_per_sequence(S) == 2 * dense_layer + 2 * routed_layer);
-  static_assert(E::moe_router_params == 4 * (2 * d + 3 * d) && E::router_params == 2 * d);
+  static_assert(E::Block::params == 4 * (2 * d + 3 * d) && E::router_params == 2 * d);
 }

@@ -31,10 +31,13 @@
 //       with EarlyExit the mean counts the tokens still in play only, exited tokens as 0),
 //       SkipCost<p, q> (p/q · mean gate: a plain compute cost, default 0; alone it lets the gates collapse,
 //       bench/RESULTS.md), Every<k> (as above; default 1: every layer may be skipped).
+#include <array>
+#include <cstddef>
 #include <string>
 #include <string_view>
 #include <type_traits>
 
+#include "mom/core/layout.hpp"
 #include "mom/core/meta.hpp"
 #include "mom/routers/options.hpp"
 #include "mom/routers/router.hpp"
@@ -145,6 +148,28 @@ struct DepthConfig {
   static constexpr bool has_router = !never;
   static constexpr bool has_bias = !ec && !never;
 
+  // The router tensors of one routed layer, named under its layer h.<layer> (declared here, once): the
+  // score's w [1 × d] (MoDE staged: mod_router.w, beside the MoE gate's router.*), the gate's bias b, the
+  // causal predictor's MLP d → w → 1.
+  static constexpr std::size_t layer_tensor_count =
+      (has_router ? 1 : 0) + (has_bias ? 1 : 0) + (predictor_width > 0 ? 4 : 0);
+  static constexpr std::array<TensorSpec, layer_tensor_count> layer_tensors(index_t layer, index_t d,
+                                                                            bool beside_experts) {
+    std::array<TensorSpec, layer_tensor_count> out{};
+    std::size_t i = 0;
+    const index_t pw = predictor_width;
+    if (has_router) out[i++] = {beside_experts ? "mod_router.w" : "router.w", layer, 1, d, Init::Normal};
+    // The gate's bias starts at 1: σ(1) = 0.73 > ½, so at initialisation every token runs every layer.
+    if (has_bias) out[i++] = {"router.b", layer, 1, 1, Init::One};
+    if (pw > 0) {
+      out[i++] = {"predictor.w1", layer, pw, d, Init::Normal};
+      out[i++] = {"predictor.b1", layer, 1, pw, Init::Zero};
+      out[i++] = {"predictor.w2", layer, 1, pw, Init::Normal};
+      out[i++] = {"predictor.b2", layer, 1, 1, Init::Zero};
+    }
+    return out;
+  }
+
   // Block h is routed when h % k == k - 1: the last block of every group of k.
   static constexpr bool routes(int h) { return every >= 1 && h % every == every - 1; }
   // C = ⌊capacity · seq⌋ tokens per sequence.
@@ -163,6 +188,9 @@ struct DepthConfig {
         add("CausalPredictor<" + std::to_string(predictor_width) + "," +
             ratio_name(predictor_t::numerator, predictor_t::denominator) + ">");
       if (causal_routing) add("CausalRouting");
+      if constexpr (expert_router_given)
+        add("ExpertRouter<Router<" + std::string(expert_router_t::router::policy::name) +
+            (expert_router_t::router::options::size > 0 ? ", ...>>" : ">>"));
     } else {
       add(never ? "Never" : "LinearGate");
       if (early_exit) add("EarlyExit");
