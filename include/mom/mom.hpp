@@ -33,4 +33,6 @@
 #include "mom/models/gpt2.hpp"
 #include "mom/models/lm.hpp"
 #include "mom/models/runtime.hpp"
+#include "mom/models/mom_models.hpp"  // MoM_P / MoM_I / MoM_E, the paper's chunkings
+#include "mom/models/moe_models.hpp"  // MoEStack, MoEShareStack, MoDEIntegrated, MoDEStaged
 #include "mom/backend/cpu.hpp"

@@ -9,6 +9,7 @@
 // assembly/share.hpp) is this executor with c = c_share.
 #include <algorithm>
 #include <array>
+#include <type_traits>
 
 #include "mom/assembly/assembly.hpp"
 
@@ -30,6 +31,9 @@ constexpr std::array<int, steps> identity_route() {
 // same gradient block at every use, so a shared module's gradient is the sum over its uses.
 template <class A, Dims D, std::array<int, A::h> route>
 struct FixedRouteExecutor {
+  static_assert(std::is_same_v<typename A::phi_type, phi::MoM>,
+                "mom::Router<Sequential> and Router<Share<P>> run one module per step with weight 1: they assemble "
+                "with phi::MoM (the default), not phi::MoE or phi::LayerSkip");
   using Set = typename A::module_set;
   using Attn = typename Set::template attention<D>;
   using Ffn = typename Set::template ffn<D>;
