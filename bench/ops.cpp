@@ -222,16 +222,14 @@ int main(int argc, char** argv) {
   std::printf("- CPU: %s, %u hardware threads; OpenMP threads: %d\n", cpu_model().c_str(),
               std::thread::hardware_concurrency(), omp_get_max_threads());
 #if defined(MOM_HAVE_NATIVE_GEMM)
-  std::printf("- mom float GEMM: native %s kernel, tile %lldx%lld, KC %lld, MC %lld, NC %lld\n",
-#if defined(MOM_GEMM_NATIVE_AVX512)
-              "AVX-512",
+  namespace nat = cpu::detail::native;
+  const bool wide = nat::isa() == nat::Isa::avx512;
+  std::printf("- mom float GEMM: %s kernel (picked at run time), tile %lldx%lld, KC %lld, MC %lld, NC %lld\n",
+              cpu::gemm_kernel(), (long long)(wide ? nat::avx512::MR : nat::avx2::MR),
+              (long long)(wide ? nat::avx512::NR : nat::avx2::NR), (long long)(wide ? nat::avx512::KC : nat::avx2::KC),
+              (long long)(wide ? nat::avx512::MC : nat::avx2::MC), (long long)(wide ? nat::avx512::NC : nat::avx2::NC));
 #else
-              "AVX2",
-#endif
-              (long long)cpu::detail::native::MR, (long long)cpu::detail::native::NR, (long long)cpu::detail::native::KC,
-              (long long)cpu::detail::native::MC, (long long)cpu::detail::native::NC);
-#else
-  std::printf("- mom float GEMM: Eigen (MOM_GEMM_EIGEN or no AVX2/AVX-512)\n");
+  std::printf("- mom float GEMM: Eigen (MOM_GEMM_EIGEN, or not x86)\n");
 #endif
   std::printf("- OPENBLAS_CORETYPE in the environment: %s\n", env_core ? env_core : "(unset)");
   std::printf("- load average at start: %s\n\n", loadavg().c_str());

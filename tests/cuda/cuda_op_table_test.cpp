@@ -96,7 +96,10 @@ void run_table(const std::vector<OpRow<T>>& table) {
 
 std::string dims(std::initializer_list<std::pair<const char*, index_t>> d) {
   std::string s;
-  for (const auto& [name, v] : d) s += (s.empty() ? "" : " ") + std::string(name) + "=" + std::to_string(v);
+  for (const auto& [name, v] : d) {  // appended piece by piece (GCC 12 warns, wrongly, on "x" + std::string)
+    if (!s.empty()) s += ' ';
+    s.append(name).append("=").append(std::to_string(v));
+  }
   return s;
 }
 

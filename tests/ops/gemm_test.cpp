@@ -113,6 +113,28 @@ TEST_CASE("gemm float: products spanning several KC, MC and NC blocks, threaded"
   check_gemm<float>(20, 2000, 300, Trans::N, Trans::N, 1.0f, 1.0f);
 }
 
+TEST_CASE("gemm float: every kernel this CPU has (runtime dispatch: avx512, avx2, eigen) is correct", "[ops][gemm]") {
+  const std::string best = cpu::gemm_kernel();
+  INFO("best kernel on this CPU: " << best);
+  CHECK(best != std::string("eigen"));  // this project's machines have AVX2 at least
+  int ran = 0;
+  for (const char* kernel : {"avx512", "avx2", "eigen"}) {
+    if (!cpu::set_gemm_kernel(kernel)) continue;  // not on this CPU
+    REQUIRE(std::string(cpu::gemm_kernel()) == kernel);
+    ++ran;
+    for (Trans ta : kTrans)
+      for (Trans tb : kTrans) {
+        check_gemm<float>(15, 33, 17, ta, tb, 1.0f, 0.0f);
+        check_gemm<float>(100, 257, 33, ta, tb, -1.5f, 0.25f);
+        check_gemm<float>(257, 300, 1100, ta, tb, 1.0f, 0.0f, Entry::Serial);
+      }
+    check_gemm<float>(401, 96, 600, Trans::N, Trans::T, 0.75f, 1.0f);  // threaded, several blocks
+  }
+  CHECK(ran >= 2);  // the best kernel and Eigen at least
+  CHECK_FALSE(cpu::set_gemm_kernel("sse9"));
+  REQUIRE(cpu::set_gemm_kernel(best.c_str()));  // back to the default for the other tests
+}
+
 TEST_CASE("gemm double (Eigen path): all transposes, odd sizes, alpha/beta", "[ops][gemm]") {
   for (Trans ta : kTrans)
     for (Trans tb : kTrans) {

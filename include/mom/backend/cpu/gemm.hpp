@@ -3,9 +3,12 @@
 // Every linear map in the library goes through here, so this is where CPU speed lives.
 //
 // float: mom's own packed AVX-512 (or AVX2) kernel, gemm_native.hpp, threaded with
-//        OpenMP over all cores. Define MOM_GEMM_EIGEN (CMake MOM_GEMM=EIGEN or BLAS) to
+//        OpenMP over all cores, chosen at run time from the CPU whatever the compile flags
+//        (gemm_kernel() says which). Define MOM_GEMM_EIGEN (CMake MOM_GEMM=EIGEN or BLAS) to
 //        use Eigen's product instead (and, with EIGEN_USE_BLAS, the BLAS it forwards to).
 // double, or a CPU with neither AVX-512 nor AVX2+FMA: Eigen's product.
+#include <string_view>
+
 #include "mom/backend/cpu/eigen_map.hpp"
 #include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
@@ -60,8 +63,7 @@ void gemm(MatrixView<T> C, MatrixView<const T> A, Trans ta, MatrixView<const T> 
   if (C.rows == 0 || C.cols == 0) return;
 #if defined(MOM_HAVE_NATIVE_GEMM)
   if constexpr (std::is_same_v<T, float>) {
-    detail::native::gemm_parallel(detail::native_problem(C, A, ta, B, tb, alpha, beta));
-    return;
+    if (detail::native::gemm_parallel(detail::native_problem(C, A, ta, B, tb, alpha, beta))) return;
   }
 #endif
   detail::gemm_eigen(C, A, ta, B, tb, alpha, beta);
@@ -78,11 +80,36 @@ void gemm_serial(MatrixView<T> C, MatrixView<const T> A, Trans ta, MatrixView<co
   if (C.rows == 0 || C.cols == 0) return;
 #if defined(MOM_HAVE_NATIVE_GEMM)
   if constexpr (std::is_same_v<T, float>) {
-    detail::native::gemm_serial(detail::native_problem(C, A, ta, B, tb, alpha, beta));
-    return;
+    if (detail::native::gemm_serial(detail::native_problem(C, A, ta, B, tb, alpha, beta))) return;
   }
 #endif
   detail::gemm_eigen(C, A, ta, B, tb, alpha, beta);
+}
+
+// The float GEMM kernel this process runs: "avx512" or "avx2" (mom's own, picked at run time from
+// the CPU), or "eigen" (MOM_GEMM_EIGEN, or a CPU with neither).
+inline const char* gemm_kernel() {
+#if defined(MOM_HAVE_NATIVE_GEMM)
+  switch (detail::native::isa()) {
+    case detail::native::Isa::avx512: return "avx512";
+    case detail::native::Isa::avx2: return "avx2";
+    default: break;
+  }
+#endif
+  return "eigen";
+}
+// Use the named kernel ("avx512", "avx2", "eigen") from now on, if this CPU has it: for comparisons
+// and tests (the default is the best the CPU has). Returns false, changing nothing, otherwise.
+inline bool set_gemm_kernel(const char* name) {
+#if defined(MOM_HAVE_NATIVE_GEMM)
+  using detail::native::Isa;
+  const std::string_view n(name);
+  const Isa want = n == "avx512" ? Isa::avx512 : n == "avx2" ? Isa::avx2 : Isa::none;
+  if (want == Isa::none && n != "eigen") return false;
+  return detail::native::select(want);
+#else
+  return std::string_view(name) == "eigen";
+#endif
 }
 
 }  // namespace mom::cpu

@@ -1,0 +1,453 @@
+// One instruction set's GEMM kernels (mom's own, gemm_native.hpp has the structure and the
+// dispatch). No include guard: gemm_native.hpp includes this file twice, inside
+// namespace native::avx512 with MOM_NATIVE_ISA 512 and inside native::avx2 with 256, each under
+// `#pragma GCC target` so that it compiles whatever flags the including program uses.
+#if !defined(MOM_NATIVE_ISA)
+#error "gemm_native_isa.hpp is included by gemm_native.hpp only"
+#endif
+
+// ---- blocking -----------------------------------------------------------------
+// AVX-512: 14×32 tile = 28 zmm accumulators + 2 for the B row + 1 broadcast A value.
+// 28 independent FMA chains cover the FMA latency (4 cycles) × 2 pipes many times over;
+// in L1 the kernel runs at the core's FMA peak (~215 GFLOP/s measured on one core).
+// Block sizes were measured on the Zen 5 EPYC this was tuned on (48 KiB L1d, 1 MiB L2
+// per core, 32 MiB L3; 2 threads, best of 8, the three linear-layer shapes at
+// 4096×768×3072), not derived from cache formulas:
+//  - a deep KC wins: every KC step re-reads and re-writes C, from memory at these sizes,
+//    and this core's L2 feeds the kernel fast enough that the B panel (KC·NR·4 = 96 KiB)
+//    need not sit in L1. KC 256 → 512 → 768: ~350 → ~385 → ~408 GFLOP/s;
+//  - MC·KC·4 = the A block per thread in L2 (168·768·4 = 504 KiB);
+//  - a small NC keeps the shared, double-buffered B block (KC·NC·4 = 3 MiB each) and the
+//    C rows one A block writes (MC·NC) close: NC 4096 → 1024 gained ~3-5%.
+// Overridable (-DMOM_GEMM_KC=...) for tuning on another machine.
+#if MOM_NATIVE_ISA == 512
+inline constexpr index_t MR = 14;
+inline constexpr index_t NR = 32;
+#ifndef MOM_GEMM_KC
+#define MOM_GEMM_KC 768
+#endif
+#ifndef MOM_GEMM_MC
+#define MOM_GEMM_MC (14 * 12)
+#endif
+inline constexpr index_t KC = MOM_GEMM_KC;
+inline constexpr index_t MC = MOM_GEMM_MC;
+#ifndef MOM_GEMM_NC
+#define MOM_GEMM_NC 1024
+#endif
+inline constexpr index_t NC = MOM_GEMM_NC;
+#else
+// AVX2: 6×16 tile = 12 ymm accumulators + 2 for B + 1 broadcast.
+inline constexpr index_t MR = 6;
+inline constexpr index_t NR = 16;
+inline constexpr index_t KC = 256;
+inline constexpr index_t MC = 6 * 24;
+inline constexpr index_t NC = 4096;
+#endif
+
+// Pack rows [0, mc) × k-columns [0, kc) of op(A) (already offset to the block) into
+// MR-row panels: panel p holds, for each k, op(A)(p*MR + 0..MR-1, k); rows past mc are 0.
+inline void pack_a_panel(float* dst, Operand a, index_t rows, index_t kc) {
+  if (a.cs == 1) {
+    // op(A) row-major in k (A not transposed): read each row contiguously, write strided.
+    index_t i = 0;
+    for (; i < rows; ++i) {
+      const float* src = a.data + i * a.rs;
+      for (index_t k = 0; k < kc; ++k) dst[k * MR + i] = src[k];
+    }
+    for (; i < MR; ++i)
+      for (index_t k = 0; k < kc; ++k) dst[k * MR + i] = 0.0f;
+  } else {
+    // op(A) = Aᵀ: the MR values of one k are contiguous in A.
+    for (index_t k = 0; k < kc; ++k) {
+      const float* src = a.data + k * a.cs;
+      float* d = dst + k * MR;
+      index_t i = 0;
+      if (a.rs == 1)
+        for (; i < rows; ++i) d[i] = src[i];
+      else
+        for (; i < rows; ++i) d[i] = src[i * a.rs];
+      for (; i < MR; ++i) d[i] = 0.0f;
+    }
+  }
+}
+
+// Pack k-rows [0, kc) × columns [0, cols) of op(B) into one NR-column panel.
+inline void pack_b_panel(float* dst, Operand b, index_t cols, index_t kc) {
+  if (b.cs == 1) {
+    // op(B) row-major (B not transposed): each k row holds the NR values contiguously.
+    for (index_t k = 0; k < kc; ++k) {
+      const float* src = b.data + k * b.rs;
+      float* d = dst + k * NR;
+      if (cols == NR) {
+        for (index_t j = 0; j < NR; ++j) d[j] = src[j];
+      } else {
+        index_t j = 0;
+        for (; j < cols; ++j) d[j] = src[j];
+        for (; j < NR; ++j) d[j] = 0.0f;
+      }
+    }
+  } else {
+    // op(B) = Bᵀ: column j of op(B) is row j of B, contiguous in k.
+    index_t j = 0;
+    for (; j < cols; ++j) {
+      const float* src = b.data + j * b.cs;
+      if (b.rs == 1)
+        for (index_t k = 0; k < kc; ++k) dst[k * NR + j] = src[k];
+      else
+        for (index_t k = 0; k < kc; ++k) dst[k * NR + j] = src[k * b.rs];
+    }
+    for (; j < NR; ++j)
+      for (index_t k = 0; k < kc; ++k) dst[k * NR + j] = 0.0f;
+  }
+}
+
+#if MOM_NATIVE_ISA == 512
+// 16×16 in-register transpose, used to pack the transposed cases with full vectors.
+inline void transpose16x16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    // (maskz with a full mask = the plain instruction; the unmasked intrinsics trip GCC 12's
+    // uninitialised-variable warning on their undefined pass-through operand)
+    t[i] = _mm512_maskz_unpacklo_ps(0xffff, r[i], r[i + 1]);
+    t[i + 1] = _mm512_maskz_unpackhi_ps(0xffff, r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_maskz_shuffle_ps(0xffff, t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm512_maskz_shuffle_ps(0xffff, t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm512_maskz_shuffle_ps(0xffff, t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm512_maskz_shuffle_ps(0xffff, t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_maskz_shuffle_f32x4(0xffff, r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_maskz_shuffle_f32x4(0xffff, r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_maskz_shuffle_f32x4(0xffff, r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_maskz_shuffle_f32x4(0xffff, r[i + 8], r[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_maskz_shuffle_f32x4(0xffff, t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_maskz_shuffle_f32x4(0xffff, t[i], t[i + 8], 0xdd);
+  }
+}
+#endif
+
+// ---- micro-kernels ----------------------------------------------------------------
+#if MOM_NATIVE_ISA == 512
+// C[0:rows, 0:cols] = alpha · (Apanel · Bpanel) + beta · C  (beta == 0: C not read).
+[[gnu::always_inline]] inline void micro_kernel(index_t kc, const float* __restrict a, const float* __restrict b,
+                                                float* c, index_t ldc, float alpha, float beta, index_t rows,
+                                                index_t cols) {
+  __m512 acc[MR][2];
+#pragma GCC unroll 14
+  for (int i = 0; i < MR; ++i) {
+    acc[i][0] = _mm512_setzero_ps();
+    acc[i][1] = _mm512_setzero_ps();
+  }
+  // Pull this tile of C towards L1 while the k loop runs (it is read at the end).
+  for (index_t i = 0; i < rows; ++i) {
+    _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + cols - 1), _MM_HINT_T0);
+  }
+
+#pragma GCC unroll 2
+  for (index_t k = 0; k < kc; ++k) {
+    const __m512 b0 = _mm512_load_ps(b);
+    const __m512 b1 = _mm512_load_ps(b + 16);
+#pragma GCC unroll 14
+    for (int i = 0; i < MR; ++i) {
+      const __m512 ai = _mm512_set1_ps(a[i]);
+      acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
+    }
+    a += MR;
+    b += NR;
+  }
+  const __m512 va = _mm512_set1_ps(alpha);
+  const __m512 vb = _mm512_set1_ps(beta);
+  const __mmask16 m0 = cols >= 16 ? __mmask16(0xffff) : __mmask16((1u << cols) - 1u);
+  const __mmask16 m1 = cols >= 32 ? __mmask16(0xffff) : cols <= 16 ? __mmask16(0) : __mmask16((1u << (cols - 16)) - 1u);
+  if (beta == 0.0f) {
+#pragma GCC unroll 14
+    for (int i = 0; i < MR; ++i) {
+      if (i < rows) {
+        _mm512_mask_storeu_ps(c + i * ldc, m0, _mm512_mul_ps(va, acc[i][0]));
+        _mm512_mask_storeu_ps(c + i * ldc + 16, m1, _mm512_mul_ps(va, acc[i][1]));
+      }
+    }
+  } else {
+#pragma GCC unroll 14
+    for (int i = 0; i < MR; ++i) {
+      if (i < rows) {
+        float* ci = c + i * ldc;
+        const __m512 c0 = _mm512_maskz_loadu_ps(m0, ci);
+        const __m512 c1 = _mm512_maskz_loadu_ps(m1, ci + 16);
+        _mm512_mask_storeu_ps(ci, m0, _mm512_fmadd_ps(va, acc[i][0], _mm512_mul_ps(vb, c0)));
+        _mm512_mask_storeu_ps(ci + 16, m1, _mm512_fmadd_ps(va, acc[i][1], _mm512_mul_ps(vb, c1)));
+      }
+    }
+  }
+}
+#else
+[[gnu::always_inline]] inline void micro_kernel_full(index_t kc, const float* __restrict a, const float* __restrict b,
+                                                     float* c, index_t ldc, float alpha, float beta) {
+  __m256 acc[MR][2];
+#pragma GCC unroll 6
+  for (int i = 0; i < MR; ++i) {
+    acc[i][0] = _mm256_setzero_ps();
+    acc[i][1] = _mm256_setzero_ps();
+  }
+#pragma GCC unroll 2
+  for (index_t k = 0; k < kc; ++k) {
+    const __m256 b0 = _mm256_load_ps(b);
+    const __m256 b1 = _mm256_load_ps(b + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) {
+      const __m256 ai = _mm256_broadcast_ss(a + i);
+      acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
+    }
+    a += MR;
+    b += NR;
+  }
+  const __m256 va = _mm256_set1_ps(alpha);
+  const __m256 vb = _mm256_set1_ps(beta);
+#pragma GCC unroll 6
+  for (int i = 0; i < MR; ++i) {
+    float* ci = c + i * ldc;
+    if (beta == 0.0f) {
+      _mm256_storeu_ps(ci, _mm256_mul_ps(va, acc[i][0]));
+      _mm256_storeu_ps(ci + 8, _mm256_mul_ps(va, acc[i][1]));
+    } else {
+      _mm256_storeu_ps(ci, _mm256_fmadd_ps(va, acc[i][0], _mm256_mul_ps(vb, _mm256_loadu_ps(ci))));
+      _mm256_storeu_ps(ci + 8, _mm256_fmadd_ps(va, acc[i][1], _mm256_mul_ps(vb, _mm256_loadu_ps(ci + 8))));
+    }
+  }
+}
+inline void micro_kernel(index_t kc, const float* a, const float* b, float* c, index_t ldc, float alpha, float beta,
+                         index_t rows, index_t cols) {
+  if (rows == MR && cols == NR) return micro_kernel_full(kc, a, b, c, ldc, alpha, beta);
+  // Partial tile: compute the full tile into a stack buffer, then merge the valid part.
+  alignas(32) float tile[MR * NR];
+  micro_kernel_full(kc, a, b, tile, NR, 1.0f, 0.0f);
+  for (index_t i = 0; i < rows; ++i)
+    for (index_t j = 0; j < cols; ++j) {
+      float& cij = c[i * ldc + j];
+      cij = beta == 0.0f ? alpha * tile[i * NR + j] : alpha * tile[i * NR + j] + beta * cij;
+    }
+}
+#endif
+
+#if MOM_NATIVE_ISA == 512
+// Vectorised packing of the two transposed layouts (16×16 register transposes); the
+// scalar pack_*_panel handle the rest and the edges.
+inline void pack_a_panel_fast(float* dst, Operand a, index_t rows, index_t kc) {
+  // op(A) not transposed, full panel: rows are contiguous in k; transpose 16-k chunks.
+  if (a.cs != 1 || rows != MR || kc % 16 != 0) return pack_a_panel(dst, a, rows, kc);
+  for (index_t k0 = 0; k0 < kc; k0 += 16) {
+    __m512 r[16];
+    for (int i = 0; i < MR; ++i) r[i] = _mm512_loadu_ps(a.data + i * a.rs + k0);
+    for (int i = MR; i < 16; ++i) r[i] = _mm512_setzero_ps();
+    transpose16x16(r);  // r[k] = op(A)(0..15, k0 + k)
+    for (int k = 0; k < 16; ++k) _mm512_mask_storeu_ps(dst + (k0 + k) * MR, __mmask16((1u << MR) - 1u), r[k]);
+  }
+}
+inline void pack_b_panel_fast(float* dst, Operand b, index_t cols, index_t kc) {
+  // op(B) = Bᵀ, full panel: column j of op(B) is contiguous in k; transpose 16×16 blocks.
+  if (b.rs != 1 || cols != NR || kc % 16 != 0) return pack_b_panel(dst, b, cols, kc);
+  for (index_t k0 = 0; k0 < kc; k0 += 16) {
+    for (int j0 = 0; j0 < NR; j0 += 16) {
+      __m512 r[16];
+      for (int j = 0; j < 16; ++j) r[j] = _mm512_loadu_ps(b.data + (j0 + j) * b.cs + k0);
+      transpose16x16(r);  // r[k] = op(B)(k0 + k, j0..j0+15)
+      for (int k = 0; k < 16; ++k) _mm512_store_ps(dst + (k0 + k) * NR + j0, r[k]);
+    }
+  }
+}
+#else
+inline void pack_a_panel_fast(float* dst, Operand a, index_t rows, index_t kc) { pack_a_panel(dst, a, rows, kc); }
+inline void pack_b_panel_fast(float* dst, Operand b, index_t cols, index_t kc) { pack_b_panel(dst, b, cols, kc); }
+#endif
+
+// ---- the blocked driver
+
+inline void pack_b_panels(const Problem& p, float* bpack, index_t jc, index_t pc, index_t kc, index_t jp_begin,
+                          index_t jp_end) {
+  for (index_t jp = jp_begin; jp < jp_end; ++jp) {
+    const index_t j0 = jc + jp * NR;
+    const Operand src{p.b.data + pc * p.b.rs + j0 * p.b.cs, p.b.rs, p.b.cs};
+    pack_b_panel_fast(bpack + jp * NR * kc, src, std::min(NR, p.n - j0), kc);
+  }
+}
+
+#ifndef MOM_PF_ROWS
+#define MOM_PF_ROWS 8
+#endif
+inline constexpr index_t kPrefetchRows = MOM_PF_ROWS;
+
+inline void pack_a_block(const Problem& p, float* apack, index_t ic, index_t mc, index_t pc, index_t kc) {
+#if MOM_NATIVE_ISA == 512
+  if (p.a.rs == 1) {
+    // op(A) = Aᵀ: row k of A holds the block's mc values contiguously. Walk A row by row
+    // (one sequential read per row, each page touched once per block) and deal each
+    // row's values out to the panels, instead of reading MR-wide strips panel by panel.
+    const index_t panels = (mc + MR - 1) / MR;
+    for (index_t k = 0; k < kc; ++k) {
+      const float* src = p.a.data + (pc + k) * p.a.cs + ic;
+      if (k + kPrefetchRows < kc)  // the rows are far apart: help the hardware prefetcher
+        for (index_t j = 0; j < mc; j += 16) _mm_prefetch(reinterpret_cast<const char*>(src + kPrefetchRows * p.a.cs + j), _MM_HINT_T0);
+      for (index_t ip = 0; ip < panels; ++ip) {
+        const index_t rows = std::min(MR, mc - ip * MR);
+        const __mmask16 mask = __mmask16((1u << rows) - 1u);
+        const __m512 v = _mm512_maskz_loadu_ps(mask, src + ip * MR);
+        _mm512_mask_storeu_ps(apack + ip * MR * kc + k * MR, __mmask16((1u << MR) - 1u), v);
+      }
+    }
+    return;
+  }
+#endif
+  for (index_t ip = 0; ip * MR < mc; ++ip) {
+    const index_t i0 = ic + ip * MR;
+    const Operand src{p.a.data + i0 * p.a.rs + pc * p.a.cs, p.a.rs, p.a.cs};
+    pack_a_panel_fast(apack + ip * MR * kc, src, std::min(MR, p.m - i0), kc);
+  }
+}
+
+// Micro-tiles of one packed A block (rows ic..ic+mc) against B panels [jp_begin, jp_end):
+// each B panel stays in L1 while the A panels stream from L2.
+inline void macro_kernel(const Problem& p, const float* apack, const float* bpack, index_t ic, index_t mc, index_t jc,
+                         index_t kc, float beta, index_t jp_begin, index_t jp_end) {
+  for (index_t jp = jp_begin; jp < jp_end; ++jp) {
+    const index_t j0 = jc + jp * NR;
+    const index_t cols = std::min(NR, p.n - j0);
+    for (index_t ip = 0; ip * MR < mc; ++ip) {
+      const index_t i0 = ic + ip * MR;
+      micro_kernel(kc, apack + ip * MR * kc, bpack + jp * NR * kc, p.c + i0 * p.ldc + j0, p.ldc, p.alpha, beta,
+                   std::min(MR, p.m - i0), cols);
+    }
+  }
+}
+
+// Even block sizes: k in steps of at most KC (multiples of 16 but the last, for the
+// vector packing paths), m in blocks of at most MC whose MR-panel counts differ by at
+// most one. Even blocks keep the threads' shares equal (and m = 1024 does not end in
+// a 16-row block of 168-row ones).
+inline index_t k_step(index_t k) {
+  const index_t steps = (k + KC - 1) / KC;
+  return std::min(KC, ((k + steps - 1) / steps + 15) / 16 * 16);
+}
+struct MBlocks {
+  index_t panels, count;
+  MBlocks(index_t m) : panels((m + MR - 1) / MR), count((panels + MC / MR - 1) / (MC / MR)) {}
+  index_t begin(index_t b) const { return panels * b / count * MR; }  // first row of block b
+};
+
+// The whole product on the calling thread; no synchronisation.
+inline void run_serial(const Problem& p, float* apack, float* bpack) {
+  const index_t kstep = k_step(p.k);
+  const MBlocks mb(p.m);
+  for (index_t jc = 0; jc < p.n; jc += NC) {
+    const index_t nc = std::min(NC, p.n - jc);
+    const index_t b_panels = (nc + NR - 1) / NR;
+    for (index_t pc = 0; pc < p.k; pc += kstep) {
+      const index_t kc = std::min(kstep, p.k - pc);
+      const float beta = pc == 0 ? p.beta : 1.0f;
+      pack_b_panels(p, bpack, jc, pc, kc, 0, b_panels);
+      for (index_t b = 0; b < mb.count; ++b) {
+        const index_t ic = mb.begin(b);
+        const index_t mc = std::min(p.m, mb.begin(b + 1)) - ic;
+        pack_a_block(p, apack, ic, mc, pc, kc);
+        macro_kernel(p, apack, bpack, ic, mc, jc, kc, beta, 0, b_panels);
+      }
+    }
+  }
+}
+
+// The product on a team of nt threads (this is thread tid). Per (jc, pc) block the
+// team packs the B block together (one barrier), then every thread takes work units
+// from a shared counter: a unit is one MC block of A (packed into the thread's own
+// buffer) against one share of the B panels. Taking units dynamically keeps both
+// cores busy when one of them also runs something else, and there is a single
+// barrier per KC step. The B block is double buffered: the barrier after packing
+// block t+1 also proves that nobody still reads the buffer block t+2 overwrites.
+// `next_unit` numbers units across all blocks; a ticket drawn past the current block
+// is kept for the next one.
+inline void run_parallel(const Problem& p, float* apack_mine, float* bpack2, std::int64_t* next_unit, int tid, int nt) {
+  const index_t kstep = k_step(p.k);
+  const MBlocks mb(p.m);
+  const index_t m_blocks = mb.count;
+  std::int64_t ticket = -1;     // drawn but not yet done
+  std::int64_t first_unit = 0;  // of the current (jc, pc) block
+  int parity = 0;
+  for (index_t jc = 0; jc < p.n; jc += NC) {
+    const index_t nc = std::min(NC, p.n - jc);
+    const index_t b_panels = (nc + NR - 1) / NR;
+    // Split the B panels as well when there are too few A blocks to share out.
+    index_t n_split = 1;
+    while (m_blocks * n_split < 4 * nt && n_split * 2 <= b_panels) n_split *= 2;
+    const std::int64_t units = m_blocks * n_split;
+    for (index_t pc = 0; pc < p.k; pc += kstep, parity ^= 1) {
+      const index_t kc = std::min(kstep, p.k - pc);
+      const float beta = pc == 0 ? p.beta : 1.0f;
+      float* bpack = bpack2 + parity * (NC * KC);
+      index_t begin, end;
+      share(b_panels, tid, nt, begin, end);
+      pack_b_panels(p, bpack, jc, pc, kc, begin, end);
+#pragma omp barrier
+      index_t packed_ic = -1;
+      for (;;) {
+        if (ticket < 0) {
+#pragma omp atomic capture
+          ticket = (*next_unit)++;
+        }
+        if (ticket >= first_unit + units) break;  // belongs to the next block: keep it
+        const std::int64_t u = ticket - first_unit;
+        ticket = -1;
+        const index_t ic = mb.begin(u / n_split);
+        const index_t mc = std::min(p.m, mb.begin(u / n_split + 1)) - ic;
+        if (ic != packed_ic) {
+          pack_a_block(p, apack_mine, ic, mc, pc, kc);
+          packed_ic = ic;
+        }
+        share(b_panels, u % n_split, n_split, begin, end);
+        macro_kernel(p, apack_mine, bpack, ic, mc, jc, kc, beta, begin, end);
+      }
+      first_unit += units;
+    }
+  }
+}
+
+inline std::size_t a_pack_floats(index_t m, index_t k) {
+  return static_cast<std::size_t>((std::min(MC, m) + MR - 1) / MR * MR * std::min(KC, k));
+}
+inline std::size_t b_pack_floats(index_t n, index_t k) {
+  return static_cast<std::size_t>((std::min(NC, n) + NR - 1) / NR * NR * std::min(KC, k));
+}
+
+// One thread, this thread's buffers. Safe inside an OpenMP parallel region.
+inline void gemm_serial(const Problem& p) {
+  if (p.m <= 0 || p.n <= 0) return;
+  if (p.k <= 0 || p.alpha == 0.0f) return scale_c(p.c, p.m, p.n, p.ldc, p.beta);
+  PackBuffers& buf = thread_buffers();
+  float* a = buf.a.reserve(a_pack_floats(p.m, p.k));
+  float* b = buf.b.reserve(b_pack_floats(p.n, p.k));
+  run_serial(p, a, b);
+}
+
+// All OpenMP threads (omp_get_max_threads()); small problems, and calls made from
+// inside a parallel region, run on the calling thread.
+inline void gemm_parallel(const Problem& p) {
+  if (p.m <= 0 || p.n <= 0) return;
+  if (p.k <= 0 || p.alpha == 0.0f) return scale_c(p.c, p.m, p.n, p.ldc, p.beta);
+  const double macs = double(p.m) * double(p.n) * double(p.k);
+  const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (nt <= 1 || macs < kParallelMinMacs) return gemm_serial(p);
+  // The caller's B buffer (two blocks) is shared by the team; each thread packs A
+  // into its own thread_local buffer.
+  float* b = thread_buffers().b.reserve(2 * std::size_t(NC * KC));
+  alignas(64) std::int64_t next_unit = 0;
+#pragma omp parallel num_threads(nt)
+  {
+    float* a = thread_buffers().a.reserve(a_pack_floats(p.m, p.k));
+    run_parallel(p, a, b, &next_unit, omp_get_thread_num(), omp_get_num_threads());
+  }
+}
+
