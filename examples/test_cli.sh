@@ -52,6 +52,30 @@ expect_error "already holds a checkpoint: pass --resume" "$BIN" --data "$T/text.
 expect_error "--resume: no checkpoint in" "$BIN" --data "$T/text.txt" --out "$T/o7" --resume "${common[@]}"
 expect_error "different architecture" "$BIN" --data "$T/text.txt" --out "$T/run" --resume --arch small --steps 6 --batch 2 --seq 32 --sample-tokens 0
 expect_error "checkpoint '.*nowhere' does not exist" "$SAMPLE" --checkpoint "$T/nowhere"
+# Options out of range: refused up front (before any data is prepared), one line each.
+big=4611686018427387904  # 2^62: batch·seq and the step loops would overflow or never end
+expect_error "weight_decay -100 must be a finite number >= 0" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --weight-decay -100
+expect_error "weight_decay nan must be a finite number >= 0" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --weight-decay nan
+expect_error "grad_clip nan must be a finite number >= 0" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --grad-clip nan
+expect_error "grad_clip -1 must be a finite number >= 0" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --grad-clip -1
+expect_error "min_lr_ratio nan must be in \[0, 1\]" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --min-lr-ratio nan
+expect_error "min_lr_ratio -5 must be in \[0, 1\]" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --min-lr-ratio -5
+expect_error "lr inf must be a finite number > 0" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --lr inf
+expect_error "--threads -3 must be >= 0" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --threads -3
+expect_error "checkpoint_interval -1 must be >= 0" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --checkpoint-interval -1
+expect_error "eval_interval -1 must be >= 0" "$BIN" --data "$T/text.txt" --out "$T/r1" --arch tiny --steps 3 --batch 2 --seq 32 --eval-batches 1 --sample-tokens 0 --eval-interval -1
+expect_error "log_interval 0 must be > 0" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --log-interval 0
+expect_error "batch $big must be in \[1, 1000000000\]" "$BIN" --data "$T/text.txt" --out "$T/r1" --arch tiny --steps 3 --seq 32 --eval-interval 0 --eval-batches 1 --sample-tokens 0 --batch $big
+expect_error "batch 100000000 x seq 32 tokens per micro-batch exceed" "$BIN" --data "$T/text.txt" --out "$T/r1" --arch tiny --steps 3 --seq 32 --eval-interval 0 --eval-batches 1 --sample-tokens 0 --batch 100000000
+expect_error "steps $big must be in \[1, 1000000000\]" "$BIN" --data "$T/text.txt" --out "$T/r1" --arch tiny --batch 2 --seq 32 --eval-interval 0 --eval-batches 1 --sample-tokens 0 --steps $big
+expect_error "accum $big must be in \[1, 1000000000\]" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --accum $big
+expect_error "eval_batches $big must be in \[1, 1000000000\]" "$BIN" --data "$T/text.txt" --out "$T/r1" --arch tiny --steps 3 --batch 2 --seq 32 --eval-interval 0 --sample-tokens 0 --eval-batches $big
+expect_error "--temperature nan must be a finite number >= 0" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --temperature nan
+expect_error "Could not convert: --steps = 1e30" "$BIN" --data "$T/text.txt" --out "$T/r1" --arch tiny --batch 2 --seq 32 --steps 1e30
+expect_error "The following argument was not expected: --bogus" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --bogus
+expect_error "--top-k -1 must be >= 0" "$SAMPLE" --checkpoint "$T/run" --top-k -1
+expect_error "--tokens -1 must be in \[0, 100000000\]" "$SAMPLE" --checkpoint "$T/run" --tokens -1
+if [ -e "$T/r1" ] && [ -n "$(ls -A "$T/r1" 2>/dev/null)" ]; then echo "FAIL: a refused run wrote into its --out"; ls -R "$T/r1"; fail=1; fi
 after=$(checksum)
 if [ "$before" != "$after" ]; then echo "FAIL: the checkpoint changed"; fail=1; else echo "ok: checkpoint unchanged"; fi
 

@@ -23,6 +23,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -57,6 +58,35 @@ struct TrainConfig {
   bool progress = true;        // print progress to stdout
   std::string arch_name;       // recorded in checkpoints and metrics
   std::string tokenizer_name;  // recorded in checkpoints and metrics
+
+  // Every value in range, checked before anything is prepared or allocated (one MOM_CHECK error each):
+  // counts positive and bounded so that no product of them can overflow (batch·seq tokens fit token_t
+  // indices; steps, accumulation and validation batches at most 10^9), rates and coefficients finite and
+  // in range.
+  void check() const {
+    constexpr index_t max_count = 1'000'000'000;
+    MOM_CHECK(steps > 0 && steps <= max_count, "steps ", steps, " must be in [1, ", max_count, "]");
+    MOM_CHECK(batch > 0 && batch <= max_count, "batch ", batch, " must be in [1, ", max_count, "]");
+    MOM_CHECK(seq > 0 && seq <= max_count, "seq ", seq, " must be in [1, ", max_count, "]");
+    MOM_CHECK(batch <= index_t(std::numeric_limits<token_t>::max()) / seq, "batch ", batch, " x seq ", seq,
+              " tokens per micro-batch exceed ", std::numeric_limits<token_t>::max());
+    MOM_CHECK(accum > 0 && accum <= max_count, "accum ", accum, " must be in [1, ", max_count, "]");
+    MOM_CHECK(eval_batches > 0 && eval_batches <= max_count, "eval_batches ", eval_batches, " must be in [1, ",
+              max_count, "]");
+    MOM_CHECK(std::isfinite(lr) && lr > 0, "lr ", lr, " must be a finite number > 0");
+    MOM_CHECK(std::isfinite(min_lr_ratio) && min_lr_ratio >= 0 && min_lr_ratio <= 1, "min_lr_ratio ", min_lr_ratio,
+              " must be in [0, 1]");
+    MOM_CHECK(warmup >= 0 && warmup <= max_count, "warmup ", warmup, " must be in [0, ", max_count, "]");
+    MOM_CHECK(std::isfinite(weight_decay) && weight_decay >= 0, "weight_decay ", weight_decay,
+              " must be a finite number >= 0");
+    MOM_CHECK(std::isfinite(grad_clip) && grad_clip >= 0, "grad_clip ", grad_clip, " must be a finite number >= 0 (0: off)");
+    MOM_CHECK(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, "AdamW betas ", beta1, ", ", beta2,
+              " must be in [0, 1)");
+    MOM_CHECK(std::isfinite(eps) && eps > 0, "AdamW eps ", eps, " must be > 0");
+    MOM_CHECK(eval_interval >= 0, "eval_interval ", eval_interval, " must be >= 0 (0: only at the end)");
+    MOM_CHECK(checkpoint_interval >= 0, "checkpoint_interval ", checkpoint_interval, " must be >= 0 (0: only at the end)");
+    MOM_CHECK(log_interval > 0, "log_interval ", log_interval, " must be > 0");
+  }
 
   nlohmann::json to_json() const {
     return {{"steps", steps}, {"batch", batch}, {"seq", seq}, {"accum", accum}, {"lr", lr},
@@ -272,14 +302,8 @@ class Trainer {
 
   // Validates the configuration against the model and the data; returns it for the member initialisers.
   static const TrainConfig& check_config(const TrainConfig& c, const TokenFile& train, const TokenFile* val) {
-    MOM_CHECK(c.steps > 0, "steps ", c.steps, " must be > 0");
-    MOM_CHECK(c.batch > 0, "batch ", c.batch, " must be > 0");
-    MOM_CHECK(c.seq > 0, "seq ", c.seq, " must be > 0");
+    c.check();
     MOM_CHECK(c.seq <= Model::dims.context, "seq ", c.seq, " exceeds the model's context ", Model::dims.context);
-    MOM_CHECK(c.accum > 0, "accum ", c.accum, " must be > 0");
-    MOM_CHECK(c.lr > 0 && std::isfinite(c.lr), "lr ", c.lr, " must be > 0");
-    MOM_CHECK(c.eval_batches > 0, "eval_batches ", c.eval_batches, " must be > 0");
-    MOM_CHECK(c.warmup >= 0, "warmup ", c.warmup, " must be >= 0");
     MOM_CHECK(train.vocab() <= Model::dims.vocab, "data file '", train.path().string(), "' has vocab ", train.vocab(),
               " (", train.tokenizer(), ") but the model's vocab is ", Model::dims.vocab);
     if (val) {
