@@ -264,7 +264,30 @@ TEST_CASE("trainer bad configuration: seq > context, vocab mismatch, too little 
   TokenFile few(dir / "tiny.bin");
   CHECK_THROWS_WITH(Trainer(model, few, nullptr, cfg), Catch::Contains("fewer than seq + 1 = 17"));
   cfg.lr = -1;
-  CHECK_THROWS_WITH(Trainer(model, train, nullptr, cfg), Catch::Contains("lr -1 must be > 0"));
+  CHECK_THROWS_WITH(Trainer(model, train, nullptr, cfg), Catch::Contains("lr -1 must be a finite number > 0"));
+}
+
+TEST_CASE("TrainConfig::check: every value in range, counts bounded so nothing overflows", "[trainer][bad-input]") {
+  const auto base = small_config({}, 1);
+  CHECK_NOTHROW(base.check());
+  auto with = [&](auto set) {
+    auto c = base;
+    set(c);
+    return c;
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  CHECK_THROWS_WITH(with([](auto& c) { c.weight_decay = -100; }).check(), Catch::Contains("weight_decay -100 must be"));
+  CHECK_THROWS_WITH(with([&](auto& c) { c.grad_clip = nan; }).check(), Catch::Contains("grad_clip nan must be"));
+  CHECK_THROWS_WITH(with([](auto& c) { c.grad_clip = -1; }).check(), Catch::Contains("grad_clip -1 must be"));
+  CHECK_THROWS_WITH(with([](auto& c) { c.min_lr_ratio = -5; }).check(), Catch::Contains("min_lr_ratio -5 must be in [0, 1]"));
+  CHECK_THROWS_WITH(with([](auto& c) { c.eval_interval = -1; }).check(), Catch::Contains("eval_interval -1 must be >= 0"));
+  CHECK_THROWS_WITH(with([](auto& c) { c.checkpoint_interval = -1; }).check(),
+                    Catch::Contains("checkpoint_interval -1 must be >= 0"));
+  CHECK_THROWS_WITH(with([](auto& c) { c.log_interval = 0; }).check(), Catch::Contains("log_interval 0 must be > 0"));
+  CHECK_THROWS_WITH(with([](auto& c) { c.steps = index_t(1) << 62; }).check(), Catch::Contains("must be in [1, 1000000000]"));
+  CHECK_THROWS_WITH(with([](auto& c) { c.accum = index_t(1) << 62; }).check(), Catch::Contains("accum"));
+  CHECK_THROWS_WITH(with([](auto& c) { c.batch = 100'000'000, c.seq = 32; }).check(), Catch::Contains("tokens per micro-batch exceed"));
+  CHECK_THROWS_WITH(with([](auto& c) { c.beta2 = 1; }).check(), Catch::Contains("AdamW betas"));
 }
 
 TEST_CASE("docs/read_checkpoint.py reads a checkpoint with numpy + json", "[trainer][checkpoint][python]") {
