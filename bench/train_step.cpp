@@ -3,6 +3,7 @@
 // item 9), float, on cpu::Backend<float> wrapped in a timing backend.
 //
 //   bench_train_step [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide]
+//   bench_train_step --under-load   the dense step at 1 and 2 threads, quiet and with one core kept busy
 //
 // Issue 6 adds Mixture-of-Experts at the same dims: MoE (8 layers x 8 experts, top-2) and
 // MoE(share) (8 experts shared by the 8 layers, top-2); their "router" share is the top-K
@@ -26,6 +27,9 @@
 // the forward) over the dense model's; for the dense model that count equals
 // Model::training_flops (checked and printed).
 #include <omp.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -423,11 +427,46 @@ using MoEShare_LM = LM<dims, MoEShareStack<8, 8, 2>>;  // 8 experts shared by th
 
 }  // namespace
 
+// --under-load: the dense step with 1 and with 2 threads while a child process keeps one core busy,
+// and again on the quiet machine (the "threads under load" target: 2 threads within 10% of 1).
+int under_load(index_t batch, index_t seq, int reps) {
+  const char* spin = std::getenv("GOMP_SPINCOUNT");
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  std::printf("bench_train_step --under-load: dense 8 layers, batch %lld x seq %lld, median of %d steps; "
+              "GOMP_SPINCOUNT=%s, OMP_WAIT_POLICY=%s\n\n| machine | 1 thread ms | 2 threads ms | 2 / 1 |\n|---|---:|---:|---:|\n",
+              (long long)batch, (long long)seq, reps, spin ? spin : "(unset)", policy ? policy : "(unset)");
+  for (const bool busy : {false, true}) {
+    pid_t child = -1;
+    if (busy) {
+      child = fork();
+      if (child == 0) {  // the other process: one core's worth of work, until killed
+        for (volatile unsigned long x = 0;; x = x + 1) {
+        }
+      }
+      usleep(200000);
+    }
+    double ms[2];
+    for (int t = 1; t <= 2; ++t) {
+      omp_set_num_threads(t);
+      ms[t - 1] = run<DenseLM>("dense 8 layers", batch, seq, reps).step_s * 1e3;
+    }
+    if (child > 0) {
+      kill(child, SIGKILL);
+      waitpid(child, nullptr, 0);
+    }
+    std::printf("| %s | %.1f | %.1f | %.2f |\n", busy ? "one core busy (another process)" : "quiet", ms[0], ms[1],
+                ms[1] / ms[0]);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  cpu::limit_openmp_spinning(argv);  // GOMP_SPINCOUNT=1000 unless the environment says otherwise
   index_t batch = 16, seq = 256;
   int reps = 7;
   std::string only;
-  bool routed_kv = false, wide = false;
+  bool routed_kv = false, wide = false, load = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--batch" && i + 1 < argc) batch = std::atoll(argv[++i]);
@@ -435,12 +474,14 @@ int main(int argc, char** argv) {
     else if (a == "--only" && i + 1 < argc) only = argv[++i];
     else if (a == "--routed-kv") routed_kv = true;
     else if (a == "--wide") wide = true;
+    else if (a == "--under-load") load = true;
     else {
-      std::fprintf(stderr, "usage: %s [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide] [--under-load]\n", argv[0]);
       return 2;
     }
   }
   if (!std::getenv("OMP_NUM_THREADS")) omp_set_num_threads(2);
+  if (load) return under_load(batch, seq, reps);
 
   std::printf("bench_train_step: d_model %lld, heads %lld, d_ff %lld, vocab %lld, seq %lld, batch %lld (%lld tokens/step), "
               "float, %d OpenMP threads, median of %d steps after 2 warm-up steps\n",

@@ -177,6 +177,7 @@ int run_train(int argc, char** argv, const std::string& prog) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  mom::cpu::limit_openmp_spinning(argv);  // two threads stay as fast as one when another process is busy
   const std::string prog = std::filesystem::path(argv[0]).filename().string();
   try {
     if (prog == "mom-sample") return run_sample(argc, argv, prog);

@@ -10,6 +10,7 @@
 #include "mom/backend/cpu/gru.hpp"
 #include "mom/backend/cpu/layernorm.hpp"
 #include "mom/backend/cpu/linear.hpp"
+#include "mom/backend/cpu/openmp_env.hpp"
 #include "mom/backend/cpu/optim.hpp"
 #include "mom/backend/cpu/routing.hpp"
 #include "mom/backend/cpu/topk.hpp"
