@@ -42,6 +42,7 @@
 #include <vector>
 
 #include <mom/backend/cpu/gemm.hpp>
+#include <mom/backend/cpu/openmp_env.hpp>
 
 #if __has_include(<mom/backend/cpu/attention.hpp>)
 #include <mom/backend/cpu/attention.hpp>
@@ -200,6 +201,7 @@ std::string cpu_model() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  cpu::limit_openmp_spinning(argv);  // GOMP_SPINCOUNT=1000 unless the environment says otherwise
   const bool peak_only = argc > 1 && std::strcmp(argv[1], "--peak-only") == 0;
 #if defined(MOM_BENCH_OPENBLAS)
   if (peak_only) {

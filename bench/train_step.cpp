@@ -440,8 +440,8 @@ int under_load(index_t batch, index_t seq, int reps) {
     if (busy) {
       child = fork();
       if (child == 0) {  // the other process: one core's worth of work, until killed
-        for (volatile unsigned long x = 0;; x = x + 1) {
-        }
+        volatile unsigned long spin = 0;
+        for (;;) spin = spin + 1;
       }
       usleep(200000);
     }
