@@ -19,8 +19,6 @@ using namespace mom::test;
 
 namespace {
 
-template <class T>
-constexpr double tol_attention = std::is_same_v<T, double> ? 1e-10 : 1e-4;
 
 
 // max |got - want| / max |want| over the finite entries; -inf must sit at the same places in both.

@@ -24,10 +24,6 @@ using namespace mom::test;
 
 namespace {
 
-template <class T>
-constexpr double tol_kernel = std::is_same_v<T, double> ? 1e-10 : 1e-5;
-template <class T>
-constexpr double tol_tf32 = std::is_same_v<T, double> ? 1e-10 : 1e-2;
 
 // One backend's side of the arrays: its copy of each Arr as a span or a matrix view.
 template <class T>

@@ -25,12 +25,6 @@ using namespace mom::test;
 
 namespace {
 
-template <class T>
-constexpr double tol_kernel = std::is_same_v<T, double> ? 1e-10 : 1e-5;
-template <class T>
-constexpr double tol_attention = std::is_same_v<T, double> ? 1e-10 : 1e-4;
-template <class T>
-constexpr double tol_tf32 = std::is_same_v<T, double> ? 1e-10 : 1e-2;
 
 
 // The device copy must match the CPU copy within tol (relative to the CPU's largest magnitude).

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "mom/backend/cpu.hpp"
@@ -12,6 +13,15 @@
 #include "ops/grad_check.hpp"
 
 namespace mom::test {
+
+// Device-vs-CPU tolerances, relative to the CPU result's largest magnitude: exact kernels (float:
+// reassociation only), attention (online softmax), TF32 tensor-core GEMMs.
+template <class T>
+constexpr double tol_kernel = std::is_same_v<T, double> ? 1e-10 : 1e-5;
+template <class T>
+constexpr double tol_attention = std::is_same_v<T, double> ? 1e-10 : 1e-4;
+template <class T>
+constexpr double tol_tf32 = std::is_same_v<T, double> ? 1e-10 : 1e-2;
 
 inline bool gpu_available() {
   static const bool yes = cuda::device_count() > 0;

@@ -38,7 +38,7 @@ struct DepthExecutorBase : WorkspaceViews {
                 "mom::Router<ExpertChoice> and Router<Skipping> assemble with phi::LayerSkip (eq. (9)): "
                 "Assembly<R, M, K<1>, H<L>, phi::LayerSkip>");
   static constexpr int L = A::h;
-  static constexpr index_t d = D.d_model, f = D.ff(), heads = D.heads;
+  static constexpr index_t d = D.d_model;
   static constexpr bool expert_choice = Cfg::expert_choice;
   // Exactly C tokens per sequence (top-C): a dense block over (batch, C). Otherwise (a skip criterion,
   // or MoD's causal routing at inference) a variable number: packed attention over the running tokens.
@@ -292,10 +292,6 @@ struct DepthExecutorBase : WorkspaceViews {
   template <class T>
   static RowGroups run_groups(const T* ws, const Layer& l) {
     return {toks(ws, l.groups), 1};
-  }
-  template <class T>
-  static PerGroup<T> one_group(T* p) {
-    return PerGroup<T>(p, 1, [](int) { return 0; });
   }
 
   // ---- forward ------------------------------------------------------------------------------

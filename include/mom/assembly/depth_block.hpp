@@ -58,7 +58,7 @@ struct PlainBlockFfn {
   template <class Be, class T>
   static void forward_grouped(Be& be, const T* p, T* ws, const Saved& s, int h, MatrixView<const T> u,
                               MatrixView<T> fo, MatrixView<T> fm, RowGroups g) {
-    Ffn::forward_grouped(be, PerGroup<const T>(p + offset(h), 1, [](int) { return 0; }), ws, s, u, fm, g);
+    Ffn::forward_grouped(be, same_for_groups(p + offset(h)), ws, s, u, fm, g);
     be.add_forward(fo, MatrixView<const T>(fo), MatrixView<const T>(fm), g);  // f = y − x̃
   }
 
@@ -80,8 +80,8 @@ struct PlainBlockFfn {
   static void backward_grouped(Be& be, const T* p, T* g, const T* ws, const Saved& s, int h, MatrixView<const T> u,
                                MatrixView<T> df, MatrixView<T> du, T* scratch, RowGroups gr) {
     be.zero_rows(du, gr);
-    Ffn::backward_grouped(be, PerGroup<const T>(p + offset(h), 1, [](int) { return 0; }),
-                          PerGroup<T>(g + offset(h), 1, [](int) { return 0; }), ws, s, u, du, MatrixView<const T>(df),
+    Ffn::backward_grouped(be, same_for_groups(p + offset(h)),
+                          same_for_groups(g + offset(h)), ws, s, u, du, MatrixView<const T>(df),
                           scratch, gr);
     be.axpy(df, T(1), MatrixView<const T>(du), gr);  // df := dL/da
   }

@@ -58,4 +58,11 @@ struct PerGroup {
   }
 };
 
+// `count` groups that all read the one tensor at base: one module over one row group (a skip layer's
+// run rows), or one packed matrix every group's rows index into (routed keys and values).
+template <class T>
+constexpr PerGroup<T> same_for_groups(T* base, int count = 1) {
+  return PerGroup<T>(base, count, [](int) { return 0; });
+}
+
 }  // namespace mom

@@ -175,8 +175,8 @@ struct Attention {
                                    p.plus(o_ln_b), g);
       be.grouped_linear_forward(qkv, MatrixView<const T>(ln), p.plus(o_w_qkv), p.plus(o_b_qkv), g);
       const MatrixView<const T> cq(qkv);
-      be.attention_grouped_forward(att, lse, cq.col_block(0, d), same_for_all<G>(cq.data + d),
-                                   same_for_all<G>(cq.data + 2 * d), rows, 3 * d, idx, idx, g, seq, heads);
+      be.attention_grouped_forward(att, lse, cq.col_block(0, d), same_for_groups(cq.data + d, G),
+                                   same_for_groups(cq.data + 2 * d, G), rows, 3 * d, idx, idx, g, seq, heads);
     }
     be.grouped_linear_forward(out, MatrixView<const T>(att), p.plus(o_w_proj), p.plus(o_b_proj), g);
   }
@@ -222,22 +222,15 @@ struct Attention {
       const auto qkv = mat(ws, s.q, rows, 3 * d);
       be.zero_rows(dqkv, g);
       be.zero_rows(dln, g);
-      be.attention_grouped_backward(dqkv.col_block(0, d), same_for_all<G>(dqkv.data + d),
-                                    same_for_all<G>(dqkv.data + 2 * d), MatrixView<const T>(datt), att, lse,
-                                    qkv.col_block(0, d), same_for_all<G>(qkv.data + d), same_for_all<G>(qkv.data + 2 * d),
+      be.attention_grouped_backward(dqkv.col_block(0, d), same_for_groups(dqkv.data + d, G),
+                                    same_for_groups(dqkv.data + 2 * d, G), MatrixView<const T>(datt), att, lse,
+                                    qkv.col_block(0, d), same_for_groups(qkv.data + d, G), same_for_groups(qkv.data + 2 * d, G),
                                     rows, 3 * d, idx, idx, g, seq, heads);
       be.grouped_linear_backward(dln, gp.plus(o_w_qkv), gp.plus(o_b_qkv), MatrixView<const T>(dqkv),
                                  mat(ws, s.xq, rows, d), p.plus(o_w_qkv), g);
       be.grouped_layernorm_backward(dxg, gp.plus(o_ln_w), gp.plus(o_ln_b), MatrixView<const T>(dln), xg,
                                     vec(ws, s.mean_r, rows), vec(ws, s.rstd_r, rows), p.plus(o_ln_w), g);
     }
-  }
-
- private:
-  // One packed matrix shared by all G groups (the Routed keys and values).
-  template <int G, class T>
-  static PerGroup<T> same_for_all(T* base) {
-    return PerGroup<T>(base, G, [](int) { return 0; });
   }
 };
 
