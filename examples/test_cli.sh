@@ -12,7 +12,7 @@ fail=0
 # expect_error <regex> <args...>: non-zero exit, one stderr line matching regex.
 expect_error() {
   local re="$1"; shift
-  "$@" >"$T/out" 2>"$T/err"
+  timeout 120 "$@" >"$T/out" 2>"$T/err"  # a hang (rc 124) fails the case too
   local rc=$?
   local lines
   lines=$(wc -l <"$T/err")
@@ -29,7 +29,7 @@ common=(--arch tiny --steps 3 --batch 2 --seq 32 --eval-interval 0 --eval-batche
 if ! "$BIN" --data "$T/text.txt" --out "$T/run" "${common[@]}" >"$T/first.log" 2>&1; then
   echo "FAIL: first run"; cat "$T/first.log"; exit 1
 fi
-checksum() { find "$T/run" -type f -name '*.safetensors' -o -name latest | sort | xargs md5sum; }
+checksum() { find "$T/run" -type f \( -name '*.safetensors' -o -name latest -o -name '*.bin' \) | sort | xargs md5sum; }
 before=$(checksum)
 
 : >"$T/empty.txt"
@@ -75,13 +75,31 @@ expect_error "Could not convert: --steps = 1e30" "$BIN" --data "$T/text.txt" --o
 expect_error "The following argument was not expected: --bogus" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --bogus
 expect_error "--top-k -1 must be >= 0" "$SAMPLE" --checkpoint "$T/run" --top-k -1
 expect_error "--tokens -1 must be in \[0, 100000000\]" "$SAMPLE" --checkpoint "$T/run" --tokens -1
+# Hostile data: a FIFO (opening it would block forever), a token file whose count x width wraps 2^64, one
+# naming a tokenizer this build does not know; a batch whose workspace exceeds the machine's memory.
+mkfifo "$T/fifo"
+expect_error "data file '.*fifo' is not a regular file \(a FIFO" "$BIN" --data "$T/fifo" --out "$T/r1" "${common[@]}"
+{ printf 'MOMTOK\0\0\001\0\0\0\002\0\0\0\0\0\0\0\0\0\0\200\0\001\0\0\0\0\0\0byte'; head -c 28 /dev/zero; } >"$T/wrap.bin"
+expect_error "token file '.*wrap.bin' is truncated: header says 9223372036854775808 tokens" "$BIN" --data "$T/wrap.bin" --out "$T/r1" "${common[@]}"
+{ printf 'MOMTOK\0\0\001\0\0\0\002\0\0\0\100\0\0\0\0\0\0\0\0\001\0\0\0\0\0\0nope'; head -c 28 /dev/zero
+  for i in $(seq 1 64); do printf 'A\0'; done; } >"$T/nope.bin"
+expect_error "names the tokenizer 'nope' which this build does not know" "$BIN" --data "$T/nope.bin" --out "$T/r1" "${common[@]}"
+expect_error "unknown tokenizer 'nope'" "$BIN" --data "$T/nope.bin" --out "$T/r1" --arch tiny --steps 3 --batch 2 --seq 32 --eval-interval 0 --eval-batches 1 --sample-tokens 5
+expect_error "--batch 10000000 x --seq 128 needs about .* GiB of activations" "$BIN" --data "$T/text.txt" --out "$T/r1" --arch tiny --steps 3 --seq 128 --eval-interval 0 --eval-batches 1 --sample-tokens 0 --batch 10000000
+# --resume with other data is refused before anything is tokenized (the run's prepared data stays).
+cp "$T/text.txt" "$T/other.txt"; echo "and more" >>"$T/other.txt"
+expect_error "--resume: --data '.*other.txt' is not the data this run trained on" "$BIN" --data "$T/other.txt" --out "$T/run" --resume --arch tiny --steps 6 --batch 2 --seq 32 --sample-tokens 0
 if [ -e "$T/r1" ] && [ -n "$(ls -A "$T/r1" 2>/dev/null)" ]; then echo "FAIL: a refused run wrote into its --out"; ls -R "$T/r1"; fail=1; fi
 after=$(checksum)
 if [ "$before" != "$after" ]; then echo "FAIL: the checkpoint changed"; fail=1; else echo "ok: checkpoint unchanged"; fi
 
-# Resume continues to --steps; a sample comes out of the checkpoint.
+# Resume continues to --steps with the run's prepared data (not tokenized again), listing what changed; a
+# sample comes out of the checkpoint.
 if "$BIN" --data "$T/text.txt" --out "$T/run" --resume --arch tiny --steps 5 --batch 2 --seq 32 --eval-interval 0 \
-     --eval-batches 1 --sample-tokens 0 >"$T/resume.log" 2>&1 && grep -q "resumed from step 3" "$T/resume.log" &&
+     --eval-batches 1 --sample-tokens 0 --lr 0.001 >"$T/resume.log" 2>&1 && grep -q "resumed from step 3" "$T/resume.log" &&
+   grep -q "resume: changed since the checkpoint: lr 0.002 -> 0.001" "$T/resume.log" &&
+   grep -q "resume: changed since the checkpoint: steps 3 -> 5" "$T/resume.log" &&
+   grep -q "data: the run's prepared .*run/data (not tokenized again)" "$T/resume.log" &&
    grep -q "step-000005" "$T/run/latest"; then
   echo "ok: resume to step 5"
 else
@@ -92,6 +110,22 @@ if "$SAMPLE" --checkpoint "$T/run" --prompt "In the" --tokens 20 --temperature 0
   echo "ok: sample: $(head -c 80 "$T/sample.log" | tr '\n' ' ')"
 else
   echo "FAIL: sample"; cat "$T/sample.log"; fail=1
+fi
+# Divergence: a good run to step 4, then resumed with --lr 1e6 and no clipping. Each must stop non-zero with
+# one line, never saving the diverged state: `latest` still names step 4, which samples.
+"$BIN" --data "$T/text.txt" --out "$T/div" --arch tiny --steps 4 --batch 2 --seq 32 --eval-interval 0 --eval-batches 1 \
+  --sample-tokens 0 >"$T/div.log" 2>&1 || { echo "FAIL: the run before divergence"; cat "$T/div.log"; fail=1; }
+div=(--data "$T/text.txt" --out "$T/div" --resume --arch tiny --steps 40 --batch 2 --seq 32 --eval-batches 1
+     --sample-tokens 0 --lr 1e6 --warmup 0 --grad-clip 0)
+expect_error "training diverged at step 5: the parameters give a loss of -?nan; no checkpoint written" \
+  "$BIN" "${div[@]}" --checkpoint-interval 1 --eval-interval 0
+expect_error "training diverged: 5 steps in a row \(to step 10\) had a non-finite loss or gradients" \
+  "$BIN" "${div[@]}" --checkpoint-interval 0 --eval-interval 0
+if grep -q "step-000004" "$T/div/latest" &&
+   timeout 60 "$SAMPLE" --checkpoint "$T/div" --prompt "In" --tokens 5 --temperature 0 >"$T/div-sample.log" 2>&1; then
+  echo "ok: after divergence latest is still step 4 and samples"
+else
+  echo "FAIL: latest after divergence"; cat "$T/div/latest" "$T/div-sample.log"; fail=1
 fi
 # Two-phase training (paper §3.4): a few steps of dense8, then mom8-p warm-started from it; the routed run
 # writes routing statistics at its validation. Refusals: a checkpoint that is not the dense twin, a dense arch.

@@ -11,6 +11,7 @@
 #include "sample.hpp"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <iostream>
@@ -40,7 +41,8 @@ inline std::filesystem::path repo_root() {
 }
 
 // Token files for training: a text file is tokenized into <out>/data/{train,val}.bin; a folder must hold
-// train.bin (and val.bin); a token file is used for training only.
+// train.bin (and val.bin); a token file is used for training only. A resumed run keeps the data it was
+// prepared with: its <out>/data is reused, never tokenized again or overwritten.
 struct DataFiles {
   std::filesystem::path train, val;
 };
@@ -51,7 +53,12 @@ inline DataFiles resolve_data(const TrainRequest& r, const std::string& tokenize
     MOM_CHECK(fs::exists(r.data / "train.bin"), "data folder '", r.data.string(), "' has no train.bin");
     return {r.data / "train.bin", fs::exists(r.data / "val.bin") ? r.data / "val.bin" : fs::path()};
   }
-  if (train::is_token_file(r.data)) return {r.data, {}};
+  if (train::is_token_file(r.data)) return {r.data, {}};  // refuses a FIFO, device or socket first
+  const fs::path prepared = r.cfg.out_dir / "data";
+  if (r.resume && fs::exists(prepared / "train.bin")) {
+    std::printf("data: the run's prepared %s (not tokenized again)\n", prepared.string().c_str());
+    return {prepared / "train.bin", fs::exists(prepared / "val.bin") ? prepared / "val.bin" : fs::path()};
+  }
   auto tok = train::make_tokenizer(tokenizer_name, repo_root());
   std::printf("data: tokenizing %s with the %s tokenizer...\n", r.data.string().c_str(), tok->name().c_str());
   std::fflush(stdout);
@@ -114,6 +121,39 @@ void warm_start_from(const ArchEntry& arch, const TrainRequest& r, Instance& mod
   }
 }
 
+// What --data names, recorded in the checkpoint's mom.config ("data") so that --resume can tell other data.
+inline std::string data_identity(const std::filesystem::path& data) {
+  std::error_code ec;
+  const auto abs = std::filesystem::weakly_canonical(data, ec);
+  return (ec ? std::filesystem::absolute(data) : abs).lexically_normal().string();
+}
+
+// --resume with other data would silently train a different run (and tokenizing it would overwrite the
+// run's prepared <out>/data): refused, unless --data is the run's data or its prepared folder.
+inline void check_resume_data(const train::safetensors::File& f, const train::TrainConfig& cfg) {
+  const auto it = f.metadata().find("mom.config");
+  if (it == f.metadata().end()) return;
+  const auto config = nlohmann::json::parse(it->second, nullptr, false);
+  if (!config.is_object() || !config.contains("data") || !config["data"].is_string()) return;  // older checkpoints
+  const std::string recorded = config["data"].get<std::string>();
+  if (recorded.empty() || recorded == cfg.data_name || cfg.data_name == data_identity(cfg.out_dir / "data")) return;
+  MOM_CHECK(false, "--resume: --data '", cfg.data_name, "' is not the data this run trained on ('", recorded,
+            "'); pass that --data, or its prepared folder ", (cfg.out_dir / "data").string());
+}
+
+// The memory a training run allocates up front (the workspace the cost model plans for batch x seq, plus
+// parameters, gradients and both AdamW moments), refused with the numbers when it exceeds this machine's.
+template <class Model>
+void check_memory(const train::TrainConfig& cfg) {
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const double activations = double(Model::template activation_bytes<float>(cfg.batch, cfg.seq));
+  const double state = 4.0 * double(Model::params) * sizeof(float);
+  const double physical = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGE_SIZE));
+  MOM_CHECK(physical <= 0 || activations + state <= physical, "--batch ", cfg.batch, " x --seq ", cfg.seq,
+            " needs about ", activations / gib, " GiB of activations plus ", state / gib,
+            " GiB of parameters, gradients and AdamW moments, more than this machine's ", physical / gib, " GiB");
+}
+
 template <class Model, class DenseTwin>
 int train_model(const ArchEntry& arch, const TrainRequest& r) {
   namespace fs = std::filesystem;
@@ -128,14 +168,17 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
   MOM_CHECK(existing || !r.resume, "--resume: no checkpoint in '", cfg.out_dir.string(), "'");
   check_init_from<DenseTwin>(arch, r);
   train::ensure_writable_dir(cfg.out_dir);
-  if (r.resume) {  // refuse another architecture's checkpoint before any work
+  cfg.data_name = data_identity(r.data);
+  if (r.resume) {  // refuse another architecture's checkpoint, or other data, before any work
     const auto dir = train::resolve_checkpoint(cfg.out_dir);
     const train::safetensors::File f(dir / "model.safetensors");
     const auto it = f.metadata().find("mom.describe");
     MOM_CHECK(it != f.metadata().end() && it->second == arch.describe, "checkpoint '", dir.string(),
               "' is a different architecture: it holds '", it != f.metadata().end() ? it->second : "?",
               "' but --arch ", arch.name, " is '", arch.describe, "'");
+    check_resume_data(f, cfg);
   }
+  check_memory<Model>(cfg);
   const std::string tokenizer_name = r.tokenizer.empty() ? arch.tokenizer : r.tokenizer;
 
   const DataFiles files = resolve_data(r, tokenizer_name);
@@ -144,6 +187,13 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
   if (!files.val.empty()) val_data.emplace(files.val);
   cfg.arch_name = arch.name;
   cfg.tokenizer_name = train_data.tokenizer();
+  // The tokenizer the data names must exist before training (the final sample and mom-sample need it).
+  std::unique_ptr<train::Tokenizer> sample_tokenizer;
+  if (r.sample_tokens > 0)
+    sample_tokenizer = train::make_tokenizer(cfg.tokenizer_name, repo_root());
+  else
+    MOM_CHECK(cfg.tokenizer_name == "byte" || cfg.tokenizer_name == "gpt2", "data file '", files.train.string(),
+              "' names the tokenizer '", cfg.tokenizer_name, "' which this build does not know (known: byte, gpt2)");
   const double entropy = train::unigram_entropy(train_data);
   std::printf("data: %lld train tokens, %lld validation tokens, vocab %lld (%s); unigram entropy %.4f nats/token\n",
               static_cast<long long>(train_data.size()), static_cast<long long>(val_data ? val_data->size() : 0),
@@ -194,8 +244,9 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
     };
   }
   if (r.resume) {
-    trainer.resume(cfg.out_dir);
+    const auto changes = trainer.resume(cfg.out_dir);
     std::printf("resumed from step %lld of %s\n", static_cast<long long>(trainer.step()), cfg.out_dir.string().c_str());
+    for (const auto& c : changes) std::printf("resume: changed since the checkpoint: %s\n", c.c_str());
     MOM_CHECK(trainer.step() < cfg.steps, "--resume: the checkpoint is at step ", trainer.step(),
               ", nothing to do for --steps ", cfg.steps);
   }
@@ -203,6 +254,9 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
   std::printf("done: steps %lld..%lld in %.1f s, %.0f tokens/s while training%s\n", static_cast<long long>(result.first_step),
               static_cast<long long>(result.last_step), result.seconds, result.tokens_per_second,
               result.interrupted ? " (interrupted; continue with --resume)" : "");
+  if (result.skipped_steps > 0)
+    std::printf("warning: %lld steps had a non-finite loss or gradients and were skipped (not applied)\n",
+                static_cast<long long>(result.skipped_steps));
   if (result.final_val_loss)
     std::printf("final validation loss %.4f nats/token (perplexity %.3f) vs unigram entropy %.4f nats/token\n",
                 *result.final_val_loss, std::exp(*result.final_val_loss), entropy);
@@ -229,7 +283,7 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
     }
   }
   if (r.sample_tokens > 0 && !result.interrupted) {
-    auto tok = train::make_tokenizer(cfg.tokenizer_name, repo_root());
+    auto& tok = sample_tokenizer;
     std::vector<token_t> tokens = tok->encode(r.prompt);
     if (tokens.empty()) tokens.push_back(0);
     std::printf("sample (temperature %.2f):\n%s", r.temperature, r.prompt.c_str());

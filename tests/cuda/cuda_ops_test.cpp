@@ -233,6 +233,15 @@ TEMPLATE_TEST_CASE("grad_norm and AdamW (fused clipping from the device norm) ma
     gpu<T>().adamw_step(p.ds(), std::span<const T>(g.ds()), m.ds(), v.ds(), cfg, 4, norm.d.data(), T(1));
     CHECK(p.fetch() == before);
   }
+  // A finite norm whose square overflows T, unclipped, is skipped as well (cpu::adamw_skips).
+  norm.h[0] = T(2) * std::sqrt(std::numeric_limits<T>::max());
+  gpu<T>().from_host(norm.d.span(), std::span<const T>(norm.h));
+  {
+    const std::vector<T> before = p.fetch();
+    gpu<T>().adamw_step(p.ds(), std::span<const T>(g.ds()), m.ds(), v.ds(), cfg, 4, norm.d.data(), T(0));
+    CHECK(p.fetch() == before);
+    CHECK(cpu::adamw_skips(norm.h[0], T(0)));
+  }
   // An empty buffer has norm 0 (the second pass still writes it).
   gpu<T>().grad_norm(std::span<const T>(), norm.d.data());
   CHECK(gpu<T>().read(norm.d.data()) == T(0));

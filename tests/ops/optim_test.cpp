@@ -83,6 +83,28 @@ TEST_CASE("adamw_step: a non-finite gradient norm skips the update", "[ops][opti
   }
 }
 
+TEST_CASE("adamw_step: a gradient whose square overflows the second moment skips the update", "[ops][optim]") {
+  // Without clipping, |g| = 2e19 makes g² = 4e38 > FLT_MAX: v would hold +Inf and the parameter would never
+  // move again. adamw_skips refuses such a step; with clipping the same gradient is scaled down and applied.
+  const cpu::AdamWConfig cfg{.lr = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1};
+  std::vector<float> grads{2e19f, 1.f};
+  float norm = 0;
+  cpu::grad_norm<float>(grads, &norm);
+  REQUIRE(std::isfinite(norm));
+  CHECK(cpu::adamw_skips(norm, 0.f));
+  CHECK_FALSE(cpu::adamw_skips(norm, 1.f));
+  CHECK_FALSE(cpu::adamw_skips(1e19f, 0.f));  // just below sqrt(FLT_MAX) = 1.84e19: applied
+  CHECK(cpu::adamw_skips(std::numeric_limits<float>::infinity(), 1.f));
+  CHECK(cpu::adamw_skips(std::numeric_limits<float>::quiet_NaN(), 0.f));
+  std::vector<float> p{1.f, 2.f}, m{0.1f, 0.2f}, v{0.3f, 0.4f};
+  cpu::adamw_step<float>(p, grads, m, v, cfg, 3, &norm, 0.f);
+  CHECK(p == std::vector<float>{1.f, 2.f});
+  CHECK(v == std::vector<float>{0.3f, 0.4f});
+  cpu::adamw_step<float>(p, grads, m, v, cfg, 3, &norm, 1.f);
+  CHECK(p != std::vector<float>{1.f, 2.f});
+  for (float x : v) CHECK(std::isfinite(x));
+}
+
 TEST_CASE("grad_norm: matches a naive sum (parallel size, float and double)", "[ops][optim]") {
   Rng rng(60);
   const auto g = random_vec<float>(1000003, rng);

@@ -1,6 +1,8 @@
 // Token files, text preparation, deterministic sampling, and their bad-input errors.
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
+
 #include <mom/train/data.hpp>
 
 #include "helpers.hpp"
@@ -65,6 +67,20 @@ TEST_CASE("token file bad input: missing, empty, garbage, truncated, ids >= voca
   bad_id[64 + 3] = '\x01';
   write_bytes(dir / "badid.bin", bad_id);
   CHECK_THROWS_WITH(TokenFile(dir / "badid.bin"), Catch::Contains("token 1 has id 257 >= vocab 256"));
+  // A count whose count x width wraps 2^64 to the real data size (2^63 u16 tokens "are" 0 bytes; 2^63 + 4
+  // are 8): refused by division before the multiplication, instead of reading far past the mapping.
+  for (const std::uint64_t count : {std::uint64_t(1) << 63, (std::uint64_t(1) << 63) + 4}) {
+    std::string wrap = count == (std::uint64_t(1) << 63) ? raw.substr(0, 64) : raw;
+    for (int i = 0; i < 8; ++i) wrap[std::size_t(16 + i)] = char((count >> (8 * i)) & 0xFF);
+    write_bytes(dir / "wrap.bin", wrap);
+    CHECK_THROWS_WITH(TokenFile(dir / "wrap.bin"), Catch::Contains("is truncated: header says " + std::to_string(count)));
+  }
+  // A FIFO (or any non-regular file) is refused before it is opened: opening it would block forever.
+  REQUIRE(::mkfifo((dir / "fifo").c_str(), 0600) == 0);
+  CHECK_THROWS_WITH(TokenFile(dir / "fifo"), Catch::Contains("is not a regular file (a FIFO"));
+  CHECK_THROWS_WITH(is_token_file(dir / "fifo"), Catch::Contains("is not a regular file"));
+  CHECK_THROWS_WITH(read_text_file(dir / "fifo"), Catch::Contains("is not a regular file"));
+  CHECK_THROWS_WITH(read_text_file("/dev/zero"), Catch::Contains("is not a regular file"));
   // Errors are one line.
   try {
     TokenFile f(dir / "trunc.bin");

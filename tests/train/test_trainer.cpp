@@ -124,8 +124,19 @@ TEST_CASE("resume continues bit-identically", "[trainer][checkpoint][resume]") {
   }
   auto model_c = Tiny::make<cpu::Backend<float>>(99);
   Trainer tc(model_c, train, &val, cfg_half);
-  tc.resume(dir / "half");
+  CHECK(tc.resume(dir / "half").empty());  // the same configuration: nothing changed
   CHECK(tc.step() == N);
+  {  // a changed configuration is applied and listed; another tokenizer is refused
+    auto cfg_lr = cfg_half;
+    cfg_lr.lr = 1e-3;
+    cfg_lr.steps = 3 * N;
+    auto model_d = Tiny::make<cpu::Backend<float>>(5);
+    Trainer td(model_d, train, &val, cfg_lr);
+    CHECK(td.resume(dir / "half") == std::vector<std::string>{"lr 0.003 -> 0.001", "steps 8 -> 12"});
+    cfg_lr.tokenizer_name = "gpt2";
+    Trainer te(model_d, train, &val, cfg_lr);
+    CHECK_THROWS_WITH(te.resume(dir / "half"), Catch::Contains("the checkpoint was trained on \"byte\" tokens"));
+  }
   const auto rest = tc.run();
   REQUIRE(rest.losses.size() == N);
   for (index_t i = 0; i < N; ++i) {
@@ -288,6 +299,64 @@ TEST_CASE("TrainConfig::check: every value in range, counts bounded so nothing o
   CHECK_THROWS_WITH(with([](auto& c) { c.accum = index_t(1) << 62; }).check(), Catch::Contains("accum"));
   CHECK_THROWS_WITH(with([](auto& c) { c.batch = 100'000'000, c.seq = 32; }).check(), Catch::Contains("tokens per micro-batch exceed"));
   CHECK_THROWS_WITH(with([](auto& c) { c.beta2 = 1; }).check(), Catch::Contains("AdamW betas"));
+}
+
+TEST_CASE("divergence: non-finite steps are skipped, the run stops after max_skipped_steps, no bad checkpoint",
+          "[trainer][divergence]") {
+  mom_test::TempDir dir("diverge");
+  auto prep = make_data(dir);
+  TokenFile train(prep.train), val(prep.val);
+  const auto all_finite = [](std::span<const float> x) {
+    return std::all_of(x.begin(), x.end(), [](float v) { return std::isfinite(v); });
+  };
+  SECTION("a NaN parameter: every step is skipped, the run stops after max_skipped_steps, nothing saved") {
+    // (with checkpoint_interval 1 the save at step 1 would stop it first: its check forward gives NaN)
+    auto model = Tiny::make<cpu::Backend<float>>(1);
+    const auto& ln = Tiny::find("ln_f.w");
+    model.params()[std::size_t(ln.offset)] = std::numeric_limits<float>::quiet_NaN();
+    const std::vector<float> before(model.params().begin(), model.params().end());
+    auto cfg = small_config(dir / "nan", 20);
+    cfg.max_skipped_steps = 3;
+    Trainer trainer(model, train, &val, cfg);
+    CHECK_THROWS_WITH(trainer.run(), Catch::Contains("training diverged: 3 steps in a row (to step 3)"));
+    CHECK(trainer.step() == 3);
+    CHECK(std::memcmp(before.data(), model.params().data(), before.size() * sizeof(float)) == 0);  // nothing applied
+    CHECK(all_finite(trainer.adam_m()));
+    CHECK(all_finite(trainer.adam_v()));
+    CHECK_FALSE(has_checkpoint(dir / "nan"));
+  }
+  SECTION("a learning rate of 50: the run fails, every checkpoint it left is finite and gives a finite loss") {
+    auto model = Tiny::make<cpu::Backend<float>>(1);
+    auto cfg = small_config(dir / "lr", 200);
+    cfg.lr = 50;
+    cfg.warmup = 0;
+    cfg.grad_clip = 0;
+    cfg.checkpoint_interval = 1;
+    cfg.eval_interval = 1;
+    Trainer trainer(model, train, &val, cfg);
+    CHECK_THROWS_WITH(trainer.run(), Catch::Contains("training diverged"));
+    CHECK(trainer.step() < 200);
+    CHECK(all_finite(trainer.adam_v()));  // no +Inf from an overflowing g² (cpu::adamw_skips)
+    if (has_checkpoint(dir / "lr")) {
+      auto loaded = Tiny::make<cpu::Backend<float>>(2);
+      std::vector<float> m(Tiny::params), v(Tiny::params);
+      TrainState st;
+      Checkpointer<Instance>::load(dir / "lr", loaded, m, v, st);
+      CHECK(all_finite(loaded.params()));
+      CHECK(all_finite(m));
+      CHECK(all_finite(v));
+      std::vector<token_t> in(std::size_t(cfg.batch * cfg.seq)), tg(in.size());
+      eval_batch(val, cfg.batch, cfg.seq, 0, in, tg);
+      loaded.reserve(cfg.batch, cfg.seq);
+      CHECK(std::isfinite(loaded.forward(in, tg, cfg.batch, cfg.seq)));
+    }
+  }
+  CHECK_THROWS_WITH(([] {
+                      TrainConfig c;
+                      c.max_skipped_steps = 0;
+                      c.check();
+                    }()),
+                    Catch::Contains("max_skipped_steps 0 must be in [1, 1000000000]"));
 }
 
 TEST_CASE("docs/read_checkpoint.py reads a checkpoint with numpy + json", "[trainer][checkpoint][python]") {

@@ -35,6 +35,18 @@ inline constexpr std::array<char, 8> token_file_magic = {'M', 'O', 'M', 'T', 'O'
 inline constexpr std::uint32_t token_file_version = 1;
 inline constexpr std::size_t token_file_header_bytes = 64;
 
+// A data path must name a regular file: opening a FIFO would block until a writer appears (a hang), and a
+// device or socket has no size to map. Checked before anything opens the path.
+inline void check_regular_data_file(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  MOM_CHECK(st.type() != fs::file_type::not_found, "data file '", path.string(), "' does not exist");
+  MOM_CHECK(st.type() != fs::file_type::directory, "data file '", path.string(), "' is a directory");
+  MOM_CHECK(st.type() == fs::file_type::regular, "data file '", path.string(),
+            "' is not a regular file (a FIFO, device or socket): pass a file");
+}
+
 // Writes tokens (all in [0, vocab)) to a token file, atomically. u16 when the vocabulary fits, else u32.
 inline void write_token_file(const std::filesystem::path& path, std::span<const token_t> tokens, index_t vocab,
                              std::string_view tokenizer_name) {
@@ -71,21 +83,23 @@ class TokenFile {
  public:
   explicit TokenFile(const std::filesystem::path& path) : file_(open_checked(path)) {
     const std::byte* h = file_.bytes().data();
-    width_ = static_cast<int>(get_le(h + 12, 4));
-    count_ = static_cast<index_t>(get_le(h + 16, 8));
-    vocab_ = static_cast<index_t>(get_le(h + 24, 8));
+    const std::uint64_t width = get_le(h + 12, 4), count = get_le(h + 16, 8), vocab = get_le(h + 24, 8);
     char name[17] = {};
     std::memcpy(name, h + 32, 16);
     tokenizer_ = name;
     const std::string where = "token file '" + path.string() + "'";
-    MOM_CHECK(width_ == 2 || width_ == 4, where, ": bytes per token is ", width_, " (expected 2 or 4)");
-    MOM_CHECK(vocab_ > 0 && vocab_ <= (index_t(1) << 31), where, ": vocab ", vocab_, " out of range");
-    const std::uint64_t expected = token_file_header_bytes + static_cast<std::uint64_t>(count_) * width_;
-    MOM_CHECK(file_.size() >= expected, where, " is truncated: header says ", count_, " tokens (", expected,
-              " bytes) but the file has ", file_.size(), " bytes");
-    MOM_CHECK(file_.size() == expected, where, " has ", file_.size() - expected, " trailing bytes after ", count_,
-              " tokens");
-    MOM_CHECK(count_ > 0, where, " holds no tokens");
+    MOM_CHECK(width == 2 || width == 4, where, ": bytes per token is ", width, " (expected 2 or 4)");
+    MOM_CHECK(vocab > 0 && vocab <= (std::uint64_t(1) << 31), where, ": vocab ", vocab, " out of range");
+    // Sizes compared by division, before any multiplication can wrap (a count near 2^64 / width would).
+    const std::uint64_t data_bytes = file_.size() - token_file_header_bytes;
+    MOM_CHECK(count <= data_bytes / width, where, " is truncated: header says ", count, " tokens of ", width,
+              " bytes but only ", data_bytes, " data bytes follow the header");
+    MOM_CHECK(data_bytes == count * width, where, " has ", data_bytes - count * width, " trailing bytes after ",
+              count, " tokens");
+    MOM_CHECK(count > 0, where, " holds no tokens");
+    width_ = static_cast<int>(width);
+    count_ = static_cast<index_t>(count);
+    vocab_ = static_cast<index_t>(vocab);
     index_t max_id = 0, max_at = 0;
     for (index_t i = 0; i < count_; ++i)
       if (const index_t t = (*this)[i]; t > max_id) max_id = t, max_at = i;
@@ -109,7 +123,7 @@ class TokenFile {
 
  private:
   static MappedFile open_checked(const std::filesystem::path& path) {
-    MOM_CHECK(std::filesystem::exists(path), "data file '", path.string(), "' does not exist");
+    check_regular_data_file(path);
     MappedFile f(path);
     MOM_CHECK(f.size() > 0, "data file '", path.string(), "' is empty");
     MOM_CHECK(f.size() >= token_file_header_bytes &&
@@ -127,6 +141,7 @@ class TokenFile {
 };
 
 inline bool is_token_file(const std::filesystem::path& path) {
+  check_regular_data_file(path);
   std::ifstream in(path, std::ios::binary);
   std::array<char, 8> magic{};
   return in.read(magic.data(), 8) && magic == token_file_magic;
@@ -135,8 +150,7 @@ inline bool is_token_file(const std::filesystem::path& path) {
 // Reads a text file for tokenization; refuses missing, empty and binary files with a one-line message.
 // "Binary" = any NUL byte, or more than 1% of the bytes in invalid UTF-8 sequences.
 inline std::string read_text_file(const std::filesystem::path& path) {
-  MOM_CHECK(std::filesystem::exists(path), "data file '", path.string(), "' does not exist");
-  MOM_CHECK(!std::filesystem::is_directory(path), "data file '", path.string(), "' is a directory");
+  check_regular_data_file(path);
   MappedFile f(path);
   MOM_CHECK(f.size() > 0, "data file '", path.string(), "' is empty");
   const std::string_view text(reinterpret_cast<const char*>(f.bytes().data()), f.size());

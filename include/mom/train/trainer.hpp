@@ -53,11 +53,13 @@ struct TrainConfig {
   index_t eval_batches = 8;    // micro-batches per validation
   index_t checkpoint_interval = 0;  // save every this many steps (and at the end); 0 = only at the end
   index_t log_interval = 10;   // plain-text progress line every this many steps when not on a terminal
+  index_t max_skipped_steps = 5;  // diverged steps (non-finite loss or gradients) skipped in a row before stopping
   std::uint64_t seed = 1;      // training-data sampler seed
   std::filesystem::path out_dir;    // checkpoints + metrics.jsonl; empty = none
   bool progress = true;        // print progress to stdout
   std::string arch_name;       // recorded in checkpoints and metrics
   std::string tokenizer_name;  // recorded in checkpoints and metrics
+  std::string data_name;       // where the training data came from (mom-train: the --data path); recorded
 
   // Every value in range, checked before anything is prepared or allocated (one MOM_CHECK error each):
   // counts positive and bounded so that no product of them can overflow (batch·seq tokens fit token_t
@@ -86,6 +88,8 @@ struct TrainConfig {
     MOM_CHECK(eval_interval >= 0, "eval_interval ", eval_interval, " must be >= 0 (0: only at the end)");
     MOM_CHECK(checkpoint_interval >= 0, "checkpoint_interval ", checkpoint_interval, " must be >= 0 (0: only at the end)");
     MOM_CHECK(log_interval > 0, "log_interval ", log_interval, " must be > 0");
+    MOM_CHECK(max_skipped_steps > 0 && max_skipped_steps <= max_count, "max_skipped_steps ", max_skipped_steps,
+              " must be in [1, ", max_count, "]");
   }
 
   nlohmann::json to_json() const {
@@ -93,8 +97,9 @@ struct TrainConfig {
             {"min_lr_ratio", min_lr_ratio}, {"warmup", warmup}, {"weight_decay", weight_decay},
             {"beta1", beta1}, {"beta2", beta2}, {"eps", eps}, {"grad_clip", grad_clip},
             {"eval_interval", eval_interval}, {"eval_batches", eval_batches},
-            {"checkpoint_interval", checkpoint_interval}, {"seed", seed}, {"arch", arch_name},
-            {"tokenizer", tokenizer_name}};
+            {"checkpoint_interval", checkpoint_interval}, {"log_interval", log_interval},
+            {"max_skipped_steps", max_skipped_steps}, {"seed", seed}, {"arch", arch_name},
+            {"tokenizer", tokenizer_name}, {"data", data_name}};
   }
 };
 
@@ -116,7 +121,14 @@ struct TrainResult {
   double seconds = 0;
   double tokens_per_second = 0;
   bool interrupted = false;             // stopped early by stop_requested (a checkpoint was saved)
+  index_t skipped_steps = 0;            // steps whose update was skipped (non-finite loss or gradients)
 };
+
+// A double for a JSON metrics line: JSON has no inf / NaN, so those are written as strings.
+inline nlohmann::json json_number(double x) {
+  if (std::isfinite(x)) return x;
+  return std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf");
+}
 
 template <class Instance>
 class Trainer {
@@ -149,12 +161,27 @@ class Trainer {
   }
 
   // Continues from a checkpoint (run dir or step folder): parameters, AdamW moments, step, sampler state.
-  void resume(const std::filesystem::path& checkpoint) {
+  // Returns what differs between the checkpoint's recorded configuration and this one ("lr 0.002 -> 0.001"),
+  // each applied from here on; a different tokenizer (token ids that mean other text) is refused.
+  std::vector<std::string> resume(const std::filesystem::path& checkpoint) {
     TrainState s;
-    Checkpointer<Instance>::load(checkpoint, model_, m_.span(), v_.span(), s);
+    const auto meta = Checkpointer<Instance>::load(checkpoint, model_, m_.span(), v_.span(), s);
     sampler_.set_state(s.sampler_state);
     step_ = s.step;
     resumed_from_ = s.step;
+    std::vector<std::string> changes;
+    const auto it = meta.find("mom.config");
+    if (it == meta.end()) return changes;
+    const auto before = nlohmann::json::parse(it->second, nullptr, false);
+    if (!before.is_object()) return changes;
+    const auto now = cfg_.to_json();
+    for (const auto& [key, value] : now.items()) {
+      if (!before.contains(key) || before[key] == value) continue;
+      MOM_CHECK(key != "tokenizer", "--resume: the checkpoint was trained on ", before[key].dump(),
+                " tokens, this run's data is ", value.dump());
+      changes.push_back(key + " " + before[key].dump() + " -> " + value.dump());
+    }
+    return changes;
   }
 
   index_t step() const { return step_; }
@@ -176,11 +203,14 @@ class Trainer {
     return sum / double(cfg_.eval_batches);
   }
 
-  // One optimizer step (accum micro-batches). Returns the mean training loss.
-  // One optimizer step. Everything is enqueued on the backend and the host reads back once, at
-  // the end ({grad norm, loss}): on a GPU the step has no host-device synchronisation inside it.
-  // A non-finite loss gives a non-finite gradient norm, so AdamW skips the update (backend
-  // contract) and the parameters stay as they were when the divergence is reported.
+  // One optimizer step (accum micro-batches). Returns the mean training loss. Everything is enqueued on
+  // the backend and the host reads back once, at the end ({grad norm, loss}): on a GPU the step has no
+  // host-device synchronisation inside it.
+  //
+  // Divergence: a step with a non-finite loss or gradient norm, or a gradient whose square would overflow
+  // the second moment (cpu::adamw_skips), is skipped by AdamW itself (backend contract): parameters and
+  // moments stay as they were. The step still counts (its data is consumed, the schedule moves on) and
+  // last_step_skipped() says so; run() stops after cfg.max_skipped_steps such steps in a row.
   double train_step() {
     auto& be = model_.backend();
     model_.zero_grad();
@@ -194,6 +224,9 @@ class Trainer {
     }
     if (cfg_.accum > 1) be.scale(model_.grads(), T(1) / T(cfg_.accum));  // the mean over micro-batches
     be.grad_norm(std::span<const T>(model_.grads()), step_scalars_.data());
+    // norm += 0 · loss: unchanged for a finite loss, NaN for an inf or NaN one, so AdamW skips a step
+    // whose loss diverged even where the gradients happen to stay finite, still without a host sync.
+    be.axpy(step_scalars_.span().first(1), T(0), std::span<const T>(loss_sum));
     ++step_;
     const double lr = learning_rate(cfg_, step_);
     for (const auto& g : groups_) {
@@ -208,16 +241,23 @@ class Trainer {
     T host[2];
     be.to_host(std::span<T>(host, 2), std::span<const T>(step_scalars_.span()));
     const double loss = double(host[1]) / double(cfg_.accum);
-    MOM_CHECK(std::isfinite(loss), "training diverged: loss is ", loss, " at step ", step_,
-              " (try a lower --lr)");
+    last_skipped_ = cpu::adamw_skips(host[0], T(cfg_.grad_clip));
     last_lr_ = lr;
     last_grad_norm_ = double(host[0]);
     return loss;
   }
+  bool last_step_skipped() const { return last_skipped_; }
 
-  // Saves a checkpoint of the current state to cfg.out_dir.
+  // Saves a checkpoint of the current state to cfg.out_dir. The parameters must still give a finite loss
+  // (checked on the last training micro-batch, one forward) and the Checkpointer refuses non-finite
+  // values, so a diverged state never becomes the checkpoint `latest` names.
   std::filesystem::path save() {
     MOM_CHECK(!cfg_.out_dir.empty(), "Trainer::save: no out_dir configured");
+    if (step_ > 0) {
+      const double check = double(model_.forward(inputs_, targets_, cfg_.batch, cfg_.seq));
+      MOM_CHECK(std::isfinite(check), "training diverged at step ", step_, ": the parameters give a loss of ",
+                check, "; no checkpoint written (the last one is kept; try a lower --lr)");
+    }
     TrainState s{step_, sampler_.state()};
     return Checkpointer<Instance>::save(cfg_.out_dir, model_, std::span<const T>(m_.span()),
                                         std::span<const T>(v_.span()), s,
@@ -243,9 +283,23 @@ class Trainer {
     const double tokens_per_step = double(cfg_.batch * cfg_.seq * cfg_.accum);
     const index_t start_step = step_;
     double overhead = 0;  // seconds spent in validation and checkpoints
+    index_t skipped_in_a_row = 0;
     while (step_ < cfg_.steps) {
       const double loss = train_step();
       result.losses.push_back(loss);
+      if (last_skipped_) {
+        ++result.skipped_steps;
+        ++skipped_in_a_row;
+        char warn[200];
+        std::snprintf(warn, sizeof warn, "step %6lld | skipped: loss %g, gradient norm %g (not applied)",
+                      static_cast<long long>(step_), loss, last_grad_norm_);
+        progress_.message(warn);
+        MOM_CHECK(skipped_in_a_row < cfg_.max_skipped_steps, "training diverged: ", skipped_in_a_row,
+                  " steps in a row (to step ", step_, ") had a non-finite loss or gradients and were skipped; ",
+                  "the last checkpoint is kept (try a lower --lr or --grad-clip 1)");
+      } else {
+        skipped_in_a_row = 0;
+      }
       const double secs = elapsed();
       const double done = double(step_ - start_step);
       const double tok_s = done * tokens_per_step / std::max(secs - overhead, 1e-9);  // training time only
@@ -255,13 +309,15 @@ class Trainer {
                     static_cast<long long>(step_), static_cast<long long>(cfg_.steps), loss, last_lr_,
                     last_grad_norm_, tok_s, format_duration(secs).c_str(), format_duration(eta).c_str());
       progress_.status(static_cast<long>(step_), line, step_ == cfg_.steps || step_ == start_step + 1);
-      metrics.write({{"type", "train"}, {"step", step_}, {"loss", loss}, {"lr", last_lr_},
-                     {"grad_norm", last_grad_norm_}, {"tokens", double(step_) * tokens_per_step},
-                     {"tok_per_s", tok_s}, {"elapsed_s", secs}});
+      metrics.write({{"type", "train"}, {"step", step_}, {"loss", json_number(loss)}, {"lr", last_lr_},
+                     {"grad_norm", json_number(last_grad_norm_)}, {"skipped", last_skipped_},
+                     {"tokens", double(step_) * tokens_per_step}, {"tok_per_s", tok_s}, {"elapsed_s", secs}});
       const bool last = step_ == cfg_.steps;
       const double before_bookkeeping = elapsed();
       if (val_ && ((cfg_.eval_interval > 0 && step_ % cfg_.eval_interval == 0) || last)) {
         const double vl = evaluate();
+        MOM_CHECK(std::isfinite(vl), "training diverged at step ", step_, ": validation loss is ", vl,
+                  "; no checkpoint written (the last one is kept; try a lower --lr)");
         result.final_val_loss = vl;
         char vline[160];
         std::snprintf(vline, sizeof vline, "step %6lld | val loss %.4f | val ppl %.3f", static_cast<long long>(step_),
@@ -326,6 +382,7 @@ class Trainer {
   std::vector<Group> groups_;
   index_t step_ = 0;
   index_t resumed_from_ = 0;
+  bool last_skipped_ = false;
   double last_lr_ = 0, last_grad_norm_ = 0;
 };
 

@@ -78,6 +78,10 @@ template <class T>
 __device__ __forceinline__ T neg_inf() {
   return -std::numeric_limits<T>::infinity();
 }
+template <class T>
+__device__ __forceinline__ T max_value() {
+  return std::numeric_limits<T>::max();
+}
 
 template <class T>
 __device__ __forceinline__ T warp_sum(T v) {

@@ -32,8 +32,9 @@ __global__ void adamw_kernel(T* p, const T* g, T* m, T* v, index_t n, T b1, T b2
   T clip = T(1);  // fused clipping: the norm never leaves the device
   if (grad_norm) {
     const T norm = *grad_norm;
-    if (!(norm - norm == T(0))) return;  // inf or NaN: a diverged step is skipped (as the CPU op)
+    if (!(norm - norm == T(0))) return;  // inf or NaN: a diverged step is skipped (cpu::adamw_skips)
     if (max_norm > T(0) && norm > max_norm) clip = max_norm / norm;
+    if (norm * clip >= sqrt_(max_value<T>())) return;  // g² would overflow v: skipped too (cpu::adamw_skips)
   }
   MOM_GRID_STRIDE(i, n) {
     const T gi = g[i] * clip;
