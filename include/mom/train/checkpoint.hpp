@@ -5,14 +5,27 @@
 //                                         ...; 1-D tensors have shape [cols]); metadata: format "pt",
 //                                         mom.describe (the architecture), mom.arch, mom.step, mom.tokenizer,
 //                                         mom.checkpoint_id, mom.config (JSON)
-//   <run>/step-000500/optimizer.safetensors  "adam.m", "adam.v" (flat, layout order); metadata: mom.step (AdamW
-//                                         steps done), mom.sampler_state (training-data RNG), mom.checkpoint_id
-//                                         (equal to the model file's), mom.describe
+//   <run>/step-000500/optimizer.safetensors  "adam.m", "adam.v" (flat, layout order, shape [Model::params]);
+//                                         metadata: mom.step (AdamW steps done), mom.sampler_state
+//                                         (training-data RNG), mom.checkpoint_id (equal to the model file's),
+//                                         mom.describe
+// Both files also carry safetensors.hpp's checksums (mom.checksum.<tensor>, mom.header_checksum).
 //
 // model.safetensors loads directly with safetensors.torch.load_file / numpy (docs/read_checkpoint.py).
-// A save writes a fresh step folder (each file atomically: temp + fsync + rename) and only then replaces
-// `latest`, so a crash or error at any point leaves the previous checkpoint intact and `latest` pointing to
-// it. The folder before the newest is kept too; older ones are pruned after a successful save.
+//
+// Saving: values are checked finite first (a NaN/Inf is refused, naming the tensor, and nothing is written);
+// the step folder is written fresh (each file atomically: temp + fsync + rename; optimizer first, model
+// last) and only then is `latest` replaced, so a crash or error at any point leaves the previous checkpoint
+// intact and `latest` pointing to it. A step folder that exists but is not the one `latest` names (left by a
+// crash, or a future abandoned by a resume from an older step) is replaced; saving the step `latest` names
+// again writes step-N.1 (or step-N when latest names step-N.1) and drops the old one once `latest` moved, so
+// one folder per step remains. After the save the new folder and the newest complete folder of an earlier
+// step are kept; every other step folder is removed.
+//
+// Loading checks, before writing a single value: both files' structure and checksums (safetensors.hpp),
+// the architecture (mom.describe of both files), every tensor's name, shape and dtype (adam.m / adam.v
+// exactly [Model::params]), that both files come from one save (mom.checkpoint_id) at one step (mom.step,
+// a whole decimal number), the sampler state, and that every parameter and moment is finite (adam.v >= 0).
 #pragma once
 
 #include <mom/models/describe.hpp>
@@ -20,12 +33,17 @@
 #include <mom/train/file_io.hpp>
 #include <mom/train/safetensors.hpp>
 
+#include <algorithm>
+#include <bit>
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace mom::train {
@@ -41,16 +59,85 @@ inline std::string step_folder_name(std::int64_t step) {
   return buf;
 }
 
+// A whole decimal integer: optional '-', digits, nothing else (no spaces, '+', fractions or suffixes).
+inline std::optional<std::int64_t> parse_int64(std::string_view s) {
+  std::int64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+// The step of a step folder name ("step-000500", or "step-000500.1" for a re-save of that step); nullopt
+// for any other name.
+inline std::optional<std::int64_t> step_folder_step(std::string_view name) {
+  if (!name.starts_with("step-")) return std::nullopt;
+  name.remove_prefix(5);
+  const auto dot = name.find('.');
+  if (dot != std::string_view::npos) {
+    const auto copy = name.substr(dot + 1);
+    if (copy.empty() || copy.find_first_not_of("0123456789") != std::string_view::npos) return std::nullopt;
+    name = name.substr(0, dot);
+  }
+  if (name.empty() || name.find_first_not_of("0123456789") != std::string_view::npos) return std::nullopt;
+  return parse_int64(name);
+}
+
+// The folder name `latest` holds; "" when there is no readable `latest` file.
+inline std::string read_latest(const std::filesystem::path& run_dir) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(run_dir / "latest", ec)) return {};
+  std::ifstream in(run_dir / "latest");
+  std::string name;
+  std::getline(in, name);
+  return name;
+}
+
+// A step folder holds both files (a save writes optimizer.safetensors first, model.safetensors last).
+inline bool step_folder_complete(const std::filesystem::path& dir) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(dir / "model.safetensors", ec) &&
+         std::filesystem::is_regular_file(dir / "optimizer.safetensors", ec);
+}
+
+// Removes what an interrupted run (killed, or out of disk) left in `run_dir`: temporary files of processes
+// that are gone (remove_stale_temp_files), and incomplete step folders other than the one `latest` names
+// (a folder holding a temporary file of a live process is being written: it stays). Complete folders stay
+// (the next save prunes them). Safe to call at every start; Checkpointer::save calls it. Returns the number
+// of entries removed. Never throws.
+inline int clean_run_dir(const std::filesystem::path& run_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(run_dir, ec)) return 0;
+  int removed = remove_stale_temp_files(run_dir);
+  const std::string latest = read_latest(run_dir);
+  std::vector<fs::path> doomed;
+  for (fs::directory_iterator it(run_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::error_code dc;
+    if (!step_folder_step(name) || name == latest || !it->is_directory(dc) || step_folder_complete(it->path()))
+      continue;
+    bool in_use = false;
+    for (fs::directory_iterator f(it->path(), dc), fend; !dc && f != fend; f.increment(dc)) {
+      const auto pid = temp_file_pid(f->path().filename().native());
+      in_use = in_use || (pid && *pid != ::getpid() && process_alive(*pid));
+    }
+    if (!in_use) doomed.push_back(it->path());
+  }
+  for (const auto& d : doomed) {
+    std::error_code rc;
+    if (fs::remove_all(d, rc) > 0 && !rc) ++removed;
+  }
+  return removed;
+}
+
 // The checkpoint folder a path names: a run dir with `latest`, or a step folder itself.
 inline std::filesystem::path resolve_checkpoint(const std::filesystem::path& path) {
   namespace fs = std::filesystem;
   MOM_CHECK(fs::exists(path), "checkpoint '", path.string(), "' does not exist");
   if (fs::exists(path / "latest")) {
-    std::ifstream in(path / "latest");
-    std::string name;
-    std::getline(in, name);
-    MOM_CHECK(!name.empty() && name.find('/') == std::string::npos, "checkpoint '", path.string(),
-              "': the 'latest' file is corrupted");
+    const std::string name = read_latest(path);
+    MOM_CHECK(!name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos, "checkpoint '",
+              path.string(), "': the 'latest' file is corrupted");
     MOM_CHECK(fs::exists(path / name / "model.safetensors"), "checkpoint '", path.string(), "': 'latest' names ",
               name, " which has no model.safetensors");
     return path / name;
@@ -65,6 +152,24 @@ inline bool has_checkpoint(const std::filesystem::path& run_dir) {
   return std::filesystem::exists(run_dir / "latest") || std::filesystem::exists(run_dir / "model.safetensors");
 }
 
+// The index of the first NaN / Inf in `values` (an exponent test on the bits: it holds under -ffast-math too).
+template <class T>
+std::optional<std::size_t> first_non_finite(std::span<const T> values) {
+  static_assert(std::is_floating_point_v<T>);
+  using Bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+  constexpr Bits exponent = sizeof(T) == 4 ? Bits(0x7F800000u) : Bits(0x7FF0000000000000ull);
+  constexpr std::size_t chunk = 4096;
+  for (std::size_t at = 0; at < values.size(); at += chunk) {
+    const std::size_t n = std::min(chunk, values.size() - at);
+    bool bad = false;  // branch-free over a chunk (vectorises), then located
+    for (std::size_t i = 0; i < n; ++i) bad |= (std::bit_cast<Bits>(values[at + i]) & exponent) == exponent;
+    if (bad)
+      for (std::size_t i = 0; i < n; ++i)
+        if ((std::bit_cast<Bits>(values[at + i]) & exponent) == exponent) return at + i;
+  }
+  return std::nullopt;
+}
+
 template <class Instance>
 class Checkpointer {
  public:
@@ -72,34 +177,43 @@ class Checkpointer {
   using T = typename Instance::scalar;
 
   // Saves parameters, AdamW moments and the training state into <run_dir>/step-NNNNNN and points `latest` at it.
+  // Refuses (nothing written, the previous checkpoint untouched) when a value is NaN or Inf.
   static std::filesystem::path save(const std::filesystem::path& run_dir, Instance& model, std::span<const T> adam_m,
                                     std::span<const T> adam_v, const TrainState& state,
                                     const std::map<std::string, std::string>& extra_metadata = {}) {
     namespace fs = std::filesystem;
+    MOM_CHECK(adam_m.size() == std::size_t(Model::params) && adam_v.size() == std::size_t(Model::params),
+              "Checkpointer::save: AdamW moments of ", adam_m.size(), " and ", adam_v.size(), " values, expected ",
+              Model::params);
+    MOM_CHECK(state.step >= 0, "Checkpointer::save: negative step ", state.step);
+    std::vector<T> params(Model::params), m(adam_m.size()), v(adam_v.size());
+    model.backend().to_host(std::span<T>(params), std::span<const T>(model.params()));
+    model.backend().to_host(std::span<T>(m), adam_m);
+    model.backend().to_host(std::span<T>(v), adam_v);
+    const std::string refuse = "Checkpointer::save: not saving step " + std::to_string(state.step) + " to '" +
+                               run_dir.string() + "' (the previous checkpoint stays): ";
+    check_finite(refuse, params, m, v);
+
     ensure_writable_dir(run_dir);
-    // Never write into an existing folder (it may be the checkpoint `latest` names): pick a fresh name.
+    clean_run_dir(run_dir);
+    const std::string previous = read_latest(run_dir);
     std::string name = step_folder_name(state.step);
-    for (int k = 1; fs::exists(run_dir / name); ++k) name = step_folder_name(state.step) + "." + std::to_string(k);
+    if (name == previous) name += ".1";  // a re-save of the step `latest` names; step-N.1 -> step-N again
     const fs::path dir = run_dir / name;
-    fs::create_directories(dir);
+    std::error_code ec;
+    fs::remove_all(dir, ec);  // not the folder `latest` names: a leftover of a crash or of an abandoned future
+    MOM_CHECK(!ec, "cannot replace '", dir.string(), "': ", ec.message());
+    fs::create_directories(dir, ec);
+    MOM_CHECK(!ec, "cannot create '", dir.string(), "': ", ec.message());
     try {
-      write_step_folder(dir, model, adam_m, adam_v, state, extra_metadata);
+      write_step_folder(dir, params, m, v, state, extra_metadata);
     } catch (...) {
-      std::error_code ec;
       fs::remove_all(dir, ec);  // a half-written folder is never named by `latest`; drop it
       throw;
     }
     // Only now does the new checkpoint become the one `latest` names.
-    const std::string previous = read_latest(run_dir);
     write_file_atomically(run_dir / "latest", name + "\n");
-    // Keep the new folder and the one before it; prune older step folders.
-    for (const auto& entry : fs::directory_iterator(run_dir)) {
-      const std::string fname = entry.path().filename().string();
-      if (entry.is_directory() && fname.rfind("step-", 0) == 0 && fname != name && fname != previous) {
-        std::error_code ec;
-        fs::remove_all(entry.path(), ec);
-      }
-    }
+    prune(run_dir, name, state.step, previous);
     return dir;
   }
 
@@ -107,43 +221,100 @@ class Checkpointer {
   // validated before anything is written, so a refused checkpoint leaves the model untouched.
   static std::map<std::string, std::string> load(const std::filesystem::path& path, Instance& model,
                                                  std::span<T> adam_m, std::span<T> adam_v, TrainState& state) {
+    MOM_CHECK(adam_m.size() == std::size_t(Model::params) && adam_v.size() == std::size_t(Model::params),
+              "Checkpointer::load: AdamW moments of ", adam_m.size(), " and ", adam_v.size(), " values, expected ",
+              Model::params);
     const std::filesystem::path dir = resolve_checkpoint(path);
-    std::vector<T> params(Model::params);
-    auto meta = read_params(dir, params);
-    safetensors::File opt(dir / "optimizer.safetensors");
     const std::string where = "checkpoint '" + dir.string() + "'";
-    MOM_CHECK(opt.meta("mom.checkpoint_id") == meta.at("mom.checkpoint_id"), where,
+    std::vector<T> params(Model::params);
+    const safetensors::File mf = read_params(dir, params);
+    const safetensors::File opt(dir / "optimizer.safetensors");
+    MOM_CHECK(opt.meta("mom.checkpoint_id") == mf.meta("mom.checkpoint_id"), where,
               ": model.safetensors and optimizer.safetensors come from different saves");
-    std::vector<T> m(adam_m.size()), v(adam_v.size());
-    opt.read<T>("adam.m", m);
-    opt.read<T>("adam.v", v);
+    MOM_CHECK(opt.meta("mom.describe") == mf.meta("mom.describe"), where,
+              ": optimizer.safetensors is of another architecture ('", opt.meta("mom.describe"), "')");
     TrainState s;
-    try {
-      s.step = std::stoll(opt.meta("mom.step"));
-    } catch (const std::logic_error&) {
-      throw Error(where + ": optimizer metadata mom.step is not a number");
+    s.step = step_of(opt);
+    const std::int64_t model_step = step_of(mf);
+    MOM_CHECK(model_step == s.step, where, ": model.safetensors is at step ", model_step,
+              " but optimizer.safetensors at step ", s.step);
+    MOM_CHECK(opt.tensors().size() == 2, where, ": optimizer.safetensors holds ", opt.tensors().size(),
+              " tensors, expected adam.m and adam.v");
+    std::vector<T> m(adam_m.size()), v(adam_v.size());
+    for (const char* name : {"adam.m", "adam.v"}) {
+      const safetensors::TensorInfo* t = opt.find(name);
+      MOM_CHECK(t != nullptr, where, ": optimizer.safetensors lacks tensor '", name, "'");
+      MOM_CHECK(t->shape == std::vector<std::int64_t>{Model::params}, where, ": tensor '", name, "' has shape ",
+                shape_string(t->shape), ", expected [", Model::params, "]");
+      opt.read<T>(name, std::string_view(name) == "adam.m" ? std::span<T>(m) : std::span<T>(v));
     }
-    MOM_CHECK(s.step >= 0, where, ": negative step ", s.step);
+    check_moments(where + ": ", m, v);
     s.sampler_state = opt.meta("mom.sampler_state");
     std::mt19937_64 probe;
-    set_rng_state(probe, s.sampler_state);  // validates before committing
+    try {
+      set_rng_state(probe, s.sampler_state);  // validates before committing
+    } catch (const Error& e) {
+      throw Error(where + ": optimizer metadata mom.sampler_state: " + e.what());
+    }
     model.backend().from_host(model.params(), std::span<const T>(params));
     model.backend().from_host(adam_m, std::span<const T>(m));
     model.backend().from_host(adam_v, std::span<const T>(v));
     state = s;
-    return meta;
+    return mf.metadata();
   }
 
   // Loads only the parameters (for sampling). Returns the model file's metadata.
   static std::map<std::string, std::string> load_params(const std::filesystem::path& path, Instance& model) {
     std::vector<T> params(Model::params);
-    auto meta = read_params(resolve_checkpoint(path), params);
+    const safetensors::File f = read_params(resolve_checkpoint(path), params);
     model.backend().from_host(model.params(), std::span<const T>(params));
-    return meta;
+    return f.metadata();
   }
 
  private:
-  static std::map<std::string, std::string> read_params(const std::filesystem::path& dir, std::vector<T>& params) {
+  static std::string shape_string(const std::vector<std::int64_t>& shape) {
+    std::string s = "[";
+    for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
+  }
+
+  static std::int64_t step_of(const safetensors::File& f) {
+    const std::string text = f.meta("mom.step");
+    const auto step = parse_int64(text);
+    MOM_CHECK(step && *step >= 0, "checkpoint file '", f.path_string(), "': metadata mom.step '", text,
+              "' is not a whole number >= 0");
+    return *step;
+  }
+
+  // The layout tensor holding flat parameter index i.
+  static const ParamInfo& param_at(std::size_t i) {
+    for (const auto& p : Model::layout)
+      if (i < std::size_t(p.offset + p.size())) return p;
+    return Model::layout.back();
+  }
+
+  static void check_finite(const std::string& where, std::span<const T> params, std::span<const T> m,
+                           std::span<const T> v) {
+    if (const auto i = first_non_finite(params)) {
+      const ParamInfo& p = param_at(*i);
+      throw Error(where + "tensor '" + std::string(p.name) + "' holds NaN/Inf at element " +
+                  std::to_string(*i - std::size_t(p.offset)) + " (" + std::to_string(double(params[*i])) + ")");
+    }
+    check_moments(where, m, v);
+  }
+  static void check_moments(const std::string& where, std::span<const T> m, std::span<const T> v) {
+    for (const auto& [name, values] : {std::pair{"adam.m", m}, std::pair{"adam.v", v}})
+      if (const auto i = first_non_finite(values)) {
+        const ParamInfo& p = param_at(*i);
+        throw Error(where + "tensor '" + name + "' holds NaN/Inf at element " + std::to_string(*i) +
+                    " (parameter '" + std::string(p.name) + "' element " + std::to_string(*i - std::size_t(p.offset)) +
+                    ")");
+      }
+    for (std::size_t i = 0; i < v.size(); ++i)
+      MOM_CHECK(v[i] >= T(0), where, "tensor 'adam.v' holds a negative value at element ", i, " (", v[i], ")");
+  }
+
+  static safetensors::File read_params(const std::filesystem::path& dir, std::vector<T>& params) {
     safetensors::File f(dir / "model.safetensors");
     const std::string where = "checkpoint '" + dir.string() + "'";
     const std::string ours = describe<Model>();
@@ -156,22 +327,23 @@ class Checkpointer {
       MOM_CHECK(t != nullptr, where, " lacks tensor '", p.name, "'");
       const std::vector<std::int64_t> want = p.rows == 1 ? std::vector<std::int64_t>{p.cols}
                                                          : std::vector<std::int64_t>{p.rows, p.cols};
-      MOM_CHECK(t->shape == want, where, ": tensor '", p.name, "' has the wrong shape");
+      MOM_CHECK(t->shape == want, where, ": tensor '", p.name, "' has shape ", shape_string(t->shape), ", expected ",
+                shape_string(want));
       f.read<T>(p.name, std::span<T>(params).subspan(p.offset, p.size()));
     }
     MOM_CHECK(f.tensors().size() == Model::layout.size(), where, " holds ", f.tensors().size(),
               " tensors, this model has ", Model::layout.size());
-    return f.metadata();
+    if (const auto i = first_non_finite(std::span<const T>(params))) {
+      const ParamInfo& p = param_at(*i);
+      throw Error(where + ": tensor '" + std::string(p.name) + "' holds NaN/Inf at element " +
+                  std::to_string(*i - std::size_t(p.offset)));
+    }
+    return f;
   }
 
-  static void write_step_folder(const std::filesystem::path& dir, Instance& model, std::span<const T> adam_m,
-                                std::span<const T> adam_v, const TrainState& state,
+  static void write_step_folder(const std::filesystem::path& dir, std::span<const T> params, std::span<const T> m,
+                                std::span<const T> v, const TrainState& state,
                                 const std::map<std::string, std::string>& extra_metadata) {
-    std::vector<T> params(Model::params), m(adam_m.size()), v(adam_v.size());
-    model.backend().to_host(std::span<T>(params), std::span<const T>(model.params()));
-    model.backend().to_host(std::span<T>(m), adam_m);
-    model.backend().to_host(std::span<T>(v), adam_v);
-
     std::random_device rd;
     const std::string id = std::to_string((std::uint64_t(rd()) << 32) | rd());
     const std::string describe_line = describe<Model>();
@@ -189,7 +361,7 @@ class Checkpointer {
     for (const auto& p : Model::layout) {
       std::vector<std::int64_t> shape = p.rows == 1 ? std::vector<std::int64_t>{p.cols}
                                                     : std::vector<std::int64_t>{p.rows, p.cols};
-      w.add<T>(std::string(p.name), std::span<const T>(params).subspan(p.offset, p.size()), std::move(shape));
+      w.add<T>(std::string(p.name), params.subspan(p.offset, p.size()), std::move(shape));
     }
     for (const auto& [k, val] : extra_metadata) w.metadata(k, val);
     w.metadata("format", "pt");
@@ -197,14 +369,29 @@ class Checkpointer {
     w.metadata("mom.step", std::to_string(state.step));
     w.metadata("mom.checkpoint_id", id);
     w.write(dir / "model.safetensors");
-
   }
 
-  static std::string read_latest(const std::filesystem::path& run_dir) {
-    std::ifstream in(run_dir / "latest");
-    std::string name;
-    std::getline(in, name);
-    return name;
+  // After `latest` names `name` (step `step`): keeps it and the newest complete folder of an earlier step
+  // (the one `previous` named when it ties); removes every other step folder.
+  static void prune(const std::filesystem::path& run_dir, const std::string& name, std::int64_t step,
+                    const std::string& previous) {
+    namespace fs = std::filesystem;
+    std::vector<std::pair<std::int64_t, fs::path>> folders;
+    std::error_code ec;
+    for (fs::directory_iterator it(run_dir, ec), end; !ec && it != end; it.increment(ec)) {
+      std::error_code dc;
+      const std::string fname = it->path().filename().string();
+      if (const auto s = step_folder_step(fname); s && fname != name && it->is_directory(dc))
+        folders.push_back({*s, it->path()});
+    }
+    const fs::path* keep = nullptr;
+    std::int64_t keep_step = -1;
+    for (const auto& [s, p] : folders) {
+      if (s >= step || !step_folder_complete(p)) continue;
+      if (s > keep_step || (s == keep_step && p.filename() == previous)) keep = &p, keep_step = s;
+    }
+    for (const auto& [s, p] : folders)
+      if (&p != keep) fs::remove_all(p, ec);
   }
 };
 

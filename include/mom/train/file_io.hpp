@@ -3,11 +3,18 @@
 // An atomic write goes to a temporary file next to the target, is flushed and fsync'ed, then renamed over the
 // target, and the folder is fsync'ed: a reader sees the old file or the new one, never a mix, and a failure at
 // any point leaves the old file untouched.
+//
+// Temporary names: ".<target name>.tmp.<pid>" (write_file_atomically) and ".mom_write_test.<pid>"
+// (ensure_writable_dir). A process killed mid-write (kill -9, power loss) leaves one behind; the next
+// ensure_writable_dir of that folder removes those whose process is gone (remove_stale_temp_files). One of
+// this very process (a pid reused after a restart, as in a container) is left alone: the next write of the
+// same target reuses its name.
 #pragma once
 
 #include <mom/core/check.hpp>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,8 +24,10 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace mom::train {
@@ -139,7 +148,45 @@ inline void write_file_atomically(const std::filesystem::path& path, const std::
   write_file_atomically(path, std::as_bytes(std::span(text.data(), text.size())));
 }
 
+// The pid in the name of one of the temporary files above; nullopt for any other name.
+inline std::optional<pid_t> temp_file_pid(std::string_view name) {
+  std::string_view digits;
+  if (name.starts_with(".mom_write_test.")) {
+    digits = name.substr(16);
+  } else {
+    const auto at = name.rfind(".tmp.");
+    if (name.size() < 2 || name[0] != '.' || at == std::string_view::npos || at < 2) return std::nullopt;
+    digits = name.substr(at + 5);
+  }
+  if (digits.empty() || digits.size() > 9 || digits[0] == '0') return std::nullopt;
+  long pid = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return std::nullopt;
+    pid = pid * 10 + (c - '0');
+  }
+  return static_cast<pid_t>(pid);
+}
+
+// True when process `pid` exists (EPERM: it exists but belongs to someone else).
+inline bool process_alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+
+// Removes the temporary files (names above) directly in `dir` whose process is gone; returns how many. Never
+// throws: what cannot be listed or removed stays.
+inline int remove_stale_temp_files(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  int removed = 0;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const auto pid = temp_file_pid(it->path().filename().native());
+    if (!pid || *pid == ::getpid() || process_alive(*pid)) continue;
+    std::error_code rc;
+    if (it->is_regular_file(rc) && fs::remove(it->path(), rc)) ++removed;
+  }
+  return removed;
+}
+
 // Creates `dir` (and parents) and checks that a file can be created in it; the message names the problem.
+// Removes stale temporary files of killed writers from it (remove_stale_temp_files).
 inline void ensure_writable_dir(const std::filesystem::path& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -154,6 +201,7 @@ inline void ensure_writable_dir(const std::filesystem::path& dir) {
   MOM_CHECK(fd >= 0, "output directory '", dir.string(), "' is not writable: ", std::strerror(errno));
   ::close(fd);
   ::unlink(probe.c_str());
+  remove_stale_temp_files(dir);
 }
 
 // Little-endian encoding of fixed-width integers, independent of the host's byte order.
