@@ -183,6 +183,10 @@ int main(int argc, char** argv) {
     if (prog == "mom-sample") return run_sample(argc, argv, prog);
     if (argc > 1 && std::string(argv[1]) == "sample") return run_sample(argc - 1, argv + 1, prog + " sample");
     return run_train(argc, argv, prog);
+  } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s: error: out of memory (lower --batch or --seq)\n", prog.c_str());
+    return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "%s: error: %s\n", prog.c_str(), e.what());

@@ -131,6 +131,11 @@ TEST_CASE("MoE(share) with E = L has the dense model's parameters (and names) pl
   // Top-1 over 8 experts: the dense model's FLOPs plus the routers.
   static_assert(LM<d8, MoEStack<8, 8, 1>>::flops_per_token(S) == Dense8::flops_per_token(S) + 8 * 2 * d * 8);
   CHECK(describe<MoE8>().find("ModuleSet<MHA<8>, Experts<FFN, 8, PerStep>>, K<2>, H<8>, phi::MoE>") != std::string::npos);
+  // MoE(share) with 16 experts over 6 layers is 6 layers deep (not the 16 names its expert pool occupies).
+  using Share6x16 = LM<d8, MoEShareStack<6, 16, 2>>;
+  static_assert(Share6x16::depth == 16);  // layer names h.0 .. h.15: the experts are stored under them
+  CHECK(describe<Share6x16>().find("phi::MoE>: depth 6, 6 steps") != std::string::npos);
+  CHECK(describe<MoE8>().find("phi::MoE>: depth 8, 8 steps") != std::string::npos);
 }
 
 TEST_CASE("MoE: the load-balancing loss is Switch's coef · C · Σ f_e P_e per step, and its gradient is exact",

@@ -155,6 +155,14 @@ struct Assembly {
     else return 0;
   }();
   static constexpr int steps = h;
+  // Layers a token passes through, as describe<> prints them: the layer names, except under φ_MoE, whose
+  // FFN family may be an expert pool larger than the stack (MoE(share): FFN<E> shared by H<L> layers), where
+  // each attention module is one layer.
+  static constexpr int layers = [] {
+    if constexpr (!is_module_set<M>) return 0;
+    else if constexpr (std::is_same_v<Phi, phi::MoE>) return M::n_attention;
+    else return M::depth;
+  }();
 
   template <Dims D>
   using executor = Executor<typename detail::policy_of<R>::type, Assembly, D>;

@@ -124,6 +124,11 @@ std::string arch_name(TypeList<Ps...>) {
     return s + "(" + parts + ")";
   }
 }
+// Layers a token passes through (Assembly::layers summed over the parts).
+template <class... Ps>
+constexpr int layers(TypeList<Ps...>) {
+  return (0 + ... + Ps::layers);
+}
 }  // namespace detail
 
 template <class Model>
@@ -135,7 +140,7 @@ std::string describe(index_t seq = Model::dims.context) {
   return "LM<d_model=" + std::to_string(D.d_model) + " heads=" + std::to_string(D.heads) +
          " d_ff=" + std::to_string(D.ff()) + " vocab=" + std::to_string(D.vocab) +
          " context=" + std::to_string(D.context) + "> " + detail::arch_name<D>(typename Model::parts{}) +
-         ": depth " + std::to_string(Model::depth) + ", " + std::to_string(Model::steps) + " steps, " +
+         ": depth " + std::to_string(detail::layers(typename Model::parts{})) + ", " + std::to_string(Model::steps) + " steps, " +
          detail::with_commas(Model::params) + " params, " + flops + " forward at seq " + std::to_string(seq);
 }
 
