@@ -120,8 +120,9 @@ struct Loaded {
   bool identical;
 };
 Loaded load_and_compare(Saved& saved, const std::filesystem::path& path) {
-  auto fresh = Tiny::make<cpu::Backend<float>>(9);
-  const std::vector<float> before(fresh.params().begin(), fresh.params().end());
+  static auto fresh = Tiny::make<cpu::Backend<float>>(9);  // made once: the mutation test loads hundreds of times
+  static const std::vector<float> before(fresh.params().begin(), fresh.params().end());
+  std::copy(before.begin(), before.end(), fresh.params().begin());
   std::vector<float> m(Tiny::params, 3.f), v(Tiny::params, 3.f);
   TrainState s{-1, "untouched"};
   try {
@@ -348,7 +349,7 @@ TEST_CASE("mutation test: no corrupted checkpoint loads silently", "[checkpoint]
   CHECK(refused + identical == mutants);
   CHECK(refused >= mutants * 3 / 4);
   CHECK(identical > 0);  // the ignorable kinds did occur and did load
-  CHECK(secs < 30);
+  CHECK(secs < 120);  // a few seconds in a release build; generous for sanitizer builds
 }
 
 TEST_CASE("checkpoint cross-checks: ids, steps, architecture, optimizer shapes, strict integers",
