@@ -169,13 +169,14 @@ TEST_CASE("checkpoint files: safetensors layout names, metadata, latest pointer"
   std::vector<float> w(256 * 32);
   f.read<float>("wte", w);
   CHECK(std::memcmp(w.data(), model.params().data(), w.size() * sizeof(float)) == 0);
-  // Saving again keeps the previous folder, prunes older ones, never reuses a folder name.
+  // Saving the same step again never writes into the folder `latest` names, and keeps one folder per step:
+  // step-N.1 replaces step-N once `latest` moved, then step-N replaces step-N.1.
   t.save();
   CHECK(read_bytes(dir / "run" / "latest") == "step-000002.1\n");
-  t.save();
-  CHECK(read_bytes(dir / "run" / "latest") == "step-000002.2\n");
-  CHECK(std::filesystem::exists(dir / "run" / "step-000002.1"));
   CHECK_FALSE(std::filesystem::exists(dir / "run" / "step-000002"));
+  t.save();
+  CHECK(read_bytes(dir / "run" / "latest") == "step-000002\n");
+  CHECK_FALSE(std::filesystem::exists(dir / "run" / "step-000002.1"));
 }
 
 TEST_CASE("corrupted, truncated and other-architecture checkpoints are refused", "[trainer][checkpoint][bad-input]") {

@@ -255,7 +255,7 @@ struct ExportOptions {
 };
 
 // Writes `model` (dense, GPT-2 style) as a Hugging Face GPT-2 model.safetensors: F32, Conv1D layout,
-// __metadata__ {"format": "pt"}, atomically.
+// __metadata__ {"format": "pt"} plus mom's checksums (safetensors.hpp; other tools ignore them), atomically.
 template <class Instance>
 void export_hf_gpt2(Instance& model, const std::filesystem::path& path, const ExportOptions& options = {}) {
   using Model = typename Instance::model_type;

@@ -273,7 +273,8 @@ class Trainer {
     result.first_step = step_ + 1;
     MetricsLog metrics;
     if (!cfg_.out_dir.empty()) {
-      ensure_writable_dir(cfg_.out_dir);
+      ensure_writable_dir(cfg_.out_dir);  // also removes temporary files a killed writer left behind
+      clean_run_dir(cfg_.out_dir);        // and half-written step folders
       metrics = MetricsLog(cfg_.out_dir / "metrics.jsonl");
       metrics.write({{"type", "run"}, {"arch", cfg_.arch_name}, {"describe", describe<Model>()},
                      {"config", cfg_.to_json()}, {"resumed_from", resumed_from_}});
