@@ -1,13 +1,15 @@
 #pragma once
 // Elementwise ops over flat buffers: GELU (tanh approximation, as GPT-2), ReLU, add, scale, axpy.
 // Each runs over fixed-size chunks so OpenMP can split long buffers; a chunk is an Eigen array
-// expression (vectorised tanh / max).
+// expression (vectorised tanh / max), or for float GELU the run-time dispatched kernels of vecmath.hpp.
 #include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <span>
+#include <type_traits>
 
 #include "mom/backend/cpu/eigen_map.hpp"
+#include "mom/backend/cpu/vecmath.hpp"
 #include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
@@ -46,8 +48,12 @@ void gelu_forward(std::span<T> out, std::span<const T> x) {
   checks::activation_forward_shapes<T>("gelu_forward", out, x);
   constexpr T k = detail::gelu_k<T>, c = detail::gelu_c<T>;
   detail::for_chunks(ssize(x), [&](index_t o, index_t len) {
-    const auto xv = detail::chunk(x, o, len);
-    detail::chunk(out, o, len) = T(0.5) * xv * (T(1) + (k * (xv + c * xv.cube())).tanh());
+    if constexpr (std::is_same_v<T, float>) {
+      detail::vecmath::gelu_forward(out.data() + o, x.data() + o, len);
+    } else {
+      const auto xv = detail::chunk(x, o, len);
+      detail::chunk(out, o, len) = T(0.5) * xv * (T(1) + (k * (xv + c * xv.cube())).tanh());
+    }
   });
 }
 
@@ -57,10 +63,14 @@ void gelu_backward(std::span<T> dx, std::span<const T> x, std::span<const T> dou
   checks::activation_backward_shapes<T>("gelu_backward", dx, x, dout);
   constexpr T k = detail::gelu_k<T>, c = detail::gelu_c<T>;
   detail::for_chunks(ssize(x), [&](index_t o, index_t len) {
-    const auto xv = detail::chunk(x, o, len);
-    const auto t = (k * (xv + c * xv.cube())).tanh();
-    const auto dgelu = T(0.5) * (T(1) + t) + T(0.5) * xv * (T(1) - t.square()) * k * (T(1) + T(3) * c * xv.square());
-    detail::chunk(dx, o, len) += detail::chunk(dout, o, len) * dgelu;
+    if constexpr (std::is_same_v<T, float>) {
+      detail::vecmath::gelu_backward(dx.data() + o, x.data() + o, dout.data() + o, len);
+    } else {
+      const auto xv = detail::chunk(x, o, len);
+      const auto t = (k * (xv + c * xv.cube())).tanh();
+      const auto dgelu = T(0.5) * (T(1) + t) + T(0.5) * xv * (T(1) - t.square()) * k * (T(1) + T(3) * c * xv.square());
+      detail::chunk(dx, o, len) += detail::chunk(dout, o, len) * dgelu;
+    }
   });
 }
 

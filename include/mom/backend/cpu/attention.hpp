@@ -23,6 +23,7 @@
 #include "mom/backend/cpu/eigen_map.hpp"
 #include "mom/backend/cpu/gemm.hpp"
 #include "mom/backend/cpu/parallel.hpp"
+#include "mom/backend/cpu/vecmath.hpp"
 #include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
@@ -43,6 +44,19 @@ T* attention_scratch(index_t seq) {
 template <class T>
 MatrixView<T> head_block(MatrixView<T> m, index_t b, index_t seq, index_t col0, index_t hd) {
   return m.row_block(b * seq, seq).col_block(col0, hd);
+}
+
+// s[0..n) = exp(s·scale - shift), returning the sum: float by vecmath's dispatched kernels (as wide as
+// the CPU whatever the program's flags), double by Eigen.
+template <class T>
+T exp_affine(T* s, index_t n, T scale, T shift) {
+  if constexpr (std::is_same_v<T, float>) {
+    return vecmath::exp_affine(s, n, scale, shift);
+  } else {
+    auto a = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(s, n);
+    a = (a * scale - shift).exp();
+    return a.sum();
+  }
 }
 
 // A row's valid scores s[0..i]: an Eigen array over the first i+1 entries.
@@ -80,8 +94,7 @@ void attention_forward(MatrixView<T> out, std::span<T> lse, MatrixView<const T> 
         const index_t i = i0 + r;
         auto s = detail::score_row(p.row(r), i);
         const T m = s.maxCoeff() * scale;
-        s = (s * scale - m).exp();
-        const T sum = s.sum();
+        const T sum = detail::exp_affine(p.row(r), i + 1, scale, m);  // s = exp(s·scale - m)
         s *= T(1) / sum;
         row_lse[i] = m + std::log(sum);
         std::fill(p.row(r) + i + 1, p.row(r) + i1, T(0));  // causal mask: keys after i
@@ -123,8 +136,7 @@ void attention_backward(MatrixView<T> dqkv, MatrixView<const T> dout, MatrixView
       gemm<T>(p, q.row_block(i0, rows), Trans::N, k.row_block(0, i1), Trans::T);
       for (index_t r = 0; r < rows; ++r) {
         const index_t i = i0 + r;
-        auto s = detail::score_row(p.row(r), i);
-        s = (s * scale - row_lse[i]).exp();
+        detail::exp_affine(p.row(r), i + 1, scale, row_lse[i]);
         std::fill(p.row(r) + i + 1, p.row(r) + i1, T(0));
       }
       gemm<T>(dv.row_block(0, i1), p, Trans::T, dO.row_block(i0, rows), Trans::N, T(1), T(1));

@@ -117,6 +117,7 @@ inline void scale_c(float* c, index_t m, index_t n, index_t ldc, float beta) {
 namespace mom::cpu::detail::native::avx512 {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma")
+#pragma GCC optimize("O3")  // the packing loops as a -O3 build compiles them, whatever the program uses
 #define MOM_NATIVE_ISA 512
 #include "mom/backend/cpu/gemm_native_isa.hpp"
 #undef MOM_NATIVE_ISA
@@ -126,6 +127,7 @@ namespace mom::cpu::detail::native::avx512 {
 namespace mom::cpu::detail::native::avx2 {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#pragma GCC optimize("O3")  // the packing loops as a -O3 build compiles them, whatever the program uses
 #define MOM_NATIVE_ISA 256
 #include "mom/backend/cpu/gemm_native_isa.hpp"
 #undef MOM_NATIVE_ISA

@@ -250,11 +250,10 @@ void attention_packed_forward(MatrixView<T> out, std::span<T> lse, MatrixView<co
           lse[i * heads + h] = -std::numeric_limits<T>::infinity();
           continue;
         }
-        // The valid scores as an Eigen array: max, exp and sum vectorised, as in attention_forward.
+        // The valid scores: max, exp and sum vectorised, as in attention_forward.
         auto sv = detail::score_row(s, valid - 1);
         const T m = sv.maxCoeff() * scale;  // scale > 0
-        sv = (sv * scale - m).exp();
-        const T sum = sv.sum();
+        const T sum = detail::exp_affine(s, valid, scale, m);
         sv /= sum;
         std::fill(s + valid, s + keys, T(0));  // causal mask
         lse[i * heads + h] = m + std::log(sum);
@@ -298,7 +297,7 @@ void attention_packed_backward(MatrixView<T> dq, MatrixView<T> dk, MatrixView<T>
         const index_t i = i0 + r, valid = std::max<index_t>(0, detail::key_upper(k_tok, q_tok[i]) - task.k0);
         T* s = p.row(r);
         const T l = lse[i * heads + h];
-        if (valid > 0) detail::score_row(s, valid - 1) = (detail::score_row(s, valid - 1) * scale - l).exp();
+        if (valid > 0) detail::exp_affine(s, valid, scale, l);
         std::fill(s + valid, s + keys, T(0));
       }
       gemm<T>(dvh.row_block(task.k0, keys), MatrixView<const T>(p), Trans::T, dOh.row_block(i0, rows), Trans::N, T(1), T(1));
