@@ -18,23 +18,47 @@
 using namespace mom;
 
 // Every operator new of this test binary is counted, so a test can prove that a training
-// step allocates nothing on the C++ heap (malloc inside BLAS/OpenMP is not seen).
+// step allocates nothing on the C++ heap (malloc inside BLAS/OpenMP is not seen). All the
+// replaceable forms are replaced (plain, array, nothrow, aligned; every delete): each new
+// counts and calls malloc/aligned_alloc, each delete calls free. Replacing only some would
+// mix this hook's malloc/free with the runtime's own new/delete (the library's or
+// AddressSanitizer's), which ASan reports as alloc-dealloc-mismatch.
 static std::atomic<long> heap_allocations{0};
-void* operator new(std::size_t n) {
+namespace {
+void* counted_alloc(std::size_t n) noexcept {
   ++heap_allocations;
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
+  return std::malloc(n ? n : 1);
 }
-void* operator new(std::size_t n, std::align_val_t a) {
+void* counted_alloc(std::size_t n, std::align_val_t a) noexcept {
   ++heap_allocations;
-  const std::size_t al = static_cast<std::size_t>(a);
-  if (void* p = std::aligned_alloc(al, (n + al - 1) / al * al)) return p;
-  throw std::bad_alloc();
+  const std::size_t al = std::max(static_cast<std::size_t>(a), sizeof(void*));
+  return std::aligned_alloc(al, (std::max<std::size_t>(n, 1) + al - 1) / al * al);
 }
+void* or_throw(void* p) {
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+}  // namespace
+void* operator new(std::size_t n) { return or_throw(counted_alloc(n)); }
+void* operator new[](std::size_t n) { return or_throw(counted_alloc(n)); }
+void* operator new(std::size_t n, std::align_val_t a) { return or_throw(counted_alloc(n, a)); }
+void* operator new[](std::size_t n, std::align_val_t a) { return or_throw(counted_alloc(n, a)); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return counted_alloc(n); }
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return counted_alloc(n); }
+void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept { return counted_alloc(n, a); }
+void* operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept { return counted_alloc(n, a); }
 void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace {
 
