@@ -1,15 +1,20 @@
-// Text generation from a trained model: greedy (temperature 0) or temperature / top-k sampling, with the
-// context window sliding over the last `context` tokens. Used by `mom-sample` and at the end of `mom-train`.
+// Text generation from a trained model for `mom-sample` and the end of `mom-train`: greedy (temperature 0)
+// or temperature / top-k / top-p sampling (infer::Sampler).
+//
+// Architectures that decode incrementally (infer::decodes: dense stacks, parameter sharing) run on the
+// KV-cache Decoder: one pass over the weights per token. Past the model's context the window restarts
+// from the last context/2 tokens, re-prefilled: every token is conditioned on between context/2 and
+// context earlier tokens, as a model trained at that context expects. The routed architectures (MoM,
+// MoE, MoD, layer-skip) have no incremental decode yet and recompute a forward over the last `context`
+// tokens for every new token (the window slides by one).
 #pragma once
 
 #include <mom/mom.hpp>
 #include <mom/train/train.hpp>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <functional>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -21,58 +26,51 @@ struct SampleRequest {
   index_t tokens = 200;
   double temperature = 0.8;  // 0 = greedy
   index_t top_k = 0;         // 0 = all
+  double top_p = 1.0;        // 1 = all
   std::uint64_t seed = 1;
   std::filesystem::path repo_root = ".";
 };
 
-// Appends n_new tokens to `tokens`, calling on_token(id) after each (for streaming output).
+// Appends n_new tokens to `tokens` (the prompt, at least one token), calling on_token(id) after each.
 template <class Instance>
-void generate(Instance& model, std::vector<token_t>& tokens, index_t n_new, double temperature, index_t top_k,
+void generate(Instance& model, std::vector<token_t>& tokens, index_t n_new, const infer::SamplingOptions& sampling,
               std::uint64_t seed, const std::function<void(token_t)>& on_token = {}) {
   using T = typename Instance::scalar;
-  constexpr index_t context = Instance::dims.context;
-  constexpr index_t vocab = Instance::dims.vocab;
+  using Be = typename Instance::backend_type;
+  constexpr index_t context = Instance::dims.context, vocab = Instance::dims.vocab;
   MOM_CHECK(!tokens.empty(), "generate: the prompt must hold at least one token");
-  MOM_CHECK(temperature >= 0 && std::isfinite(temperature), "generate: temperature ", temperature, " must be >= 0");
-  model.reserve(1, context);
-  std::mt19937_64 rng(seed);
-  std::vector<double> prob(static_cast<std::size_t>(vocab));
-  std::vector<token_t> order(static_cast<std::size_t>(vocab));
-  for (index_t i = 0; i < n_new; ++i) {
-    const index_t len = std::min<index_t>(static_cast<index_t>(tokens.size()), context);
-    const std::span<const token_t> window(tokens.data() + tokens.size() - len, static_cast<std::size_t>(len));
-    model.forward(window, {}, 1, len);
-    const MatrixView<const T> logits = model.logits();
-    const T* last = logits.row(len - 1);
-    token_t next = 0;
-    if (temperature == 0) {
-      next = static_cast<token_t>(std::max_element(last, last + vocab) - last);
-    } else {
-      // Softmax of logits / temperature over the top_k largest (all when top_k == 0).
-      for (index_t v = 0; v < vocab; ++v) order[static_cast<std::size_t>(v)] = static_cast<token_t>(v);
-      index_t k = top_k > 0 && top_k < vocab ? top_k : vocab;
-      if (k < vocab)
-        std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                          [&](token_t a, token_t b) { return last[a] > last[b] || (last[a] == last[b] && a < b); });
-      double max_logit = -1e300;
-      for (index_t j = 0; j < k; ++j) max_logit = std::max(max_logit, double(last[order[static_cast<std::size_t>(j)]]));
-      double sum = 0;
-      for (index_t j = 0; j < k; ++j) {
-        const double p = std::exp((double(last[order[static_cast<std::size_t>(j)]]) - max_logit) / temperature);
-        prob[static_cast<std::size_t>(j)] = p;
-        sum += p;
+  sampling.check();
+  infer::Sampler sampler(seed);
+  const auto emit = [&](token_t t) {
+    tokens.push_back(t);
+    if (on_token) on_token(t);
+  };
+  if constexpr (infer::decodes<typename Instance::model_type, Be>) {
+    infer::Decoder dec(model, 1, context);
+    const std::vector<index_t> slot0{0};
+    index_t produced = 0;
+    bool first = true;
+    while (produced < n_new) {
+      // (Re)start the window: the whole prompt when it fits, else (and after a full window) the last
+      // context/2 tokens.
+      const index_t keep = first && ssize(tokens) <= context ? ssize(tokens) : std::min(ssize(tokens), context / 2);
+      first = false;
+      const std::vector<std::vector<token_t>> window{{tokens.end() - keep, tokens.end()}};
+      dec.prefill(std::span<const std::vector<token_t>>(window));
+      while (produced < n_new) {
+        const token_t t = sampler(dec.last_logits(0), sampling);
+        emit(t);
+        if (++produced == n_new || dec.length(0) >= context) break;
+        dec.step(slot0, std::span<const token_t>(&t, 1));
       }
-      // Uniform in [0, sum) from 53 random bits: the same draw on every platform.
-      double u = double(rng() >> 11) * 0x1.0p-53 * sum;
-      index_t j = 0;
-      for (; j < k - 1; ++j) {
-        u -= prob[static_cast<std::size_t>(j)];
-        if (u < 0) break;
-      }
-      next = order[static_cast<std::size_t>(j)];
     }
-    tokens.push_back(next);
-    if (on_token) on_token(next);
+  } else {
+    model.reserve(1, context);
+    for (index_t i = 0; i < n_new; ++i) {
+      const index_t len = std::min<index_t>(ssize(tokens), context);
+      model.forward(std::span<const token_t>(tokens.data() + tokens.size() - len, std::size_t(len)), {}, 1, len);
+      emit(sampler(std::span<const T>(model.logits().row(len - 1), std::size_t(vocab)), sampling));
+    }
   }
 }
 

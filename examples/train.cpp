@@ -78,6 +78,8 @@ int run_sample(int argc, char** argv, const std::string& prog) {
   app.add_option("-n,--tokens", r.tokens, "Tokens to generate")->capture_default_str();
   app.add_option("-t,--temperature", r.temperature, "Sampling temperature; 0 = greedy")->capture_default_str();
   app.add_option("-k,--top-k", r.top_k, "Sample among the k most likely tokens; 0 = all")->capture_default_str();
+  app.add_option("--top-p", r.top_p, "Then among the most likely tokens holding this much probability (nucleus); 1 = all")
+      ->capture_default_str();
   app.add_option("-s,--seed", r.seed, "Sampling seed")->capture_default_str();
   app.footer(architectures_help());
   try {
@@ -89,6 +91,7 @@ int run_sample(int argc, char** argv, const std::string& prog) {
   MOM_CHECK(r.top_k >= 0, "--top-k ", r.top_k, " must be >= 0 (0: all tokens)");
   MOM_CHECK(std::isfinite(r.temperature) && r.temperature >= 0, "--temperature ", r.temperature,
             " must be a finite number >= 0 (0: greedy)");
+  MOM_CHECK(std::isfinite(r.top_p) && r.top_p > 0 && r.top_p <= 1, "--top-p ", r.top_p, " must be in (0, 1]");
   const auto dir = train::resolve_checkpoint(r.checkpoint);
   train::safetensors::File f(dir / "model.safetensors");
   const auto it = f.metadata().find("mom.arch");

@@ -296,9 +296,9 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
     if constexpr (!std::is_same_v<CausalModel, Model>) {  // routed by the causal decision, as mom-sample does
       auto causal = CausalModel::template make<cpu::Backend<float>>(1);
       std::copy(model.params().begin(), model.params().end(), causal.params().begin());
-      generate(causal, tokens, r.sample_tokens, r.temperature, 0, cfg.seed, print);
+      generate(causal, tokens, r.sample_tokens, {.temperature = r.temperature}, cfg.seed, print);
     } else {
-      generate(model, tokens, r.sample_tokens, r.temperature, 0, cfg.seed, print);
+      generate(model, tokens, r.sample_tokens, {.temperature = r.temperature}, cfg.seed, print);
     }
     std::printf("\n");
   }
@@ -314,6 +314,7 @@ std::string sample_model(const SampleRequest& r) {
   std::vector<token_t> tokens = tok->encode(r.prompt);
   MOM_CHECK(!tokens.empty(), "--prompt must not be empty");
   const std::size_t prompt_len = tokens.size();
+  const infer::SamplingOptions sampling{.temperature = r.temperature, .top_k = r.top_k, .top_p = r.top_p};
   // A Mixture-of-Depths model trained with a causal-sampling method routes by its causal decision here (the
   // top-C of a sequence depends on its future tokens, MoD §3.5): the same parameters in that type.
   using Sampling = causal_sampling_model_t<Model>;
@@ -321,9 +322,9 @@ std::string sample_model(const SampleRequest& r) {
     static_assert(Sampling::params == Model::params);
     auto causal = Sampling::template make<cpu::Backend<float>>(1);
     std::copy(model.params().begin(), model.params().end(), causal.params().begin());
-    generate(causal, tokens, r.tokens, r.temperature, r.top_k, r.seed);
+    generate(causal, tokens, r.tokens, sampling, r.seed);
   } else {
-    generate(model, tokens, r.tokens, r.temperature, r.top_k, r.seed);
+    generate(model, tokens, r.tokens, sampling, r.seed);
   }
   return tok->decode(std::span<const token_t>(tokens).subspan(0, prompt_len)) +
          tok->decode(std::span<const token_t>(tokens).subspan(prompt_len));

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Checks the layering of include/mom (docs/design.md): dependencies point down only,
-#   core -> backend -> modules -> routers -> assembly -> models -> train
+#   core -> backend -> modules -> routers -> assembly -> models -> infer -> train
 # (a header may include headers of its own layer and of the layers to its left), and no header
 # outside modules/ and models/ names a concrete module type (modules::Attention,
 # modules::FeedForward): executors reach modules through the concepts of modules/module.hpp.
 # Prints each violation as FILE:LINE: reason and exits 1 if there is any.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-layers=(core backend modules routers assembly models train)
+layers=(core backend modules routers assembly models infer train)
 rank() { local i; for i in "${!layers[@]}"; do [ "${layers[$i]}" = "$1" ] && { echo "$i"; return; }; done; echo -1; }
 fail=0
 while IFS= read -r f; do

@@ -36,3 +36,4 @@
 #include "mom/models/mom_models.hpp"  // MoM_P / MoM_I / MoM_E, the paper's chunkings
 #include "mom/models/moe_models.hpp"  // MoEStack, MoEShareStack, MoDEIntegrated, MoDEStaged
 #include "mom/backend/cpu.hpp"
+#include "mom/infer/generate.hpp"  // Decoder (KV cache), generate

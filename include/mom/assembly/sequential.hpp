@@ -99,6 +99,49 @@ struct FixedRouteExecutor {
     return x;
   }
 
+  // ---- incremental decoding (infer/decoder.hpp; AssemblyDecoderOn) --------------------------------
+  // One new token per active sequence. Step h keeps its own key/value cache (a module used at several
+  // steps has one cache per use, as its forward sees a different input at each); the step workspace
+  // is shared by the steps.
+  template <class Be>
+  static constexpr bool decodes_on = DecodingSequenceMixerOn<Attn, Be> && TokenMixerOn<Ffn, Be>;
+  struct DecodePlan {
+    std::array<index_t, L> k{}, v{};  // caches [slots·max_len × d]
+    typename Attn::DecodeSaved attn{};
+    typename Ffn::Saved ffn{};
+    index_t f = 0, u = 0, x = 0;  // [rows × d]: a module's output, u_h, x_{h+1}
+  };
+  static constexpr DecodePlan plan_decode(Arena& a, index_t slots, index_t max_len, index_t rows) {
+    DecodePlan p{};
+    for (int h = 0; h < L; ++h) {
+      p.k[h] = a.take(slots * max_len * d);
+      p.v[h] = a.take(slots * max_len * d);
+    }
+    p.attn = Attn::plan_decode(a, rows);
+    p.ffn = Ffn::plan(a, rows, 1);
+    p.f = a.take(rows * d);
+    p.u = a.take(rows * d);
+    p.x = a.take(rows * d);
+    return p;
+  }
+  // x [rows × d]: the new tokens' residual stream; returns it after the last step (eq. (4) per token).
+  template <class Be, class T>
+  static MatrixView<const T> decode(Be& be, const T* p, T* ws, const DecodePlan& plan, MatrixView<const T> x,
+                                    std::span<const index_t> slot, std::span<const index_t> pos, index_t slots,
+                                    index_t max_len) {
+    const index_t rows = x.rows;
+    const MatrixView<T> f{ws + plan.f, rows, d}, u{ws + plan.u, rows, d}, x_next{ws + plan.x, rows, d};
+    for (int h = 0; h < L; ++h) {
+      const MatrixView<T> kc{ws + plan.k[h], slots * max_len, d}, vc{ws + plan.v[h], slots * max_len, d};
+      Attn::decode(be, p + attention_offset(h), ws, plan.attn, x, f, kc, vc, slot, pos, max_len);
+      be.add_forward(u.flat(), x.flat(), MatrixView<const T>(f).flat());  // eq. (4)
+      Ffn::forward(be, p + ffn_offset(h), ws, plan.ffn, MatrixView<const T>(u), f, rows, 1);
+      be.add_forward(x_next.flat(), MatrixView<const T>(u).flat(), MatrixView<const T>(f).flat());  // eq. (4)
+      x = x_next;
+    }
+    return x;
+  }
+
   // dres holds dL/dx_H on entry and dL/dx_0 on exit. The residual path is the identity, so
   // each module's backward reads dres as dL/df and accumulates its input gradient into
   // dres itself (a module reads df only in its first op, before it writes dx).

@@ -100,6 +100,40 @@ struct Attention {
     be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
                           vec(ws, s.rstd, n), vec(p, o_ln_w, d));
   }
+  // ---- incremental decoding (infer/decoder.hpp; modules/module.hpp, DecodingSequenceMixer) -------
+  // One new token per active sequence: the rows of x [rows x d]. The module's key/value cache is
+  // k_cache / v_cache [slots·max_len x d] (cpu/decode.hpp): row r is sequence slot[r] at position
+  // pos[r]; its key and value are written there, then it attends to positions 0..pos[r] of its
+  // sequence, exactly the causal attention of forward for that position.
+  struct DecodeSaved {
+    index_t ln, mean, rstd, qkv, att;
+  };
+  static constexpr DecodeSaved plan_decode(Arena& a, index_t rows) {
+    DecodeSaved s{};
+    s.ln = a.take(rows * d);
+    s.mean = a.take(rows);
+    s.rstd = a.take(rows);
+    s.qkv = a.take(rows * 3 * d);
+    s.att = a.take(rows * d);
+    return s;
+  }
+  template <class Be, class T>
+  static void decode(Be& be, const T* p, T* ws, const DecodeSaved& s, MatrixView<const T> x, MatrixView<T> f_out,
+                     MatrixView<T> k_cache, MatrixView<T> v_cache, std::span<const index_t> slot,
+                     std::span<const index_t> pos, index_t max_len) {
+    using detail::mat, detail::vec;
+    const index_t rows = x.rows;
+    const auto ln = mat(ws, s.ln, rows, d);
+    const auto qkv = mat(ws, s.qkv, rows, 3 * d);
+    const auto att = mat(ws, s.att, rows, d);
+    be.layernorm_forward(ln, vec(ws, s.mean, rows), vec(ws, s.rstd, rows), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
+    be.linear_forward(qkv, MatrixView<const T>(ln), mat(p, o_w_qkv, 3 * d, d), vec(p, o_b_qkv, 3 * d));
+    be.kv_write(k_cache, v_cache, MatrixView<const T>(qkv), slot, pos, max_len);
+    be.attention_decode(att, MatrixView<const T>(qkv), MatrixView<const T>(k_cache), MatrixView<const T>(v_cache), slot,
+                        pos, max_len, index_t{D.heads});
+    be.linear_forward(f_out, MatrixView<const T>(att), mat(p, o_w_proj, d, d), vec(p, o_b_proj, d));
+  }
+
   // ---- over row groups (routed rows; modules/module.hpp, SequenceMixer) --------------------------
   // Cost split as the routed executors count it: per row of the K/V side (LN, the K/V projection),
   // per query row (Q and output projections), per (query, visible key) pair (QKᵀ and PV: 4·d).

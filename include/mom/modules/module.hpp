@@ -132,6 +132,22 @@ concept SequenceMixerOn =
       M::backward(be, p, g, ws, s, x, y, x, g, i, i);
     };
 
+// A sequence mixer that decodes incrementally (infer/decoder.hpp) on backend Be: one new token per
+// active sequence against the module's key/value cache (backend ops kv_write / attention_decode):
+//   DecodeSaved plan_decode(Arena&, rows)       its step workspace for up to `rows` new tokens
+//   decode(be, p, ws, saved, x, f_out, k_cache, v_cache, slot, pos, max_len)
+//       f_out [rows × d] = f(x) for row r = sequence slot[r] at position pos[r], which attends to
+//       positions 0..pos[r] of its sequence (its own key and value are written to the cache first).
+// A token mixer needs nothing more: it runs its dense forward over the step's rows (batch rows, seq 1).
+template <class M, class Be, class T = typename Be::scalar>
+concept DecodingSequenceMixerOn =
+    SequenceMixerOn<M, Be, T> &&
+    requires(Arena& a, Be& be, const T* p, T* ws, const typename M::DecodeSaved& s, MatrixView<const T> x,
+             MatrixView<T> y, std::span<const index_t> slot, index_t i) {
+      { M::plan_decode(a, i) } -> std::same_as<typename M::DecodeSaved>;
+      M::decode(be, p, ws, s, x, y, y, y, slot, slot, i);
+    };
+
 // A routed sequence mixer's grouped members on backend Be:
 //   forward_grouped<keys>(be, p, ws, gs, x, xg, out, idx, groups, seq)
 //       out [rows × d] = module g's output for the rows of group g. idx [rows]: the flat token index

@@ -14,6 +14,7 @@
 #include "mom/backend/cpu/activation.hpp"
 #include "mom/backend/cpu/attention.hpp"
 #include "mom/backend/cpu/cross_entropy.hpp"
+#include "mom/backend/cpu/decode.hpp"
 #include "mom/backend/cpu/depth.hpp"
 #include "mom/backend/cpu/dispatch.hpp"
 #include "mom/backend/cpu/embedding.hpp"
@@ -150,6 +151,16 @@ struct Backend {
   }
   void embedding_backward(M dwte, M dwpe, CM dout, Tok tokens, index_t seq) const {
     cpu::embedding_backward<T>(dwte, dwpe, dout, tokens, seq);
+  }
+
+  // Incremental decoding (cpu/decode.hpp): the key/value cache of one attention use.
+  void kv_write(M k_cache, M v_cache, CM qkv, std::span<const index_t> slot, std::span<const index_t> pos,
+                index_t max_len) const {
+    cpu::kv_write<T>(k_cache, v_cache, qkv, slot, pos, max_len);
+  }
+  void attention_decode(M out, CM qkv, CM k_cache, CM v_cache, std::span<const index_t> slot,
+                        std::span<const index_t> pos, index_t max_len, index_t heads) const {
+    cpu::attention_decode<T>(out, qkv, k_cache, v_cache, slot, pos, max_len, heads);
   }
 
   void layernorm_forward(M out, S mean, S rstd, CM x, CS gamma, CS beta, T eps = T(1e-5)) const {

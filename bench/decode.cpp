@@ -1,0 +1,112 @@
+// bench_decode: incremental decoding with the KV cache (infer/decoder.hpp) against the recompute loop
+// it replaces (a full forward over the window for every new token), float, cpu::Backend<float>.
+//
+//   bench_decode [--only dense8,gpt2-small] [--tokens N]
+//
+// Per model and context C (the model's context and, for GPT-2 small, 256 too):
+//   prefill   tokens/s of Decoder::prefill for one prompt of C/2 tokens, and for 8 prompts of C/2 (batch 8)
+//   decode    ms per step and tokens/s at batch 1 and batch 8, steps taken from position C/2 on
+//   recompute ms per new token of model.forward over a window of C/2 .. C/2+k tokens (batch 1)
+//   cache     bytes of the decoder (keys/values of every attention use + the step workspace)
+//   weights   bytes of the parameters: one decode step at batch 1 reads them once, so
+//             ms per step / (weights / bandwidth) says how close decoding is to memory-bound; the
+//             bandwidth is measured here (a read of a 1 GiB buffer, best of 5).
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <mom/mom.hpp>
+
+using namespace mom;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+
+// GB/s of a plain read of a buffer far larger than the caches (all threads), best of 5.
+double read_bandwidth() {
+  const std::size_t n = std::size_t(1) << 28;  // 1 GiB of floats
+  std::vector<float> buf(n, 1.0f);
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = clock_type::now();
+    double sum = 0;
+#pragma omp parallel for reduction(+ : sum) schedule(static)
+    for (std::size_t i = 0; i < n; ++i) sum += buf[i];
+    const double s = seconds_since(t0);
+    if (sum != double(n)) std::printf("(bandwidth check sum %g)\n", sum);
+    best = std::max(best, double(n * sizeof(float)) / s * 1e-9);
+  }
+  return best;
+}
+
+template <class Model>
+void bench(const char* name, index_t context, index_t new_tokens, double gbps) {
+  auto model = Model::template make<cpu::Backend<float>>(1);
+  const index_t V = Model::dims.vocab, half = context / 2;
+  std::vector<std::vector<token_t>> prompts(8);
+  for (std::size_t b = 0; b < prompts.size(); ++b)
+    for (index_t t = 0; t < half; ++t) prompts[b].push_back(token_t((t * 7919 + b * 104729) % V));
+  const double weight_bytes = double(Model::params) * sizeof(float);
+  for (const index_t batch : {index_t(1), index_t(8)}) {
+    infer::Decoder dec(model, batch, context);
+    const std::span<const std::vector<token_t>> ps(prompts.data(), std::size_t(batch));
+    dec.prefill(ps);  // warm-up (first touch of the caches)
+    auto t0 = clock_type::now();
+    dec.prefill(ps);
+    const double prefill_s = seconds_since(t0);
+    std::vector<token_t> next(std::size_t(batch));
+    for (index_t b = 0; b < batch; ++b) next[std::size_t(b)] = token_t(b % V);
+    const index_t steps = std::min(new_tokens, context - half);
+    t0 = clock_type::now();
+    for (index_t s = 0; s < steps; ++s) dec.step(next);
+    const double step_ms = seconds_since(t0) / double(steps) * 1e3;
+    std::printf("| %s | %lld | %lld | %.0f | %.2f | %.0f | %.1f MiB | %.2f |\n", name, (long long)context,
+                (long long)batch, double(batch * half) / prefill_s, step_ms, double(batch) * 1e3 / step_ms,
+                double(dec.memory_elements()) * sizeof(float) / (1 << 20),
+                batch == 1 ? step_ms / (weight_bytes / (gbps * 1e9) * 1e3) : 0.0);
+  }
+  // The recompute loop at batch 1: a forward over the window for each new token.
+  model.reserve(1, context);
+  std::vector<token_t> seq = prompts[0];
+  const index_t reps = std::max<index_t>(2, std::min<index_t>(new_tokens, 8));
+  model.forward(seq, {}, 1, ssize(seq));  // warm-up
+  const auto t0 = clock_type::now();
+  for (index_t i = 0; i < reps; ++i) {
+    model.forward(seq, {}, 1, ssize(seq));
+    const float* last = model.logits().row(ssize(seq) - 1);
+    seq.push_back(token_t(std::max_element(last, last + V) - last));
+  }
+  const double recompute_ms = seconds_since(t0) / double(reps) * 1e3;
+  std::printf("| %s | %lld | 1 (recompute loop) | – | %.2f | %.0f | – | – |\n", name, (long long)context, recompute_ms,
+              1e3 / recompute_ms);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cpu::limit_openmp_spinning(argv);
+  std::string only = "dense8,gpt2-small";
+  index_t tokens = 64;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--only")) only = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--tokens")) tokens = std::atoll(argv[i + 1]);
+  }
+  const double gbps = read_bandwidth();
+  std::printf("bench_decode: float, %d OpenMP threads, GEMM kernel %s; measured read bandwidth %.1f GB/s\n\n",
+              omp_get_max_threads(), cpu::gemm_kernel(), gbps);
+  std::printf("| model | context | batch | prefill tok/s | ms per step | decode tok/s | decoder memory | step / weight-read time |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  constexpr Dims d8{.d_model = 256, .heads = 8, .d_ff = 1024, .vocab = 256, .context = 256};
+  if (only.find("dense8") != std::string::npos) bench<LM<d8, Dense<8>>>("dense 8 layers (d 256)", 256, tokens, gbps);
+  if (only.find("gpt2-small") != std::string::npos) {
+    bench<GPT2Small>("GPT-2 small shape", 256, tokens, gbps);
+    bench<GPT2Small>("GPT-2 small shape", 1024, tokens, gbps);
+  }
+}

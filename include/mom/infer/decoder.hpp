@@ -1,0 +1,221 @@
+#pragma once
+// Incremental decoding with a key/value cache: a Decoder holds, for `slots` independent sequences of up
+// to `max_len` tokens, every attention use's keys and values, so one new token costs one pass over the
+// weights plus its attention over the cached positions, instead of a forward over the whole window.
+//
+//   auto model = Model::make<cpu::Backend<float>>(1);          // trained parameters loaded into it
+//   infer::Decoder dec(model, /*slots=*/4, /*max_len=*/Model::dims.context);   // the only allocation
+//   dec.prefill(prompts);                     // prompts[b] into slot b (lengths may differ)
+//   auto logits = dec.step(next_tokens);      // one token per slot -> [slots × vocab]
+//   auto out = infer::generate(dec, prompts, {.max_new_tokens = 100, .sampling = {.temperature = 0.8}});
+//
+// Exact: the logits of a token are those of a full forward over its sequence up to it (the same ops
+// per row; tests/models/decode_test.cpp checks it in double to 1e-12). An architecture decodes when
+// every part's executor meets AssemblyDecoderOn (the dense stack and parameter sharing today; the
+// routed executors do not yet: Decoder's static_assert names the part).
+#include <algorithm>
+#include <concepts>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "mom/core/check.hpp"
+#include "mom/core/layout.hpp"
+#include "mom/core/tensor.hpp"
+#include "mom/models/runtime.hpp"
+
+namespace mom::infer {
+
+// An executor that decodes incrementally on backend Be (assembly/sequential.hpp has one):
+//   decodes_on<Be>                      true when its modules can (modules/module.hpp, DecodingSequenceMixerOn)
+//   DecodePlan plan_decode(Arena&, slots, max_len, rows)   its caches and step workspace
+//   decode(be, p, ws, plan, x, slot, pos, slots, max_len) -> the rows' residual stream after the part
+template <class E, class Be, class T = typename Be::scalar>
+concept AssemblyDecoderOn =
+    requires { { E::template decodes_on<Be> } -> std::convertible_to<bool>; } && E::template decodes_on<Be> &&
+    requires(Arena& a, Be& be, const T* p, T* ws, const typename E::DecodePlan& plan, MatrixView<const T> x,
+             std::span<const index_t> s, index_t i) {
+      { E::plan_decode(a, i, i, i) } -> std::same_as<typename E::DecodePlan>;
+      { E::decode(be, p, ws, plan, x, s, s, i, i) } -> std::same_as<MatrixView<const T>>;
+    };
+
+// The backend ops a decode step uses beyond the training ones (cpu/decode.hpp).
+template <class Be, class T = typename Be::scalar>
+concept DecodeBackend = requires(const Be& be, MatrixView<T> m, MatrixView<const T> c, std::span<const index_t> s,
+                                 index_t i) {
+  be.kv_write(m, m, c, s, s, i);
+  be.attention_decode(m, c, c, c, s, s, i, i);
+};
+
+// True when Model decodes incrementally on backend Be.
+template <class Model, class Be>
+inline constexpr bool decodes = []<class... Es>(TypeList<Es...>) {
+  return DecodeBackend<Be> && (AssemblyDecoderOn<Es, Be> && ...);
+}(typename Model::core::executors{});
+
+namespace detail {
+template <bool ok, class Executors>
+struct DecodePlans {
+  using type = std::tuple<>;  // the static_asserts of Decoder have fired
+};
+template <class... Es>
+struct DecodePlans<true, TypeList<Es...>> {
+  using type = std::tuple<typename Es::DecodePlan...>;
+};
+}  // namespace detail
+
+template <class Instance>
+class Decoder {
+ public:
+  using Model = typename Instance::model_type;
+  using Be = typename Instance::backend_type;
+  using T = typename Instance::scalar;
+  static constexpr Dims dims = Model::dims;
+  static constexpr index_t d = dims.d_model, vocab = dims.vocab;
+
+ private:
+  using Executors = typename Model::core::executors;
+  static_assert(DecodeBackend<Be>, "mom::infer::Decoder: this backend has no decode ops (kv_write, attention_decode); "
+                                   "the CPU backend has them");
+  static_assert(!DecodeBackend<Be> || decodes<Model, Be>,
+                "mom::infer::Decoder: a part of this architecture has no incremental decode yet (its executor does "
+                "not meet mom::infer::AssemblyDecoderOn): dense stacks and parameter sharing decode today");
+  static constexpr bool ok = decodes<Model, Be>;
+  using Plans = typename detail::DecodePlans<ok, Executors>::type;
+
+ public:
+  // Caches for `slots` sequences of up to max_len (<= context) tokens, sized from the executors' plans
+  // (memory_elements() of T): allocated here, never again.
+  Decoder(Instance& model, index_t slots, index_t max_len = dims.context) : model_(model), slots_(slots), max_len_(max_len) {
+    MOM_CHECK(slots > 0, "Decoder: slots ", slots, " must be > 0");
+    MOM_CHECK(max_len > 0 && max_len <= dims.context, "Decoder: max_len ", max_len, " must be in [1, context ",
+              dims.context, "]");
+    Arena a;
+    if constexpr (ok)
+      for_each_part([&]<std::size_t i, class E>() { std::get<i>(plans_) = E::plan_decode(a, slots, max_len, slots); });
+    x0_ = a.take(slots * d);
+    lnf_ = a.take(slots * d);
+    mean_ = a.take(slots);
+    rstd_ = a.take(slots);
+    logits_ = a.take(slots * vocab);
+    last_ = a.take(slots * vocab);
+    ws_ = model_.backend().template alloc<T>(a.used);
+    model_.backend().zero(ws_.span());
+    length_.assign(std::size_t(slots), 0);
+    all_slots_.resize(std::size_t(slots));
+    for (index_t s = 0; s < slots; ++s) all_slots_[std::size_t(s)] = s;
+  }
+
+  index_t slots() const { return slots_; }
+  index_t max_len() const { return max_len_; }
+  // Tokens fed to a slot so far (its next token goes to this position).
+  index_t length(index_t slot) const { return length_.at(std::size_t(slot)); }
+  // Elements of T the decoder holds (caches and step workspace).
+  index_t memory_elements() const { return ws_.size(); }
+
+  // Empties every slot (their caches are overwritten as tokens arrive).
+  void reset() { std::fill(length_.begin(), length_.end(), index_t(0)); }
+  void reset(index_t slot) { length_.at(std::size_t(slot)) = 0; }
+
+  // Appends tokens[r] to sequence slots[r] (distinct slots, each with room left). Returns the new tokens'
+  // logits [rows × vocab] (valid until the next step); last_logits(slot) keeps each slot's latest row.
+  MatrixView<const T> step(std::span<const index_t> slots, std::span<const token_t> tokens) {
+    const index_t rows = ssize(slots);
+    MOM_CHECK(rows > 0 && rows <= slots_ && ssize(tokens) == rows, "Decoder::step: ", tokens.size(), " tokens for ",
+              slots.size(), " slots (1 to ", slots_, ")");
+    pos_.resize(std::size_t(rows));
+    for (index_t r = 0; r < rows; ++r) {
+      const index_t s = slots[std::size_t(r)];
+      MOM_CHECK(s >= 0 && s < slots_, "Decoder::step: slot ", s, " outside [0, ", slots_, ")");
+      for (index_t q = 0; q < r; ++q)
+        MOM_CHECK(slots[std::size_t(q)] != s, "Decoder::step: slot ", s, " appears twice in one step");
+      MOM_CHECK(length_[std::size_t(s)] < max_len_, "Decoder::step: sequence ", s, " is full (", max_len_,
+                " tokens, the decoder's max_len): start it again with reset(", s, ")");
+      MOM_CHECK(tokens[std::size_t(r)] >= 0 && tokens[std::size_t(r)] < vocab, "Decoder::step: token ",
+                tokens[std::size_t(r)], " outside the vocabulary [0, ", vocab, ")");
+      pos_[std::size_t(r)] = length_[std::size_t(s)];
+    }
+    auto& be = model_.backend();
+    T* ws = ws_.data();
+    const T* p = model_.params().data();
+    const MatrixView<const T> wte = model_.param(Model::layout[0]), wpe = model_.param(Model::layout[1]);
+    // x_0 = wte[token] + wpe[position], row by row (each row its own position).
+    for (index_t r = 0; r < rows; ++r)
+      be.embedding_forward(MatrixView<T>{ws + x0_ + r * d, 1, d}, tokens.subspan(std::size_t(r), 1), wte,
+                           wpe.row_block(pos_[std::size_t(r)], 1), 1);
+    MatrixView<const T> x{ws + x0_, rows, d};
+    const std::span<const index_t> pos(pos_);
+    if constexpr (ok)
+      for_each_part([&]<std::size_t i, class E>() {
+        x = E::decode(be, p + Model::core::part_offset[i], ws, std::get<i>(plans_), x, slots, pos, slots_, max_len_);
+      });
+    const MatrixView<T> lnf{ws + lnf_, rows, d}, logits{ws + logits_, rows, vocab};
+    be.layernorm_forward(lnf, std::span<T>(ws + mean_, std::size_t(rows)), std::span<T>(ws + rstd_, std::size_t(rows)),
+                         x, model_.params().subspan(std::size_t(Model::core::ln_f_offset), std::size_t(d)),
+                         model_.params().subspan(std::size_t(Model::core::ln_f_offset + d), std::size_t(d)));
+    be.linear_forward(logits, MatrixView<const T>(lnf), wte, std::span<const T>{});  // tied head
+    for (index_t r = 0; r < rows; ++r) {
+      const index_t s = slots[std::size_t(r)];
+      be.copy(std::span<T>(ws + last_ + s * vocab, std::size_t(vocab)),
+              std::span<const T>(logits.row(r), std::size_t(vocab)));
+      ++length_[std::size_t(s)];
+    }
+    return logits;
+  }
+  // One token for every slot, in slot order.
+  MatrixView<const T> step(std::span<const token_t> tokens) { return step(std::span<const index_t>(all_slots_), tokens); }
+
+  // Empties the slots, then feeds prompts[b] (at least one token, at most max_len) to slot b, all slots
+  // together position by position (a shorter prompt drops out of the later steps). Each slot's
+  // last_logits are then those of its prompt's last token.
+  void prefill(std::span<const std::vector<token_t>> prompts) {
+    MOM_CHECK(!prompts.empty() && ssize(prompts) <= slots_, "Decoder::prefill: ", prompts.size(),
+              " prompts for ", slots_, " slots");
+    index_t longest = 0;
+    for (std::size_t b = 0; b < prompts.size(); ++b) {
+      MOM_CHECK(!prompts[b].empty() && ssize(prompts[b]) <= max_len_, "Decoder::prefill: prompt ", b, " has ",
+                prompts[b].size(), " tokens; it needs 1 to ", max_len_, " (the decoder's max_len)");
+      longest = std::max(longest, ssize(prompts[b]));
+    }
+    reset();
+    std::vector<index_t> rows;
+    std::vector<token_t> toks;
+    for (index_t t = 0; t < longest; ++t) {
+      rows.clear();
+      toks.clear();
+      for (std::size_t b = 0; b < prompts.size(); ++b)
+        if (t < ssize(prompts[b])) {
+          rows.push_back(index_t(b));
+          toks.push_back(prompts[b][std::size_t(t)]);
+        }
+      step(rows, toks);
+    }
+  }
+
+  // The logits of the last token fed to `slot` [vocab] (host memory on the CPU backend).
+  std::span<const T> last_logits(index_t slot) const {
+    MOM_CHECK(slot >= 0 && slot < slots_ && length_[std::size_t(slot)] > 0, "Decoder::last_logits: slot ", slot,
+              " holds no token");
+    return {ws_.data() + last_ + slot * vocab, std::size_t(vocab)};
+  }
+
+ private:
+  template <class F>
+  void for_each_part(F&& f) {
+    [&]<class... Es, std::size_t... is>(TypeList<Es...>, std::index_sequence<is...>) {
+      (f.template operator()<is, Es>(), ...);
+    }(Executors{}, std::make_index_sequence<Executors::size>{});
+  }
+
+  Instance& model_;
+  index_t slots_, max_len_;
+  Plans plans_{};
+  index_t x0_ = 0, lnf_ = 0, mean_ = 0, rstd_ = 0, logits_ = 0, last_ = 0;
+  typename Be::template Buffer<T> ws_;
+  std::vector<index_t> length_, pos_, all_slots_;
+};
+
+}  // namespace mom::infer
