@@ -61,16 +61,17 @@ void bench(const char* name, index_t context, index_t new_tokens, double gbps) {
     auto t0 = clock_type::now();
     dec.prefill(ps);
     const double prefill_s = seconds_since(t0);
-    std::vector<token_t> next(std::size_t(batch));
+    std::vector<token_t> next(static_cast<std::size_t>(batch));
     for (index_t b = 0; b < batch; ++b) next[std::size_t(b)] = token_t(b % V);
     const index_t steps = std::min(new_tokens, context - half);
     t0 = clock_type::now();
     for (index_t s = 0; s < steps; ++s) dec.step(next);
     const double step_ms = seconds_since(t0) / double(steps) * 1e3;
-    std::printf("| %s | %lld | %lld | %.0f | %.2f | %.0f | %.1f MiB | %.2f |\n", name, (long long)context,
+    char ratio[32] = "–";
+    if (batch == 1) std::snprintf(ratio, sizeof ratio, "%.2f", step_ms / (weight_bytes / (gbps * 1e9) * 1e3));
+    std::printf("| %s | %lld | %lld | %.0f | %.2f | %.0f | %.1f MiB | %s |\n", name, (long long)context,
                 (long long)batch, double(batch * half) / prefill_s, step_ms, double(batch) * 1e3 / step_ms,
-                double(dec.memory_elements()) * sizeof(float) / (1 << 20),
-                batch == 1 ? step_ms / (weight_bytes / (gbps * 1e9) * 1e3) : 0.0);
+                double(dec.memory_elements()) * sizeof(float) / (1 << 20), ratio);
   }
   // The recompute loop at batch 1: a forward over the window for each new token.
   model.reserve(1, context);
