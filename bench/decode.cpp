@@ -1,7 +1,7 @@
 // bench_decode: incremental decoding with the KV cache (infer/decoder.hpp) against the recompute loop
 // it replaces (a full forward over the window for every new token), float, cpu::Backend<float>.
 //
-//   bench_decode [--only dense8,gpt2-small] [--tokens N]
+//   bench_decode [--only dense8,moe8,gpt2-small] [--tokens N]
 //
 // Per model and context C (the model's context and, for GPT-2 small, 256 too):
 //   prefill   tokens/s of Decoder::prefill for one prompt of C/2 tokens, and for 8 prompts of C/2 (batch 8)
@@ -93,7 +93,7 @@ void bench(const char* name, index_t context, index_t new_tokens, double gbps) {
 
 int main(int argc, char** argv) {
   cpu::limit_openmp_spinning(argv);
-  std::string only = "dense8,gpt2-small";
+  std::string only = "dense8,moe8,gpt2-small";
   index_t tokens = 64;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--only")) only = argv[i + 1];
@@ -106,6 +106,8 @@ int main(int argc, char** argv) {
   std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
   constexpr Dims d8{.d_model = 256, .heads = 8, .d_ff = 1024, .vocab = 256, .context = 256};
   if (only.find("dense8") != std::string::npos) bench<LM<d8, Dense<8>>>("dense 8 layers (d 256)", 256, tokens, gbps);
+  if (only.find("moe8") != std::string::npos)  // weight-read column: all experts (a step reads top-2 of 8)
+    bench<LM<d8, MoEStack<8, 8, 2>>>("MoE 8 layers x 8 experts, top-2 (d 256)", 256, tokens, gbps);
   if (only.find("gpt2-small") != std::string::npos) {
     bench<GPT2Small>("GPT-2 small shape", 256, tokens, gbps);
     bench<GPT2Small>("GPT-2 small shape", 1024, tokens, gbps);

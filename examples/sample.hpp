@@ -1,12 +1,12 @@
 // Text generation from a trained model for `mom-sample` and the end of `mom-train`: greedy (temperature 0)
 // or temperature / top-k / top-p sampling (infer::Sampler).
 //
-// Architectures that decode incrementally (infer::decodes: dense stacks, parameter sharing) run on the
-// KV-cache Decoder: one pass over the weights per token. Past the model's context the window restarts
-// from the last context/2 tokens, re-prefilled: every token is conditioned on between context/2 and
-// context earlier tokens, as a model trained at that context expects. The routed architectures (MoM,
-// MoE, MoD, layer-skip) have no incremental decode yet and recompute a forward over the last `context`
-// tokens for every new token (the window slides by one).
+// Architectures that decode incrementally (infer::decodes: dense stacks, parameter sharing, token-choice
+// MoE) run on the KV-cache Decoder: one pass over the weights per token. Past the model's context the
+// window restarts from the last context/2 tokens, re-prefilled: every token is conditioned on between
+// context/2 and context earlier tokens, as a model trained at that context expects. The other routed
+// architectures (MoM, MoD, MoDE staged, layer-skip) have no incremental decode yet and recompute a
+// forward over the last `context` tokens for every new token (the window slides by one).
 #pragma once
 
 #include <mom/mom.hpp>

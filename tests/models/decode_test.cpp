@@ -1,7 +1,7 @@
 // Incremental decoding (infer/decoder.hpp, infer/generate.hpp): prefill + step-by-step decode gives the
-// logits of one full forward over the same tokens, for the dense stack and parameter sharing, in double to
-// 1e-12 and in float to a stated tolerance, with a batch of sequences of different lengths and a prompt that
-// fills the context; the limits are refused with one message; generate's greedy output equals the
+// logits of one full forward over the same tokens, in double to 1e-12 and in float to a stated tolerance,
+// for the dense stack, parameter sharing and token-choice MoE (MoE, MoE(share), MoDE integrated), with a
+// batch of sequences of different lengths and a prompt that fills the context; the limits are refused with one message; generate's greedy output equals the
 // recompute-the-window loop's, its sampling is seeded per sequence, stop tokens and top-k = 1 behave.
 #include <catch2/catch.hpp>
 
@@ -21,6 +21,9 @@ constexpr Dims dims{.d_model = 32, .heads = 4, .d_ff = 64, .vocab = 61, .context
 using Dense3 = LM<dims, Dense<3>>;
 using Shared = LM<dims, Assembly<Router<Share<Cycle<2>>>, ModuleSet<MHA<2>, FFN<2>>, K<1>, H<5>>>;  // one cache per use
 using Chunks = LM<dims, Chunked<Layer, Assembly<Router<Share<All>>, ModuleSet<MHA<1>, FFN<1>>, K<1>, H<2>>, Layer>>;
+using MoE = LM<dims, MoEStack<2, 4, 2>>;
+using MoEShared = LM<dims, MoEShareStack<3, 4, 2>>;
+using MoDEInt = LM<dims, MoDEIntegrated<2, 4, 2>>;
 
 // max |a - b| / max |b| over a row of logits.
 template <class T>
@@ -100,10 +103,19 @@ TEST_CASE("decode: prefill + step logits equal a full forward (double 1e-12, flo
     CHECK(decode_error<Shared, float>() < 1e-5);
   }
   SECTION("chunked: dense layers around a shared chunk") { CHECK(decode_error<Chunks, double>() < 1e-12); }
+  SECTION("MoE, MoE(share), MoDE integrated: each new token's gate picks from its own u_h") {
+    CHECK(decode_error<MoE, double>() < 1e-12);
+    CHECK(decode_error<MoE, float>() < 1e-5);
+    CHECK(decode_error<MoEShared, double>() < 1e-12);
+    CHECK(decode_error<MoDEInt, double>() < 1e-12);
+  }
   static_assert(infer::decodes<Dense3, cpu::Backend<float>>);
   static_assert(infer::decodes<Shared, cpu::Backend<double>>);
-  // Routed executors do not decode yet (the Decoder's static_assert names it; compile_fail/decode_routed).
-  static_assert(!infer::decodes<LM<dims, MoEStack<2, 4, 2>>, cpu::Backend<float>>);
+  static_assert(infer::decodes<MoE, cpu::Backend<float>>);
+  // MoM, MoD and layer-skip executors do not decode yet (the Decoder's static_assert says so;
+  // compile_fail/decode_routed).
+  static_assert(!infer::decodes<LM<dims, Assembly<Router<GRU>, ModuleSet<MHA<2>, FFN<2>, Skip>, K<2>, H<3>>>,
+                                cpu::Backend<float>>);
 }
 
 TEST_CASE("decode: limits are one-line errors and leave the decoder usable", "[decode][bad-input]") {

@@ -256,6 +256,47 @@ struct Executor<P, A, D> {
     }
   }
 
+  // ---- incremental decoding (infer/decoder.hpp; AssemblyDecoderOn) --------------------------------
+  // Token-choice routing is per token, so a new token's step h is its attention against step h's
+  // key/value cache, then the MoE step over the new rows alone (the gate picks its experts from its own
+  // u_h, exactly as in forward).
+  template <class Be>
+  static constexpr bool decodes_on = DecodingSequenceMixerOn<Attn, Be>;
+  struct DecodePlan {
+    std::array<index_t, L> k{}, v{};  // caches [slots·max_len × d]
+    typename Attn::DecodeSaved attn{};
+    typename Step::Plan step{};
+    index_t f = 0, u = 0, x = 0;  // [rows × d]
+  };
+  static constexpr DecodePlan plan_decode(Arena& a, index_t slots, index_t max_len, index_t rows) {
+    DecodePlan p{};
+    for (int h = 0; h < L; ++h) {
+      p.k[h] = a.take(slots * max_len * d);
+      p.v[h] = a.take(slots * max_len * d);
+    }
+    p.attn = Attn::plan_decode(a, rows);
+    p.step = Step::plan(a, rows);
+    p.f = a.take(rows * d);
+    p.u = a.take(rows * d);
+    p.x = a.take(rows * d);
+    return p;
+  }
+  template <class Be, class T>
+  static MatrixView<const T> decode(Be& be, const T* p, T* ws, const DecodePlan& plan, MatrixView<const T> x,
+                                    std::span<const index_t> slot, std::span<const index_t> pos, index_t slots,
+                                    index_t max_len, std::span<const token_t> tokens) {
+    const index_t rows = x.rows;
+    const MatrixView<T> f{ws + plan.f, rows, d}, u{ws + plan.u, rows, d}, x_next{ws + plan.x, rows, d};
+    for (int h = 0; h < L; ++h) {
+      const MatrixView<T> kc{ws + plan.k[h], slots * max_len, d}, vc{ws + plan.v[h], slots * max_len, d};
+      Attn::decode(be, p + Set::template attention_offset<D>(h), ws, plan.attn, x, f, kc, vc, slot, pos, max_len);
+      be.add_forward(u.flat(), x.flat(), MatrixView<const T>(f).flat());  // eq. (4)
+      Step::forward(be, p, router_offset(h), experts_of[h], ws, plan.step, MatrixView<const T>(u), x_next, tokens);
+      x = x_next;
+    }
+    return x;
+  }
+
   // ---- routing read-back (statistics, realised FLOPs; models/routing_stats.hpp) -------------
   // One router family ("ffn"): step h's picks, n×K class ids (SKIP = E).
   static constexpr int routing_routers = 1;

@@ -128,7 +128,7 @@ struct FixedRouteExecutor {
   template <class Be, class T>
   static MatrixView<const T> decode(Be& be, const T* p, T* ws, const DecodePlan& plan, MatrixView<const T> x,
                                     std::span<const index_t> slot, std::span<const index_t> pos, index_t slots,
-                                    index_t max_len) {
+                                    index_t max_len, std::span<const token_t> /*tokens*/) {
     const index_t rows = x.rows;
     const MatrixView<T> f{ws + plan.f, rows, d}, u{ws + plan.u, rows, d}, x_next{ws + plan.x, rows, d};
     for (int h = 0; h < L; ++h) {

@@ -11,8 +11,9 @@
 //
 // Exact: the logits of a token are those of a full forward over its sequence up to it (the same ops
 // per row; tests/models/decode_test.cpp checks it in double to 1e-12). An architecture decodes when
-// every part's executor meets AssemblyDecoderOn (the dense stack and parameter sharing today; the
-// routed executors do not yet: Decoder's static_assert names the part).
+// every part's executor meets AssemblyDecoderOn (the dense stack, parameter sharing and
+// token-choice MoE (MoE, MoE(share), MoDE integrated) today; the other routed executors do not yet:
+// Decoder's static_assert says so).
 #include <algorithm>
 #include <concepts>
 #include <cstdint>
@@ -32,14 +33,15 @@ namespace mom::infer {
 // An executor that decodes incrementally on backend Be (assembly/sequential.hpp has one):
 //   decodes_on<Be>                      true when its modules can (modules/module.hpp, DecodingSequenceMixerOn)
 //   DecodePlan plan_decode(Arena&, slots, max_len, rows)   its caches and step workspace
-//   decode(be, p, ws, plan, x, slot, pos, slots, max_len) -> the rows' residual stream after the part
+//   decode(be, p, ws, plan, x, slot, pos, slots, max_len, tokens) -> the rows' residual stream after the part
+//                                       (tokens: the step's token ids, for routers that read them)
 template <class E, class Be, class T = typename Be::scalar>
 concept AssemblyDecoderOn =
     requires { { E::template decodes_on<Be> } -> std::convertible_to<bool>; } && E::template decodes_on<Be> &&
     requires(Arena& a, Be& be, const T* p, T* ws, const typename E::DecodePlan& plan, MatrixView<const T> x,
-             std::span<const index_t> s, index_t i) {
+             std::span<const index_t> s, std::span<const token_t> tok, index_t i) {
       { E::plan_decode(a, i, i, i) } -> std::same_as<typename E::DecodePlan>;
-      { E::decode(be, p, ws, plan, x, s, s, i, i) } -> std::same_as<MatrixView<const T>>;
+      { E::decode(be, p, ws, plan, x, s, s, i, i, tok) } -> std::same_as<MatrixView<const T>>;
     };
 
 // The backend ops a decode step uses beyond the training ones (cpu/decode.hpp).
@@ -82,7 +84,7 @@ class Decoder {
                                    "the CPU backend has them");
   static_assert(!DecodeBackend<Be> || decodes<Model, Be>,
                 "mom::infer::Decoder: a part of this architecture has no incremental decode yet (its executor does "
-                "not meet mom::infer::AssemblyDecoderOn): dense stacks and parameter sharing decode today");
+                "not meet mom::infer::AssemblyDecoderOn): dense stacks, parameter sharing and MoE decode today");
   static constexpr bool ok = decodes<Model, Be>;
   using Plans = typename detail::DecodePlans<ok, Executors>::type;
 
@@ -150,7 +152,8 @@ class Decoder {
     const std::span<const index_t> pos(pos_);
     if constexpr (ok)
       for_each_part([&]<std::size_t i, class E>() {
-        x = E::decode(be, p + Model::core::part_offset[i], ws, std::get<i>(plans_), x, slots, pos, slots_, max_len_);
+        x = E::decode(be, p + Model::core::part_offset[i], ws, std::get<i>(plans_), x, slots, pos, slots_, max_len_,
+                      tokens);
       });
     const MatrixView<T> lnf{ws + lnf_, rows, d}, logits{ws + logits_, rows, vocab};
     be.layernorm_forward(lnf, std::span<T>(ws + mean_, std::size_t(rows)), std::span<T>(ws + rstd_, std::size_t(rows)),
