@@ -58,6 +58,7 @@ export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:detect_leaks=1:strict_stri
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:report_error_type=1"
 mkdir -p "$build/logs"
 failed=()
+report='==[0-9]+==ERROR|runtime error:|property violated|^SUMMARY'  # the first lines of a finding
 echo "fuzz: [2/2] ${targets[*]}: regression pass over tests/fuzz/corpus/<target>/, then ${seconds} s of fuzzing each"
 for target in "${targets[@]}"; do
   bin="$build/fuzz_$target"
@@ -72,7 +73,8 @@ for target in "${targets[@]}"; do
 
   mapfile -t files < <(find "$seeds" -type f | sort)
   if ! "$bin" "${common[@]}" "${files[@]}" >"$log" 2>&1; then
-    tail -n 40 "$log"
+    grep -E '^Running: ' "$log" | tail -n 1
+    grep -E -A 12 "$report" "$log" | head -n 40
     echo "fuzz: $target: FAILED the regression pass over $seeds/ (${#files[@]} files; log $log)" >&2
     failed+=("$target")
     continue
@@ -86,7 +88,8 @@ for target in "${targets[@]}"; do
   execs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)"
   rate="$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -n 1)"
   if [ "$status" -ne 0 ]; then
-    grep -E '==ERROR|SUMMARY|runtime error|property violated|Test unit written' "$log" | head -n 20 || true
+    grep -E -A 12 "$report" "$log" | head -n 40 || true
+    grep -E 'Test unit written' "$log" || true
     echo "fuzz: $target: FAILED after ${took} s (exit $status; inputs in $artifacts, log $log)" >&2
     failed+=("$target")
   else
