@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "mom/assembly/assembly.hpp"
+#include "mom/assembly/decode_rounds.hpp"
 #include "mom/assembly/grouped_dispatch.hpp"
 #include "mom/assembly/phi.hpp"
 #include "mom/routers/gate.hpp"
@@ -263,38 +264,26 @@ struct Executor<P, A, D> {
   template <class Be>
   static constexpr bool decodes_on = DecodingSequenceMixerOn<Attn, Be>;
   struct DecodePlan {
-    std::array<index_t, L> k{}, v{};  // caches [slots·max_len × d]
+    detail::DecodeRounds<L, d> rounds{};  // per-step caches and the rows' residual stream
     typename Attn::DecodeSaved attn{};
     typename Step::Plan step{};
-    index_t f = 0, u = 0, x = 0;  // [rows × d]
   };
   static constexpr DecodePlan plan_decode(Arena& a, index_t slots, index_t max_len, index_t rows) {
     DecodePlan p{};
-    for (int h = 0; h < L; ++h) {
-      p.k[h] = a.take(slots * max_len * d);
-      p.v[h] = a.take(slots * max_len * d);
-    }
+    p.rounds = detail::DecodeRounds<L, d>::take(a, slots, max_len, rows);
     p.attn = Attn::plan_decode(a, rows);
     p.step = Step::plan(a, rows);
-    p.f = a.take(rows * d);
-    p.u = a.take(rows * d);
-    p.x = a.take(rows * d);
     return p;
   }
   template <class Be, class T>
   static MatrixView<const T> decode(Be& be, const T* p, T* ws, const DecodePlan& plan, MatrixView<const T> x,
                                     std::span<const index_t> slot, std::span<const index_t> pos, index_t slots,
                                     index_t max_len, std::span<const token_t> tokens) {
-    const index_t rows = x.rows;
-    const MatrixView<T> f{ws + plan.f, rows, d}, u{ws + plan.u, rows, d}, x_next{ws + plan.x, rows, d};
-    for (int h = 0; h < L; ++h) {
-      const MatrixView<T> kc{ws + plan.k[h], slots * max_len, d}, vc{ws + plan.v[h], slots * max_len, d};
-      Attn::decode(be, p + Set::template attention_offset<D>(h), ws, plan.attn, x, f, kc, vc, slot, pos, max_len);
-      be.add_forward(u.flat(), x.flat(), MatrixView<const T>(f).flat());  // eq. (4)
-      Step::forward(be, p, router_offset(h), experts_of[h], ws, plan.step, MatrixView<const T>(u), x_next, tokens);
-      x = x_next;
-    }
-    return x;
+    return plan.rounds.template run<Attn>(
+        be, p, ws, plan.attn, [](int h) { return Set::template attention_offset<D>(h); }, x, slot, pos, slots,
+        max_len, [&](int h, MatrixView<const T> u, MatrixView<T> x_next, MatrixView<T> /*f*/) {
+          Step::forward(be, p, router_offset(h), experts_of[h], ws, plan.step, u, x_next, tokens);
+        });
   }
 
   // ---- routing read-back (statistics, realised FLOPs; models/routing_stats.hpp) -------------

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "mom/assembly/assembly.hpp"
+#include "mom/assembly/decode_rounds.hpp"
 
 namespace mom {
 
@@ -106,22 +107,15 @@ struct FixedRouteExecutor {
   template <class Be>
   static constexpr bool decodes_on = DecodingSequenceMixerOn<Attn, Be> && TokenMixerOn<Ffn, Be>;
   struct DecodePlan {
-    std::array<index_t, L> k{}, v{};  // caches [slots·max_len × d]
+    DecodeRounds<L, d> rounds{};  // per-step caches and the rows' residual stream
     typename Attn::DecodeSaved attn{};
     typename Ffn::Saved ffn{};
-    index_t f = 0, u = 0, x = 0;  // [rows × d]: a module's output, u_h, x_{h+1}
   };
   static constexpr DecodePlan plan_decode(Arena& a, index_t slots, index_t max_len, index_t rows) {
     DecodePlan p{};
-    for (int h = 0; h < L; ++h) {
-      p.k[h] = a.take(slots * max_len * d);
-      p.v[h] = a.take(slots * max_len * d);
-    }
+    p.rounds = DecodeRounds<L, d>::take(a, slots, max_len, rows);
     p.attn = Attn::plan_decode(a, rows);
     p.ffn = Ffn::plan(a, rows, 1);
-    p.f = a.take(rows * d);
-    p.u = a.take(rows * d);
-    p.x = a.take(rows * d);
     return p;
   }
   // x [rows × d]: the new tokens' residual stream; returns it after the last step (eq. (4) per token).
@@ -129,17 +123,12 @@ struct FixedRouteExecutor {
   static MatrixView<const T> decode(Be& be, const T* p, T* ws, const DecodePlan& plan, MatrixView<const T> x,
                                     std::span<const index_t> slot, std::span<const index_t> pos, index_t slots,
                                     index_t max_len, std::span<const token_t> /*tokens*/) {
-    const index_t rows = x.rows;
-    const MatrixView<T> f{ws + plan.f, rows, d}, u{ws + plan.u, rows, d}, x_next{ws + plan.x, rows, d};
-    for (int h = 0; h < L; ++h) {
-      const MatrixView<T> kc{ws + plan.k[h], slots * max_len, d}, vc{ws + plan.v[h], slots * max_len, d};
-      Attn::decode(be, p + attention_offset(h), ws, plan.attn, x, f, kc, vc, slot, pos, max_len);
-      be.add_forward(u.flat(), x.flat(), MatrixView<const T>(f).flat());  // eq. (4)
-      Ffn::forward(be, p + ffn_offset(h), ws, plan.ffn, MatrixView<const T>(u), f, rows, 1);
-      be.add_forward(x_next.flat(), MatrixView<const T>(u).flat(), MatrixView<const T>(f).flat());  // eq. (4)
-      x = x_next;
-    }
-    return x;
+    return plan.rounds.template run<Attn>(
+        be, p, ws, plan.attn, [](int h) { return attention_offset(h); }, x, slot, pos, slots, max_len,
+        [&](int h, MatrixView<const T> u, MatrixView<T> x_next, MatrixView<T> f) {
+          Ffn::forward(be, p + ffn_offset(h), ws, plan.ffn, u, f, u.rows, 1);
+          be.add_forward(x_next.flat(), u.flat(), MatrixView<const T>(f).flat());  // eq. (4)
+        });
   }
 
   // dres holds dL/dx_H on entry and dL/dx_0 on exit. The residual path is the identity, so
