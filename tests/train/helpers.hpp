@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 
@@ -28,6 +30,15 @@ inline const std::string& kjv_text() {
     return out;
   }();
   return text;
+}
+
+// A whole file as bytes, and bytes as a whole file (replacing it).
+inline std::string read_bytes(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+inline void write_bytes(const std::filesystem::path& p, const std::string& bytes) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
 }
 
 // A fresh empty folder under the system temp dir, removed by the destructor.

@@ -15,6 +15,8 @@
 
 using namespace mom;
 using namespace mom::train;
+using mom_test::read_bytes;
+using mom_test::write_bytes;
 
 namespace {
 
@@ -23,13 +25,6 @@ using Tiny = LM<tiny, Dense<2>>;
 using Instance = decltype(Tiny::make<cpu::Backend<float>>(1));
 using Ckpt = Checkpointer<Instance>;
 
-std::string read_bytes(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-void write_bytes(const std::filesystem::path& p, const std::string& bytes) {
-  std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
-}
 // The names in a folder.
 std::set<std::string> entries(const std::filesystem::path& dir) {
   std::set<std::string> names;

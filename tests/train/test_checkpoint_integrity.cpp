@@ -18,6 +18,8 @@
 
 using namespace mom;
 using namespace mom::train;
+using mom_test::read_bytes;
+using mom_test::write_bytes;
 
 namespace {
 
@@ -26,13 +28,6 @@ using Tiny = LM<tiny, Dense<2>>;
 using Instance = decltype(Tiny::make<cpu::Backend<float>>(1));
 using Ckpt = Checkpointer<Instance>;
 
-std::string read_bytes(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-void write_bytes(const std::filesystem::path& p, const std::string& bytes) {
-  std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
-}
 
 // A safetensors file split into its parsed header and its data block, and joined back (header padded to 8).
 struct Split {

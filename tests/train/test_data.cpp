@@ -11,15 +11,10 @@
 
 using namespace mom;
 using namespace mom::train;
+using mom_test::read_bytes;
+using mom_test::write_bytes;
 
 namespace {
-void write_bytes(const std::filesystem::path& p, const std::string& bytes) {
-  std::ofstream(p, std::ios::binary) << bytes;
-}
-std::string read_bytes(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 }  // namespace
 
 TEST_CASE("token file round trip, u16 and u32", "[data]") {

@@ -12,15 +12,10 @@
 
 using namespace mom;
 using namespace mom::train;
+using mom_test::read_bytes;
+using mom_test::write_bytes;
 
 namespace {
-std::string read_bytes(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-void write_bytes(const std::filesystem::path& p, const std::string& bytes) {
-  std::ofstream(p, std::ios::binary) << bytes;
-}
 // A file with a hand-written header and `data_bytes` zero bytes of data.
 void write_raw(const std::filesystem::path& p, const std::string& header, std::size_t data_bytes) {
   std::string out(8, '\0');

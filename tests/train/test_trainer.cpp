@@ -13,6 +13,8 @@
 
 using namespace mom;
 using namespace mom::train;
+using mom_test::read_bytes;
+using mom_test::write_bytes;
 
 namespace {
 
@@ -52,13 +54,6 @@ TrainConfig small_config(const std::filesystem::path& out, index_t steps) {
   return c;
 }
 
-std::string read_bytes(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-void write_bytes(const std::filesystem::path& p, const std::string& bytes) {
-  std::ofstream(p, std::ios::binary) << bytes;
-}
 
 }  // namespace
 
