@@ -418,7 +418,8 @@ TEST_CASE("checkpoint cross-checks: ids, steps, architecture, optimizer shapes, 
     refused("tensor 'adam.v' holds a negative value at element 10");
   }
   SECTION("a flipped data bit names the file and the tensor") {
-    const auto* t = safetensors::File(saved.model_file()).find("h.0.attn.w_qkv");
+    const safetensors::File file(saved.model_file());  // named: t points into it
+    const auto* t = file.find("h.0.attn.w_qkv");
     REQUIRE(t != nullptr);
     std::string bad = model;
     bad[8 + header_length(model) + t->begin + 17] ^= 4;

@@ -70,6 +70,12 @@ TEST_CASE("token file bad input: missing, empty, garbage, truncated, ids >= voca
     write_bytes(dir / "wrap.bin", wrap);
     CHECK_THROWS_WITH(TokenFile(dir / "wrap.bin"), Catch::Contains("is truncated: header says " + std::to_string(count)));
   }
+  // A 4-byte id >= 2^31 (a negative token_t if read as signed) is refused as the unsigned value it is.
+  write_token_file(dir / "wide.bin", std::vector<token_t>{1, 2, 3}, 100001, "gpt2");
+  std::string wide = read_bytes(dir / "wide.bin");
+  for (int i = 0; i < 4; ++i) wide[std::size_t(64 + 4 + i)] = '\xFF';
+  write_bytes(dir / "wide.bin", wide);
+  CHECK_THROWS_WITH(TokenFile(dir / "wide.bin"), Catch::Contains("token 1 has id 4294967295 >= vocab 100001"));
   // A FIFO (or any non-regular file) is refused before it is opened: opening it would block forever.
   REQUIRE(::mkfifo((dir / "fifo").c_str(), 0600) == 0);
   CHECK_THROWS_WITH(TokenFile(dir / "fifo"), Catch::Contains("is not a regular file (a FIFO"));

@@ -100,10 +100,13 @@ class TokenFile {
     width_ = static_cast<int>(width);
     count_ = static_cast<index_t>(count);
     vocab_ = static_cast<index_t>(vocab);
-    index_t max_id = 0, max_at = 0;
+    // Ids compared as the unsigned values stored (a 4-byte id >= 2^31 would be a negative token_t).
+    std::uint64_t max_id = 0;
+    index_t max_at = 0;
+    const std::byte* tokens = file_.bytes().data() + token_file_header_bytes;
     for (index_t i = 0; i < count_; ++i)
-      if (const index_t t = (*this)[i]; t > max_id) max_id = t, max_at = i;
-    MOM_CHECK(max_id < vocab_, where, ": token ", max_at, " has id ", max_id, " >= vocab ", vocab_);
+      if (const std::uint64_t t = get_le(tokens + i * width_, width_); t > max_id) max_id = t, max_at = i;
+    MOM_CHECK(max_id < std::uint64_t(vocab_), where, ": token ", max_at, " has id ", max_id, " >= vocab ", vocab_);
   }
 
   index_t size() const { return count_; }

@@ -277,7 +277,7 @@ class File {
               "' is ", t->dtype, ", expected ", dtype_of<T>());
     MOM_CHECK(t->elements() == static_cast<std::int64_t>(out.size()), "checkpoint file '", file_.path().string(),
               "': tensor '", t->name, "' has ", t->elements(), " elements, expected ", out.size());
-    std::memcpy(out.data(), data_.data() + t->begin, out.size_bytes());
+    if (!out.empty()) std::memcpy(out.data(), data_.data() + t->begin, out.size_bytes());  // memcpy(nullptr, ..): UB
   }
 
  private:
