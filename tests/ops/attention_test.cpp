@@ -133,3 +133,50 @@ TEST_CASE("attention: batch > 1 - sequences do not see each other", "[ops][atten
   for (index_t i = S * d; i < B * S * d; ++i) REQUIRE(out2[i] == out[i]);
   CHECK(out2[0] != out[0]);
 }
+
+TEST_CASE("attention_decode + kv_write: token by token through the cache equals causal attention (float, double)",
+          "[ops][attention][decode]") {
+  // B sequences of S tokens fed in an interleaved order (sequence b's token t at step t, sequences in
+  // reverse slot order), each row attending through the cache to its own sequence's earlier tokens.
+  const index_t B = 3, S = 11, heads = 4, d = 32, max_len = 16;
+  Rng rng(77);
+  const auto qkv = random_vec<double>(std::size_t(B * S * 3 * d), rng);
+  const auto want = naive_attention(qkv, B, S, heads, d);
+  auto run = [&]<class T>(T) {
+    std::vector<T> kc(std::size_t(B * max_len * d), T(7)), vc(kc.size(), T(7));  // stale values must not leak in
+    std::vector<T> rows(std::size_t(B * 3 * d)), out(std::size_t(B * d));
+    double worst = 0;
+    for (index_t t = 0; t < S; ++t) {
+      std::vector<index_t> slot, pos;
+      for (index_t b = B - 1; b >= 0; --b) {
+        const index_t r = ssize(slot);
+        for (index_t c = 0; c < 3 * d; ++c) rows[std::size_t(r * 3 * d + c)] = T(qkv[std::size_t((b * S + t) * 3 * d + c)]);
+        slot.push_back(b);
+        pos.push_back(t);
+      }
+      const MatrixView<const T> q{rows.data(), B, 3 * d};
+      cpu::kv_write<T>(MatrixView<T>{kc.data(), B * max_len, d}, MatrixView<T>{vc.data(), B * max_len, d}, q, slot, pos,
+                       max_len);
+      cpu::attention_decode<T>(MatrixView<T>{out.data(), B, d}, q, MatrixView<const T>{kc.data(), B * max_len, d},
+                               MatrixView<const T>{vc.data(), B * max_len, d}, slot, pos, max_len, heads);
+      for (index_t r = 0; r < B; ++r)
+        for (index_t c = 0; c < d; ++c)
+          worst = std::max(worst, std::abs(double(out[std::size_t(r * d + c)]) -
+                                           want[std::size_t((slot[std::size_t(r)] * S + t) * d + c)]));
+    }
+    return worst;
+  };
+  CHECK(run(double{}) < 1e-13);
+  CHECK(run(float{}) < 2e-6);
+  // Rows outside the cache are one-line errors.
+  std::vector<double> kc(static_cast<std::size_t>(max_len * d)), vc(kc.size()), q(static_cast<std::size_t>(3 * d)),
+      out(static_cast<std::size_t>(d));
+  const std::vector<index_t> slot{0}, far{max_len}, other{1};
+  CHECK_THROWS_WITH(cpu::kv_write<double>(MatrixView<double>{kc.data(), max_len, d}, MatrixView<double>{vc.data(), max_len, d},
+                                          MatrixView<const double>{q.data(), 1, 3 * d}, slot, far, max_len),
+                    Catch::Contains("kv_write: row 0 (slot 0, position 16) is outside the cache of 1 x 16"));
+  CHECK_THROWS_WITH(cpu::attention_decode<double>(MatrixView<double>{out.data(), 1, d}, MatrixView<const double>{q.data(), 1, 3 * d},
+                                                  MatrixView<const double>{kc.data(), max_len, d},
+                                                  MatrixView<const double>{vc.data(), max_len, d}, other, slot, max_len, heads),
+                    Catch::Contains("attention_decode: row 0 (slot 1, position 0) is outside the cache of 1 x 16"));
+}
