@@ -1,5 +1,9 @@
 // Shared helpers of the train tests: repo root, the KJV corpus, scratch folders.
 #pragma once
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -39,6 +43,15 @@ inline std::string read_bytes(const std::filesystem::path& p) {
 }
 inline void write_bytes(const std::filesystem::path& p, const std::string& bytes) {
   std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// The pid of a process that has exited (a child, reaped): a writer that was killed.
+inline pid_t dead_pid() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return pid;
 }
 
 // A fresh empty folder under the system temp dir, removed by the destructor.

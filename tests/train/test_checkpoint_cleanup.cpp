@@ -17,6 +17,7 @@ using namespace mom;
 using namespace mom::train;
 using mom_test::read_bytes;
 using mom_test::write_bytes;
+using mom_test::dead_pid;
 
 namespace {
 
@@ -30,13 +31,6 @@ std::set<std::string> entries(const std::filesystem::path& dir) {
   std::set<std::string> names;
   for (const auto& e : std::filesystem::directory_iterator(dir)) names.insert(e.path().filename().string());
   return names;
-}
-pid_t dead_pid() {
-  const pid_t pid = ::fork();
-  if (pid == 0) ::_exit(0);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return pid;
 }
 
 struct Run {

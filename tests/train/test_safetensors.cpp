@@ -14,6 +14,7 @@ using namespace mom;
 using namespace mom::train;
 using mom_test::read_bytes;
 using mom_test::write_bytes;
+using mom_test::dead_pid;
 
 namespace {
 // A file with a hand-written header and `data_bytes` zero bytes of data.
@@ -227,17 +228,6 @@ TEST_CASE("safetensors: strict integer types, sizes that overflow are refused", 
   safetensors::Writer w;
   CHECK_THROWS_WITH(w.add<float>("x", x, {std::int64_t(1) << 62, 4}), Catch::Contains("overflowing shape"));
 }
-
-namespace {
-// The pid of a process that has exited (a child, reaped).
-pid_t dead_pid() {
-  const pid_t pid = ::fork();
-  if (pid == 0) ::_exit(0);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return pid;
-}
-}  // namespace
 
 TEST_CASE("stale temporary files of killed writers are removed, live ones kept", "[safetensors][atomic][cleanup]") {
   CHECK(temp_file_pid(".model.safetensors.tmp.123") == 123);

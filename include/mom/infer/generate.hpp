@@ -49,10 +49,10 @@ class Sampler {
     // Candidates by decreasing logit (ties: lower id first): the top k, or all.
     const index_t k = o.top_k > 0 && o.top_k < vocab ? o.top_k : vocab;
     const auto by_logit = [&](token_t a, token_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-    if (o.top_p < 1)
-      std::sort(order_.begin(), order_.end(), by_logit);
-    else if (k < vocab)
+    if (k < vocab)  // only the k candidates need their order (also for top-p, which cuts inside them)
       std::partial_sort(order_.begin(), order_.begin() + k, order_.end(), by_logit);
+    else if (o.top_p < 1)
+      std::sort(order_.begin(), order_.end(), by_logit);
     // Softmax of logits / temperature over the candidates, shifted by the largest logit (always one).
     const double m = double(*std::max_element(logits.begin(), logits.end()));
     prob_.resize(std::size_t(k));

@@ -105,18 +105,9 @@ struct Attention {
   // k_cache / v_cache [slots·max_len x d] (cpu/decode.hpp): row r is sequence slot[r] at position
   // pos[r]; its key and value are written there, then it attends to positions 0..pos[r] of its
   // sequence, exactly the causal attention of forward for that position.
-  struct DecodeSaved {
-    index_t ln, mean, rstd, qkv, att;
-  };
-  static constexpr DecodeSaved plan_decode(Arena& a, index_t rows) {
-    DecodeSaved s{};
-    s.ln = a.take(rows * d);
-    s.mean = a.take(rows);
-    s.rstd = a.take(rows);
-    s.qkv = a.take(rows * 3 * d);
-    s.att = a.take(rows * d);
-    return s;
-  }
+  // The step's workspace is forward's for `rows` tokens of one position (its lse rows go unused).
+  using DecodeSaved = Saved;
+  static constexpr DecodeSaved plan_decode(Arena& a, index_t rows) { return plan(a, rows, 1); }
   template <class Be, class T>
   static void decode(Be& be, const T* p, T* ws, const DecodeSaved& s, MatrixView<const T> x, MatrixView<T> f_out,
                      MatrixView<T> k_cache, MatrixView<T> v_cache, std::span<const index_t> slot,
