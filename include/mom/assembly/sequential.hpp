@@ -30,14 +30,26 @@ constexpr std::array<int, steps> identity_route() {
 // with weight 1. The set's parameters are stored once (Set::specs), whatever the route; a module
 // used at several steps keeps one Saved block per use, and its backward accumulates (+=) into the
 // same gradient block at every use, so a shared module's gradient is the sum over its uses.
+// A module with an auxiliary loss (ModuleWithAuxLoss: σ-MoE's entropy regulariser, ...) adds it at every
+// use into Plan::aux; the executor then declares has_aux_loss (AuxLossPart), and the model adds Plan::aux
+// to its objective.
+struct AuxLossPart {
+  static constexpr bool has_aux_loss = true;
+};
+struct NoAuxLossPart {};
+
 template <class A, Dims D, std::array<int, A::h> route>
-struct FixedRouteExecutor {
+struct FixedRouteExecutor
+    : std::conditional_t<ModuleWithAuxLoss<typename A::module_set::template attention<D>> ||
+                             ModuleWithAuxLoss<typename A::module_set::template ffn<D>>,
+                         AuxLossPart, NoAuxLossPart> {
   static_assert(std::is_same_v<typename A::phi_type, phi::MoM>,
                 "mom::Router<Sequential> and Router<Share<P>> run one module per step with weight 1: they assemble "
                 "with phi::MoM (the default), not phi::MoE or phi::LayerSkip");
   using Set = typename A::module_set;
   using Attn = typename Set::template attention<D>;
   using Ffn = typename Set::template ffn<D>;
+  static constexpr bool attn_aux = ModuleWithAuxLoss<Attn>, ffn_aux = ModuleWithAuxLoss<Ffn>;
   static constexpr int L = A::h;
   static constexpr index_t d = D.d_model;
 
@@ -65,9 +77,11 @@ struct FixedRouteExecutor {
     std::array<typename Ffn::Saved, L> ffn{};
     std::array<index_t, L> u{};
     std::array<index_t, L> x_next{};
+    index_t aux = 0;  // the modules' auxiliary losses summed over the steps (when a module has one)
   };
   static constexpr Plan plan(Arena& a, index_t batch, index_t seq) {
     Plan p{};
+    if constexpr (attn_aux || ffn_aux) p.aux = a.take(1);
     for (int h = 0; h < L; ++h) {
       p.attn[h] = Attn::plan(a, batch, seq);
       p.u[h] = a.take(batch * seq * d);
@@ -89,11 +103,15 @@ struct FixedRouteExecutor {
     const index_t n = batch * seq;
     const MatrixView<T> f{scratch, n, d};
     const std::span<const T> f_flat{scratch, static_cast<std::size_t>(n * d)};
+    const std::span<T> aux(ws + plan.aux, 1);
+    if constexpr (attn_aux || ffn_aux) be.zero(aux);
     for (int h = 0; h < L; ++h) {
       const MatrixView<T> u{ws + plan.u[h], n, d}, x_next{ws + plan.x_next[h], n, d};
       Attn::forward(be, p + attention_offset(h), ws, plan.attn[h], x, f, batch, seq);
+      if constexpr (attn_aux) be.axpy(aux, T(1), std::span<const T>(ws + plan.attn[h].aux, 1));
       be.add_forward(u.flat(), std::span<const T>(x.data, static_cast<std::size_t>(n * d)), f_flat);  // eq. (4)
       Ffn::forward(be, p + ffn_offset(h), ws, plan.ffn[h], MatrixView<const T>(u), f, batch, seq);
+      if constexpr (ffn_aux) be.axpy(aux, T(1), std::span<const T>(ws + plan.ffn[h].aux, 1));
       be.add_forward(x_next.flat(), std::span<const T>(u.flat()), f_flat);  // eq. (4)
       x = x_next;
     }
@@ -105,7 +123,7 @@ struct FixedRouteExecutor {
   // steps has one cache per use, as its forward sees a different input at each); the step workspace
   // is shared by the steps.
   template <class Be>
-  static constexpr bool decodes_on = DecodingSequenceMixerOn<Attn, Be> && TokenMixerOn<Ffn, Be>;
+  static constexpr bool decodes_on = DecodingSequenceMixerOn<Attn, Be> && DenseTokenMixerOn<Ffn, Be>;
   struct DecodePlan {
     DecodeRounds<L, d> rounds{};  // per-step caches and the rows' residual stream
     typename Attn::DecodeSaved attn{};

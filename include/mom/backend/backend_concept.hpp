@@ -13,7 +13,7 @@
 // out are checked both with and without them. The parts (memory, dense ops, routing, grouped ops,
 // depth routing, optimizer) are separate concepts, so a failure names the part and the call.
 //
-// Not listed: ops that only tests call (topk_rows, softmax_rows, attention_packed_* and their
+// Not listed: ops that only tests call (softmax_rows, attention_packed_* and their
 // backwards), and each backend's own extras (cuda::Backend's sync, precision, reserve_dispatch,
 // group_by_module, ...).
 #include <concepts>
@@ -88,7 +88,8 @@ concept DenseOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std
   be.gru_cell_backward(m, m, m, m, s, s, m, cm, cm, cm, cm, cm, cm);
 };
 
-// Routed assembly (Mixture-of-Modules, MoE): router top-K, grouping by choice, balance loss.
+// Routed assembly (Mixture-of-Modules, MoE, σ-MoE): router top-K, grouping by choice, balance loss, the
+// selection entropy regulariser, plain top-k of rows (σ-MoE and SwitchHead select on sigmoid scores).
 template <class Be, class T>
 concept RoutingOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, MatrixView<token_t> picks,
                               MatrixView<const token_t> cpicks, std::span<T> s, std::span<const T> cs,
@@ -97,6 +98,9 @@ concept RoutingOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, M
   be.route_topk_backward(m, cm, cm, cm, cpicks, x, flag, cs);
   be.group_by_choice(ts, ts, ts, cpicks, i);
   be.balance_loss_forward(s, s, cm, tok, i, x);
+  be.selection_entropy_forward(s, m, cm, i, i, x);
+  be.topk_rows(m, picks, cm);
+  be.topk_rows_backward(m, cm, cpicks);
 };
 
 // Grouped ops (core/groups.hpp): rows split into groups by offsets in backend memory, each group with

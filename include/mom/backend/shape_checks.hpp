@@ -42,13 +42,15 @@ void linear_backward_shapes(CM<T> dx, CM<T> dw, CS<T> db, CM<T> dy, CM<T> x, CM<
 }
 
 // ---- embedding (the token ids themselves are range-checked by each backend) ----
+// An empty wpe: no position embedding (a RoPE model, Dims::positions).
 template <class T>
 void embedding_shapes(const char* op, CM<T> rows, Tok tokens, CM<T> wte, CM<T> wpe, index_t seq) {
   MOM_CHECK(ssize(tokens) == rows.rows, op, ": ", tokens.size(), " tokens for ", shape(rows), " rows");
-  MOM_CHECK(wte.cols == rows.cols && wpe.cols == rows.cols, op, ": wte ", shape(wte), ", wpe ", shape(wpe), " and out ",
-            shape(rows), " disagree on d_model");
+  MOM_CHECK(wte.cols == rows.cols && (wpe.empty() || wpe.cols == rows.cols), op, ": wte ", shape(wte), ", wpe ",
+            shape(wpe), " and out ", shape(rows), " disagree on d_model");
   MOM_CHECK(seq > 0 && rows.rows % seq == 0, op, ": seq = ", seq, " does not divide the ", rows.rows, " rows");
-  MOM_CHECK(seq <= wpe.rows, op, ": seq = ", seq, " exceeds the context ", wpe.rows, " of wpe ", shape(wpe));
+  MOM_CHECK(wpe.empty() || seq <= wpe.rows, op, ": seq = ", seq, " exceeds the context ", wpe.rows, " of wpe ",
+            shape(wpe));
 }
 
 // ---- layernorm ---------------------------------------------------------------
@@ -113,6 +115,17 @@ void attention_backward_grad_shapes(CM<T> dqkv, CM<T> dout, CM<T> out, CM<T> qkv
             " must match qkv ", shape(qkv));
   MOM_CHECK(dout.rows == out.rows && dout.cols == out.cols, "attention_backward: dout ", shape(dout),
             " must match out ", shape(out));
+}
+
+// ---- rotary position embedding (x [rows × heads·head_dim], rotated in place) -----------------
+// n_positions: the explicit positions / flat token indices given (-1: none, positions from the row).
+template <class T>
+void rope_shapes(const char* op, CM<T> x, index_t n_positions, index_t seq, index_t head_dim, T base) {
+  MOM_CHECK(head_dim > 0 && head_dim % 2 == 0, op, ": head_dim = ", head_dim, " must be even and > 0");
+  MOM_CHECK(x.cols % head_dim == 0, op, ": x ", shape(x), " is not a whole number of heads of head_dim = ", head_dim);
+  MOM_CHECK(seq > 0, op, ": seq = ", seq, " must be > 0");
+  MOM_CHECK(n_positions < 0 || n_positions == x.rows, op, ": ", n_positions, " positions for x ", shape(x));
+  MOM_CHECK(base > T(0), op, ": base = ", base, " must be > 0");
 }
 
 // ---- GRU cell --------------------------------------------------------------------
@@ -294,6 +307,14 @@ void balance_loss_forward_shapes(CS<T> loss_out, CS<T> dprobs_col, CM<T> probs, 
   MOM_CHECK(ssize(loss_out) == 1 && ssize(dprobs_col) == E && ssize(offsets) == E + 1,
             "balance_loss_forward: loss_out ", loss_out.size(), ", dprobs_col ", dprobs_col.size(), ", offsets ",
             offsets.size(), " for probs ", shape(probs));
+}
+template <class T>
+void selection_entropy_shapes(CS<T> loss_out, CM<T> dlogits, CM<T> logits, index_t batch, index_t seq) {
+  MOM_CHECK(ssize(loss_out) == 1 && batch > 0 && seq > 0 && logits.rows == batch * seq && logits.cols > 0 &&
+                dlogits.rows == logits.rows && dlogits.cols == logits.cols && logits.contiguous() &&
+                dlogits.contiguous(),
+            "selection_entropy_forward: logits ", shape(logits), " and dlogits ", shape(dlogits), " for ", batch,
+            " sequences of ", seq, " tokens, loss_out ", loss_out.size());
 }
 
 // ---- optimizer -------------------------------------------------------------------------------

@@ -72,6 +72,17 @@ concept ModuleCore = requires(Arena& a, index_t i) {
   { M::scratch(i, i) } -> std::convertible_to<index_t>;
 };
 
+// A module may contribute an auxiliary loss (MoEUT's selection entropy regulariser, ...): it declares
+//   static constexpr bool has_aux_loss = true;   and   Saved::aux
+// the workspace offset of one scalar that its forward writes (the loss, already weighted by its
+// coefficient). The executor adds it to the model's objective; the module's backward adds the loss's
+// gradient itself (the objective is cross-entropy + every auxiliary loss, each with weight 1).
+template <class M>
+concept ModuleWithAuxLoss = requires(const typename M::Saved& s) {
+  requires M::has_aux_loss;
+  { s.aux } -> std::convertible_to<index_t>;
+};
+
 // Number of parameter tensors of a module (the size of its tensors() array).
 template <class M>
 inline constexpr std::size_t module_tensor_count = std::tuple_size_v<decltype(M::tensors(0))>;
@@ -120,6 +131,17 @@ concept TokenMixerOn =
       M::backward(be, p, g, ws, s, x, y, x, g, i, i);
       M::forward_grouped(be, pg, ws, s, x, y, gr);
       M::backward_grouped(be, pg, gg, ws, s, x, y, x, g, gr);
+    };
+
+// A token mixer's dense members only (forward / backward over batch × seq): what the dense stack and
+// parameter sharing call, and what decoding a step needs (modules that route inside themselves, such as
+// σ-MoE, have no row-group members).
+template <class M, class Be, class T = typename Be::scalar>
+concept DenseTokenMixerOn =
+    TokenMixer<M> && requires(Be& be, const T* p, T* g, T* ws, const typename M::Saved& s, MatrixView<const T> x,
+                              MatrixView<T> y, index_t i) {
+      M::forward(be, p, ws, s, x, y, i, i);
+      M::backward(be, p, g, ws, s, x, y, x, g, i, i);
     };
 
 // The forward / backward members of a sequence mixer on backend Be: dense, as a token mixer's (over

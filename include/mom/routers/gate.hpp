@@ -28,7 +28,7 @@
 #include "mom/core/layout.hpp"
 #include "mom/core/tensor.hpp"
 #include "mom/routers/router.hpp"
-#include "mom/routers/selection.hpp"
+#include "mom/core/selection.hpp"
 
 namespace mom {
 

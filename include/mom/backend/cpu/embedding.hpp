@@ -1,5 +1,6 @@
 #pragma once
-// Token + learned positional embedding (GPT-2): out[t] = wte[tokens[t]] + wpe[t mod seq].
+// Token + learned positional embedding (GPT-2): out[t] = wte[tokens[t]] + wpe[t mod seq] (wpe may be empty:
+// token embedding only).
 #include <algorithm>
 #include <limits>
 #include <span>
@@ -22,19 +23,26 @@ void check_embedding_shapes(const char* op, MatrixView<const T> rows, std::span<
 }
 }  // namespace detail
 
-// out[B*S × d]: row t = wte[tokens[t]] + wpe[t mod seq]. Writes out.
+// out[B*S × d]: row t = wte[tokens[t]] + wpe[t mod seq]. Writes out. An empty wpe: out[t] = wte[tokens[t]]
+// (no learned positions: a RoPE model rotates queries and keys instead, cpu/rope.hpp).
 template <class T>
 void embedding_forward(MatrixView<T> out, std::span<const token_t> tokens, MatrixView<const T> wte,
                        MatrixView<const T> wpe, index_t seq) {
   detail::check_embedding_shapes<T>("embedding_forward", out, tokens, wte, wpe, seq);
   const index_t d = out.cols;
+  const bool positions = !wpe.empty();
 #pragma omp parallel for schedule(static) if (out.rows * d > (1 << 16))
   for (index_t t = 0; t < out.rows; ++t) {
     const T* e = wte.row(tokens[t]);
-    const T* p = wpe.row(t % seq);
     T* o = out.row(t);
+    if (positions) {
+      const T* p = wpe.row(t % seq);
 #pragma omp simd
-    for (index_t c = 0; c < d; ++c) o[c] = e[c] + p[c];
+      for (index_t c = 0; c < d; ++c) o[c] = e[c] + p[c];
+    } else {
+#pragma omp simd
+      for (index_t c = 0; c < d; ++c) o[c] = e[c];
+    }
   }
 }
 

@@ -145,6 +145,53 @@ void balance_loss_forward(std::span<T> loss_out, std::span<T> dprobs_col, Matrix
   loss_out[0] = coef * T(E) * loss;
 }
 
+// Selection entropy regulariser within each sequence (MoEUT, arXiv 2405.16039, eq. (4)): for the B
+// sequences of seq rows of logits [B·seq × C],
+//   loss = coef · (1/B) Σ_b Σ_e p_b[e] log p_b[e],   p_b = (1/seq) Σ_t softmax(logits_{b,t})
+// (the negative entropy of the sequence's mean selection: minimising it spreads the selection).
+// Writes loss_out[0] and its gradient dlogits = d loss / d logits [B·seq × C] (a local loss: the
+// caller adds dlogits into its logit gradient in backward). With g_e = coef·(log p_b[e] + 1)/(B·seq)
+// = d loss / d softmax_{b,t}[e], the softmax backward gives dlogits_t = s_t ⊙ (g − ⟨s_t, g⟩).
+template <class T>
+void selection_entropy_forward(std::span<T> loss_out, MatrixView<T> dlogits, MatrixView<const T> logits,
+                               index_t batch, index_t seq, T coef) {
+  checks::selection_entropy_shapes<T>(loss_out, dlogits, logits, batch, seq);
+  const index_t C = logits.cols;
+  T total = 0;
+#pragma omp parallel for schedule(static) reduction(+ : total) if (batch > 1 && batch * seq * C > (1 << 14))
+  for (index_t b = 0; b < batch; ++b) {
+    thread_local std::vector<T> p;  // grows once to the widest selection
+    p.assign(std::size_t(C), T(0));
+    for (index_t t = 0; t < seq; ++t) {  // softmax rows into dlogits, their mean into p
+      const index_t r = b * seq + t;
+      const T* z = logits.row(r);
+      T* s = dlogits.row(r);
+      T m = z[0];
+      for (index_t e = 1; e < C; ++e) m = std::max(m, z[e]);
+      T sum = 0;
+      for (index_t e = 0; e < C; ++e) sum += (s[e] = std::exp(z[e] - m));
+      const T inv = T(1) / sum;
+      for (index_t e = 0; e < C; ++e) p[std::size_t(e)] += (s[e] *= inv);
+    }
+    T neg_entropy = 0;
+    for (index_t e = 0; e < C; ++e) {
+      T& pe = p[std::size_t(e)];
+      pe /= T(seq);
+      const T log_p = std::log(std::max(pe, std::numeric_limits<T>::min()));
+      neg_entropy += pe * log_p;
+      pe = coef * (log_p + T(1)) / T(batch * seq);  // p now holds g
+    }
+    total += neg_entropy;
+    for (index_t t = 0; t < seq; ++t) {
+      T* s = dlogits.row(b * seq + t);
+      T dot = 0;
+      for (index_t e = 0; e < C; ++e) dot += s[e] * p[std::size_t(e)];
+      for (index_t e = 0; e < C; ++e) s[e] *= p[std::size_t(e)] - dot;
+    }
+  }
+  loss_out[0] = coef * total / T(batch);
+}
+
 namespace detail {
 // First index i in sorted [first, last) with v[i] >= x (lower) / v[i] > x (upper).
 inline index_t lower_index(std::span<const token_t> v, token_t x) {

@@ -54,6 +54,7 @@ enum class Precision : int {
 // of group_by_module grows on its first use unless reserve_dispatch sized it).
 struct Context {
   static constexpr int reduce_blocks = 1024;  // grid of the two-pass reductions (grad_norm)
+  static constexpr int entropy_classes = 1024;  // most classes selection_entropy_forward takes (shared memory)
 
   int device = 0;
   cudaStream_t stream = nullptr;
@@ -160,6 +161,8 @@ struct Kernels {
                                   const T* dprobs_col);
   static void balance_loss_forward(const Context& ctx, T* loss_out, T* dprobs_col, CM probs, const token_t* offsets,
                                    index_t k, T coef);
+  static void selection_entropy_forward(const Context& ctx, T* loss_out, M dlogits, CM logits, index_t batch,
+                                        index_t seq, T coef);
   static void attention_packed_forward(const Context& ctx, M out, T* lse, CM q, CM k, CM v, const token_t* q_tok,
                                        const token_t* k_tok, index_t seq, index_t heads);
   static void attention_packed_backward(const Context& ctx, M dq, M dk, M dv, CM dout, CM out, const T* lse, CM q,

@@ -1,5 +1,5 @@
 #pragma once
-// Token + position embedding, forward and backward (cpu/embedding.hpp).
+// Token + position embedding, forward and backward (cpu/embedding.hpp); an empty wpe: token embedding only.
 #include "mom/backend/cuda/kernels/common.cuh"
 
 namespace mom::cuda {
@@ -19,7 +19,8 @@ __global__ void embedding_forward_kernel(MatrixView<T> out, const token_t* token
       if (c == 0) report(error, DeviceError::embedding_token, t, tok, wte.rows);
       continue;
     }
-    out.data[t * out.ld + c] = wte.data[index_t(tok) * wte.ld + c] + wpe.data[(t % seq) * wpe.ld + c];
+    const T e_tok = wte.data[index_t(tok) * wte.ld + c];
+    out.data[t * out.ld + c] = wpe.data ? e_tok + wpe.data[(t % seq) * wpe.ld + c] : e_tok;  // no wpe: RoPE model
   }
 }
 

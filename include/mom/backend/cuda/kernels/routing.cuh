@@ -108,6 +108,53 @@ __global__ void balance_sum_kernel(T* loss_out, const double* terms, index_t E, 
   if (threadIdx.x == 0) loss_out[0] = T(double(coef) * double(E) * s);
 }
 
+// Selection entropy within each sequence (cpu/routing.hpp, selection_entropy_forward): block b
+// handles sequence b. Thread per row: the softmax rows into dlogits; thread per class: p[e], the
+// gradient weights g[e] (shared memory) and the block's Σ p log p (into partials[b]); thread per row:
+// dlogits_t = s_t ⊙ (g − ⟨s_t, g⟩).
+template <class T>
+__global__ void selection_entropy_kernel(double* partials, MatrixView<T> dlogits, MatrixView<const T> logits,
+                                         index_t batch, index_t seq, T coef) {
+  __shared__ T g[Context::entropy_classes];
+  const index_t b = blockIdx.x, C = logits.cols, r0 = b * seq;
+  for (index_t t = threadIdx.x; t < seq; t += blockDim.x) {
+    const T* z = logits.data + (r0 + t) * logits.ld;
+    T* s = dlogits.data + (r0 + t) * dlogits.ld;
+    T m = z[0];
+    for (index_t e = 1; e < C; ++e) m = z[e] > m ? z[e] : m;
+    T sum = 0;
+    for (index_t e = 0; e < C; ++e) sum += (s[e] = exp(z[e] - m));
+    const T inv = T(1) / sum;
+    for (index_t e = 0; e < C; ++e) s[e] *= inv;
+  }
+  __syncthreads();
+  double part = 0;
+  for (index_t e = threadIdx.x; e < C; e += blockDim.x) {
+    T pe = 0;
+    for (index_t t = 0; t < seq; ++t) pe += dlogits.data[(r0 + t) * dlogits.ld + e];
+    pe /= T(seq);
+    const T log_p = log(pe > T(0) ? pe : T(1e-30));
+    part += double(pe) * double(log_p);
+    g[e] = coef * (log_p + T(1)) / T(batch * seq);
+  }
+  part = block_reduce<double>(part);
+  if (threadIdx.x == 0) partials[b] = part;
+  __syncthreads();
+  for (index_t t = threadIdx.x; t < seq; t += blockDim.x) {
+    T* s = dlogits.data + (r0 + t) * dlogits.ld;
+    T dot = 0;
+    for (index_t e = 0; e < C; ++e) dot += s[e] * g[e];
+    for (index_t e = 0; e < C; ++e) s[e] *= g[e] - dot;
+  }
+}
+template <class T>
+__global__ void selection_entropy_sum_kernel(T* loss_out, const double* partials, index_t batch, T coef) {
+  double s = 0;
+  for (index_t b = threadIdx.x; b < batch; b += blockDim.x) s += partials[b];
+  s = block_reduce<double>(s);
+  if (threadIdx.x == 0) loss_out[0] = T(double(coef) * s / double(batch));
+}
+
 __global__ void slots_to_rows_kernel(token_t* rows, const token_t* slots, index_t n, index_t k) {
   MOM_GRID_STRIDE(i, n) rows[i] = static_cast<token_t>(slots[i] / k);
 }
@@ -149,6 +196,15 @@ void Kernels<T>::balance_loss_forward(const Context& ctx, T* loss_out, T* dprobs
               dev::balance_terms_kernel<T>, ctx.partials, dprobs_col, probs, offsets, k, coef);
   dev::launch("balance_loss_forward", ctx, 1, dev::threads, dev::balance_sum_kernel<T>, loss_out,
               static_cast<const double*>(ctx.partials), probs.cols, coef);
+}
+
+template <class T>
+void Kernels<T>::selection_entropy_forward(const Context& ctx, T* loss_out, M dlogits, CM logits, index_t batch,
+                                           index_t seq, T coef) {
+  dev::launch("selection_entropy_forward", ctx, static_cast<unsigned>(batch), dev::threads,
+              dev::selection_entropy_kernel<T>, ctx.partials, dlogits, logits, batch, seq, coef);
+  dev::launch("selection_entropy_forward", ctx, 1, dev::threads, dev::selection_entropy_sum_kernel<T>, loss_out,
+              static_cast<const double*>(ctx.partials), batch, coef);
 }
 
 void slots_to_rows(const Context& ctx, token_t* rows, const token_t* slots, index_t n, index_t k) {

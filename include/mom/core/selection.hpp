@@ -102,4 +102,20 @@ void select_backward(Be& be, const T* ws, const Selection& s, index_t n, index_t
                          std::span<const T>{ws + s.dprobs_col, std::size_t(classes)});
 }
 
+// Backward of the weighted scatter-adds of `modules` groups (module m's outputs y in group order
+// at ws + y_off), read from dres before anything accumulates into it: dL/dy into dy [n·K × d]
+// (group order) and dL/d(weight) into dwp [n·K] (zeroed here).
+template <class Be, class T>
+void weighted_scatter_backward(Be& be, const T* ws, const Selection& s, index_t y_off, int modules,
+                               MatrixView<const T> dres, T* dy, T* dwp, index_t n, index_t k) {
+  const index_t d = dres.cols, rows = n * k;
+  const RowGroups g = groups_of(ws, s, modules);
+  be.zero(std::span<T>(dwp, std::size_t(rows)));
+  const MatrixView<T> dyv{dy, rows, d};
+  be.zero_rows(dyv, g);
+  be.scatter_add_rows_backward(dyv, std::span<T>(dwp, std::size_t(rows)), dres, MatrixView<const T>{ws + y_off, rows, d},
+                               std::span<const token_t>(toks(ws, s.row_token), std::size_t(rows)),
+                               std::span<const T>(ws + s.wpacked, std::size_t(rows)), g);
+}
+
 }  // namespace mom::dispatch

@@ -1,0 +1,183 @@
+#pragma once
+// σ-MoE feed-forward (Csordás et al. 2023, arXiv 2310.10837), as MoEUT uses it (arXiv 2405.16039, §2.1):
+// N_E small experts of width d_expert, each W₁ᵉ [d_expert × d] and W₂ᵉ [d × d_expert] (no biases), and
+//   s_t  = σ(LN(x_t) · W_Sᵀ)                                   eq. (1): sigmoid expert scores
+//   E_t  = top-K(s_t)                                          eq. (2)
+//   y_t  = Σ_{e ∈ E_t} s_t[e] · ReLU(x̂_t W₁ᵉᵀ) W₂ᵉᵀ             eq. (3): sigmoid weights, not renormalised
+// with x̂ = x under peri-LayerNorm (§2.4: LayerNorm only before the selection, none on the value path)
+// and x̂ = LN(x) under pre-LayerNorm. The regulariser within each sequence, eq. (4):
+//   L = γ · (1/B) Σ_b Σ_e p_b[e] log p_b[e],   p_b = (1/T) Σ_t softmax(LN(x_{b,t}) · W_Sᵀ)
+// is this module's auxiliary loss (ModuleWithAuxLoss, modules/module.hpp): added to the model's objective
+// once per use of the module; its gradient is added in backward. No expert dropout.
+//
+// The experts run over exactly the chosen (token, expert) pairs: the n·K pairs are grouped by expert
+// (core/selection.hpp, the same grouping as the MoE step), the grouped GEMMs run expert e over its group
+// only, one weighted scatter-add forms y. The group sizes stay in backend memory.
+//
+//   FFN<L, SigmaMoE<32, 4>::type>                      L σ-MoE modules (32 experts of 128, top-4)
+//   SigmaMoE<N_E, K, d_expert, PeriNorm | PreNorm, std::ratio<γ>>
+// It is a token mixer over (batch, seq) (the dense stack, parameter sharing, decoding); it has no
+// row-group members, so it cannot be a MoM chunk's routed FFN (a compile error names the member).
+#include <array>
+#include <ratio>
+#include <span>
+
+#include "mom/core/selection.hpp"
+#include "mom/modules/module.hpp"
+#include "mom/modules/norm_scheme.hpp"
+
+namespace mom {
+
+template <int NE, int K, int DE = 128, class Norm = PeriNorm, class Gamma = std::ratio<1, 100>>
+struct SigmaMoE {
+  static_assert(NE >= 1 && NE <= max_row_groups, "mom::SigmaMoE<N_E, K>: N_E (experts) must be in 1..256");
+  static_assert(K >= 1 && K <= NE, "mom::SigmaMoE<N_E, K>: K (active experts) must be in 1..N_E");
+  static_assert(DE >= 1, "mom::SigmaMoE<N_E, K, d_expert>: d_expert must be >= 1");
+  static_assert(is_norm_scheme<Norm>, "mom::SigmaMoE: the norm scheme must be PeriNorm or PreNorm");
+  static_assert(Gamma::num >= 0, "mom::SigmaMoE: the entropy coefficient gamma must be >= 0");
+  static constexpr int experts = NE, top_k = K, d_expert = DE;
+
+  template <Dims D>
+  struct type {
+    static constexpr const char* name = "SigmaMoE";
+    static constexpr bool has_aux_loss = true;
+    static constexpr bool peri = std::is_same_v<Norm, PeriNorm>;
+    static constexpr index_t d = D.d_model, de = DE;
+    static constexpr double gamma = double(Gamma::num) / double(Gamma::den);
+
+    static constexpr index_t o_ln_w = 0, o_ln_b = d, o_sel = 2 * d, o_w1 = o_sel + NE * d, o_w2 = o_w1 + NE * de * d;
+    static constexpr index_t params = o_w2 + NE * d * de;
+    static constexpr std::array<TensorSpec, 5> tensors(index_t layer) {
+      return {{{"ln_2.w", layer, 1, d, Init::One},
+               {"ln_2.b", layer, 1, d, Init::Zero},
+               {"moe.w_sel", layer, NE, d, Init::Normal},
+               {"moe.w1", layer, NE * de, d, Init::Normal},  // expert e: rows e·d_expert ..
+               {"moe.w2", layer, NE * d, de, Init::ResidualNormal}}};  // expert e: rows e·d ..
+    }
+    // Forward FLOPs per token: the selection (2·d·N_E) and K experts (2·d·d_expert each way); MACs are
+    // half of these (the paper's measure). The softmax of the regulariser and the LayerNorm are not counted.
+    static constexpr index_t flops_per_token(index_t /*seq*/) { return 2 * d * NE + K * 4 * d * de; }
+    static constexpr index_t backward_flops_per_token(index_t seq) { return 2 * flops_per_token(seq); }
+
+    // Packed rows are the n·K (token, pick) pairs in expert order.
+    struct Saved {
+      index_t ln, mean, rstd;   // LN(x) [n × d] and its statistics
+      dispatch::Selection sel;  // logits (in sel.probs), sigmoid weights, picks, groups, the loss
+      index_t dreg;             // d(regulariser)/d(logits) [n × N_E], written by forward
+      index_t xg, h, act, y;    // packed: x̂ [rows × d], W₁ output and ReLU [rows × d_expert], W₂ output
+      index_t aux;              // = sel.loss: γ·L (ModuleWithAuxLoss)
+    };
+    static constexpr Saved plan(Arena& a, index_t batch, index_t seq) {
+      const index_t n = batch * seq, rows = n * K;
+      Saved s{};
+      s.ln = a.take(n * d);
+      s.mean = a.take(n);
+      s.rstd = a.take(n);
+      s.sel = dispatch::plan_selection(a, n, K, NE);
+      s.dreg = a.take(n * NE);
+      s.xg = a.take(rows * d);
+      s.h = a.take(rows * de);
+      s.act = a.take(rows * de);
+      s.y = a.take(rows * d);
+      s.aux = s.sel.loss;
+      return s;
+    }
+    struct Scratch {
+      index_t dy, dwp, dws, dv, dact, dh, dxg, dlogits, dln, total;
+    };
+    static constexpr Scratch scratch_plan(index_t n) {
+      const index_t rows = n * K;
+      Arena a;
+      Scratch s{};
+      s.dy = a.take(rows * d);
+      s.dwp = a.take(rows);
+      s.dws = a.take(rows);
+      s.dv = a.take(rows);
+      s.dact = a.take(rows * de);
+      s.dh = a.take(rows * de);
+      s.dxg = a.take(rows * d);
+      s.dlogits = a.take(n * NE);
+      s.dln = a.take(n * d);
+      s.total = a.used;
+      return s;
+    }
+    static constexpr index_t scratch(index_t batch, index_t seq) { return scratch_plan(batch * seq).total; }
+
+    template <class T>
+    static PerGroup<T> w1(T* p) {
+      return PerGroup<T>(p + o_w1, NE, [](int e) { return index_t(e) * de * d; });
+    }
+    template <class T>
+    static PerGroup<T> w2(T* p) {
+      return PerGroup<T>(p + o_w2, NE, [](int e) { return index_t(e) * d * de; });
+    }
+
+    template <class Be, class T>
+    static void forward(Be& be, const T* p, T* ws, const Saved& s, MatrixView<const T> x, MatrixView<T> f_out,
+                        index_t batch, index_t seq) {
+      using detail::mat, detail::vec;
+      const index_t n = batch * seq, rows = n * K;
+      const auto ln = mat(ws, s.ln, n, d);
+      const auto logits = mat(ws, s.sel.probs, n, NE);
+      const auto weights = mat(ws, s.sel.weights, n, K);
+      be.layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
+      be.linear_forward(logits, MatrixView<const T>(ln), mat(p, o_sel, NE, d), std::span<const T>{});  // x·W_S
+      be.selection_entropy_forward(vec(ws, s.sel.loss, 1), mat(ws, s.dreg, n, NE), MatrixView<const T>(logits), batch,
+                                   seq, T(gamma));  // eq. (4)
+      // top-K by score (σ is monotonic: the top-K logits), then the picked scores σ(logit) (eqs. (1)-(2)).
+      be.topk_rows(weights, MatrixView<token_t>{dispatch::toks(ws, s.sel.picks), n, K}, MatrixView<const T>(logits));
+      be.sigmoid_forward(weights.flat(), std::span<const T>(weights.flat()));
+      dispatch::group_picks(be, ws, s.sel, n, K, NE);
+      const RowGroups g = dispatch::groups_of(ws, s.sel, NE);
+      const std::span<const token_t> idx(dispatch::toks(ws, s.sel.row_token), std::size_t(rows));
+      const auto xg = mat(ws, s.xg, rows, d), h = mat(ws, s.h, rows, de), act = mat(ws, s.act, rows, de);
+      const auto y = mat(ws, s.y, rows, d);
+      be.gather_rows(xg, peri ? x : MatrixView<const T>(ln), idx, g);
+      be.grouped_linear_forward(h, MatrixView<const T>(xg), w1(p), PerGroup<const T>{}, g);
+      be.relu_forward(act.flat(), std::span<const T>(h.flat()));
+      be.grouped_linear_forward(y, MatrixView<const T>(act), w2(p), PerGroup<const T>{}, g);
+      be.zero(f_out);
+      be.scatter_add_rows(f_out, MatrixView<const T>(y), idx, vec(static_cast<const T*>(ws), s.sel.wpacked, rows), g);
+    }
+
+    // df may alias dx (the dense stack passes its residual gradient as both): df is read only by the
+    // first op, the weighted scatter's backward.
+    template <class Be, class T>
+    static void backward(Be& be, const T* p, T* g, const T* ws, const Saved& s, MatrixView<const T> x,
+                         MatrixView<T> dx, MatrixView<const T> df, T* scratch, index_t batch, index_t seq) {
+      using detail::mat, detail::vec;
+      const index_t n = batch * seq, rows = n * K;
+      const Scratch c = scratch_plan(n);
+      const RowGroups gr = dispatch::groups_of(ws, s.sel, NE);
+      const std::span<const token_t> idx(dispatch::toks(ws, s.sel.row_token), std::size_t(rows));
+      const auto dy = mat(scratch, c.dy, rows, d), dact = mat(scratch, c.dact, rows, de);
+      const auto dh = mat(scratch, c.dh, rows, de), dxg = mat(scratch, c.dxg, rows, d);
+      const auto dlogits = mat(scratch, c.dlogits, n, NE), dln = mat(scratch, c.dln, n, d);
+      dispatch::weighted_scatter_backward(be, ws, s.sel, s.y, NE, df, dy.data, scratch + c.dwp, n, K);
+      // The experts: W₂, ReLU, W₁ over their groups.
+      be.zero(dact);
+      be.grouped_linear_backward(dact, w2(g), PerGroup<T>{}, MatrixView<const T>(dy), mat(ws, s.act, rows, de), w2(p),
+                                 gr);
+      be.zero(dh);
+      be.relu_backward(dh.flat(), vec(ws, s.h, rows * de), std::span<const T>(dact.flat()));
+      be.zero(dxg);
+      be.grouped_linear_backward(dxg, w1(g), PerGroup<T>{}, MatrixView<const T>(dh), mat(ws, s.xg, rows, d), w1(p), gr);
+      // The selection: d weight → d σ → the picked logits, plus the regulariser's gradient.
+      dispatch::slot_grads(be, ws, s.sel, n, K, vec(static_cast<const T*>(scratch), c.dwp, rows), vec(scratch, c.dws, rows));
+      be.zero(vec(scratch, c.dv, rows));
+      be.sigmoid_backward(vec(scratch, c.dv, rows), vec(ws, s.sel.weights, rows), vec(static_cast<const T*>(scratch), c.dws, rows));
+      be.copy(dlogits.flat(), vec(ws, s.dreg, n * NE));
+      be.topk_rows_backward(dlogits, mat(static_cast<const T*>(scratch), c.dv, n, K),
+                            MatrixView<const token_t>{dispatch::toks(ws, s.sel.picks), n, K});
+      be.zero(dln);
+      be.linear_backward(dln, mat(g, o_sel, NE, d), std::span<T>{}, MatrixView<const T>(dlogits), mat(ws, s.ln, n, d),
+                         mat(p, o_sel, NE, d));
+      // The experts' input: x itself (peri) or LN(x) (pre).
+      be.scatter_add_rows(peri ? dx : dln, MatrixView<const T>(dxg), idx, std::span<const T>{}, gr);
+      be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
+                            vec(ws, s.rstd, n), vec(p, o_ln_w, d));
+    }
+  };
+};
+
+}  // namespace mom
