@@ -1,0 +1,261 @@
+#pragma once
+// SwitchHead attention (Csordás et al. 2024, arXiv 2312.07987), as MoEUT uses it (arXiv 2405.16039, §2.2):
+// H heads of width d_head, each with its own query and key projection and N_A value and N_A output
+// experts, chosen per token by independent sigmoid selections (K_A active each):
+//   s_V^h = σ(LN(x) W_SV^h),  E_V^h = top-K_A(s_V^h)                       eqs. (5)-(6)
+//   s_O^h = σ(LN(x) W_SO^h),  E_O^h = top-K_A(s_O^h)
+//   v_t^h = Σ_{e ∈ E_V^h} s_V^h[e] · x̂_t W_V^{h,e}                           eq. (7)
+//   a^h   = softmax(q^h K^hᵀ / √d_head) causal, q^h = LN(x) W_Q^h, k^h = LN(x) W_K^h   eq. (8)
+//   y_t   = Σ_h Σ_{e ∈ E_O^h} s_O^h[e] · (a^h V^h)_t W_O^{h,e}                  eq. (9)
+// x̂ = x under peri-LayerNorm (§2.4: no LayerNorm on the value path), x̂ = LN(x) under pre-LayerNorm.
+// Rotary positions (Dims::positions) rotate q and k as in the library's attention.
+// Auxiliary loss (ModuleWithAuxLoss): the within-sequence entropy regulariser of eq. (4) on every head's
+// value and output selection, each weighted by δ, summed over heads and the two selections.
+//
+// Each head's value and output experts run over exactly their chosen (token, expert) pairs, grouped by
+// expert as in σ-MoE (core/selection.hpp); the attention itself is the library's fused causal op over
+// a [Q | K | V] matrix of H heads of d_head.
+//
+//   MHA<L, SwitchHead<2, 5, 2, 64>::type>     L SwitchHead modules: 2 heads of 64, 5 experts, 2 active
+// A sequence mixer over (batch, seq): the dense stack, parameter sharing, MoE's attention. It has no
+// row-group members (a MoM chunk over it is a compile error naming the member) and no decode members yet.
+#include <array>
+#include <ratio>
+#include <span>
+
+#include "mom/core/selection.hpp"
+#include "mom/modules/module.hpp"
+#include "mom/modules/norm_scheme.hpp"
+
+namespace mom {
+
+template <int Heads, int NA, int KA = 2, int DH = 64, class Norm = PeriNorm, class Delta = std::ratio<1, 1000>>
+struct SwitchHead {
+  static_assert(Heads >= 1, "mom::SwitchHead<H, N_A>: H (heads) must be >= 1");
+  static_assert(NA >= 1 && NA <= max_row_groups, "mom::SwitchHead<H, N_A>: N_A (experts per head) must be in 1..256");
+  static_assert(KA >= 1 && KA <= NA, "mom::SwitchHead<H, N_A, K_A>: K_A (active experts per head) must be in 1..N_A");
+  static_assert(DH >= 1, "mom::SwitchHead<H, N_A, K_A, d_head>: d_head must be >= 1");
+  static_assert(is_norm_scheme<Norm>, "mom::SwitchHead: the norm scheme must be PeriNorm or PreNorm");
+  static_assert(Delta::num >= 0, "mom::SwitchHead: the entropy coefficient delta must be >= 0");
+  static constexpr int heads = Heads, experts = NA, top_k = KA, d_head = DH;
+
+  template <Dims D>
+  struct type {
+    static constexpr const char* name = "SwitchHead";
+    static constexpr bool has_aux_loss = true;
+    static constexpr bool peri = std::is_same_v<Norm, PeriNorm>;
+    static constexpr index_t d = D.d_model, dh = DH, H = Heads, hd = H * DH;  // hd: Q, K and V widths
+    static constexpr double delta = double(Delta::num) / double(Delta::den);
+
+    static constexpr index_t o_ln_w = 0, o_ln_b = d, o_qk = 2 * d, o_sv = o_qk + 2 * hd * d, o_so = o_sv + H * NA * d,
+                             o_v = o_so + H * NA * d, o_o = o_v + H * NA * dh * d;
+    static constexpr index_t params = o_o + H * NA * d * dh;
+    static constexpr std::array<TensorSpec, 7> tensors(index_t layer) {
+      return {{{"ln_1.w", layer, 1, d, Init::One},
+               {"ln_1.b", layer, 1, d, Init::Zero},
+               {"attn.w_qk", layer, 2 * hd, d, Init::Normal},    // W_Q^h rows h·d_head .., then W_K^h
+               {"attn.w_sel_v", layer, H * NA, d, Init::Normal},  // W_SV^h rows h·N_A ..
+               {"attn.w_sel_o", layer, H * NA, d, Init::Normal},
+               {"attn.w_v", layer, H * NA * dh, d, Init::Normal},             // W_V^{h,e} [d_head × d]
+               {"attn.w_o", layer, H * NA * d, dh, Init::ResidualNormal}}};  // W_O^{h,e} [d × d_head]
+    }
+    // Forward FLOPs per token: Q and K (2·d·2·H·d_head), the 2·H selections (2·d·N_A each), K_A value and
+    // K_A output experts per head (2·d·d_head each), causal attention as modules::Attention counts it
+    // (2·H·d_head·(seq+1)). MACs are half (the paper's measure); LayerNorm and softmaxes are not counted.
+    static constexpr index_t linear_flops = 2 * d * 2 * hd + 2 * 2 * H * NA * d + 2 * KA * H * 2 * d * dh;
+    static constexpr index_t flops_per_token(index_t seq) { return linear_flops + 2 * hd * (seq + 1); }
+    static constexpr index_t backward_flops_per_token(index_t seq) { return 2 * linear_flops + 5 * hd * (seq + 1); }
+
+    // One head's selection (value or output side) and its packed rows.
+    struct Side {
+      dispatch::Selection sel;  // logits in sel.probs [n × N_A], sigmoid weights, picks, groups, γ·L in sel.loss
+      index_t dreg = 0;         // d(regulariser)/d(logits) [n × N_A]
+      index_t xg = 0, yg = 0;   // value: x̂ gathered [rows × d], expert outputs [rows × d_head];
+                                // output: a^h V^h gathered [rows × d_head], expert outputs [rows × d]
+    };
+    struct Saved {
+      index_t ln = 0, mean = 0, rstd = 0;  // LN(x) [n × d]
+      index_t qkv = 0, att = 0, lse = 0;   // [Q|K|V] [n × 3·H·d_head], attention output [n × H·d_head], lse
+      std::array<Side, Heads> v{}, o{};
+      index_t aux = 0;                     // δ·Σ L over the 2·H selections (ModuleWithAuxLoss)
+    };
+    static constexpr Saved plan(Arena& a, index_t batch, index_t seq) {
+      const index_t n = batch * seq, rows = n * KA;
+      Saved s{};
+      s.ln = a.take(n * d);
+      s.mean = a.take(n);
+      s.rstd = a.take(n);
+      s.qkv = a.take(n * 3 * hd);
+      s.att = a.take(n * hd);
+      s.lse = a.take(batch * H * seq);
+      for (int h = 0; h < Heads; ++h) {
+        for (Side* side : {&s.v[h], &s.o[h]}) {
+          side->sel = dispatch::plan_selection(a, n, KA, NA);
+          side->dreg = a.take(n * NA);
+        }
+        s.v[h].xg = a.take(rows * d);
+        s.v[h].yg = a.take(rows * dh);
+        s.o[h].xg = a.take(rows * dh);
+        s.o[h].yg = a.take(rows * d);
+      }
+      s.aux = a.take(1);
+      return s;
+    }
+    struct Scratch {
+      index_t datt, dqkv, dln, dy, dwp, dws, dv, dg, dlogits, dxg, total;
+    };
+    static constexpr Scratch scratch_plan(index_t n) {
+      const index_t rows = n * KA;
+      Arena a;
+      Scratch s{};
+      s.datt = a.take(n * hd);
+      s.dqkv = a.take(n * 3 * hd);
+      s.dln = a.take(n * d);
+      s.dy = a.take(rows * d);   // dL/d(expert output), group order (output side: d; value side: d_head)
+      s.dwp = a.take(rows);
+      s.dws = a.take(rows);
+      s.dv = a.take(rows);
+      s.dg = a.take(rows * d);   // dL/d(expert input), group order
+      s.dlogits = a.take(n * NA);
+      s.total = a.used;
+      return s;
+    }
+    static constexpr index_t scratch(index_t batch, index_t seq) { return scratch_plan(batch * seq).total; }
+
+    // Expert (h, e)'s weights: W_V^{h,e} [d_head × d], W_O^{h,e} [d × d_head].
+    template <class T>
+    static PerGroup<T> w_v(T* p, int h) {
+      return PerGroup<T>(p + o_v + index_t(h) * NA * dh * d, NA, [](int e) { return index_t(e) * dh * d; });
+    }
+    template <class T>
+    static PerGroup<T> w_o(T* p, int h) {
+      return PerGroup<T>(p + o_o + index_t(h) * NA * d * dh, NA, [](int e) { return index_t(e) * d * dh; });
+    }
+
+    // A head's selection (eqs. (5)-(6)): logits = LN(x) W_S^hᵀ, the regulariser, top-K_A, σ, the groups.
+    template <class Be, class T>
+    static void select(Be& be, const T* w_sel, T* ws, const Side& side, MatrixView<const T> ln, index_t batch,
+                       index_t seq) {
+      using detail::mat, detail::vec;
+      const index_t n = batch * seq;
+      const auto logits = mat(ws, side.sel.probs, n, NA);
+      const auto weights = mat(ws, side.sel.weights, n, KA);
+      be.linear_forward(logits, ln, MatrixView<const T>{w_sel, NA, d}, std::span<const T>{});
+      be.selection_entropy_forward(vec(ws, side.sel.loss, 1), mat(ws, side.dreg, n, NA), MatrixView<const T>(logits),
+                                   batch, seq, T(delta));
+      be.topk_rows(weights, MatrixView<token_t>{dispatch::toks(ws, side.sel.picks), n, KA}, MatrixView<const T>(logits));
+      be.sigmoid_forward(weights.flat(), std::span<const T>(weights.flat()));
+      dispatch::group_picks(be, ws, side.sel, n, KA, NA);
+    }
+    // Backward of select: dL/d(weight) in group order (dwp) → dL/dLN(x) (+= into dln) and dW_S^h.
+    template <class Be, class T>
+    static void select_backward(Be& be, const T* w_sel, T* g_sel, const T* ws, const Side& side,
+                                MatrixView<const T> ln, MatrixView<T> dln, T* sc, const Scratch& c, index_t n) {
+      using detail::mat, detail::vec;
+      const index_t rows = n * KA;
+      const auto dlogits = mat(sc, c.dlogits, n, NA);
+      dispatch::slot_grads(be, ws, side.sel, n, KA, vec(static_cast<const T*>(sc), c.dwp, rows), vec(sc, c.dws, rows));
+      be.zero(vec(sc, c.dv, rows));
+      be.sigmoid_backward(vec(sc, c.dv, rows), vec(ws, side.sel.weights, rows), vec(static_cast<const T*>(sc), c.dws, rows));
+      be.copy(dlogits.flat(), vec(ws, side.dreg, n * NA));
+      be.topk_rows_backward(dlogits, mat(static_cast<const T*>(sc), c.dv, n, KA),
+                            MatrixView<const token_t>{dispatch::toks(ws, side.sel.picks), n, KA});
+      be.linear_backward(dln, MatrixView<T>{g_sel, NA, d}, std::span<T>{}, MatrixView<const T>(dlogits), ln,
+                         MatrixView<const T>{w_sel, NA, d});
+    }
+
+    template <class Be, class T>
+    static void forward(Be& be, const T* p, T* ws, const Saved& s, MatrixView<const T> x, MatrixView<T> f_out,
+                        index_t batch, index_t seq) {
+      using detail::mat, detail::vec;
+      const index_t n = batch * seq, rows = n * KA;
+      const auto ln = mat(ws, s.ln, n, d);
+      const auto qkv = mat(ws, s.qkv, n, 3 * hd), att = mat(ws, s.att, n, hd);
+      const MatrixView<const T> cln(ln), xin = peri ? x : cln;
+      be.layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
+      be.linear_forward(qkv.col_block(0, 2 * hd), cln, mat(p, o_qk, 2 * hd, d), std::span<const T>{});  // q, k
+      const std::span<T> aux = vec(ws, s.aux, 1);
+      be.zero(aux);
+      be.zero(qkv.col_block(2 * hd, hd));
+      for (int h = 0; h < Heads; ++h) {  // v^h, eq. (7)
+        const Side& sv = s.v[h];
+        select(be, p + o_sv + h * NA * d, ws, sv, cln, batch, seq);
+        be.axpy(aux, T(1), vec(static_cast<const T*>(ws), sv.sel.loss, 1));
+        const RowGroups g = dispatch::groups_of(ws, sv.sel, NA);
+        const std::span<const token_t> idx(dispatch::toks(ws, sv.sel.row_token), std::size_t(rows));
+        const auto xg = mat(ws, sv.xg, rows, d), vg = mat(ws, sv.yg, rows, dh);
+        be.gather_rows(xg, xin, idx, g);
+        be.grouped_linear_forward(vg, MatrixView<const T>(xg), w_v(p, h), PerGroup<const T>{}, g);
+        be.scatter_add_rows(qkv.col_block(2 * hd + h * dh, dh), MatrixView<const T>(vg), idx,
+                            vec(static_cast<const T*>(ws), sv.sel.wpacked, rows), g);
+      }
+      rope(be, qkv, batch, seq, false);
+      be.attention_forward(att, vec(ws, s.lse, batch * H * seq), MatrixView<const T>(qkv), batch, seq, H);  // eq. (8)
+      be.zero(f_out);
+      for (int h = 0; h < Heads; ++h) {  // y, eq. (9)
+        const Side& so = s.o[h];
+        select(be, p + o_so + h * NA * d, ws, so, cln, batch, seq);
+        be.axpy(aux, T(1), vec(static_cast<const T*>(ws), so.sel.loss, 1));
+        const RowGroups g = dispatch::groups_of(ws, so.sel, NA);
+        const std::span<const token_t> idx(dispatch::toks(ws, so.sel.row_token), std::size_t(rows));
+        const auto ag = mat(ws, so.xg, rows, dh), yg = mat(ws, so.yg, rows, d);
+        be.gather_rows(ag, MatrixView<const T>(att.col_block(h * dh, dh)), idx, g);
+        be.grouped_linear_forward(yg, MatrixView<const T>(ag), w_o(p, h), PerGroup<const T>{}, g);
+        be.scatter_add_rows(f_out, MatrixView<const T>(yg), idx, vec(static_cast<const T*>(ws), so.sel.wpacked, rows), g);
+      }
+    }
+
+    // df may alias dx: df is read only by the output experts' scatter backward, before dx is written.
+    template <class Be, class T>
+    static void backward(Be& be, const T* p, T* g, const T* ws, const Saved& s, MatrixView<const T> x,
+                         MatrixView<T> dx, MatrixView<const T> df, T* sc, index_t batch, index_t seq) {
+      using detail::mat, detail::vec;
+      const index_t n = batch * seq, rows = n * KA;
+      const Scratch c = scratch_plan(n);
+      const auto ln = mat(ws, s.ln, n, d);
+      const auto datt = mat(sc, c.datt, n, hd), dqkv = mat(sc, c.dqkv, n, 3 * hd), dln = mat(sc, c.dln, n, d);
+      be.zero(datt);
+      be.zero(dqkv);
+      be.zero(dln);
+      for (int h = 0; h < Heads; ++h) {  // eq. (9) backward: dL/d(a^h V^h), dW_O, the output selection
+        const Side& so = s.o[h];
+        const RowGroups gr = dispatch::groups_of(ws, so.sel, NA);
+        const std::span<const token_t> idx(dispatch::toks(ws, so.sel.row_token), std::size_t(rows));
+        const auto dy = mat(sc, c.dy, rows, d), dag = mat(sc, c.dg, rows, dh);
+        dispatch::weighted_scatter_backward(be, ws, so.sel, so.yg, NA, df, dy.data, sc + c.dwp, n, KA);
+        be.zero(dag);
+        be.grouped_linear_backward(dag, w_o(g, h), PerGroup<T>{}, MatrixView<const T>(dy), mat(ws, so.xg, rows, dh),
+                                   w_o(p, h), gr);
+        be.scatter_add_rows(datt.col_block(h * dh, dh), MatrixView<const T>(dag), idx, std::span<const T>{}, gr);
+        select_backward(be, p + o_so + h * NA * d, g + o_so + h * NA * d, ws, so, ln, dln, sc, c, n);
+      }
+      be.attention_backward(dqkv, MatrixView<const T>(datt), mat(ws, s.att, n, hd), vec(ws, s.lse, batch * H * seq),
+                            mat(ws, s.qkv, n, 3 * hd), batch, seq, H);
+      rope(be, dqkv, batch, seq, true);
+      be.linear_backward(dln, mat(g, o_qk, 2 * hd, d), std::span<T>{}, MatrixView<const T>(dqkv.col_block(0, 2 * hd)), ln,
+                         mat(p, o_qk, 2 * hd, d));
+      const MatrixView<T> dxin = peri ? dx : dln;
+      for (int h = 0; h < Heads; ++h) {  // eq. (7) backward: dW_V, dx̂, the value selection
+        const Side& sv = s.v[h];
+        const RowGroups gr = dispatch::groups_of(ws, sv.sel, NA);
+        const std::span<const token_t> idx(dispatch::toks(ws, sv.sel.row_token), std::size_t(rows));
+        const auto dvg = mat(sc, c.dy, rows, dh), dxg = mat(sc, c.dg, rows, d);
+        dispatch::weighted_scatter_backward(be, ws, sv.sel, sv.yg, NA, MatrixView<const T>(dqkv.col_block(2 * hd + h * dh, dh)),
+                                            dvg.data, sc + c.dwp, n, KA);
+        be.zero(dxg);
+        be.grouped_linear_backward(dxg, w_v(g, h), PerGroup<T>{}, MatrixView<const T>(dvg), mat(ws, sv.xg, rows, d),
+                                   w_v(p, h), gr);
+        be.scatter_add_rows(dxin, MatrixView<const T>(dxg), idx, std::span<const T>{}, gr);
+        select_backward(be, p + o_sv + h * NA * d, g + o_sv + h * NA * d, ws, sv, ln, dln, sc, c, n);
+      }
+      be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
+                            vec(ws, s.rstd, n), vec(p, o_ln_w, d));
+    }
+
+    // Rotary positions on the q and k blocks of a [Q|K|V] matrix (their gradients when inverse).
+    template <class Be, class T>
+    static void rope(Be& /*be*/, MatrixView<T> /*qkv*/, index_t /*batch*/, index_t /*seq*/, bool /*inverse*/) {}
+  };
+};
+
+}  // namespace mom

@@ -1,0 +1,184 @@
+// SwitchHead attention (modules/switch_head.hpp; MoEUT arXiv 2405.16039 §2.2): the module against a naive
+// loop over eqs. (5)-(9) (and eq. (4) on both selections) in double, peri and pre LayerNorm; its gradient,
+// regularisers included, by central differences in a whole model with σ-MoE and layer grouping.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "mom/modules/sigma_moe.hpp"
+#include "mom/modules/switch_head.hpp"
+#include "mom/mom.hpp"
+#include "models/random_tokens.hpp"
+#include "models/routed_gradient_check.hpp"
+#include "ops/grad_check.hpp"
+
+using namespace mom;
+
+namespace {
+constexpr Dims tiny{.d_model = 8, .heads = 2, .d_ff = 12, .vocab = 11, .context = 6};
+constexpr int NA = 3, KA = 2;
+
+struct Sel {
+  std::vector<double> logits;  // [n × NA]
+};
+
+// Top-K_A of a row by value (ties to the lower index) and the within-sequence regulariser of eq. (4).
+std::vector<int> top(const double* z, int k) {
+  std::vector<int> order(NA);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return z[a] > z[b]; });
+  order.resize(std::size_t(k));
+  return order;
+}
+double regulariser(const std::vector<double>& logits, index_t B, index_t T) {
+  double L = 0;
+  for (index_t b = 0; b < B; ++b) {
+    std::vector<double> pm(NA, 0.0);
+    for (index_t t = 0; t < T; ++t) {
+      const double* z = &logits[std::size_t((b * T + t) * NA)];
+      const double mx = *std::max_element(z, z + NA);
+      double sum = 0;
+      for (int e = 0; e < NA; ++e) sum += std::exp(z[e] - mx);
+      for (int e = 0; e < NA; ++e) pm[e] += std::exp(z[e] - mx) / sum / double(T);
+    }
+    for (int e = 0; e < NA; ++e) L += pm[e] * std::log(pm[e]);
+  }
+  return L / double(B);
+}
+
+template <class M>
+double naive_switch_head(const std::vector<double>& p, const std::vector<double>& x, index_t B, index_t T, bool peri,
+                         double delta, std::vector<double>& out) {
+  const index_t d = M::d, dh = M::dh, H = M::H, n = B * T;
+  out.assign(std::size_t(n * d), 0.0);
+  std::vector<double> ln(std::size_t(n * d));
+  for (index_t r = 0; r < n; ++r) {
+    double mean = 0, var = 0;
+    for (index_t c = 0; c < d; ++c) mean += x[r * d + c];
+    mean /= double(d);
+    for (index_t c = 0; c < d; ++c) var += (x[r * d + c] - mean) * (x[r * d + c] - mean);
+    const double rstd = 1.0 / std::sqrt(var / double(d) + 1e-5);
+    for (index_t c = 0; c < d; ++c) ln[r * d + c] = (x[r * d + c] - mean) * rstd * p[M::o_ln_w + c] + p[M::o_ln_b + c];
+  }
+  auto row_dot = [&](const double* a, const double* w) {
+    double s = 0;
+    for (index_t c = 0; c < d; ++c) s += a[c] * w[c];
+    return s;
+  };
+  double aux = 0;
+  for (index_t h = 0; h < H; ++h) {
+    std::vector<double> q(n * dh), k(n * dh), v(n * dh, 0.0), lv(n * NA), lo(n * NA), a(n * dh, 0.0);
+    for (index_t r = 0; r < n; ++r) {
+      const double* xin = peri ? &x[r * d] : &ln[r * d];
+      for (index_t i = 0; i < dh; ++i) {
+        q[r * dh + i] = row_dot(&ln[r * d], &p[M::o_qk + (h * dh + i) * d]);
+        k[r * dh + i] = row_dot(&ln[r * d], &p[M::o_qk + (H * dh + h * dh + i) * d]);
+      }
+      for (int e = 0; e < NA; ++e) {
+        lv[r * NA + e] = row_dot(&ln[r * d], &p[M::o_sv + (h * NA + e) * d]);
+        lo[r * NA + e] = row_dot(&ln[r * d], &p[M::o_so + (h * NA + e) * d]);
+      }
+      for (int e : top(&lv[r * NA], KA)) {  // eq. (7)
+        const double s = 1.0 / (1.0 + std::exp(-lv[r * NA + e]));
+        for (index_t i = 0; i < dh; ++i) v[r * dh + i] += s * row_dot(xin, &p[M::o_v + ((h * NA + e) * dh + i) * d]);
+      }
+    }
+    for (index_t b = 0; b < B; ++b)  // eq. (8), causal
+      for (index_t t = 0; t < T; ++t) {
+        std::vector<double> sc(std::size_t(t + 1));
+        double mx = -1e300, sum = 0;
+        for (index_t u = 0; u <= t; ++u) {
+          double s = 0;
+          for (index_t i = 0; i < dh; ++i) s += q[(b * T + t) * dh + i] * k[(b * T + u) * dh + i];
+          sc[u] = s / std::sqrt(double(dh));
+          mx = std::max(mx, sc[u]);
+        }
+        for (index_t u = 0; u <= t; ++u) sum += (sc[u] = std::exp(sc[u] - mx));
+        for (index_t u = 0; u <= t; ++u)
+          for (index_t i = 0; i < dh; ++i) a[(b * T + t) * dh + i] += sc[u] / sum * v[(b * T + u) * dh + i];
+      }
+    for (index_t r = 0; r < n; ++r)  // eq. (9)
+      for (int e : top(&lo[r * NA], KA)) {
+        const double s = 1.0 / (1.0 + std::exp(-lo[r * NA + e]));
+        for (index_t c = 0; c < d; ++c) {
+          double y = 0;
+          for (index_t i = 0; i < dh; ++i) y += a[r * dh + i] * p[M::o_o + ((h * NA + e) * d + c) * dh + i];
+          out[r * d + c] += s * y;
+        }
+      }
+    aux += delta * (regulariser(lv, B, T) + regulariser(lo, B, T));
+  }
+  return aux;
+}
+
+template <class Norm>
+void check_against_naive() {
+  using M = SwitchHead<2, NA, KA, 4, Norm, std::ratio<1, 10>>::template type<tiny>;
+  const index_t B = 2, T = 5, n = B * T, d = tiny.d_model;
+  test::Rng rng(9);
+  std::vector<double> p = test::random_vec(std::size_t(M::params), rng), x = test::random_vec(std::size_t(n * d), rng);
+  Arena a;
+  const auto s = M::plan(a, B, T);
+  std::vector<double> ws(std::size_t(a.used)), out(std::size_t(n * d)), ref;
+  cpu::Backend<double> be;
+  M::forward(be, p.data(), ws.data(), s, MatrixView<const double>{x.data(), n, d}, MatrixView<double>{out.data(), n, d},
+             B, T);
+  const double aux = naive_switch_head<M>(p, x, B, T, std::is_same_v<Norm, PeriNorm>, 0.1, ref);
+  CHECK(test::rel_error(out, ref) < 1e-12);
+  CHECK(std::abs(ws[std::size_t(s.aux)] - aux) < 1e-12 * std::abs(aux));
+  CHECK(aux < 0);
+}
+
+// Every selection's picks of the last forward (attention value/output, σ-MoE), for the flip count.
+template <class Instance>
+std::vector<token_t> all_selection_picks(Instance& m, index_t n) {
+  const auto& plan = std::get<0>(m.plan().parts);
+  std::vector<token_t> out;
+  auto add = [&](const dispatch::Selection& s, int k) {
+    const token_t* t = dispatch::toks(m.workspace_data(), s.picks);
+    out.insert(out.end(), t, t + n * k);
+  };
+  for (const auto& at : plan.attn)
+    for (int h = 0; h < 2; ++h) add(at.v[h].sel, KA), add(at.o[h].sel, KA);
+  for (const auto& f : plan.ffn) add(f.sel, 2);
+  return out;
+}
+
+template <class Norm>
+void whole_model_gradient_check() {
+  using Attn = SwitchHead<2, NA, KA, 4, Norm, std::ratio<1, 10>>;
+  using Moe = SigmaMoE<4, 2, 3, Norm, std::ratio<1, 10>>;
+  using Model = LM<tiny, Assembly<Router<Share<Cycle<2>>>, ModuleSet<MHA<2, Attn::template type>, FFN<2, Moe::template type>>,
+                                  K<1>, H<4>>>;
+  auto m = Model::template make<cpu::Backend<double>>(6);
+  const test::GradientCase c = test::gradient_case(m, 6, 5, 0.5);
+  const index_t n = c.batch * c.seq;
+  double max_sel_grad = 0;
+  const test::FdTally t = test::check_central_differences(
+      m, c.grad, 1e-6, [&](const auto&) { return c.forward(m); }, [&] { return all_selection_picks(m, n); },
+      [&](const auto& info, double, double g) {
+        if (std::string_view(info.name).find("w_sel_v") != std::string_view::npos)
+          max_sel_grad = std::max(max_sel_grad, std::abs(g));
+      });
+  INFO("checked " << t.checked << ", flipped " << t.flipped);
+  CHECK(t.flipped <= t.checked / 100);
+  CHECK(t.checked > 1000);
+  CHECK(max_sel_grad > 1e-3);
+}
+}  // namespace
+
+TEST_CASE("SwitchHead (peri-LayerNorm) equals a naive loop over eqs. (5)-(9) in double", "[switch_head]") {
+  check_against_naive<PeriNorm>();
+}
+TEST_CASE("SwitchHead (pre-LayerNorm) equals a naive loop over eqs. (5)-(9) in double", "[switch_head]") {
+  check_against_naive<PreNorm>();
+}
+TEST_CASE("SwitchHead + σ-MoE, layer-grouped (peri): gradient equals finite differences", "[switch_head][gradcheck]") {
+  whole_model_gradient_check<PeriNorm>();
+}
+TEST_CASE("SwitchHead + σ-MoE, layer-grouped (pre): gradient equals finite differences", "[switch_head][gradcheck]") {
+  whole_model_gradient_check<PreNorm>();
+}
