@@ -63,6 +63,7 @@ const std::vector<ArchEntry>& registry();
 std::vector<ArchEntry> moe_architectures();      // arch_moe.cpp: MoE, MoE(share), MoDE (integrated)
 std::vector<ArchEntry> depth_architectures();    // arch_depth.cpp: Mixture-of-Depths, MoDE (staged), layer-skip, early-exit
 std::vector<ArchEntry> sharing_architectures();  // arch_sharing.cpp: parameter sharing (ALBERT, MoEUT cycles, AABB)
+std::vector<ArchEntry> moeut_architectures();    // arch_moeut.cpp: MoEUT (σ-MoE + SwitchHead, layer grouping) and its ablations
 
 inline const ArchEntry* find_architecture(std::string_view name) {
   for (const auto& a : registry())

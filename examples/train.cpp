@@ -39,7 +39,7 @@ const std::vector<ArchEntry>& registry() {
     v.push_back(list_architecture<GPT2SmallMoMP>("gpt2-small-mom-p", "gpt2", "MoM_P on GPT-2 small, [1-1-4-1-4-1]; listed only", "gpt2-small"));
     v.push_back(list_architecture<GPT2SmallMoMI>("gpt2-small-mom-i", "gpt2", "MoM_I on GPT-2 small, [1-1-4-1-4-1]; listed only", "gpt2-small"));
     v.push_back(list_architecture<GPT2SmallMoME>("gpt2-small-mom-e", "gpt2", "MoM_E on GPT-2 small, [1-1-4-1-4-1]; listed only", "gpt2-small"));
-    for (auto family : {moe_architectures, depth_architectures, sharing_architectures})
+    for (auto family : {moe_architectures, depth_architectures, sharing_architectures, moeut_architectures})
       for (auto& a : family()) v.push_back(std::move(a));
     return v;
   }();

@@ -147,11 +147,11 @@ std::vector<token_t> all_selection_picks(Instance& m, index_t n) {
   return out;
 }
 
-template <class Norm>
+template <class Norm, Dims dims = tiny>
 void whole_model_gradient_check() {
   using Attn = SwitchHead<2, NA, KA, 4, Norm, std::ratio<1, 10>>;
   using Moe = SigmaMoE<4, 2, 3, Norm, std::ratio<1, 10>>;
-  using Model = LM<tiny, Assembly<Router<Share<Cycle<2>>>, ModuleSet<MHA<2, Attn::template type>, FFN<2, Moe::template type>>,
+  using Model = LM<dims, Assembly<Router<Share<Cycle<2>>>, ModuleSet<MHA<2, Attn::template type>, FFN<2, Moe::template type>>,
                                   K<1>, H<4>>>;
   auto m = Model::template make<cpu::Backend<double>>(6);
   const test::GradientCase c = test::gradient_case(m, 6, 5, 0.5);
@@ -181,4 +181,8 @@ TEST_CASE("SwitchHead + σ-MoE, layer-grouped (peri): gradient equals finite dif
 }
 TEST_CASE("SwitchHead + σ-MoE, layer-grouped (pre): gradient equals finite differences", "[switch_head][gradcheck]") {
   whole_model_gradient_check<PreNorm>();
+}
+TEST_CASE("SwitchHead + σ-MoE with rotary positions (no wpe): gradient equals finite differences",
+          "[switch_head][rope][gradcheck]") {
+  whole_model_gradient_check<PeriNorm, with_rope(tiny)>();
 }

@@ -50,13 +50,20 @@ struct RoutedFfn {
   template <class Be, class T, class ParamOffset>
   static void forward(Be& be, const T* p, T* ws, const Saved& s, const Selection& sel, int modules, ParamOffset offset,
                       MatrixView<const T> in, MatrixView<T> out, index_t k) {
-    const index_t rows = in.rows * k;
-    const RowGroups g = groups_of(ws, sel, modules);
-    const std::span<const token_t> idx(toks(ws, sel.row_token), std::size_t(rows));
-    const MatrixView<T> xg{ws + s.x, rows, d}, y{ws + s.y, rows, d};
-    be.gather_rows(xg, in, idx, g);
-    Ffn::forward_grouped(be, PerGroup<const T>(p, modules, offset), ws, s.ffn, MatrixView<const T>(xg), y, g);
-    be.scatter_add_rows(out, MatrixView<const T>(y), idx, std::span<const T>(ws + sel.wpacked, std::size_t(rows)), g);
+    static_assert(TokenMixerOn<Ffn, Be, T>,
+                  "mom: this FFN module has no forward_grouped / backward_grouped, so it cannot be a routed FFN (MoM, "
+                  "MoE experts); a module that routes inside itself, such as SigmaMoE, runs in the dense stack and "
+                  "under parameter sharing");
+    if constexpr (!TokenMixerOn<Ffn, Be, T>) return;
+    else {
+      const index_t rows = in.rows * k;
+      const RowGroups g = groups_of(ws, sel, modules);
+      const std::span<const token_t> idx(toks(ws, sel.row_token), std::size_t(rows));
+      const MatrixView<T> xg{ws + s.x, rows, d}, y{ws + s.y, rows, d};
+      be.gather_rows(xg, in, idx, g);
+      Ffn::forward_grouped(be, PerGroup<const T>(p, modules, offset), ws, s.ffn, MatrixView<const T>(xg), y, g);
+      be.scatter_add_rows(out, MatrixView<const T>(y), idx, std::span<const T>(ws + sel.wpacked, std::size_t(rows)), g);
+    }
   }
 
   // The modules' backward, after weighted_scatter_backward put dL/dy in dy: parameter gradients
@@ -64,15 +71,17 @@ struct RoutedFfn {
   template <class Be, class T, class ParamOffset>
   static void backward(Be& be, const T* p, T* grads, const T* ws, const Saved& s, const Selection& sel, int modules,
                        ParamOffset offset, const T* dy, MatrixView<T> din, T* scratch, index_t k) {
-    const index_t rows = din.rows * k;
-    const RowGroups g = groups_of(ws, sel, modules);
-    const std::span<const token_t> idx(toks(ws, sel.row_token), std::size_t(rows));
-    const MatrixView<T> dxg{scratch, rows, d};
-    be.zero_rows(dxg, g);
-    Ffn::backward_grouped(be, PerGroup<const T>(p, modules, offset), PerGroup<T>(grads, modules, offset), ws, s.ffn,
-                          MatrixView<const T>{ws + s.x, rows, d}, dxg, MatrixView<const T>{dy, rows, d},
-                          scratch + rows * d, g);
-    be.scatter_add_rows(din, MatrixView<const T>(dxg), idx, std::span<const T>{}, g);
+    if constexpr (TokenMixerOn<Ffn, Be, T>) {
+      const index_t rows = din.rows * k;
+      const RowGroups g = groups_of(ws, sel, modules);
+      const std::span<const token_t> idx(toks(ws, sel.row_token), std::size_t(rows));
+      const MatrixView<T> dxg{scratch, rows, d};
+      be.zero_rows(dxg, g);
+      Ffn::backward_grouped(be, PerGroup<const T>(p, modules, offset), PerGroup<T>(grads, modules, offset), ws, s.ffn,
+                            MatrixView<const T>{ws + s.x, rows, d}, dxg, MatrixView<const T>{dy, rows, d},
+                            scratch + rows * d, g);
+      be.scatter_add_rows(din, MatrixView<const T>(dxg), idx, std::span<const T>{}, g);
+    }
   }
 };
 

@@ -46,6 +46,7 @@ struct SwitchHead {
     static constexpr bool peri = std::is_same_v<Norm, PeriNorm>;
     static constexpr index_t d = D.d_model, dh = DH, H = Heads, hd = H * DH;  // hd: Q, K and V widths
     static constexpr double delta = double(Delta::num) / double(Delta::den);
+    static_assert(!D.rope() || DH % 2 == 0, "mom::SwitchHead<H, N_A, K_A, d_head>: rotary positions need an even d_head");
 
     static constexpr index_t o_ln_w = 0, o_ln_b = d, o_qk = 2 * d, o_sv = o_qk + 2 * hd * d, o_so = o_sv + H * NA * d,
                              o_v = o_so + H * NA * d, o_o = o_v + H * NA * dh * d;
@@ -253,8 +254,15 @@ struct SwitchHead {
     }
 
     // Rotary positions on the q and k blocks of a [Q|K|V] matrix (their gradients when inverse).
+    // Position t = row % seq (backend/cpu/rope.hpp); nothing under learned positions (the LM adds wpe).
     template <class Be, class T>
-    static void rope(Be& /*be*/, MatrixView<T> /*qkv*/, index_t /*batch*/, index_t /*seq*/, bool /*inverse*/) {}
+    static void rope(Be& be, MatrixView<T> qkv, index_t /*batch*/, index_t seq, bool inverse) {
+      if constexpr (D.rope()) {
+        const MatrixView<T> qk = qkv.col_block(0, 2 * hd);
+        if (inverse) be.rope_backward(qk, std::span<const index_t>{}, seq, dh, T(D.rope_base));
+        else be.rope_forward(qk, std::span<const index_t>{}, seq, dh, T(D.rope_base));
+      }
+    }
   };
 };
 
