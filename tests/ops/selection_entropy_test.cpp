@@ -1,0 +1,64 @@
+// selection_entropy_forward (cpu/routing.hpp; MoEUT arXiv 2405.16039 eq. (4)): the loss against a naive
+// loop, its gradient against central differences in double, and the float op against the double one.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <vector>
+
+#include "mom/backend/cpu.hpp"
+#include "ops/grad_check.hpp"
+
+using namespace mom;
+using namespace mom::test;
+
+namespace {
+double naive_entropy(const std::vector<double>& z, index_t B, index_t T, index_t C, double coef) {
+  double L = 0;
+  for (index_t b = 0; b < B; ++b) {
+    std::vector<double> p(std::size_t(C), 0.0);
+    for (index_t t = 0; t < T; ++t) {
+      const double* r = &z[std::size_t((b * T + t) * C)];
+      double mx = r[0], s = 0;
+      for (index_t e = 1; e < C; ++e) mx = std::max(mx, r[e]);
+      for (index_t e = 0; e < C; ++e) s += std::exp(r[e] - mx);
+      for (index_t e = 0; e < C; ++e) p[std::size_t(e)] += std::exp(r[e] - mx) / s / double(T);
+    }
+    for (double pe : p) L += pe * std::log(pe);
+  }
+  return coef * L / double(B);
+}
+}  // namespace
+
+TEST_CASE("selection_entropy_forward: the loss equals a naive loop and its gradient finite differences (double)",
+          "[ops][routing][entropy]") {
+  const index_t B = 3, T = 5, C = 7;
+  const double coef = 0.3;
+  Rng rng(4);
+  std::vector<double> z = random_vec(std::size_t(B * T * C), rng, -2, 2), dz(z.size()), loss(1);
+  cpu::Backend<double> be;
+  be.selection_entropy_forward(std::span<double>(loss), mat(dz, B * T, C), cmat(z, B * T, C), B, T, coef);
+  CHECK(std::abs(loss[0] - naive_entropy(z, B, T, C, coef)) < 1e-14);
+  CHECK(loss[0] < 0);
+  const std::vector<double> fd = numeric_grad(z, [&] { return naive_entropy(z, B, T, C, coef); });
+  CHECK(rel_error(dz, fd) < fd_tol);
+  // A uniform selection is the minimum: -log C per sequence, zero gradient.
+  std::vector<double> flat(z.size(), 0.5);
+  be.selection_entropy_forward(std::span<double>(loss), mat(dz, B * T, C), cmat(flat, B * T, C), B, T, coef);
+  CHECK(loss[0] == Approx(-coef * std::log(double(C))).epsilon(1e-14));
+  for (double g : dz) CHECK(std::abs(g) < 1e-15);
+}
+
+TEST_CASE("selection_entropy_forward: float agrees with double; wrong shapes are one-line errors", "[ops][routing][entropy]") {
+  const index_t B = 2, T = 9, C = 33;
+  Rng rng(5);
+  const std::vector<double> z = random_vec(std::size_t(B * T * C), rng, -3, 3);
+  std::vector<float> zf(z.begin(), z.end()), dzf(z.size()), lf(1);
+  std::vector<double> dz(z.size()), l(1);
+  cpu::Backend<double>{}.selection_entropy_forward(std::span<double>(l), mat(dz, B * T, C), cmat(z, B * T, C), B, T, 0.01);
+  cpu::Backend<float> bf;
+  bf.selection_entropy_forward(std::span<float>(lf), mat(dzf, B * T, C), cmat(zf, B * T, C), B, T, 0.01f);
+  CHECK(std::abs(double(lf[0]) - l[0]) < float_tol * std::abs(l[0]));
+  CHECK(rel_error(dzf, dz) < float_tol);
+  CHECK_THROWS_WITH(bf.selection_entropy_forward(std::span<float>(lf), mat(dzf, B * T, C), cmat(zf, B * T, C), B, T + 1, 0.01f),
+                    Catch::Contains("selection_entropy_forward: logits [18x33]"));
+}
