@@ -2,7 +2,7 @@
 // of the dense 8-layer model and of MoM_E / MoM_I / MoM_P on its [1-1-4-1-1] chunking (issue 5,
 // item 9), float, on cpu::Backend<float> wrapped in a timing backend.
 //
-//   bench_train_step [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide]
+//   bench_train_step [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,moeut,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide]
 //   bench_train_step --under-load   the dense step at 1 and 2 threads, quiet and with one core kept busy
 //
 // Issue 6 adds Mixture-of-Experts at the same dims: MoE (8 layers x 8 experts, top-2) and
@@ -44,6 +44,7 @@
 #include <mom/backend/cpu.hpp>
 #include <mom/models/mom_models.hpp>
 #include <mom/models/moe_models.hpp>
+#include <mom/models/moeut_models.hpp>
 #include <mom/mom.hpp>
 
 using namespace mom;
@@ -424,6 +425,13 @@ using Share_LM = LM<dims, Assembly<Router<Share<Policy>>, ModuleSet<MHA<G>, FFN<
 using MoE_LM = LM<dims, MoEStack<8, 8, 2>>;            // 8 experts per layer, top-2 (Mixtral)
 using MoEShare_LM = LM<dims, MoEShareStack<8, 8, 2>>;  // 8 experts shared by the 8 layers, top-2
 
+// ---- issue 14: MoEUT (SwitchHead + σ-MoE, layer grouping, peri-LayerNorm, rotary positions) -------
+// The recipe from the dense model's dims (parameter-matched within 1%); dense with RoPE for reference.
+constexpr Dims rope_dims = with_rope(dims);
+using DenseRope_LM = LM<rope_dims, Dense<8>>;
+using MoEUT_LM = LM<rope_dims, MoEUT<dims, 8, 2>>;    // moeut8: G = 2, ABAB
+using MoEUTG8_LM = LM<rope_dims, MoEUT<dims, 8, 8>>;  // moeut8-g8: the non-shared σ-MoE baseline
+
 
 }  // namespace
 
@@ -476,7 +484,7 @@ int main(int argc, char** argv) {
     else if (a == "--wide") wide = true;
     else if (a == "--under-load") load = true;
     else {
-      std::fprintf(stderr, "usage: %s [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide] [--under-load]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,moeut,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide] [--under-load]\n", argv[0]);
       return 2;
     }
   }
@@ -517,6 +525,12 @@ int main(int argc, char** argv) {
   // issue 6: Mixture-of-Experts
   if (want("moe")) res.push_back(run<MoE_LM>("MoE 8 layers x 8 experts, top-2", batch, seq, reps));
   if (want("moe-share")) res.push_back(run<MoEShare_LM>("MoE(share) 8 shared experts, top-2", batch, seq, reps));
+  // issue 14: MoEUT (--only moeut)
+  if (want("moeut")) {
+    res.push_back(run<DenseRope_LM>("dense 8 layers, RoPE (dense8-rope)", batch, seq, reps));
+    res.push_back(run<MoEUT_LM>("MoEUT G=2 (moeut8)", batch, seq, reps));
+    res.push_back(run<MoEUTG8_LM>("sigma-MoE non-shared G=8 (moeut8-g8)", batch, seq, reps));
+  }
 
   // Parameter sharing (issue 6).
   if (want("share")) {

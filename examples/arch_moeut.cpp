@@ -1,6 +1,6 @@
 // mom-train's registry entries for MoEUT (issue 14; arXiv 2405.16039): the paper's §3 recipe at dense8's
 // shape (mom8_dims: d 256, 8 layers; rotary positions as in the paper), parameter-matched with dense8-rope,
-// and its ablations: pre-LayerNorm (Fig. 8), G = 1 / 8 (Fig. 6; G = 8 is the non-shared σ-MoE baseline),
+// and its ablations: pre- and post-LayerNorm (Fig. 8), G = 1 / 8 (Fig. 6; G = 8 is the non-shared σ-MoE baseline),
 // AABB order (Fig. 6). The GPT-2-small-matched configuration is listed (shape and cost) only.
 #include <mom/models/gpt2.hpp>
 #include <mom/models/moeut_models.hpp>
@@ -27,6 +27,7 @@ std::vector<ArchEntry> moeut_architectures() {
   v.push_back(make_architecture<Dense8Rope>("dense8-rope", "byte", "dense8 with rotary positions (no wpe): MoEUT's parameter-matched baseline"));
   v.push_back(make_architecture<MoEUT8<2>>("moeut8", "byte", "MoEUT: SwitchHead + σ-MoE, G = 2 layers cycled ABAB x4, peri-LayerNorm, RoPE; dense8-rope's parameters"));
   v.push_back(make_architecture<MoEUT8<2, PreNorm>>("moeut8-pre", "byte", "moeut8 with pre-LayerNorm (MoEUT Fig. 8 ablation)"));
+  v.push_back(make_architecture<MoEUT8<2, PostNorm>>("moeut8-post", "byte", "moeut8 with post-LayerNorm, LN(x + f(x)) (MoEUT Fig. 8 ablation)"));
   v.push_back(make_architecture<MoEUT8<2, PeriNorm, AABB>>("moeut8-aabb", "byte", "moeut8 with the group in blocks AAAABBBB (MoEUT Fig. 6 ablation)"));
   v.push_back(make_architecture<MoEUT8<1>>("moeut8-g1", "byte", "MoEUT with one shared layer (G = 1), 86 experts (Fig. 6 ablation)"));
   v.push_back(make_architecture<MoEUT8<8>>("moeut8-g8", "byte", "the non-shared σ-MoE baseline (G = 8 = L), peri-LayerNorm"));

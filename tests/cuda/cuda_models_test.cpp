@@ -8,7 +8,7 @@
 // emulation measured 1e-5 / 4e-3).
 // MoM models are compared in double and in float without TF32 only: with TF32 a router logit can
 // move by ~1e-3 and flip a near-tied top-K pick, after which the two runs legitimately differ.
-// Every family of architectures is here: dense, MoM, MoE, MoD, layer-skip, MoDE, parameter sharing;
+// Every family of architectures is here: dense, MoM, MoE, MoD, layer-skip, MoDE, parameter sharing, MoEUT;
 // MoD's causal-sampling options are not.
 #include <catch2/catch.hpp>
 
@@ -20,6 +20,7 @@
 #include "mom/backend/cuda.hpp"
 #include "mom/models/mom_models.hpp"
 #include "mom/models/moe_models.hpp"
+#include "mom/models/moeut_models.hpp"
 #include "mom/mom.hpp"
 #include "ops/grad_check.hpp"
 
@@ -115,6 +116,12 @@ using MoDEStagedSmall = LM<small_dims, MoDEStaged<2, 3, 2>>;
 constexpr Dims share_dims{.d_model = 32, .heads = 4, .d_ff = 64, .vocab = 50, .context = 32};
 using ShareCycle = LM<share_dims, Assembly<Router<Share<Cycle<2>>>, ModuleSet<MHA<2>, FFN<2>>, K<1>, H<5>>>;
 using ShareAll = LM<share_dims, Assembly<Router<Share<All>>, ModuleSet<MHA<1>, FFN<1>>, K<1>, H<3>>>;
+// MoEUT (issue 14): SwitchHead + σ-MoE under layer grouping, rotary positions; the §3 recipe from small_dims
+// (1 head of 32, 2 value/output experts per head, 5 σ-MoE experts of 128, top-1), and a pre-LayerNorm
+// AABB configuration of the same modules with two heads and top-2 σ-MoE.
+using MoEUTSmall = LM<with_rope(small_dims), MoEUT<small_dims, 4, 2>>;
+using MoEUTPreSmall = LM<with_rope(small_dims), MoEUTStack<4, 2, SwitchHead<2, 3, 2, 16, PreNorm>,
+                                                           SigmaMoE<6, 2, 32, PreNorm>, AABB>>;
 using ShareMap = LM<share_dims, Chunked<Layer, Assembly<Router<Share<Map<0, 1, 1, 0>>>, ModuleSet<MHA<2>, FFN<2>>, K<1>, H<4>>>>;
 
 }  // namespace
@@ -195,6 +202,16 @@ TEST_CASE("parameter sharing: same loss and gradients as cpu (double, Cycle<2>, 
   compare_model<ShareCycle, double>(cuda::Precision::FP32, 1e-9, 1e-8);
   compare_model<ShareAll, double>(cuda::Precision::FP32, 1e-9, 1e-8);
   compare_model<ShareMap, double>(cuda::Precision::FP32, 1e-9, 1e-8);
+}
+
+TEST_CASE("MoEUT (SwitchHead + σ-MoE, layer grouping, RoPE): same loss and gradients as cpu (double)",
+          "[cuda][models][moeut]") {
+  if (!gpu_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  compare_model<MoEUTSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
+  compare_model<MoEUTPreSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
 }
 
 // The emulated runtime (tests/cuda/emu/emu_runtime.cpp) counts what a real runtime would make the host

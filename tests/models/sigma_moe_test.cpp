@@ -21,8 +21,10 @@ constexpr Dims tiny{.d_model = 8, .heads = 2, .d_ff = 12, .vocab = 11, .context 
 
 // Naive σ-MoE over B sequences of T rows: out [n × d] and the regulariser γ·L.
 template <class M, int NE, int K>
-double naive_sigma_moe(const std::vector<double>& p, const std::vector<double>& x, index_t B, index_t T, bool peri,
+// norm: 0 pre, 1 peri, 2 post (the module returns LN(x + y) − x; nothing normalised inside).
+double naive_sigma_moe(const std::vector<double>& p, const std::vector<double>& x, index_t B, index_t T, int norm,
                        double gamma, std::vector<double>& out) {
+  const bool peri = norm == 1, post = norm == 2;
   const index_t d = M::d, de = M::de, n = B * T;
   out.assign(std::size_t(n * d), 0.0);
   std::vector<double> ln(std::size_t(n * d)), logits(std::size_t(n * NE));
@@ -32,7 +34,8 @@ double naive_sigma_moe(const std::vector<double>& p, const std::vector<double>& 
     mean /= double(d);
     for (index_t c = 0; c < d; ++c) var += (x[r * d + c] - mean) * (x[r * d + c] - mean);
     const double rstd = 1.0 / std::sqrt(var / double(d) + 1e-5);
-    for (index_t c = 0; c < d; ++c) ln[r * d + c] = (x[r * d + c] - mean) * rstd * p[M::o_ln_w + c] + p[M::o_ln_b + c];
+    for (index_t c = 0; c < d; ++c)
+      ln[r * d + c] = post ? x[r * d + c] : (x[r * d + c] - mean) * rstd * p[M::o_ln_w + c] + p[M::o_ln_b + c];
     for (int e = 0; e < NE; ++e) {
       double z = 0;
       for (index_t c = 0; c < d; ++c) z += ln[r * d + c] * p[M::o_sel + e * d + c];
@@ -53,6 +56,16 @@ double naive_sigma_moe(const std::vector<double>& p, const std::vector<double>& 
       }
     }
   }
+  if (post)
+    for (index_t r = 0; r < n; ++r) {
+      double mean = 0, var = 0;
+      for (index_t c = 0; c < d; ++c) mean += x[r * d + c] + out[r * d + c];
+      mean /= double(d);
+      for (index_t c = 0; c < d; ++c) var += std::pow(x[r * d + c] + out[r * d + c] - mean, 2);
+      const double rstd = 1.0 / std::sqrt(var / double(d) + 1e-5);
+      for (index_t c = 0; c < d; ++c)
+        out[r * d + c] = (x[r * d + c] + out[r * d + c] - mean) * rstd * p[M::o_ln_w + c] + p[M::o_ln_b + c] - x[r * d + c];
+    }
   double L = 0;  // eq. (4), averaged over the sequences
   for (index_t b = 0; b < B; ++b) {
     std::vector<double> pm(NE, 0.0);
@@ -81,7 +94,8 @@ void check_against_naive() {
   cpu::Backend<double> be;
   M::forward(be, p.data(), ws.data(), s, MatrixView<const double>{x.data(), n, d}, MatrixView<double>{out.data(), n, d},
              B, T);
-  const double aux = naive_sigma_moe<M, NE, K>(p, x, B, T, std::is_same_v<Norm, PeriNorm>, 0.1, ref);
+  const int norm = std::is_same_v<Norm, PeriNorm> ? 1 : std::is_same_v<Norm, PostNorm> ? 2 : 0;
+  const double aux = naive_sigma_moe<M, NE, K>(p, x, B, T, norm, 0.1, ref);
   CHECK(test::rel_error(out, ref) < 1e-12);
   CHECK(std::abs(ws[std::size_t(s.aux)] - aux) < 1e-12 * std::abs(aux));
   CHECK(aux < 0);  // the negative entropy of a spread selection
@@ -131,12 +145,20 @@ TEST_CASE("σ-MoE (pre-LayerNorm) equals a naive loop over eqs. (1)-(4) in doubl
   check_against_naive<PreNorm>();
 }
 
+TEST_CASE("σ-MoE (post-LayerNorm) equals a naive loop: LN(x + y) − x, nothing normalised inside", "[sigma_moe]") {
+  check_against_naive<PostNorm>();
+}
+
 TEST_CASE("σ-MoE in a layer-grouped model (peri): gradient, regulariser included, equals finite differences",
           "[sigma_moe][gradcheck]") {
   whole_model_gradient_check<PeriNorm>();
 }
 TEST_CASE("σ-MoE in a layer-grouped model (pre): gradient equals finite differences", "[sigma_moe][gradcheck]") {
   whole_model_gradient_check<PreNorm>();
+}
+
+TEST_CASE("σ-MoE in a layer-grouped model (post): gradient equals finite differences", "[sigma_moe][gradcheck]") {
+  whole_model_gradient_check<PostNorm>();
 }
 
 TEST_CASE("σ-MoE: the model's objective is the cross-entropy plus every use's entropy regulariser", "[sigma_moe]") {

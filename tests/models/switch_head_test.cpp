@@ -50,8 +50,10 @@ double regulariser(const std::vector<double>& logits, index_t B, index_t T) {
 }
 
 template <class M>
-double naive_switch_head(const std::vector<double>& p, const std::vector<double>& x, index_t B, index_t T, bool peri,
+// norm: 0 pre, 1 peri, 2 post (the module returns LN(x + y) − x; nothing normalised inside).
+double naive_switch_head(const std::vector<double>& p, const std::vector<double>& x, index_t B, index_t T, int norm,
                          double delta, std::vector<double>& out) {
+  const bool peri = norm == 1, post = norm == 2;
   const index_t d = M::d, dh = M::dh, H = M::H, n = B * T;
   out.assign(std::size_t(n * d), 0.0);
   std::vector<double> ln(std::size_t(n * d));
@@ -61,7 +63,8 @@ double naive_switch_head(const std::vector<double>& p, const std::vector<double>
     mean /= double(d);
     for (index_t c = 0; c < d; ++c) var += (x[r * d + c] - mean) * (x[r * d + c] - mean);
     const double rstd = 1.0 / std::sqrt(var / double(d) + 1e-5);
-    for (index_t c = 0; c < d; ++c) ln[r * d + c] = (x[r * d + c] - mean) * rstd * p[M::o_ln_w + c] + p[M::o_ln_b + c];
+    for (index_t c = 0; c < d; ++c)
+      ln[r * d + c] = post ? x[r * d + c] : (x[r * d + c] - mean) * rstd * p[M::o_ln_w + c] + p[M::o_ln_b + c];
   }
   auto row_dot = [&](const double* a, const double* w) {
     double s = 0;
@@ -111,6 +114,16 @@ double naive_switch_head(const std::vector<double>& p, const std::vector<double>
       }
     aux += delta * (regulariser(lv, B, T) + regulariser(lo, B, T));
   }
+  if (post)
+    for (index_t r = 0; r < n; ++r) {
+      double mean = 0, var = 0;
+      for (index_t c = 0; c < d; ++c) mean += x[r * d + c] + out[r * d + c];
+      mean /= double(d);
+      for (index_t c = 0; c < d; ++c) var += std::pow(x[r * d + c] + out[r * d + c] - mean, 2);
+      const double rstd = 1.0 / std::sqrt(var / double(d) + 1e-5);
+      for (index_t c = 0; c < d; ++c)
+        out[r * d + c] = (x[r * d + c] + out[r * d + c] - mean) * rstd * p[M::o_ln_w + c] + p[M::o_ln_b + c] - x[r * d + c];
+    }
   return aux;
 }
 
@@ -126,7 +139,8 @@ void check_against_naive() {
   cpu::Backend<double> be;
   M::forward(be, p.data(), ws.data(), s, MatrixView<const double>{x.data(), n, d}, MatrixView<double>{out.data(), n, d},
              B, T);
-  const double aux = naive_switch_head<M>(p, x, B, T, std::is_same_v<Norm, PeriNorm>, 0.1, ref);
+  const int norm = std::is_same_v<Norm, PeriNorm> ? 1 : std::is_same_v<Norm, PostNorm> ? 2 : 0;
+  const double aux = naive_switch_head<M>(p, x, B, T, norm, 0.1, ref);
   CHECK(test::rel_error(out, ref) < 1e-12);
   CHECK(std::abs(ws[std::size_t(s.aux)] - aux) < 1e-12 * std::abs(aux));
   CHECK(aux < 0);
@@ -175,6 +189,12 @@ TEST_CASE("SwitchHead (peri-LayerNorm) equals a naive loop over eqs. (5)-(9) in 
 }
 TEST_CASE("SwitchHead (pre-LayerNorm) equals a naive loop over eqs. (5)-(9) in double", "[switch_head]") {
   check_against_naive<PreNorm>();
+}
+TEST_CASE("SwitchHead (post-LayerNorm) equals a naive loop: LN(x + y) − x, nothing normalised inside", "[switch_head]") {
+  check_against_naive<PostNorm>();
+}
+TEST_CASE("SwitchHead + σ-MoE, layer-grouped (post): gradient equals finite differences", "[switch_head][gradcheck]") {
+  whole_model_gradient_check<PostNorm>();
 }
 TEST_CASE("SwitchHead + σ-MoE, layer-grouped (peri): gradient equals finite differences", "[switch_head][gradcheck]") {
   whole_model_gradient_check<PeriNorm>();

@@ -12,7 +12,8 @@
 //       that the non-embedding parameters match the dense model's (within 1%, static_assert) with 10-15%
 //       of them in attention (N_A: the smallest with >= 10%; with G = L a single expert per head already
 //       exceeds 15%, so N_A = 1, K_A = 1 there: the non-shared σ-MoE baseline's attention)
-//   MoEUT<D, L, G = 2, Norm = PeriNorm, Order = ABAB>   = MoEUTRecipe<...>::type
+//   MoEUT<D, L, G = 2, Norm = PeriNorm, Order = ABAB>   = MoEUTRecipe<...>::type (Norm: PeriNorm, PreNorm,
+//       PostNorm: modules/norm_scheme.hpp)
 // The recipe's dims should use rotary positions (with_rope(dims)), as the paper does.
 #include <cstdlib>
 #include <type_traits>

@@ -5,7 +5,8 @@
 //   E_t  = top-K(s_t)                                          eq. (2)
 //   y_t  = Σ_{e ∈ E_t} s_t[e] · ReLU(x̂_t W₁ᵉᵀ) W₂ᵉᵀ             eq. (3): sigmoid weights, not renormalised
 // with x̂ = x under peri-LayerNorm (§2.4: LayerNorm only before the selection, none on the value path)
-// and x̂ = LN(x) under pre-LayerNorm. The regulariser within each sequence, eq. (4):
+// and x̂ = LN(x) under pre-LayerNorm; under post-LayerNorm there is no LN before the selection either
+// (s_t = σ(x_t W_Sᵀ), x̂ = x) and the module returns LN(x + y) − x (modules/norm_scheme.hpp). The regulariser within each sequence, eq. (4):
 //   L = γ · (1/B) Σ_b Σ_e p_b[e] log p_b[e],   p_b = (1/T) Σ_t softmax(LN(x_{b,t}) · W_Sᵀ)
 // is this module's auxiliary loss (ModuleWithAuxLoss, modules/module.hpp): added to the model's objective
 // once per use of the module; its gradient is added in backward. No expert dropout.
@@ -15,7 +16,7 @@
 // only, one weighted scatter-add forms y. The group sizes stay in backend memory.
 //
 //   FFN<L, SigmaMoE<32, 4>::type>                      L σ-MoE modules (32 experts of 128, top-4)
-//   SigmaMoE<N_E, K, d_expert, PeriNorm | PreNorm, std::ratio<γ>>
+//   SigmaMoE<N_E, K, d_expert, PeriNorm | PreNorm | PostNorm, std::ratio<γ>>
 // It is a token mixer over (batch, seq) (the dense stack, parameter sharing, decoding); it has no
 // row-group members, so it cannot be a MoM chunk's routed FFN (a compile error names the member).
 #include <array>
@@ -33,7 +34,7 @@ struct SigmaMoE {
   static_assert(NE >= 1 && NE <= max_row_groups, "mom::SigmaMoE<N_E, K>: N_E (experts) must be in 1..256");
   static_assert(K >= 1 && K <= NE, "mom::SigmaMoE<N_E, K>: K (active experts) must be in 1..N_E");
   static_assert(DE >= 1, "mom::SigmaMoE<N_E, K, d_expert>: d_expert must be >= 1");
-  static_assert(is_norm_scheme<Norm>, "mom::SigmaMoE: the norm scheme must be PeriNorm or PreNorm");
+  static_assert(is_norm_scheme<Norm>, "mom::SigmaMoE: the norm scheme must be PeriNorm, PreNorm or PostNorm");
   static_assert(Gamma::num >= 0, "mom::SigmaMoE: the entropy coefficient gamma must be >= 0");
   static constexpr int experts = NE, top_k = K, d_expert = DE;
 
@@ -41,7 +42,7 @@ struct SigmaMoE {
   struct type {
     static constexpr const char* name = "SigmaMoE";
     static constexpr bool has_aux_loss = true;
-    static constexpr bool peri = std::is_same_v<Norm, PeriNorm>;
+    static constexpr bool peri = std::is_same_v<Norm, PeriNorm>, post = std::is_same_v<Norm, PostNorm>;
     static constexpr index_t d = D.d_model, de = DE;
     static constexpr double gamma = double(Gamma::num) / double(Gamma::den);
 
@@ -61,7 +62,7 @@ struct SigmaMoE {
 
     // Packed rows are the n·K (token, pick) pairs in expert order.
     struct Saved {
-      index_t ln, mean, rstd;   // LN(x) [n × d] and its statistics
+      index_t ln, mean, rstd;   // LN(x) [n × d] and its statistics (PostNorm: z = x + y and LN(z)'s)
       dispatch::Selection sel;  // logits (in sel.probs), sigmoid weights, picks, groups, the loss
       index_t dreg;             // d(regulariser)/d(logits) [n × N_E], written by forward
       index_t xg, h, act, y;    // packed: x̂ [rows × d], W₁ output and ReLU [rows × d_expert], W₂ output
@@ -83,7 +84,7 @@ struct SigmaMoE {
       return s;
     }
     struct Scratch {
-      index_t dy, dwp, dws, dv, dact, dh, dxg, dlogits, dln, total;
+      index_t dy, dwp, dws, dv, dact, dh, dxg, dlogits, dln, dz, total;
     };
     static constexpr Scratch scratch_plan(index_t n) {
       const index_t rows = n * K;
@@ -98,6 +99,7 @@ struct SigmaMoE {
       s.dxg = a.take(rows * d);
       s.dlogits = a.take(n * NE);
       s.dln = a.take(n * d);
+      s.dz = post ? a.take(n * d) : 0;
       s.total = a.used;
       return s;
     }
@@ -120,8 +122,10 @@ struct SigmaMoE {
       const auto ln = mat(ws, s.ln, n, d);
       const auto logits = mat(ws, s.sel.probs, n, NE);
       const auto weights = mat(ws, s.sel.weights, n, K);
-      be.layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
-      be.linear_forward(logits, MatrixView<const T>(ln), mat(p, o_sel, NE, d), std::span<const T>{});  // x·W_S
+      const MatrixView<const T> sel_in = post ? x : MatrixView<const T>(ln);  // what the selection reads
+      if constexpr (!post)
+        be.layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
+      be.linear_forward(logits, sel_in, mat(p, o_sel, NE, d), std::span<const T>{});  // x·W_S
       be.selection_entropy_forward(vec(ws, s.sel.loss, 1), mat(ws, s.dreg, n, NE), MatrixView<const T>(logits), batch,
                                    seq, T(gamma));  // eq. (4)
       // top-K by score (σ is monotonic: the top-K logits), then the picked scores σ(logit) (eqs. (1)-(2)).
@@ -132,16 +136,20 @@ struct SigmaMoE {
       const std::span<const token_t> idx(dispatch::toks(ws, s.sel.row_token), std::size_t(rows));
       const auto xg = mat(ws, s.xg, rows, d), h = mat(ws, s.h, rows, de), act = mat(ws, s.act, rows, de);
       const auto y = mat(ws, s.y, rows, d);
-      be.gather_rows(xg, peri ? x : MatrixView<const T>(ln), idx, g);
+      be.gather_rows(xg, peri || post ? x : MatrixView<const T>(ln), idx, g);
       be.grouped_linear_forward(h, MatrixView<const T>(xg), w1(p), PerGroup<const T>{}, g);
       be.relu_forward(act.flat(), std::span<const T>(h.flat()));
       be.grouped_linear_forward(y, MatrixView<const T>(act), w2(p), PerGroup<const T>{}, g);
       be.zero(f_out);
       be.scatter_add_rows(f_out, MatrixView<const T>(y), idx, vec(static_cast<const T*>(ws), s.sel.wpacked, rows), g);
+      if constexpr (post)
+        detail::post_norm_forward(be, f_out, ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d),
+                                  vec(p, o_ln_b, d));
     }
 
     // df may alias dx (the dense stack passes its residual gradient as both): df is read only by the
-    // first op, the weighted scatter's backward.
+    // first op, the weighted scatter's backward (PostNorm: the post-norm's backward, which then hands
+    // the experts dL/dz).
     template <class Be, class T>
     static void backward(Be& be, const T* p, T* g, const T* ws, const Saved& s, MatrixView<const T> x,
                          MatrixView<T> dx, MatrixView<const T> df, T* scratch, index_t batch, index_t seq) {
@@ -153,7 +161,14 @@ struct SigmaMoE {
       const auto dy = mat(scratch, c.dy, rows, d), dact = mat(scratch, c.dact, rows, de);
       const auto dh = mat(scratch, c.dh, rows, de), dxg = mat(scratch, c.dxg, rows, d);
       const auto dlogits = mat(scratch, c.dlogits, n, NE), dln = mat(scratch, c.dln, n, d);
-      dispatch::weighted_scatter_backward(be, ws, s.sel, s.y, NE, df, dy.data, scratch + c.dwp, n, K);
+      MatrixView<const T> dy_out = df;  // dL/dy
+      if constexpr (post) {
+        const auto dz = mat(scratch, c.dz, n, d);
+        detail::post_norm_backward(be, dz, vec(g, o_ln_w, d), vec(g, o_ln_b, d), df, mat(ws, s.ln, n, d),
+                                   vec(ws, s.mean, n), vec(ws, s.rstd, n), vec(p, o_ln_w, d), dx);
+        dy_out = dz;
+      }
+      dispatch::weighted_scatter_backward(be, ws, s.sel, s.y, NE, dy_out, dy.data, scratch + c.dwp, n, K);
       // The experts: W₂, ReLU, W₁ over their groups.
       be.zero(dact);
       be.grouped_linear_backward(dact, w2(g), PerGroup<T>{}, MatrixView<const T>(dy), mat(ws, s.act, rows, de), w2(p),
@@ -170,12 +185,13 @@ struct SigmaMoE {
       be.topk_rows_backward(dlogits, mat(static_cast<const T*>(scratch), c.dv, n, K),
                             MatrixView<const token_t>{dispatch::toks(ws, s.sel.picks), n, K});
       be.zero(dln);
-      be.linear_backward(dln, mat(g, o_sel, NE, d), std::span<T>{}, MatrixView<const T>(dlogits), mat(ws, s.ln, n, d),
-                         mat(p, o_sel, NE, d));
-      // The experts' input: x itself (peri) or LN(x) (pre).
-      be.scatter_add_rows(peri ? dx : dln, MatrixView<const T>(dxg), idx, std::span<const T>{}, gr);
-      be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
-                            vec(ws, s.rstd, n), vec(p, o_ln_w, d));
+      be.linear_backward(post ? dx : dln, mat(g, o_sel, NE, d), std::span<T>{}, MatrixView<const T>(dlogits),
+                         post ? x : mat(ws, s.ln, n, d), mat(p, o_sel, NE, d));
+      // The experts' input: x itself (peri, post) or LN(x) (pre).
+      be.scatter_add_rows(peri || post ? dx : dln, MatrixView<const T>(dxg), idx, std::span<const T>{}, gr);
+      if constexpr (!post)
+        be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
+                              vec(ws, s.rstd, n), vec(p, o_ln_w, d));
     }
   };
 };

@@ -7,7 +7,9 @@
 //   v_t^h = Σ_{e ∈ E_V^h} s_V^h[e] · x̂_t W_V^{h,e}                           eq. (7)
 //   a^h   = softmax(q^h K^hᵀ / √d_head) causal, q^h = LN(x) W_Q^h, k^h = LN(x) W_K^h   eq. (8)
 //   y_t   = Σ_h Σ_{e ∈ E_O^h} s_O^h[e] · (a^h V^h)_t W_O^{h,e}                  eq. (9)
-// x̂ = x under peri-LayerNorm (§2.4: no LayerNorm on the value path), x̂ = LN(x) under pre-LayerNorm.
+// x̂ = x under peri-LayerNorm (§2.4: no LayerNorm on the value path), x̂ = LN(x) under pre-LayerNorm;
+// under post-LayerNorm nothing inside is normalised (LN(x) above reads x) and the module returns
+// LN(x + y) − x (modules/norm_scheme.hpp).
 // Rotary positions (Dims::positions) rotate q and k as in the library's attention.
 // Auxiliary loss (ModuleWithAuxLoss): the within-sequence entropy regulariser of eq. (4) on every head's
 // value and output selection, each weighted by δ, summed over heads and the two selections.
@@ -35,7 +37,7 @@ struct SwitchHead {
   static_assert(NA >= 1 && NA <= max_row_groups, "mom::SwitchHead<H, N_A>: N_A (experts per head) must be in 1..256");
   static_assert(KA >= 1 && KA <= NA, "mom::SwitchHead<H, N_A, K_A>: K_A (active experts per head) must be in 1..N_A");
   static_assert(DH >= 1, "mom::SwitchHead<H, N_A, K_A, d_head>: d_head must be >= 1");
-  static_assert(is_norm_scheme<Norm>, "mom::SwitchHead: the norm scheme must be PeriNorm or PreNorm");
+  static_assert(is_norm_scheme<Norm>, "mom::SwitchHead: the norm scheme must be PeriNorm, PreNorm or PostNorm");
   static_assert(Delta::num >= 0, "mom::SwitchHead: the entropy coefficient delta must be >= 0");
   static constexpr int heads = Heads, experts = NA, top_k = KA, d_head = DH;
 
@@ -43,7 +45,7 @@ struct SwitchHead {
   struct type {
     static constexpr const char* name = "SwitchHead";
     static constexpr bool has_aux_loss = true;
-    static constexpr bool peri = std::is_same_v<Norm, PeriNorm>;
+    static constexpr bool peri = std::is_same_v<Norm, PeriNorm>, post = std::is_same_v<Norm, PostNorm>;
     static constexpr index_t d = D.d_model, dh = DH, H = Heads, hd = H * DH;  // hd: Q, K and V widths
     static constexpr double delta = double(Delta::num) / double(Delta::den);
     static_assert(!D.rope() || DH % 2 == 0, "mom::SwitchHead<H, N_A, K_A, d_head>: rotary positions need an even d_head");
@@ -75,7 +77,7 @@ struct SwitchHead {
                                 // output: a^h V^h gathered [rows × d_head], expert outputs [rows × d]
     };
     struct Saved {
-      index_t ln = 0, mean = 0, rstd = 0;  // LN(x) [n × d]
+      index_t ln = 0, mean = 0, rstd = 0;  // LN(x) [n × d] (PostNorm: z = x + y and LN(z)'s statistics)
       index_t qkv = 0, att = 0, lse = 0;   // [Q|K|V] [n × 3·H·d_head], attention output [n × H·d_head], lse
       std::array<Side, Heads> v{}, o{};
       index_t aux = 0;                     // δ·Σ L over the 2·H selections (ModuleWithAuxLoss)
@@ -103,7 +105,7 @@ struct SwitchHead {
       return s;
     }
     struct Scratch {
-      index_t datt, dqkv, dln, dy, dwp, dws, dv, dg, dlogits, dxg, total;
+      index_t datt, dqkv, dln, dy, dwp, dws, dv, dg, dlogits, dz, total;
     };
     static constexpr Scratch scratch_plan(index_t n) {
       const index_t rows = n * KA;
@@ -118,6 +120,7 @@ struct SwitchHead {
       s.dv = a.take(rows);
       s.dg = a.take(rows * d);   // dL/d(expert input), group order
       s.dlogits = a.take(n * NA);
+      s.dz = post ? a.take(n * d) : 0;
       s.total = a.used;
       return s;
     }
@@ -172,8 +175,9 @@ struct SwitchHead {
       const index_t n = batch * seq, rows = n * KA;
       const auto ln = mat(ws, s.ln, n, d);
       const auto qkv = mat(ws, s.qkv, n, 3 * hd), att = mat(ws, s.att, n, hd);
-      const MatrixView<const T> cln(ln), xin = peri ? x : cln;
-      be.layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
+      const MatrixView<const T> cln = post ? x : MatrixView<const T>(ln), xin = peri || post ? x : cln;
+      if constexpr (!post)
+        be.layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
       be.linear_forward(qkv.col_block(0, 2 * hd), cln, mat(p, o_qk, 2 * hd, d), std::span<const T>{});  // q, k
       const std::span<T> aux = vec(ws, s.aux, 1);
       be.zero(aux);
@@ -204,26 +208,39 @@ struct SwitchHead {
         be.grouped_linear_forward(yg, MatrixView<const T>(ag), w_o(p, h), PerGroup<const T>{}, g);
         be.scatter_add_rows(f_out, MatrixView<const T>(yg), idx, vec(static_cast<const T*>(ws), so.sel.wpacked, rows), g);
       }
+      if constexpr (post)
+        detail::post_norm_forward(be, f_out, ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d),
+                                  vec(p, o_ln_b, d));
     }
 
-    // df may alias dx: df is read only by the output experts' scatter backward, before dx is written.
+    // df may alias dx: df is read only by the output experts' scatter backward (PostNorm: by the
+    // post-norm's backward, which hands the rest dL/dz), before dx is written.
     template <class Be, class T>
     static void backward(Be& be, const T* p, T* g, const T* ws, const Saved& s, MatrixView<const T> x,
                          MatrixView<T> dx, MatrixView<const T> df, T* sc, index_t batch, index_t seq) {
       using detail::mat, detail::vec;
       const index_t n = batch * seq, rows = n * KA;
       const Scratch c = scratch_plan(n);
-      const auto ln = mat(ws, s.ln, n, d);
-      const auto datt = mat(sc, c.datt, n, hd), dqkv = mat(sc, c.dqkv, n, 3 * hd), dln = mat(sc, c.dln, n, d);
+      const MatrixView<const T> ln = post ? x : mat(ws, s.ln, n, d);  // what Q, K and the selections read
+      const auto datt = mat(sc, c.datt, n, hd), dqkv = mat(sc, c.dqkv, n, 3 * hd);
+      const MatrixView<T> dln = post ? dx : mat(sc, c.dln, n, d);      // their input gradient
+      MatrixView<const T> dy_out = df;                                 // dL/dy
+      if constexpr (post) {
+        const auto dz = mat(sc, c.dz, n, d);
+        detail::post_norm_backward(be, dz, vec(g, o_ln_w, d), vec(g, o_ln_b, d), df, mat(ws, s.ln, n, d),
+                                   vec(ws, s.mean, n), vec(ws, s.rstd, n), vec(p, o_ln_w, d), dx);
+        dy_out = dz;
+      } else {
+        be.zero(dln);
+      }
       be.zero(datt);
       be.zero(dqkv);
-      be.zero(dln);
       for (int h = 0; h < Heads; ++h) {  // eq. (9) backward: dL/d(a^h V^h), dW_O, the output selection
         const Side& so = s.o[h];
         const RowGroups gr = dispatch::groups_of(ws, so.sel, NA);
         const std::span<const token_t> idx(dispatch::toks(ws, so.sel.row_token), std::size_t(rows));
         const auto dy = mat(sc, c.dy, rows, d), dag = mat(sc, c.dg, rows, dh);
-        dispatch::weighted_scatter_backward(be, ws, so.sel, so.yg, NA, df, dy.data, sc + c.dwp, n, KA);
+        dispatch::weighted_scatter_backward(be, ws, so.sel, so.yg, NA, dy_out, dy.data, sc + c.dwp, n, KA);
         be.zero(dag);
         be.grouped_linear_backward(dag, w_o(g, h), PerGroup<T>{}, MatrixView<const T>(dy), mat(ws, so.xg, rows, dh),
                                    w_o(p, h), gr);
@@ -235,7 +252,7 @@ struct SwitchHead {
       rope(be, dqkv, batch, seq, true);
       be.linear_backward(dln, mat(g, o_qk, 2 * hd, d), std::span<T>{}, MatrixView<const T>(dqkv.col_block(0, 2 * hd)), ln,
                          mat(p, o_qk, 2 * hd, d));
-      const MatrixView<T> dxin = peri ? dx : dln;
+      const MatrixView<T> dxin = peri || post ? dx : dln;
       for (int h = 0; h < Heads; ++h) {  // eq. (7) backward: dW_V, dx̂, the value selection
         const Side& sv = s.v[h];
         const RowGroups gr = dispatch::groups_of(ws, sv.sel, NA);
@@ -249,8 +266,9 @@ struct SwitchHead {
         be.scatter_add_rows(dxin, MatrixView<const T>(dxg), idx, std::span<const T>{}, gr);
         select_backward(be, p + o_sv + h * NA * d, g + o_sv + h * NA * d, ws, sv, ln, dln, sc, c, n);
       }
-      be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
-                            vec(ws, s.rstd, n), vec(p, o_ln_w, d));
+      if constexpr (!post)
+        be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
+                              vec(ws, s.rstd, n), vec(p, o_ln_w, d));
     }
 
     // Rotary positions on the q and k blocks of a [Q|K|V] matrix (their gradients when inverse).
