@@ -19,8 +19,9 @@
 // a [Q | K | V] matrix of H heads of d_head.
 //
 //   MHA<L, SwitchHead<2, 5, 2, 64>::type>     L SwitchHead modules: 2 heads of 64, 5 experts, 2 active
-// A sequence mixer over (batch, seq): the dense stack, parameter sharing, MoE's attention. It has no
-// row-group members (a MoM chunk over it is a compile error naming the member) and no decode members yet.
+// A sequence mixer over (batch, seq): the dense stack, parameter sharing, MoE's attention, and incremental
+// decoding (DecodingSequenceMixerOn). It has no row-group members (a MoM chunk over it is a compile error
+// naming the member).
 #include <array>
 #include <ratio>
 #include <span>
@@ -171,6 +172,40 @@ struct SwitchHead {
     template <class Be, class T>
     static void forward(Be& be, const T* p, T* ws, const Saved& s, MatrixView<const T> x, MatrixView<T> f_out,
                         index_t batch, index_t seq) {
+      run(be, p, ws, s, x, f_out, batch, seq, [&](MatrixView<T> qkv, MatrixView<T> att) {
+        rope(be, qkv, batch, seq, false);
+        be.attention_forward(att, detail::vec(ws, s.lse, batch * H * seq), MatrixView<const T>(qkv), batch, seq, H);
+      });
+    }
+
+    // ---- incremental decoding (infer/decoder.hpp; modules/module.hpp, DecodingSequenceMixer) -------
+    // One new token per active sequence (rows of x). The step's workspace is forward's for `rows`
+    // sequences of one token (each row's selections and regulariser over itself; the loss is unused).
+    // The round's caches are d wide (assembly/decode_rounds.hpp): q, k and v of H·d_head <= d columns use
+    // their first H·d_head. Row r's rotated key and its value are written at (slot[r], pos[r]), then it
+    // attends to positions 0..pos[r] of its sequence, as forward's causal attention does.
+    using DecodeSaved = Saved;
+    static constexpr DecodeSaved plan_decode(Arena& a, index_t rows) { return plan(a, rows, 1); }
+    template <class Be, class T>
+    static void decode(Be& be, const T* p, T* ws, const DecodeSaved& s, MatrixView<const T> x, MatrixView<T> f_out,
+                       MatrixView<T> k_cache, MatrixView<T> v_cache, std::span<const index_t> slot,
+                       std::span<const index_t> pos, index_t max_len) {
+      MOM_CHECK(k_cache.cols >= hd && v_cache.cols >= hd, "SwitchHead::decode: caches ", k_cache.cols,
+                " wide for H·d_head = ", hd);
+      const MatrixView<T> kc = k_cache.col_block(0, hd), vc = v_cache.col_block(0, hd);
+      run(be, p, ws, s, x, f_out, x.rows, 1, [&](MatrixView<T> qkv, MatrixView<T> att) {
+        if constexpr (D.rope()) be.rope_forward(qkv.col_block(0, 2 * hd), pos, max_len, dh, T(D.rope_base));
+        be.kv_write(kc, vc, MatrixView<const T>(qkv), slot, pos, max_len);
+        be.attention_decode(att, MatrixView<const T>(qkv), MatrixView<const T>(kc), MatrixView<const T>(vc), slot, pos,
+                            max_len, H);
+      });
+    }
+
+    // forward's body: LN, q | k, the value experts (eq. (7)), attend(qkv, att) (eq. (8): the causal op over
+    // the sequence in forward, the cache in decode), the output experts (eq. (9)), the post-norm.
+    template <class Be, class T, class Attend>
+    static void run(Be& be, const T* p, T* ws, const Saved& s, MatrixView<const T> x, MatrixView<T> f_out,
+                    index_t batch, index_t seq, Attend&& attend) {
       using detail::mat, detail::vec;
       const index_t n = batch * seq, rows = n * KA;
       const auto ln = mat(ws, s.ln, n, d);
@@ -194,8 +229,7 @@ struct SwitchHead {
         be.scatter_add_rows(qkv.col_block(2 * hd + h * dh, dh), MatrixView<const T>(vg), idx,
                             vec(static_cast<const T*>(ws), sv.sel.wpacked, rows), g);
       }
-      rope(be, qkv, batch, seq, false);
-      be.attention_forward(att, vec(ws, s.lse, batch * H * seq), MatrixView<const T>(qkv), batch, seq, H);  // eq. (8)
+      attend(qkv, att);  // eq. (8)
       be.zero(f_out);
       for (int h = 0; h < Heads; ++h) {  // y, eq. (9)
         const Side& so = s.o[h];
