@@ -114,6 +114,23 @@ FdTally check_central_differences(Instance& m, const std::vector<double>& grad, 
 // The routing() of a model without routing decisions: every entry is compared.
 inline int no_routing() { return 0; }
 
+// The whole-model check for a model whose routing decisions routing() reads (modules that route inside
+// themselves: σ-MoE, SwitchHead): at most 1% flips, more than min_checked entries compared, and the
+// tensors whose names contain `receiving` get gradient.
+template <class Instance, class Routing>
+void check_with_routing(Instance& m, const GradientCase& c, Routing&& routing, std::string_view receiving,
+                        int min_checked) {
+  double max_grad = 0;
+  const FdTally t = check_central_differences(
+      m, c.grad, 1e-6, [&](const auto&) { return c.forward(m); }, routing, [&](const auto& info, double, double g) {
+        if (std::string_view(info.name).find(receiving) != std::string_view::npos) max_grad = std::max(max_grad, std::abs(g));
+      });
+  INFO("checked " << t.checked << ", flipped " << t.flipped << ", max |gradient| of " << receiving << " " << max_grad);
+  CHECK(t.flipped <= t.checked / 100);
+  CHECK(t.checked > min_checked);
+  CHECK(max_grad > 1e-3);
+}
+
 template <class Model>
 void gradient_check(std::uint64_t seed, int min_classes_used) {
   auto m = Model::template make<cpu::Backend<double>>(seed);

@@ -74,6 +74,35 @@ void select_forward(Be& be, T* ws, const Selection& s, index_t n, index_t k, ind
                           std::span<const token_t>{toks(ws, s.offsets), std::size_t(classes + 1)}, k, coef);
 }
 
+// Sigmoid top-K selection with the within-sequence entropy regulariser (σ-MoE, SwitchHead; MoEUT
+// arXiv 2405.16039 eqs. (1)-(2), (4), (5)-(6)). s.probs holds the logits [n × C] on entry (they stay):
+// the regulariser's value γ·L into s.loss and its gradient w.r.t. the logits into dreg [n × C], the top-K
+// logits' ids into s.picks, their scores σ(logit) (not renormalised) into s.weights, then the groups and
+// the weights in group order. n = batch · seq; the regulariser is taken within each sequence of seq rows.
+template <class Be, class T>
+void sigmoid_select_forward(Be& be, T* ws, const Selection& s, T* dreg, index_t batch, index_t seq, index_t k,
+                            index_t classes, T coef) {
+  const index_t n = batch * seq;
+  const MatrixView<const T> logits{ws + s.probs, n, classes};
+  const MatrixView<T> weights{ws + s.weights, n, k};
+  be.selection_entropy_forward(std::span<T>{ws + s.loss, 1}, MatrixView<T>{dreg, n, classes}, logits, batch, seq, coef);
+  be.topk_rows(weights, MatrixView<token_t>{toks(ws, s.picks), n, k}, logits);  // σ is monotonic
+  be.sigmoid_forward(weights.flat(), std::span<const T>(weights.flat()));
+  group_picks(be, ws, s, n, k, classes);
+}
+// Its backward: dwp holds dL/d(weight) in group order; dws and dv are n·K scratch; dlogits [n × C] is
+// overwritten with dL/dlogits, the regulariser's gradient (dreg) included.
+template <class Be, class T>
+void sigmoid_select_backward(Be& be, const T* ws, const Selection& s, const T* dreg, index_t n, index_t k,
+                             index_t classes, std::span<const T> dwp, std::span<T> dws, std::span<T> dv,
+                             MatrixView<T> dlogits) {
+  slot_grads(be, ws, s, n, k, dwp, dws);
+  be.zero(dv);
+  be.sigmoid_backward(dv, std::span<const T>{ws + s.weights, std::size_t(n * k)}, std::span<const T>(dws));
+  be.copy(dlogits.flat(), std::span<const T>{dreg, std::size_t(n * classes)});
+  be.topk_rows_backward(dlogits, MatrixView<const T>{dv.data(), n, k}, MatrixView<const token_t>{toks(ws, s.picks), n, k});
+}
+
 // The row groups of a selection's first `modules` classes, in group order; the offsets stay in
 // backend memory. SKIP (the last class) is left out, so its rows are never touched.
 template <class T>

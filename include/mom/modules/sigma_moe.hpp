@@ -121,17 +121,11 @@ struct SigmaMoE {
       const index_t n = batch * seq, rows = n * K;
       const auto ln = mat(ws, s.ln, n, d);
       const auto logits = mat(ws, s.sel.probs, n, NE);
-      const auto weights = mat(ws, s.sel.weights, n, K);
       const MatrixView<const T> sel_in = post ? x : MatrixView<const T>(ln);  // what the selection reads
       if constexpr (!post)
         be.layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
       be.linear_forward(logits, sel_in, mat(p, o_sel, NE, d), std::span<const T>{});  // x·W_S
-      be.selection_entropy_forward(vec(ws, s.sel.loss, 1), mat(ws, s.dreg, n, NE), MatrixView<const T>(logits), batch,
-                                   seq, T(gamma));  // eq. (4)
-      // top-K by score (σ is monotonic: the top-K logits), then the picked scores σ(logit) (eqs. (1)-(2)).
-      be.topk_rows(weights, MatrixView<token_t>{dispatch::toks(ws, s.sel.picks), n, K}, MatrixView<const T>(logits));
-      be.sigmoid_forward(weights.flat(), std::span<const T>(weights.flat()));
-      dispatch::group_picks(be, ws, s.sel, n, K, NE);
+      dispatch::sigmoid_select_forward(be, ws, s.sel, ws + s.dreg, batch, seq, K, NE, T(gamma));  // eqs. (1), (2), (4)
       const RowGroups g = dispatch::groups_of(ws, s.sel, NE);
       const std::span<const token_t> idx(dispatch::toks(ws, s.sel.row_token), std::size_t(rows));
       const auto xg = mat(ws, s.xg, rows, d), h = mat(ws, s.h, rows, de), act = mat(ws, s.act, rows, de);
@@ -178,12 +172,8 @@ struct SigmaMoE {
       be.zero(dxg);
       be.grouped_linear_backward(dxg, w1(g), PerGroup<T>{}, MatrixView<const T>(dh), mat(ws, s.xg, rows, d), w1(p), gr);
       // The selection: d weight → d σ → the picked logits, plus the regulariser's gradient.
-      dispatch::slot_grads(be, ws, s.sel, n, K, vec(static_cast<const T*>(scratch), c.dwp, rows), vec(scratch, c.dws, rows));
-      be.zero(vec(scratch, c.dv, rows));
-      be.sigmoid_backward(vec(scratch, c.dv, rows), vec(ws, s.sel.weights, rows), vec(static_cast<const T*>(scratch), c.dws, rows));
-      be.copy(dlogits.flat(), vec(ws, s.dreg, n * NE));
-      be.topk_rows_backward(dlogits, mat(static_cast<const T*>(scratch), c.dv, n, K),
-                            MatrixView<const token_t>{dispatch::toks(ws, s.sel.picks), n, K});
+      dispatch::sigmoid_select_backward(be, ws, s.sel, ws + s.dreg, n, K, NE, vec(static_cast<const T*>(scratch), c.dwp, rows),
+                                        vec(scratch, c.dws, rows), vec(scratch, c.dv, rows), dlogits);
       be.zero(dln);
       be.linear_backward(post ? dx : dln, mat(g, o_sel, NE, d), std::span<T>{}, MatrixView<const T>(dlogits),
                          post ? x : mat(ws, s.ln, n, d), mat(p, o_sel, NE, d));

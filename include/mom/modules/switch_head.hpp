@@ -143,14 +143,8 @@ struct SwitchHead {
                        index_t seq) {
       using detail::mat, detail::vec;
       const index_t n = batch * seq;
-      const auto logits = mat(ws, side.sel.probs, n, NA);
-      const auto weights = mat(ws, side.sel.weights, n, KA);
-      be.linear_forward(logits, ln, MatrixView<const T>{w_sel, NA, d}, std::span<const T>{});
-      be.selection_entropy_forward(vec(ws, side.sel.loss, 1), mat(ws, side.dreg, n, NA), MatrixView<const T>(logits),
-                                   batch, seq, T(delta));
-      be.topk_rows(weights, MatrixView<token_t>{dispatch::toks(ws, side.sel.picks), n, KA}, MatrixView<const T>(logits));
-      be.sigmoid_forward(weights.flat(), std::span<const T>(weights.flat()));
-      dispatch::group_picks(be, ws, side.sel, n, KA, NA);
+      be.linear_forward(mat(ws, side.sel.probs, n, NA), ln, MatrixView<const T>{w_sel, NA, d}, std::span<const T>{});
+      dispatch::sigmoid_select_forward(be, ws, side.sel, ws + side.dreg, batch, seq, KA, NA, T(delta));
     }
     // Backward of select: dL/d(weight) in group order (dwp) → dL/dLN(x) (+= into dln) and dW_S^h.
     template <class Be, class T>
@@ -159,12 +153,8 @@ struct SwitchHead {
       using detail::mat, detail::vec;
       const index_t rows = n * KA;
       const auto dlogits = mat(sc, c.dlogits, n, NA);
-      dispatch::slot_grads(be, ws, side.sel, n, KA, vec(static_cast<const T*>(sc), c.dwp, rows), vec(sc, c.dws, rows));
-      be.zero(vec(sc, c.dv, rows));
-      be.sigmoid_backward(vec(sc, c.dv, rows), vec(ws, side.sel.weights, rows), vec(static_cast<const T*>(sc), c.dws, rows));
-      be.copy(dlogits.flat(), vec(ws, side.dreg, n * NA));
-      be.topk_rows_backward(dlogits, mat(static_cast<const T*>(sc), c.dv, n, KA),
-                            MatrixView<const token_t>{dispatch::toks(ws, side.sel.picks), n, KA});
+      dispatch::sigmoid_select_backward(be, ws, side.sel, ws + side.dreg, n, KA, NA, vec(static_cast<const T*>(sc), c.dwp, rows),
+                                        vec(sc, c.dws, rows), vec(sc, c.dv, rows), dlogits);
       be.linear_backward(dln, MatrixView<T>{g_sel, NA, d}, std::span<T>{}, MatrixView<const T>(dlogits), ln,
                          MatrixView<const T>{w_sel, NA, d});
     }
