@@ -151,6 +151,71 @@ TEMPLATE_TEST_CASE("embedding forward/backward match cpu (repeated tokens)", "[c
   });
 }
 
+TEMPLATE_TEST_CASE("embedding without wpe (a RoPE model) matches cpu", "[cuda][rope]", float, double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  test::Rng rng(31);
+  const index_t V = 11, d = 19, seq = 7, B = 3, n = B * seq;
+  std::vector<token_t> t(static_cast<std::size_t>(n));
+  for (auto& x : t) x = static_cast<token_t>(rng.integer(0, int(V) - 1));
+  auto tokens = tok_arr<T>(t);
+  auto wte = rand_arr<T>(V * d, rng), out = rand_arr<T>(n * d, rng), dout = rand_arr<T>(n * d, rng);
+  auto dwte = rand_arr<T>(V * d, rng);
+  const std::string shape = dims({{"V", V}, {"d", d}, {"seq", seq}, {"batch", B}});
+  run_table<T>({
+      row<T>("embedding_forward (no wpe)", shape,
+             [&](auto& be, On<T> on) { be.embedding_forward(on.m(out, n, d), on.s(tokens), on.m(wte, V, d), {}, seq); },
+             {approx(out, 0.0, "out")}),
+      row<T>("embedding_backward (no wpe)", shape,
+             [&](auto& be, On<T> on) {
+               be.embedding_backward(on.m(dwte, V, d), {}, on.m(dout, n, d), on.s(tokens), seq);
+             },
+             {approx(dwte, tol_kernel<T>, "dwte")}),
+  });
+}
+
+TEMPLATE_TEST_CASE("rope forward/backward match cpu (q|k block of qkv, explicit positions, grouped rows)",
+                   "[cuda][rope]", float, double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  test::Rng rng(32);
+  for (const index_t hd : {index_t(8), index_t(64), index_t(80)}) {
+    const index_t heads = 3, d = heads * hd, seq = 13, B = 3, n = B * seq, rows = 9;
+    INFO("head_dim " << hd);
+    auto qkv = rand_arr<T>(n * 3 * d, rng), x = rand_arr<T>(rows * 2 * d, rng);
+    std::vector<index_t> p(static_cast<std::size_t>(rows));
+    for (auto& v : p) v = rng.integer(0, int(seq) - 1);
+    auto pos = Arr<T, index_t>(p);
+    // Packed rows 0..8: groups {1..4}, {4..4} (empty), {4..7}; rows 0, 7 and 8 are outside (stale indices).
+    auto idx = tok_arr<T>({-3, 0, 14, 38, 2, 25, 13, -1, 99});
+    auto offsets = tok_arr<T>({1, 4, 4, 7});
+    const std::string shape = dims({{"n", n}, {"heads", heads}, {"head_dim", hd}, {"seq", seq}});
+    const auto qk = [&](On<T> on) { return on.m(qkv, n, 3 * d).col_block(0, 2 * d); };
+    const auto groups = [&](On<T> on) { return RowGroups{on.c(offsets).data(), 3}; };
+    run_table<T>({
+        row<T>("rope_forward (row mod seq)", shape,
+               [&](auto& be, On<T> on) { be.rope_forward(qk(on), std::span<const index_t>{}, seq, hd, T(10000)); },
+               {approx(qkv, tol_kernel<T>, "qkv")}),
+        row<T>("rope_backward (row mod seq)", shape,
+               [&](auto& be, On<T> on) { be.rope_backward(qk(on), std::span<const index_t>{}, seq, hd, T(10000)); },
+               {approx(qkv, tol_kernel<T>, "dqkv")}),
+        row<T>("rope_forward (explicit positions)", shape,
+               [&](auto& be, On<T> on) { be.rope_forward(on.m(x, rows, 2 * d), on.c(pos), seq, hd, T(500)); },
+               {approx(x, tol_kernel<T>, "x")}),
+        row<T>("rope_forward (grouped rows)", shape,
+               [&](auto& be, On<T> on) {
+                 be.rope_forward(on.m(x, rows, 2 * d), on.c(idx), seq, hd, T(10000), groups(on));
+               },
+               {approx(x, tol_kernel<T>, "x")}),
+        row<T>("rope_backward (grouped rows)", shape,
+               [&](auto& be, On<T> on) {
+                 be.rope_backward(on.m(x, rows, 2 * d), on.c(idx), seq, hd, T(10000), groups(on));
+               },
+               {approx(x, tol_kernel<T>, "dx")}),
+    });
+  }
+}
+
 TEMPLATE_TEST_CASE("layernorm forward/backward match cpu", "[cuda]", float, double) {
   MOM_REQUIRE_GPU();
   using T = TestType;

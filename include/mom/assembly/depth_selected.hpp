@@ -11,6 +11,12 @@ namespace mom::detail {
 
 template <class Policy, class A, Dims D>
 struct SelectedBlocks : DepthExecutorBase<SelectedBlocks<Policy, A, D>, Policy, A, D> {
+  // The block's attention is the module's dense forward over (batch, C): with RoPE it would rotate a
+  // selected token by its rank among the selected, not by its position (and differently from inference,
+  // where PackedBlocks uses the true positions).
+  static_assert(!D.rope(),
+                "mom::Router<ExpertChoice> (Mixture-of-Depths) does not support RoPE positions yet: its routed blocks "
+                "run dense attention over the C selected tokens, which would rotate them by rank, not position");
   using Base = DepthExecutorBase<SelectedBlocks, Policy, A, D>;
   using typename Base::Attn;
   using typename Base::Block;

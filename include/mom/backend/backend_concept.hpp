@@ -51,11 +51,11 @@ concept Memory = requires(Be& be, index_t n, std::span<T> s, std::span<const T> 
   { be.read(p) } -> std::convertible_to<T>;
 };
 
-// The dense model's ops (embedding, LayerNorm, linear / GEMM, activations, attention, loss) and the
-// GRU router's cell.
+// The dense model's ops (embedding, LayerNorm, linear / GEMM, activations, attention, rotary position
+// embedding, loss) and the GRU router's cell.
 template <class Be, class T>
 concept DenseOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std::span<T> s, std::span<const T> cs,
-                            std::span<const token_t> tok, index_t i, T x) {
+                            std::span<const token_t> tok, std::span<const index_t> pos, index_t i, T x) {
   { Be::Trans::N } -> std::convertible_to<typename Be::Trans>;
   { Be::Trans::T } -> std::convertible_to<typename Be::Trans>;
   be.gemm(m, cm, Be::Trans::N, cm, Be::Trans::T);
@@ -76,6 +76,8 @@ concept DenseOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std
   be.scale(s, x);
   be.attention_forward(m, s, cm, i, i, i);
   be.attention_backward(m, cm, cm, cs, cm, i, i, i);
+  be.rope_forward(m, pos, i, i, x);
+  be.rope_backward(m, pos, i, i, x);
   be.cross_entropy_forward(s, s, cm, tok);
   be.cross_entropy_forward(s, s, cm, tok, token_t(-1));
   be.cross_entropy_backward(m, cm, cs, tok, x);
@@ -125,6 +127,8 @@ concept GroupedOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, s
   be.scatter_add_rows_backward(m, s, cm, cm, tok, cs, g);
   be.attention_grouped_forward(m, s, cm, cpg, cpg, i, i, tok, tok, g, i, i);
   be.attention_grouped_backward(m, pg, pg, cm, cm, cs, cm, cpg, cpg, i, i, tok, tok, g, i, i);
+  be.rope_forward(m, tok, i, i, x, g);
+  be.rope_backward(m, tok, i, i, x, g);
 };
 
 // Depth routing (Mixture-of-Depths, layer-skip, early-exit).

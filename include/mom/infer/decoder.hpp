@@ -143,11 +143,12 @@ class Decoder {
     auto& be = model_.backend();
     T* ws = ws_.data();
     const T* p = model_.params().data();
-    const MatrixView<const T> wte = model_.param(Model::layout[0]), wpe = model_.param(Model::layout[1]);
-    // x_0 = wte[token] + wpe[position], row by row (each row its own position).
+    const MatrixView<const T> wte = model_.param(Model::layout[0]), wpe = model_.wpe();
+    // x_0 = wte[token] + wpe[position], row by row (each row its own position); a RoPE model has no wpe
+    // (x_0 = wte[token]): its attention modules rotate queries and keys by pos instead.
     for (index_t r = 0; r < rows; ++r)
       be.embedding_forward(MatrixView<T>{ws + x0_ + r * d, 1, d}, tokens.subspan(std::size_t(r), 1), wte,
-                           wpe.row_block(pos_[std::size_t(r)], 1), 1);
+                           wpe.empty() ? wpe : wpe.row_block(pos_[std::size_t(r)], 1), 1);
     MatrixView<const T> x{ws + x0_, rows, d};
     const std::span<const index_t> pos(pos_);
     if constexpr (ok)

@@ -2,6 +2,7 @@
 // describe<Model>(): a one-line summary of a model type from its cost model, e.g.
 //   LM<d_model=768 heads=12 d_ff=3072 vocab=50257 context=1024> Dense<12>: depth 12, 12 steps,
 //   124,439,808 params, 266 MFLOP/token forward at seq 1024
+// (a RoPE model adds " positions=rope(base 10000)" inside the LM<...>).
 #include <cstdio>
 #include <string>
 #include <type_traits>
@@ -139,7 +140,9 @@ std::string describe(index_t seq = Model::dims.context) {
   std::snprintf(flops, sizeof flops, "%.4g MFLOP/token", double(Model::flops_per_token(seq)) * 1e-6);
   return "LM<d_model=" + std::to_string(D.d_model) + " heads=" + std::to_string(D.heads) +
          " d_ff=" + std::to_string(D.ff()) + " vocab=" + std::to_string(D.vocab) +
-         " context=" + std::to_string(D.context) + "> " + detail::arch_name<D>(typename Model::parts{}) +
+         " context=" + std::to_string(D.context) +
+         (D.rope() ? " positions=rope(base " + std::to_string(D.rope_base) + ")" : std::string()) + "> " +
+         detail::arch_name<D>(typename Model::parts{}) +
          ": depth " + std::to_string(detail::layers(typename Model::parts{})) + ", " + std::to_string(Model::steps) + " steps, " +
          detail::with_commas(Model::params) + " params, " + flops + " forward at seq " + std::to_string(seq);
 }

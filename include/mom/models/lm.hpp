@@ -1,6 +1,8 @@
 #pragma once
 // LM<dims, Arch>: a GPT-2 style language model around an architecture:
-//   x_0 = wte[token] + wpe[position]          (learned position embedding)
+//   x_0 = wte[token] + wpe[position]          (learned position embedding, dims.positions = Learned)
+//   x_0 = wte[token]                          (dims.positions = RoPE: no wpe; attention rotates its
+//                                              queries and keys instead, arXiv 2104.09864; with_rope(dims))
 //   x   = Arch(x_0)                           (an Assembly or a Chunked sequence of them)
 //   logits = LN_f(x) · wteᵀ                   (LM head tied to the token embedding)
 // and its constexpr cost model: parameter layout and count, forward FLOPs per token,
@@ -90,13 +92,17 @@ struct parts_of<Chunked<Ps...>> {
 // Stand-ins used after a failed check so that one mistake gives one error message.
 inline constexpr Dims placeholder_dims{.d_model = 1, .heads = 1, .d_ff = 1, .vocab = 1, .context = 1};
 
+// Model-level tensors before the parts: wte, and wpe for learned positions (none with RoPE).
+template <Dims D>
+inline constexpr std::size_t embedding_tensors = D.rope() ? 1 : 2;
+
 template <Dims D, class... Ps>
 constexpr auto lm_specs() {
-  constexpr std::size_t n = 4 + (0 + ... + Ps::template executor<D>::tensor_count);
+  constexpr std::size_t n = embedding_tensors<D> + 2 + (0 + ... + Ps::template executor<D>::tensor_count);
   std::array<TensorSpec, n> out{};
   TensorSpec* at = out.data();
   *at++ = {"wte", -1, D.vocab, D.d_model, Init::Normal};
-  *at++ = {"wpe", -1, D.context, D.d_model, Init::Normal};
+  if constexpr (!D.rope()) *at++ = {"wpe", -1, D.context, D.d_model, Init::Normal};
   index_t layer = 0;
   ((Ps::template executor<D>::specs(at, layer), at += Ps::template executor<D>::tensor_count, layer += Ps::depth), ...);
   *at++ = {"ln_f.w", -1, 1, D.d_model, Init::One};
@@ -127,10 +133,12 @@ struct LMCore<D, TypeList<Ps...>> {
   static constexpr std::array<ParamInfo, tensor_count> layout = build_layout(specs, names);
   static constexpr index_t params = layout.back().offset + layout.back().size();
 
-  // Offset of each part's parameter block (after wte and wpe).
+  // Learned positions: layout[1] is wpe (RoPE models have none).
+  static constexpr bool has_wpe = !D.rope();
+  // Offset of each part's parameter block (after wte and, with learned positions, wpe).
   static constexpr std::array<index_t, n_parts> part_offset = [] {
     std::array<index_t, n_parts> out{};
-    index_t at = (D.vocab + D.context) * D.d_model;
+    index_t at = (D.vocab + (has_wpe ? D.context : 0)) * D.d_model;
     std::size_t i = 0;
     ((out[i++] = at, at += exec<Ps>::params), ...);
     return out;
@@ -242,6 +250,10 @@ struct LM {
     }
   }
 };
+
+// LM<with_rope(D), Arch>: the same model with rotary position embeddings (no wpe).
+template <Dims D, class Arch>
+using LMRoPE = LM<with_rope(D), Arch>;
 
 template <class T>
 inline constexpr bool is_lm = false;

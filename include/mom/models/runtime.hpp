@@ -110,7 +110,7 @@ class ModelInstance {
 
     const MatrixView<T> x0{ws + plan_.res0, n, d};
     be_.embedding_forward(x0, std::span<const token_t>(tokens_.data(), tokens.size()), param(Model::layout[0]),
-                          param(Model::layout[1]), seq);
+                          wpe(), seq);
     part_input_[0] = x0;
     for_each_part([&]<std::size_t i, class E>() {
       part_input_[i + 1] = E::forward(be_, p + Model::core::part_offset[i], ws, std::get<i>(plan_.parts),
@@ -166,7 +166,7 @@ class ModelInstance {
       E::backward(be_, p + Model::core::part_offset[i], g + Model::core::part_offset[i], ws, std::get<i>(plan_.parts),
                   part_input_[i], dres, ws + plan_.scratch, batch, seq);
     });
-    be_.embedding_backward(grad(Model::layout[0]), grad(Model::layout[1]), MatrixView<const T>(dres), tokens, seq);
+    be_.embedding_backward(grad(Model::layout[0]), dwpe(), MatrixView<const T>(dres), tokens, seq);
     state_ = State::Reserved;
   }
 
@@ -184,6 +184,9 @@ class ModelInstance {
   // One tensor of the flat buffers, by layout entry (e.g. Model::find("h.0.attn.w_qkv")).
   MatrixView<T> param(const ParamInfo& p) { return {params_.data() + p.offset, p.rows, p.cols}; }
   MatrixView<T> grad(const ParamInfo& p) { return {grads_.data() + p.offset, p.rows, p.cols}; }
+  // The learned position embedding [context × d] and its gradient; empty views for a RoPE model (no wpe).
+  MatrixView<T> wpe() { return Model::core::has_wpe ? param(Model::layout[1]) : MatrixView<T>{}; }
+  MatrixView<T> dwpe() { return Model::core::has_wpe ? grad(Model::layout[1]) : MatrixView<T>{}; }
 
   Be& backend() { return be_; }
   // The step workspace and its plan (for read-back of routing decisions, statistics, tests).

@@ -3,6 +3,10 @@
 //   f(x) = proj(attention(qkv(LN(x))))
 // The residual x + f(x) is added by the assembling function. MHA<N> is a family of N
 // such modules inside a ModuleSet (paper eq. (1), m^A_1..m^A_N).
+// With D.positions = RoPE the queries and keys are rotated by their positions right after the qkv
+// projection (RoFormer, arXiv 2104.09864, eq. (34); backend op rope_forward, in place on the q | k
+// columns), and dQ, dK rotated back (rope_backward) before the projection's backward. The positions:
+// t = row mod seq densely, idx[r] mod seq for routed rows (their flat token index), pos[r] in decode.
 #include <array>
 #include <span>
 
@@ -25,6 +29,12 @@ struct Attention {
   static constexpr index_t o_b_proj = o_w_proj + d * d;
   static constexpr index_t params = o_b_proj + d;
 
+  // Rotary position embedding (Dims::positions): rotate the q and k columns in place.
+  static constexpr bool rope = D.rope();
+  static constexpr index_t hd = D.head_dim();
+  template <class T>
+  static constexpr T rope_base = T(D.rope_base);
+
   static constexpr std::array<TensorSpec, 6> tensors(index_t layer) {
     return {{{"ln_1.w", layer, 1, d, Init::One},
              {"ln_1.b", layer, 1, d, Init::Zero},
@@ -40,6 +50,8 @@ struct Attention {
   // token on average 2*d*(seq+1). These are the useful (causal) FLOPs, the usual convention for
   // MFU; the CPU op computes the triangle in 64-row blocks and so also multiplies the masked
   // half of each diagonal block (at most 32*hd extra multiply-adds per row and head).
+  // RoPE's rotation (6 FLOPs per q/k pair, 6·d per token, plus the angles' cos / sin) is elementwise
+  // work like LayerNorm's and is not counted, forward or backward.
   static constexpr index_t flops_per_token(index_t seq) { return 2 * d * 3 * d + 2 * d * d + 2 * d * (seq + 1); }
   // Backward: two products per linear (dx and dW); attention recomputes P = softmax(QKᵀ) from
   // the saved lse and forms dP = dO·Vᵀ, dV = Pᵀ·dO, dQ = dS·K, dK = dSᵀ·Q: five causal products
@@ -77,6 +89,7 @@ struct Attention {
     const auto att = mat(ws, s.att, n, d);
     be.layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
     be.linear_forward(qkv, MatrixView<const T>(ln), mat(p, o_w_qkv, 3 * d, d), vec(p, o_b_qkv, 3 * d));
+    if constexpr (rope) be.rope_forward(qkv.col_block(0, 2 * d), std::span<const index_t>{}, seq, hd, rope_base<T>);
     be.attention_forward(att, vec(ws, s.lse, batch * D.heads * seq), MatrixView<const T>(qkv), batch, seq, index_t{D.heads});
     be.linear_forward(f_out, MatrixView<const T>(att), mat(p, o_w_proj, d, d), vec(p, o_b_proj, d));
   }
@@ -95,6 +108,7 @@ struct Attention {
                        mat(p, o_w_proj, d, d));
     be.attention_backward(dqkv, MatrixView<const T>(datt), mat(ws, s.att, n, d), vec(ws, s.lse, batch * D.heads * seq),
                           mat(ws, s.qkv, n, 3 * d), batch, seq, index_t{D.heads});
+    if constexpr (rope) be.rope_backward(dqkv.col_block(0, 2 * d), std::span<const index_t>{}, seq, hd, rope_base<T>);
     be.linear_backward(dln, mat(g, o_w_qkv, 3 * d, d), vec(g, o_b_qkv, 3 * d), MatrixView<const T>(dqkv),
                        mat(ws, s.ln, n, d), mat(p, o_w_qkv, 3 * d, d));
     be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
@@ -104,7 +118,8 @@ struct Attention {
   // One new token per active sequence: the rows of x [rows x d]. The module's key/value cache is
   // k_cache / v_cache [slots·max_len x d] (cpu/decode.hpp): row r is sequence slot[r] at position
   // pos[r]; its key and value are written there, then it attends to positions 0..pos[r] of its
-  // sequence, exactly the causal attention of forward for that position.
+  // sequence, exactly the causal attention of forward for that position. With RoPE the query and key
+  // are rotated by pos[r] first, so the cache holds rotated keys, as forward's attention sees them.
   // The step's workspace is forward's for `rows` tokens of one position (its lse rows go unused).
   using DecodeSaved = Saved;
   static constexpr DecodeSaved plan_decode(Arena& a, index_t rows) { return plan(a, rows, 1); }
@@ -119,6 +134,7 @@ struct Attention {
     const auto att = mat(ws, s.att, rows, d);
     be.layernorm_forward(ln, vec(ws, s.mean, rows), vec(ws, s.rstd, rows), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
     be.linear_forward(qkv, MatrixView<const T>(ln), mat(p, o_w_qkv, 3 * d, d), vec(p, o_b_qkv, 3 * d));
+    if constexpr (rope) be.rope_forward(qkv.col_block(0, 2 * d), pos, max_len, hd, rope_base<T>);
     be.kv_write(k_cache, v_cache, MatrixView<const T>(qkv), slot, pos, max_len);
     be.attention_decode(att, MatrixView<const T>(qkv), MatrixView<const T>(k_cache), MatrixView<const T>(v_cache), slot,
                         pos, max_len, index_t{D.heads});
@@ -186,11 +202,16 @@ struct Attention {
         be.layernorm_forward(ln, vec(ws, s.mean[m], n), vec(ws, s.rstd[m], n), x, vec(pm, o_ln_w, d), vec(pm, o_ln_b, d));
         be.linear_forward(mat(ws, s.kv[m], n, 2 * d), MatrixView<const T>(ln), mat(pm, o_w_qkv + d * d, 2 * d, d),
                           vec(pm, o_b_qkv + d, 2 * d));
+        // every token's key at its position: row b·seq + t is position t
+        if constexpr (rope)
+          be.rope_forward(mat(ws, s.kv[m], n, 2 * d).col_block(0, d), std::span<const index_t>{}, seq, hd,
+                          rope_base<T>);
       }
       // The queries' LN rows gathered from each module's LN of every token, then Q.
       const auto xq = mat(ws, s.xq, rows, d), q = mat(ws, s.q, rows, d);
       be.gather_rows(xq, PerGroup<const T>(ws, G, [&](int m) { return s.ln[m]; }), n, idx, g);
       be.grouped_linear_forward(q, MatrixView<const T>(xq), p.plus(o_w_qkv), p.plus(o_b_qkv), g);
+      if constexpr (rope) be.rope_forward(q, idx, seq, hd, rope_base<T>, g);
       const PerGroup<const T> kv(ws, G, [&](int m) { return s.kv[m]; });
       be.attention_grouped_forward(att, lse, MatrixView<const T>(q), kv, kv.plus(d), n, 2 * d, idx,
                                    std::span<const token_t>{}, g, seq, heads);
@@ -199,6 +220,7 @@ struct Attention {
       be.grouped_layernorm_forward(ln, vec(ws, s.mean_r, rows), vec(ws, s.rstd_r, rows), xg, p.plus(o_ln_w),
                                    p.plus(o_ln_b), g);
       be.grouped_linear_forward(qkv, MatrixView<const T>(ln), p.plus(o_w_qkv), p.plus(o_b_qkv), g);
+      if constexpr (rope) be.rope_forward(qkv.col_block(0, 2 * d), idx, seq, hd, rope_base<T>, g);
       const MatrixView<const T> cq(qkv);
       be.attention_grouped_forward(att, lse, cq.col_block(0, d), same_for_groups(cq.data + d, G),
                                    same_for_groups(cq.data + 2 * d, G), rows, 3 * d, idx, idx, g, seq, heads);
@@ -229,6 +251,11 @@ struct Attention {
       be.zero(vec(dkv0, 0, G * n * 2 * d));
       be.attention_grouped_backward(dq, dkv, dkv.plus(d), MatrixView<const T>(datt), att, lse, mat(ws, s.q, rows, d), kv,
                                     kv.plus(d), n, 2 * d, idx, std::span<const token_t>{}, g, seq, heads);
+      if constexpr (rope) {  // dQ, dK of the rotated values -> of the projections' outputs
+        be.rope_backward(dq, idx, seq, hd, rope_base<T>, g);
+        for (int m = 0; m < G; ++m)
+          be.rope_backward(mat(dkv[m], 0, n, 2 * d).col_block(0, d), std::span<const index_t>{}, seq, hd, rope_base<T>);
+      }
       // K/V read every token's LN row (module m's dL/dLN at dln[m]); Q the gathered LN rows.
       for (int m = 0; m < G; ++m) {
         be.zero(vec(dln[m], 0, n * d));
@@ -251,6 +278,7 @@ struct Attention {
                                     same_for_groups(dqkv.data + 2 * d, G), MatrixView<const T>(datt), att, lse,
                                     qkv.col_block(0, d), same_for_groups(qkv.data + d, G), same_for_groups(qkv.data + 2 * d, G),
                                     rows, 3 * d, idx, idx, g, seq, heads);
+      if constexpr (rope) be.rope_backward(dqkv.col_block(0, 2 * d), idx, seq, hd, rope_base<T>, g);
       be.grouped_linear_backward(dln, gp.plus(o_w_qkv), gp.plus(o_b_qkv), MatrixView<const T>(dqkv),
                                  mat(ws, s.xq, rows, d), p.plus(o_w_qkv), g);
       be.grouped_layernorm_backward(dxg, gp.plus(o_ln_w), gp.plus(o_ln_b), MatrixView<const T>(dln), xg,

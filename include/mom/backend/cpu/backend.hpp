@@ -24,6 +24,7 @@
 #include "mom/backend/cpu/layernorm.hpp"
 #include "mom/backend/cpu/linear.hpp"
 #include "mom/backend/cpu/optim.hpp"
+#include "mom/backend/cpu/rope.hpp"
 #include "mom/backend/cpu/routing.hpp"
 #include "mom/backend/cpu/topk.hpp"
 #include "mom/core/check.hpp"
@@ -190,6 +191,21 @@ struct Backend {
   }
   void attention_backward(M dqkv, CM dout, CM out, CS lse, CM qkv, index_t batch, index_t seq, index_t heads) const {
     cpu::attention_backward<T>(dqkv, dout, out, lse, qkv, batch, seq, heads);
+  }
+
+  // Rotary position embedding, in place (cpu/rope.hpp): every row at pos[r] (or r mod seq when pos is
+  // empty), or the grouped rows at idx[r] mod seq.
+  void rope_forward(M x, std::span<const index_t> pos, index_t seq, index_t head_dim, T base) const {
+    cpu::rope_forward<T>(x, pos, seq, head_dim, base);
+  }
+  void rope_backward(M dx, std::span<const index_t> pos, index_t seq, index_t head_dim, T base) const {
+    cpu::rope_backward<T>(dx, pos, seq, head_dim, base);
+  }
+  void rope_forward(M x, Tok idx, index_t seq, index_t head_dim, T base, RowGroups g) const {
+    cpu::rope_forward<T>(x, idx, seq, head_dim, base, g);
+  }
+  void rope_backward(M dx, Tok idx, index_t seq, index_t head_dim, T base, RowGroups g) const {
+    cpu::rope_backward<T>(dx, idx, seq, head_dim, base, g);
   }
 
   void gather_rows(M out, CM in, Tok idx) const { cpu::gather_rows<T>(out, in, idx); }

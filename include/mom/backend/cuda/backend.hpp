@@ -297,6 +297,21 @@ struct Backend {
     K::attention_backward(*ctx_, dqkv, dout, out, lse.data(), qkv, batch, seq, heads);
   }
 
+  // Rotary position embedding, in place (cpu/rope.hpp, kernels/rope.cuh); pos and idx in device memory.
+  // Every row at pos[r] (or r mod seq when pos is empty), or the grouped rows at idx[r] mod seq.
+  void rope_forward(M x, std::span<const index_t> pos, index_t seq, index_t head_dim, T base) const {
+    rope("rope_forward", x, pos, seq, head_dim, base, false);
+  }
+  void rope_backward(M dx, std::span<const index_t> pos, index_t seq, index_t head_dim, T base) const {
+    rope("rope_backward", dx, pos, seq, head_dim, base, true);
+  }
+  void rope_forward(M x, Tok idx, index_t seq, index_t head_dim, T base, RowGroups g) const {
+    rope_grouped("rope_forward", x, idx, seq, head_dim, base, g, false);
+  }
+  void rope_backward(M dx, Tok idx, index_t seq, index_t head_dim, T base, RowGroups g) const {
+    rope_grouped("rope_backward", dx, idx, seq, head_dim, base, g, true);
+  }
+
   void gather_rows(M out, CM in, Tok idx) const {
     checks::gather_rows_shapes<T>(out, in, idx);
     K::gather_rows(*ctx_, out, in, idx.data());
@@ -667,6 +682,7 @@ struct Backend {
       case DeviceError::group_module: op = "group_by_module", what = "module id"; break;
       case DeviceError::group_choice: op = "group_by_choice", what = "pick"; break;
       case DeviceError::selection_index: op = "selection_mask", what = "idx"; break;
+      case DeviceError::rope_position: op = "rope", what = "position"; break;
       case DeviceError::group_offsets:
         mom::detail::fail("grouped op: group offsets must be non-decreasing in [0, ", e[3], "]; offsets[", e[1],
                           "] = ", e[2], " (found on the device)");
@@ -677,6 +693,19 @@ struct Backend {
     }
     mom::detail::fail(op, ": ", what, " ", e[2], " at position ", e[1], " is out of range [0, ", e[3],
                       ") (found on the device; the row was skipped)");
+  }
+
+  void rope(const char* op, M x, std::span<const index_t> pos, index_t seq, index_t head_dim, T base,
+            bool inverse) const {
+    checks::rope_shapes<T>(op, x, pos.empty() ? -1 : ssize(pos), seq, head_dim, base);
+    K::rope(*ctx_, x, pos.empty() ? nullptr : pos.data(), nullptr, RowGroups{}, false, seq, head_dim, double(base),
+            inverse);
+  }
+  void rope_grouped(const char* op, M x, Tok idx, index_t seq, index_t head_dim, T base, RowGroups g,
+                    bool inverse) const {
+    checks::rope_shapes<T>(op, x, ssize(idx), seq, head_dim, base);
+    checks::row_groups_shape(op, g);
+    K::rope(*ctx_, x, nullptr, idx.data(), g, true, seq, head_dim, double(base), inverse);
   }
 
   // A per-group tensor's size for the host checks: cols elements when given, empty otherwise.

@@ -36,6 +36,7 @@ enum class DeviceError : int {
   packed_positions,
   selection_index,  // depth routing: selection_mask (depth_kernels.hpp)
   group_offsets,    // grouped ops: RowGroups offsets outside [0, rows] or decreasing (grouped attention, grouped_kernels.hpp)
+  rope_position,    // rope_forward / rope_backward: a negative position or token index, or pos[r] >= seq
 };
 
 // Precision of float matrix products (double always runs in fp64): the GEMMs (cuBLAS and the
@@ -138,6 +139,14 @@ struct Kernels {
   static void attention_forward(const Context& ctx, M out, T* lse, CM qkv, index_t batch, index_t seq, index_t heads);
   static void attention_backward(const Context& ctx, M dqkv, CM dout, CM out, const T* lse, CM qkv, index_t batch,
                                  index_t seq, index_t heads);
+
+  // Rotary position embedding in place (cpu/rope.hpp, kernels/rope.cuh): x's head_dim chunks rotated by
+  // +p·θ_i (forward) or −p·θ_i (inverse: backward). Row r's position p: pos[r] when pos is given, else
+  // (idx ? idx[r] : r) mod seq; grouped: only the rows [offsets[0], offsets[count]) of g (read on the
+  // device). A negative position or index (or pos[r] >= seq) is DeviceError::rope_position; the row is
+  // left as it is.
+  static void rope(const Context& ctx, M x, const index_t* pos, const token_t* idx, RowGroups g, bool grouped,
+                   index_t seq, index_t head_dim, double base, bool inverse);
 
   static void gather_rows(const Context& ctx, M out, CM in, const token_t* idx);
   static void scatter_add_rows(const Context& ctx, M out, CM in, const token_t* idx, const T* weights);

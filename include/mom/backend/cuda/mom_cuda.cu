@@ -21,6 +21,7 @@
 #include "mom/backend/cuda/kernels/grouped_linear.cuh"  // the grouped GEMMs
 #include "mom/backend/cuda/kernels/grouped_rows.cuh"    // grouped LayerNorm and row ops
 #include "mom/backend/cuda/kernels/attention_tc.cuh"    // dense attention on tensor cores (float)
+#include "mom/backend/cuda/kernels/rope.cuh"            // rotary position embedding (dense and grouped rows)
 
 namespace mom::cuda {
 template struct Kernels<float>;
