@@ -272,7 +272,8 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
       double sum = 0;
       for (index_t i = 0; i < cfg.eval_batches; ++i) {
         train::eval_batch(*val_data, cfg.batch, cfg.seq, i, in, tg);
-        sum += double(causal.forward(in, tg, cfg.batch, cfg.seq));
+        causal.forward_async(in, tg, cfg.batch, cfg.seq);
+        sum += double(causal.cross_entropy());
       }
       const double causal_loss = sum / double(cfg.eval_batches);
       std::printf("validation loss with causal routing (autoregressive sampling's routing) %.4f vs top-C %.4f\n",

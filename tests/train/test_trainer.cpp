@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <mom/mom.hpp>
+#include <mom/modules/sigma_moe.hpp>
 #include <mom/train/train.hpp>
 
 #include "helpers.hpp"
@@ -68,6 +69,31 @@ TEST_CASE("learning rate: linear warm-up, cosine to the floor", "[trainer]") {
   CHECK(learning_rate(c, 60) == Approx(0.55e-3));  // half way through the cosine: (lr + min) / 2
   CHECK(learning_rate(c, 110) == Approx(1e-4));
   CHECK(learning_rate(c, 200) == Approx(1e-4));
+}
+
+TEST_CASE("the validation loss is the cross-entropy alone, not the objective with the auxiliary losses", "[trainer]") {
+  // σ-MoE's entropy regulariser is negative and large here (γ = 1/2): the objective and the cross-entropy
+  // differ by it, and evaluate() reports the cross-entropy.
+  using Moe = LM<tiny, Assembly<Router<Share<Cycle<1>>>, ModuleSet<MHA<1>, FFN<1, SigmaMoE<4, 2, 8, PeriNorm, std::ratio<1, 2>>::type>>,
+                                K<1>, H<2>>>;
+  mom_test::TempDir dir("val-ce");
+  auto prep = make_data(dir);
+  TokenFile train(prep.train), val(prep.val);
+  auto model = Moe::make<cpu::Backend<float>>(1);
+  auto cfg = small_config({}, 1);
+  Trainer trainer(model, train, &val, cfg);
+  const double reported = trainer.evaluate();
+  double ce = 0, objective = 0;
+  std::vector<token_t> in(std::size_t(cfg.batch * cfg.seq)), tg(in.size());
+  for (index_t i = 0; i < cfg.eval_batches; ++i) {
+    eval_batch(val, cfg.batch, cfg.seq, i, in, tg);
+    objective += double(model.forward(in, tg, cfg.batch, cfg.seq));
+    ce += double(model.cross_entropy());
+  }
+  ce /= double(cfg.eval_batches);
+  objective /= double(cfg.eval_batches);
+  CHECK(reported == Approx(ce).epsilon(1e-6));
+  CHECK(objective < ce - 0.5);  // the regulariser: 2 uses × γ · (Σ p log p ≈ −log 4)
 }
 
 TEST_CASE("trainer learns: validation loss falls well below the unigram entropy", "[trainer]") {

@@ -91,6 +91,12 @@ class ModelInstance {
   }
   // The same value left in backend memory (a trainer sums it over micro-batches on the device).
   std::span<const T> loss_data() const { return {ws_.data() + plan_.objective, 1}; }
+  // The cross-entropy alone (the mean over the targets) of the last forward with targets: what
+  // validation compares across architectures, whose auxiliary losses differ in size and sign.
+  T cross_entropy() const {
+    MOM_CHECK(has_loss_, "cross_entropy: needs a forward with targets (since the last reserve)");
+    return be_.read(ws_.data() + plan_.loss);
+  }
 
   // forward without reading anything back: it only enqueues work on a device backend, so a
   // training step (forward_async, backward, the optimizer) never waits for the device.

@@ -191,13 +191,15 @@ class Trainer {
   std::function<void(Instance&)> on_eval_forward;
   std::function<void(index_t step)> on_eval_done;
 
-  // Mean loss over cfg.eval_batches fixed validation micro-batches (the same windows every time).
+  // Mean cross-entropy over cfg.eval_batches fixed validation micro-batches (the same windows every time;
+  // the routers' and modules' auxiliary losses are left out, so architectures compare on the same measure).
   double evaluate() {
     MOM_CHECK(val_ != nullptr, "Trainer::evaluate: no validation data");
     double sum = 0;
     for (index_t i = 0; i < cfg_.eval_batches; ++i) {
       eval_batch(*val_, cfg_.batch, cfg_.seq, i, inputs_, targets_);
-      sum += double(model_.forward(inputs_, targets_, cfg_.batch, cfg_.seq));
+      model_.forward_async(inputs_, targets_, cfg_.batch, cfg_.seq);
+      sum += double(model_.cross_entropy());  // the auxiliary losses are not part of the validation loss
       if (on_eval_forward) on_eval_forward(model_);
     }
     return sum / double(cfg_.eval_batches);
