@@ -79,15 +79,16 @@ def x_of(record, key, train_by_step):
     return ref.get("tokens", record["step"]) if ref else record["step"]
 
 
-def plot(runs, out, x_key, window, title):
+def plot(runs, out, x_key, window, title, val_only=False):
     W, H, L, R, T, B = 900, 520, 70, 230, 40, 55
     pw, ph = W - L - R, H - T - B
     series = []
     for i, run in enumerate(runs):
         color = COLORS[i % len(COLORS)]
         by_step = {r["step"]: r for r in run["train"]}
-        tx = [x_of(r, x_key, by_step) for r in run["train"]]
-        ty = smooth([r["loss"] for r in run["train"]], window)
+        train = [] if val_only else run["train"]
+        tx = [x_of(r, x_key, by_step) for r in train]
+        ty = smooth([r["loss"] for r in train], window)
         vx = [x_of(r, x_key, by_step) for r in run["val"]]
         vy = [r["loss"] for r in run["val"]]
         series.append((run["name"], color, tx, ty, vx, vy))
@@ -123,8 +124,14 @@ def plot(runs, out, x_key, window, title):
             svg.append(f'<polyline points="{pts}" fill="none" stroke="{color}" stroke-width="2.5"/>')
             for x, y in zip(vx, vy):
                 svg.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"/>')
-        ly = T + 10 + 62 * k  # legend: the run's name, then a thin "train" and a thick "val" sample line
         last_val = f" {vy[-1]:.3f}" if vy else ""
+        if val_only:  # legend: the run's name and its last validation loss beside a thick sample line
+            ly = T + 10 + 40 * k
+            svg.append(f'<text x="{L + pw + 15}" y="{ly + 4}" font-weight="bold">{html.escape(name[:30])}</text>')
+            svg.append(f'<line x1="{L + pw + 15}" x2="{L + pw + 40}" y1="{ly + 18}" y2="{ly + 18}" stroke="{color}" stroke-width="2.5"/>')
+            svg.append(f'<text x="{L + pw + 46}" y="{ly + 22}">val{last_val}</text>')
+            continue
+        ly = T + 10 + 62 * k  # legend: the run's name, then a thin "train" and a thick "val" sample line
         svg.append(f'<text x="{L + pw + 15}" y="{ly + 4}" font-weight="bold">{html.escape(name[:30])}</text>')
         svg.append(f'<line x1="{L + pw + 15}" x2="{L + pw + 40}" y1="{ly + 18}" y2="{ly + 18}" stroke="{color}" stroke-width="1" opacity="0.55"/>')
         svg.append(f'<text x="{L + pw + 46}" y="{ly + 22}">train</text>')
@@ -142,6 +149,8 @@ def main():
     ap.add_argument("--x", choices=["step", "tokens"], default="step", help="x axis")
     ap.add_argument("--smooth", type=int, default=1, help="moving-average window of the train loss")
     ap.add_argument("--title", default="mom-train: loss", help="plot title")
+    ap.add_argument("--val-only", action="store_true",
+                    help="validation curves only (the train loss of a model with auxiliary losses is the objective)")
     args = ap.parse_args()
     runs = []
     for p in args.runs:
@@ -149,7 +158,7 @@ def main():
             runs.append(read_run(p))
         except OSError as e:
             sys.exit(f"plot_runs.py: {e}")
-    plot(runs, args.out, args.x, args.smooth, args.title)
+    plot(runs, args.out, args.x, args.smooth, args.title, args.val_only)
     print(f"wrote {args.out} ({len(runs)} run{'s' if len(runs) != 1 else ''})")
 
 

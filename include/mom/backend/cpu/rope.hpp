@@ -26,12 +26,15 @@
 //                                                          only (core/groups.hpp), p = idx[r] mod seq
 //                                                          (idx: the flat token index b·seq + t of a
 //                                                          routed row); other rows are not touched
-// The angles are computed on the fly in double for every (row, pair) — one pow, sin and cos per pair,
-// shared by all the row's heads — so there is no table and nothing is allocated (at most 32 pairs' cos /
-// sin on the stack at a time); float data is rotated with the rounded cos / sin.
+// The angles p·θ_i are computed in double and rounded to T once per (position, pair) into a table of
+// cos / sin for positions 0..seq-1 (detail::RopeTable): built by the calling thread when (seq, head_dim,
+// base, T) change — the first step of a training run or of a decoder — and reused by every later call,
+// so a training step computes no sin / cos and allocates nothing (the table grows once, as the ops'
+// per-thread scratch does). The values are those of computing them on the fly.
 #include <algorithm>
 #include <cmath>
 #include <span>
+#include <vector>
 
 #include "mom/backend/cpu/grouped.hpp"
 #include "mom/backend/shape_checks.hpp"
@@ -42,43 +45,65 @@
 namespace mom::cpu {
 
 namespace detail {
-inline constexpr index_t rope_pairs_per_pass = 32;  // pairs whose cos / sin are on the stack at once
 
 // θ_i = base^(−2i/head_dim) (the same expression in the CUDA kernel and the tests).
 inline double rope_inv_freq(double base, index_t i, index_t head_dim) {
   return std::pow(base, -2.0 * double(i) / double(head_dim));
 }
 
-// Rotates the cols / head_dim heads of one row by sign·p·θ_i (sign +1: forward, −1: backward).
+// cos(p·θ_i), sin(p·θ_i) for p < seq, i < head_dim / 2: row p holds the half cosines, then the half sines.
 template <class T>
-void rope_row(T* row, index_t cols, index_t head_dim, double p, double base, double sign) {
-  const index_t half = head_dim / 2;
-  T c[rope_pairs_per_pass], s[rope_pairs_per_pass];
-  for (index_t i0 = 0; i0 < half; i0 += rope_pairs_per_pass) {
-    const index_t m = std::min(rope_pairs_per_pass, half - i0);
-    for (index_t j = 0; j < m; ++j) {
-      const double a = p * rope_inv_freq(base, i0 + j, head_dim);
-      c[j] = T(std::cos(a));
-      s[j] = T(sign * std::sin(a));
+struct RopeTable {
+  index_t seq = -1, head_dim = -1;
+  double base = 0;
+  std::vector<T> cs;
+  const T* get(index_t s, index_t hd, double b) {
+    if (s != seq || hd != head_dim || b != base) {
+      const index_t half = hd / 2;
+      cs.resize(std::size_t(s * hd));
+      for (index_t p = 0; p < s; ++p)
+        for (index_t i = 0; i < half; ++i) {
+          const double a = double(p) * rope_inv_freq(b, i, hd);
+          cs[std::size_t(p * hd + i)] = T(std::cos(a));
+          cs[std::size_t(p * hd + half + i)] = T(std::sin(a));
+        }
+      seq = s, head_dim = hd, base = b;
     }
-    for (index_t h0 = 0; h0 < cols; h0 += head_dim) {
-      T* lo = row + h0 + i0;
-      T* hi = lo + half;
+    return cs.data();
+  }
+};
+template <class T>
+const T* rope_table(index_t seq, index_t head_dim, double base) {
+  thread_local RopeTable<T> table;  // the calling thread's; the parallel loops only read it
+  return table.get(seq, head_dim, base);
+}
+
+// Rotates the cols / head_dim heads of one row by sign·p·θ_i (sign +1: forward, −1: backward); cs: the
+// table row of its position.
+template <class T>
+void rope_row(T* row, index_t cols, index_t head_dim, const T* cs, T sign) {
+  const index_t half = head_dim / 2;
+  const T* c = cs;
+  const T* sn = cs + half;
+  for (index_t h0 = 0; h0 < cols; h0 += head_dim) {
+    T* lo = row + h0;
+    T* hi = lo + half;
 #pragma omp simd
-      for (index_t j = 0; j < m; ++j) {
-        const T x1 = lo[j], x2 = hi[j];
-        lo[j] = x1 * c[j] - x2 * s[j];
-        hi[j] = x2 * c[j] + x1 * s[j];
-      }
+    for (index_t j = 0; j < half; ++j) {
+      const T x1 = lo[j], x2 = hi[j], s = sign * sn[j];
+      lo[j] = x1 * c[j] - x2 * s;
+      hi[j] = x2 * c[j] + x1 * s;
     }
   }
 }
 
-// Rows [lo, hi) of x, row r at position position(r).
+// Rows [lo, hi) of x, row r at position position(r) < seq.
 template <class T, class P>
-void rope_rows(MatrixView<T> x, index_t lo, index_t hi, index_t head_dim, T base, double sign, P&& position) {
+void rope_rows(MatrixView<T> x, index_t lo, index_t hi, index_t seq, index_t head_dim, T base, double sign,
+               P&& position) {
+  const T* table = rope_table<T>(seq, head_dim, double(base));
 #pragma omp parallel for schedule(static) if ((hi - lo) * x.cols > (1 << 15))
-  for (index_t r = lo; r < hi; ++r) rope_row(x.row(r), x.cols, head_dim, double(position(r)), double(base), sign);
+  for (index_t r = lo; r < hi; ++r) rope_row(x.row(r), x.cols, head_dim, table + position(r) * head_dim, T(sign));
 }
 
 template <class T>
@@ -88,8 +113,8 @@ void rope_all_rows(const char* op, MatrixView<T> x, std::span<const index_t> pos
   for (index_t r = 0; r < ssize(pos); ++r)
     MOM_CHECK(pos[std::size_t(r)] >= 0 && pos[std::size_t(r)] < seq, op, ": pos[", r, "] = ", pos[std::size_t(r)],
               " is outside [0, seq = ", seq, ")");
-  if (pos.empty()) rope_rows(x, 0, x.rows, head_dim, base, sign, [seq](index_t r) { return r % seq; });
-  else rope_rows(x, 0, x.rows, head_dim, base, sign, [pos](index_t r) { return pos[std::size_t(r)]; });
+  if (pos.empty()) rope_rows(x, 0, x.rows, seq, head_dim, base, sign, [seq](index_t r) { return r % seq; });
+  else rope_rows(x, 0, x.rows, seq, head_dim, base, sign, [pos](index_t r) { return pos[std::size_t(r)]; });
 }
 
 template <class T>
@@ -102,7 +127,7 @@ void rope_grouped_rows(const char* op, MatrixView<T> x, std::span<const token_t>
       MOM_CHECK(idx[std::size_t(r)] >= 0, op, ": idx[", r, "] = ", idx[std::size_t(r)], " is negative");
   });
   for_each_group(op, g, x.rows, [&](int, index_t o, index_t n) {
-    rope_rows(x, o, o + n, head_dim, base, sign, [idx, seq](index_t r) { return index_t(idx[std::size_t(r)]) % seq; });
+    rope_rows(x, o, o + n, seq, head_dim, base, sign, [idx, seq](index_t r) { return index_t(idx[std::size_t(r)]) % seq; });
   });
 }
 }  // namespace detail
