@@ -35,5 +35,6 @@
 #include "mom/models/runtime.hpp"
 #include "mom/models/mom_models.hpp"  // MoM_P / MoM_I / MoM_E, the paper's chunkings
 #include "mom/models/moe_models.hpp"  // MoEStack, MoEShareStack, MoDEIntegrated, MoDEStaged
+#include "mom/models/moeut_models.hpp"  // SigmaMoE, SwitchHead, MoEUTStack, MoEUT<dims, L, G>
 #include "mom/backend/cpu.hpp"
 #include "mom/infer/generate.hpp"  // Decoder (KV cache), generate
