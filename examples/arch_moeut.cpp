@@ -1,7 +1,7 @@
 // mom-train's registry entries for MoEUT (issue 14; arXiv 2405.16039): the paper's §3 recipe at dense8's
 // shape (mom8_dims: d 256, 8 layers; rotary positions as in the paper), parameter-matched with dense8-rope,
 // and its ablations: pre- and post-LayerNorm (Fig. 8), G = 1 / 8 (Fig. 6; G = 8 is the non-shared σ-MoE baseline),
-// AABB order (Fig. 6). The GPT-2-small-matched configuration is listed (shape and cost) only.
+// AABB order (Fig. 6), and the configuration matched to GPT-2 small (gpt2-small-moeut).
 #include <mom/models/gpt2.hpp>
 #include <mom/models/moeut_models.hpp>
 
@@ -31,7 +31,7 @@ std::vector<ArchEntry> moeut_architectures() {
   v.push_back(make_architecture<MoEUT8<2, PeriNorm, AABB>>("moeut8-aabb", "byte", "moeut8 with the group in blocks AAAABBBB (MoEUT Fig. 6 ablation)"));
   v.push_back(make_architecture<MoEUT8<1>>("moeut8-g1", "byte", "MoEUT with one shared layer (G = 1), 86 experts (Fig. 6 ablation)"));
   v.push_back(make_architecture<MoEUT8<8>>("moeut8-g8", "byte", "the non-shared σ-MoE baseline (G = 8 = L), peri-LayerNorm"));
-  v.push_back(list_architecture<GPT2SmallMoEUT>("gpt2-small-moeut", "gpt2", "MoEUT matched to GPT-2 small (G = 2); listed only", "gpt2-small"));
+  v.push_back(make_architecture<GPT2SmallMoEUT>("gpt2-small-moeut", "gpt2", "MoEUT matched to GPT-2 small (G = 2, RoPE): 3 heads x 128 with 7 experts each, 191 σ-MoE experts of 128, top-12"));
   return v;
 }
 
