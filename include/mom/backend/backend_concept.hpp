@@ -51,8 +51,10 @@ concept Memory = requires(Be& be, index_t n, std::span<T> s, std::span<const T> 
   { be.read(p) } -> std::convertible_to<T>;
 };
 
-// The dense model's ops (embedding, LayerNorm, linear / GEMM, activations, attention, rotary position
-// embedding, loss) and the GRU router's cell.
+// The dense model's ops (embedding, LayerNorm, linear / GEMM, activations, attention (softmax and
+// stick-breaking), rotary position embedding, loss) and the GRU router's cell. The decode ops are not
+// part of it (kv_write and attention_decode are infer::DecodeBackend's; stick_breaking_decode is the CPU's
+// and CUDA's, asked for by no concept yet).
 template <class Be, class T>
 concept DenseOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std::span<T> s, std::span<const T> cs,
                             std::span<const token_t> tok, std::span<const index_t> pos, index_t i, T x) {
@@ -76,6 +78,8 @@ concept DenseOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std
   be.scale(s, x);
   be.attention_forward(m, s, cm, i, i, i);
   be.attention_backward(m, cm, cm, cs, cm, i, i, i);
+  be.stick_breaking_forward(m, cm, i, i, i);           // ModuleFormer's attention (arXiv 2306.04640)
+  be.stick_breaking_backward(m, cm, cm, cm, i, i, i);
   be.rope_forward(m, pos, i, i, x);
   be.rope_backward(m, pos, i, i, x);
   be.cross_entropy_forward(s, s, cm, tok);

@@ -26,6 +26,7 @@
 #include "mom/backend/cpu/optim.hpp"
 #include "mom/backend/cpu/rope.hpp"
 #include "mom/backend/cpu/routing.hpp"
+#include "mom/backend/cpu/stick_breaking.hpp"
 #include "mom/backend/cpu/topk.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
@@ -163,6 +164,10 @@ struct Backend {
                         std::span<const index_t> pos, index_t max_len, index_t heads) const {
     cpu::attention_decode<T>(out, qkv, k_cache, v_cache, slot, pos, max_len, heads);
   }
+  void stick_breaking_decode(M out, CM qkv, CM k_cache, CM v_cache, std::span<const index_t> slot,
+                             std::span<const index_t> pos, index_t max_len, index_t heads) const {
+    cpu::stick_breaking_decode<T>(out, qkv, k_cache, v_cache, slot, pos, max_len, heads);
+  }
 
   void layernorm_forward(M out, S mean, S rstd, CM x, CS gamma, CS beta, T eps = T(1e-5)) const {
     cpu::layernorm_forward<T>(out, mean, rstd, x, gamma, beta, eps);
@@ -191,6 +196,13 @@ struct Backend {
   }
   void attention_backward(M dqkv, CM dout, CM out, CS lse, CM qkv, index_t batch, index_t seq, index_t heads) const {
     cpu::attention_backward<T>(dqkv, dout, out, lse, qkv, batch, seq, heads);
+  }
+  // Stick-breaking attention (ModuleFormer, arXiv 2306.04640; cpu/stick_breaking.hpp): saves nothing.
+  void stick_breaking_forward(M out, CM qkv, index_t batch, index_t seq, index_t heads) const {
+    cpu::stick_breaking_forward<T>(out, qkv, batch, seq, heads);
+  }
+  void stick_breaking_backward(M dqkv, CM dout, CM out, CM qkv, index_t batch, index_t seq, index_t heads) const {
+    cpu::stick_breaking_backward<T>(dqkv, dout, out, qkv, batch, seq, heads);
   }
 
   // Rotary position embedding, in place (cpu/rope.hpp): every row at pos[r] (or r mod seq when pos is

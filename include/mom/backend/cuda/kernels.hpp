@@ -37,6 +37,7 @@ enum class DeviceError : int {
   selection_index,  // depth routing: selection_mask (depth_kernels.hpp)
   group_offsets,    // grouped ops: RowGroups offsets outside [0, rows] or decreasing (grouped attention, grouped_kernels.hpp)
   rope_position,    // rope_forward / rope_backward: a negative position or token index, or pos[r] >= seq
+  decode_position,  // stick_breaking_decode: a slot or position outside the cache (the row is skipped)
 };
 
 // Precision of float matrix products (double always runs in fp64): the GEMMs (cuBLAS and the
@@ -139,6 +140,15 @@ struct Kernels {
   static void attention_forward(const Context& ctx, M out, T* lse, CM qkv, index_t batch, index_t seq, index_t heads);
   static void attention_backward(const Context& ctx, M dqkv, CM dout, CM out, const T* lse, CM qkv, index_t batch,
                                  index_t seq, index_t heads);
+
+  // Stick-breaking attention (ModuleFormer, arXiv 2306.04640; cpu/stick_breaking.hpp, kernels/stick_breaking.cuh):
+  // forward saves nothing; backward reads forward's out (D_i = dO_i·o_i). Decode: slot and pos in device
+  // memory, one per row of qkv; a row outside the cache is DeviceError::decode_position.
+  static void stick_breaking_forward(const Context& ctx, M out, CM qkv, index_t batch, index_t seq, index_t heads);
+  static void stick_breaking_backward(const Context& ctx, M dqkv, CM dout, CM out, CM qkv, index_t batch, index_t seq,
+                                      index_t heads);
+  static void stick_breaking_decode(const Context& ctx, M out, CM qkv, CM k_cache, CM v_cache, const index_t* slot,
+                                    const index_t* pos, index_t max_len, index_t heads);
 
   // Rotary position embedding in place (cpu/rope.hpp, kernels/rope.cuh): x's head_dim chunks rotated by
   // +p·θ_i (forward) or −p·θ_i (inverse: backward). Row r's position p: pos[r] when pos is given, else

@@ -22,6 +22,7 @@
 #include "mom/backend/cuda/kernels/grouped_rows.cuh"    // grouped LayerNorm and row ops
 #include "mom/backend/cuda/kernels/attention_tc.cuh"    // dense attention on tensor cores (float)
 #include "mom/backend/cuda/kernels/rope.cuh"            // rotary position embedding (dense and grouped rows)
+#include "mom/backend/cuda/kernels/stick_breaking.cuh"  // stick-breaking attention (ModuleFormer)
 
 namespace mom::cuda {
 template struct Kernels<float>;

@@ -1,0 +1,269 @@
+#pragma once
+// Stick-breaking attention (ModuleFormer, arXiv 2306.04640, §3.2; cpu/stick_breaking.hpp has the maths) on
+// the CUDA cores: straightforward SIMT kernels for every scalar and head dim <= 128 (padded to HD = 32, 64
+// or 128 as in attention.cuh), written for correctness first.
+//
+// - forward: grid (query tiles, batch·heads), one thread per query row; key tiles stream through shared
+//   memory from the diagonal down, and the thread keeps the running softplus suffix (double), so
+//   p_i = exp(log σ(z_i) − suffix) needs no second pass. A row stops computing once the suffix passes the
+//   cutoff (every earlier weight is 0 in T), as on the CPU.
+// - backward: one block per (sequence, head), so that the block owns its dK, dV columns (no atomics,
+//   deterministic). Query tiles in turn; per query tile, key tiles from the diagonal down. Each thread
+//   (a query row i) recomputes z, p and σ, and with D_i = dO_i·o_i = Σ_j g_j p_j (read from forward's
+//   out, as softmax attention's backward does) gets the prefix Σ_{j'<=j} g_j' p_j' = D_i − Σ_{j'>j} g_j' p_j'
+//   from the suffix it has walked: dz_j = g_j p_j − σ_j (D_i − G_{>j}), dq_i += scale dz_j k_j in registers.
+//   The tile's p and scale·dz go to shared memory; then thread t takes key j0 + t and adds
+//   Σ_i p_{j,i} dO_i and Σ_i scale·dz_{j,i} q_i to dV_j and dK_j.
+// - decode: one thread per (row, head), keys from the row's position down in the cache.
+#include "mom/backend/cuda/kernels/attention.cuh"  // HeadLayout, load_tile, attention_tile
+#include "mom/backend/cuda/kernels/common.cuh"
+
+namespace mom::cuda {
+
+namespace dev {
+
+__device__ __forceinline__ float sb_log1p(float x) { return log1pf(x); }
+__device__ __forceinline__ double sb_log1p(double x) { return log1p(x); }
+
+// The cpu's stick_breaking_cutoff: a softplus suffix past which exp(log σ − suffix) is 0 in T.
+template <class T>
+inline constexpr double sb_cutoff = sizeof(T) == 4 ? 110.0 : 750.0;
+
+// log σ(z), softplus(z) = −log(1 − σ(z)) and σ(z) from e = exp(−|z|) and l = log1p(e) (no overflow).
+template <class T>
+struct SbTerms {
+  T lsig, sp, sig;
+};
+template <class T>
+__device__ __forceinline__ SbTerms<T> sb_terms(T z) {
+  const T e = exp_(z < T(0) ? z : -z);
+  const T l = sb_log1p(e);
+  SbTerms<T> r;
+  r.lsig = (z < T(0) ? z : T(0)) - l;
+  r.sp = (z > T(0) ? z : T(0)) + l;
+  r.sig = (z >= T(0) ? T(1) : e) / (T(1) + e);
+  return r;
+}
+
+// Backward's tile: rows of q, dO, k, v plus two [BT × BT] blocks in static shared memory under 48 KB.
+template <class T, int HD>
+inline constexpr int sb_backward_tile = std::min(32, 6144 / (HD * int(sizeof(T))));
+
+template <class T, int HD>
+__global__ void stick_breaking_forward_kernel(MatrixView<T> out, MatrixView<const T> qkv, HeadLayout L, T scale) {
+  constexpr int BT = attention_tile<T, HD>;
+  __shared__ T sq[BT][HD + 1];
+  __shared__ T sk[BT][HD];
+  __shared__ T sv[BT][HD];
+  const index_t bh = blockIdx.y, b = bh / L.heads, h = bh % L.heads;
+  const index_t i0 = index_t(blockIdx.x) * BT, i = i0 + threadIdx.x;
+  const T* base = qkv.data + b * L.seq * L.qkv_ld;
+  load_tile<T, BT, HD, HD + 1>(sq, base, L.qkv_ld, i0, L.seq, h * L.hd, L.hd);
+  T o[HD];
+#pragma unroll
+  for (int c = 0; c < HD; ++c) o[c] = T(0);
+  double suffix = 0;  // Σ softplus(z_j) over the keys above the current one
+  for (index_t j0 = i0; j0 >= 0; j0 -= BT) {  // key tiles from the diagonal down
+    __syncthreads();
+    load_tile<T, BT, HD, HD>(sk, base, L.qkv_ld, j0, L.seq, L.d + h * L.hd, L.hd);
+    load_tile<T, BT, HD, HD>(sv, base, L.qkv_ld, j0, L.seq, 2 * L.d + h * L.hd, L.hd);
+    __syncthreads();
+    if (i >= L.seq || suffix > sb_cutoff<T>) continue;
+    for (int jj = BT - 1; jj >= 0; --jj) {
+      if (j0 + jj > i) continue;  // causal: keys j <= i
+      T z = T(0);
+#pragma unroll
+      for (int c = 0; c < HD; ++c) z += sq[threadIdx.x][c] * sk[jj][c];
+      const SbTerms<T> t = sb_terms(z * scale);
+      const T p = exp_(t.lsig - T(suffix));
+      suffix += double(t.sp);
+#pragma unroll
+      for (int c = 0; c < HD; ++c) o[c] += p * sv[jj][c];
+    }
+  }
+  if (i >= L.seq) return;
+  T* orow = out.data + (b * L.seq + i) * out.ld + h * L.hd;
+#pragma unroll
+  for (int c = 0; c < HD; ++c)
+    if (c < L.hd) orow[c] = o[c];
+}
+
+template <class T, int HD>
+__global__ void stick_breaking_backward_kernel(MatrixView<T> dqkv, MatrixView<const T> dout, MatrixView<const T> out,
+                                               MatrixView<const T> qkv, HeadLayout L, T scale) {
+  constexpr int BT = sb_backward_tile<T, HD>;
+  __shared__ T sq[BT][HD + 1];
+  __shared__ T sdo[BT][HD + 1];
+  __shared__ T sk[BT][HD];
+  __shared__ T sv[BT][HD];
+  __shared__ T sp[BT][BT + 1];  // p_{j0+jj, i0+ii} at [ii][jj]
+  __shared__ T sdz[BT][BT + 1];  // scale·dz, the same layout
+  const index_t bh = blockIdx.x, b = bh / L.heads, h = bh % L.heads;
+  const T* base = qkv.data + b * L.seq * L.qkv_ld;
+  const T* dbase = dout.data + b * L.seq * dout.ld;
+  for (index_t i0 = 0; i0 < L.seq; i0 += BT) {
+    __syncthreads();  // the previous query tile's key pass is done with sq, sdo
+    load_tile<T, BT, HD, HD + 1>(sq, base, L.qkv_ld, i0, L.seq, h * L.hd, L.hd);
+    load_tile<T, BT, HD, HD + 1>(sdo, dbase, dout.ld, i0, L.seq, h * L.hd, L.hd);
+    __syncthreads();
+    const index_t i = i0 + threadIdx.x;
+    T di = T(0);  // D_i = dO_i·o_i = Σ_j g_j p_j
+    if (i < L.seq) {
+      const T* orow = out.data + (b * L.seq + i) * out.ld + h * L.hd;
+      for (index_t c = 0; c < L.hd; ++c) di += sdo[threadIdx.x][c] * orow[c];
+    }
+    double suffix = 0, g_above = 0;  // Σ softplus and Σ g p over the keys above the current one
+    T dq[HD];
+#pragma unroll
+    for (int c = 0; c < HD; ++c) dq[c] = T(0);
+    for (index_t j0 = i0; j0 >= 0; j0 -= BT) {
+      __syncthreads();  // the previous key pass is done with sp, sdz
+      load_tile<T, BT, HD, HD>(sk, base, L.qkv_ld, j0, L.seq, L.d + h * L.hd, L.hd);
+      load_tile<T, BT, HD, HD>(sv, base, L.qkv_ld, j0, L.seq, 2 * L.d + h * L.hd, L.hd);
+      __syncthreads();
+      for (int jj = BT - 1; jj >= 0; --jj) {
+        T pv = T(0), dzv = T(0);
+        if (i < L.seq && j0 + jj <= i && suffix <= sb_cutoff<T>) {
+          T z = T(0), g = T(0);
+#pragma unroll
+          for (int c = 0; c < HD; ++c) {
+            z += sq[threadIdx.x][c] * sk[jj][c];
+            g += sdo[threadIdx.x][c] * sv[jj][c];
+          }
+          const SbTerms<T> t = sb_terms(z * scale);
+          pv = exp_(t.lsig - T(suffix));
+          suffix += double(t.sp);
+          const double gp = double(g) * double(pv);
+          dzv = T(double(scale) * (gp - double(t.sig) * (double(di) - g_above)));  // prefix = D − G_{>j}
+          g_above += gp;
+#pragma unroll
+          for (int c = 0; c < HD; ++c) dq[c] += dzv * sk[jj][c];
+        }
+        sp[threadIdx.x][jj] = pv;
+        sdz[threadIdx.x][jj] = dzv;
+      }
+      __syncthreads();
+      const index_t j = j0 + threadIdx.x;  // key role: this thread's key of the tile
+      if (j < L.seq) {
+        T* krow = dqkv.data + (b * L.seq + j) * dqkv.ld + L.d + h * L.hd;
+        T* vrow = krow + L.d;
+        for (index_t c = 0; c < L.hd; ++c) {
+          T ak = T(0), av = T(0);
+          for (int ii = 0; ii < BT; ++ii) {
+            ak += sdz[ii][threadIdx.x] * sq[ii][c];
+            av += sp[ii][threadIdx.x] * sdo[ii][c];
+          }
+          krow[c] += ak;
+          vrow[c] += av;
+        }
+      }
+    }
+    if (i < L.seq) {
+      T* qrow = dqkv.data + (b * L.seq + i) * dqkv.ld + h * L.hd;
+#pragma unroll
+      for (int c = 0; c < HD; ++c)
+        if (c < L.hd) qrow[c] += dq[c];
+    }
+  }
+}
+
+// Thread = (row r, head h): sequence slot[r] at position pos[r], keys pos[r] down to 0 from the cache.
+template <class T, int HD>
+__global__ void stick_breaking_decode_kernel(MatrixView<T> out, MatrixView<const T> qkv, MatrixView<const T> k_cache,
+                                             MatrixView<const T> v_cache, const index_t* slot, const index_t* pos,
+                                             index_t max_len, index_t heads, index_t hd, T scale, int* error) {
+  const index_t rh = index_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (rh >= qkv.rows * heads) return;
+  const index_t r = rh / heads, h = rh % heads, slots = k_cache.rows / max_len;
+  const index_t s = slot[r], p = pos[r];
+  if (s < 0 || s >= slots || p < 0 || p >= max_len) {
+    if (h == 0) {
+      const bool bad_slot = s < 0 || s >= slots;
+      report(error, DeviceError::decode_position, r, bad_slot ? s : p, bad_slot ? slots : max_len);
+    }
+    return;
+  }
+  T q[HD], o[HD];
+#pragma unroll
+  for (int c = 0; c < HD; ++c) {
+    q[c] = c < hd ? qkv.data[r * qkv.ld + h * hd + c] : T(0);
+    o[c] = T(0);
+  }
+  double suffix = 0;
+  for (index_t j = p; j >= 0 && suffix <= sb_cutoff<T>; --j) {
+    const T* k = k_cache.data + (s * max_len + j) * k_cache.ld + h * hd;
+    const T* v = v_cache.data + (s * max_len + j) * v_cache.ld + h * hd;
+    T z = T(0);
+#pragma unroll
+    for (int c = 0; c < HD; ++c)
+      if (c < hd) z += q[c] * k[c];
+    const SbTerms<T> t = sb_terms(z * scale);
+    const T w = exp_(t.lsig - T(suffix));
+    suffix += double(t.sp);
+#pragma unroll
+    for (int c = 0; c < HD; ++c)
+      if (c < hd) o[c] += w * v[c];
+  }
+  T* orow = out.data + r * out.ld + h * hd;
+#pragma unroll
+  for (int c = 0; c < HD; ++c)
+    if (c < hd) orow[c] = o[c];
+}
+
+template <class T, int HD>
+void stick_breaking_forward_hd(const Context& ctx, MatrixView<T> out, MatrixView<const T> qkv, HeadLayout L,
+                               index_t batch) {
+  constexpr int BT = attention_tile<T, HD>;
+  const dim3 grid(static_cast<unsigned>((L.seq + BT - 1) / BT), static_cast<unsigned>(batch * L.heads));
+  launch("stick_breaking_forward", ctx, grid, BT, stick_breaking_forward_kernel<T, HD>, out, qkv, L,
+         T(1) / std::sqrt(T(L.hd)));
+}
+template <class T, int HD>
+void stick_breaking_backward_hd(const Context& ctx, MatrixView<T> dqkv, MatrixView<const T> dout,
+                                MatrixView<const T> out, MatrixView<const T> qkv, HeadLayout L, index_t batch) {
+  constexpr int BT = sb_backward_tile<T, HD>;
+  launch("stick_breaking_backward", ctx, dim3(static_cast<unsigned>(batch * L.heads)), BT,
+         stick_breaking_backward_kernel<T, HD>, dqkv, dout, out, qkv, L, T(1) / std::sqrt(T(L.hd)));
+}
+template <class T, int HD>
+void stick_breaking_decode_hd(const Context& ctx, MatrixView<T> out, MatrixView<const T> qkv,
+                              MatrixView<const T> k_cache, MatrixView<const T> v_cache, const index_t* slot,
+                              const index_t* pos, index_t max_len, index_t heads, index_t hd) {
+  constexpr int per_block = 64;
+  launch("stick_breaking_decode", ctx, dim3(blocks_exact(qkv.rows * heads, per_block)), per_block,
+         stick_breaking_decode_kernel<T, HD>, out, qkv, k_cache, v_cache, slot, pos, max_len, heads, hd,
+         T(1) / std::sqrt(T(hd)), ctx.error);
+}
+
+}  // namespace dev
+
+template <class T>
+void Kernels<T>::stick_breaking_forward(const Context& ctx, M out, CM qkv, index_t batch, index_t seq, index_t heads) {
+  const index_t d = qkv.cols / 3, hd = d / heads;
+  const dev::HeadLayout L{seq, heads, d, hd, qkv.ld, out.ld};
+  if (hd <= 32) dev::stick_breaking_forward_hd<T, 32>(ctx, out, qkv, L, batch);
+  else if (hd <= 64) dev::stick_breaking_forward_hd<T, 64>(ctx, out, qkv, L, batch);
+  else dev::stick_breaking_forward_hd<T, 128>(ctx, out, qkv, L, batch);
+}
+template <class T>
+void Kernels<T>::stick_breaking_backward(const Context& ctx, M dqkv, CM dout, CM out, CM qkv, index_t batch,
+                                         index_t seq, index_t heads) {
+  const index_t d = qkv.cols / 3, hd = d / heads;
+  const dev::HeadLayout L{seq, heads, d, hd, qkv.ld, out.ld};
+  if (hd <= 32) dev::stick_breaking_backward_hd<T, 32>(ctx, dqkv, dout, out, qkv, L, batch);
+  else if (hd <= 64) dev::stick_breaking_backward_hd<T, 64>(ctx, dqkv, dout, out, qkv, L, batch);
+  else dev::stick_breaking_backward_hd<T, 128>(ctx, dqkv, dout, out, qkv, L, batch);
+}
+template <class T>
+void Kernels<T>::stick_breaking_decode(const Context& ctx, M out, CM qkv, CM k_cache, CM v_cache, const index_t* slot,
+                                       const index_t* pos, index_t max_len, index_t heads) {
+  const index_t hd = k_cache.cols / heads;
+  if (hd <= 32)
+    dev::stick_breaking_decode_hd<T, 32>(ctx, out, qkv, k_cache, v_cache, slot, pos, max_len, heads, hd);
+  else if (hd <= 64)
+    dev::stick_breaking_decode_hd<T, 64>(ctx, out, qkv, k_cache, v_cache, slot, pos, max_len, heads, hd);
+  else
+    dev::stick_breaking_decode_hd<T, 128>(ctx, out, qkv, k_cache, v_cache, slot, pos, max_len, heads, hd);
+}
+
+}  // namespace mom::cuda
