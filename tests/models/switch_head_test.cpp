@@ -249,7 +249,7 @@ template <class Norm>
 using DecodeMoEUT = LM<with_rope(decode_dims), MoEUTStack<5, 2, SwitchHead<2, 3, 2, 8, Norm>, SigmaMoE<5, 2, 16, Norm>>>;
 }  // namespace
 
-TEST_CASE("MoEUT decodes incrementally: prefill + step logits equal a full forward (RoPE; peri, pre, post)",
+TEST_CASE("MoEUT decodes incrementally: prefill + step logits equal a full forward (RoPE, peri, pre, post)",
           "[switch_head][decode]") {
   static_assert(infer::decodes<DecodeMoEUT<PeriNorm>, cpu::Backend<double>>);
   CHECK(moeut_decode_error<DecodeMoEUT<PeriNorm>, double>() < 1e-12);

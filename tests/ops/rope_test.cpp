@@ -118,7 +118,7 @@ TEST_CASE("rope: the score of a rotated query and key depends only on t - s (eq.
   CHECK(std::abs(scores(5, 2)[0] - scores(6, 2)[0]) > 1e-6);
 }
 
-TEST_CASE("rope: explicit positions (decode) equal the implicit row mod seq; grouped rows at idx mod seq",
+TEST_CASE("rope: explicit positions (decode) equal the implicit row mod seq, grouped rows at idx mod seq",
           "[ops][rope]") {
   Rng rng(74);
   const index_t hd = 8, d = 4 * hd, S = 11, B = 3, n = B * S;

@@ -48,7 +48,7 @@ TEST_CASE("selection_entropy_forward: the loss equals a naive loop and its gradi
   for (double g : dz) CHECK(std::abs(g) < 1e-15);
 }
 
-TEST_CASE("selection_entropy_forward: float agrees with double; wrong shapes are one-line errors", "[ops][routing][entropy]") {
+TEST_CASE("selection_entropy_forward: float agrees with double, wrong shapes are one-line errors", "[ops][routing][entropy]") {
   const index_t B = 2, T = 9, C = 33;
   Rng rng(5);
   const std::vector<double> z = random_vec(std::size_t(B * T * C), rng, -3, 3);
