@@ -114,6 +114,27 @@ FdTally check_central_differences(Instance& m, const std::vector<double>& grad, 
 // The routing() of a model without routing decisions: every entry is compared.
 inline int no_routing() { return 0; }
 
+// One module's dense forward on cpu::Backend<double> over B sequences of T rows of x (parameters p):
+// its output and, for a ModuleWithAuxLoss, its auxiliary loss (the tests' naive references compare both).
+struct ModuleRun {
+  std::vector<double> out;
+  double aux = 0;
+};
+template <class M>
+ModuleRun run_module(const std::vector<double>& p, const std::vector<double>& x, index_t B, index_t T) {
+  const index_t n = B * T, d = M::d;
+  Arena a;
+  const auto s = M::plan(a, B, T);
+  std::vector<double> ws(std::size_t(a.used));
+  ModuleRun r;
+  r.out.resize(std::size_t(n * d));
+  cpu::Backend<double> be;
+  M::forward(be, p.data(), ws.data(), s, MatrixView<const double>{x.data(), n, d}, MatrixView<double>{r.out.data(), n, d},
+             B, T);
+  if constexpr (ModuleWithAuxLoss<M>) r.aux = ws[std::size_t(s.aux)];
+  return r;
+}
+
 // The whole-model check for a model whose routing decisions routing() reads (modules that route inside
 // themselves: σ-MoE, SwitchHead): at most 1% flips, more than min_checked entries compared, and the
 // tensors whose names contain `receiving` get gradient.

@@ -134,16 +134,12 @@ void check_against_naive() {
   const index_t B = 2, T = 5, n = B * T, d = tiny.d_model;
   test::Rng rng(9);
   std::vector<double> p = test::random_vec(std::size_t(M::params), rng), x = test::random_vec(std::size_t(n * d), rng);
-  Arena a;
-  const auto s = M::plan(a, B, T);
-  std::vector<double> ws(std::size_t(a.used)), out(std::size_t(n * d)), ref;
-  cpu::Backend<double> be;
-  M::forward(be, p.data(), ws.data(), s, MatrixView<const double>{x.data(), n, d}, MatrixView<double>{out.data(), n, d},
-             B, T);
+  const test::ModuleRun got = test::run_module<M>(p, x, B, T);
+  std::vector<double> ref;
   const int norm = std::is_same_v<Norm, PeriNorm> ? 1 : std::is_same_v<Norm, PostNorm> ? 2 : 0;
   const double aux = naive_switch_head<M>(p, x, B, T, norm, 0.1, ref);
-  CHECK(test::rel_error(out, ref) < 1e-12);
-  CHECK(std::abs(ws[std::size_t(s.aux)] - aux) < 1e-12 * std::abs(aux));
+  CHECK(test::rel_error(got.out, ref) < 1e-12);
+  CHECK(std::abs(got.aux - aux) < 1e-12 * std::abs(aux));
   CHECK(aux < 0);
 }
 
