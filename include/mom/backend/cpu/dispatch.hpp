@@ -6,6 +6,7 @@
 #include <cstring>
 #include <span>
 
+#include "mom/backend/cpu/parallel.hpp"
 #include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
@@ -31,7 +32,9 @@ void gather_rows(MatrixView<T> out, MatrixView<const T> in, std::span<const toke
 }
 
 // out[idx[i]] += w[i] · in[i] (w empty: all 1). Accumulates into out [T×d]; in is [n×d].
-// Indices may repeat (their contributions add up), so threads split columns, not rows.
+// Indices may repeat (their contributions add up), so no two threads may own the same output row: thread
+// t of nt adds the entries whose output row is ≡ t (mod nt) — every thread reads the index list, writes
+// only its rows, and the order of the additions into a row is the entries' order, whatever nt.
 // The backward of gather_rows(out, in, idx) is scatter_add_rows(din, dout, idx, {}).
 template <class T>
 void scatter_add_rows(MatrixView<T> out, MatrixView<const T> in, std::span<const token_t> idx,
@@ -39,17 +42,16 @@ void scatter_add_rows(MatrixView<T> out, MatrixView<const T> in, std::span<const
   checks::scatter_add_rows_shapes<T>(out, in, idx, weights);
   detail::check_row_indices("scatter_add_rows", idx, out.rows, shape(out));
   const index_t d = in.cols;
-  constexpr index_t block = 128;
-  const index_t nblocks = (d + block - 1) / block;
-#pragma omp parallel for schedule(static) if (in.rows * d > (1 << 16) && nblocks > 1)
-  for (index_t bi = 0; bi < nblocks; ++bi) {
-    const index_t c0 = bi * block, c1 = std::min(d, c0 + block);
+#pragma omp parallel if (in.rows * d > (1 << 16))
+  {
+    const index_t nt = omp_get_num_threads(), t = omp_get_thread_num();
     for (index_t i = 0; i < in.rows; ++i) {
+      if (idx[i] % nt != t) continue;
       const T w = weights.empty() ? T(1) : weights[i];
       const T* src = in.row(i);
       T* dst = out.row(idx[i]);
 #pragma omp simd
-      for (index_t c = c0; c < c1; ++c) dst[c] += w * src[c];
+      for (index_t c = 0; c < d; ++c) dst[c] += w * src[c];
     }
   }
 }

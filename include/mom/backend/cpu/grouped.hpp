@@ -30,6 +30,16 @@ void for_each_group(const char* op, RowGroups g, index_t rows, F&& f) {
     if (n > 0) f(i, o, n);
   }
 }
+// The union of the groups' rows, [offsets[0], offsets[count]) (validated as for_each_group does), for
+// the ops whose work does not depend on the group (gather, scatter into one matrix): one call of the plain
+// op over all the rows instead of one per group.
+struct RowRange {
+  index_t first = 0, rows = 0;
+};
+inline RowRange group_rows(const char* op, RowGroups g, index_t rows) {
+  for_each_group(op, g, rows, [](int, index_t, index_t) {});
+  return {g.offsets[0], g.offsets[g.count] - g.offsets[0]};
+}
 template <class T>
 MatrixView<T> rows_of(MatrixView<T> m, index_t o, index_t n) {
   return m.empty() ? m : m.row_block(o, n);
@@ -131,9 +141,8 @@ void zero_rows(MatrixView<T> m, RowGroups g) {
 template <class T>
 void gather_rows(MatrixView<T> out, MatrixView<const T> in, std::span<const token_t> idx, RowGroups g) {
   checks::gather_rows_shapes<T>(out, in, idx);
-  detail::for_each_group("gather_rows", g, out.rows, [&](int, index_t o, index_t n) {
-    gather_rows<T>(out.row_block(o, n), in, idx.subspan(std::size_t(o), std::size_t(n)));
-  });
+  const auto [o, n] = detail::group_rows("gather_rows", g, out.rows);
+  if (n > 0) gather_rows<T>(out.row_block(o, n), in, idx.subspan(std::size_t(o), std::size_t(n)));
 }
 // out[r] = in_g[idx[r]] for the rows r of group g: each group gathers from its own [rows × out.cols]
 // matrix in[g] (e.g. module g's LayerNorm of every token).
@@ -148,10 +157,9 @@ template <class T>
 void scatter_add_rows(MatrixView<T> out, MatrixView<const T> in, std::span<const token_t> idx,
                       std::span<const T> weights, RowGroups g) {
   checks::scatter_add_rows_shapes<T>(out, in, idx, weights);
-  detail::for_each_group("scatter_add_rows", g, in.rows, [&](int, index_t o, index_t n) {
-    scatter_add_rows<T>(out, in.row_block(o, n), idx.subspan(std::size_t(o), std::size_t(n)),
-                        detail::part(weights, o, n));
-  });
+  const auto [o, n] = detail::group_rows("scatter_add_rows", g, in.rows);
+  if (n > 0)
+    scatter_add_rows<T>(out, in.row_block(o, n), idx.subspan(std::size_t(o), std::size_t(n)), detail::part(weights, o, n));
 }
 // out_g[idx[r]] += in[r] for the rows r of group g (the backward of the per-group gather).
 template <class T>
@@ -168,10 +176,10 @@ void scatter_add_rows_backward(MatrixView<T> din, std::span<T> dweights, MatrixV
                                MatrixView<const T> in, std::span<const token_t> idx, std::span<const T> weights,
                                RowGroups g) {
   checks::scatter_add_rows_backward_shapes<T>(din, dweights, dout, in, idx, weights);
-  detail::for_each_group("scatter_add_rows_backward", g, in.rows, [&](int, index_t o, index_t n) {
+  const auto [o, n] = detail::group_rows("scatter_add_rows_backward", g, in.rows);
+  if (n > 0)
     scatter_add_rows_backward<T>(detail::rows_of(din, o, n), detail::part(dweights, o, n), dout, in.row_block(o, n),
                                  idx.subspan(std::size_t(o), std::size_t(n)), detail::part(weights, o, n));
-  });
 }
 
 // Causal attention of every group's queries over that group's keys (core/groups.hpp's attention):
