@@ -1,5 +1,6 @@
-// selection_entropy_forward (cpu/routing.hpp; MoEUT arXiv 2405.16039 eq. (4)): the loss against a naive
-// loop, its gradient against central differences in double, and the float op against the double one.
+// selection_entropy_forward (cpu/routing.hpp): MoEUT's within-sequence regulariser (arXiv 2405.16039 eq. (4))
+// and ModuleFormer's mutual-information loss and load concentration (arXiv 2306.04640 eqs. (7), (8)) against
+// naive loops, their gradients against central differences in double, and the float op against the double one.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -46,6 +47,52 @@ TEST_CASE("selection_entropy_forward: the loss equals a naive loop and its gradi
   be.selection_entropy_forward(std::span<double>(loss), mat(dz, B * T, C), cmat(flat, B * T, C), B, T, coef);
   CHECK(loss[0] == Approx(-coef * std::log(double(C))).epsilon(1e-14));
   for (double g : dz) CHECK(std::abs(g) < 1e-15);
+}
+
+namespace {
+// ModuleFormer over the batch's n tokens: a·Σ_m p(m) log p(m) + b·(1/n) Σ_x Σ_m g log g, g = softmax(z_x).
+double naive_mi(const std::vector<double>& z, index_t n, index_t C, double a, double b) {
+  std::vector<double> p(std::size_t(C), 0.0);
+  double cond = 0;
+  for (index_t x = 0; x < n; ++x) {
+    const double* r = &z[std::size_t(x * C)];
+    double mx = r[0], s = 0;
+    for (index_t e = 1; e < C; ++e) mx = std::max(mx, r[e]);
+    for (index_t e = 0; e < C; ++e) s += std::exp(r[e] - mx);
+    for (index_t e = 0; e < C; ++e) {
+      const double g = std::exp(r[e] - mx) / s;
+      p[std::size_t(e)] += g / double(n);
+      cond += g * std::log(g);
+    }
+  }
+  double marg = 0;
+  for (double pe : p) marg += pe * std::log(pe);
+  return a * marg + b * cond / double(n);
+}
+}  // namespace
+
+TEST_CASE("selection_entropy_forward: ModuleFormer's mutual-information loss -H(m) + H(m|x) and load concentration H(m)",
+          "[ops][routing][entropy]") {
+  const index_t n = 12, C = 5;
+  Rng rng(8);
+  std::vector<double> z = random_vec(std::size_t(n * C), rng, -2, 2), dz(z.size()), loss(1);
+  cpu::Backend<double> be;
+  for (const auto [a, b] : {std::pair{0.2, -0.2}, std::pair{-0.3, 0.0}, std::pair{0.0, 0.7}}) {
+    INFO("marginal coefficient " << a << ", conditional " << b);
+    be.selection_entropy_forward(std::span<double>(loss), mat(dz, n, C), cmat(z, n, C), 1, n, a, b);
+    CHECK(std::abs(loss[0] - naive_mi(z, n, C, a, b)) < 1e-14);
+    const std::vector<double> fd = numeric_grad(z, [&] { return naive_mi(z, n, C, a, b); });
+    CHECK(rel_error(dz, fd) < fd_tol);
+  }
+  // The mutual information is at most log C and at least 0: L_MI = −MI in [−log C, 0]; one-hot rows that
+  // spread evenly over the classes reach −log C.
+  be.selection_entropy_forward(std::span<double>(loss), mat(dz, n, C), cmat(z, n, C), 1, n, 1.0, -1.0);
+  CHECK(loss[0] <= 1e-12);
+  CHECK(loss[0] >= -std::log(double(C)));
+  std::vector<double> sharp(std::size_t(10 * C), -40.0);
+  for (index_t x = 0; x < 10; ++x) sharp[std::size_t(x * C + x % C)] = 40.0;
+  be.selection_entropy_forward(std::span<double>(loss), mat(dz, 10, C), cmat(sharp, 10, C), 1, 10, 1.0, -1.0);
+  CHECK(loss[0] == Approx(-std::log(double(C))).epsilon(1e-9));
 }
 
 TEST_CASE("selection_entropy_forward: float agrees with double, wrong shapes are one-line errors", "[ops][routing][entropy]") {

@@ -105,6 +105,7 @@ concept RoutingOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, M
   be.group_by_choice(ts, ts, ts, cpicks, i);
   be.balance_loss_forward(s, s, cm, tok, i, x);
   be.selection_entropy_forward(s, m, cm, i, i, x);
+  be.selection_entropy_forward(s, m, cm, i, i, x, x);
   be.topk_rows(m, picks, cm);
   be.topk_rows_backward(m, cm, cpicks);
 };

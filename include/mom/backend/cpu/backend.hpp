@@ -256,8 +256,9 @@ struct Backend {
   void balance_loss_forward(S loss_out, S dprobs_col, CM probs, Tok offsets, index_t k, T coef) const {
     cpu::balance_loss_forward<T>(loss_out, dprobs_col, probs, offsets, k, coef);
   }
-  void selection_entropy_forward(S loss_out, M dlogits, CM logits, index_t batch, index_t seq, T coef) const {
-    cpu::selection_entropy_forward<T>(loss_out, dlogits, logits, batch, seq, coef);
+  void selection_entropy_forward(S loss_out, M dlogits, CM logits, index_t batch, index_t seq, T coef,
+                                 T cond_coef = T(0)) const {
+    cpu::selection_entropy_forward<T>(loss_out, dlogits, logits, batch, seq, coef, cond_coef);
   }
   void attention_packed_forward(M out, S lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok, index_t seq, index_t heads) const {
     cpu::attention_packed_forward<T>(out, lse, q, k, v, q_tok, k_tok, seq, heads);

@@ -145,23 +145,30 @@ void balance_loss_forward(std::span<T> loss_out, std::span<T> dprobs_col, Matrix
   loss_out[0] = coef * T(E) * loss;
 }
 
-// Selection entropy regulariser within each sequence (MoEUT, arXiv 2405.16039, eq. (4)): for the B
-// sequences of seq rows of logits [B·seq × C],
-//   loss = coef · (1/B) Σ_b Σ_e p_b[e] log p_b[e],   p_b = (1/seq) Σ_t softmax(logits_{b,t})
-// (the negative entropy of the sequence's mean selection: minimising it spreads the selection).
-// Writes loss_out[0] and its gradient dlogits = d loss / d logits [B·seq × C] (a local loss: the
-// caller adds dlogits into its logit gradient in backward). With g_e = coef·(log p_b[e] + 1)/(B·seq)
-// = d loss / d softmax_{b,t}[e], the softmax backward gives dlogits_t = s_t ⊙ (g − ⟨s_t, g⟩).
+// Selection entropy regularisers over the softmax s_x = softmax(logits_x) of B sequences of seq rows of
+// logits [B·seq × C] (n = B·seq rows):
+//   loss = coef · (1/B) Σ_b Σ_e p_b[e] log p_b[e]  +  cond_coef · (1/n) Σ_x Σ_e s_x[e] log s_x[e],
+//   p_b = (1/seq) Σ_t s_{b,t}
+// the first term the negative entropy of each sequence's mean selection, the second the mean negative
+// entropy of the rows' own selections. Its users:
+//   MoEUT's balancing within each sequence (arXiv 2405.16039, eq. (4)): (coef, cond_coef) = (γ, 0)
+//   ModuleFormer's mutual-information loss over the batch (arXiv 2306.04640, eq. (7): −H(m) + H(m|x)):
+//     B = 1, seq = n, (γ, −γ); its load concentration (eq. (8): H(m)): B = 1, (−γ, 0)
+// Writes loss_out[0] and its gradient dlogits = d loss / d logits [n × C] (a local loss: the caller adds
+// dlogits into its logit gradient in backward). With g_e = coef·(log p_b[e] + 1)/n + cond_coef·(log s_x[e]
+// + 1)/n = d loss / d s_x[e], the softmax backward gives dlogits_x = s_x ⊙ (g − ⟨s_x, g⟩) (the +1s cancel).
 template <class T>
 void selection_entropy_forward(std::span<T> loss_out, MatrixView<T> dlogits, MatrixView<const T> logits,
-                               index_t batch, index_t seq, T coef) {
+                               index_t batch, index_t seq, T coef, T cond_coef = T(0)) {
   checks::selection_entropy_shapes<T>(loss_out, dlogits, logits, batch, seq);
-  const index_t C = logits.cols;
+  const index_t C = logits.cols, n = batch * seq;
+  const T tiny = std::numeric_limits<T>::min();
   T total = 0;
 #pragma omp parallel for schedule(static) reduction(+ : total) if (batch > 1 && batch * seq * C > (1 << 14))
   for (index_t b = 0; b < batch; ++b) {
     thread_local std::vector<T> p;  // grows once to the widest selection
     p.assign(std::size_t(C), T(0));
+    T cond = 0;
     for (index_t t = 0; t < seq; ++t) {  // softmax rows into dlogits, their mean into p
       const index_t r = b * seq + t;
       const T* z = logits.row(r);
@@ -172,24 +179,31 @@ void selection_entropy_forward(std::span<T> loss_out, MatrixView<T> dlogits, Mat
       for (index_t e = 0; e < C; ++e) sum += (s[e] = std::exp(z[e] - m));
       const T inv = T(1) / sum;
       for (index_t e = 0; e < C; ++e) p[std::size_t(e)] += (s[e] *= inv);
+      if (cond_coef != T(0))
+        for (index_t e = 0; e < C; ++e) cond += s[e] * std::log(std::max(s[e], tiny));
     }
     T neg_entropy = 0;
     for (index_t e = 0; e < C; ++e) {
       T& pe = p[std::size_t(e)];
       pe /= T(seq);
-      const T log_p = std::log(std::max(pe, std::numeric_limits<T>::min()));
+      const T log_p = std::log(std::max(pe, tiny));
       neg_entropy += pe * log_p;
-      pe = coef * (log_p + T(1)) / T(batch * seq);  // p now holds g
+      pe = coef * (log_p + T(1)) / T(n);  // p now holds the marginal term's g
     }
-    total += neg_entropy;
+    total += coef * neg_entropy / T(batch) + cond_coef * cond / T(n);
     for (index_t t = 0; t < seq; ++t) {
       T* s = dlogits.row(b * seq + t);
       T dot = 0;
-      for (index_t e = 0; e < C; ++e) dot += s[e] * p[std::size_t(e)];
-      for (index_t e = 0; e < C; ++e) s[e] *= p[std::size_t(e)] - dot;
+      if (cond_coef == T(0)) {
+        for (index_t e = 0; e < C; ++e) dot += s[e] * p[std::size_t(e)];
+        for (index_t e = 0; e < C; ++e) s[e] *= p[std::size_t(e)] - dot;
+      } else {
+        for (index_t e = 0; e < C; ++e) dot += s[e] * (p[std::size_t(e)] + cond_coef * std::log(std::max(s[e], tiny)) / T(n));
+        for (index_t e = 0; e < C; ++e) s[e] *= p[std::size_t(e)] + cond_coef * std::log(std::max(s[e], tiny)) / T(n) - dot;
+      }
     }
   }
-  loss_out[0] = coef * total / T(batch);
+  loss_out[0] = total;
 }
 
 namespace detail {

@@ -414,12 +414,13 @@ struct Backend {
               Context::reduce_blocks);
     K::balance_loss_forward(*ctx_, loss_out.data(), dprobs_col.data(), probs, offsets.data(), k, coef);
   }
-  void selection_entropy_forward(S loss_out, M dlogits, CM logits, index_t batch, index_t seq, T coef) const {
+  void selection_entropy_forward(S loss_out, M dlogits, CM logits, index_t batch, index_t seq, T coef,
+                                 T cond_coef = T(0)) const {
     checks::selection_entropy_shapes<T>(loss_out, dlogits, logits, batch, seq);
     MOM_CHECK(batch <= Context::reduce_blocks && logits.cols <= Context::entropy_classes,
               "selection_entropy_forward: ", batch, " sequences and ", logits.cols,
               " classes exceed the CUDA backend's ", Context::reduce_blocks, " and ", Context::entropy_classes);
-    K::selection_entropy_forward(*ctx_, loss_out.data(), dlogits, logits, batch, seq, coef);
+    K::selection_entropy_forward(*ctx_, loss_out.data(), dlogits, logits, batch, seq, coef, cond_coef);
   }
   // Causal attention over packed queries/keys (positions q_tok, k_tok ascending; k_tok empty =
   // every token). lse is [nq × heads]. Position order is checked on the device (next sync).

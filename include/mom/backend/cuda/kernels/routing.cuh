@@ -108,15 +108,16 @@ __global__ void balance_sum_kernel(T* loss_out, const double* terms, index_t E, 
   if (threadIdx.x == 0) loss_out[0] = T(double(coef) * double(E) * s);
 }
 
-// Selection entropy within each sequence (cpu/routing.hpp, selection_entropy_forward): block b
-// handles sequence b. Thread per row: the softmax rows into dlogits; thread per class: p[e], the
-// gradient weights g[e] (shared memory) and the block's Σ p log p (into partials[b]); thread per row:
-// dlogits_t = s_t ⊙ (g − ⟨s_t, g⟩).
+// Selection entropy regularisers (cpu/routing.hpp, selection_entropy_forward): block b handles sequence
+// b. Thread per row: the softmax rows into dlogits (and its Σ s log s); thread per class: p[e], the
+// marginal term's gradient weights g[e] (shared memory) and Σ p log p; the block's weighted loss terms
+// into partials[b]; thread per row: dlogits_t = s_t ⊙ (g + cond_coef·log s_t / n − ⟨s_t, ·⟩).
 template <class T>
 __global__ void selection_entropy_kernel(double* partials, MatrixView<T> dlogits, MatrixView<const T> logits,
-                                         index_t batch, index_t seq, T coef) {
+                                         index_t batch, index_t seq, T coef, T cond_coef) {
   __shared__ T g[Context::entropy_classes];
-  const index_t b = blockIdx.x, C = logits.cols, r0 = b * seq;
+  const index_t b = blockIdx.x, C = logits.cols, r0 = b * seq, n = batch * seq;
+  double cond = 0;
   for (index_t t = threadIdx.x; t < seq; t += blockDim.x) {
     const T* z = logits.data + (r0 + t) * logits.ld;
     T* s = dlogits.data + (r0 + t) * dlogits.ld;
@@ -125,34 +126,37 @@ __global__ void selection_entropy_kernel(double* partials, MatrixView<T> dlogits
     T sum = 0;
     for (index_t e = 0; e < C; ++e) sum += (s[e] = exp(z[e] - m));
     const T inv = T(1) / sum;
-    for (index_t e = 0; e < C; ++e) s[e] *= inv;
+    for (index_t e = 0; e < C; ++e) {
+      s[e] *= inv;
+      if (cond_coef != T(0)) cond += double(s[e]) * double(log(s[e] > T(0) ? s[e] : T(1e-30)));
+    }
   }
   __syncthreads();
-  double part = 0;
+  double marg = 0;
   for (index_t e = threadIdx.x; e < C; e += blockDim.x) {
     T pe = 0;
     for (index_t t = 0; t < seq; ++t) pe += dlogits.data[(r0 + t) * dlogits.ld + e];
     pe /= T(seq);
     const T log_p = log(pe > T(0) ? pe : T(1e-30));
-    part += double(pe) * double(log_p);
-    g[e] = coef * (log_p + T(1)) / T(batch * seq);
+    marg += double(pe) * double(log_p);
+    g[e] = coef * (log_p + T(1)) / T(n);
   }
-  part = block_reduce<double>(part);
+  const double part = block_reduce<double>(double(coef) * marg / double(batch) + double(cond_coef) * cond / double(n));
   if (threadIdx.x == 0) partials[b] = part;
   __syncthreads();
   for (index_t t = threadIdx.x; t < seq; t += blockDim.x) {
     T* s = dlogits.data + (r0 + t) * dlogits.ld;
     T dot = 0;
-    for (index_t e = 0; e < C; ++e) dot += s[e] * g[e];
-    for (index_t e = 0; e < C; ++e) s[e] *= g[e] - dot;
+    for (index_t e = 0; e < C; ++e) dot += s[e] * (g[e] + cond_coef * log(s[e] > T(0) ? s[e] : T(1e-30)) / T(n));
+    for (index_t e = 0; e < C; ++e) s[e] *= g[e] + cond_coef * log(s[e] > T(0) ? s[e] : T(1e-30)) / T(n) - dot;
   }
 }
 template <class T>
-__global__ void selection_entropy_sum_kernel(T* loss_out, const double* partials, index_t batch, T coef) {
+__global__ void selection_entropy_sum_kernel(T* loss_out, const double* partials, index_t batch) {
   double s = 0;
   for (index_t b = threadIdx.x; b < batch; b += blockDim.x) s += partials[b];
   s = block_reduce<double>(s);
-  if (threadIdx.x == 0) loss_out[0] = T(double(coef) * s / double(batch));
+  if (threadIdx.x == 0) loss_out[0] = T(s);
 }
 
 __global__ void slots_to_rows_kernel(token_t* rows, const token_t* slots, index_t n, index_t k) {
@@ -200,11 +204,11 @@ void Kernels<T>::balance_loss_forward(const Context& ctx, T* loss_out, T* dprobs
 
 template <class T>
 void Kernels<T>::selection_entropy_forward(const Context& ctx, T* loss_out, M dlogits, CM logits, index_t batch,
-                                           index_t seq, T coef) {
+                                           index_t seq, T coef, T cond_coef) {
   dev::launch("selection_entropy_forward", ctx, static_cast<unsigned>(batch), dev::threads,
-              dev::selection_entropy_kernel<T>, ctx.partials, dlogits, logits, batch, seq, coef);
+              dev::selection_entropy_kernel<T>, ctx.partials, dlogits, logits, batch, seq, coef, cond_coef);
   dev::launch("selection_entropy_forward", ctx, 1, dev::threads, dev::selection_entropy_sum_kernel<T>, loss_out,
-              static_cast<const double*>(ctx.partials), batch, coef);
+              static_cast<const double*>(ctx.partials), batch);
 }
 
 void slots_to_rows(const Context& ctx, token_t* rows, const token_t* slots, index_t n, index_t k) {
