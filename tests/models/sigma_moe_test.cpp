@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <vector>
 
 #include "mom/modules/sigma_moe.hpp"
@@ -13,8 +12,10 @@
 #include "models/random_tokens.hpp"
 #include "models/routed_gradient_check.hpp"
 #include "ops/grad_check.hpp"
+#include "ops/naive_selection.hpp"
 
 using namespace mom;
+namespace naive = mom::test::naive;
 
 namespace {
 constexpr Dims tiny{.d_model = 8, .heads = 2, .d_ff = 12, .vocab = 11, .context = 6};
@@ -27,26 +28,16 @@ double naive_sigma_moe(const std::vector<double>& p, const std::vector<double>& 
   const bool peri = norm == 1, post = norm == 2;
   const index_t d = M::d, de = M::de, n = B * T;
   out.assign(std::size_t(n * d), 0.0);
-  std::vector<double> ln(std::size_t(n * d)), logits(std::size_t(n * NE));
+  const std::vector<double> ln = post ? x : naive::layernorm(x, n, d, &p[M::o_ln_w], &p[M::o_ln_b]);
+  std::vector<double> logits(std::size_t(n * NE));
   for (index_t r = 0; r < n; ++r) {
-    double mean = 0, var = 0;
-    for (index_t c = 0; c < d; ++c) mean += x[r * d + c];
-    mean /= double(d);
-    for (index_t c = 0; c < d; ++c) var += (x[r * d + c] - mean) * (x[r * d + c] - mean);
-    const double rstd = 1.0 / std::sqrt(var / double(d) + 1e-5);
-    for (index_t c = 0; c < d; ++c)
-      ln[r * d + c] = post ? x[r * d + c] : (x[r * d + c] - mean) * rstd * p[M::o_ln_w + c] + p[M::o_ln_b + c];
     for (int e = 0; e < NE; ++e) {
       double z = 0;
       for (index_t c = 0; c < d; ++c) z += ln[r * d + c] * p[M::o_sel + e * d + c];
       logits[r * NE + e] = z;
     }
-    std::vector<int> order(NE);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[r * NE + a] > logits[r * NE + b]; });
     const double* xin = peri ? &x[r * d] : &ln[r * d];
-    for (int j = 0; j < K; ++j) {
-      const int e = order[j];
+    for (int e : naive::top_k(&logits[r * NE], NE, K)) {
       const double s = 1.0 / (1.0 + std::exp(-logits[r * NE + e]));  // eq. (1)
       for (index_t i = 0; i < de; ++i) {
         double h = 0;
@@ -56,29 +47,8 @@ double naive_sigma_moe(const std::vector<double>& p, const std::vector<double>& 
       }
     }
   }
-  if (post)
-    for (index_t r = 0; r < n; ++r) {
-      double mean = 0, var = 0;
-      for (index_t c = 0; c < d; ++c) mean += x[r * d + c] + out[r * d + c];
-      mean /= double(d);
-      for (index_t c = 0; c < d; ++c) var += std::pow(x[r * d + c] + out[r * d + c] - mean, 2);
-      const double rstd = 1.0 / std::sqrt(var / double(d) + 1e-5);
-      for (index_t c = 0; c < d; ++c)
-        out[r * d + c] = (x[r * d + c] + out[r * d + c] - mean) * rstd * p[M::o_ln_w + c] + p[M::o_ln_b + c] - x[r * d + c];
-    }
-  double L = 0;  // eq. (4), averaged over the sequences
-  for (index_t b = 0; b < B; ++b) {
-    std::vector<double> pm(NE, 0.0);
-    for (index_t t = 0; t < T; ++t) {
-      const double* z = &logits[(b * T + t) * NE];
-      const double mx = *std::max_element(z, z + NE);
-      double sum = 0;
-      for (int e = 0; e < NE; ++e) sum += std::exp(z[e] - mx);
-      for (int e = 0; e < NE; ++e) pm[e] += std::exp(z[e] - mx) / sum / double(T);
-    }
-    for (int e = 0; e < NE; ++e) L += pm[e] * std::log(pm[e]);
-  }
-  return gamma * L / double(B);
+  if (post) naive::post_norm(out, x, n, d, &p[M::o_ln_w], &p[M::o_ln_b]);
+  return gamma * naive::sequence_neg_entropy(logits, B, T, NE);  // eq. (4), averaged over the sequences
 }
 
 template <class Norm>

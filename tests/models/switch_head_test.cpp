@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <vector>
 
 #include "mom/modules/sigma_moe.hpp"
@@ -15,39 +14,18 @@
 #include "models/random_tokens.hpp"
 #include "models/routed_gradient_check.hpp"
 #include "ops/grad_check.hpp"
+#include "ops/naive_selection.hpp"
 
 using namespace mom;
+namespace naive = mom::test::naive;
 
 namespace {
 constexpr Dims tiny{.d_model = 8, .heads = 2, .d_ff = 12, .vocab = 11, .context = 6};
 constexpr int NA = 3, KA = 2;
 
-struct Sel {
-  std::vector<double> logits;  // [n × NA]
-};
-
-// Top-K_A of a row by value (ties to the lower index) and the within-sequence regulariser of eq. (4).
-std::vector<int> top(const double* z, int k) {
-  std::vector<int> order(NA);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return z[a] > z[b]; });
-  order.resize(std::size_t(k));
-  return order;
-}
+std::vector<int> top(const double* z, int k) { return naive::top_k(z, NA, k); }
 double regulariser(const std::vector<double>& logits, index_t B, index_t T) {
-  double L = 0;
-  for (index_t b = 0; b < B; ++b) {
-    std::vector<double> pm(NA, 0.0);
-    for (index_t t = 0; t < T; ++t) {
-      const double* z = &logits[std::size_t((b * T + t) * NA)];
-      const double mx = *std::max_element(z, z + NA);
-      double sum = 0;
-      for (int e = 0; e < NA; ++e) sum += std::exp(z[e] - mx);
-      for (int e = 0; e < NA; ++e) pm[e] += std::exp(z[e] - mx) / sum / double(T);
-    }
-    for (int e = 0; e < NA; ++e) L += pm[e] * std::log(pm[e]);
-  }
-  return L / double(B);
+  return naive::sequence_neg_entropy(logits, B, T, NA);
 }
 
 template <class M>
@@ -57,16 +35,7 @@ double naive_switch_head(const std::vector<double>& p, const std::vector<double>
   const bool peri = norm == 1, post = norm == 2;
   const index_t d = M::d, dh = M::dh, H = M::H, n = B * T;
   out.assign(std::size_t(n * d), 0.0);
-  std::vector<double> ln(std::size_t(n * d));
-  for (index_t r = 0; r < n; ++r) {
-    double mean = 0, var = 0;
-    for (index_t c = 0; c < d; ++c) mean += x[r * d + c];
-    mean /= double(d);
-    for (index_t c = 0; c < d; ++c) var += (x[r * d + c] - mean) * (x[r * d + c] - mean);
-    const double rstd = 1.0 / std::sqrt(var / double(d) + 1e-5);
-    for (index_t c = 0; c < d; ++c)
-      ln[r * d + c] = post ? x[r * d + c] : (x[r * d + c] - mean) * rstd * p[M::o_ln_w + c] + p[M::o_ln_b + c];
-  }
+  const std::vector<double> ln = post ? x : naive::layernorm(x, n, d, &p[M::o_ln_w], &p[M::o_ln_b]);
   auto row_dot = [&](const double* a, const double* w) {
     double s = 0;
     for (index_t c = 0; c < d; ++c) s += a[c] * w[c];
@@ -115,16 +84,7 @@ double naive_switch_head(const std::vector<double>& p, const std::vector<double>
       }
     aux += delta * (regulariser(lv, B, T) + regulariser(lo, B, T));
   }
-  if (post)
-    for (index_t r = 0; r < n; ++r) {
-      double mean = 0, var = 0;
-      for (index_t c = 0; c < d; ++c) mean += x[r * d + c] + out[r * d + c];
-      mean /= double(d);
-      for (index_t c = 0; c < d; ++c) var += std::pow(x[r * d + c] + out[r * d + c] - mean, 2);
-      const double rstd = 1.0 / std::sqrt(var / double(d) + 1e-5);
-      for (index_t c = 0; c < d; ++c)
-        out[r * d + c] = (x[r * d + c] + out[r * d + c] - mean) * rstd * p[M::o_ln_w + c] + p[M::o_ln_b + c] - x[r * d + c];
-    }
+  if (post) naive::post_norm(out, x, n, d, &p[M::o_ln_w], &p[M::o_ln_b]);
   return aux;
 }
 

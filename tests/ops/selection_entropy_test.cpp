@@ -8,25 +8,14 @@
 
 #include "mom/backend/cpu.hpp"
 #include "ops/grad_check.hpp"
+#include "ops/naive_selection.hpp"
 
 using namespace mom;
 using namespace mom::test;
 
 namespace {
 double naive_entropy(const std::vector<double>& z, index_t B, index_t T, index_t C, double coef) {
-  double L = 0;
-  for (index_t b = 0; b < B; ++b) {
-    std::vector<double> p(std::size_t(C), 0.0);
-    for (index_t t = 0; t < T; ++t) {
-      const double* r = &z[std::size_t((b * T + t) * C)];
-      double mx = r[0], s = 0;
-      for (index_t e = 1; e < C; ++e) mx = std::max(mx, r[e]);
-      for (index_t e = 0; e < C; ++e) s += std::exp(r[e] - mx);
-      for (index_t e = 0; e < C; ++e) p[std::size_t(e)] += std::exp(r[e] - mx) / s / double(T);
-    }
-    for (double pe : p) L += pe * std::log(pe);
-  }
-  return coef * L / double(B);
+  return coef * naive::sequence_neg_entropy(z, B, T, C);
 }
 }  // namespace
 
@@ -77,7 +66,7 @@ TEST_CASE("selection_entropy_forward: ModuleFormer's mutual-information loss -H(
   Rng rng(8);
   std::vector<double> z = random_vec(std::size_t(n * C), rng, -2, 2), dz(z.size()), loss(1);
   cpu::Backend<double> be;
-  for (const auto [a, b] : {std::pair{0.2, -0.2}, std::pair{-0.3, 0.0}, std::pair{0.0, 0.7}}) {
+  for (const auto& [a, b] : {std::pair{0.2, -0.2}, std::pair{-0.3, 0.0}, std::pair{0.0, 0.7}}) {
     INFO("marginal coefficient " << a << ", conditional " << b);
     be.selection_entropy_forward(std::span<double>(loss), mat(dz, n, C), cmat(z, n, C), 1, n, a, b);
     CHECK(std::abs(loss[0] - naive_mi(z, n, C, a, b)) < 1e-14);
