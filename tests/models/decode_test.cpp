@@ -7,6 +7,7 @@
 
 #include <mom/mom.hpp>
 
+#include "models/decode_check.hpp"
 #include "random_tokens.hpp"
 
 #include <algorithm>
@@ -25,89 +26,23 @@ using MoE = LM<dims, MoEStack<2, 4, 2>>;
 using MoEShared = LM<dims, MoEShareStack<3, 4, 2>>;
 using MoDEInt = LM<dims, MoDEIntegrated<2, 4, 2>>;
 
-// max |a - b| / max |b| over a row of logits.
-template <class T>
-double row_error(std::span<const T> a, const T* b, index_t n) {
-  double diff = 0, scale = 0;
-  for (index_t v = 0; v < n; ++v) {
-    diff = std::max(diff, std::abs(double(a[std::size_t(v)]) - double(b[v])));
-    scale = std::max(scale, std::abs(double(b[v])));
-  }
-  return diff / scale;
-}
-
-// Sequences of different lengths (the last one fills the context) decoded together: prefill with
-// prompts of different lengths, then one token per step for every unfinished sequence; each token's
-// logits against a full forward over its sequence.
-template <class Model, class T>
-double decode_error() {
-  constexpr index_t C = Model::dims.context, V = Model::dims.vocab;
-  auto model = Model::template make<cpu::Backend<T>>(7);
-  test::randomise(model, 11, 0.2);
-  const std::vector<index_t> lengths{C, 9, 17, 1};
-  const std::vector<index_t> prompt_len{5, 1, 17, 1};
-  std::vector<std::vector<token_t>> seqs, prompts;
-  for (std::size_t b = 0; b < lengths.size(); ++b) {
-    seqs.push_back(test::random_tokens(lengths[b], V, 100 + b));
-    prompts.emplace_back(seqs[b].begin(), seqs[b].begin() + prompt_len[b]);
-  }
-  // Reference: one full forward per sequence.
-  std::vector<std::vector<T>> full(lengths.size());
-  {
-    auto ref = Model::template make<cpu::Backend<T>>(7);
-    std::copy(model.params().begin(), model.params().end(), ref.params().begin());
-    ref.reserve(1, C);
-    for (std::size_t b = 0; b < lengths.size(); ++b) {
-      ref.forward(seqs[b], {}, 1, lengths[b]);
-      const auto l = ref.logits();
-      full[b].assign(l.data, l.data + lengths[b] * V);
-    }
-  }
-  infer::Decoder dec(model, index_t(lengths.size()), C);
-  dec.prefill(std::span<const std::vector<token_t>>(prompts));
-  double worst = 0;
-  for (std::size_t b = 0; b < lengths.size(); ++b) {
-    CHECK(dec.length(index_t(b)) == prompt_len[b]);
-    worst = std::max(worst, row_error(dec.last_logits(index_t(b)), full[b].data() + (prompt_len[b] - 1) * V, V));
-  }
-  for (index_t t = 1; t < C; ++t) {
-    std::vector<index_t> slots;
-    std::vector<token_t> toks;
-    for (std::size_t b = 0; b < lengths.size(); ++b)
-      if (dec.length(index_t(b)) < lengths[b]) {
-        slots.push_back(index_t(b));
-        toks.push_back(seqs[b][std::size_t(dec.length(index_t(b)))]);
-      }
-    if (slots.empty()) break;
-    const auto logits = dec.step(slots, toks);
-    for (std::size_t r = 0; r < slots.size(); ++r) {
-      const auto b = std::size_t(slots[r]), at = std::size_t(dec.length(slots[r]) - 1);
-      worst = std::max(worst, row_error(std::span<const T>(logits.row(index_t(r)), std::size_t(V)),
-                                        full[b].data() + at * V, V));
-      CHECK(std::equal(logits.row(index_t(r)), logits.row(index_t(r)) + V, dec.last_logits(index_t(b)).begin()));
-    }
-  }
-  for (std::size_t b = 0; b < lengths.size(); ++b) CHECK(dec.length(index_t(b)) == lengths[b]);
-  return worst;
-}
-
 }  // namespace
 
 TEST_CASE("decode: prefill + step logits equal a full forward (double 1e-12, float 1e-5)", "[decode]") {
   SECTION("dense") {
-    CHECK(decode_error<Dense3, double>() < 1e-12);
-    CHECK(decode_error<Dense3, float>() < 1e-5);
+    CHECK(test::decode_error<Dense3, double>() < 1e-12);
+    CHECK(test::decode_error<Dense3, float>() < 1e-5);
   }
   SECTION("parameter sharing: a module used at several steps keeps one cache per use") {
-    CHECK(decode_error<Shared, double>() < 1e-12);
-    CHECK(decode_error<Shared, float>() < 1e-5);
+    CHECK(test::decode_error<Shared, double>() < 1e-12);
+    CHECK(test::decode_error<Shared, float>() < 1e-5);
   }
-  SECTION("chunked: dense layers around a shared chunk") { CHECK(decode_error<Chunks, double>() < 1e-12); }
+  SECTION("chunked: dense layers around a shared chunk") { CHECK(test::decode_error<Chunks, double>() < 1e-12); }
   SECTION("MoE, MoE(share), MoDE integrated: each new token's gate picks from its own u_h") {
-    CHECK(decode_error<MoE, double>() < 1e-12);
-    CHECK(decode_error<MoE, float>() < 1e-5);
-    CHECK(decode_error<MoEShared, double>() < 1e-12);
-    CHECK(decode_error<MoDEInt, double>() < 1e-12);
+    CHECK(test::decode_error<MoE, double>() < 1e-12);
+    CHECK(test::decode_error<MoE, float>() < 1e-5);
+    CHECK(test::decode_error<MoEShared, double>() < 1e-12);
+    CHECK(test::decode_error<MoDEInt, double>() < 1e-12);
   }
   static_assert(infer::decodes<Dense3, cpu::Backend<float>>);
   static_assert(infer::decodes<Shared, cpu::Backend<double>>);

@@ -15,6 +15,7 @@
 #include "mom/models/mom_models.hpp"
 #include "mom/models/warm_start.hpp"
 #include "mom/mom.hpp"
+#include "models/decode_check.hpp"
 #include "models/routed_gradient_check.hpp"
 
 using namespace mom;
@@ -139,67 +140,16 @@ TEST_CASE("RoPE model: MoM chunks' gradients equal finite differences (both key/
 }
 
 namespace {
-// Sequences of different lengths decoded together (prefill, then one token per step per unfinished
-// sequence), each token's logits against one full forward over its sequence: max relative error.
-template <class Model, class T>
-double decode_error() {
-  constexpr index_t C = Model::dims.context, V = Model::dims.vocab;
-  auto model = Model::template make<cpu::Backend<T>>(7);
-  test::randomise(model, 11, 0.2);
-  const std::vector<index_t> lengths{C, 9, 17, 1}, prompt_len{5, 1, 17, 1};
-  std::vector<std::vector<token_t>> seqs, prompts;
-  for (std::size_t b = 0; b < lengths.size(); ++b) {
-    seqs.push_back(test::random_tokens(lengths[b], V, 100 + b));
-    prompts.emplace_back(seqs[b].begin(), seqs[b].begin() + prompt_len[b]);
-  }
-  auto ref = Model::template make<cpu::Backend<T>>(7);
-  std::copy(model.params().begin(), model.params().end(), ref.params().begin());
-  ref.reserve(1, C);
-  std::vector<std::vector<T>> full(lengths.size());
-  for (std::size_t b = 0; b < lengths.size(); ++b) {
-    ref.forward(seqs[b], {}, 1, lengths[b]);
-    const auto l = ref.logits();
-    full[b].assign(l.data, l.data + lengths[b] * V);
-  }
-  auto err = [&](const T* got, const T* want) {
-    double diff = 0, scale = 0;
-    for (index_t v = 0; v < V; ++v) {
-      diff = std::max(diff, std::abs(double(got[v]) - double(want[v])));
-      scale = std::max(scale, std::abs(double(want[v])));
-    }
-    return diff / scale;
-  };
-  infer::Decoder dec(model, index_t(lengths.size()), C);
-  dec.prefill(std::span<const std::vector<token_t>>(prompts));
-  double worst = 0;
-  for (std::size_t b = 0; b < lengths.size(); ++b)
-    worst = std::max(worst, err(dec.last_logits(index_t(b)).data(), full[b].data() + (prompt_len[b] - 1) * V));
-  for (;;) {
-    std::vector<index_t> slots;
-    std::vector<token_t> toks;
-    for (std::size_t b = 0; b < lengths.size(); ++b)
-      if (dec.length(index_t(b)) < lengths[b]) {
-        slots.push_back(index_t(b));
-        toks.push_back(seqs[b][std::size_t(dec.length(index_t(b)))]);
-      }
-    if (slots.empty()) break;
-    const auto logits = dec.step(slots, toks);
-    for (std::size_t r = 0; r < slots.size(); ++r)
-      worst = std::max(worst, err(logits.row(index_t(r)),
-                                  full[std::size_t(slots[r])].data() + (dec.length(slots[r]) - 1) * V));
-  }
-  return worst;
-}
 constexpr Dims decode_dims = with_rope(Dims{.d_model = 32, .heads = 4, .d_ff = 64, .vocab = 61, .context = 24});
 }  // namespace
 
 TEST_CASE("RoPE model: KV-cache decoding equals the full forward (the cache holds rotated keys)",
           "[model][rope][decode]") {
   SECTION("dense") {
-    CHECK(decode_error<LM<decode_dims, Dense<3>>, double>() < 1e-12);
-    CHECK(decode_error<LM<decode_dims, Dense<3>>, float>() < 1e-5);
+    CHECK(test::decode_error<LM<decode_dims, Dense<3>>, double>() < 1e-12);
+    CHECK(test::decode_error<LM<decode_dims, Dense<3>>, float>() < 1e-5);
   }
-  SECTION("MoE") { CHECK(decode_error<LM<decode_dims, MoEStack<2, 4, 2>>, double>() < 1e-12); }
+  SECTION("MoE") { CHECK(test::decode_error<LM<decode_dims, MoEStack<2, 4, 2>>, double>() < 1e-12); }
 }
 
 TEST_CASE("RoPE model: a few AdamW steps on one batch lower the loss (float)", "[model][rope][train]") {

@@ -12,6 +12,7 @@
 #include "mom/models/moeut_models.hpp"
 #include "mom/mom.hpp"
 #include "models/random_tokens.hpp"
+#include "models/decode_check.hpp"
 #include "models/routed_gradient_check.hpp"
 #include "ops/grad_check.hpp"
 #include "ops/naive_selection.hpp"
@@ -155,51 +156,6 @@ TEST_CASE("SwitchHead + σ-MoE with rotary positions (no wpe): gradient equals f
 }
 
 namespace {
-// Two sequences of different lengths decoded together (prefill, then one token per step) against one
-// full forward per sequence: the largest relative error of a row of logits.
-template <class Model, class T>
-double moeut_decode_error() {
-  constexpr index_t C = Model::dims.context, V = Model::dims.vocab;
-  auto model = Model::template make<cpu::Backend<T>>(3);
-  test::randomise(model, 12, 0.3);
-  const std::vector<index_t> lengths{C, 4};
-  std::vector<std::vector<token_t>> seqs, prompts;
-  for (std::size_t b = 0; b < lengths.size(); ++b) {
-    seqs.push_back(test::random_tokens(lengths[b], V, 40 + b));
-    prompts.emplace_back(seqs[b].begin(), seqs[b].begin() + 2);
-  }
-  auto ref = Model::template make<cpu::Backend<T>>(3);
-  std::copy(model.params().begin(), model.params().end(), ref.params().begin());
-  ref.reserve(1, C);
-  auto row_err = [&](std::size_t b, index_t at, const T* got) {
-    ref.forward(std::span<const token_t>(seqs[b]).first(std::size_t(at + 1)), {}, 1, at + 1);
-    const auto l = ref.logits();
-    double diff = 0, scale = 0;
-    for (index_t v = 0; v < V; ++v) {
-      diff = std::max(diff, std::abs(double(got[v]) - double(l(at, v))));
-      scale = std::max(scale, std::abs(double(l(at, v))));
-    }
-    return diff / scale;
-  };
-  infer::Decoder dec(model, 2, C);
-  dec.prefill(std::span<const std::vector<token_t>>(prompts));
-  double worst = 0;
-  for (std::size_t b = 0; b < 2; ++b) worst = std::max(worst, row_err(b, 1, dec.last_logits(index_t(b)).data()));
-  for (;;) {
-    std::vector<index_t> slots;
-    std::vector<token_t> toks;
-    for (std::size_t b = 0; b < 2; ++b)
-      if (dec.length(index_t(b)) < lengths[b]) {
-        slots.push_back(index_t(b));
-        toks.push_back(seqs[b][std::size_t(dec.length(index_t(b)))]);
-      }
-    if (slots.empty()) break;
-    const auto logits = dec.step(slots, toks);
-    for (std::size_t r = 0; r < slots.size(); ++r)
-      worst = std::max(worst, row_err(std::size_t(slots[r]), dec.length(slots[r]) - 1, logits.row(index_t(r))));
-  }
-  return worst;
-}
 constexpr Dims decode_dims{.d_model = 32, .heads = 4, .d_ff = 64, .vocab = 37, .context = 12};
 template <class Norm>
 using DecodeMoEUT = LM<with_rope(decode_dims), MoEUTStack<5, 2, SwitchHead<2, 3, 2, 8, Norm>, SigmaMoE<5, 2, 16, Norm>>>;
@@ -208,8 +164,8 @@ using DecodeMoEUT = LM<with_rope(decode_dims), MoEUTStack<5, 2, SwitchHead<2, 3,
 TEST_CASE("MoEUT decodes incrementally: prefill + step logits equal a full forward (RoPE, peri, pre, post)",
           "[switch_head][decode]") {
   static_assert(infer::decodes<DecodeMoEUT<PeriNorm>, cpu::Backend<double>>);
-  CHECK(moeut_decode_error<DecodeMoEUT<PeriNorm>, double>() < 1e-12);
-  CHECK(moeut_decode_error<DecodeMoEUT<PreNorm>, double>() < 1e-12);
-  CHECK(moeut_decode_error<DecodeMoEUT<PostNorm>, double>() < 1e-12);
-  CHECK(moeut_decode_error<DecodeMoEUT<PeriNorm>, float>() < 1e-5);
+  CHECK(test::decode_error<DecodeMoEUT<PeriNorm>, double>({12, 4}, {2, 2}) < 1e-12);
+  CHECK(test::decode_error<DecodeMoEUT<PreNorm>, double>({12, 4}, {2, 2}) < 1e-12);
+  CHECK(test::decode_error<DecodeMoEUT<PostNorm>, double>({12, 4}, {2, 2}) < 1e-12);
+  CHECK(test::decode_error<DecodeMoEUT<PeriNorm>, float>({12, 4}, {2, 2}) < 1e-5);
 }
