@@ -95,8 +95,9 @@ void cross_entropy_backward_shapes(CM<T> dlogits, CM<T> logits, CS<T> lse, Tok t
 }
 
 // ---- causal attention (qkv [B*S × 3d]) --------------------------------------------
+// qkv and out of a packed attention op (softmax or stick-breaking).
 template <class T>
-void attention_shapes(const char* op, CM<T> qkv, CM<T> out, CS<T> lse, index_t batch, index_t seq, index_t heads) {
+void attention_qkv_shapes(const char* op, CM<T> qkv, CM<T> out, index_t batch, index_t seq, index_t heads) {
   MOM_CHECK(batch > 0 && seq > 0 && heads > 0, op, ": batch ", batch, ", seq ", seq, ", heads ", heads,
             " must be positive");
   MOM_CHECK(qkv.cols % 3 == 0, op, ": qkv ", shape(qkv), " must have 3*d columns [q | k | v]");
@@ -105,16 +106,23 @@ void attention_shapes(const char* op, CM<T> qkv, CM<T> out, CS<T> lse, index_t b
   MOM_CHECK(qkv.rows == batch * seq, op, ": qkv ", shape(qkv), " must have batch*seq = ", batch, "*", seq, " rows");
   MOM_CHECK(out.rows == qkv.rows && out.cols == d, op, ": out ", shape(out), " must be [", qkv.rows, "x", d,
             "] for qkv ", shape(qkv));
+}
+// The softmax attention's saved lse [batch·heads·seq].
+template <class T>
+void attention_lse_shapes(const char* op, CS<T> lse, index_t batch, index_t seq, index_t heads) {
   MOM_CHECK(ssize(lse) == batch * heads * seq, op, ": lse has ", lse.size(), " elements, expected batch*heads*seq = ",
             batch * heads * seq);
 }
-// attention_backward's gradients, after attention_shapes.
 template <class T>
-void attention_backward_grad_shapes(CM<T> dqkv, CM<T> dout, CM<T> out, CM<T> qkv) {
-  MOM_CHECK(dqkv.rows == qkv.rows && dqkv.cols == qkv.cols, "attention_backward: dqkv ", shape(dqkv),
-            " must match qkv ", shape(qkv));
-  MOM_CHECK(dout.rows == out.rows && dout.cols == out.cols, "attention_backward: dout ", shape(dout),
-            " must match out ", shape(out));
+void attention_shapes(const char* op, CM<T> qkv, CM<T> out, CS<T> lse, index_t batch, index_t seq, index_t heads) {
+  attention_qkv_shapes<T>(op, qkv, out, batch, seq, heads);
+  attention_lse_shapes<T>(op, lse, batch, seq, heads);
+}
+// A packed attention backward's gradients, after its forward shapes (op: "attention_backward", ...).
+template <class T>
+void attention_backward_grad_shapes(const char* op, CM<T> dqkv, CM<T> dout, CM<T> out, CM<T> qkv) {
+  MOM_CHECK(dqkv.rows == qkv.rows && dqkv.cols == qkv.cols, op, ": dqkv ", shape(dqkv), " must match qkv ", shape(qkv));
+  MOM_CHECK(dout.rows == out.rows && dout.cols == out.cols, op, ": dout ", shape(dout), " must match out ", shape(out));
 }
 
 // ---- rotary position embedding (x [rows × heads·head_dim], rotated in place) -----------------
@@ -362,40 +370,21 @@ void same_shape(const char* op, CM<T> a, CM<T> b) {
 }
 
 // ---- stick-breaking attention (ModuleFormer, arXiv 2306.04640; cpu/stick_breaking.hpp) --------------
-// qkv [B*S × 3d] as for causal attention; nothing saved but out.
+// Forward and backward check attention_qkv_shapes and attention_backward_grad_shapes (nothing saved but out).
+// A decode op (attention_decode, stick_breaking_decode): out [rows × d], qkv [rows × 3d], caches
+// [slots·max_len × d], one slot and one position per row (their values are range-checked by each backend:
+// the CPU on the host, CUDA on the device).
 template <class T>
-void stick_breaking_shapes(const char* op, CM<T> qkv, CM<T> out, index_t batch, index_t seq, index_t heads) {
-  MOM_CHECK(batch > 0 && seq > 0 && heads > 0, op, ": batch ", batch, ", seq ", seq, ", heads ", heads,
-            " must be positive");
-  MOM_CHECK(qkv.cols % 3 == 0, op, ": qkv ", shape(qkv), " must have 3*d columns [q | k | v]");
-  const index_t d = qkv.cols / 3;
-  MOM_CHECK(d % heads == 0, op, ": d = ", d, " (qkv ", shape(qkv), ") is not divisible by heads = ", heads);
-  MOM_CHECK(qkv.rows == batch * seq, op, ": qkv ", shape(qkv), " must have batch*seq = ", batch, "*", seq, " rows");
-  MOM_CHECK(out.rows == qkv.rows && out.cols == d, op, ": out ", shape(out), " must be [", qkv.rows, "x", d,
-            "] for qkv ", shape(qkv));
-}
-// stick_breaking_backward's gradients, after stick_breaking_shapes.
-template <class T>
-void stick_breaking_backward_grad_shapes(CM<T> dqkv, CM<T> dout, CM<T> out, CM<T> qkv) {
-  MOM_CHECK(dqkv.rows == qkv.rows && dqkv.cols == qkv.cols, "stick_breaking_backward: dqkv ", shape(dqkv),
-            " must match qkv ", shape(qkv));
-  MOM_CHECK(dout.rows == out.rows && dout.cols == out.cols, "stick_breaking_backward: dout ", shape(dout),
-            " must match out ", shape(out));
-}
-// stick_breaking_decode: out [rows × d], qkv [rows × 3d], caches [slots·max_len × d], one slot and one
-// position per row (their values are range-checked by each backend: the CPU on the host, CUDA on the device).
-template <class T>
-void stick_breaking_decode_shapes(CM<T> out, CM<T> qkv, CM<T> k_cache, CM<T> v_cache, index_t n_slot, index_t n_pos,
-                                  index_t max_len, index_t heads) {
+void decode_shapes(const char* op, CM<T> out, CM<T> qkv, CM<T> k_cache, CM<T> v_cache, index_t n_slot, index_t n_pos,
+                   index_t max_len, index_t heads) {
   const index_t d = k_cache.cols, rows = qkv.rows;
   MOM_CHECK(heads > 0 && d % heads == 0 && qkv.cols == 3 * d && out.rows == rows && out.cols == d &&
                 v_cache.cols == d && v_cache.rows == k_cache.rows,
-            "stick_breaking_decode: ", heads, " heads, qkv ", shape(qkv), ", out ", shape(out), ", caches ",
-            shape(k_cache), " and ", shape(v_cache), " disagree");
-  MOM_CHECK(n_slot == rows && n_pos == rows, "stick_breaking_decode: ", n_slot, " slots and ", n_pos, " positions for ",
-            rows, " rows");
-  MOM_CHECK(max_len > 0 && k_cache.rows % max_len == 0, "stick_breaking_decode: cache of ", k_cache.rows,
-            " rows is not slots x max_len ", max_len);
+            op, ": ", heads, " heads, qkv ", shape(qkv), ", out ", shape(out), ", caches ", shape(k_cache), " and ",
+            shape(v_cache), " disagree");
+  MOM_CHECK(n_slot == rows && n_pos == rows, op, ": ", n_slot, " slots and ", n_pos, " positions for ", rows, " rows");
+  MOM_CHECK(max_len > 0 && k_cache.rows % max_len == 0, op, ": cache of ", k_cache.rows, " rows is not slots x max_len ",
+            max_len);
 }
 
 }  // namespace mom::checks

@@ -111,7 +111,7 @@ template <class T>
 void attention_backward(MatrixView<T> dqkv, MatrixView<const T> dout, MatrixView<const T> out, std::span<const T> lse,
                         MatrixView<const T> qkv, index_t batch, index_t seq, index_t heads) {
   checks::attention_shapes<T>("attention_backward", qkv, out, lse, batch, seq, heads);
-  checks::attention_backward_grad_shapes<T>(dqkv, dout, out, qkv);
+  checks::attention_backward_grad_shapes<T>("attention_backward", dqkv, dout, out, qkv);
   const index_t d = qkv.cols / 3, hd = d / heads;
   const T scale = T(1) / std::sqrt(T(hd));
 #pragma omp parallel if (batch * heads > 1 && seq * seq * hd > (1 << 14))

@@ -55,8 +55,7 @@ void attention_decode(MatrixView<T> out, MatrixView<const T> qkv, MatrixView<con
                       MatrixView<const T> v_cache, std::span<const index_t> slot, std::span<const index_t> pos,
                       index_t max_len, index_t heads) {
   const index_t d = k_cache.cols, rows = qkv.rows;
-  MOM_CHECK(heads > 0 && d % heads == 0 && qkv.cols == 3 * d && out.rows == rows && out.cols == d, "attention_decode: ",
-            heads, " heads, qkv [", qkv.rows, " x ", qkv.cols, "], out [", out.rows, " x ", out.cols, "], cache width ", d);
+  checks::decode_shapes<T>("attention_decode", out, qkv, k_cache, v_cache, ssize(slot), ssize(pos), max_len, heads);
   detail::check_decode_rows("attention_decode", rows, slot, pos, k_cache.rows, max_len);
   const index_t hd = d / heads;
   const T scale = T(1) / std::sqrt(T(hd));

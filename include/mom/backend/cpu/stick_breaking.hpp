@@ -104,7 +104,7 @@ index_t stick_breaking_row(T* z, T* sp, T* sig, index_t n) {
 // out = the stick-breaking attention of every (sequence, head) (see the top of this file). Saves nothing.
 template <class T>
 void stick_breaking_forward(MatrixView<T> out, MatrixView<const T> qkv, index_t batch, index_t seq, index_t heads) {
-  checks::stick_breaking_shapes<T>("stick_breaking_forward", qkv, out, batch, seq, heads);
+  checks::attention_qkv_shapes<T>("stick_breaking_forward", qkv, out, batch, seq, heads);
   const index_t d = qkv.cols / 3, hd = d / heads;
   const T scale = T(1) / std::sqrt(T(hd));
 #pragma omp parallel if (batch * heads > 1 && seq * seq * hd > (1 << 14))
@@ -140,8 +140,8 @@ void stick_breaking_forward(MatrixView<T> out, MatrixView<const T> qkv, index_t 
 template <class T>
 void stick_breaking_backward(MatrixView<T> dqkv, MatrixView<const T> dout, MatrixView<const T> out,
                              MatrixView<const T> qkv, index_t batch, index_t seq, index_t heads) {
-  checks::stick_breaking_shapes<T>("stick_breaking_backward", qkv, out, batch, seq, heads);
-  checks::stick_breaking_backward_grad_shapes<T>(dqkv, dout, out, qkv);
+  checks::attention_qkv_shapes<T>("stick_breaking_backward", qkv, out, batch, seq, heads);
+  checks::attention_backward_grad_shapes<T>("stick_breaking_backward", dqkv, dout, out, qkv);
   const index_t d = qkv.cols / 3, hd = d / heads;
   const T scale = T(1) / std::sqrt(T(hd));
 #pragma omp parallel if (batch * heads > 1 && seq * seq * hd > (1 << 14))
@@ -196,7 +196,7 @@ template <class T>
 void stick_breaking_decode(MatrixView<T> out, MatrixView<const T> qkv, MatrixView<const T> k_cache,
                            MatrixView<const T> v_cache, std::span<const index_t> slot, std::span<const index_t> pos,
                            index_t max_len, index_t heads) {
-  checks::stick_breaking_decode_shapes<T>(out, qkv, k_cache, v_cache, ssize(slot), ssize(pos), max_len, heads);
+  checks::decode_shapes<T>("stick_breaking_decode", out, qkv, k_cache, v_cache, ssize(slot), ssize(pos), max_len, heads);
   const index_t d = k_cache.cols, rows = qkv.rows;
   detail::check_decode_rows("stick_breaking_decode", rows, slot, pos, k_cache.rows, max_len);
   const index_t hd = d / heads;

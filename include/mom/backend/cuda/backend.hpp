@@ -293,24 +293,24 @@ struct Backend {
   }
   void attention_backward(M dqkv, CM dout, CM out, CS lse, CM qkv, index_t batch, index_t seq, index_t heads) const {
     check_attention_shapes("attention_backward", qkv, out, lse, batch, seq, heads);
-    checks::attention_backward_grad_shapes<T>(dqkv, dout, out, qkv);
+    checks::attention_backward_grad_shapes<T>("attention_backward", dqkv, dout, out, qkv);
     K::attention_backward(*ctx_, dqkv, dout, out, lse.data(), qkv, batch, seq, heads);
   }
   // Stick-breaking attention (ModuleFormer, arXiv 2306.04640; kernels/stick_breaking.cuh): forward saves
   // nothing, backward reads out. Decode: slot and pos in device memory (checked there: a row outside the
   // cache is skipped and reported at the next sync); keys and values written into the cache beforehand.
   void stick_breaking_forward(M out, CM qkv, index_t batch, index_t seq, index_t heads) const {
-    check_stick_breaking_shapes("stick_breaking_forward", qkv, out, batch, seq, heads);
+    check_qkv_shapes("stick_breaking_forward", qkv, out, batch, seq, heads);
     K::stick_breaking_forward(*ctx_, out, qkv, batch, seq, heads);
   }
   void stick_breaking_backward(M dqkv, CM dout, CM out, CM qkv, index_t batch, index_t seq, index_t heads) const {
-    check_stick_breaking_shapes("stick_breaking_backward", qkv, out, batch, seq, heads);
-    checks::stick_breaking_backward_grad_shapes<T>(dqkv, dout, out, qkv);
+    check_qkv_shapes("stick_breaking_backward", qkv, out, batch, seq, heads);
+    checks::attention_backward_grad_shapes<T>("stick_breaking_backward", dqkv, dout, out, qkv);
     K::stick_breaking_backward(*ctx_, dqkv, dout, out, qkv, batch, seq, heads);
   }
   void stick_breaking_decode(M out, CM qkv, CM k_cache, CM v_cache, std::span<const index_t> slot,
                              std::span<const index_t> pos, index_t max_len, index_t heads) const {
-    checks::stick_breaking_decode_shapes<T>(out, qkv, k_cache, v_cache, ssize(slot), ssize(pos), max_len, heads);
+    checks::decode_shapes<T>("stick_breaking_decode", out, qkv, k_cache, v_cache, ssize(slot), ssize(pos), max_len, heads);
     MOM_CHECK(k_cache.cols / heads <= 128, "stick_breaking_decode: head dimension ", k_cache.cols / heads,
               " exceeds the CUDA kernels' maximum of 128");
     K::stick_breaking_decode(*ctx_, out, qkv, k_cache, v_cache, slot.data(), pos.data(), max_len, heads);
@@ -735,16 +735,16 @@ struct Backend {
   static void check_embedding_shapes(const char* op, CM rows, Tok tokens, CM wte, CM wpe, index_t seq) {
     checks::embedding_shapes<T>(op, rows, tokens, wte, wpe, seq);
   }
-  static void check_attention_shapes(const char* op, CM qkv, CM out, CS lse, index_t batch, index_t seq,
-                                     index_t heads) {
-    checks::attention_shapes<T>(op, qkv, out, lse, batch, seq, heads);
+  // A packed attention op's qkv and out, and the kernels' head-dimension bound; softmax attention adds its lse.
+  static void check_qkv_shapes(const char* op, CM qkv, CM out, index_t batch, index_t seq, index_t heads) {
+    checks::attention_qkv_shapes<T>(op, qkv, out, batch, seq, heads);
     const index_t d = qkv.cols / 3;
     MOM_CHECK(d / heads <= 128, op, ": head dimension ", d / heads, " exceeds the CUDA kernels' maximum of 128");
   }
-  static void check_stick_breaking_shapes(const char* op, CM qkv, CM out, index_t batch, index_t seq, index_t heads) {
-    checks::stick_breaking_shapes<T>(op, qkv, out, batch, seq, heads);
-    MOM_CHECK(qkv.cols / 3 / heads <= 128, op, ": head dimension ", qkv.cols / 3 / heads,
-              " exceeds the CUDA kernels' maximum of 128");
+  static void check_attention_shapes(const char* op, CM qkv, CM out, CS lse, index_t batch, index_t seq,
+                                     index_t heads) {
+    check_qkv_shapes(op, qkv, out, batch, seq, heads);
+    checks::attention_lse_shapes<T>(op, lse, batch, seq, heads);
   }
   static void check_packed(const char* op, CM q, CM k, CM v, Tok q_tok, Tok k_tok, index_t seq, index_t heads) {
     checks::packed_attention_shapes<T>(op, q, k, v, q_tok, k_tok, seq, heads);
