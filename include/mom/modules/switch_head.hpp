@@ -159,6 +159,42 @@ struct SwitchHead {
                          MatrixView<const T>{w_sel, NA, d});
     }
 
+    // One selection's experts (eq. (7): a head's values, in = x̂, out = its V columns; eq. (9): its
+    // outputs, in = a^h V^h, out = y): the selection from LN(x) (its regulariser added to aux), then
+    // out += Σ_{e picked} s[e] · in_t W^{h,e}ᵀ over exactly the (token, expert) pairs.
+    template <class Be, class T>
+    static void experts_forward(Be& be, const T* w_sel, PerGroup<const T> w, T* ws, const Side& side,
+                                MatrixView<const T> ln, MatrixView<const T> in, MatrixView<T> out, std::span<T> aux,
+                                index_t batch, index_t seq) {
+      using detail::mat, detail::vec;
+      const index_t rows = batch * seq * KA;
+      select(be, w_sel, ws, side, ln, batch, seq);
+      be.axpy(aux, T(1), vec(static_cast<const T*>(ws), side.sel.loss, 1));
+      const RowGroups g = dispatch::groups_of(ws, side.sel, NA);
+      const std::span<const token_t> idx(dispatch::toks(ws, side.sel.row_token), std::size_t(rows));
+      const auto xg = mat(ws, side.xg, rows, in.cols), yg = mat(ws, side.yg, rows, out.cols);
+      be.gather_rows(xg, in, idx, g);
+      be.grouped_linear_forward(yg, MatrixView<const T>(xg), w, PerGroup<const T>{}, g);
+      be.scatter_add_rows(out, MatrixView<const T>(yg), idx, vec(static_cast<const T*>(ws), side.sel.wpacked, rows), g);
+    }
+    // Its backward: dout (read first) → the experts' dW (gw), din += the experts' input gradient, and the
+    // selection's gradient into dln and dW_S (g_sel).
+    template <class Be, class T>
+    static void experts_backward(Be& be, const T* w_sel, T* g_sel, PerGroup<const T> w, PerGroup<T> gw, const T* ws,
+                                 const Side& side, MatrixView<const T> ln, MatrixView<T> dln, MatrixView<const T> dout,
+                                 MatrixView<T> din, T* sc, const Scratch& c, index_t n) {
+      using detail::mat;
+      const index_t rows = n * KA;
+      const RowGroups gr = dispatch::groups_of(ws, side.sel, NA);
+      const std::span<const token_t> idx(dispatch::toks(ws, side.sel.row_token), std::size_t(rows));
+      const auto dy = mat(sc, c.dy, rows, dout.cols), dxg = mat(sc, c.dg, rows, din.cols);
+      dispatch::weighted_scatter_backward(be, ws, side.sel, side.yg, NA, dout, dy.data, sc + c.dwp, n, KA);
+      be.zero(dxg);
+      be.grouped_linear_backward(dxg, gw, PerGroup<T>{}, MatrixView<const T>(dy), mat(ws, side.xg, rows, din.cols), w, gr);
+      be.scatter_add_rows(din, MatrixView<const T>(dxg), idx, std::span<const T>{}, gr);
+      select_backward(be, w_sel, g_sel, ws, side, ln, dln, sc, c, n);
+    }
+
     template <class Be, class T>
     static void forward(Be& be, const T* p, T* ws, const Saved& s, MatrixView<const T> x, MatrixView<T> f_out,
                         index_t batch, index_t seq) {
@@ -197,7 +233,7 @@ struct SwitchHead {
     static void run(Be& be, const T* p, T* ws, const Saved& s, MatrixView<const T> x, MatrixView<T> f_out,
                     index_t batch, index_t seq, Attend&& attend) {
       using detail::mat, detail::vec;
-      const index_t n = batch * seq, rows = n * KA;
+      const index_t n = batch * seq;
       const auto ln = mat(ws, s.ln, n, d);
       const auto qkv = mat(ws, s.qkv, n, 3 * hd), att = mat(ws, s.att, n, hd);
       const MatrixView<const T> cln = post ? x : MatrixView<const T>(ln), xin = peri || post ? x : cln;
@@ -207,31 +243,14 @@ struct SwitchHead {
       const std::span<T> aux = vec(ws, s.aux, 1);
       be.zero(aux);
       be.zero(qkv.col_block(2 * hd, hd));
-      for (int h = 0; h < Heads; ++h) {  // v^h, eq. (7)
-        const Side& sv = s.v[h];
-        select(be, p + o_sv + h * NA * d, ws, sv, cln, batch, seq);
-        be.axpy(aux, T(1), vec(static_cast<const T*>(ws), sv.sel.loss, 1));
-        const RowGroups g = dispatch::groups_of(ws, sv.sel, NA);
-        const std::span<const token_t> idx(dispatch::toks(ws, sv.sel.row_token), std::size_t(rows));
-        const auto xg = mat(ws, sv.xg, rows, d), vg = mat(ws, sv.yg, rows, dh);
-        be.gather_rows(xg, xin, idx, g);
-        be.grouped_linear_forward(vg, MatrixView<const T>(xg), w_v(p, h), PerGroup<const T>{}, g);
-        be.scatter_add_rows(qkv.col_block(2 * hd + h * dh, dh), MatrixView<const T>(vg), idx,
-                            vec(static_cast<const T*>(ws), sv.sel.wpacked, rows), g);
-      }
+      for (int h = 0; h < Heads; ++h)  // v^h, eq. (7)
+        experts_forward(be, p + o_sv + h * NA * d, w_v(p, h), ws, s.v[h], cln, xin, qkv.col_block(2 * hd + h * dh, dh),
+                        aux, batch, seq);
       attend(qkv, att);  // eq. (8)
       be.zero(f_out);
-      for (int h = 0; h < Heads; ++h) {  // y, eq. (9)
-        const Side& so = s.o[h];
-        select(be, p + o_so + h * NA * d, ws, so, cln, batch, seq);
-        be.axpy(aux, T(1), vec(static_cast<const T*>(ws), so.sel.loss, 1));
-        const RowGroups g = dispatch::groups_of(ws, so.sel, NA);
-        const std::span<const token_t> idx(dispatch::toks(ws, so.sel.row_token), std::size_t(rows));
-        const auto ag = mat(ws, so.xg, rows, dh), yg = mat(ws, so.yg, rows, d);
-        be.gather_rows(ag, MatrixView<const T>(att.col_block(h * dh, dh)), idx, g);
-        be.grouped_linear_forward(yg, MatrixView<const T>(ag), w_o(p, h), PerGroup<const T>{}, g);
-        be.scatter_add_rows(f_out, MatrixView<const T>(yg), idx, vec(static_cast<const T*>(ws), so.sel.wpacked, rows), g);
-      }
+      for (int h = 0; h < Heads; ++h)  // y, eq. (9)
+        experts_forward(be, p + o_so + h * NA * d, w_o(p, h), ws, s.o[h], cln, MatrixView<const T>(att.col_block(h * dh, dh)),
+                        f_out, aux, batch, seq);
       if constexpr (post)
         detail::post_norm_forward(be, f_out, ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d),
                                   vec(p, o_ln_b, d));
@@ -243,7 +262,7 @@ struct SwitchHead {
     static void backward(Be& be, const T* p, T* g, const T* ws, const Saved& s, MatrixView<const T> x,
                          MatrixView<T> dx, MatrixView<const T> df, T* sc, index_t batch, index_t seq) {
       using detail::mat, detail::vec;
-      const index_t n = batch * seq, rows = n * KA;
+      const index_t n = batch * seq;
       const Scratch c = scratch_plan(n);
       const MatrixView<const T> ln = post ? x : mat(ws, s.ln, n, d);  // what Q, K and the selections read
       const auto datt = mat(sc, c.datt, n, hd), dqkv = mat(sc, c.dqkv, n, 3 * hd);
@@ -259,37 +278,18 @@ struct SwitchHead {
       }
       be.zero(datt);
       be.zero(dqkv);
-      for (int h = 0; h < Heads; ++h) {  // eq. (9) backward: dL/d(a^h V^h), dW_O, the output selection
-        const Side& so = s.o[h];
-        const RowGroups gr = dispatch::groups_of(ws, so.sel, NA);
-        const std::span<const token_t> idx(dispatch::toks(ws, so.sel.row_token), std::size_t(rows));
-        const auto dy = mat(sc, c.dy, rows, d), dag = mat(sc, c.dg, rows, dh);
-        dispatch::weighted_scatter_backward(be, ws, so.sel, so.yg, NA, dy_out, dy.data, sc + c.dwp, n, KA);
-        be.zero(dag);
-        be.grouped_linear_backward(dag, w_o(g, h), PerGroup<T>{}, MatrixView<const T>(dy), mat(ws, so.xg, rows, dh),
-                                   w_o(p, h), gr);
-        be.scatter_add_rows(datt.col_block(h * dh, dh), MatrixView<const T>(dag), idx, std::span<const T>{}, gr);
-        select_backward(be, p + o_so + h * NA * d, g + o_so + h * NA * d, ws, so, ln, dln, sc, c, n);
-      }
+      for (int h = 0; h < Heads; ++h)  // eq. (9) backward: dL/d(a^h V^h), dW_O, the output selection
+        experts_backward(be, p + o_so + h * NA * d, g + o_so + h * NA * d, w_o(p, h), w_o(g, h), ws, s.o[h], ln, dln,
+                         dy_out, datt.col_block(h * dh, dh), sc, c, n);
       be.attention_backward(dqkv, MatrixView<const T>(datt), mat(ws, s.att, n, hd), vec(ws, s.lse, batch * H * seq),
                             mat(ws, s.qkv, n, 3 * hd), batch, seq, H);
       rope(be, dqkv, batch, seq, true);
       be.linear_backward(dln, mat(g, o_qk, 2 * hd, d), std::span<T>{}, MatrixView<const T>(dqkv.col_block(0, 2 * hd)), ln,
                          mat(p, o_qk, 2 * hd, d));
       const MatrixView<T> dxin = peri || post ? dx : dln;
-      for (int h = 0; h < Heads; ++h) {  // eq. (7) backward: dW_V, dx̂, the value selection
-        const Side& sv = s.v[h];
-        const RowGroups gr = dispatch::groups_of(ws, sv.sel, NA);
-        const std::span<const token_t> idx(dispatch::toks(ws, sv.sel.row_token), std::size_t(rows));
-        const auto dvg = mat(sc, c.dy, rows, dh), dxg = mat(sc, c.dg, rows, d);
-        dispatch::weighted_scatter_backward(be, ws, sv.sel, sv.yg, NA, MatrixView<const T>(dqkv.col_block(2 * hd + h * dh, dh)),
-                                            dvg.data, sc + c.dwp, n, KA);
-        be.zero(dxg);
-        be.grouped_linear_backward(dxg, w_v(g, h), PerGroup<T>{}, MatrixView<const T>(dvg), mat(ws, sv.xg, rows, d),
-                                   w_v(p, h), gr);
-        be.scatter_add_rows(dxin, MatrixView<const T>(dxg), idx, std::span<const T>{}, gr);
-        select_backward(be, p + o_sv + h * NA * d, g + o_sv + h * NA * d, ws, sv, ln, dln, sc, c, n);
-      }
+      for (int h = 0; h < Heads; ++h)  // eq. (7) backward: dW_V, dx̂, the value selection
+        experts_backward(be, p + o_sv + h * NA * d, g + o_sv + h * NA * d, w_v(p, h), w_v(g, h), ws, s.v[h], ln, dln,
+                         MatrixView<const T>(dqkv.col_block(2 * hd + h * dh, dh)), dxin, sc, c, n);
       if constexpr (!post)
         be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
                               vec(ws, s.rstd, n), vec(p, o_ln_w, d));
