@@ -40,18 +40,28 @@ inline double dot(const std::vector<double>& a, const std::vector<double>& b) {
   return s;
 }
 
-// d loss / d p by central differences, perturbing p in place (restored afterwards).
+// d loss / d p[i] by central differences, perturbing p[i] in place (restored afterwards).
+inline double central_difference(std::vector<double>& p, std::size_t i, const std::function<double()>& loss,
+                                 double h = 1e-5) {
+  const double saved = p[i];
+  p[i] = saved + h;
+  const double up = loss();
+  p[i] = saved - h;
+  const double down = loss();
+  p[i] = saved;
+  return (up - down) / (2 * h);
+}
+// d loss / d p, every entry.
 inline std::vector<double> numeric_grad(std::vector<double>& p, const std::function<double()>& loss, double h = 1e-5) {
   std::vector<double> g(p.size());
-  for (std::size_t i = 0; i < p.size(); ++i) {
-    const double saved = p[i];
-    p[i] = saved + h;
-    const double up = loss();
-    p[i] = saved - h;
-    const double down = loss();
-    p[i] = saved;
-    g[i] = (up - down) / (2 * h);
-  }
+  for (std::size_t i = 0; i < p.size(); ++i) g[i] = central_difference(p, i, loss, h);
+  return g;
+}
+// d loss / d p on the entries idx only (a sample of a large input).
+inline std::vector<double> numeric_grad_at(std::vector<double>& p, const std::vector<std::size_t>& idx,
+                                           const std::function<double()>& loss, double h = 1e-5) {
+  std::vector<double> g;
+  for (const std::size_t i : idx) g.push_back(central_difference(p, i, loss, h));
   return g;
 }
 

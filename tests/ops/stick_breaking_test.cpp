@@ -72,21 +72,6 @@ std::vector<T> backward(const std::vector<T>& dout, const std::vector<T>& qkv, i
   return dqkv;
 }
 
-// Central differences of loss on the entries idx of p only (a sample of a large input).
-std::vector<double> numeric_grad_at(std::vector<double>& p, const std::vector<std::size_t>& idx,
-                                    const std::function<double()>& loss, double h = 1e-5) {
-  std::vector<double> g;
-  for (const std::size_t i : idx) {
-    const double saved = p[i];
-    p[i] = saved + h;
-    const double up = loss();
-    p[i] = saved - h;
-    const double down = loss();
-    p[i] = saved;
-    g.push_back((up - down) / (2 * h));
-  }
-  return g;
-}
 
 template <class V>
 bool all_finite(const V& v) {
