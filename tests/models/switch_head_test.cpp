@@ -169,3 +169,27 @@ TEST_CASE("MoEUT decodes incrementally: prefill + step logits equal a full forwa
   CHECK(test::decode_error<DecodeMoEUT<PostNorm>, double>({12, 4}, {2, 2}) < 1e-12);
   CHECK(test::decode_error<DecodeMoEUT<PeriNorm>, float>({12, 4}, {2, 2}) < 1e-5);
 }
+
+TEST_CASE("SwitchHead as MoE's attention: its regulariser is in the objective (gradient equals finite differences)",
+          "[switch_head][moe][gradcheck]") {
+  // The objective's finite differences match backward only if the executor adds the attention modules'
+  // auxiliary loss that their backward differentiates.
+  using Model = LM<tiny, Assembly<Router<TopK<Softmax>, BalanceCoef<1, 10>>,
+                                  ModuleSet<MHA<2, SwitchHead<2, NA, KA, 4, PeriNorm, std::ratio<1, 5>>::type>,
+                                            Experts<FFN, 3, PerStep>>,
+                                  K<2>, H<2>, phi::MoE>>;
+  auto m = Model::make<cpu::Backend<double>>(8);
+  const test::GradientCase c = test::gradient_case(m, 8, 5, 0.5);
+  const index_t n = c.batch * c.seq;
+  auto picks = [&] {
+    std::vector<token_t> out = test::all_picks(m);
+    for (const auto& at : std::get<0>(m.plan().parts).attn)
+      for (int h = 0; h < 2; ++h)
+        for (const auto* sel : {&at.v[h].sel, &at.o[h].sel}) {
+          const token_t* t = dispatch::toks(m.workspace_data(), sel->picks);
+          out.insert(out.end(), t, t + n * KA);
+        }
+    return out;
+  };
+  test::check_with_routing(m, c, picks, "w_sel_o", 1000);
+}

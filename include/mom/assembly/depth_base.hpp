@@ -52,6 +52,9 @@ struct DepthExecutorBase : WorkspaceViews {
   // Skip criteria run attention over the packed run rows (row groups); MoD over (batch, C), densely.
   static_assert(sizeof(std::conditional_t<exact_c, VerifyModule<typename Set::template attention<D>>,
                                           VerifyRoutedSequenceMixer<typename Set::template attention<D>>>) > 0);
+  static_assert(!ModuleWithAuxLoss<typename Set::template attention<D>> && !ModuleWithAuxLoss<typename Set::template ffn<D>>,
+                "mom::phi::LayerSkip: modules with an auxiliary loss (SigmaMoE, SwitchHead) run in the dense stack, under "
+                "parameter sharing and as MoE's attention; the depth executors do not add their loss yet");
   static_assert(!expert_choice || Cfg::capacity_tokens(D.context) >= 1,
                 "mom::ExpertChoice: Capacity<p, q> gives C = floor(p/q * context) = 0 tokens per sequence at the "
                 "model's context: no token would ever run a routed block");

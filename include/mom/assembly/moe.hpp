@@ -205,7 +205,7 @@ struct Executor<P, A, D> {
     std::array<index_t, L> u{};
     std::array<typename Step::Plan, L> step{};
     std::array<index_t, L> x_next{};
-    index_t aux = 0;  // the balance losses of all steps (written by forward)
+    index_t aux = 0;  // the balance losses of all steps, and the attention modules' own (ModuleWithAuxLoss)
   };
   static constexpr bool has_aux_loss = true;
   static constexpr Plan plan(Arena& a, index_t batch, index_t seq) {
@@ -236,6 +236,7 @@ struct Executor<P, A, D> {
     for (int h = 0; h < L; ++h) {
       const MatrixView<T> u{ws + plan.u[h], n, d}, x_next{ws + plan.x_next[h], n, d};
       Attn::forward(be, p + Set::template attention_offset<D>(h), ws, plan.attn[h], x, fa, batch, seq);
+      if constexpr (ModuleWithAuxLoss<Attn>) be.axpy(aux, T(1), std::span<const T>(ws + plan.attn[h].aux, 1));
       be.add_forward(u.flat(), std::span<const T>(x.data, std::size_t(n * d)), std::span<const T>(fa.flat()));  // eq. (4)
       Step::forward(be, p, router_offset(h), experts_of[h], ws, plan.step[h], MatrixView<const T>(u), x_next, tokens);
       be.axpy(aux, T(1), std::span<const T>(ws + Step::selection(plan.step[h]).loss, 1));
