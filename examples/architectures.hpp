@@ -39,6 +39,8 @@ using GPT2SmallMoME = MoMSmallLM<MoM_E<>>;
 
 struct TrainRequest;   // train.cpp
 struct SampleRequest;  // sample.hpp
+struct EvalRequest;    // evaluate.hpp
+struct PruneRequest;   // evaluate.hpp
 
 struct ArchEntry {
   std::string name;
@@ -50,6 +52,8 @@ struct ArchEntry {
   bool trainable = true;  // false: listed (describe line) only, not compiled into the training code
   std::function<int(const TrainRequest&)> train;
   std::function<std::string(const SampleRequest&)> sample;
+  std::function<int(const EvalRequest&)> evaluate;
+  std::function<int(const PruneRequest&)> prune;  // models whose modules can be pruned (ModuleFormer); else empty
 };
 
 // DenseTwin: for a MoM model, the dense model of the same depth that --init-from warm-starts it from.
@@ -64,6 +68,7 @@ std::vector<ArchEntry> moe_architectures();      // arch_moe.cpp: MoE, MoE(share
 std::vector<ArchEntry> depth_architectures();    // arch_depth.cpp: Mixture-of-Depths, MoDE (staged), layer-skip, early-exit
 std::vector<ArchEntry> sharing_architectures();  // arch_sharing.cpp: parameter sharing (ALBERT, MoEUT cycles, AABB)
 std::vector<ArchEntry> moeut_architectures();    // arch_moeut.cpp: MoEUT (σ-MoE + SwitchHead, layer grouping) and its ablations
+std::vector<ArchEntry> moduleformer_architectures();  // arch_moduleformer.cpp: ModuleFormer and its module manipulations
 
 inline const ArchEntry* find_architecture(std::string_view name) {
   for (const auto& a : registry())

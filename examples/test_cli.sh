@@ -145,12 +145,35 @@ if "$BIN" --data "$T/text.txt" --arch dense8 --out "$T/p1" "${p2[@]}" >"$T/p1.lo
 else
   echo "FAIL: phase 1 -> phase 2"; cat "$T/p1.log" "$T/p2.log"; fail=1
 fi
-expect_error "--init-from: '.*' holds 'LM<d_model=128.*' but --arch mom8-p warm-starts from its dense twin dense8" \
+expect_error "--init-from: '.*' holds 'LM<d_model=128.*' but --arch mom8-p warm-starts from its dense twin dense8 .* or fine-tunes its own" \
   "$BIN" --data "$T/text.txt" --arch mom8-p --out "$T/o9" --init-from "$T/run" "${p2[@]}"
-expect_error "--init-from: architecture 'tiny' is not a Mixture-of-Modules model" \
+expect_error "--init-from: '.*' holds 'LM<.*': architecture 'tiny' starts only from its own checkpoints" \
   "$BIN" --data "$T/text.txt" --arch tiny --out "$T/o10" --init-from "$T/p1" "${p2[@]}"
 expect_error "--init-from: '.*nowhere' does not exist" \
   "$BIN" --data "$T/text.txt" --arch mom8-p --out "$T/o11" --init-from "$T/nowhere" "${p2[@]}"
+# Fine-tuning: --init-from a checkpoint of the same architecture; mom-train eval prints a checkpoint's loss.
+if "$BIN" --data "$T/text.txt" --arch tiny --out "$T/ft" --init-from "$T/run" "${p2[@]}" >"$T/ft.log" 2>&1 &&
+   grep -q "fine-tuning: parameters from .*run/step-000005/model.safetensors" "$T/ft.log" &&
+   "$BIN" eval --checkpoint "$T/ft" --data "$T/text.txt" --batch 2 --seq 32 --batches 2 >"$T/eval.log" 2>&1 &&
+   grep -Eq "^validation loss [0-9.]+ nats/token over 2 windows of 2 x 32 tokens" "$T/eval.log"; then
+  echo "ok: fine-tuning from a checkpoint of the same architecture, mom-train eval"
+else
+  echo "FAIL: fine-tuning / eval"; cat "$T/ft.log" "$T/eval.log"; fail=1
+fi
+# ModuleFormer pruning (issue 15): usage over validation windows, the masked checkpoint written and evaluated.
+if "$BIN" --data "$T/text.txt" --arch moduleformer8 --out "$T/mf" "${p2[@]}" >"$T/mf.log" 2>&1 &&
+   "$BIN" prune --checkpoint "$T/mf" --data "$T/mf/data" --batch 2 --seq 32 --batches 2 --tau 0.5 --out "$T/mf-p" \
+     >"$T/prune.log" 2>&1 &&
+   grep -Eq "^prune: parameters [0-9]+ of [0-9]+ kept .*validation loss [0-9.]+ -> [0-9.]+" "$T/prune.log" &&
+   "$BIN" eval --checkpoint "$T/mf-p" --data "$T/mf/data" --batch 2 --seq 32 --batches 2 >"$T/eval2.log" 2>&1; then
+  echo "ok: moduleformer8 trains, prunes and the pruned checkpoint evaluates"
+else
+  echo "FAIL: moduleformer8 prune"; cat "$T/mf.log" "$T/prune.log" "$T/eval2.log"; fail=1
+fi
+expect_error "--into 'dense8': this architecture compacts into 'moduleformer8-c6-12'" \
+  "$BIN" prune --checkpoint "$T/mf" --data "$T/mf/data" --batch 2 --seq 32 --into dense8
+expect_error "architecture 'tiny' has no modules to prune" "$BIN" prune --checkpoint "$T/run" --data "$T/text.txt"
+expect_error "--tau 2 must be in \[0, 1\]" "$BIN" prune --checkpoint "$T/run" --data "$T/text.txt" --tau 2
 if "$BIN" --help | grep -q "gpt2-small-mom-p" && "$BIN" --help | grep -q "127,596,800 params"; then
   echo "ok: --help lists the MoM architectures"
 else

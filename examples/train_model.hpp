@@ -5,9 +5,11 @@
 
 #include "architectures.hpp"
 #include <mom/models/depth_stats.hpp>
+#include <mom/models/module_surgery.hpp>
 #include <mom/models/routing_stats.hpp>
 #include <mom/models/warm_start.hpp>
 #include <mom/train/hf_gpt2.hpp>
+#include "evaluate.hpp"
 #include "sample.hpp"
 
 #include <omp.h>
@@ -77,28 +79,43 @@ inline std::filesystem::path init_from_file(const std::filesystem::path& p) {
 // Phase 2 (§3.4): checks that --init-from holds the dense twin of the chosen MoM architecture, before any
 // work. A mom checkpoint must carry the twin's describe line; a file without mom metadata is read as a
 // Hugging Face GPT-2 model.safetensors (its importer checks the shapes).
-template <class DenseTwin>
+// The describe line a --init-from file carries ("?" when it has none: a Hugging Face file).
+inline std::string init_from_describe(const std::filesystem::path& file) {
+  const train::safetensors::File f(file);
+  const auto it = f.metadata().find("mom.describe");
+  return it != f.metadata().end() ? it->second : std::string("?");
+}
+
+// Also fine-tuning: a checkpoint of the architecture itself starts a new run from its parameters (fresh
+// optimizer, step 0; with --freeze, only some tensors train).
+template <class Model, class DenseTwin>
 void check_init_from(const ArchEntry& arch, const TrainRequest& r) {
   if (r.init_from.empty()) return;
-  MOM_CHECK(!r.resume, "--init-from starts phase 2 from a dense checkpoint; --resume continues a run: pass one");
+  MOM_CHECK(!r.resume, "--init-from starts a new run from a checkpoint; --resume continues a run: pass one");
+  const auto file = init_from_file(r.init_from);
+  const std::string held = init_from_describe(file);
+  if (held == arch.describe) return;  // fine-tuning
   if constexpr (std::is_void_v<DenseTwin>) {
-    MOM_CHECK(false, "--init-from: architecture '", arch.name,
-              "' is not a Mixture-of-Modules model (it has no dense twin to warm-start from)");
+    MOM_CHECK(false, "--init-from: '", file.string(), "' holds '", held, "': architecture '", arch.name,
+              "' starts only from its own checkpoints (fine-tuning); it is not a Mixture-of-Modules model with a "
+              "dense twin to warm-start from");
   } else {
-    const auto file = init_from_file(r.init_from);
-    const train::safetensors::File f(file);
-    const auto it = f.metadata().find("mom.describe");
     const std::string want = describe<DenseTwin>();
-    MOM_CHECK(it == f.metadata().end() || it->second == want, "--init-from: '", file.string(), "' holds '",
-              it != f.metadata().end() ? it->second : "?", "' but --arch ", arch.name,
-              " warm-starts from its dense twin ", arch.dense_twin, " ('", want, "')");
+    MOM_CHECK(held == "?" || held == want, "--init-from: '", file.string(), "' holds '", held, "' but --arch ",
+              arch.name, " warm-starts from its dense twin ", arch.dense_twin, " ('", want, "') or fine-tunes its own");
   }
 }
 
 template <class DenseTwin, class Instance>
 void warm_start_from(const ArchEntry& arch, const TrainRequest& r, Instance& model) {
+  const auto file = init_from_file(r.init_from);
+  if (init_from_describe(file) == arch.describe) {
+    train::Checkpointer<Instance>::load_params(file.parent_path(), model);
+    std::printf("fine-tuning: parameters from %s (optimizer state fresh, step 0)\n", file.string().c_str());
+    std::fflush(stdout);
+    return;
+  }
   if constexpr (!std::is_void_v<DenseTwin>) {
-    const auto file = init_from_file(r.init_from);
     auto dense = DenseTwin::template make<cpu::Backend<float>>(1);
     const train::safetensors::File f(file);
     if (f.metadata().count("mom.describe")) {  // our layout (describe line already checked)
@@ -114,9 +131,15 @@ void warm_start_from(const ArchEntry& arch, const TrainRequest& r, Instance& mod
     } else if constexpr (train::hf::is_hf_gpt2_compatible<DenseTwin>()) {
       train::hf::import_hf_gpt2(dense, file);
     }
-    warm_start(model, dense);
-    std::printf("phase 2: warm-started from %s (%s; routers freshly initialised)\n", file.string().c_str(),
-                arch.dense_twin.c_str());
+    if constexpr (mom::detail::dense_tensors_covered<typename Instance::model_type, DenseTwin>()) {
+      warm_start(model, dense);
+      std::printf("phase 2: warm-started from %s (%s; routers freshly initialised)\n", file.string().c_str(),
+                  arch.dense_twin.c_str());
+    } else {  // a grown model (ModuleFormer's module insertion, §4.3): the trained tensors into the larger ones
+      insert_modules(model, dense);
+      std::printf("initialised from %s (%s; the inserted modules and router rows start fresh)\n",
+                  file.string().c_str(), arch.dense_twin.c_str());
+    }
     std::fflush(stdout);
   }
 }
@@ -166,7 +189,7 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
   MOM_CHECK(!existing || r.resume, "output directory '", cfg.out_dir.string(),
             "' already holds a checkpoint: pass --resume to continue it, or choose another --out");
   MOM_CHECK(existing || !r.resume, "--resume: no checkpoint in '", cfg.out_dir.string(), "'");
-  check_init_from<DenseTwin>(arch, r);
+  check_init_from<Model, DenseTwin>(arch, r);
   train::ensure_writable_dir(cfg.out_dir);
   cfg.data_name = data_identity(r.data);
   if (r.resume) {  // refuse another architecture's checkpoint, or other data, before any work
@@ -352,6 +375,7 @@ ArchEntry make_architecture(std::string name, std::string tokenizer, std::string
     return train_model<Model, DenseTwin>(*find_architecture(a_name), r);
   };
   a.sample = [](const SampleRequest& r) { return sample_model<Model>(r); };
+  a.evaluate = [](const EvalRequest& r) { return evaluate_model<Model>(r); };
   return a;
 }
 
@@ -368,6 +392,10 @@ ArchEntry list_architecture(std::string name, std::string tokenizer, std::string
   a.sample = [a_name = a.name](const SampleRequest&) -> std::string {
     MOM_CHECK(false, "architecture '", a_name, "' is listed only; this build cannot sample it");
     return {};
+  };
+  a.evaluate = [a_name = a.name](const EvalRequest&) -> int {
+    MOM_CHECK(false, "architecture '", a_name, "' is listed only; this build cannot evaluate it");
+    return 1;
   };
   return a;
 }

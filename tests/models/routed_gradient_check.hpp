@@ -88,6 +88,7 @@ FdTally check_central_differences(Instance& m, const std::vector<double>& grad, 
   const auto fixed = routing();
   FdTally tally;
   for (const auto& info : Model::layout) {
+    if (!info.trainable) continue;  // a buffer (TensorSpec::trainable): its gradient is 0 by definition
     for (index_t j = 0; j < info.size(); ++j) {
       double& p = m.params()[static_cast<std::size_t>(info.offset + j)];
       const double saved = p;

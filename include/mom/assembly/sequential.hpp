@@ -37,12 +37,24 @@ struct AuxLossPart {
   static constexpr bool has_aux_loss = true;
 };
 struct NoAuxLossPart {};
+// Modules that route inside themselves (ModuleWithRouting: σ-MoE, MoA, SMoE) make the executor report
+// their picks (ReportsRouting: routing statistics, expert usage, pruning), one router per such family.
+template <int n>
+struct ModuleRoutingPart {
+  static constexpr int routing_routers = n;
+};
+struct NoModuleRoutingPart {};
 
 template <class A, Dims D, std::array<int, A::h> route>
 struct FixedRouteExecutor
     : std::conditional_t<ModuleWithAuxLoss<typename A::module_set::template attention<D>> ||
                              ModuleWithAuxLoss<typename A::module_set::template ffn<D>>,
-                         AuxLossPart, NoAuxLossPart> {
+                         AuxLossPart, NoAuxLossPart>,
+      std::conditional_t<ModuleWithRouting<typename A::module_set::template attention<D>> ||
+                             ModuleWithRouting<typename A::module_set::template ffn<D>>,
+                         ModuleRoutingPart<int(ModuleWithRouting<typename A::module_set::template attention<D>>) +
+                                           int(ModuleWithRouting<typename A::module_set::template ffn<D>>)>,
+                         NoModuleRoutingPart> {
   static_assert(std::is_same_v<typename A::phi_type, phi::MoM>,
                 "mom::Router<Sequential> and Router<Share<P>> run one module per step with weight 1: they assemble "
                 "with phi::MoM (the default), not phi::MoE or phi::LayerSkip");
@@ -116,6 +128,34 @@ struct FixedRouteExecutor
       x = x_next;
     }
     return x;
+  }
+
+  // ---- routing read-back (models/routing_stats.hpp; ReportsRouting when a module routes) ------------
+  // Router 0 is the attention family's when it routes, then the FFN family's; step h's picks are those
+  // of the module run at step h (a shared module reports each use). The modules always run their k
+  // picks, so the realised FLOPs are the cost model's.
+  static constexpr bool attn_routes = ModuleWithRouting<Attn>, ffn_routes = ModuleWithRouting<Ffn>;
+  static constexpr bool ffn_router(int router) { return !attn_routes || router > 0; }
+  static constexpr RoutingInfo routing_info(int router)
+    requires(attn_routes || ffn_routes)
+  {
+    if constexpr (attn_routes && ffn_routes)
+      return ffn_router(router) ? RoutingInfo{"ffn", Ffn::routed.classes, L, Ffn::routed.k}
+                                : RoutingInfo{"attn", Attn::routed.classes, L, Attn::routed.k};
+    else if constexpr (attn_routes) return {"attn", Attn::routed.classes, L, Attn::routed.k};
+    else return {"ffn", Ffn::routed.classes, L, Ffn::routed.k};
+  }
+  template <class Be, class T>
+    requires(attn_routes || ffn_routes)
+  static void read_picks(Be& be, const T* ws, const Plan& plan, int h, int router, index_t n, std::span<token_t> out) {
+    if constexpr (ffn_routes)
+      if (ffn_router(router)) return Ffn::read_picks(be, ws, plan.ffn[std::size_t(h)], n, out);
+    if constexpr (attn_routes) Attn::read_picks(be, ws, plan.attn[std::size_t(h)], n, out);
+  }
+  template <class Picks>
+    requires(attn_routes || ffn_routes)
+  static index_t routed_flops(index_t batch, index_t seq, Picks&&) {
+    return batch * seq * flops_per_token(seq);
   }
 
   // ---- incremental decoding (infer/decoder.hpp; AssemblyDecoderOn) --------------------------------

@@ -44,6 +44,7 @@ concept Memory = requires(Be& be, index_t n, std::span<T> s, std::span<const T> 
   be.fill(ts, tok);
   be.copy(s, cs);
   be.copy(s, s);
+  be.copy(m, MatrixView<const T>(m));  // strided matrices
   be.to_host(s, cs);
   be.to_host(ts, cts);
   be.from_host(s, cs);

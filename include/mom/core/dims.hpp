@@ -14,7 +14,10 @@ namespace mom {
 //   RoPE     rotary position embedding (Su et al., arXiv 2104.09864): no wpe; every attention module
 //            rotates its queries and keys by their positions (backend/cpu/rope.hpp), so attention
 //            scores depend on relative positions only (as in MoEUT, arXiv 2405.16039)
-enum class Positions { Learned, RoPE };
+//   None     no position signal in the embedding or in q/k: for attention that encodes order itself
+//            (ModuleFormer's stick-breaking attention, arXiv 2306.04640 §3.2); no wpe, so the model
+//            also runs on sequences longer than the one it was trained at (up to `context`)
+enum class Positions { Learned, RoPE, None };
 
 struct Dims {
   index_t d_model = 0;  // width of the residual stream
@@ -28,6 +31,7 @@ struct Dims {
   constexpr index_t ff() const { return d_ff == 0 ? 4 * d_model : d_ff; }
   constexpr index_t head_dim() const { return heads > 0 ? d_model / heads : 0; }
   constexpr bool rope() const { return positions == Positions::RoPE; }
+  constexpr bool learned_positions() const { return positions == Positions::Learned; }  // has a wpe
   friend constexpr bool operator==(const Dims&, const Dims&) = default;
 };
 
@@ -41,6 +45,12 @@ constexpr Dims with_rope(Dims d) {
 constexpr Dims with_rope(Dims d, index_t base) {
   d.rope_base = base;
   return with_rope(d);
+}
+// The same shape with no position embedding at all (Positions::None): the attention modules must
+// encode order themselves (MoA's stick-breaking heads, modules/moa.hpp).
+constexpr Dims without_positions(Dims d) {
+  d.positions = Positions::None;
+  return d;
 }
 
 // Checked when a model type is instantiated (LM<dims, ...>): every static_assert below

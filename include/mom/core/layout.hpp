@@ -16,6 +16,7 @@ struct ParamInfo {
   index_t rows = 0;
   index_t cols = 0;
   index_t offset = 0;  // in elements from the start of the flat buffer
+  bool trainable = true;  // false: a buffer (a module's state that is not learned; see TensorSpec)
   constexpr index_t size() const { return rows * cols; }
 };
 
@@ -34,6 +35,9 @@ struct TensorSpec {
   index_t cols = 0;
   Init init = Init::Normal;
   index_t expert = -1;
+  // false: a buffer, stored and checkpointed with the parameters but never learned: the module's backward
+  // leaves its gradient 0 and the trainer never updates it (ModuleFormer's pruning mask, modules/mlp_gate.hpp).
+  bool trainable = true;
   constexpr index_t size() const { return rows * cols; }
 };
 
@@ -91,7 +95,7 @@ constexpr std::array<ParamInfo, N> build_layout(const std::array<TensorSpec, N>&
   index_t offset = 0;
   for (std::size_t i = 0; i < N; ++i) {
     const auto len = static_cast<std::size_t>(name_length(specs[i]));
-    out[i] = ParamInfo{std::string_view(names.data() + at, len), specs[i].rows, specs[i].cols, offset};
+    out[i] = ParamInfo{std::string_view(names.data() + at, len), specs[i].rows, specs[i].cols, offset, specs[i].trainable};
     at += len;
     offset += specs[i].size();
   }

@@ -141,7 +141,8 @@ std::string describe(index_t seq = Model::dims.context) {
   return "LM<d_model=" + std::to_string(D.d_model) + " heads=" + std::to_string(D.heads) +
          " d_ff=" + std::to_string(D.ff()) + " vocab=" + std::to_string(D.vocab) +
          " context=" + std::to_string(D.context) +
-         (D.rope() ? " positions=rope(base " + std::to_string(D.rope_base) + ")" : std::string()) + "> " +
+         (D.rope() ? " positions=rope(base " + std::to_string(D.rope_base) + ")"
+                  : D.positions == Positions::None ? std::string(" positions=none") : std::string()) + "> " +
          detail::arch_name<D>(typename Model::parts{}) +
          ": depth " + std::to_string(detail::layers(typename Model::parts{})) + ", " + std::to_string(Model::steps) + " steps, " +
          detail::with_commas(Model::params) + " params, " + flops + " forward at seq " + std::to_string(seq);

@@ -3,6 +3,8 @@
 //   x_0 = wte[token] + wpe[position]          (learned position embedding, dims.positions = Learned)
 //   x_0 = wte[token]                          (dims.positions = RoPE: no wpe; attention rotates its
 //                                              queries and keys instead, arXiv 2104.09864; with_rope(dims))
+//   x_0 = wte[token]                          (dims.positions = None: attention encodes order itself, as
+//                                              stick-breaking does; without_positions(dims))
 //   x   = Arch(x_0)                           (an Assembly or a Chunked sequence of them)
 //   logits = LN_f(x) · wteᵀ                   (LM head tied to the token embedding)
 // and its constexpr cost model: parameter layout and count, forward FLOPs per token,
@@ -92,9 +94,9 @@ struct parts_of<Chunked<Ps...>> {
 // Stand-ins used after a failed check so that one mistake gives one error message.
 inline constexpr Dims placeholder_dims{.d_model = 1, .heads = 1, .d_ff = 1, .vocab = 1, .context = 1};
 
-// Model-level tensors before the parts: wte, and wpe for learned positions (none with RoPE).
+// Model-level tensors before the parts: wte, and wpe for learned positions (none with RoPE or None).
 template <Dims D>
-inline constexpr std::size_t embedding_tensors = D.rope() ? 1 : 2;
+inline constexpr std::size_t embedding_tensors = D.learned_positions() ? 2 : 1;
 
 template <Dims D, class... Ps>
 constexpr auto lm_specs() {
@@ -102,7 +104,7 @@ constexpr auto lm_specs() {
   std::array<TensorSpec, n> out{};
   TensorSpec* at = out.data();
   *at++ = {"wte", -1, D.vocab, D.d_model, Init::Normal};
-  if constexpr (!D.rope()) *at++ = {"wpe", -1, D.context, D.d_model, Init::Normal};
+  if constexpr (D.learned_positions()) *at++ = {"wpe", -1, D.context, D.d_model, Init::Normal};
   index_t layer = 0;
   ((Ps::template executor<D>::specs(at, layer), at += Ps::template executor<D>::tensor_count, layer += Ps::depth), ...);
   *at++ = {"ln_f.w", -1, 1, D.d_model, Init::One};
@@ -133,8 +135,8 @@ struct LMCore<D, TypeList<Ps...>> {
   static constexpr std::array<ParamInfo, tensor_count> layout = build_layout(specs, names);
   static constexpr index_t params = layout.back().offset + layout.back().size();
 
-  // Learned positions: layout[1] is wpe (RoPE models have none).
-  static constexpr bool has_wpe = !D.rope();
+  // Learned positions: layout[1] is wpe (RoPE and position-free models have none).
+  static constexpr bool has_wpe = D.learned_positions();
   // Offset of each part's parameter block (after wte and, with learned positions, wpe).
   static constexpr std::array<index_t, n_parts> part_offset = [] {
     std::array<index_t, n_parts> out{};

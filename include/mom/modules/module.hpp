@@ -83,6 +83,25 @@ concept ModuleWithAuxLoss = requires(const typename M::Saved& s) {
   { s.aux } -> std::convertible_to<index_t>;
 };
 
+// A module that routes inside itself (σ-MoE, ModuleFormer's MoA and SMoE) may report its choices, so that
+// routing statistics, expert usage and pruning (models/routing_stats.hpp, models/module_surgery.hpp) see them:
+//   static constexpr RoutedChoices routed{classes, k}     k picks among `classes` per token
+//   read_picks(be, ws, saved, n, std::span<token_t> out)  the last forward's n×k class ids
+// The executors that run such a module once per step report it (assembly/sequential.hpp).
+struct RoutedChoices {
+  int classes = 0, k = 0;
+};
+template <class M>
+concept ModuleWithRouting = requires(const typename M::Saved& s) {
+  { M::routed } -> std::convertible_to<RoutedChoices>;
+};
+
+// One block of per-sub-module parameters inside a module that routes among sub-modules (MoA's heads,
+// SMoE's experts): sub-module e's `size` values start at offset + e·size (module-relative).
+struct ModuleSlice {
+  index_t offset = 0, size = 0;
+};
+
 // Number of parameter tensors of a module (the size of its tensors() array).
 template <class M>
 inline constexpr std::size_t module_tensor_count = std::tuple_size_v<decltype(M::tensors(0))>;

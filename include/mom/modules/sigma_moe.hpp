@@ -45,6 +45,7 @@ struct SigmaMoE {
     static constexpr bool peri = std::is_same_v<Norm, PeriNorm>, post = std::is_same_v<Norm, PostNorm>;
     static constexpr index_t d = D.d_model, de = DE;
     static constexpr double gamma = double(Gamma::num) / double(Gamma::den);
+    static constexpr RoutedChoices routed{NE, K};  // ModuleWithRouting: read_picks below
 
     static constexpr index_t o_ln_w = 0, o_ln_b = d, o_sel = 2 * d, o_w1 = o_sel + NE * d, o_w2 = o_w1 + NE * de * d;
     static constexpr index_t params = o_w2 + NE * d * de;
@@ -182,6 +183,11 @@ struct SigmaMoE {
       if constexpr (!post)
         be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
                               vec(ws, s.rstd, n), vec(p, o_ln_w, d));
+    }
+
+    template <class Be, class T>
+    static void read_picks(Be& be, const T* ws, const Saved& s, index_t n, std::span<token_t> out) {
+      be.to_host(out, std::span<const token_t>(dispatch::toks(ws, s.sel.picks), std::size_t(n * K)));
     }
   };
 };

@@ -174,9 +174,9 @@ std::map<std::string, std::string> import_hf_gpt2(Instance& model, const std::fi
   static_assert(is_hf_gpt2_compatible<Model>(),
                 "mom::train::hf::import_hf_gpt2: the model must be a dense GPT-2 style LM<dims, Dense<L>>: some of its "
                 "tensors (e.g. routers) have no Hugging Face GPT-2 counterpart");
-  static_assert(!is_hf_gpt2_compatible<Model>() || !Model::dims.rope(),
-                "mom::train::hf::import_hf_gpt2: GPT-2 has a learned position embedding (wpe): a RoPE model "
-                "(Dims::positions = RoPE) has none and computes a different function");
+  static_assert(!is_hf_gpt2_compatible<Model>() || Model::dims.learned_positions(),
+                "mom::train::hf::import_hf_gpt2: GPT-2 has a learned position embedding (wpe): a RoPE or position-free "
+                "model (Dims::positions = RoPE / None) has none and computes a different function");
   static_assert(std::endian::native == std::endian::little, "import_hf_gpt2: big-endian hosts not supported");
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "import_hf_gpt2: float or double models");
   const safetensors::File file(path);  // validates header, offsets, tiling
@@ -266,9 +266,9 @@ void export_hf_gpt2(Instance& model, const std::filesystem::path& path, const Ex
   static_assert(is_hf_gpt2_compatible<Model>(),
                 "mom::train::hf::export_hf_gpt2: the model must be a dense GPT-2 style LM<dims, Dense<L>>: some of its "
                 "tensors (e.g. routers) have no Hugging Face GPT-2 counterpart");
-  static_assert(!is_hf_gpt2_compatible<Model>() || !Model::dims.rope(),
-                "mom::train::hf::export_hf_gpt2: GPT-2 has a learned position embedding (wpe): a RoPE model "
-                "(Dims::positions = RoPE) has none and computes a different function");
+  static_assert(!is_hf_gpt2_compatible<Model>() || Model::dims.learned_positions(),
+                "mom::train::hf::export_hf_gpt2: GPT-2 has a learned position embedding (wpe): a RoPE or position-free "
+                "model (Dims::positions = RoPE / None) has none and computes a different function");
   std::vector<T> params(static_cast<std::size_t>(Model::params));
   model.backend().to_host(std::span<T>(params), std::span<const T>(model.params()));
   // Converted (and transposed) copies, in layout order; the writer keeps references into this buffer.

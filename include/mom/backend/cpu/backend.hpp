@@ -132,6 +132,13 @@ struct Backend {
   }
   template <class U>
   void copy(std::span<U> dst, std::span<U> src) const { copy(dst, std::span<const U>(src)); }
+  // A matrix into one of the same shape, either of them strided (a column block of a wider matrix).
+  void copy(M dst, CM src) const {
+    MOM_CHECK(dst.rows == src.rows && dst.cols == src.cols, "copy: dst ", shape(dst), " and src ", shape(src), " differ");
+    if (dst.contiguous() && src.contiguous()) return copy(dst.flat(), std::span<const T>(src.data, std::size_t(src.size())));
+#pragma omp parallel for schedule(static) if (dst.size() > (1 << 16))
+    for (index_t r = 0; r < dst.rows; ++r) std::copy_n(src.row(r), dst.cols, dst.row(r));
+  }
   // Host transfers: plain copies on the CPU; a device backend moves memory across the bus.
   template <class U>
   void to_host(std::span<U> host, std::span<const U> dev) const { copy(host, dev); }

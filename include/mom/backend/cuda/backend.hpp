@@ -147,6 +147,15 @@ struct Backend {
   }
   template <class U>
   void copy(std::span<U> dst, std::span<U> src) const { copy(dst, std::span<const U>(src)); }
+  // A matrix into one of the same shape, either of them strided (a column block of a wider matrix).
+  void copy(M dst, CM src) const {
+    MOM_CHECK(dst.rows == src.rows && dst.cols == src.cols, "copy: dst ", shape(dst), " and src ", shape(src), " differ");
+    if (dst.rows == 0 || dst.cols == 0) return;
+    MOM_CUDA_CHECK(cudaMemcpy2DAsync(dst.data, std::size_t(dst.ld) * sizeof(T), src.data, std::size_t(src.ld) * sizeof(T),
+                                     std::size_t(dst.cols) * sizeof(T), std::size_t(dst.rows), cudaMemcpyDefault,
+                                     ctx_->stream),
+                   "copy");
+  }
   // Device -> host: waits for the stream (and reports device-side index errors).
   template <class U>
   void to_host(std::span<U> host, std::span<const U> dev) const {

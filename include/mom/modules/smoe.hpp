@@ -1,0 +1,180 @@
+#pragma once
+// ModuleFormer's sparse mixture-of-experts feed-forward (Shen et al., arXiv 2306.04640, §3.1): N_ffd
+// experts of width D_ffd, each W₁ᵉ [D_ffd × d] and W₂ᵉ [d × D_ffd] (no biases, GELU), and the MLP router
+// of modules/mlp_gate.hpp:
+//   g(·|x) = Top-k(softmax([A; A'] ReLU(B x̂)))                 eqs. (1)-(2) (gates not renormalised)
+//   y      = Σ_{m ∈ top-k} g(m|x) · W₂ᵐ GELU(W₁ᵐ x̂)              x̂ = LN(x) (pre-LayerNorm)
+// The router's loss (MutualInformation, eq. (7), by default) is this module's auxiliary loss
+// (ModuleWithAuxLoss); it reports its picks (ModuleWithRouting) for usage statistics and pruning.
+//
+//   FFN<L, SMoE<16, 2, 256>::type>        L layers of 16 experts of 256, top-2
+//   SMoE<N_ffd, k, D_ffd, D_rtr = 64, Loss = MutualInformation<>, N_new = 0, RoutReg = std::ratio<0>>
+// N_new > 0 is the model after inserting N_new modules per layer (§4.3): their experts and router rows A'
+// are separate tensors (smoe.w1_new, smoe.w2_new, smoe.router.w_a_new), so that a freeze pattern can
+// train them alone (models/module_surgery.hpp); RoutReg λ adds λ‖A'‖² (eq. (10)).
+//
+// The experts run over exactly the chosen (token, expert) pairs, grouped by expert as in σ-MoE. A token
+// mixer over (batch, seq) (the dense stack, parameter sharing, decoding); it has no row-group members.
+#include <array>
+#include <ratio>
+#include <span>
+
+#include "mom/modules/mlp_gate.hpp"
+
+namespace mom {
+
+template <int N, int K, int DF, int Drtr = 64, class Loss = MutualInformation<>, int NNew = 0,
+          class RoutReg = std::ratio<0>>
+struct SMoE {
+  static_assert(N >= 1 && NNew >= 0 && N + NNew <= max_row_groups,
+                "mom::SMoE<N_ffd, k>: N_ffd (+ N_new) experts must be in 1..256");
+  static_assert(K >= 1 && K <= N + NNew, "mom::SMoE<N_ffd, k>: k (active experts) must be in 1..N_ffd");
+  static_assert(DF >= 1 && Drtr >= 1, "mom::SMoE<N_ffd, k, D_ffd, D_rtr>: D_ffd and D_rtr must be >= 1");
+  static_assert(RoutReg::num >= 0, "mom::SMoE: the routing regularisation lambda must be >= 0");
+  static constexpr int experts = N + NNew, top_k = K, d_ffd = DF, d_rtr = Drtr, inserted = NNew;
+  // The same module with M experts inserted (§4.3; new experts and A' rows start fresh), another router
+  // loss, or a set of `count` experts (pruning's compaction; models/module_surgery.hpp).
+  template <int M, class Reg = std::ratio<0>>
+  using with_inserted = SMoE<N, K, DF, Drtr, Loss, NNew + M, Reg>;
+  template <class L2>
+  using with_loss = SMoE<N, K, DF, Drtr, L2, NNew, RoutReg>;
+  template <int count>
+  using with_count = SMoE<count, K, DF, Drtr, Loss>;
+
+  template <Dims D>
+  struct type {
+    static constexpr const char* name = "SMoE";
+    static constexpr bool has_aux_loss = true;
+    static constexpr index_t d = D.d_model, df = DF;
+    static constexpr int C = N + NNew;
+    using Gate = detail::MLPGate<D.d_model, N, NNew, K, Drtr, Loss, RoutReg>;
+    static constexpr RoutedChoices routed{C, K};
+
+    static constexpr index_t o_ln_w = 0, o_ln_b = d, o_gate = 2 * d, o_w1 = o_gate + Gate::params,
+                             o_w2 = o_w1 + C * df * d;
+    static constexpr index_t params = o_w2 + C * d * df;
+    // Expert e's own parameters, for moving an expert between module types (models/module_surgery.hpp): its
+    // router row of [A; A'], its W₁ᵉ and its W₂ᵉ (each block holds the C experts back to back); the mask.
+    static constexpr std::array<ModuleSlice, 3> module_slices{{{o_gate + Gate::o_a, Drtr}, {o_w1, df * d}, {o_w2, d * df}}};
+    static constexpr index_t o_prune = o_gate + Gate::o_prune;
+    static constexpr std::array<std::string_view, 4> gate_names{"smoe.router.w_b", "smoe.router.w_a",
+                                                                "smoe.router.w_a_new", "smoe.router.prune"};
+    static constexpr auto tensors(index_t layer) {
+      constexpr std::size_t n = 2 + Gate::tensor_count + (NNew > 0 ? 4 : 2);
+      std::array<TensorSpec, n> t{};
+      std::size_t at = 0;
+      t[at++] = {"ln_2.w", layer, 1, d, Init::One};
+      t[at++] = {"ln_2.b", layer, 1, d, Init::Zero};
+      for (const TensorSpec& s : Gate::tensors(gate_names, layer)) t[at++] = s;
+      t[at++] = {"smoe.w1", layer, N * df, d, Init::Normal};  // expert e: rows e·D_ffd ..
+      if constexpr (NNew > 0) t[at++] = {"smoe.w1_new", layer, NNew * df, d, Init::Normal};
+      t[at++] = {"smoe.w2", layer, N * d, df, Init::ResidualNormal};  // expert e: rows e·d ..
+      if constexpr (NNew > 0) t[at++] = {"smoe.w2_new", layer, NNew * d, df, Init::ResidualNormal};
+      return t;
+    }
+    // Forward FLOPs per token: the router and k experts (2·d·D_ffd each way); GELU and LN not counted.
+    static constexpr index_t flops_per_token(index_t /*seq*/) { return Gate::flops_per_token + K * 4 * d * df; }
+    static constexpr index_t backward_flops_per_token(index_t seq) { return 2 * flops_per_token(seq); }
+
+    // Packed rows are the n·k (token, pick) pairs in expert order.
+    struct Saved {
+      index_t ln, mean, rstd;   // LN(x) [n × d] and its statistics
+      typename Gate::Saved gate;
+      index_t xg, h, act, y;    // packed: LN(x) rows [rows × d], W₁ output and GELU [rows × D_ffd], W₂ output
+      index_t aux;              // = the router's loss (ModuleWithAuxLoss)
+    };
+    static constexpr Saved plan(Arena& a, index_t batch, index_t seq) {
+      const index_t n = batch * seq, rows = n * K;
+      Saved s{};
+      s.ln = a.take(n * d);
+      s.mean = a.take(n);
+      s.rstd = a.take(n);
+      s.gate = Gate::plan(a, n);
+      s.xg = a.take(rows * d);
+      s.h = a.take(rows * df);
+      s.act = a.take(rows * df);
+      s.y = a.take(rows * d);
+      s.aux = s.gate.sel.loss;
+      return s;
+    }
+    struct Scratch {
+      index_t dy, dwp, dact, dh, dln, gate, total;  // dy also holds dL/d(gathered input)
+    };
+    static constexpr Scratch scratch_plan(index_t n) {
+      const index_t rows = n * K;
+      Arena a;
+      Scratch s{};
+      s.dy = a.take(rows * d);
+      s.dwp = a.take(rows);
+      s.dact = a.take(rows * df);
+      s.dh = a.take(rows * df);
+      s.dln = a.take(n * d);
+      s.gate = a.take(Gate::scratch_plan(n).total);
+      s.total = a.used;
+      return s;
+    }
+    static constexpr index_t scratch(index_t batch, index_t seq) { return scratch_plan(batch * seq).total; }
+
+    template <class T>
+    static PerGroup<T> w1(T* p) {
+      return PerGroup<T>(p + o_w1, C, [](int e) { return index_t(e) * df * d; });
+    }
+    template <class T>
+    static PerGroup<T> w2(T* p) {
+      return PerGroup<T>(p + o_w2, C, [](int e) { return index_t(e) * d * df; });
+    }
+
+    template <class Be, class T>
+    static void forward(Be& be, const T* p, T* ws, const Saved& s, MatrixView<const T> x, MatrixView<T> f_out,
+                        index_t batch, index_t seq) {
+      using detail::mat, detail::vec;
+      const index_t n = batch * seq, rows = n * K;
+      const auto ln = mat(ws, s.ln, n, d);
+      be.layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
+      Gate::forward(be, p + o_gate, ws, s.gate, MatrixView<const T>(ln));  // eqs. (1), (2), (7)
+      const RowGroups g = dispatch::groups_of(ws, s.gate.sel, C);
+      const std::span<const token_t> idx(dispatch::toks(ws, s.gate.sel.row_token), std::size_t(rows));
+      const auto xg = mat(ws, s.xg, rows, d), h = mat(ws, s.h, rows, df), act = mat(ws, s.act, rows, df);
+      const auto y = mat(ws, s.y, rows, d);
+      be.gather_rows(xg, MatrixView<const T>(ln), idx, g);
+      be.grouped_linear_forward(h, MatrixView<const T>(xg), w1(p), PerGroup<const T>{}, g);
+      be.gelu_forward(act.flat(), std::span<const T>(h.flat()));
+      be.grouped_linear_forward(y, MatrixView<const T>(act), w2(p), PerGroup<const T>{}, g);
+      be.zero(f_out);
+      be.scatter_add_rows(f_out, MatrixView<const T>(y), idx, vec(static_cast<const T*>(ws), s.gate.sel.wpacked, rows), g);
+    }
+
+    // df may alias dx: df is read only by the first op, the weighted scatter's backward.
+    template <class Be, class T>
+    static void backward(Be& be, const T* p, T* g, const T* ws, const Saved& s, MatrixView<const T> x,
+                         MatrixView<T> dx, MatrixView<const T> df_, T* sc, index_t batch, index_t seq) {
+      using detail::mat, detail::vec;
+      const index_t n = batch * seq, rows = n * K;
+      const Scratch c = scratch_plan(n);
+      const RowGroups gr = dispatch::groups_of(ws, s.gate.sel, C);
+      const std::span<const token_t> idx(dispatch::toks(ws, s.gate.sel.row_token), std::size_t(rows));
+      const auto dy = mat(sc, c.dy, rows, d), dact = mat(sc, c.dact, rows, df), dh = mat(sc, c.dh, rows, df);
+      const auto dln = mat(sc, c.dln, n, d);
+      dispatch::weighted_scatter_backward(be, ws, s.gate.sel, s.y, C, df_, dy.data, sc + c.dwp, n, K);
+      be.zero(dact);
+      be.grouped_linear_backward(dact, w2(g), PerGroup<T>{}, MatrixView<const T>(dy), mat(ws, s.act, rows, df), w2(p), gr);
+      be.zero(dh);
+      be.gelu_backward(dh.flat(), vec(ws, s.h, rows * df), std::span<const T>(dact.flat()));
+      be.zero(dy);  // now dL/d(gathered LN(x))
+      be.grouped_linear_backward(dy, w1(g), PerGroup<T>{}, MatrixView<const T>(dh), mat(ws, s.xg, rows, d), w1(p), gr);
+      be.zero(dln);
+      be.scatter_add_rows(dln, MatrixView<const T>(dy), idx, std::span<const T>{}, gr);
+      Gate::backward(be, p + o_gate, g + o_gate, ws, s.gate, mat(ws, s.ln, n, d), dln,
+                     vec(static_cast<const T*>(sc), c.dwp, rows), sc + c.gate);
+      be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
+                            vec(ws, s.rstd, n), vec(p, o_ln_w, d));
+    }
+
+    template <class Be, class T>
+    static void read_picks(Be& be, const T* ws, const Saved& s, index_t n, std::span<token_t> out) {
+      Gate::read_picks(be, ws, s.gate, n, out);
+    }
+  };
+};
+
+}  // namespace mom
