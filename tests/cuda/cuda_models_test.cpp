@@ -8,7 +8,7 @@
 // emulation measured 1e-5 / 4e-3).
 // MoM models are compared in double and in float without TF32 only: with TF32 a router logit can
 // move by ~1e-3 and flip a near-tied top-K pick, after which the two runs legitimately differ.
-// Every family of architectures is here: dense, MoM, MoE, MoD, layer-skip, MoDE, parameter sharing, MoEUT;
+// Every family of architectures is here: dense, MoM, MoE, MoD, layer-skip, MoDE, parameter sharing, MoEUT, ModuleFormer;
 // MoD's causal-sampling options are not.
 #include <catch2/catch.hpp>
 
@@ -21,6 +21,7 @@
 #include "mom/models/mom_models.hpp"
 #include "mom/models/moe_models.hpp"
 #include "mom/models/moeut_models.hpp"
+#include "mom/models/moduleformer_models.hpp"
 #include "mom/mom.hpp"
 #include "ops/grad_check.hpp"
 
@@ -123,6 +124,11 @@ using ShareAll = LM<share_dims, Assembly<Router<Share<All>>, ModuleSet<MHA<1>, F
 using MoEUTSmall = LM<with_rope(small_dims), MoEUTStack<4, 2, SwitchHead<1, 2, 2, 32>, SigmaMoE<5, 1, 128>>>;
 using MoEUTPreSmall = LM<with_rope(small_dims), MoEUTStack<4, 2, SwitchHead<2, 3, 2, 16, PreNorm>,
                                                            SigmaMoE<6, 2, 32, PreNorm>, AABB>>;
+// ModuleFormer (issue 15): MoA (stick-breaking heads over shared K/V, MLP router) + SMoE, no positions, and
+// the same with inserted modules and the routing regularisation.
+using MFSmall = LM<without_positions(small_dims), ModuleFormer<2, MoA<4, 2, 16, 8>, SMoE<4, 2, 32, 8>>>;
+using MFInsertedSmall =
+    LM<without_positions(small_dims), ModuleFormerSpec<2, MoA<3, 2, 16, 8>, SMoE<3, 1, 32, 8>>::inserted<1, 2, std::ratio<1, 10>>::type>;
 using ShareMap = LM<share_dims, Chunked<Layer, Assembly<Router<Share<Map<0, 1, 1, 0>>>, ModuleSet<MHA<2>, FFN<2>>, K<1>, H<4>>>>;
 
 }  // namespace
@@ -215,6 +221,16 @@ TEST_CASE("MoEUT (SwitchHead + σ-MoE, layer grouping, RoPE): same loss and grad
   compare_model<MoEUTPreSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
 }
 
+TEST_CASE("ModuleFormer (MoA + SMoE, MLP routers, MI loss): same loss and gradients as cpu (double)",
+          "[cuda][models][moduleformer]") {
+  if (!gpu_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  compare_model<MFSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
+  compare_model<MFInsertedSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
+}
+
 // The emulated runtime (tests/cuda/emu/emu_runtime.cpp) counts what a real runtime would make the host
 // wait for (stream / device synchronisation, blocking copies) and the allocations; in test_cuda (the
 // real runtime) these symbols are absent and the check is skipped.
@@ -281,4 +297,5 @@ TEST_CASE("a training step on the CUDA backend neither waits for the device nor 
   check_step_never_waits<SkipSmall>(cuda::Precision::TF32);
   check_step_never_waits<ExitSmall>(cuda::Precision::TF32);
   check_step_never_waits<ShareCycle>(cuda::Precision::TF32);
+  check_step_never_waits<MFSmall>(cuda::Precision::TF32);
 }

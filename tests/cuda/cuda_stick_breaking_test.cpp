@@ -7,6 +7,7 @@
 // Without a CUDA device every case prints "no CUDA device: skipped" once and passes.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -46,16 +47,48 @@ TEMPLATE_TEST_CASE("stick-breaking attention forward/backward match cpu (head di
     const index_t n = s.B * s.S, d = s.d;
     auto qkv = rand_arr<T>(n * 3 * d, rng, -s.range, s.range);
     auto out = rand_arr<T>(n * d, rng);
-    host<T>().stick_breaking_forward(out.hm(n, d), qkv.hm(n, 3 * d), s.B, s.S, s.heads);
-    gpu<T>().stick_breaking_forward(out.dm(n, d), qkv.dm(n, 3 * d), s.B, s.S, s.heads);
+    host<T>().stick_breaking_forward(out.hm(n, d), qkv.hm(n, 3 * d), s.B, s.S, s.heads, s.heads);
+    gpu<T>().stick_breaking_forward(out.dm(n, d), qkv.dm(n, 3 * d), s.B, s.S, s.heads, s.heads);
     expect_close(out, tol_sb<T>, "stick_breaking_forward out");
 
     auto dout = rand_arr<T>(n * d, rng), dqkv = rand_arr<T>(n * 3 * d, rng);
     host<T>().stick_breaking_backward(dqkv.hm(n, 3 * d), dout.hm(n, d), out.hm(n, d), qkv.hm(n, 3 * d), s.B, s.S,
-                                      s.heads);
+                                      s.heads, s.heads);
     gpu<T>().stick_breaking_backward(dqkv.dm(n, 3 * d), dout.dm(n, d), out.dm(n, d), qkv.dm(n, 3 * d), s.B, s.S,
-                                     s.heads);
+                                     s.heads, s.heads);
     expect_close(dqkv, tol_sb<T>, "stick_breaking_backward dqkv");
+  }
+}
+
+TEMPLATE_TEST_CASE("stick-breaking attention with grouped and shared key/value heads matches cpu (forward, backward, "
+                   "decode)", "[cuda][stick_breaking]", float, double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  test::Rng rng(253);
+  for (const auto [B, S, heads, kv, hd] : {std::array<index_t, 5>{2, 37, 4, 1, 16}, std::array<index_t, 5>{1, 70, 4, 2, 40},
+                                           std::array<index_t, 5>{2, 9, 2, 1, 128}}) {
+    INFO("B " << B << " S " << S << " heads " << heads << " kv_heads " << kv << " hd " << hd);
+    const index_t n = B * S, d = heads * hd, W = (heads + 2 * kv) * hd;
+    auto qkv = rand_arr<T>(n * W, rng, -1.5, 1.5);
+    auto out = rand_arr<T>(n * d, rng), dout = rand_arr<T>(n * d, rng), dqkv = rand_arr<T>(n * W, rng);
+    host<T>().stick_breaking_forward(out.hm(n, d), qkv.hm(n, W), B, S, heads, kv);
+    gpu<T>().stick_breaking_forward(out.dm(n, d), qkv.dm(n, W), B, S, heads, kv);
+    expect_close(out, tol_sb<T>, "stick_breaking_forward out");
+    host<T>().stick_breaking_backward(dqkv.hm(n, W), dout.hm(n, d), out.hm(n, d), qkv.hm(n, W), B, S, heads, kv);
+    gpu<T>().stick_breaking_backward(dqkv.dm(n, W), dout.dm(n, d), out.dm(n, d), qkv.dm(n, W), B, S, heads, kv);
+    expect_close(dqkv, tol_sb<T>, "stick_breaking_backward dqkv");
+    // Decode: every row of sequence 0 against a cache of kv_heads·hd columns.
+    const index_t max_len = S;
+    auto kc = rand_arr<T>(max_len * kv * hd, rng, -1.5, 1.5), vc = rand_arr<T>(max_len * kv * hd, rng);
+    std::vector<index_t> slot(std::size_t(S), 0), pos;
+    for (index_t t = 0; t < S; ++t) pos.push_back(t);
+    Arr<T, index_t> ds(slot), dp(pos);
+    auto dec = rand_arr<T>(S * d, rng);
+    host<T>().stick_breaking_decode(dec.hm(S, d), qkv.hm(S, W), kc.hm(max_len, kv * hd), vc.hm(max_len, kv * hd), ds.hs(),
+                                    dp.hs(), max_len, heads, kv);
+    gpu<T>().stick_breaking_decode(dec.dm(S, d), qkv.dm(S, W), kc.dm(max_len, kv * hd), vc.dm(max_len, kv * hd), ds.ds(),
+                                   dp.ds(), max_len, heads, kv);
+    expect_close(dec, tol_sb<T>, "stick_breaking_decode out");
   }
 }
 
@@ -79,11 +112,11 @@ TEMPLATE_TEST_CASE("stick-breaking attention at seq 4096 matches cpu (sticks spe
   }
   Arr<T> qkv(std::move(v));
   auto out = rand_arr<T>(S * d, rng), dout = rand_arr<T>(S * d, rng), dqkv = rand_arr<T>(S * 3 * d, rng);
-  host<T>().stick_breaking_forward(out.hm(S, d), qkv.hm(S, 3 * d), 1, S, heads);
-  gpu<T>().stick_breaking_forward(out.dm(S, d), qkv.dm(S, 3 * d), 1, S, heads);
+  host<T>().stick_breaking_forward(out.hm(S, d), qkv.hm(S, 3 * d), 1, S, heads, heads);
+  gpu<T>().stick_breaking_forward(out.dm(S, d), qkv.dm(S, 3 * d), 1, S, heads, heads);
   expect_close(out, tol_sb<T>, "stick_breaking_forward out");
-  host<T>().stick_breaking_backward(dqkv.hm(S, 3 * d), dout.hm(S, d), out.hm(S, d), qkv.hm(S, 3 * d), 1, S, heads);
-  gpu<T>().stick_breaking_backward(dqkv.dm(S, 3 * d), dout.dm(S, d), out.dm(S, d), qkv.dm(S, 3 * d), 1, S, heads);
+  host<T>().stick_breaking_backward(dqkv.hm(S, 3 * d), dout.hm(S, d), out.hm(S, d), qkv.hm(S, 3 * d), 1, S, heads, heads);
+  gpu<T>().stick_breaking_backward(dqkv.dm(S, 3 * d), dout.dm(S, d), out.dm(S, d), qkv.dm(S, 3 * d), 1, S, heads, heads);
   expect_close(dqkv, tol_sb<T>, "stick_breaking_backward dqkv");
 }
 
@@ -106,9 +139,9 @@ TEMPLATE_TEST_CASE("stick-breaking decode matches cpu (cache of several sequence
   Arr<T, index_t> ds(slot), dp(pos);
   auto out = rand_arr<T>(rows * d, rng);
   host<T>().stick_breaking_decode(out.hm(rows, d), qkv.hm(rows, 3 * d), kc.hm(slots * max_len, d),
-                                  vc.hm(slots * max_len, d), ds.hs(), dp.hs(), max_len, heads);
+                                  vc.hm(slots * max_len, d), ds.hs(), dp.hs(), max_len, heads, heads);
   gpu<T>().stick_breaking_decode(out.dm(rows, d), qkv.dm(rows, 3 * d), kc.dm(slots * max_len, d),
-                                 vc.dm(slots * max_len, d), ds.ds(), dp.ds(), max_len, heads);
+                                 vc.dm(slots * max_len, d), ds.ds(), dp.ds(), max_len, heads, heads);
   expect_close(out, tol_sb<T>, "stick_breaking_decode out");
 
   // The shape errors are the CPU's; a position outside the cache is found on the device.
@@ -119,29 +152,29 @@ TEMPLATE_TEST_CASE("stick-breaking decode matches cpu (cache of several sequence
     CHECK(!cpu_msg.empty());
     CHECK(gpu_msg == cpu_msg);
   };
-  expect_same_error([&] { host<T>().stick_breaking_forward(out.hm(rows, d), qkv.hm(rows, 3 * d), 1, rows, 3); },
-                    [&] { gpu<T>().stick_breaking_forward(out.dm(rows, d), qkv.dm(rows, 3 * d), 1, rows, 3); });
+  expect_same_error([&] { host<T>().stick_breaking_forward(out.hm(rows, d), qkv.hm(rows, 3 * d), 1, rows, 3, 3); },
+                    [&] { gpu<T>().stick_breaking_forward(out.dm(rows, d), qkv.dm(rows, 3 * d), 1, rows, 3, 3); });
   expect_same_error(
       [&] {
         host<T>().stick_breaking_backward(qkv.hm(rows, 3 * d - 1), out.hm(rows, d), out.hm(rows, d), qkv.hm(rows, 3 * d),
-                                          1, rows, heads);
+                                          1, rows, heads, heads);
       },
       [&] {
         gpu<T>().stick_breaking_backward(qkv.dm(rows, 3 * d - 1), out.dm(rows, d), out.dm(rows, d), qkv.dm(rows, 3 * d),
-                                         1, rows, heads);
+                                         1, rows, heads, heads);
       });
   expect_same_error(
       [&] {
         host<T>().stick_breaking_decode(out.hm(rows, d), qkv.hm(rows, 3 * d), kc.hm(slots * max_len, d),
-                                        vc.hm(slots * max_len, d), ds.hs().first(1), dp.hs(), max_len, heads);
+                                        vc.hm(slots * max_len, d), ds.hs().first(1), dp.hs(), max_len, heads, heads);
       },
       [&] {
         gpu<T>().stick_breaking_decode(out.dm(rows, d), qkv.dm(rows, 3 * d), kc.dm(slots * max_len, d),
-                                       vc.dm(slots * max_len, d), ds.ds().first(1), dp.ds(), max_len, heads);
+                                       vc.dm(slots * max_len, d), ds.ds().first(1), dp.ds(), max_len, heads, heads);
       });
   Arr<T, index_t> far(std::vector<index_t>{0, max_len});
   gpu<T>().stick_breaking_decode(out.dm(2, d), qkv.dm(2, 3 * d), kc.dm(slots * max_len, d), vc.dm(slots * max_len, d),
-                                 ds.ds().first(2), far.ds(), max_len, heads);
+                                 ds.ds().first(2), far.ds(), max_len, heads, heads);
   try {
     gpu<T>().sync();
     FAIL("stick_breaking_decode at position max_len did not raise");

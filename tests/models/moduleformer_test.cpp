@@ -241,3 +241,17 @@ TEST_CASE("ModuleFormer: KV-cache decoding equals the full forward (double)", "[
 TEST_CASE("ModuleFormer: float decoding agrees with the full forward", "[moduleformer][decode]") {
   CHECK(test::decode_error<Tiny2, float>() < 1e-4);
 }
+
+TEST_CASE("ModuleFormer's cost model: total and active parameters, FLOPs of the active ones", "[moduleformer]") {
+  using Spec = ModuleFormerSpec<2, MoA<4, 2, 4, 3>, SMoE<4, 2, 5, 3>>;
+  static_assert(Spec::total_params<tiny> == Tiny2::params);
+  using A = MoA<4, 2, 4, 3>::type<tiny>;
+  using F = SMoE<4, 2, 5, 3>::type<tiny>;
+  // A token uses 2 of the 4 heads (W_q, W_o and its router row each) and 2 of the 4 experts.
+  static_assert(A::params - A::active_params == 2 * (3 + 2 * 4 * tiny.d_model));
+  static_assert(F::params - F::active_params == 2 * (3 + 2 * 5 * tiny.d_model));
+  static_assert(Spec::active_params<tiny> == Tiny2::params - 2 * (A::params - A::active_params + F::params - F::active_params));
+  // Forward FLOPs of the linear maps: 2 per active weight (the router's rows of all modules are read: + 2·(C−k)·D_rtr).
+  static_assert(F::flops_per_token(1) == 2 * (F::active_params - 2 * tiny.d_model - F::C) + 2 * (4 - 2) * 3);
+  CHECK(describe<Tiny2>().find("positions=none") != std::string::npos);
+}

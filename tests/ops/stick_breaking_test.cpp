@@ -20,58 +20,65 @@ using namespace mom::test;
 
 namespace {
 
-// Row t of head h of sequence b, literally: p_i = β_i Π_{i<j<=t} (1 − β_j), o = Σ_i p_i v_i, in R.
+// Row t of query head h of sequence b, literally: p_i = β_i Π_{i<j<=t} (1 − β_j), o = Σ_i p_i v_i, in R. d is
+// the query width heads·hd; kv key/value heads (-1: = heads), query head h reading key/value head h / (heads / kv).
 template <class R, class T>
 std::vector<R> naive_row(const std::vector<T>& qkv, index_t S, index_t d, index_t heads, index_t b, index_t h,
-                         index_t t) {
-  const index_t hd = d / heads;
-  auto at = [&](index_t row, index_t col) { return R(qkv[std::size_t((b * S + row) * 3 * d + col)]); };
+                         index_t t, index_t kv = -1) {
+  if (kv < 0) kv = heads;
+  const index_t hd = d / heads, W = (heads + 2 * kv) * hd, kc = d + (h / (heads / kv)) * hd, vc = kc + kv * hd;
+  auto at = [&](index_t row, index_t col) { return R(qkv[std::size_t((b * S + row) * W + col)]); };
   std::vector<R> beta(std::size_t(t + 1)), o(std::size_t(hd), R(0));
   for (index_t i = 0; i <= t; ++i) {
     R z = 0;
-    for (index_t c = 0; c < hd; ++c) z += at(t, h * hd + c) * at(i, d + h * hd + c);
+    for (index_t c = 0; c < hd; ++c) z += at(t, h * hd + c) * at(i, kc + c);
     z /= std::sqrt(R(hd));
     beta[std::size_t(i)] = R(1) / (R(1) + std::exp(-z));
   }
   for (index_t i = 0; i <= t; ++i) {
     R p = beta[std::size_t(i)];
     for (index_t j = i + 1; j <= t; ++j) p *= R(1) - beta[std::size_t(j)];
-    for (index_t c = 0; c < hd; ++c) o[std::size_t(c)] += p * at(i, 2 * d + h * hd + c);
+    for (index_t c = 0; c < hd; ++c) o[std::size_t(c)] += p * at(i, vc + c);
   }
   return o;
 }
 
 template <class T>
-std::vector<double> naive_sb(const std::vector<T>& qkv, index_t B, index_t S, index_t heads, index_t d) {
+std::vector<double> naive_sb(const std::vector<T>& qkv, index_t B, index_t S, index_t heads, index_t d, index_t kv = -1) {
   const index_t hd = d / heads;
   std::vector<double> out(std::size_t(B * S * d));
   for (index_t b = 0; b < B; ++b)
     for (index_t h = 0; h < heads; ++h)
       for (index_t t = 0; t < S; ++t) {
-        const auto o = naive_row<double>(qkv, S, d, heads, b, h, t);
+        const auto o = naive_row<double>(qkv, S, d, heads, b, h, t, kv);
         for (index_t c = 0; c < hd; ++c) out[std::size_t((b * S + t) * d + h * hd + c)] = o[std::size_t(c)];
       }
   return out;
 }
 
+// The width of a [q | k | v] row of heads query heads (d columns) and kv key/value heads (-1: = heads).
+constexpr index_t qkv_width(index_t heads, index_t d, index_t kv = -1) { return d + 2 * (kv < 0 ? heads : kv) * (d / heads); }
+
 template <class T>
-void forward(std::vector<T>& out, const std::vector<T>& qkv, index_t B, index_t S, index_t heads, index_t d) {
+void forward(std::vector<T>& out, const std::vector<T>& qkv, index_t B, index_t S, index_t heads, index_t d,
+             index_t kv = -1) {
   out.resize(std::size_t(B * S * d));
-  cpu::stick_breaking_forward<T>(mat(out, B * S, d), cmat(qkv, B * S, 3 * d), B, S, heads);
+  cpu::stick_breaking_forward<T>(mat(out, B * S, d), cmat(qkv, B * S, qkv_width(heads, d, kv)), B, S, heads,
+                                 kv < 0 ? heads : kv);
 }
 // dqkv (accumulated onto a constant, which is subtracted again) for loss = Σ dout ∘ out.
 template <class T>
 std::vector<T> backward(const std::vector<T>& dout, const std::vector<T>& qkv, index_t B, index_t S, index_t heads,
-                        index_t d) {
+                        index_t d, index_t kv = -1) {
   std::vector<T> out;
-  forward(out, qkv, B, S, heads, d);
+  forward(out, qkv, B, S, heads, d, kv);
   std::vector<T> dqkv(qkv.size(), T(0.5));
-  cpu::stick_breaking_backward<T>(mat(dqkv, B * S, 3 * d), cmat(dout, B * S, d), cmat(out, B * S, d),
-                                  cmat(qkv, B * S, 3 * d), B, S, heads);
+  const index_t W = qkv_width(heads, d, kv);
+  cpu::stick_breaking_backward<T>(mat(dqkv, B * S, W), cmat(dout, B * S, d), cmat(out, B * S, d), cmat(qkv, B * S, W), B,
+                                  S, heads, kv < 0 ? heads : kv);
   for (auto& g : dqkv) g -= T(0.5);
   return dqkv;
 }
-
 
 template <class V>
 bool all_finite(const V& v) {
@@ -297,7 +304,7 @@ TEST_CASE("stick_breaking_decode + kv_write: token by token through the cache eq
       be.kv_write(MatrixView<T>{kc.data(), B * max_len, d}, MatrixView<T>{vc.data(), B * max_len, d}, q, slot, pos,
                   max_len);
       be.stick_breaking_decode(MatrixView<T>{out.data(), B, d}, q, MatrixView<const T>{kc.data(), B * max_len, d},
-                               MatrixView<const T>{vc.data(), B * max_len, d}, slot, pos, max_len, heads);
+                               MatrixView<const T>{vc.data(), B * max_len, d}, slot, pos, max_len, heads, heads);
       for (index_t r = 0; r < B; ++r)
         for (index_t c = 0; c < d; ++c) {
           const double w = want[std::size_t((slot[std::size_t(r)] * S + t) * d + c)];
@@ -326,39 +333,100 @@ TEST_CASE("stick_breaking: bad shapes are one-line errors", "[ops][stick_breakin
     }
   };
   cpu::Backend<double> be;
-  one_line([&] { be.stick_breaking_forward(mat(out, B * S, d), cmat(qkv, B * S, 3 * d), B, S, 3); },
+  one_line([&] { be.stick_breaking_forward(mat(out, B * S, d), cmat(qkv, B * S, 3 * d), B, S, 3, 3); },
            "stick_breaking_forward: d = 8 (qkv [6x24]) is not divisible by heads = 3");
-  one_line([&] { be.stick_breaking_forward(mat(out, B * S, d), cmat(qkv, B * S, 3 * d), B, S + 1, 2); },
+  one_line([&] { be.stick_breaking_forward(mat(out, B * S, d), cmat(qkv, B * S, 3 * d), B, S + 1, 2, 2); },
            "stick_breaking_forward: qkv [6x24] must have batch*seq = 2*4 rows");
-  one_line([&] { be.stick_breaking_forward(mat(out, B * S, d - 1), cmat(qkv, B * S, 3 * d), B, S, 2); },
+  one_line([&] { be.stick_breaking_forward(mat(out, B * S, d - 1), cmat(qkv, B * S, 3 * d), B, S, 2, 2); },
            "stick_breaking_forward: out [6x7] must be [6x8] for qkv [6x24]");
-  one_line([&] { be.stick_breaking_forward(mat(out, B * S, d), cmat(qkv, B * S, 3 * d - 1), B, S, 2); },
+  one_line([&] { be.stick_breaking_forward(mat(out, B * S, d), cmat(qkv, B * S, 3 * d - 1), B, S, 2, 2); },
            "stick_breaking_forward: qkv [6x23] must have 3*d columns [q | k | v]");
-  one_line([&] { be.stick_breaking_forward(mat(out, B * S, d), cmat(qkv, B * S, 3 * d), B, S, 0); },
+  one_line([&] { be.stick_breaking_forward(mat(out, B * S, d), cmat(qkv, B * S, 3 * d), B, S, 0, 0); },
            "stick_breaking_forward: batch 2, seq 3, heads 0 must be positive");
   one_line([&] {
     be.stick_breaking_backward(mat(dqkv, B * S, 3 * d - 3), cmat(dout, B * S, d), cmat(out, B * S, d),
-                               cmat(qkv, B * S, 3 * d), B, S, 2);
+                               cmat(qkv, B * S, 3 * d), B, S, 2, 2);
   }, "stick_breaking_backward: dqkv [6x21] must match qkv [6x24]");
   one_line([&] {
     be.stick_breaking_backward(mat(dqkv, B * S, 3 * d), cmat(dout, B * S - 1, d), cmat(out, B * S, d),
-                               cmat(qkv, B * S, 3 * d), B, S, 2);
+                               cmat(qkv, B * S, 3 * d), B, S, 2, 2);
   }, "stick_breaking_backward: dout [5x8] must match out [6x8]");
   // Decode: a slot outside the cache, a position past max_len, shapes that disagree.
   const index_t max_len = 4;
   std::vector<double> kc(std::size_t(2 * max_len * d)), vc(kc.size());
   const std::vector<index_t> slot{0, 2}, pos{0, 1}, far{0, 4};
   const MatrixView<const double> q2{qkv.data(), 2, 3 * d}, k2{kc.data(), 2 * max_len, d}, v2{vc.data(), 2 * max_len, d};
-  one_line([&] { be.stick_breaking_decode(mat(out, 2, d), q2, k2, v2, slot, pos, max_len, 2); },
+  one_line([&] { be.stick_breaking_decode(mat(out, 2, d), q2, k2, v2, slot, pos, max_len, 2, 2); },
            "stick_breaking_decode: row 1 (slot 2, position 1) is outside the cache of 2 x 4");
-  one_line([&] { be.stick_breaking_decode(mat(out, 2, d), q2, k2, v2, pos, far, max_len, 2); },
+  one_line([&] { be.stick_breaking_decode(mat(out, 2, d), q2, k2, v2, pos, far, max_len, 2, 2); },
            "stick_breaking_decode: row 1 (slot 1, position 4) is outside the cache of 2 x 4");
   one_line([&] {
-    be.stick_breaking_decode(mat(out, 2, d), q2, k2, v2, slot, std::span<const index_t>(pos).first(1), max_len, 2);
+    be.stick_breaking_decode(mat(out, 2, d), q2, k2, v2, slot, std::span<const index_t>(pos).first(1), max_len, 2, 2);
   },
            "stick_breaking_decode: 2 slots and 1 positions for 2 rows");
-  one_line([&] { be.stick_breaking_decode(mat(out, 2, d), q2, k2, v2, pos, pos, max_len, 3); },
+  one_line([&] { be.stick_breaking_decode(mat(out, 2, d), q2, k2, v2, pos, pos, max_len, 3, 3); },
            "stick_breaking_decode: 3 heads, qkv [2x24], out [2x8], caches [8x8] and [8x8] disagree");
-  one_line([&] { be.stick_breaking_decode(mat(out, 2, d), q2, k2, v2, pos, pos, 3, 2); },
+  one_line([&] { be.stick_breaking_decode(mat(out, 2, d), q2, k2, v2, pos, pos, 3, 2, 2); },
            "stick_breaking_decode: cache of 8 rows is not slots x max_len 3");
+  // Grouped key/value heads: kv_heads must divide heads; the layout's width follows from both.
+  one_line([&] { be.stick_breaking_forward(mat(out, B * S, d), cmat(qkv, B * S, 3 * d), B, S, 4, 3); },
+           "stick_breaking_forward: kv_heads = 3 does not divide heads = 4");
+  one_line([&] { be.stick_breaking_forward(mat(out, B * S, d), cmat(qkv, B * S, 3 * d), B, S, 4, 0); },
+           "stick_breaking_forward: kv_heads = 0 does not divide heads = 4");
+  one_line([&] { be.stick_breaking_forward(mat(out, B * S, d), cmat(qkv, B * S, 3 * d), B, S, 4, 1); },
+           "stick_breaking_forward: out [6x8] must be [6x16] for qkv [6x24] (4 query heads of 4)");
+  one_line([&] { be.stick_breaking_forward(mat(out, B * S, d), cmat(qkv, B * S, 3 * d - 1), B, S, 2, 1); },
+           "stick_breaking_forward: qkv [6x23] must have (heads + 2*kv_heads)*head_dim = 4*head_dim columns");
+  one_line([&] { be.stick_breaking_decode(mat(out, 2, d), q2, k2, v2, pos, pos, max_len, 2, 1); },
+           "stick_breaking_decode: 2 heads (1 key/value), qkv [2x24], out [2x8], caches [8x8] and [8x8] disagree");
+}
+
+TEST_CASE("stick_breaking with grouped and shared key/value heads matches the literal product and finite differences",
+          "[ops][stick_breaking]") {
+  Rng rng(160);
+  const auto [heads, kv] = GENERATE(std::pair<index_t, index_t>{4, 4}, std::pair<index_t, index_t>{4, 2},
+                                    std::pair<index_t, index_t>{4, 1}, std::pair<index_t, index_t>{2, 1});
+  const index_t S = GENERATE(1, 7, 69), B = 2, hd = 3, d = heads * hd, W = qkv_width(heads, d, kv);
+  INFO("heads " << heads << ", kv_heads " << kv << ", seq " << S);
+  auto qkv = random_vec(std::size_t(B * S * W), rng, -1.5, 1.5);
+  std::vector<double> out;
+  forward(out, qkv, B, S, heads, d, kv);
+  CHECK(rel_error(out, naive_sb(qkv, B, S, heads, d, kv)) < 1e-12);
+  const auto proj = random_vec(std::size_t(B * S * d), rng);
+  auto loss = [&] {
+    forward(out, qkv, B, S, heads, d, kv);
+    return dot(proj, out);
+  };
+  const auto dqkv = backward(proj, qkv, B, S, heads, d, kv);
+  CHECK(rel_error(dqkv, numeric_grad(qkv, loss)) < fd_tol);
+}
+
+TEST_CASE("stick_breaking_decode with shared key/value heads equals the forward's rows", "[ops][stick_breaking][decode]") {
+  const index_t B = 2, S = 9, heads = 4, hd = 4, d = heads * hd, max_len = 12;
+  for (const index_t kv : {index_t(1), index_t(2)}) {
+    const index_t W = qkv_width(heads, d, kv), dkv = kv * hd;
+    Rng rng(161);
+    const auto qkv = random_vec<double>(std::size_t(B * S * W), rng, -1.5, 1.5);
+    std::vector<double> want;
+    forward(want, qkv, B, S, heads, d, kv);
+    cpu::Backend<double> be;
+    std::vector<double> kc(std::size_t(B * max_len * dkv), 7.0), vc(kc.size(), 7.0), out(std::size_t(B * d));
+    double worst = 0;
+    for (index_t t = 0; t < S; ++t) {
+      const std::vector<index_t> slot{0, 1}, pos{t, t};
+      std::vector<double> rows;
+      for (index_t b = 0; b < B; ++b)
+        rows.insert(rows.end(), qkv.begin() + (b * S + t) * W, qkv.begin() + (b * S + t + 1) * W);
+      const MatrixView<const double> q{rows.data(), B, W};
+      // kv_write reads [x | k | v] of equal widths: the last d_kv query columns and the key/value columns.
+      be.kv_write(MatrixView<double>{kc.data(), B * max_len, dkv}, MatrixView<double>{vc.data(), B * max_len, dkv},
+                  q.col_block(d - dkv, 3 * dkv), slot, pos, max_len);
+      be.stick_breaking_decode(MatrixView<double>{out.data(), B, d}, q, MatrixView<const double>{kc.data(), B * max_len, dkv},
+                               MatrixView<const double>{vc.data(), B * max_len, dkv}, slot, pos, max_len, heads, kv);
+      for (index_t b = 0; b < B; ++b)
+        for (index_t c = 0; c < d; ++c)
+          worst = std::max(worst, std::abs(out[std::size_t(b * d + c)] - want[std::size_t((b * S + t) * d + c)]));
+    }
+    CHECK(worst < 1e-13);
+  }
 }

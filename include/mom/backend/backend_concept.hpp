@@ -79,8 +79,8 @@ concept DenseOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std
   be.scale(s, x);
   be.attention_forward(m, s, cm, i, i, i);
   be.attention_backward(m, cm, cm, cs, cm, i, i, i);
-  be.stick_breaking_forward(m, cm, i, i, i);           // ModuleFormer's attention (arXiv 2306.04640)
-  be.stick_breaking_backward(m, cm, cm, cm, i, i, i);
+  be.stick_breaking_forward(m, cm, i, i, i, i);           // ModuleFormer's attention (arXiv 2306.04640)
+  be.stick_breaking_backward(m, cm, cm, cm, i, i, i, i);
   be.rope_forward(m, pos, i, i, x);
   be.rope_backward(m, pos, i, i, x);
   be.cross_entropy_forward(s, s, cm, tok);

@@ -96,16 +96,29 @@ void cross_entropy_backward_shapes(CM<T> dlogits, CM<T> logits, CS<T> lse, Tok t
 
 // ---- causal attention (qkv [B*S × 3d]) --------------------------------------------
 // qkv and out of a packed attention op (softmax or stick-breaking).
+// kv_heads (stick-breaking's grouped / multi-query form; -1: = heads): qkv [n × (heads + 2·kv_heads)·hd] =
+// [q | k | v], out [n × heads·hd]; kv_heads must divide heads.
 template <class T>
-void attention_qkv_shapes(const char* op, CM<T> qkv, CM<T> out, index_t batch, index_t seq, index_t heads) {
+void attention_qkv_shapes(const char* op, CM<T> qkv, CM<T> out, index_t batch, index_t seq, index_t heads,
+                          index_t kv_heads = -1) {
   MOM_CHECK(batch > 0 && seq > 0 && heads > 0, op, ": batch ", batch, ", seq ", seq, ", heads ", heads,
             " must be positive");
-  MOM_CHECK(qkv.cols % 3 == 0, op, ": qkv ", shape(qkv), " must have 3*d columns [q | k | v]");
-  const index_t d = qkv.cols / 3;
-  MOM_CHECK(d % heads == 0, op, ": d = ", d, " (qkv ", shape(qkv), ") is not divisible by heads = ", heads);
   MOM_CHECK(qkv.rows == batch * seq, op, ": qkv ", shape(qkv), " must have batch*seq = ", batch, "*", seq, " rows");
-  MOM_CHECK(out.rows == qkv.rows && out.cols == d, op, ": out ", shape(out), " must be [", qkv.rows, "x", d,
-            "] for qkv ", shape(qkv));
+  if (kv_heads < 0 || kv_heads == heads) {
+    MOM_CHECK(qkv.cols % 3 == 0, op, ": qkv ", shape(qkv), " must have 3*d columns [q | k | v]");
+    const index_t d = qkv.cols / 3;
+    MOM_CHECK(d % heads == 0, op, ": d = ", d, " (qkv ", shape(qkv), ") is not divisible by heads = ", heads);
+    MOM_CHECK(out.rows == qkv.rows && out.cols == d, op, ": out ", shape(out), " must be [", qkv.rows, "x", d,
+              "] for qkv ", shape(qkv));
+    return;
+  }
+  MOM_CHECK(kv_heads > 0 && heads % kv_heads == 0, op, ": kv_heads = ", kv_heads, " does not divide heads = ", heads);
+  const index_t width = heads + 2 * kv_heads;
+  MOM_CHECK(qkv.cols % width == 0, op, ": qkv ", shape(qkv), " must have (heads + 2*kv_heads)*head_dim = ", width,
+            "*head_dim columns [q | k | v]");
+  const index_t hd = qkv.cols / width;
+  MOM_CHECK(out.rows == qkv.rows && out.cols == heads * hd, op, ": out ", shape(out), " must be [", qkv.rows, "x",
+            heads * hd, "] for qkv ", shape(qkv), " (", heads, " query heads of ", hd, ")");
 }
 // The softmax attention's saved lse [batch·heads·seq].
 template <class T>
@@ -371,17 +384,20 @@ void same_shape(const char* op, CM<T> a, CM<T> b) {
 
 // ---- stick-breaking attention (ModuleFormer, arXiv 2306.04640; cpu/stick_breaking.hpp) --------------
 // Forward and backward check attention_qkv_shapes and attention_backward_grad_shapes (nothing saved but out).
-// A decode op (attention_decode, stick_breaking_decode): out [rows × d], qkv [rows × 3d], caches
-// [slots·max_len × d], one slot and one position per row (their values are range-checked by each backend:
-// the CPU on the host, CUDA on the device).
+// A decode op (attention_decode, stick_breaking_decode): out [rows × heads·hd], qkv [rows × (heads + 2·kv)·hd],
+// caches [slots·max_len × kv·hd] (kv = kv_heads, -1: = heads), one slot and one position per row (their values
+// are range-checked by each backend: the CPU on the host, CUDA on the device).
 template <class T>
 void decode_shapes(const char* op, CM<T> out, CM<T> qkv, CM<T> k_cache, CM<T> v_cache, index_t n_slot, index_t n_pos,
-                   index_t max_len, index_t heads) {
-  const index_t d = k_cache.cols, rows = qkv.rows;
-  MOM_CHECK(heads > 0 && d % heads == 0 && qkv.cols == 3 * d && out.rows == rows && out.cols == d &&
-                v_cache.cols == d && v_cache.rows == k_cache.rows,
-            op, ": ", heads, " heads, qkv ", shape(qkv), ", out ", shape(out), ", caches ", shape(k_cache), " and ",
-            shape(v_cache), " disagree");
+                   index_t max_len, index_t heads, index_t kv_heads = -1) {
+  const index_t kv = kv_heads < 0 ? heads : kv_heads, d = k_cache.cols, rows = qkv.rows;
+  MOM_CHECK(kv > 0 && heads % kv == 0, op, ": kv_heads = ", kv_heads, " does not divide heads = ", heads);
+  const index_t hd = d / kv;
+  MOM_CHECK(heads > 0 && d % kv == 0 && qkv.cols == (heads + 2 * kv) * hd && out.rows == rows &&
+                out.cols == heads * hd && v_cache.cols == d && v_cache.rows == k_cache.rows,
+            op, ": ", heads, " heads", kv != heads ? " (" + std::to_string(kv) + " key/value)" : std::string(), ", qkv ",
+            shape(qkv), ", out ", shape(out), ", caches ",
+            shape(k_cache), " and ", shape(v_cache), " disagree");
   MOM_CHECK(n_slot == rows && n_pos == rows, op, ": ", n_slot, " slots and ", n_pos, " positions for ", rows, " rows");
   MOM_CHECK(max_len > 0 && k_cache.rows % max_len == 0, op, ": cache of ", k_cache.rows, " rows is not slots x max_len ",
             max_len);

@@ -37,6 +37,15 @@ struct ModuleFormerSpec {
   using with_loss = ModuleFormerSpec<L, typename Attn::template with_loss<Loss>, typename Ffn::template with_loss<Loss>>;
   template <int MA, int MF>
   using compacted = ModuleFormerSpec<L, typename Attn::template with_count<MA>, typename Ffn::template with_count<MF>>;
+  // Total and active (used by one token) parameters of LM<D, type> (Table 1's two columns): the embeddings,
+  // the final LayerNorm, and per layer the modules' own figures.
+  template <Dims D>
+  static constexpr index_t embedding_params = D.vocab * D.d_model + (D.learned_positions() ? D.context * D.d_model : 0) + 2 * D.d_model;
+  template <Dims D>
+  static constexpr index_t active_params = embedding_params<D> + L * (Attn::template type<D>::active_params +
+                                                                       Ffn::template type<D>::active_params);
+  template <Dims D>
+  static constexpr index_t total_params = embedding_params<D> + L * (Attn::template type<D>::params + Ffn::template type<D>::params);
 };
 
 template <int L, class Attn, class Ffn>

@@ -65,6 +65,9 @@ struct MoA {
     // router row of [A; A'], its W_qᵉ and its W_oᵉ (each block holds the C heads back to back); the mask.
     static constexpr std::array<ModuleSlice, 3> module_slices{{{o_gate + Gate::o_a, Drtr}, {o_q, da * d}, {o_o, d * da}}};
     static constexpr index_t o_prune = o_gate + Gate::o_prune;
+    // The parameters one token uses (the cost model's "active parameters", arXiv 2306.04640 Table 1): all but
+    // the heads it did not pick.
+    static constexpr index_t active_params = params - (C - K) * (module_slices[0].size + module_slices[1].size + module_slices[2].size);
     static constexpr std::array<std::string_view, 4> gate_names{"moa.router.w_b", "moa.router.w_a",
                                                                 "moa.router.w_a_new", "moa.router.prune"};
     static constexpr auto tensors(index_t layer) {

@@ -57,6 +57,9 @@ struct SMoE {
     // router row of [A; A'], its W₁ᵉ and its W₂ᵉ (each block holds the C experts back to back); the mask.
     static constexpr std::array<ModuleSlice, 3> module_slices{{{o_gate + Gate::o_a, Drtr}, {o_w1, df * d}, {o_w2, d * df}}};
     static constexpr index_t o_prune = o_gate + Gate::o_prune;
+    // The parameters one token uses (the cost model's "active parameters", arXiv 2306.04640 Table 1): all but
+    // the experts it did not pick.
+    static constexpr index_t active_params = params - (C - K) * (module_slices[0].size + module_slices[1].size + module_slices[2].size);
     static constexpr std::array<std::string_view, 4> gate_names{"smoe.router.w_b", "smoe.router.w_a",
                                                                 "smoe.router.w_a_new", "smoe.router.prune"};
     static constexpr auto tensors(index_t layer) {

@@ -172,8 +172,8 @@ struct Backend {
     cpu::attention_decode<T>(out, qkv, k_cache, v_cache, slot, pos, max_len, heads);
   }
   void stick_breaking_decode(M out, CM qkv, CM k_cache, CM v_cache, std::span<const index_t> slot,
-                             std::span<const index_t> pos, index_t max_len, index_t heads) const {
-    cpu::stick_breaking_decode<T>(out, qkv, k_cache, v_cache, slot, pos, max_len, heads);
+                             std::span<const index_t> pos, index_t max_len, index_t heads, index_t kv_heads) const {
+    cpu::stick_breaking_decode<T>(out, qkv, k_cache, v_cache, slot, pos, max_len, heads, kv_heads);
   }
 
   void layernorm_forward(M out, S mean, S rstd, CM x, CS gamma, CS beta, T eps = T(1e-5)) const {
@@ -205,11 +205,13 @@ struct Backend {
     cpu::attention_backward<T>(dqkv, dout, out, lse, qkv, batch, seq, heads);
   }
   // Stick-breaking attention (ModuleFormer, arXiv 2306.04640; cpu/stick_breaking.hpp): saves nothing.
-  void stick_breaking_forward(M out, CM qkv, index_t batch, index_t seq, index_t heads) const {
-    cpu::stick_breaking_forward<T>(out, qkv, batch, seq, heads);
+  // kv_heads key/value heads shared by heads / kv_heads query heads each (= heads: one per query head).
+  void stick_breaking_forward(M out, CM qkv, index_t batch, index_t seq, index_t heads, index_t kv_heads) const {
+    cpu::stick_breaking_forward<T>(out, qkv, batch, seq, heads, kv_heads);
   }
-  void stick_breaking_backward(M dqkv, CM dout, CM out, CM qkv, index_t batch, index_t seq, index_t heads) const {
-    cpu::stick_breaking_backward<T>(dqkv, dout, out, qkv, batch, seq, heads);
+  void stick_breaking_backward(M dqkv, CM dout, CM out, CM qkv, index_t batch, index_t seq, index_t heads,
+                               index_t kv_heads) const {
+    cpu::stick_breaking_backward<T>(dqkv, dout, out, qkv, batch, seq, heads, kv_heads);
   }
 
   // Rotary position embedding, in place (cpu/rope.hpp): every row at pos[r] (or r mod seq when pos is

@@ -26,8 +26,11 @@
 // CUDA kernel reads D_t = δ·o_t = Σ_i g_i p_i from it (kernels/stick_breaking.cuh); the CPU only checks
 // its shape.
 //
-// Layout and parallelism as cpu/attention.hpp: qkv [B·S × 3d] = [q | k | v], head h in columns h·hd ..
-// of each part, out [B·S × d]; one OpenMP task per (sequence, head); query rows in blocks of
+// Layout and parallelism as cpu/attention.hpp, with grouped / multi-query key-value heads (ModuleFormer's
+// MoA shares one K and V among a token's heads): qkv [B·S × (H + 2·H_kv)·hd] = [q | k | v] with H query
+// heads and H_kv key/value heads (H_kv divides H; query head h reads key/value head h / (H / H_kv); H_kv = H
+// is the usual [q | k | v] of 3d columns), out [B·S × H·hd]; one OpenMP task per (sequence, query head) in
+// forward, per (sequence, key/value head) in backward (its query heads in order); query rows in blocks of
 // kAttentionBlock whose scores against keys [0, i1) are one cpu::gemm on strided views; scratch is
 // thread_local, grown once to the largest S seen ([kAttentionBlock × S] once in forward, twice in
 // backward, plus rows of S): no allocation after the first call.
@@ -58,6 +61,16 @@ template <class T, int Slot>
 T* stick_breaking_scratch(index_t n) {
   return thread_scratch<T, StickBreakingScratch, Slot>(static_cast<std::size_t>(n));
 }
+
+// The columns of query head h and of its key / value head in a [q | k | v] row of heads query heads and
+// kv_heads key/value heads (kv_heads divides heads; query head h uses key/value head h / (heads / kv_heads)).
+struct GroupedHeads {
+  index_t heads, kv_heads, hd;
+  GroupedHeads(index_t cols, index_t h, index_t kv) : heads(h), kv_heads(kv), hd(cols / (h + 2 * kv)) {}
+  index_t q(index_t h) const { return h * hd; }
+  index_t k(index_t h) const { return (heads + h / (heads / kv_heads)) * hd; }
+  index_t v(index_t h) const { return (heads + kv_heads + h / (heads / kv_heads)) * hd; }
+};
 
 // Keys per step of stick_breaking_row's descent (the elementwise passes are vectorised over a chunk).
 inline constexpr index_t kStickBreakingChunk = 256;
@@ -101,11 +114,13 @@ index_t stick_breaking_row(T* z, T* sp, T* sig, index_t n) {
 }
 }  // namespace detail
 
-// out = the stick-breaking attention of every (sequence, head) (see the top of this file). Saves nothing.
+// out = the stick-breaking attention of every (sequence, query head) (see the top of this file). Saves nothing.
 template <class T>
-void stick_breaking_forward(MatrixView<T> out, MatrixView<const T> qkv, index_t batch, index_t seq, index_t heads) {
-  checks::attention_qkv_shapes<T>("stick_breaking_forward", qkv, out, batch, seq, heads);
-  const index_t d = qkv.cols / 3, hd = d / heads;
+void stick_breaking_forward(MatrixView<T> out, MatrixView<const T> qkv, index_t batch, index_t seq, index_t heads,
+                            index_t kv_heads) {
+  checks::attention_qkv_shapes<T>("stick_breaking_forward", qkv, out, batch, seq, heads, kv_heads);
+  const detail::GroupedHeads L(qkv.cols, heads, kv_heads);
+  const index_t hd = L.hd;
   const T scale = T(1) / std::sqrt(T(hd));
 #pragma omp parallel if (batch * heads > 1 && seq * seq * hd > (1 << 14))
   {
@@ -115,9 +130,9 @@ void stick_breaking_forward(MatrixView<T> out, MatrixView<const T> qkv, index_t 
 #pragma omp for schedule(dynamic)
   for (index_t bh = 0; bh < batch * heads; ++bh) {
     const index_t b = bh / heads, h = bh % heads;
-    const auto q = detail::head_block(qkv, b, seq, h * hd, hd);
-    const auto k = detail::head_block(qkv, b, seq, d + h * hd, hd);
-    const auto v = detail::head_block(qkv, b, seq, 2 * d + h * hd, hd);
+    const auto q = detail::head_block(qkv, b, seq, L.q(h), hd);
+    const auto k = detail::head_block(qkv, b, seq, L.k(h), hd);
+    const auto v = detail::head_block(qkv, b, seq, L.v(h), hd);
     const auto o = detail::head_block(out, b, seq, h * hd, hd);
     for (index_t i0 = 0; i0 < seq; i0 += kAttentionBlock) {
       const index_t i1 = std::min(seq, i0 + kAttentionBlock), rows = i1 - i0;
@@ -136,53 +151,58 @@ void stick_breaking_forward(MatrixView<T> out, MatrixView<const T> qkv, index_t 
 
 // Accumulates dqkv += (d out / d qkv)ᵀ dout. Recomputes z, p and σ per query block; with G = dO Vᵀ
 // (g_{t,i} = δ_t·v_i): dS_{t,j} = scale (g_j p_j − σ_j Σ_{i<=j} g_i p_i), dV += Pᵀ dO, dQ += dS K,
-// dK += dSᵀ Q. out (forward's output) is only shape-checked here (the CUDA backend reads it).
+// dK += dSᵀ Q. out (forward's output) is only shape-checked here (the CUDA backend reads it). One task per
+// (sequence, key/value head): the query heads that share a key/value head accumulate into its dK, dV in
+// order, so the sums are deterministic and race-free.
 template <class T>
 void stick_breaking_backward(MatrixView<T> dqkv, MatrixView<const T> dout, MatrixView<const T> out,
-                             MatrixView<const T> qkv, index_t batch, index_t seq, index_t heads) {
-  checks::attention_qkv_shapes<T>("stick_breaking_backward", qkv, out, batch, seq, heads);
+                             MatrixView<const T> qkv, index_t batch, index_t seq, index_t heads, index_t kv_heads) {
+  checks::attention_qkv_shapes<T>("stick_breaking_backward", qkv, out, batch, seq, heads, kv_heads);
   checks::attention_backward_grad_shapes<T>("stick_breaking_backward", dqkv, dout, out, qkv);
-  const index_t d = qkv.cols / 3, hd = d / heads;
+  const detail::GroupedHeads L(qkv.cols, heads, kv_heads);
+  const index_t hd = L.hd, kv = L.kv_heads, group = heads / kv;
   const T scale = T(1) / std::sqrt(T(hd));
-#pragma omp parallel if (batch * heads > 1 && seq * seq * hd > (1 << 14))
+#pragma omp parallel if (batch * kv > 1 && seq * seq * hd > (1 << 14))
   {
   T* scratch_p = detail::stick_breaking_scratch<T, 0>(kAttentionBlock * seq);  // sized on every thread
   T* sp = detail::stick_breaking_scratch<T, 1>(seq);
   T* scratch_g = detail::stick_breaking_scratch<T, 2>(kAttentionBlock * seq);
   T* sig = detail::stick_breaking_scratch<T, 3>(seq);
 #pragma omp for schedule(dynamic)
-  for (index_t bh = 0; bh < batch * heads; ++bh) {
-    const index_t b = bh / heads, h = bh % heads;
-    const auto q = detail::head_block(qkv, b, seq, h * hd, hd);
-    const auto k = detail::head_block(qkv, b, seq, d + h * hd, hd);
-    const auto v = detail::head_block(qkv, b, seq, 2 * d + h * hd, hd);
-    const auto dO = detail::head_block(dout, b, seq, h * hd, hd);
-    const auto dq = detail::head_block(dqkv, b, seq, h * hd, hd);
-    const auto dk = detail::head_block(dqkv, b, seq, d + h * hd, hd);
-    const auto dv = detail::head_block(dqkv, b, seq, 2 * d + h * hd, hd);
-    for (index_t i0 = 0; i0 < seq; i0 += kAttentionBlock) {
-      const index_t i1 = std::min(seq, i0 + kAttentionBlock), rows = i1 - i0;
-      const MatrixView<T> p(scratch_p, rows, i1), g(scratch_g, rows, i1);
-      gemm<T>(p, q.row_block(i0, rows), Trans::N, k.row_block(0, i1), Trans::T, scale);
-      gemm<T>(g, dO.row_block(i0, rows), Trans::N, v.row_block(0, i1), Trans::T);
-      for (index_t r = 0; r < rows; ++r) {
-        const index_t i = i0 + r;
-        T* pr = p.row(r);
-        T* gr = g.row(r);  // g, then dS
-        const index_t lo = detail::stick_breaking_row<T>(pr, sp, sig, i + 1);
-        std::fill(gr, gr + lo, T(0));  // p = 0 and the prefix is 0 below lo
-        double prefix = 0;             // Σ_{i<=j} g_i p_i
-        for (index_t j = lo; j <= i; ++j) {
-          const double gp = double(gr[j]) * double(pr[j]);
-          prefix += gp;
-          gr[j] = T(double(scale) * (gp - double(sig[j]) * prefix));
+  for (index_t bk = 0; bk < batch * kv; ++bk) {
+    const index_t b = bk / kv, kh = bk % kv;
+    const auto k = detail::head_block(qkv, b, seq, L.k(kh * group), hd);
+    const auto v = detail::head_block(qkv, b, seq, L.v(kh * group), hd);
+    const auto dk = detail::head_block(dqkv, b, seq, L.k(kh * group), hd);
+    const auto dv = detail::head_block(dqkv, b, seq, L.v(kh * group), hd);
+    for (index_t h = kh * group; h < (kh + 1) * group; ++h) {
+      const auto q = detail::head_block(qkv, b, seq, L.q(h), hd);
+      const auto dO = detail::head_block(dout, b, seq, h * hd, hd);
+      const auto dq = detail::head_block(dqkv, b, seq, L.q(h), hd);
+      for (index_t i0 = 0; i0 < seq; i0 += kAttentionBlock) {
+        const index_t i1 = std::min(seq, i0 + kAttentionBlock), rows = i1 - i0;
+        const MatrixView<T> p(scratch_p, rows, i1), g(scratch_g, rows, i1);
+        gemm<T>(p, q.row_block(i0, rows), Trans::N, k.row_block(0, i1), Trans::T, scale);
+        gemm<T>(g, dO.row_block(i0, rows), Trans::N, v.row_block(0, i1), Trans::T);
+        for (index_t r = 0; r < rows; ++r) {
+          const index_t i = i0 + r;
+          T* pr = p.row(r);
+          T* gr = g.row(r);  // g, then dS
+          const index_t lo = detail::stick_breaking_row<T>(pr, sp, sig, i + 1);
+          std::fill(gr, gr + lo, T(0));  // p = 0 and the prefix is 0 below lo
+          double prefix = 0;             // Σ_{i<=j} g_i p_i
+          for (index_t j = lo; j <= i; ++j) {
+            const double gp = double(gr[j]) * double(pr[j]);
+            prefix += gp;
+            gr[j] = T(double(scale) * (gp - double(sig[j]) * prefix));
+          }
+          std::fill(pr + i + 1, pr + i1, T(0));
+          std::fill(gr + i + 1, gr + i1, T(0));
         }
-        std::fill(pr + i + 1, pr + i1, T(0));
-        std::fill(gr + i + 1, gr + i1, T(0));
+        gemm<T>(dv.row_block(0, i1), p, Trans::T, dO.row_block(i0, rows), Trans::N, T(1), T(1));
+        gemm<T>(dq.row_block(i0, rows), g, Trans::N, k.row_block(0, i1), Trans::N, T(1), T(1));
+        gemm<T>(dk.row_block(0, i1), g, Trans::T, q.row_block(i0, rows), Trans::N, T(1), T(1));
       }
-      gemm<T>(dv.row_block(0, i1), p, Trans::T, dO.row_block(i0, rows), Trans::N, T(1), T(1));
-      gemm<T>(dq.row_block(i0, rows), g, Trans::N, k.row_block(0, i1), Trans::N, T(1), T(1));
-      gemm<T>(dk.row_block(0, i1), g, Trans::T, q.row_block(i0, rows), Trans::N, T(1), T(1));
     }
   }
   }
@@ -190,28 +210,30 @@ void stick_breaking_backward(MatrixView<T> dqkv, MatrixView<const T> dout, Matri
 
 // Incremental decoding (cpu/decode.hpp's cache layout): out[r] = the stick-breaking attention of row r
 // (sequence slot[r] at position pos[r], q from qkv's row r) over the cached keys and values of positions
-// 0 .. pos[r] of its slot, its own included (write them with kv_write first). O(pos[r]·hd) per row and
-// head; equal to stick_breaking_forward's row at that position.
+// 0 .. pos[r] of its slot, its own included (write them with kv_write first). Caches hold kv_heads heads
+// of hd. O(pos[r]·hd) per row and query head; equal to stick_breaking_forward's row at that position.
 template <class T>
 void stick_breaking_decode(MatrixView<T> out, MatrixView<const T> qkv, MatrixView<const T> k_cache,
                            MatrixView<const T> v_cache, std::span<const index_t> slot, std::span<const index_t> pos,
-                           index_t max_len, index_t heads) {
-  checks::decode_shapes<T>("stick_breaking_decode", out, qkv, k_cache, v_cache, ssize(slot), ssize(pos), max_len, heads);
-  const index_t d = k_cache.cols, rows = qkv.rows;
+                           index_t max_len, index_t heads, index_t kv_heads) {
+  checks::decode_shapes<T>("stick_breaking_decode", out, qkv, k_cache, v_cache, ssize(slot), ssize(pos), max_len, heads,
+                           kv_heads);
+  const index_t rows = qkv.rows;
   detail::check_decode_rows("stick_breaking_decode", rows, slot, pos, k_cache.rows, max_len);
-  const index_t hd = d / heads;
+  const detail::GroupedHeads L(qkv.cols, heads, kv_heads);
+  const index_t hd = L.hd, group = heads / L.kv_heads;
   const T scale = T(1) / std::sqrt(T(hd));
-#pragma omp parallel if (rows * heads > 1 && rows * max_len * d > (1 << 15))
+#pragma omp parallel if (rows * heads > 1 && rows * max_len * heads * hd > (1 << 15))
   {
     T* z = detail::stick_breaking_scratch<T, 4>(max_len);
     T* sp = detail::stick_breaking_scratch<T, 5>(max_len);
 #pragma omp for schedule(static)
     for (index_t rh = 0; rh < rows * heads; ++rh) {
-      const index_t r = rh / heads, h = rh % heads, len = pos[std::size_t(r)] + 1;
-      const T* q = qkv.row(r) + h * hd;
+      const index_t r = rh / heads, h = rh % heads, len = pos[std::size_t(r)] + 1, kc = (h / group) * hd;
+      const T* q = qkv.row(r) + L.q(h);
       const index_t base = slot[std::size_t(r)] * max_len;
       for (index_t j = 0; j < len; ++j) {
-        const T* k = k_cache.row(base + j) + h * hd;
+        const T* k = k_cache.row(base + j) + kc;
         T dot = T(0);
 #pragma omp simd reduction(+ : dot)
         for (index_t c = 0; c < hd; ++c) dot += q[c] * k[c];
@@ -221,7 +243,7 @@ void stick_breaking_decode(MatrixView<T> out, MatrixView<const T> qkv, MatrixVie
       T* o = out.row(r) + h * hd;
       std::fill(o, o + hd, T(0));
       for (index_t j = lo; j < len; ++j) {
-        const T* v = v_cache.row(base + j) + h * hd;
+        const T* v = v_cache.row(base + j) + kc;
         const T w = z[j];
 #pragma omp simd
         for (index_t c = 0; c < hd; ++c) o[c] += w * v[c];

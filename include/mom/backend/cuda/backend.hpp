@@ -308,21 +308,23 @@ struct Backend {
   // Stick-breaking attention (ModuleFormer, arXiv 2306.04640; kernels/stick_breaking.cuh): forward saves
   // nothing, backward reads out. Decode: slot and pos in device memory (checked there: a row outside the
   // cache is skipped and reported at the next sync); keys and values written into the cache beforehand.
-  void stick_breaking_forward(M out, CM qkv, index_t batch, index_t seq, index_t heads) const {
-    check_qkv_shapes("stick_breaking_forward", qkv, out, batch, seq, heads);
-    K::stick_breaking_forward(*ctx_, out, qkv, batch, seq, heads);
+  void stick_breaking_forward(M out, CM qkv, index_t batch, index_t seq, index_t heads, index_t kv_heads) const {
+    check_qkv_shapes("stick_breaking_forward", qkv, out, batch, seq, heads, kv_heads);
+    K::stick_breaking_forward(*ctx_, out, qkv, batch, seq, heads, kv_heads);
   }
-  void stick_breaking_backward(M dqkv, CM dout, CM out, CM qkv, index_t batch, index_t seq, index_t heads) const {
-    check_qkv_shapes("stick_breaking_backward", qkv, out, batch, seq, heads);
+  void stick_breaking_backward(M dqkv, CM dout, CM out, CM qkv, index_t batch, index_t seq, index_t heads,
+                               index_t kv_heads) const {
+    check_qkv_shapes("stick_breaking_backward", qkv, out, batch, seq, heads, kv_heads);
     checks::attention_backward_grad_shapes<T>("stick_breaking_backward", dqkv, dout, out, qkv);
-    K::stick_breaking_backward(*ctx_, dqkv, dout, out, qkv, batch, seq, heads);
+    K::stick_breaking_backward(*ctx_, dqkv, dout, out, qkv, batch, seq, heads, kv_heads);
   }
   void stick_breaking_decode(M out, CM qkv, CM k_cache, CM v_cache, std::span<const index_t> slot,
-                             std::span<const index_t> pos, index_t max_len, index_t heads) const {
-    checks::decode_shapes<T>("stick_breaking_decode", out, qkv, k_cache, v_cache, ssize(slot), ssize(pos), max_len, heads);
-    MOM_CHECK(k_cache.cols / heads <= 128, "stick_breaking_decode: head dimension ", k_cache.cols / heads,
+                             std::span<const index_t> pos, index_t max_len, index_t heads, index_t kv_heads) const {
+    checks::decode_shapes<T>("stick_breaking_decode", out, qkv, k_cache, v_cache, ssize(slot), ssize(pos), max_len, heads,
+                             kv_heads);
+    MOM_CHECK(k_cache.cols / kv_heads <= 128, "stick_breaking_decode: head dimension ", k_cache.cols / kv_heads,
               " exceeds the CUDA kernels' maximum of 128");
-    K::stick_breaking_decode(*ctx_, out, qkv, k_cache, v_cache, slot.data(), pos.data(), max_len, heads);
+    K::stick_breaking_decode(*ctx_, out, qkv, k_cache, v_cache, slot.data(), pos.data(), max_len, heads, kv_heads);
   }
 
   // Rotary position embedding, in place (cpu/rope.hpp, kernels/rope.cuh); pos and idx in device memory.
@@ -745,10 +747,11 @@ struct Backend {
     checks::embedding_shapes<T>(op, rows, tokens, wte, wpe, seq);
   }
   // A packed attention op's qkv and out, and the kernels' head-dimension bound; softmax attention adds its lse.
-  static void check_qkv_shapes(const char* op, CM qkv, CM out, index_t batch, index_t seq, index_t heads) {
-    checks::attention_qkv_shapes<T>(op, qkv, out, batch, seq, heads);
-    const index_t d = qkv.cols / 3;
-    MOM_CHECK(d / heads <= 128, op, ": head dimension ", d / heads, " exceeds the CUDA kernels' maximum of 128");
+  static void check_qkv_shapes(const char* op, CM qkv, CM out, index_t batch, index_t seq, index_t heads,
+                               index_t kv_heads = -1) {
+    checks::attention_qkv_shapes<T>(op, qkv, out, batch, seq, heads, kv_heads);
+    const index_t hd = qkv.cols / (heads + 2 * (kv_heads < 0 ? heads : kv_heads));
+    MOM_CHECK(hd <= 128, op, ": head dimension ", hd, " exceeds the CUDA kernels' maximum of 128");
   }
   static void check_attention_shapes(const char* op, CM qkv, CM out, CS lse, index_t batch, index_t seq,
                                      index_t heads) {

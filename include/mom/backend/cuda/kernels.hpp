@@ -144,11 +144,12 @@ struct Kernels {
   // Stick-breaking attention (ModuleFormer, arXiv 2306.04640; cpu/stick_breaking.hpp, kernels/stick_breaking.cuh):
   // forward saves nothing; backward reads forward's out (D_i = dO_i·o_i). Decode: slot and pos in device
   // memory, one per row of qkv; a row outside the cache is DeviceError::decode_position.
-  static void stick_breaking_forward(const Context& ctx, M out, CM qkv, index_t batch, index_t seq, index_t heads);
+  static void stick_breaking_forward(const Context& ctx, M out, CM qkv, index_t batch, index_t seq, index_t heads,
+                                     index_t kv_heads);
   static void stick_breaking_backward(const Context& ctx, M dqkv, CM dout, CM out, CM qkv, index_t batch, index_t seq,
-                                      index_t heads);
+                                      index_t heads, index_t kv_heads);
   static void stick_breaking_decode(const Context& ctx, M out, CM qkv, CM k_cache, CM v_cache, const index_t* slot,
-                                    const index_t* pos, index_t max_len, index_t heads);
+                                    const index_t* pos, index_t max_len, index_t heads, index_t kv_heads);
 
   // Rotary position embedding in place (cpu/rope.hpp, kernels/rope.cuh): x's head_dim chunks rotated by
   // +p·θ_i (forward) or −p·θ_i (inverse: backward). Row r's position p: pos[r] when pos is given, else

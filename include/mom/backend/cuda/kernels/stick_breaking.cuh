@@ -7,14 +7,16 @@
 //   memory from the diagonal down, and the thread keeps the running softplus suffix (double), so
 //   p_i = exp(log σ(z_i) − suffix) needs no second pass. A row stops computing once the suffix passes the
 //   cutoff (every earlier weight is 0 in T), as on the CPU.
-// - backward: one block per (sequence, head), so that the block owns its dK, dV columns (no atomics,
-//   deterministic). Query tiles in turn; per query tile, key tiles from the diagonal down. Each thread
+// Grouped / multi-query key-value heads (SbLayout): query head h reads key/value head h / (heads / kv_heads)
+// of a [q (heads·hd) | k (kv_heads·hd) | v (kv_heads·hd)] row (kv_heads = heads: the usual [q | k | v]).
+// - backward: one block per (sequence, key/value head), so that the block owns its dK, dV columns (no
+//   atomics, deterministic); its query heads in turn, and for each, query tiles in turn; per query tile, key tiles from the diagonal down. Each thread
 //   (a query row i) recomputes z, p and σ, and with D_i = dO_i·o_i = Σ_j g_j p_j (read from forward's
 //   out, as softmax attention's backward does) gets the prefix Σ_{j'<=j} g_j' p_j' = D_i − Σ_{j'>j} g_j' p_j'
 //   from the suffix it has walked: dz_j = g_j p_j − σ_j (D_i − G_{>j}), dq_i += scale dz_j k_j in registers.
 //   The tile's p and scale·dz go to shared memory; then thread t takes key j0 + t and adds
 //   Σ_i p_{j,i} dO_i and Σ_i scale·dz_{j,i} q_i to dV_j and dK_j.
-// - decode: one thread per (row, head), keys from the row's position down in the cache.
+// - decode: one thread per (row, query head), keys from the row's position down in the cache.
 #include "mom/backend/cuda/kernels/attention.cuh"  // HeadLayout, load_tile, attention_tile
 #include "mom/backend/cuda/kernels/common.cuh"
 
@@ -45,12 +47,22 @@ __device__ __forceinline__ SbTerms<T> sb_terms(T z) {
   return r;
 }
 
+// HeadLayout (attention.cuh; d = heads·hd, the query width) and the key/value heads.
+struct SbLayout {
+  HeadLayout head;
+  index_t kv_heads;
+  __host__ __device__ index_t group() const { return head.heads / kv_heads; }
+  __host__ __device__ index_t k(index_t h) const { return head.d + (h / group()) * head.hd; }
+  __host__ __device__ index_t v(index_t h) const { return head.d + (kv_heads + h / group()) * head.hd; }
+};
+
 // Backward's tile: rows of q, dO, k, v plus two [BT × BT] blocks in static shared memory under 48 KB.
 template <class T, int HD>
 inline constexpr int sb_backward_tile = std::min(32, 6144 / (HD * int(sizeof(T))));
 
 template <class T, int HD>
-__global__ void stick_breaking_forward_kernel(MatrixView<T> out, MatrixView<const T> qkv, HeadLayout L, T scale) {
+__global__ void stick_breaking_forward_kernel(MatrixView<T> out, MatrixView<const T> qkv, SbLayout G, T scale) {
+  const HeadLayout& L = G.head;
   constexpr int BT = attention_tile<T, HD>;
   __shared__ T sq[BT][HD + 1];
   __shared__ T sk[BT][HD];
@@ -65,8 +77,8 @@ __global__ void stick_breaking_forward_kernel(MatrixView<T> out, MatrixView<cons
   double suffix = 0;  // Σ softplus(z_j) over the keys above the current one
   for (index_t j0 = i0; j0 >= 0; j0 -= BT) {  // key tiles from the diagonal down
     __syncthreads();
-    load_tile<T, BT, HD, HD>(sk, base, L.qkv_ld, j0, L.seq, L.d + h * L.hd, L.hd);
-    load_tile<T, BT, HD, HD>(sv, base, L.qkv_ld, j0, L.seq, 2 * L.d + h * L.hd, L.hd);
+    load_tile<T, BT, HD, HD>(sk, base, L.qkv_ld, j0, L.seq, G.k(h), L.hd);
+    load_tile<T, BT, HD, HD>(sv, base, L.qkv_ld, j0, L.seq, G.v(h), L.hd);
     __syncthreads();
     if (i >= L.seq || suffix > sb_cutoff<T>) continue;
     for (int jj = BT - 1; jj >= 0; --jj) {
@@ -90,7 +102,8 @@ __global__ void stick_breaking_forward_kernel(MatrixView<T> out, MatrixView<cons
 
 template <class T, int HD>
 __global__ void stick_breaking_backward_kernel(MatrixView<T> dqkv, MatrixView<const T> dout, MatrixView<const T> out,
-                                               MatrixView<const T> qkv, HeadLayout L, T scale) {
+                                               MatrixView<const T> qkv, SbLayout G, T scale) {
+  const HeadLayout& L = G.head;
   constexpr int BT = sb_backward_tile<T, HD>;
   __shared__ T sq[BT][HD + 1];
   __shared__ T sdo[BT][HD + 1];
@@ -98,9 +111,11 @@ __global__ void stick_breaking_backward_kernel(MatrixView<T> dqkv, MatrixView<co
   __shared__ T sv[BT][HD];
   __shared__ T sp[BT][BT + 1];  // p_{j0+jj, i0+ii} at [ii][jj]
   __shared__ T sdz[BT][BT + 1];  // scale·dz, the same layout
-  const index_t bh = blockIdx.x, b = bh / L.heads, h = bh % L.heads;
+  const index_t bk = blockIdx.x, b = bk / G.kv_heads, kh = bk % G.kv_heads;
   const T* base = qkv.data + b * L.seq * L.qkv_ld;
   const T* dbase = dout.data + b * L.seq * dout.ld;
+  // Key j is always thread j % BT's in the key role, so the query heads' dK, dV sums never race.
+  for (index_t h = kh * G.group(); h < (kh + 1) * G.group(); ++h)
   for (index_t i0 = 0; i0 < L.seq; i0 += BT) {
     __syncthreads();  // the previous query tile's key pass is done with sq, sdo
     load_tile<T, BT, HD, HD + 1>(sq, base, L.qkv_ld, i0, L.seq, h * L.hd, L.hd);
@@ -118,8 +133,8 @@ __global__ void stick_breaking_backward_kernel(MatrixView<T> dqkv, MatrixView<co
     for (int c = 0; c < HD; ++c) dq[c] = T(0);
     for (index_t j0 = i0; j0 >= 0; j0 -= BT) {
       __syncthreads();  // the previous key pass is done with sp, sdz
-      load_tile<T, BT, HD, HD>(sk, base, L.qkv_ld, j0, L.seq, L.d + h * L.hd, L.hd);
-      load_tile<T, BT, HD, HD>(sv, base, L.qkv_ld, j0, L.seq, 2 * L.d + h * L.hd, L.hd);
+      load_tile<T, BT, HD, HD>(sk, base, L.qkv_ld, j0, L.seq, G.k(h), L.hd);
+      load_tile<T, BT, HD, HD>(sv, base, L.qkv_ld, j0, L.seq, G.v(h), L.hd);
       __syncthreads();
       for (int jj = BT - 1; jj >= 0; --jj) {
         T pv = T(0), dzv = T(0);
@@ -145,8 +160,8 @@ __global__ void stick_breaking_backward_kernel(MatrixView<T> dqkv, MatrixView<co
       __syncthreads();
       const index_t j = j0 + threadIdx.x;  // key role: this thread's key of the tile
       if (j < L.seq) {
-        T* krow = dqkv.data + (b * L.seq + j) * dqkv.ld + L.d + h * L.hd;
-        T* vrow = krow + L.d;
+        T* krow = dqkv.data + (b * L.seq + j) * dqkv.ld + G.k(h);
+        T* vrow = dqkv.data + (b * L.seq + j) * dqkv.ld + G.v(h);
         for (index_t c = 0; c < L.hd; ++c) {
           T ak = T(0), av = T(0);
           for (int ii = 0; ii < BT; ++ii) {
@@ -171,10 +186,11 @@ __global__ void stick_breaking_backward_kernel(MatrixView<T> dqkv, MatrixView<co
 template <class T, int HD>
 __global__ void stick_breaking_decode_kernel(MatrixView<T> out, MatrixView<const T> qkv, MatrixView<const T> k_cache,
                                              MatrixView<const T> v_cache, const index_t* slot, const index_t* pos,
-                                             index_t max_len, index_t heads, index_t hd, T scale, int* error) {
+                                             index_t max_len, index_t heads, index_t kv_heads, index_t hd, T scale,
+                                             int* error) {
   const index_t rh = index_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (rh >= qkv.rows * heads) return;
-  const index_t r = rh / heads, h = rh % heads, slots = k_cache.rows / max_len;
+  const index_t r = rh / heads, h = rh % heads, slots = k_cache.rows / max_len, kc = (h / (heads / kv_heads)) * hd;
   const index_t s = slot[r], p = pos[r];
   if (s < 0 || s >= slots || p < 0 || p >= max_len) {
     if (h == 0) {
@@ -191,8 +207,8 @@ __global__ void stick_breaking_decode_kernel(MatrixView<T> out, MatrixView<const
   }
   double suffix = 0;
   for (index_t j = p; j >= 0 && suffix <= sb_cutoff<T>; --j) {
-    const T* k = k_cache.data + (s * max_len + j) * k_cache.ld + h * hd;
-    const T* v = v_cache.data + (s * max_len + j) * v_cache.ld + h * hd;
+    const T* k = k_cache.data + (s * max_len + j) * k_cache.ld + kc;
+    const T* v = v_cache.data + (s * max_len + j) * v_cache.ld + kc;
     T z = T(0);
 #pragma unroll
     for (int c = 0; c < HD; ++c)
@@ -211,59 +227,60 @@ __global__ void stick_breaking_decode_kernel(MatrixView<T> out, MatrixView<const
 }
 
 template <class T, int HD>
-void stick_breaking_forward_hd(const Context& ctx, MatrixView<T> out, MatrixView<const T> qkv, HeadLayout L,
+void stick_breaking_forward_hd(const Context& ctx, MatrixView<T> out, MatrixView<const T> qkv, SbLayout G,
                                index_t batch) {
   constexpr int BT = attention_tile<T, HD>;
-  const dim3 grid(static_cast<unsigned>((L.seq + BT - 1) / BT), static_cast<unsigned>(batch * L.heads));
-  launch("stick_breaking_forward", ctx, grid, BT, stick_breaking_forward_kernel<T, HD>, out, qkv, L,
-         T(1) / std::sqrt(T(L.hd)));
+  const dim3 grid(static_cast<unsigned>((G.head.seq + BT - 1) / BT), static_cast<unsigned>(batch * G.head.heads));
+  launch("stick_breaking_forward", ctx, grid, BT, stick_breaking_forward_kernel<T, HD>, out, qkv, G,
+         T(1) / std::sqrt(T(G.head.hd)));
 }
 template <class T, int HD>
 void stick_breaking_backward_hd(const Context& ctx, MatrixView<T> dqkv, MatrixView<const T> dout,
-                                MatrixView<const T> out, MatrixView<const T> qkv, HeadLayout L, index_t batch) {
+                                MatrixView<const T> out, MatrixView<const T> qkv, SbLayout G, index_t batch) {
   constexpr int BT = sb_backward_tile<T, HD>;
-  launch("stick_breaking_backward", ctx, dim3(static_cast<unsigned>(batch * L.heads)), BT,
-         stick_breaking_backward_kernel<T, HD>, dqkv, dout, out, qkv, L, T(1) / std::sqrt(T(L.hd)));
+  launch("stick_breaking_backward", ctx, dim3(static_cast<unsigned>(batch * G.kv_heads)), BT,
+         stick_breaking_backward_kernel<T, HD>, dqkv, dout, out, qkv, G, T(1) / std::sqrt(T(G.head.hd)));
 }
 template <class T, int HD>
 void stick_breaking_decode_hd(const Context& ctx, MatrixView<T> out, MatrixView<const T> qkv,
                               MatrixView<const T> k_cache, MatrixView<const T> v_cache, const index_t* slot,
-                              const index_t* pos, index_t max_len, index_t heads, index_t hd) {
+                              const index_t* pos, index_t max_len, index_t heads, index_t kv_heads, index_t hd) {
   constexpr int per_block = 64;
   launch("stick_breaking_decode", ctx, dim3(blocks_exact(qkv.rows * heads, per_block)), per_block,
-         stick_breaking_decode_kernel<T, HD>, out, qkv, k_cache, v_cache, slot, pos, max_len, heads, hd,
+         stick_breaking_decode_kernel<T, HD>, out, qkv, k_cache, v_cache, slot, pos, max_len, heads, kv_heads, hd,
          T(1) / std::sqrt(T(hd)), ctx.error);
 }
 
 }  // namespace dev
 
 template <class T>
-void Kernels<T>::stick_breaking_forward(const Context& ctx, M out, CM qkv, index_t batch, index_t seq, index_t heads) {
-  const index_t d = qkv.cols / 3, hd = d / heads;
-  const dev::HeadLayout L{seq, heads, d, hd, qkv.ld, out.ld};
-  if (hd <= 32) dev::stick_breaking_forward_hd<T, 32>(ctx, out, qkv, L, batch);
-  else if (hd <= 64) dev::stick_breaking_forward_hd<T, 64>(ctx, out, qkv, L, batch);
-  else dev::stick_breaking_forward_hd<T, 128>(ctx, out, qkv, L, batch);
+void Kernels<T>::stick_breaking_forward(const Context& ctx, M out, CM qkv, index_t batch, index_t seq, index_t heads,
+                                        index_t kv_heads) {
+  const index_t hd = qkv.cols / (heads + 2 * kv_heads);
+  const dev::SbLayout G{{seq, heads, heads * hd, hd, qkv.ld, out.ld}, kv_heads};
+  if (hd <= 32) dev::stick_breaking_forward_hd<T, 32>(ctx, out, qkv, G, batch);
+  else if (hd <= 64) dev::stick_breaking_forward_hd<T, 64>(ctx, out, qkv, G, batch);
+  else dev::stick_breaking_forward_hd<T, 128>(ctx, out, qkv, G, batch);
 }
 template <class T>
 void Kernels<T>::stick_breaking_backward(const Context& ctx, M dqkv, CM dout, CM out, CM qkv, index_t batch,
-                                         index_t seq, index_t heads) {
-  const index_t d = qkv.cols / 3, hd = d / heads;
-  const dev::HeadLayout L{seq, heads, d, hd, qkv.ld, out.ld};
-  if (hd <= 32) dev::stick_breaking_backward_hd<T, 32>(ctx, dqkv, dout, out, qkv, L, batch);
-  else if (hd <= 64) dev::stick_breaking_backward_hd<T, 64>(ctx, dqkv, dout, out, qkv, L, batch);
-  else dev::stick_breaking_backward_hd<T, 128>(ctx, dqkv, dout, out, qkv, L, batch);
+                                         index_t seq, index_t heads, index_t kv_heads) {
+  const index_t hd = qkv.cols / (heads + 2 * kv_heads);
+  const dev::SbLayout G{{seq, heads, heads * hd, hd, qkv.ld, out.ld}, kv_heads};
+  if (hd <= 32) dev::stick_breaking_backward_hd<T, 32>(ctx, dqkv, dout, out, qkv, G, batch);
+  else if (hd <= 64) dev::stick_breaking_backward_hd<T, 64>(ctx, dqkv, dout, out, qkv, G, batch);
+  else dev::stick_breaking_backward_hd<T, 128>(ctx, dqkv, dout, out, qkv, G, batch);
 }
 template <class T>
 void Kernels<T>::stick_breaking_decode(const Context& ctx, M out, CM qkv, CM k_cache, CM v_cache, const index_t* slot,
-                                       const index_t* pos, index_t max_len, index_t heads) {
-  const index_t hd = k_cache.cols / heads;
+                                       const index_t* pos, index_t max_len, index_t heads, index_t kv_heads) {
+  const index_t hd = k_cache.cols / kv_heads;
   if (hd <= 32)
-    dev::stick_breaking_decode_hd<T, 32>(ctx, out, qkv, k_cache, v_cache, slot, pos, max_len, heads, hd);
+    dev::stick_breaking_decode_hd<T, 32>(ctx, out, qkv, k_cache, v_cache, slot, pos, max_len, heads, kv_heads, hd);
   else if (hd <= 64)
-    dev::stick_breaking_decode_hd<T, 64>(ctx, out, qkv, k_cache, v_cache, slot, pos, max_len, heads, hd);
+    dev::stick_breaking_decode_hd<T, 64>(ctx, out, qkv, k_cache, v_cache, slot, pos, max_len, heads, kv_heads, hd);
   else
-    dev::stick_breaking_decode_hd<T, 128>(ctx, out, qkv, k_cache, v_cache, slot, pos, max_len, heads, hd);
+    dev::stick_breaking_decode_hd<T, 128>(ctx, out, qkv, k_cache, v_cache, slot, pos, max_len, heads, kv_heads, hd);
 }
 
 }  // namespace mom::cuda
