@@ -2,7 +2,7 @@
 // of the dense 8-layer model and of MoM_E / MoM_I / MoM_P on its [1-1-4-1-1] chunking (issue 5,
 // item 9), float, on cpu::Backend<float> wrapped in a timing backend.
 //
-//   bench_train_step [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,moeut,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide]
+//   bench_train_step [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,moeut,moduleformer,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide]
 //   bench_train_step --under-load   the dense step at 1 and 2 threads, quiet and with one core kept busy
 //
 // Issue 6 adds Mixture-of-Experts at the same dims: MoE (8 layers x 8 experts, top-2) and
@@ -45,6 +45,7 @@
 #include <mom/models/mom_models.hpp>
 #include <mom/models/moe_models.hpp>
 #include <mom/models/moeut_models.hpp>
+#include <mom/models/moduleformer_models.hpp>
 #include <mom/mom.hpp>
 
 using namespace mom;
@@ -432,6 +433,10 @@ using DenseRope_LM = LM<rope_dims, Dense<8>>;
 using MoEUT_LM = LM<rope_dims, MoEUT<dims, 8, 2>>;    // moeut8: G = 2, ABAB
 using MoEUTG8_LM = LM<rope_dims, MoEUT<dims, 8, 8>>;  // moeut8-g8: the non-shared σ-MoE baseline
 
+// ---- issue 15: ModuleFormer (MoA: stick-breaking heads over shared K/V; SMoE; MLP routers; no positions) --
+// moduleformer8 of mom-train: 8 heads of 128 and 16 experts of 512 per layer, top-2 each.
+using ModuleFormer_LM = LM<without_positions(dims), ModuleFormer<8, MoA<8, 2, 128, 64>, SMoE<16, 2, 512, 64>>>;
+
 
 }  // namespace
 
@@ -484,7 +489,7 @@ int main(int argc, char** argv) {
     else if (a == "--wide") wide = true;
     else if (a == "--under-load") load = true;
     else {
-      std::fprintf(stderr, "usage: %s [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,moeut,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide] [--under-load]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,moeut,moduleformer,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide] [--under-load]\n", argv[0]);
       return 2;
     }
   }
@@ -531,6 +536,9 @@ int main(int argc, char** argv) {
     res.push_back(run<MoEUT_LM>("MoEUT G=2 (moeut8)", batch, seq, reps));
     res.push_back(run<MoEUTG8_LM>("sigma-MoE non-shared G=8 (moeut8-g8)", batch, seq, reps));
   }
+
+  // issue 15: ModuleFormer (--only moduleformer)
+  if (want("moduleformer")) res.push_back(run<ModuleFormer_LM>("ModuleFormer (moduleformer8)", batch, seq, reps));
 
   // Parameter sharing (issue 6).
   if (want("share")) {
