@@ -232,6 +232,10 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
   auto model = Model::template make<cpu::Backend<float>>(cfg.seed);
   if (!r.init_from.empty()) warm_start_from<DenseTwin>(arch, r, model);
   train::Trainer<Instance> trainer(model, train_data, val_data ? &*val_data : nullptr, cfg);
+  if (trainer.frozen_tensors() > 0)
+    std::printf("freeze: %zu patterns; %lld tensors, %lld of %lld parameters do not train\n", cfg.freeze.size(),
+                static_cast<long long>(trainer.frozen_tensors()), static_cast<long long>(trainer.frozen_params()),
+                static_cast<long long>(Model::params));
   // Routed models: routing statistics of each validation (issue 5, paper Fig. 6), next to metrics.jsonl.
   RoutingStats routing;
   constexpr bool routed = []<class... Es>(TypeList<Es...>) { return (ReportsRouting<Es> || ...); }(

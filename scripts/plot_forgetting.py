@@ -13,7 +13,9 @@ import html
 import sys
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e"]
-W, H, PAD_L, PAD_R, PAD_T, PAD_B, GAP = 760, 330, 60, 150, 30, 45, 70
+# The demo's variant names, spelled out in the legend.
+LABELS = {"full": "full fine-tuning", "insert-reg": "insertion, router A'", "insert": "insertion, router A,B,A'"}
+W, H, PAD_L, PAD_R, PAD_T, PAD_B, GAP = 800, 330, 60, 190, 30, 45, 70
 
 
 def main():
@@ -65,7 +67,7 @@ def main():
         c = COLORS[k % len(COLORS)]
         y = PAD_T + 20 + 18 * k
         out.append(f'<line x1="{W - PAD_R + 15}" y1="{y}" x2="{W - PAD_R + 35}" y2="{y}" stroke="{c}" stroke-width="2"/>')
-        out.append(f'<text x="{W - PAD_R + 40}" y="{y + 4}">{html.escape(name)}</text>')
+        out.append(f'<text x="{W - PAD_R + 40}" y="{y + 4}">{html.escape(LABELS.get(name, name))}</text>')
     out.append("</svg>")
     with open(a.out, "w") as f:
         f.write("\n".join(out) + "\n")

@@ -58,6 +58,13 @@ struct PerGroup {
   }
 };
 
+// `count` tensors of `stride` elements back to back from base (expert e's weights at base + e·stride: the
+// expert blocks of σ-MoE, SwitchHead, MoA and SMoE).
+template <class T>
+constexpr PerGroup<T> uniform_groups(T* base, int count, index_t stride) {
+  return PerGroup<T>(base, count, [stride](int g) { return index_t(g) * stride; });
+}
+
 // `count` groups that all read the one tensor at base: one module over one row group (a skip layer's
 // run rows), or one packed matrix every group's rows index into (routed keys and values).
 template <class T>

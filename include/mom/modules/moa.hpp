@@ -137,11 +137,11 @@ struct MoA {
 
     template <class T>
     static PerGroup<T> w_q(T* p) {
-      return PerGroup<T>(p + o_q, C, [](int e) { return index_t(e) * da * d; });
+      return uniform_groups(p + o_q, C, da * d);
     }
     template <class T>
     static PerGroup<T> w_o(T* p) {
-      return PerGroup<T>(p + o_o, C, [](int e) { return index_t(e) * d * da; });
+      return uniform_groups(p + o_o, C, d * da);
     }
 
     template <class Be, class T>

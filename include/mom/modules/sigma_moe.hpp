@@ -108,11 +108,11 @@ struct SigmaMoE {
 
     template <class T>
     static PerGroup<T> w1(T* p) {
-      return PerGroup<T>(p + o_w1, NE, [](int e) { return index_t(e) * de * d; });
+      return uniform_groups(p + o_w1, NE, de * d);
     }
     template <class T>
     static PerGroup<T> w2(T* p) {
-      return PerGroup<T>(p + o_w2, NE, [](int e) { return index_t(e) * d * de; });
+      return uniform_groups(p + o_w2, NE, d * de);
     }
 
     template <class Be, class T>

@@ -120,11 +120,11 @@ struct SMoE {
 
     template <class T>
     static PerGroup<T> w1(T* p) {
-      return PerGroup<T>(p + o_w1, C, [](int e) { return index_t(e) * df * d; });
+      return uniform_groups(p + o_w1, C, df * d);
     }
     template <class T>
     static PerGroup<T> w2(T* p) {
-      return PerGroup<T>(p + o_w2, C, [](int e) { return index_t(e) * d * df; });
+      return uniform_groups(p + o_w2, C, d * df);
     }
 
     template <class Be, class T>

@@ -130,11 +130,11 @@ struct SwitchHead {
     // Expert (h, e)'s weights: W_V^{h,e} [d_head × d], W_O^{h,e} [d × d_head].
     template <class T>
     static PerGroup<T> w_v(T* p, int h) {
-      return PerGroup<T>(p + o_v + index_t(h) * NA * dh * d, NA, [](int e) { return index_t(e) * dh * d; });
+      return uniform_groups(p + o_v + index_t(h) * NA * dh * d, NA, dh * d);
     }
     template <class T>
     static PerGroup<T> w_o(T* p, int h) {
-      return PerGroup<T>(p + o_o + index_t(h) * NA * d * dh, NA, [](int e) { return index_t(e) * d * dh; });
+      return uniform_groups(p + o_o + index_t(h) * NA * d * dh, NA, d * dh);
     }
 
     // A head's selection (eqs. (5)-(6)): logits = LN(x) W_S^hᵀ, the regulariser, top-K_A, σ, the groups.

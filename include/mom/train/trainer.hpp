@@ -1,6 +1,8 @@
 // The training loop: AdamW with decoupled weight decay on matrices only, linear warm-up then cosine decay
 // to a floor, global-norm gradient clipping (fused into the AdamW pass), gradient accumulation, periodic
 // validation loss / perplexity, progress display, JSON-lines metrics, checkpoints and bit-identical resume.
+// Per-tensor freezing (TrainConfig::freeze, mom-train --freeze): frozen tensors and buffers
+// (TensorSpec::trainable = false) get no AdamW update at all and do not count in the gradient norm.
 //
 //   auto model = Model::make<cpu::Backend<float>>(seed);
 //   TokenFile train("data/train.bin"), val("data/val.bin");
@@ -30,6 +32,7 @@
 #include <numbers>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace mom::train {
@@ -60,6 +63,11 @@ struct TrainConfig {
   std::string arch_name;       // recorded in checkpoints and metrics
   std::string tokenizer_name;  // recorded in checkpoints and metrics
   std::string data_name;       // where the training data came from (mom-train: the --data path); recorded
+  // Tensors that do not train: glob patterns over the layout's names ("h.*.smoe.w1", "wte"; `*` any run of
+  // characters, dots included, `?` one character; the whole name must match), each matching at least one
+  // tensor (freeze_mask). Recorded in the checkpoint's configuration; a resumed run uses its own (a change
+  // is reported like any other).
+  std::vector<std::string> freeze;
 
   // Every value in range, checked before anything is prepared or allocated (one MOM_CHECK error each):
   // counts positive and bounded so that no product of them can overflow (batch·seq tokens fit token_t
@@ -99,9 +107,55 @@ struct TrainConfig {
             {"eval_interval", eval_interval}, {"eval_batches", eval_batches},
             {"checkpoint_interval", checkpoint_interval}, {"log_interval", log_interval},
             {"max_skipped_steps", max_skipped_steps}, {"seed", seed}, {"arch", arch_name},
-            {"tokenizer", tokenizer_name}, {"data", data_name}};
+            {"tokenizer", tokenizer_name}, {"data", data_name}, {"freeze", freeze}};
   }
 };
+
+// Whole-name glob match: `*` any run of characters (dots included), `?` any one character.
+inline bool glob_match(std::string_view pattern, std::string_view name) {
+  std::size_t p = 0, n = 0, star = std::string_view::npos, mark = 0;
+  while (n < name.size()) {
+    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == name[n])) {
+      ++p, ++n;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      star = p++, mark = n;
+    } else if (star != std::string_view::npos) {
+      p = star + 1, n = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+// The patterns of a comma-separated list ("a,b" → {"a", "b"}; empty items dropped).
+inline std::vector<std::string> split_patterns(std::string_view list) {
+  std::vector<std::string> out;
+  while (!list.empty()) {
+    const std::size_t comma = list.find(',');
+    if (comma != 0) out.emplace_back(list.substr(0, comma));
+    if (comma == std::string_view::npos) break;
+    list.remove_prefix(comma + 1);
+  }
+  return out;
+}
+
+// frozen[i]: layout tensor i is matched by a pattern (or is a buffer, TensorSpec::trainable = false).
+// A pattern that matches no tensor is an error naming it.
+template <class Model>
+std::vector<bool> freeze_mask(const std::vector<std::string>& patterns) {
+  std::vector<bool> frozen(Model::layout.size(), false);
+  for (std::size_t i = 0; i < frozen.size(); ++i) frozen[i] = !Model::layout[i].trainable;
+  for (const auto& pat : patterns) {
+    bool any = false;
+    for (std::size_t i = 0; i < frozen.size(); ++i)
+      if (glob_match(pat, Model::layout[i].name)) frozen[i] = any = true;
+    MOM_CHECK(any, "freeze: the pattern '", pat, "' matches no tensor of the model (names look like '",
+              Model::layout[Model::layout.size() > 2 ? 2 : 0].name, "'; `*` matches any characters, dots included)");
+  }
+  return frozen;
+}
 
 // Learning rate of optimizer step `step` (1-based): linear warm-up to lr over `warmup` steps, then cosine
 // decay to lr * min_lr_ratio at the last step.
@@ -149,13 +203,18 @@ class Trainer {
     inputs_.resize(static_cast<std::size_t>(cfg_.batch * cfg_.seq));
     targets_.resize(inputs_.size());
     model_.reserve(cfg_.batch, cfg_.seq);
-    // Contiguous runs of layout tensors that share a weight-decay setting: one AdamW pass each.
-    for (const auto& p : Model::layout) {
+    // Contiguous runs of layout tensors that share a weight-decay setting and frozen-ness: one AdamW pass
+    // each (none for a frozen run).
+    const std::vector<bool> frozen = freeze_mask<Model>(cfg_.freeze);
+    for (std::size_t i = 0; i < frozen.size(); ++i) {
+      const auto& p = Model::layout[i];
       const bool decay = p.rows > 1 && p.cols > 1;
-      if (!groups_.empty() && groups_.back().decay == decay && groups_.back().end == p.offset)
+      if (frozen[i]) frozen_params_ += p.size(), ++frozen_tensors_;
+      if (!groups_.empty() && groups_.back().decay == decay && groups_.back().frozen == frozen[i] &&
+          groups_.back().end == p.offset)
         groups_.back().end = p.offset + p.size();
       else
-        groups_.push_back({p.offset, p.offset + p.size(), decay});
+        groups_.push_back({p.offset, p.offset + p.size(), decay, bool(frozen[i])});
     }
     progress_.set_enabled(cfg_.progress);
   }
@@ -185,6 +244,9 @@ class Trainer {
   }
 
   index_t step() const { return step_; }
+  // What the freeze patterns and the model's buffers hold back from training.
+  index_t frozen_params() const { return frozen_params_; }
+  index_t frozen_tensors() const { return frozen_tensors_; }
 
   // Optional evaluation hooks (mom-train uses them to collect routing statistics): called after each
   // validation forward with the model, and after each validation with the step.
@@ -225,6 +287,8 @@ class Trainer {
       model_.backward();
     }
     if (cfg_.accum > 1) be.scale(model_.grads(), T(1) / T(cfg_.accum));  // the mean over micro-batches
+    for (const auto& g : groups_)  // frozen tensors do not count in the norm (nor in clipping)
+      if (g.frozen) be.zero(model_.grads().subspan(std::size_t(g.begin), std::size_t(g.end - g.begin)));
     be.grad_norm(std::span<const T>(model_.grads()), step_scalars_.data());
     // norm += 0 · loss: unchanged for a finite loss, NaN for an inf or NaN one, so AdamW skips a step
     // whose loss diverged even where the gradients happen to stay finite, still without a host sync.
@@ -232,6 +296,7 @@ class Trainer {
     ++step_;
     const double lr = learning_rate(cfg_, step_);
     for (const auto& g : groups_) {
+      if (g.frozen) continue;  // no update, no weight decay, moments untouched
       const auto n = static_cast<std::size_t>(g.end - g.begin);
       const auto at = static_cast<std::size_t>(g.begin);
       cpu::AdamWConfig opt{.lr = lr, .beta1 = cfg_.beta1, .beta2 = cfg_.beta2, .eps = cfg_.eps,
@@ -356,7 +421,7 @@ class Trainer {
  private:
   struct Group {
     index_t begin, end;
-    bool decay;
+    bool decay, frozen;
   };
 
   // Validates the configuration against the model and the data; returns it for the member initialisers.
@@ -385,6 +450,7 @@ class Trainer {
   std::vector<Group> groups_;
   index_t step_ = 0;
   index_t resumed_from_ = 0;
+  index_t frozen_params_ = 0, frozen_tensors_ = 0;
   bool last_skipped_ = false;
   double last_lr_ = 0, last_grad_norm_ = 0;
 };
