@@ -1,8 +1,8 @@
 // Stick-breaking attention (ModuleFormer, arXiv 2306.04640; cpu/stick_breaking.hpp, cuda/kernels/stick_breaking.cuh):
 // cuda::Backend<T> against cpu::Backend<T> on the same random inputs. Forward; backward with the gradients
 // accumulated onto random values (the kernel takes the prefix sums from D = dO·o, the CPU sums them
-// directly: the same gradient by two routes); decode through a cache; the same shape errors; a decode row
-// outside the cache reported at the next sync.
+// directly: the same gradient by two routes); decode through a cache; grouped and shared key/value heads;
+// the same shape errors; a decode row outside the cache reported at the next sync.
 // Tolerances (max |gpu - cpu| / max |cpu|): double 1e-10, float 2e-5 (exp / log1p, reassociated sums).
 // Without a CUDA device every case prints "no CUDA device: skipped" once and passes.
 #include <catch2/catch.hpp>
@@ -171,6 +171,17 @@ TEMPLATE_TEST_CASE("stick-breaking decode matches cpu (cache of several sequence
       [&] {
         gpu<T>().stick_breaking_decode(out.dm(rows, d), qkv.dm(rows, 3 * d), kc.dm(slots * max_len, d),
                                        vc.dm(slots * max_len, d), ds.ds().first(1), dp.ds(), max_len, heads, heads);
+      });
+  expect_same_error([&] { host<T>().stick_breaking_forward(out.hm(rows, d), qkv.hm(rows, 3 * d), 1, rows, 4, 3); },
+                    [&] { gpu<T>().stick_breaking_forward(out.dm(rows, d), qkv.dm(rows, 3 * d), 1, rows, 4, 3); });
+  expect_same_error(
+      [&] {
+        host<T>().stick_breaking_decode(out.hm(rows, d), qkv.hm(rows, 3 * d), kc.hm(slots * max_len, d),
+                                        vc.hm(slots * max_len, d), ds.hs(), dp.hs(), max_len, heads, -1);
+      },
+      [&] {
+        gpu<T>().stick_breaking_decode(out.dm(rows, d), qkv.dm(rows, 3 * d), kc.dm(slots * max_len, d),
+                                       vc.dm(slots * max_len, d), ds.ds(), dp.ds(), max_len, heads, -1);
       });
   Arr<T, index_t> far(std::vector<index_t>{0, max_len});
   gpu<T>().stick_breaking_decode(out.dm(2, d), qkv.dm(2, 3 * d), kc.dm(slots * max_len, d), vc.dm(slots * max_len, d),

@@ -1,8 +1,9 @@
 // Stick-breaking attention (ModuleFormer, arXiv 2306.04640, §3.2): the forward against the paper's
 // product written out literally (O(T³)), finite-difference gradients in double, causality, the mass
 // bound Σ_i p <= 1 (its closed form 1 − Π(1 − β)), stability at seq 4096 with |z| ~ 50 against a long
-// double reference, float vs double, decode through the KV cache equal to the forward's rows, and the
-// one-line shape errors.
+// double reference, float vs double, decode through the KV cache equal to the forward's rows, grouped and
+// shared (multi-query) key/value heads against the literal product, finite differences and decode, and the
+// one-line shape and kv_heads errors.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -379,6 +380,17 @@ TEST_CASE("stick_breaking: bad shapes are one-line errors", "[ops][stick_breakin
            "stick_breaking_forward: qkv [6x23] must have (heads + 2*kv_heads)*head_dim = 4*head_dim columns");
   one_line([&] { be.stick_breaking_decode(mat(out, 2, d), q2, k2, v2, pos, pos, max_len, 2, 1); },
            "stick_breaking_decode: 2 heads (1 key/value), qkv [2x24], out [2x8], caches [8x8] and [8x8] disagree");
+  // kv_heads is the op's own argument: -1 is not "= heads" (the shared checks' default for softmax attention).
+  one_line([&] { be.stick_breaking_forward(mat(out, B * S, d), cmat(qkv, B * S, 3 * d), B, S, 2, -1); },
+           "stick_breaking_forward: kv_heads = -1 does not divide heads = 2");
+  one_line([&] {
+    be.stick_breaking_backward(mat(dqkv, B * S, 3 * d), cmat(dout, B * S, d), cmat(out, B * S, d),
+                               cmat(qkv, B * S, 3 * d), B, S, 4, 3);
+  }, "stick_breaking_backward: kv_heads = 3 does not divide heads = 4");
+  one_line([&] { be.stick_breaking_decode(mat(out, 2, d), q2, k2, v2, pos, pos, max_len, 2, 0); },
+           "stick_breaking_decode: kv_heads = 0 does not divide heads = 2");
+  one_line([&] { be.stick_breaking_decode(mat(out, 2, d), q2, k2, v2, pos, pos, max_len, 2, -1); },
+           "stick_breaking_decode: kv_heads = -1 does not divide heads = 2");
 }
 
 TEST_CASE("stick_breaking with grouped and shared key/value heads matches the literal product and finite differences",

@@ -5,7 +5,9 @@
 // needs (the CPU's host-side index scans, the CUDA kernels' head-dimension limit, ...) stay with it.
 // T is given explicitly at every call (checks::layernorm_forward_shapes<T>(...)).
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
 
 #include "mom/core/check.hpp"
 #include "mom/core/groups.hpp"
@@ -96,15 +98,15 @@ void cross_entropy_backward_shapes(CM<T> dlogits, CM<T> logits, CS<T> lse, Tok t
 
 // ---- causal attention (qkv [B*S × 3d]) --------------------------------------------
 // qkv and out of a packed attention op (softmax or stick-breaking).
-// kv_heads (stick-breaking's grouped / multi-query form; -1: = heads): qkv [n × (heads + 2·kv_heads)·hd] =
-// [q | k | v], out [n × heads·hd]; kv_heads must divide heads.
+// kv_heads (stick-breaking's grouped / multi-query form; not given: = heads): qkv [n × (heads + 2·kv_heads)·hd]
+// = [q | k | v], out [n × heads·hd]; a given kv_heads must divide heads (0 and negatives do not).
 template <class T>
 void attention_qkv_shapes(const char* op, CM<T> qkv, CM<T> out, index_t batch, index_t seq, index_t heads,
-                          index_t kv_heads = -1) {
+                          std::optional<index_t> kv_heads = std::nullopt) {
   MOM_CHECK(batch > 0 && seq > 0 && heads > 0, op, ": batch ", batch, ", seq ", seq, ", heads ", heads,
             " must be positive");
   MOM_CHECK(qkv.rows == batch * seq, op, ": qkv ", shape(qkv), " must have batch*seq = ", batch, "*", seq, " rows");
-  if (kv_heads < 0 || kv_heads == heads) {
+  if (!kv_heads || *kv_heads == heads) {
     MOM_CHECK(qkv.cols % 3 == 0, op, ": qkv ", shape(qkv), " must have 3*d columns [q | k | v]");
     const index_t d = qkv.cols / 3;
     MOM_CHECK(d % heads == 0, op, ": d = ", d, " (qkv ", shape(qkv), ") is not divisible by heads = ", heads);
@@ -112,8 +114,9 @@ void attention_qkv_shapes(const char* op, CM<T> qkv, CM<T> out, index_t batch, i
               "] for qkv ", shape(qkv));
     return;
   }
-  MOM_CHECK(kv_heads > 0 && heads % kv_heads == 0, op, ": kv_heads = ", kv_heads, " does not divide heads = ", heads);
-  const index_t width = heads + 2 * kv_heads;
+  MOM_CHECK(*kv_heads > 0 && heads % *kv_heads == 0, op, ": kv_heads = ", *kv_heads, " does not divide heads = ",
+            heads);
+  const index_t width = heads + 2 * *kv_heads;
   MOM_CHECK(qkv.cols % width == 0, op, ": qkv ", shape(qkv), " must have (heads + 2*kv_heads)*head_dim = ", width,
             "*head_dim columns [q | k | v]");
   const index_t hd = qkv.cols / width;
@@ -385,16 +388,17 @@ void same_shape(const char* op, CM<T> a, CM<T> b) {
 // ---- stick-breaking attention (ModuleFormer, arXiv 2306.04640; cpu/stick_breaking.hpp) --------------
 // Forward and backward check attention_qkv_shapes and attention_backward_grad_shapes (nothing saved but out).
 // A decode op (attention_decode, stick_breaking_decode): out [rows × heads·hd], qkv [rows × (heads + 2·kv)·hd],
-// caches [slots·max_len × kv·hd] (kv = kv_heads, -1: = heads), one slot and one position per row (their values
-// are range-checked by each backend: the CPU on the host, CUDA on the device).
+// caches [slots·max_len × kv·hd] (kv = kv_heads, not given: = heads; a given one must divide heads), one slot and
+// one position per row (their values are range-checked by each backend: the CPU on the host, CUDA on the device).
 template <class T>
 void decode_shapes(const char* op, CM<T> out, CM<T> qkv, CM<T> k_cache, CM<T> v_cache, index_t n_slot, index_t n_pos,
-                   index_t max_len, index_t heads, index_t kv_heads = -1) {
-  const index_t kv = kv_heads < 0 ? heads : kv_heads, d = k_cache.cols, rows = qkv.rows;
-  MOM_CHECK(kv > 0 && heads % kv == 0, op, ": kv_heads = ", kv_heads, " does not divide heads = ", heads);
-  const index_t hd = d / kv;
-  MOM_CHECK(heads > 0 && d % kv == 0 && qkv.cols == (heads + 2 * kv) * hd && out.rows == rows &&
-                out.cols == heads * hd && v_cache.cols == d && v_cache.rows == k_cache.rows,
+                   index_t max_len, index_t heads, std::optional<index_t> kv_heads = std::nullopt) {
+  if (kv_heads)
+    MOM_CHECK(*kv_heads > 0 && heads % *kv_heads == 0, op, ": kv_heads = ", *kv_heads, " does not divide heads = ",
+              heads);
+  const index_t kv = kv_heads.value_or(heads), d = k_cache.cols, rows = qkv.rows;
+  MOM_CHECK(heads > 0 && d % kv == 0 && qkv.cols == (heads + 2 * kv) * (d / kv) && out.rows == rows &&
+                out.cols == heads * (d / kv) && v_cache.cols == d && v_cache.rows == k_cache.rows,
             op, ": ", heads, " heads", kv != heads ? " (" + std::to_string(kv) + " key/value)" : std::string(), ", qkv ",
             shape(qkv), ", out ", shape(out), ", caches ",
             shape(k_cache), " and ", shape(v_cache), " disagree");

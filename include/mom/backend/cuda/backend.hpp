@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <type_traits>
 #include <span>
 #include <vector>
@@ -748,9 +749,9 @@ struct Backend {
   }
   // A packed attention op's qkv and out, and the kernels' head-dimension bound; softmax attention adds its lse.
   static void check_qkv_shapes(const char* op, CM qkv, CM out, index_t batch, index_t seq, index_t heads,
-                               index_t kv_heads = -1) {
+                               std::optional<index_t> kv_heads = std::nullopt) {
     checks::attention_qkv_shapes<T>(op, qkv, out, batch, seq, heads, kv_heads);
-    const index_t hd = qkv.cols / (heads + 2 * (kv_heads < 0 ? heads : kv_heads));
+    const index_t hd = qkv.cols / (heads + 2 * kv_heads.value_or(heads));
     MOM_CHECK(hd <= 128, op, ": head dimension ", hd, " exceeds the CUDA kernels' maximum of 128");
   }
   static void check_attention_shapes(const char* op, CM qkv, CM out, CS lse, index_t batch, index_t seq,

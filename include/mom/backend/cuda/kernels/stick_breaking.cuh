@@ -3,19 +3,21 @@
 // the CUDA cores: straightforward SIMT kernels for every scalar and head dim <= 128 (padded to HD = 32, 64
 // or 128 as in attention.cuh), written for correctness first.
 //
+// Grouped / multi-query key-value heads (SbLayout): query head h reads key/value head h / (heads / kv_heads)
+// of a [q (heads·hd) | k (kv_heads·hd) | v (kv_heads·hd)] row (kv_heads = heads: the usual [q | k | v]).
+//
 // - forward: grid (query tiles, batch·heads), one thread per query row; key tiles stream through shared
 //   memory from the diagonal down, and the thread keeps the running softplus suffix (double), so
 //   p_i = exp(log σ(z_i) − suffix) needs no second pass. A row stops computing once the suffix passes the
 //   cutoff (every earlier weight is 0 in T), as on the CPU.
-// Grouped / multi-query key-value heads (SbLayout): query head h reads key/value head h / (heads / kv_heads)
-// of a [q (heads·hd) | k (kv_heads·hd) | v (kv_heads·hd)] row (kv_heads = heads: the usual [q | k | v]).
 // - backward: one block per (sequence, key/value head), so that the block owns its dK, dV columns (no
-//   atomics, deterministic); its query heads in turn, and for each, query tiles in turn; per query tile, key tiles from the diagonal down. Each thread
-//   (a query row i) recomputes z, p and σ, and with D_i = dO_i·o_i = Σ_j g_j p_j (read from forward's
-//   out, as softmax attention's backward does) gets the prefix Σ_{j'<=j} g_j' p_j' = D_i − Σ_{j'>j} g_j' p_j'
-//   from the suffix it has walked: dz_j = g_j p_j − σ_j (D_i − G_{>j}), dq_i += scale dz_j k_j in registers.
-//   The tile's p and scale·dz go to shared memory; then thread t takes key j0 + t and adds
-//   Σ_i p_{j,i} dO_i and Σ_i scale·dz_{j,i} q_i to dV_j and dK_j.
+//   atomics, deterministic): its query heads in turn, for each the query tiles in turn, per query tile the
+//   key tiles from the diagonal down. Each thread (a query row i) recomputes z, p and σ, and with
+//   D_i = dO_i·o_i = Σ_j g_j p_j (read from forward's out, as softmax attention's backward does) gets the
+//   prefix Σ_{j'<=j} g_j' p_j' = D_i − Σ_{j'>j} g_j' p_j' from the suffix it has walked:
+//   dz_j = g_j p_j − σ_j (D_i − G_{>j}), dq_i += scale dz_j k_j in registers. The tile's p and scale·dz go
+//   to shared memory; then thread t takes key j0 + t and adds Σ_i p_{j,i} dO_i and Σ_i scale·dz_{j,i} q_i
+//   to dV_j and dK_j (key j is always thread j % BT's, whichever query head: no race).
 // - decode: one thread per (row, query head), keys from the row's position down in the cache.
 #include "mom/backend/cuda/kernels/attention.cuh"  // HeadLayout, load_tile, attention_tile
 #include "mom/backend/cuda/kernels/common.cuh"
