@@ -140,7 +140,8 @@ p2=(--steps 2 --batch 2 --seq 32 --eval-interval 0 --eval-batches 1 --sample-tok
 if "$BIN" --data "$T/text.txt" --arch dense8 --out "$T/p1" "${p2[@]}" >"$T/p1.log" 2>&1 &&
    "$BIN" --data "$T/p1/data" --arch mom8-p --out "$T/p2" --init-from "$T/p1" "${p2[@]}" >"$T/p2.log" 2>&1 &&
    grep -q "phase 2: warm-started from .*p1/step-000002/model.safetensors (dense8" "$T/p2.log" &&
-   grep -q '"name": "part2.attn"' "$T/p2/routing.json" && [ -f "$T/p2/routing/step-000002.part2.ffn.csv" ]; then
+   grep -q '"name": "part2.attn"' "$T/p2/routing.json" && [ -f "$T/p2/routing/step-000002.part2.ffn.csv" ] &&
+   grep '"type":"routing"' "$T/p2/metrics.jsonl" | grep '"router":"part2.ffn"' | grep -q '"cv":'; then
   echo "ok: phase 1 (dense8) -> phase 2 (mom8-p --init-from), routing statistics written"
 else
   echo "FAIL: phase 1 -> phase 2"; cat "$T/p1.log" "$T/p2.log"; fail=1

@@ -206,7 +206,8 @@ int run_train(int argc, char** argv, const std::string& prog) {
   std::vector<std::string> freeze;
   app.add_option("--freeze", freeze,
                  "Tensors that do not train (fine-tuning): comma-separated glob patterns over the parameter names, "
-                 "e.g. 'wte,h.*.attn.*' ('*' matches any characters, dots included; docs/training.md)");
+                 "e.g. 'wte,h.*.attn.*' ('*' matches any characters, dots included, '?' one; may be repeated). "
+                 "With --resume the default is the checkpoint's; --freeze '' trains every tensor (docs/training.md)");
   app.add_option("--eval-interval", c.eval_interval, "Validate every N steps (0: only at the end)")->capture_default_str();
   app.add_option("--eval-batches", c.eval_batches, "Micro-batches per validation")->capture_default_str();
   app.add_option("--checkpoint-interval", c.checkpoint_interval, "Save every N steps (0: only at the end)")
@@ -238,8 +239,11 @@ int run_train(int argc, char** argv, const std::string& prog) {
             " must be a finite number >= 0 (0: greedy)");
   r.data = data;
   r.init_from = init_from;
-  for (const auto& list : freeze)
-    for (auto& pattern : train::split_patterns(list)) c.freeze.push_back(std::move(pattern));
+  if (app.count("--freeze") > 0) {  // given (even as ''): these patterns; else none, or the checkpoint's on --resume
+    c.freeze.emplace();
+    for (const auto& list : freeze)
+      for (auto& pattern : train::split_patterns(list)) c.freeze->push_back(std::move(pattern));
+  }
   c.out_dir = out;
   if (threads > 0) omp_set_num_threads(threads);
   std::signal(SIGINT, on_interrupt);

@@ -232,10 +232,7 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
   auto model = Model::template make<cpu::Backend<float>>(cfg.seed);
   if (!r.init_from.empty()) warm_start_from<DenseTwin>(arch, r, model);
   train::Trainer<Instance> trainer(model, train_data, val_data ? &*val_data : nullptr, cfg);
-  if (trainer.frozen_tensors() > 0)
-    std::printf("freeze: %zu patterns; %lld tensors, %lld of %lld parameters do not train\n", cfg.freeze.size(),
-                static_cast<long long>(trainer.frozen_tensors()), static_cast<long long>(trainer.frozen_params()),
-                static_cast<long long>(Model::params));
+  // With --freeze (or a model with buffers) trainer.run() starts with its freeze_summary() line.
   // Routed models: routing statistics of each validation (issue 5, paper Fig. 6), next to metrics.jsonl.
   RoutingStats routing;
   constexpr bool routed = []<class... Es>(TypeList<Es...>) { return (ReportsRouting<Es> || ...); }(
@@ -249,6 +246,17 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
         routing.write_json(stem + ".json");
         routing.write_csv(stem);
         routing.write_json((dir / "routing.json").string());
+        // Expert usage in metrics.jsonl (issue 18): per router and round, each module's share, their
+        // coefficient of variation and the largest share (docs/training.md).
+        train::MetricsLog log(dir / "metrics.jsonl");
+        for (const auto& r : routing.routers) {
+          nlohmann::json rounds = nlohmann::json::array();
+          for (int h = 0; h < r.rounds; ++h) {
+            const RoutingStats::Load l = RoutingStats::load(r, h);
+            rounds.push_back({{"share", l.share}, {"cv", l.cv}, {"max_share", l.max_share}, {"skip_share", l.skip_share}});
+          }
+          log.write({{"type", "routing"}, {"step", step}, {"router", r.name}, {"k", r.k}, {"rounds", rounds}});
+        }
         routing.clear();
       };
     }

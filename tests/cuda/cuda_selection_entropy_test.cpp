@@ -5,6 +5,7 @@
 // Without a CUDA device every case prints "no CUDA device: skipped" once and passes.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -33,6 +34,23 @@ TEMPLATE_TEST_CASE("selection entropy regularisers match cpu (MoEUT per sequence
                                         T(c.cond));
     gpu<T>().selection_entropy_forward(loss.ds(), dlogits.dm(n, c.C), logits.dm(n, c.C), c.batch, c.seq, T(c.coef),
                                        T(c.cond));
+    CHECK(test::rel_error(loss.fetch(), loss.h) <= tol);
+    CHECK(test::rel_error(dlogits.fetch(), dlogits.h) <= tol);
+  }
+}
+
+TEMPLATE_TEST_CASE("router z-loss matches cpu (rows spread over blocks, temperature)", "[cuda][entropy][zloss]", float,
+                   double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  const double tol = std::is_same_v<T, double> ? 1e-12 : 2e-5;
+  test::Rng rng(32);
+  for (const auto [n, C] : {std::array<index_t, 2>{5, 3}, std::array<index_t, 2>{700, 9}, std::array<index_t, 2>{4096, 17}}) {
+    INFO("rows " << n << " classes " << C);
+    auto logits = rand_arr<T>(n * C, rng, -4, 4);
+    auto dlogits = rand_arr<T>(n * C, rng), loss = rand_arr<T>(1, rng);
+    host<T>().router_z_loss_forward(loss.hs(), dlogits.hm(n, C), logits.hm(n, C), T(0.5), T(1e-3));
+    gpu<T>().router_z_loss_forward(loss.ds(), dlogits.dm(n, C), logits.dm(n, C), T(0.5), T(1e-3));
     CHECK(test::rel_error(loss.fetch(), loss.h) <= tol);
     CHECK(test::rel_error(dlogits.fetch(), dlogits.h) <= tol);
   }

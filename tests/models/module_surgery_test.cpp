@@ -129,3 +129,19 @@ TEST_CASE("compact: the smaller type computes what the masked model computes; to
   mask.keep[1][0][0] = true;  // layer 0 now keeps 5 FFN experts; Small holds 4
   CHECK_THROWS_WITH(compact(small, big, mask), Catch::Contains("layer 0 keeps 5 FFN modules; the compact type holds 4"));
 }
+
+TEST_CASE("RoutingStats::load: module shares, their coefficient of variation, SKIP apart", "[routing][zloss]") {
+  RoutingStats::Router r;
+  r.classes = 4;  // 3 modules + SKIP
+  r.rounds = 2;
+  r.skip = true;
+  r.usage = {10, 10, 10, 30,  // round 0: balanced modules, half the picks SKIP
+             30, 0, 0, 0};    // round 1: one module takes everything
+  const auto a = RoutingStats::load(r, 0), b = RoutingStats::load(r, 1);
+  CHECK(a.share == std::vector<double>{1.0 / 3, 1.0 / 3, 1.0 / 3});
+  CHECK(a.cv == Approx(0.0).margin(1e-15));
+  CHECK(a.skip_share == Approx(0.5));
+  CHECK(b.max_share == 1.0);
+  CHECK(b.cv == Approx(std::sqrt(2.0)));  // √(N − 1) for N = 3
+  CHECK(b.skip_share == 0.0);
+}

@@ -214,7 +214,7 @@ TEST_CASE("ModuleFormer with inserted modules and routing regularisation: gradie
 }
 
 TEST_CASE("ModuleFormer: the objective is the cross-entropy plus every module's router loss", "[moduleformer]") {
-  using Quiet = LM<tiny, ModuleFormerSpec<2, MoA<4, 2, 4, 3>, SMoE<4, 2, 5, 3>>::with_loss<NoRouterLoss>::type>;
+  using Quiet = LM<tiny, ModuleFormerSpec<2, MoA<4, 2, 4, 3>, SMoE<4, 2, 5, 3>>::with_loss<NoRouterLoss<>>::type>;
   static_assert(Quiet::params == Tiny2::params);
   auto m = Tiny2::make<cpu::Backend<double>>(2);
   auto q = Quiet::make<cpu::Backend<double>>(2);
@@ -254,4 +254,39 @@ TEST_CASE("ModuleFormer's cost model: total and active parameters, FLOPs of the 
   // Forward FLOPs of the linear maps: 2 per active weight (the router's rows of all modules are read: + 2·(C−k)·D_rtr).
   static_assert(F::flops_per_token(1) == 2 * (F::active_params - 2 * tiny.d_model - F::C) + 2 * (4 - 2) * 3);
   CHECK(describe<Tiny2>().find("positions=none") != std::string::npos);
+}
+
+TEST_CASE("ModuleFormer with the router z-loss: gradient equals finite differences, the loss is the naive one",
+          "[moduleformer][gradcheck][zloss]") {
+  using ZLoss = MutualInformation<std::ratio<1, 10>, std::ratio<1, 5>>;
+  test::gradient_check<LM<tiny, ModuleFormer<2, MoA<4, 2, 4, 3, ZLoss>, SMoE<4, 2, 5, 3, ZLoss>>>>(3, 4);
+  // The SMoE's router loss with z: MI + 0.2 · mean (log Σ exp h)², h the router logits.
+  using M = SMoE<5, 2, 3, 4, ZLoss>::type<tiny>;
+  const index_t n = 7, d = tiny.d_model;
+  const std::vector<double> p = module_params<M>(13);
+  test::Rng rng(14);
+  const std::vector<double> x = test::random_vec(std::size_t(n * d), rng);
+  const test::ModuleRun got = test::run_module<M>(p, x, 1, n);
+  std::vector<double> ref, sums;
+  const double mi = naive_smoe<M>(p, x, n, 0.1, -0.1, 0, ref, sums);
+  // The z term from the router's logits h = A ReLU(B LN(x)), recomputed.
+  const std::vector<double> ln = naive::layernorm(x, n, d, &p[M::o_ln_w], &p[M::o_ln_b]);
+  double z = 0;
+  for (index_t r = 0; r < n; ++r) {
+    std::vector<double> act(std::size_t(M::Gate::d_rtr), 0.0);
+    for (index_t i = 0; i < M::Gate::d_rtr; ++i) {
+      double s = 0;
+      for (index_t c = 0; c < d; ++c) s += p[std::size_t(M::o_gate + i * d + c)] * ln[std::size_t(r * d + c)];
+      act[std::size_t(i)] = std::max(s, 0.0);
+    }
+    double sum = 0;
+    for (int e = 0; e < M::C; ++e) {
+      double h = 0;
+      for (index_t i = 0; i < M::Gate::d_rtr; ++i) h += p[std::size_t(M::o_gate + M::Gate::o_a + e * M::Gate::d_rtr + i)] * act[std::size_t(i)];
+      sum += std::exp(h);
+    }
+    z += std::pow(std::log(sum), 2) / double(n);
+  }
+  CHECK(test::rel_error(got.out, ref) < 1e-12);
+  CHECK(got.aux == Approx(mi + 0.2 * z).epsilon(1e-12));
 }

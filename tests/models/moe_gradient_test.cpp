@@ -32,3 +32,24 @@ TEST_CASE("MoDE integrated: whole-model gradient equals finite differences (2 ex
 TEST_CASE("MoE: gradient check without renormalisation, top-1 (Switch style)", "[moe][gradcheck]") {
   gradient_check<LM<tiny, MoEStack<2, 3, 1, Router<TopK<Softmax>, Renormalise<false>>>>>(6, 3);
 }
+
+TEST_CASE("MoE with the router z-loss (ST-MoE): gradient equals finite differences, the objective includes it",
+          "[moe][gradcheck][zloss]") {
+  using ZRouter = Router<TopK<Softmax>, Temperature<1, 2>, BalanceCoef<1, 10>, ZLoss<1, 5>>;
+  using Z = LM<tiny, MoEStack<2, 3, 2, ZRouter>>;
+  using NoZ = LM<tiny, MoEStack<2, 3, 2, SmallRouter>>;
+  gradient_check<Z>(4, 3);
+  static_assert(Z::params == NoZ::params);
+  auto z = Z::make<cpu::Backend<double>>(8);
+  auto noz = NoZ::make<cpu::Backend<double>>(8);
+  test::randomise(z, 9, 0.5);
+  std::copy(z.params().begin(), z.params().end(), noz.params().begin());
+  const auto tokens = test::random_tokens(12, tiny.vocab, 3), targets = test::random_tokens(12, tiny.vocab, 4);
+  z.reserve(2, 6);
+  noz.reserve(2, 6);
+  const double with = z.forward(tokens, targets, 2, 6), without = noz.forward(tokens, targets, 2, 6);
+  double zsum = 0;  // each step's z-loss, read from its selection
+  for (const auto& step : std::get<0>(z.plan().parts).step) zsum += z.workspace_data()[step.gate.sel.zloss];
+  CHECK(zsum > 0);
+  CHECK(with == Approx(without + zsum).epsilon(1e-12));
+}

@@ -36,3 +36,8 @@ TEST_CASE("MoM: gradient check without renormalisation and without SKIP (K1H2)",
   using R = Router<GRU, Width<4>, Renormalise<false>>;
   gradient_check<LM<tiny, KaHb<1, 2, 2, R>>>(5, 2);
 }
+
+TEST_CASE("MoM with the router z-loss on both GRU routers: gradient equals finite differences", "[mom][gradcheck][zloss]") {
+  using R = Router<GRU, Width<5>, Temperature<1, 2>, BalanceCoef<1, 10>, ZLoss<1, 5>>;
+  gradient_check<LM<tiny, KaHbS<2, 2, 3, R>>>(6, 4);
+}

@@ -98,3 +98,31 @@ TEST_CASE("selection_entropy_forward: float agrees with double, wrong shapes are
   CHECK_THROWS_WITH(bf.selection_entropy_forward(std::span<float>(lf), mat(dzf, B * T, C), cmat(zf, B * T, C), B, T + 1, 0.01f),
                     Catch::Contains("selection_entropy_forward: logits [18x33]"));
 }
+
+TEST_CASE("router_z_loss_forward (ST-MoE): the loss equals a naive loop and its gradient finite differences",
+          "[ops][routing][zloss]") {
+  const index_t n = 9, C = 6;
+  const double coef = 0.05, inv_temp = 2.0;
+  Rng rng(12);
+  std::vector<double> z = random_vec(std::size_t(n * C), rng, -3, 3), dz(z.size()), loss(1);
+  auto naive_z = [&] {  // coef · mean over rows of (log Σ exp(inv_temp·z))², written as it reads
+    double s = 0;
+    for (index_t r = 0; r < n; ++r) {
+      double sum = 0;
+      for (index_t e = 0; e < C; ++e) sum += std::exp(inv_temp * z[std::size_t(r * C + e)]);
+      s += std::pow(std::log(sum), 2);
+    }
+    return coef * s / double(n);
+  };
+  cpu::Backend<double> be;
+  be.router_z_loss_forward(std::span<double>(loss), mat(dz, n, C), cmat(z, n, C), inv_temp, coef);
+  CHECK(loss[0] == Approx(naive_z()).epsilon(1e-14));
+  CHECK(rel_error(dz, numeric_grad(z, naive_z)) < fd_tol);
+  // Large logits stay finite (the max is subtracted before exp).
+  std::vector<double> big(z.size(), 400.0);
+  be.router_z_loss_forward(std::span<double>(loss), mat(dz, n, C), cmat(big, n, C), inv_temp, coef);
+  CHECK(loss[0] == Approx(coef * std::pow(800.0 + std::log(double(C)), 2)).epsilon(1e-12));
+  std::vector<double> bad(std::size_t(n * (C + 1)));
+  CHECK_THROWS_WITH(be.router_z_loss_forward(std::span<double>(loss), mat(bad, n, C + 1), cmat(z, n, C), 1.0, coef),
+                    Catch::StartsWith("router_z_loss_forward: logits [9x6], dlogits [9x7]"));
+}

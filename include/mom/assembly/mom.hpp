@@ -159,7 +159,7 @@ struct Executor<GRU, A, D> : WorkspaceViews {
     RouterSaved r{};
     r.gates = a.take(n * 6 * W);
     r.state = a.take(n * W);
-    static_cast<dispatch::Selection&>(r) = dispatch::plan_selection(a, n, Kp, E);
+    static_cast<dispatch::Selection&>(r) = dispatch::plan_selection(a, n, Kp, E, Cfg::z_loss > 0);
     return r;
   }
   static constexpr Plan plan(Arena& a, index_t batch, index_t seq) {
@@ -224,7 +224,8 @@ struct Executor<GRU, A, D> : WorkspaceViews {
                         vec(p, o.b_hh, 3 * W));
     const MatrixView<T> probs = mv(ws + r.probs, n, E);
     be.linear_forward(probs, cmv<T>(ws + r.state, n, W), mat(p, o.w_out, E, W), std::span<const T>{});  // logits
-    dispatch::select_forward(be, ws, r, n, Kp, E, T(1.0 / Cfg::temperature), Cfg::renormalise, T(Cfg::balance_coef));
+    dispatch::select_forward(be, ws, r, n, Kp, E, T(1.0 / Cfg::temperature), Cfg::renormalise, T(Cfg::balance_coef),
+                             T(Cfg::z_loss));
   }
 
   template <class Be, class T>
@@ -235,7 +236,7 @@ struct Executor<GRU, A, D> : WorkspaceViews {
     // Packed dweights back to (token, pick) slots, then through top-K / softmax / head.
     const MatrixView<T> dlogits = mv(sc + s.dlogits, n, E);
     dispatch::select_backward(be, ws, r, n, Kp, E, T(1.0 / Cfg::temperature), Cfg::renormalise,
-                              sp<const T>(sc + s.dwp, n * Kp), sp(sc + s.dws, n * Kp), dlogits);
+                              sp<const T>(sc + s.dwp, n * Kp), sp(sc + s.dws, n * Kp), dlogits, T(Cfg::z_loss));
     be.linear_backward(mv(ds_cur, n, W), mat(g, o.w_out, E, W), std::span<T>{}, MatrixView<const T>(dlogits),
                        cmv(ws + r.state, n, W), mat(p, o.w_out, E, W));
     if (ds_prev) be.zero(sp(ds_prev, n * W));

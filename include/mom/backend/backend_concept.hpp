@@ -107,6 +107,7 @@ concept RoutingOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, M
   be.balance_loss_forward(s, s, cm, tok, i, x);
   be.selection_entropy_forward(s, m, cm, i, i, x);
   be.selection_entropy_forward(s, m, cm, i, i, x, x);
+  be.router_z_loss_forward(s, m, cm, x, x);          // ST-MoE's router z-loss
   be.topk_rows(m, picks, cm);
   be.topk_rows_backward(m, cm, cpicks);
 };

@@ -341,6 +341,13 @@ void selection_entropy_shapes(CS<T> loss_out, CM<T> dlogits, CM<T> logits, index
             " sequences of ", seq, " tokens, loss_out ", loss_out.size());
 }
 
+template <class T>
+void router_z_loss_shapes(CS<T> loss_out, CM<T> dlogits, CM<T> logits) {
+  MOM_CHECK(ssize(loss_out) == 1 && logits.rows > 0 && logits.cols > 0 && dlogits.rows == logits.rows &&
+                dlogits.cols == logits.cols,
+            "router_z_loss_forward: logits ", shape(logits), ", dlogits ", shape(dlogits), ", loss_out ", loss_out.size());
+}
+
 // ---- optimizer -------------------------------------------------------------------------------
 template <class T>
 void grad_norm_args(CS<T> grads, const T* norm_out) {

@@ -7,6 +7,7 @@
 //   row_token, row_slot, offsets   the n·K (row, slot) pairs grouped by class with a stable counting
 //                    sort (causal order kept inside a group); offsets stay in backend memory
 //   wpacked [n·K]    the weights in group order; loss [1] the router's auxiliary loss
+//   zgrad [n × C], zloss [1]   the router z-loss's gradient and value (planned only with a z-loss)
 #include <span>
 
 #include "mom/core/groups.hpp"
@@ -33,8 +34,9 @@ const token_t* toks(const T* ws, index_t off) {
 struct Selection {
   index_t probs = 0, weights = 0, wpacked = 0, dprobs_col = 0, loss = 0;  // T: n×C, n×K, n·K, C, 1
   index_t picks = 0, row_token = 0, row_slot = 0, offsets = 0;            // token_t: n×K, n·K, n·K, C+1
+  index_t zgrad = -1, zloss = -1;                                         // T: n×C, 1 (-1: no z-loss)
 };
-constexpr Selection plan_selection(Arena& a, index_t n, index_t k, index_t classes) {
+constexpr Selection plan_selection(Arena& a, index_t n, index_t k, index_t classes, bool z_loss = false) {
   Selection s{};
   s.probs = a.take(n * classes);
   s.weights = a.take(n * k);
@@ -45,6 +47,10 @@ constexpr Selection plan_selection(Arena& a, index_t n, index_t k, index_t class
   s.row_token = a.take(tok_elems(n * k));
   s.row_slot = a.take(tok_elems(n * k));
   s.offsets = a.take(tok_elems(classes + 1));
+  if (z_loss) {
+    s.zgrad = a.take(n * classes);
+    s.zloss = a.take(1);
+  }
   return s;
 }
 
@@ -61,17 +67,22 @@ void group_picks(Be& be, T* ws, const Selection& s, index_t n, index_t k, index_
 }
 
 // probs holds the router's logits on entry: softmax(logits · inv_temp) in place, top-K picks and
-// weights, the groups, the weights in group order, the balance loss (coefficient coef).
+// weights, the groups, the weights in group order, the balance loss (coefficient coef) plus, with z_coef > 0
+// (a selection planned with z_loss), the router z-loss of the logits (its gradient kept in zgrad).
 template <class Be, class T>
 void select_forward(Be& be, T* ws, const Selection& s, index_t n, index_t k, index_t classes, T inv_temp,
-                    bool renormalise, T coef) {
+                    bool renormalise, T coef, T z_coef = T(0)) {
   const MatrixView<T> probs{ws + s.probs, n, classes};
+  if (z_coef > T(0))
+    be.router_z_loss_forward(std::span<T>{ws + s.zloss, 1}, MatrixView<T>{ws + s.zgrad, n, classes},
+                             MatrixView<const T>(probs), inv_temp, z_coef);
   be.route_topk_forward(MatrixView<T>{ws + s.weights, n, k}, MatrixView<token_t>{toks(ws, s.picks), n, k}, probs,
                         MatrixView<const T>(probs), inv_temp, renormalise);
   group_picks(be, ws, s, n, k, classes);
   be.balance_loss_forward(std::span<T>{ws + s.loss, 1}, std::span<T>{ws + s.dprobs_col, std::size_t(classes)},
                           MatrixView<const T>(probs),
                           std::span<const token_t>{toks(ws, s.offsets), std::size_t(classes + 1)}, k, coef);
+  if (z_coef > T(0)) be.axpy(std::span<T>{ws + s.loss, 1}, T(1), std::span<const T>{ws + s.zloss, 1});
 }
 
 // Sigmoid top-K selection with the within-sequence entropy regulariser (σ-MoE, SwitchHead; MoEUT
@@ -118,17 +129,19 @@ void slot_grads(Be& be, const T* ws, const Selection& s, index_t n, index_t k, s
                       std::span<const token_t>{toks(ws, s.row_slot), std::size_t(n * k)});
 }
 
-// Backward of select_forward (and of the balance loss): dwp holds dL/d(weight) in group order;
+// Backward of select_forward (and of the balance loss and z-loss): dwp holds dL/d(weight) in group order;
 // dws is n·K scratch; dlogits [n × classes] is overwritten with dL/dlogits.
 template <class Be, class T>
 void select_backward(Be& be, const T* ws, const Selection& s, index_t n, index_t k, index_t classes, T inv_temp,
-                     bool renormalise, std::span<const T> dwp, std::span<T> dws, MatrixView<T> dlogits) {
+                     bool renormalise, std::span<const T> dwp, std::span<T> dws, MatrixView<T> dlogits,
+                     T z_coef = T(0)) {
   slot_grads(be, ws, s, n, k, dwp, dws);
   be.zero(dlogits.flat());
   be.route_topk_backward(dlogits, MatrixView<const T>{dws.data(), n, k}, MatrixView<const T>{ws + s.weights, n, k},
                          MatrixView<const T>{ws + s.probs, n, classes},
                          MatrixView<const token_t>{toks(ws, s.picks), n, k}, inv_temp, renormalise,
                          std::span<const T>{ws + s.dprobs_col, std::size_t(classes)});
+  if (z_coef > T(0)) be.axpy(dlogits.flat(), T(1), std::span<const T>{ws + s.zgrad, std::size_t(n * classes)});
 }
 
 // Backward of the weighted scatter-adds of `modules` groups (module m's outputs y in group order

@@ -11,6 +11,8 @@
 //   RoutingStats stats;
 //   for (...) { m.forward(tokens, {}, B, S); stats.accumulate(m); }
 //   stats.write_json("routing.json"); stats.write_csv("routing");   // routing.<router>.csv
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <span>
@@ -150,6 +152,36 @@ struct RoutingStats {
     }
   }
   void clear() { routers.clear(); }
+
+  // Expert (module) usage of one round of one router, so that routing collapse is visible during training
+  // (issue 18: ST-MoE / Switch practice): each module class's share of the round's picks (SKIP left out of
+  // the shares and reported on its own), their coefficient of variation std/mean (0: perfectly balanced;
+  // √(N−1): one module takes everything) and the largest share. No router here has a capacity, so no token
+  // is ever dropped.
+  struct Load {
+    std::vector<double> share;
+    double cv = 0, max_share = 0, skip_share = 0;
+  };
+  static Load load(const Router& r, int round) {
+    Load l;
+    const int modules = r.skip ? r.classes - 1 : r.classes;
+    const long long* u = r.usage.data() + std::size_t(round) * std::size_t(r.classes);
+    long long picked = 0, all = 0;
+    for (int c = 0; c < r.classes; ++c) {
+      all += u[c];
+      if (c < modules) picked += u[c];
+    }
+    if (r.skip && all > 0) l.skip_share = double(u[modules]) / double(all);
+    double mean = 0, var = 0;
+    for (int c = 0; c < modules; ++c) {
+      l.share.push_back(picked > 0 ? double(u[c]) / double(picked) : 0.0);
+      mean += l.share.back() / modules;
+      l.max_share = std::max(l.max_share, l.share.back());
+    }
+    for (double s : l.share) var += (s - mean) * (s - mean) / modules;
+    l.cv = mean > 0 ? std::sqrt(var) / mean : 0.0;
+    return l;
+  }
 };
 
 }  // namespace mom

@@ -14,6 +14,8 @@
 //   MutualInformation<γ>   γ·(Σ_m p(m) log p(m) − (1/n) Σ_x Σ_m g(m|x) log g(m|x))   eq. (7), pre-training
 //   LoadConcentration<γ>   γ·H(m) = −γ Σ_m p(m) log p(m)                              eq. (8), fine-tuning
 //   NoRouterLoss
+// each optionally with the router z-loss of ST-MoE (arXiv 2202.08906, eq. (5)), z · mean over the tokens of
+// (log Σ_m exp h(x)_m)² (MutualInformation<γ, Z>, LoadConcentration<γ, Z>, NoRouterLoss<Z>; Z = 0: off),
 // with g(m|x) the full softmax (before top-k) and p(m) its mean over the batch's tokens; plus, when
 // RoutReg λ > 0, the routing regularisation λ·‖A'‖² of eq. (10) (partially trainable insertion).
 #include <array>
@@ -27,23 +29,28 @@
 namespace mom {
 
 // The router's balancing loss (coef, cond_coef of the selection_entropy op, backend/cpu/routing.hpp).
-template <class Gamma = std::ratio<1, 100>>
+template <class Gamma = std::ratio<1, 100>, class Z = std::ratio<0>>
 struct MutualInformation {
-  static_assert(Gamma::num >= 0, "mom::MutualInformation<gamma>: gamma must be >= 0");
+  static_assert(Gamma::num >= 0 && Z::num >= 0, "mom::MutualInformation<gamma, z>: gamma and z must be >= 0");
   static constexpr double coef = double(Gamma::num) / double(Gamma::den), cond_coef = -coef;
+  static constexpr double z_coef = double(Z::num) / double(Z::den);
 };
-template <class Gamma = std::ratio<1, 100>>
+template <class Gamma = std::ratio<1, 100>, class Z = std::ratio<0>>
 struct LoadConcentration {
-  static_assert(Gamma::num >= 0, "mom::LoadConcentration<gamma>: gamma must be >= 0");
+  static_assert(Gamma::num >= 0 && Z::num >= 0, "mom::LoadConcentration<gamma, z>: gamma and z must be >= 0");
   static constexpr double coef = -double(Gamma::num) / double(Gamma::den), cond_coef = 0;
+  static constexpr double z_coef = double(Z::num) / double(Z::den);
 };
+template <class Z = std::ratio<0>>
 struct NoRouterLoss {
-  static constexpr double coef = 0, cond_coef = 0;
+  static_assert(Z::num >= 0, "mom::NoRouterLoss<z>: z must be >= 0");
+  static constexpr double coef = 0, cond_coef = 0, z_coef = double(Z::num) / double(Z::den);
 };
 template <class L>
 concept RouterLoss = requires {
   { L::coef } -> std::convertible_to<double>;
   { L::cond_coef } -> std::convertible_to<double>;
+  { L::z_coef } -> std::convertible_to<double>;
 };
 
 // The value a pruned module's logit gets added (exp(−10⁴) is 0 in float and double).
@@ -86,7 +93,7 @@ struct MLPGate {
     Saved s{};
     s.hid = a.take(n * Drtr);
     s.act = a.take(n * Drtr);
-    s.sel = dispatch::plan_selection(a, n, K, C);
+    s.sel = dispatch::plan_selection(a, n, K, C, Loss::z_coef > 0);
     s.dreg = a.take(n * C);
     s.sq = a.take(1);
     return s;
@@ -120,6 +127,11 @@ struct MLPGate {
                                    T(Loss::cond_coef));  // eqs. (7) / (8) over the batch
     else
       be.zero(loss);
+    if constexpr (Loss::z_coef > 0) {  // + the z-loss, before the softmax replaces the logits
+      be.router_z_loss_forward(vec(ws, s.sel.zloss, 1), mat(ws, s.sel.zgrad, n, C), MatrixView<const T>(logits), T(1),
+                               T(Loss::z_coef));
+      be.axpy(loss, T(1), vec(static_cast<const T*>(ws), s.sel.zloss, 1));
+    }
     if constexpr (NNew > 0 && reg > 0) {  // + λ‖A'‖², eq. (10): A' as one row times itself
       const MatrixView<const T> a_new{p + o_a + N * Drtr, 1, NNew * Drtr};
       be.linear_forward(mat(ws, s.sq, 1, 1), a_new, a_new, std::span<const T>{});
@@ -144,6 +156,7 @@ struct MLPGate {
                            mat(ws, s.sel.probs, n, C), MatrixView<const token_t>{dispatch::toks(ws, s.sel.picks), n, K},
                            T(1), false, std::span<const T>{});
     if constexpr (Loss::coef != 0 || Loss::cond_coef != 0) be.axpy(dlogits.flat(), T(1), vec(ws, s.dreg, n * C));
+    if constexpr (Loss::z_coef > 0) be.axpy(dlogits.flat(), T(1), vec(ws, s.sel.zgrad, n * C));
     be.zero(dact);
     be.linear_backward(dact, mat(g, o_a, C, Drtr), std::span<T>{}, MatrixView<const T>(dlogits), mat(ws, s.act, n, Drtr),
                        mat(p, o_a, C, Drtr));

@@ -15,6 +15,8 @@
 //   Temperature<p, q>   tau = p / q (default 1/5 = 0.2, the authors' scripts; the paper has none:
 //                       Temperature<1>)
 //   BalanceCoef<p, q>   coefficient of the balance loss, p / q (default 1/100; BalanceCoef<0> off)
+//   ZLoss<p, q>         coefficient of the router z-loss (ST-MoE, arXiv 2202.08906, eq. (5)): p / q ·
+//                       mean over the rows of (log Σ exp(logits / tau))², added to the model loss (default 0: off)
 //   Renormalise<b>      renormalise the K picked weights to sum 1 (default true, the code); false:
 //                       use the raw softmax probabilities (the paper's eqs. (5)-(6) read literally)
 // e.g. Router<GRU, Width<64>, Temperature<1, 2>, BalanceCoef<0>>.
@@ -33,19 +35,21 @@ struct GRUConfig;
 template <class... Os>
 struct GRUConfig<TypeList<Os...>> {
   static constexpr bool options_known =
-      mom::options_known<TypeList<Width<1>, Temperature<1>, BalanceCoef<1>, Renormalise<true>>, Os...>;
+      mom::options_known<TypeList<Width<1>, Temperature<1>, BalanceCoef<1>, Renormalise<true>, ZLoss<0>>, Os...>;
   static constexpr bool options_unique = mom::options_unique<Os...>;
   using width_t = option_t<Width<256>, Os...>;
   using temperature_t = option_t<Temperature<1, 5>, Os...>;
   using balance_t = option_t<BalanceCoef<1, 100>, Os...>;
   using renormalise_t = option_t<Renormalise<true>, Os...>;
+  using z_loss_t = option_t<ZLoss<0>, Os...>;
   static constexpr int width = width_t::value;
   static constexpr double temperature = temperature_t::value;
   static constexpr double balance_coef = balance_t::value;
   static constexpr bool renormalise = renormalise_t::value;
+  static constexpr double z_loss = z_loss_t::value;
   static constexpr bool valid = options_known && options_unique && width >= 1 && temperature_t::denominator > 0 &&
                                 temperature_t::numerator > 0 && balance_t::denominator > 0 &&
-                                balance_t::numerator >= 0;
+                                balance_t::numerator >= 0 && z_loss_t::numerator >= 0 && z_loss_t::denominator > 0;
 };
 
 struct GRU {
@@ -97,7 +101,7 @@ struct GRU {
     using Cfg = GRUConfig<Options>;
     static_assert(Cfg::options_known,
                   "mom::Router<GRU, Options...>: unknown option; known: Width<w>, Temperature<p, q>, BalanceCoef<p, q>, "
-                  "Renormalise<b>");
+                  "Renormalise<b>, ZLoss<p, q>");
     static_assert(Cfg::options_unique, "mom::Router<GRU, Options...>: each option may be given at most once");
     static_assert(!Cfg::options_known || Cfg::width >= 1, "mom::Router<GRU>: Width<w> needs w >= 1");
     static_assert(!Cfg::options_known ||
@@ -105,6 +109,8 @@ struct GRU {
                   "mom::Router<GRU>: Temperature<p, q> must be > 0");
     static_assert(!Cfg::options_known || (Cfg::balance_t::numerator >= 0 && Cfg::balance_t::denominator > 0),
                   "mom::Router<GRU>: BalanceCoef<p, q> must be >= 0");
+    static_assert(!Cfg::options_known || (Cfg::z_loss_t::numerator >= 0 && Cfg::z_loss_t::denominator > 0),
+                  "mom::Router<GRU>: ZLoss<p, q> must be >= 0");
     static constexpr bool ok = Cfg::valid;
   };
 };

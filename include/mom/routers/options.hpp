@@ -5,6 +5,7 @@
 //   Temperature<p, q>   softmax temperature tau = p / q
 //   BalanceCoef<p, q>   coefficient of the Switch-style load-balancing loss, p / q (0: off)
 //   Renormalise<b>      renormalise the K picked weights to sum 1
+//   ZLoss<p, q>         coefficient of the router z-loss (ST-MoE, arXiv 2202.08906), p / q (0: off, the default)
 #include <type_traits>
 
 #include "mom/core/meta.hpp"
@@ -28,6 +29,11 @@ struct BalanceCoef {
 template <bool on>
 struct Renormalise {
   static constexpr bool value = on;
+};
+template <long long num, long long den = 1>
+struct ZLoss {
+  static constexpr long long numerator = num, denominator = den;
+  static constexpr double value = den != 0 ? double(num) / double(den) : 0.0;
 };
 
 // ---- one option mechanism for every router policy ----------------------------------------------

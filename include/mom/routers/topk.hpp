@@ -15,6 +15,8 @@
 // Options (any order, each at most once; routers/options.hpp):
 //   Temperature<p, q>   tau = p / q (default 1, as Mixtral)
 //   BalanceCoef<p, q>   coefficient of the balance loss (default 1/100; BalanceCoef<0> off)
+//   ZLoss<p, q>         coefficient of the router z-loss (ST-MoE, arXiv 2202.08906, eq. (5)): p / q ·
+//                       mean over the rows of (log Σ exp(logits / tau))², added to the model loss (default 0: off)
 //   Renormalise<b>      renormalise the K picked weights (default true, Mixtral); false: the raw
 //                       softmax probabilities (Switch / GShard top-1 style)
 #include <cstddef>
@@ -36,17 +38,19 @@ struct TopKConfig;
 template <class... Os>
 struct TopKConfig<TypeList<Os...>> {
   static constexpr bool options_known =
-      mom::options_known<TypeList<Temperature<1>, BalanceCoef<1>, Renormalise<true>>, Os...>;
+      mom::options_known<TypeList<Temperature<1>, BalanceCoef<1>, Renormalise<true>, ZLoss<0>>, Os...>;
   static constexpr bool options_unique = mom::options_unique<Os...>;
   using temperature_t = option_t<Temperature<1>, Os...>;
   using balance_t = option_t<BalanceCoef<1, 100>, Os...>;
   using renormalise_t = option_t<Renormalise<true>, Os...>;
+  using z_loss_t = option_t<ZLoss<0>, Os...>;
   static constexpr double temperature = temperature_t::value;
   static constexpr double balance_coef = balance_t::value;
   static constexpr bool renormalise = renormalise_t::value;
+  static constexpr double z_loss = z_loss_t::value;
   static constexpr bool valid = options_known && options_unique && temperature_t::numerator > 0 &&
                                 temperature_t::denominator > 0 && balance_t::numerator >= 0 &&
-                                balance_t::denominator > 0;
+                                balance_t::denominator > 0 && z_loss_t::numerator >= 0 && z_loss_t::denominator > 0;
 };
 
 template <Dims D, int E, int Kp, bool Skip, class Options>
@@ -74,13 +78,15 @@ struct TopK {
     using Cfg = TopKConfig<Options>;
     static_assert(Cfg::options_known,
                   "mom::Router<TopK<Softmax>, Options...>: unknown option; known: Temperature<p, q>, BalanceCoef<p, q>, "
-                  "Renormalise<b>");
+                  "Renormalise<b>, ZLoss<p, q>");
     static_assert(Cfg::options_unique, "mom::Router<TopK<Softmax>, Options...>: each option may be given at most once");
     static_assert(!Cfg::options_known ||
                       (Cfg::temperature_t::numerator > 0 && Cfg::temperature_t::denominator > 0),
                   "mom::Router<TopK<Softmax>>: Temperature<p, q> must be > 0");
     static_assert(!Cfg::options_known || (Cfg::balance_t::numerator >= 0 && Cfg::balance_t::denominator > 0),
                   "mom::Router<TopK<Softmax>>: BalanceCoef<p, q> must be >= 0");
+    static_assert(!Cfg::options_known || (Cfg::z_loss_t::numerator >= 0 && Cfg::z_loss_t::denominator > 0),
+                  "mom::Router<TopK<Softmax>>: ZLoss<p, q> must be >= 0");
     static constexpr bool ok = Cfg::valid;
   };
 };
@@ -112,7 +118,7 @@ struct SoftmaxTopKGate {
     p.ln = a.take(rows * d);
     p.mean = a.take(rows);
     p.rstd = a.take(rows);
-    p.sel = dispatch::plan_selection(a, rows, Kp, C);
+    p.sel = dispatch::plan_selection(a, rows, Kp, C, Cfg::z_loss > 0);
     return p;
   }
   static constexpr const dispatch::Selection& selection(const Plan& p) { return p.sel; }
@@ -139,7 +145,7 @@ struct SoftmaxTopKGate {
     be.linear_forward(MatrixView<T>{ws + s.sel.probs, rows, C}, MatrixView<const T>(z), mat(p, o_w, C, d),
                       std::span<const T>{});
     dispatch::select_forward(be, ws, s.sel, rows, Kp, C, T(1.0 / Cfg::temperature), Cfg::renormalise,
-                             T(Cfg::balance_coef));
+                             T(Cfg::balance_coef), T(Cfg::z_loss));
   }
 
   // dL/dlogits through top-K / softmax (+ the balance loss), then W and LN_r.
@@ -151,7 +157,7 @@ struct SoftmaxTopKGate {
     const Scratch sc = scratch_plan(rows);
     const MatrixView<T> dlogits{scratch + sc.dlogits, rows, C}, dz{scratch + sc.dln, rows, d};
     dispatch::select_backward(be, ws, s.sel, rows, Kp, C, T(1.0 / Cfg::temperature), Cfg::renormalise, dwp,
-                              std::span<T>(scratch + sc.dws, std::size_t(rows * Kp)), dlogits);
+                              std::span<T>(scratch + sc.dws, std::size_t(rows * Kp)), dlogits, T(Cfg::z_loss));
     be.zero(dz.flat());
     be.linear_backward(dz, mat(g, o_w, C, d), std::span<T>{}, MatrixView<const T>(dlogits),
                        MatrixView<const T>{ws + s.ln, rows, d}, mat(p, o_w, C, d));

@@ -7,8 +7,9 @@
 //                                         mom.checkpoint_id, mom.config (JSON)
 //   <run>/step-000500/optimizer.safetensors  "adam.m", "adam.v" (flat, layout order, shape [Model::params]);
 //                                         metadata: mom.step (AdamW steps done), mom.sampler_state
-//                                         (training-data RNG), mom.checkpoint_id (equal to the model file's),
-//                                         mom.describe
+//                                         (training-data RNG), mom.freeze (the freeze patterns in effect, a
+//                                         JSON array of strings), mom.checkpoint_id (equal to the model
+//                                         file's), mom.describe
 // Both files also carry safetensors.hpp's checksums (mom.checksum.<tensor>, mom.header_checksum).
 //
 // model.safetensors loads directly with safetensors.torch.load_file / numpy (docs/read_checkpoint.py).
@@ -25,13 +26,20 @@
 // Loading checks, before writing a single value: both files' structure and checksums (safetensors.hpp),
 // the architecture (mom.describe of both files), every tensor's name, shape and dtype (adam.m / adam.v
 // exactly [Model::params]), that both files come from one save (mom.checkpoint_id) at one step (mom.step,
-// a whole decimal number), the sampler state, and that every parameter and moment is finite (adam.v >= 0).
+// a whole decimal number), the sampler state, the freeze patterns (each must match a tensor), and that every
+// parameter and moment is finite (adam.v >= 0).
+//
+// Older checkpoints stay loadable: one without mom.freeze was written before that key and means nothing
+// frozen (or, when its mom.config records a "freeze" list, as checkpoints of the first --freeze version do,
+// that list).
 #pragma once
 
 #include <mom/models/describe.hpp>
 #include <mom/train/data.hpp>
 #include <mom/train/file_io.hpp>
 #include <mom/train/safetensors.hpp>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -42,6 +50,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,7 +60,68 @@ namespace mom::train {
 struct TrainState {
   std::int64_t step = 0;      // optimizer steps completed
   std::string sampler_state;  // training BatchSampler RNG state
+  std::vector<std::string> freeze;  // the freeze patterns in effect (TrainConfig::freeze); empty: nothing frozen
 };
+
+// Per-tensor freezing (TrainConfig::freeze, mom-train --freeze): glob patterns over the layout's tensor names
+// select tensors that get no optimizer update. Here because the patterns are part of the training state a
+// checkpoint holds (and load checks them); the Trainer applies them (train/trainer.hpp).
+
+// Whole-name glob match: `*` any run of characters (dots included, so "h.*.w1" matches "h.3.moe.w1" too),
+// `?` any one character; every other character stands for itself (no escapes, no [classes]).
+inline bool glob_match(std::string_view pattern, std::string_view name) {
+  std::size_t p = 0, n = 0, star = std::string_view::npos, mark = 0;
+  while (n < name.size()) {
+    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == name[n])) {
+      ++p, ++n;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      star = p++, mark = n;
+    } else if (star != std::string_view::npos) {
+      p = star + 1, n = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+// The patterns of a comma-separated list ("a,b" -> {"a", "b"}; empty items dropped, so "" -> {}).
+inline std::vector<std::string> split_patterns(std::string_view list) {
+  std::vector<std::string> out;
+  while (!list.empty()) {
+    const std::size_t comma = list.find(',');
+    if (comma != 0) out.emplace_back(list.substr(0, comma));
+    if (comma == std::string_view::npos) break;
+    list.remove_prefix(comma + 1);
+  }
+  return out;
+}
+
+// frozen[i]: tensor i of `layout` does not train: a pattern matches its name, or it is a buffer
+// (ParamInfo::trainable = false, frozen with or without patterns). A pattern that matches no tensor is an
+// error (one line naming the pattern, with example names).
+inline std::vector<bool> freeze_mask(std::span<const ParamInfo> layout, const std::vector<std::string>& patterns) {
+  std::vector<bool> frozen(layout.size(), false);
+  for (std::size_t i = 0; i < layout.size(); ++i) frozen[i] = !layout[i].trainable;
+  for (const auto& pat : patterns) {
+    bool any = false;
+    for (std::size_t i = 0; i < layout.size(); ++i)
+      if (glob_match(pat, layout[i].name)) frozen[i] = any = true;
+    if (any) continue;
+    std::string examples;
+    for (const std::size_t i : {std::size_t(0), layout.size() / 2, layout.size() - 1})
+      if (i < layout.size() && examples.find("'" + std::string(layout[i].name) + "'") == std::string::npos)
+        examples += (examples.empty() ? "'" : ", '") + std::string(layout[i].name) + "'";
+    MOM_CHECK(false, "freeze: the pattern '", pat, "' matches no tensor of the model (tensor names look like ",
+              examples, "; `*` matches any characters, dots included, `?` one)");
+  }
+  return frozen;
+}
+template <class Model>
+std::vector<bool> freeze_mask(const std::vector<std::string>& patterns) {
+  return freeze_mask(std::span<const ParamInfo>(Model::layout), patterns);
+}
 
 inline std::string step_folder_name(std::int64_t step) {
   char buf[32];
@@ -256,6 +326,7 @@ class Checkpointer {
     } catch (const Error& e) {
       throw Error(where + ": optimizer metadata mom.sampler_state: " + e.what());
     }
+    s.freeze = freeze_of(opt, mf, where);
     model.backend().from_host(model.params(), std::span<const T>(params));
     model.backend().from_host(adam_m, std::span<const T>(m));
     model.backend().from_host(adam_v, std::span<const T>(v));
@@ -284,6 +355,39 @@ class Checkpointer {
     MOM_CHECK(step && *step >= 0, "checkpoint file '", f.path_string(), "': metadata mom.step '", text,
               "' is not a whole number >= 0");
     return *step;
+  }
+
+  // The freeze patterns a checkpoint records: optimizer metadata mom.freeze, a JSON array of strings. Without
+  // that key (a checkpoint written before it), the "freeze" list of the model file's mom.config when it has
+  // one (the first --freeze version recorded the patterns there only), else none: nothing frozen. Each
+  // pattern must match a tensor of this model.
+  static std::vector<std::string> freeze_of(const safetensors::File& opt, const safetensors::File& mf,
+                                            const std::string& where) {
+    nlohmann::json list;
+    std::string origin;
+    if (const auto it = opt.metadata().find("mom.freeze"); it != opt.metadata().end()) {
+      list = nlohmann::json::parse(it->second, nullptr, false);
+      origin = "optimizer metadata mom.freeze";
+    } else if (const auto c = mf.metadata().find("mom.config"); c != mf.metadata().end()) {
+      const auto config = nlohmann::json::parse(c->second, nullptr, false);  // unreadable: not ours to refuse
+      if (!config.is_object() || !config.contains("freeze")) return {};
+      list = config["freeze"];
+      origin = "the \"freeze\" of mom.config";
+    } else {
+      return {};
+    }
+    std::vector<std::string> patterns;
+    MOM_CHECK(list.is_array(), where, ": ", origin, " is not a JSON array of strings");
+    for (const auto& p : list) {
+      MOM_CHECK(p.is_string(), where, ": ", origin, " is not a JSON array of strings");
+      patterns.push_back(p.get<std::string>());
+    }
+    try {
+      freeze_mask<Model>(patterns);
+    } catch (const Error& e) {
+      throw Error(where + ": " + origin + ": " + e.what());
+    }
+    return patterns;
   }
 
   // The layout tensor holding flat parameter index i.
@@ -353,6 +457,7 @@ class Checkpointer {
     opt.add<T>("adam.v", v, {static_cast<std::int64_t>(v.size())});
     opt.metadata("mom.step", std::to_string(state.step));
     opt.metadata("mom.sampler_state", state.sampler_state);
+    opt.metadata("mom.freeze", nlohmann::json(state.freeze).dump());
     opt.metadata("mom.checkpoint_id", id);
     opt.metadata("mom.describe", describe_line);
     opt.write(dir / "optimizer.safetensors");

@@ -2,7 +2,9 @@
 // to a floor, global-norm gradient clipping (fused into the AdamW pass), gradient accumulation, periodic
 // validation loss / perplexity, progress display, JSON-lines metrics, checkpoints and bit-identical resume.
 // Per-tensor freezing (TrainConfig::freeze, mom-train --freeze): frozen tensors and buffers
-// (TensorSpec::trainable = false) get no AdamW update at all and do not count in the gradient norm.
+// (TensorSpec::trainable = false) get no AdamW update at all (no step, no weight decay, moments untouched),
+// and their gradients are zeroed before the global gradient norm, so they do not count in it nor in clipping.
+// The patterns are part of the checkpoint (TrainState::freeze) and restored on resume.
 //
 //   auto model = Model::make<cpu::Backend<float>>(seed);
 //   TokenFile train("data/train.bin"), val("data/val.bin");
@@ -64,10 +66,11 @@ struct TrainConfig {
   std::string tokenizer_name;  // recorded in checkpoints and metrics
   std::string data_name;       // where the training data came from (mom-train: the --data path); recorded
   // Tensors that do not train: glob patterns over the layout's names ("h.*.smoe.w1", "wte"; `*` any run of
-  // characters, dots included, `?` one character; the whole name must match), each matching at least one
-  // tensor (freeze_mask). Recorded in the checkpoint's configuration; a resumed run uses its own (a change
-  // is reported like any other).
-  std::vector<std::string> freeze;
+  // characters, dots included, `?` one character; the whole name must match; glob_match), each matching at
+  // least one tensor (freeze_mask). Saved in every checkpoint (TrainState::freeze). Unset: nothing frozen in
+  // a fresh run, and resume() restores the checkpoint's patterns; set (an empty list too, which unfreezes
+  // everything), these patterns, also after resume(), which reports a difference from the checkpoint's.
+  std::optional<std::vector<std::string>> freeze;
 
   // Every value in range, checked before anything is prepared or allocated (one MOM_CHECK error each):
   // counts positive and bounded so that no product of them can overflow (batch·seq tokens fit token_t
@@ -107,55 +110,13 @@ struct TrainConfig {
             {"eval_interval", eval_interval}, {"eval_batches", eval_batches},
             {"checkpoint_interval", checkpoint_interval}, {"log_interval", log_interval},
             {"max_skipped_steps", max_skipped_steps}, {"seed", seed}, {"arch", arch_name},
-            {"tokenizer", tokenizer_name}, {"data", data_name}, {"freeze", freeze}};
+            {"tokenizer", tokenizer_name}, {"data", data_name},
+            {"freeze", freeze.value_or(std::vector<std::string>{})}};
   }
 };
 
-// Whole-name glob match: `*` any run of characters (dots included), `?` any one character.
-inline bool glob_match(std::string_view pattern, std::string_view name) {
-  std::size_t p = 0, n = 0, star = std::string_view::npos, mark = 0;
-  while (n < name.size()) {
-    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == name[n])) {
-      ++p, ++n;
-    } else if (p < pattern.size() && pattern[p] == '*') {
-      star = p++, mark = n;
-    } else if (star != std::string_view::npos) {
-      p = star + 1, n = ++mark;
-    } else {
-      return false;
-    }
-  }
-  while (p < pattern.size() && pattern[p] == '*') ++p;
-  return p == pattern.size();
-}
-
-// The patterns of a comma-separated list ("a,b" → {"a", "b"}; empty items dropped).
-inline std::vector<std::string> split_patterns(std::string_view list) {
-  std::vector<std::string> out;
-  while (!list.empty()) {
-    const std::size_t comma = list.find(',');
-    if (comma != 0) out.emplace_back(list.substr(0, comma));
-    if (comma == std::string_view::npos) break;
-    list.remove_prefix(comma + 1);
-  }
-  return out;
-}
-
-// frozen[i]: layout tensor i is matched by a pattern (or is a buffer, TensorSpec::trainable = false).
-// A pattern that matches no tensor is an error naming it.
-template <class Model>
-std::vector<bool> freeze_mask(const std::vector<std::string>& patterns) {
-  std::vector<bool> frozen(Model::layout.size(), false);
-  for (std::size_t i = 0; i < frozen.size(); ++i) frozen[i] = !Model::layout[i].trainable;
-  for (const auto& pat : patterns) {
-    bool any = false;
-    for (std::size_t i = 0; i < frozen.size(); ++i)
-      if (glob_match(pat, Model::layout[i].name)) frozen[i] = any = true;
-    MOM_CHECK(any, "freeze: the pattern '", pat, "' matches no tensor of the model (names look like '",
-              Model::layout[Model::layout.size() > 2 ? 2 : 0].name, "'; `*` matches any characters, dots included)");
-  }
-  return frozen;
-}
+// glob_match, split_patterns and freeze_mask (the freeze patterns) are in train/checkpoint.hpp: the patterns
+// are part of the training state a checkpoint holds.
 
 // Learning rate of optimizer step `step` (1-based): linear warm-up to lr over `warmup` steps, then cosine
 // decay to lr * min_lr_ratio at the last step.
@@ -203,36 +164,29 @@ class Trainer {
     inputs_.resize(static_cast<std::size_t>(cfg_.batch * cfg_.seq));
     targets_.resize(inputs_.size());
     model_.reserve(cfg_.batch, cfg_.seq);
-    // Contiguous runs of layout tensors that share a weight-decay setting and frozen-ness: one AdamW pass
-    // each (none for a frozen run).
-    const std::vector<bool> frozen = freeze_mask<Model>(cfg_.freeze);
-    for (std::size_t i = 0; i < frozen.size(); ++i) {
-      const auto& p = Model::layout[i];
-      const bool decay = p.rows > 1 && p.cols > 1;
-      if (frozen[i]) frozen_params_ += p.size(), ++frozen_tensors_;
-      if (!groups_.empty() && groups_.back().decay == decay && groups_.back().frozen == frozen[i] &&
-          groups_.back().end == p.offset)
-        groups_.back().end = p.offset + p.size();
-      else
-        groups_.push_back({p.offset, p.offset + p.size(), decay, bool(frozen[i])});
-    }
+    apply_freeze(cfg_.freeze.value_or(std::vector<std::string>{}));
     progress_.set_enabled(cfg_.progress);
   }
 
-  // Continues from a checkpoint (run dir or step folder): parameters, AdamW moments, step, sampler state.
-  // Returns what differs between the checkpoint's recorded configuration and this one ("lr 0.002 -> 0.001"),
-  // each applied from here on; a different tokenizer (token ids that mean other text) is refused.
+  // Continues from a checkpoint (run dir or step folder): parameters, AdamW moments, step, sampler state and
+  // freeze patterns (those of the checkpoint unless the configuration sets its own). Returns what differs
+  // between the checkpoint's recorded configuration and this one ("lr 0.002 -> 0.001", "freeze [] ->
+  // [\"wte\"]"), each applied from here on; a different tokenizer (token ids that mean other text) is refused.
   std::vector<std::string> resume(const std::filesystem::path& checkpoint) {
     TrainState s;
     const auto meta = Checkpointer<Instance>::load(checkpoint, model_, m_.span(), v_.span(), s);
     sampler_.set_state(s.sampler_state);
     step_ = s.step;
     resumed_from_ = s.step;
+    if (!cfg_.freeze) {  // restored; a configuration that sets its own keeps it (compared below)
+      cfg_.freeze = s.freeze;
+      apply_freeze(s.freeze);
+    }
     std::vector<std::string> changes;
     const auto it = meta.find("mom.config");
-    if (it == meta.end()) return changes;
-    const auto before = nlohmann::json::parse(it->second, nullptr, false);
-    if (!before.is_object()) return changes;
+    auto before = it == meta.end() ? nlohmann::json::object() : nlohmann::json::parse(it->second, nullptr, false);
+    if (!before.is_object()) before = nlohmann::json::object();
+    before["freeze"] = s.freeze;  // the training state's (checked by load), also for checkpoints older than it
     const auto now = cfg_.to_json();
     for (const auto& [key, value] : now.items()) {
       if (!before.contains(key) || before[key] == value) continue;
@@ -244,9 +198,22 @@ class Trainer {
   }
 
   index_t step() const { return step_; }
-  // What the freeze patterns and the model's buffers hold back from training.
+  // What the freeze patterns and the model's buffers hold back from training: frozen()[i] for layout tensor i
+  // (freeze_mask), the counts of tensors and parameters, and the parameters that train.
+  const std::vector<bool>& frozen() const { return frozen_; }
   index_t frozen_params() const { return frozen_params_; }
   index_t frozen_tensors() const { return frozen_tensors_; }
+  index_t trainable_params() const { return Model::params - frozen_params_; }
+  // "freeze: 3 patterns, 12 tensors (2 of them buffers), 1,234 of 5,678 parameters frozen, 4,444 trainable"
+  std::string freeze_summary() const {
+    index_t buffers = 0;
+    for (const auto& p : Model::layout) buffers += p.trainable ? 0 : 1;
+    std::string s = "freeze: " + std::to_string(cfg_.freeze ? cfg_.freeze->size() : 0) + " patterns, " +
+                    std::to_string(frozen_tensors_) + " tensors";
+    if (buffers > 0) s += " (" + std::to_string(buffers) + " of them buffers)";
+    return s + ", " + mom::detail::with_commas(frozen_params_) + " of " + mom::detail::with_commas(Model::params) +
+           " parameters frozen, " + mom::detail::with_commas(trainable_params()) + " trainable";
+  }
 
   // Optional evaluation hooks (mom-train uses them to collect routing statistics): called after each
   // validation forward with the model, and after each validation with the step.
@@ -287,7 +254,9 @@ class Trainer {
       model_.backward();
     }
     if (cfg_.accum > 1) be.scale(model_.grads(), T(1) / T(cfg_.accum));  // the mean over micro-batches
-    for (const auto& g : groups_)  // frozen tensors do not count in the norm (nor in clipping)
+    // Frozen tensors' gradients are zeroed: they do not count in the norm (nor in clipping), and the gradient
+    // the step leaves behind is the one AdamW saw.
+    for (const auto& g : groups_)
       if (g.frozen) be.zero(model_.grads().subspan(std::size_t(g.begin), std::size_t(g.end - g.begin)));
     be.grad_norm(std::span<const T>(model_.grads()), step_scalars_.data());
     // norm += 0 · loss: unchanged for a finite loss, NaN for an inf or NaN one, so AdamW skips a step
@@ -325,7 +294,7 @@ class Trainer {
       MOM_CHECK(std::isfinite(check), "training diverged at step ", step_, ": the parameters give a loss of ",
                 check, "; no checkpoint written (the last one is kept; try a lower --lr)");
     }
-    TrainState s{step_, sampler_.state()};
+    TrainState s{step_, sampler_.state(), cfg_.freeze.value_or(std::vector<std::string>{})};
     return Checkpointer<Instance>::save(cfg_.out_dir, model_, std::span<const T>(m_.span()),
                                         std::span<const T>(v_.span()), s,
                                         {{"mom.arch", cfg_.arch_name},
@@ -344,8 +313,10 @@ class Trainer {
       clean_run_dir(cfg_.out_dir);        // and half-written step folders
       metrics = MetricsLog(cfg_.out_dir / "metrics.jsonl");
       metrics.write({{"type", "run"}, {"arch", cfg_.arch_name}, {"describe", describe<Model>()},
-                     {"config", cfg_.to_json()}, {"resumed_from", resumed_from_}});
+                     {"config", cfg_.to_json()}, {"resumed_from", resumed_from_}, {"frozen_tensors", frozen_tensors_},
+                     {"frozen_params", frozen_params_}, {"trainable_params", trainable_params()}});
     }
+    if (frozen_tensors_ > 0) progress_.message(freeze_summary());
     const auto t0 = clock::now();
     auto elapsed = [&] { return std::chrono::duration<double>(clock::now() - t0).count(); };
     const double tokens_per_step = double(cfg_.batch * cfg_.seq * cfg_.accum);
@@ -424,6 +395,25 @@ class Trainer {
     bool decay, frozen;
   };
 
+  // The optimizer's grouping under `patterns` (freeze_mask, which refuses a pattern that matches nothing):
+  // contiguous runs of layout tensors that share a weight-decay setting and frozen-ness, one AdamW pass each
+  // (none for a frozen run). Called by the constructor and by resume(), never inside a step.
+  void apply_freeze(const std::vector<std::string>& patterns) {
+    frozen_ = freeze_mask<Model>(patterns);
+    groups_.clear();
+    frozen_params_ = frozen_tensors_ = 0;
+    for (std::size_t i = 0; i < frozen_.size(); ++i) {
+      const auto& p = Model::layout[i];
+      const bool decay = p.rows > 1 && p.cols > 1;
+      if (frozen_[i]) frozen_params_ += p.size(), ++frozen_tensors_;
+      if (!groups_.empty() && groups_.back().decay == decay && groups_.back().frozen == frozen_[i] &&
+          groups_.back().end == p.offset)
+        groups_.back().end = p.offset + p.size();
+      else
+        groups_.push_back({p.offset, p.offset + p.size(), decay, bool(frozen_[i])});
+    }
+  }
+
   // Validates the configuration against the model and the data; returns it for the member initialisers.
   static const TrainConfig& check_config(const TrainConfig& c, const TokenFile& train, const TokenFile* val) {
     c.check();
@@ -448,6 +438,7 @@ class Trainer {
   typename Instance::backend_type::template Buffer<T> m_, v_, step_scalars_;
   std::vector<token_t> inputs_, targets_;
   std::vector<Group> groups_;
+  std::vector<bool> frozen_;
   index_t step_ = 0;
   index_t resumed_from_ = 0;
   index_t frozen_params_ = 0, frozen_tensors_ = 0;

@@ -265,6 +265,9 @@ struct Backend {
   void balance_loss_forward(S loss_out, S dprobs_col, CM probs, Tok offsets, index_t k, T coef) const {
     cpu::balance_loss_forward<T>(loss_out, dprobs_col, probs, offsets, k, coef);
   }
+  void router_z_loss_forward(S loss_out, M dlogits, CM logits, T inv_temp, T coef) const {
+    cpu::router_z_loss_forward<T>(loss_out, dlogits, logits, inv_temp, coef);
+  }
   void selection_entropy_forward(S loss_out, M dlogits, CM logits, index_t batch, index_t seq, T coef,
                                  T cond_coef = T(0)) const {
     cpu::selection_entropy_forward<T>(loss_out, dlogits, logits, batch, seq, coef, cond_coef);

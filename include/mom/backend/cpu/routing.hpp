@@ -206,6 +206,31 @@ void selection_entropy_forward(std::span<T> loss_out, MatrixView<T> dlogits, Mat
   loss_out[0] = total;
 }
 
+// The router z-loss (ST-MoE, Zoph et al. 2022, arXiv 2202.08906, eq. (5)) of n rows of logits (scaled by
+// inv_temp, as the router's softmax reads them): loss_out[0] = coef · (1/n) Σ_r (log Σ_e exp(inv_temp·z_re))²,
+// and its gradient written into dlogits: d/dz_re = coef · 2·lse_r / n · inv_temp · softmax_re (a local
+// loss, as selection_entropy_forward: the caller adds dlogits into its logit gradient in backward).
+template <class T>
+void router_z_loss_forward(std::span<T> loss_out, MatrixView<T> dlogits, MatrixView<const T> logits, T inv_temp,
+                           T coef) {
+  checks::router_z_loss_shapes<T>(loss_out, dlogits, logits);
+  const index_t n = logits.rows, C = logits.cols;
+  double total = 0;
+#pragma omp parallel for schedule(static) reduction(+ : total) if (n * C > (1 << 14))
+  for (index_t r = 0; r < n; ++r) {
+    const T* z = logits.row(r);
+    T* g = dlogits.row(r);
+    T m = z[0] * inv_temp;
+    for (index_t e = 1; e < C; ++e) m = std::max(m, z[e] * inv_temp);
+    T sum = 0;
+    for (index_t e = 0; e < C; ++e) sum += (g[e] = std::exp(z[e] * inv_temp - m));
+    const T lse = m + std::log(sum), scale = coef * T(2) * lse / T(n) * inv_temp / sum;
+    for (index_t e = 0; e < C; ++e) g[e] *= scale;
+    total += double(lse) * double(lse);
+  }
+  loss_out[0] = T(double(coef) * total / double(n));
+}
+
 namespace detail {
 // First index i in sorted [first, last) with v[i] >= x (lower) / v[i] > x (upper).
 inline index_t lower_index(std::span<const token_t> v, token_t x) {

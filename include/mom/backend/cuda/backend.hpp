@@ -426,6 +426,10 @@ struct Backend {
               Context::reduce_blocks);
     K::balance_loss_forward(*ctx_, loss_out.data(), dprobs_col.data(), probs, offsets.data(), k, coef);
   }
+  void router_z_loss_forward(S loss_out, M dlogits, CM logits, T inv_temp, T coef) const {
+    checks::router_z_loss_shapes<T>(loss_out, dlogits, logits);
+    K::router_z_loss_forward(*ctx_, loss_out.data(), dlogits, logits, inv_temp, coef);
+  }
   void selection_entropy_forward(S loss_out, M dlogits, CM logits, index_t batch, index_t seq, T coef,
                                  T cond_coef = T(0)) const {
     checks::selection_entropy_shapes<T>(loss_out, dlogits, logits, batch, seq);

@@ -183,6 +183,7 @@ struct Kernels {
                                    index_t k, T coef);
   static void selection_entropy_forward(const Context& ctx, T* loss_out, M dlogits, CM logits, index_t batch,
                                         index_t seq, T coef, T cond_coef);
+  static void router_z_loss_forward(const Context& ctx, T* loss_out, M dlogits, CM logits, T inv_temp, T coef);
   static void attention_packed_forward(const Context& ctx, M out, T* lse, CM q, CM k, CM v, const token_t* q_tok,
                                        const token_t* k_tok, index_t seq, index_t heads);
   static void attention_packed_backward(const Context& ctx, M dq, M dk, M dv, CM dout, CM out, const T* lse, CM q,

@@ -159,6 +159,35 @@ __global__ void selection_entropy_sum_kernel(T* loss_out, const double* partials
   if (threadIdx.x == 0) loss_out[0] = T(s);
 }
 
+// The router z-loss (cpu/routing.hpp, router_z_loss_forward): thread per row (grid-stride), the row's
+// lse² summed per block into partials, then one block sums them and scales by coef / n.
+template <class T>
+__global__ void router_z_loss_kernel(double* partials, MatrixView<T> dlogits, MatrixView<const T> logits, T inv_temp,
+                                     T coef) {
+  const index_t n = logits.rows, C = logits.cols;
+  double acc = 0;
+  MOM_GRID_STRIDE(r, n) {
+    const T* z = logits.data + r * logits.ld;
+    T* g = dlogits.data + r * dlogits.ld;
+    T m = z[0] * inv_temp;
+    for (index_t e = 1; e < C; ++e) m = z[e] * inv_temp > m ? z[e] * inv_temp : m;
+    T sum = 0;
+    for (index_t e = 0; e < C; ++e) sum += (g[e] = exp(z[e] * inv_temp - m));
+    const T lse = m + log(sum), scale = coef * T(2) * lse / T(n) * inv_temp / sum;
+    for (index_t e = 0; e < C; ++e) g[e] *= scale;
+    acc += double(lse) * double(lse);
+  }
+  acc = block_reduce<double>(acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+template <class T>
+__global__ void router_z_loss_sum_kernel(T* loss_out, const double* partials, index_t blocks, index_t n, T coef) {
+  double s = 0;
+  for (index_t b = threadIdx.x; b < blocks; b += blockDim.x) s += partials[b];
+  s = block_reduce<double>(s);
+  if (threadIdx.x == 0) loss_out[0] = T(double(coef) * s / double(n));
+}
+
 __global__ void slots_to_rows_kernel(token_t* rows, const token_t* slots, index_t n, index_t k) {
   MOM_GRID_STRIDE(i, n) rows[i] = static_cast<token_t>(slots[i] / k);
 }
@@ -209,6 +238,15 @@ void Kernels<T>::selection_entropy_forward(const Context& ctx, T* loss_out, M dl
               dev::selection_entropy_kernel<T>, ctx.partials, dlogits, logits, batch, seq, coef, cond_coef);
   dev::launch("selection_entropy_forward", ctx, 1, dev::threads, dev::selection_entropy_sum_kernel<T>, loss_out,
               static_cast<const double*>(ctx.partials), batch);
+}
+
+template <class T>
+void Kernels<T>::router_z_loss_forward(const Context& ctx, T* loss_out, M dlogits, CM logits, T inv_temp, T coef) {
+  const unsigned blocks = std::min<unsigned>(dev::blocks_for(logits.rows), unsigned(Context::reduce_blocks));
+  dev::launch("router_z_loss_forward", ctx, blocks, dev::threads, dev::router_z_loss_kernel<T>, ctx.partials, dlogits,
+              logits, inv_temp, coef);
+  dev::launch("router_z_loss_forward", ctx, 1, dev::threads, dev::router_z_loss_sum_kernel<T>, loss_out,
+              static_cast<const double*>(ctx.partials), index_t(blocks), logits.rows, coef);
 }
 
 void slots_to_rows(const Context& ctx, token_t* rows, const token_t* slots, index_t n, index_t k) {
