@@ -190,6 +190,7 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
             "' already holds a checkpoint: pass --resume to continue it, or choose another --out");
   MOM_CHECK(existing || !r.resume, "--resume: no checkpoint in '", cfg.out_dir.string(), "'");
   check_init_from<Model, DenseTwin>(arch, r);
+  if (cfg.freeze) train::freeze_mask<Model>(*cfg.freeze);  // a pattern that matches nothing: refused before any work
   train::ensure_writable_dir(cfg.out_dir);
   cfg.data_name = data_identity(r.data);
   if (r.resume) {  // refuse another architecture's checkpoint, or other data, before any work

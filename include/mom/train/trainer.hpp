@@ -11,8 +11,8 @@
 //   Trainer trainer(model, train, &val, TrainConfig{.steps = 2000, .batch = 16, .seq = 128, .out_dir = "runs/a"});
 //   trainer.run();                           // or trainer.resume("runs/a"); trainer.run();
 //
-// Resume is bit-identical: a checkpoint holds the parameters, both AdamW moments, the step and the training
-// sampler's RNG state; the schedule depends on the step alone and evaluation uses its own fixed windows, so
+// Resume is bit-identical: a checkpoint holds the parameters, both AdamW moments, the step, the training
+// sampler's RNG state and the freeze patterns; the schedule depends on the step alone and evaluation uses its own fixed windows, so
 // steps N+1.. after a resume compute exactly what an uninterrupted run computes (same thread count: the ops'
 // OpenMP reductions are statically scheduled).
 #pragma once
@@ -206,11 +206,12 @@ class Trainer {
   index_t trainable_params() const { return Model::params - frozen_params_; }
   // "freeze: 3 patterns, 12 tensors (2 of them buffers), 1,234 of 5,678 parameters frozen, 4,444 trainable"
   std::string freeze_summary() const {
-    index_t buffers = 0;
+    auto count = [](std::size_t n, const char* what) { return std::to_string(n) + " " + what + (n == 1 ? "" : "s"); };
+    std::size_t buffers = 0;
     for (const auto& p : Model::layout) buffers += p.trainable ? 0 : 1;
-    std::string s = "freeze: " + std::to_string(cfg_.freeze ? cfg_.freeze->size() : 0) + " patterns, " +
-                    std::to_string(frozen_tensors_) + " tensors";
-    if (buffers > 0) s += " (" + std::to_string(buffers) + " of them buffers)";
+    std::string s = "freeze: " + count(cfg_.freeze ? cfg_.freeze->size() : 0, "pattern") + ", " +
+                    count(std::size_t(frozen_tensors_), "tensor");
+    if (buffers > 0) s += " (" + std::to_string(buffers) + (buffers == 1 ? " of them a buffer)" : " of them buffers)");
     return s + ", " + mom::detail::with_commas(frozen_params_) + " of " + mom::detail::with_commas(Model::params) +
            " parameters frozen, " + mom::detail::with_commas(trainable_params()) + " trainable";
   }
@@ -283,6 +284,8 @@ class Trainer {
     return loss;
   }
   bool last_step_skipped() const { return last_skipped_; }
+  // The global gradient L2 norm of the last step (the trainable tensors' gradients only), before clipping.
+  double last_grad_norm() const { return last_grad_norm_; }
 
   // Saves a checkpoint of the current state to cfg.out_dir. The parameters must still give a finite loss
   // (checked on the last training micro-batch, one forward) and the Checkpointer refuses non-finite
