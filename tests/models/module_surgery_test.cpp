@@ -105,7 +105,7 @@ TEST_CASE("prune_mask and apply_prune_mask: pruned modules are never picked", "[
   CHECK_THROWS_WITH(prune_mask(usage, 1.5), Catch::Contains("threshold tau = 1.5"));
 }
 
-TEST_CASE("compact: the smaller type computes what the masked model computes; too many kept modules is an error",
+TEST_CASE("compact: the smaller type computes what the masked model computes, too many kept modules is an error",
           "[moduleformer][surgery]") {
   auto big = Bigger::make<cpu::Backend<double>>(7);
   test::randomise(big, 8, 0.4);

@@ -207,7 +207,7 @@ TEST_CASE("freeze: a ModuleFormer's pruning mask is a buffer that never trains",
   CHECK(tensor(model, "h.0.smoe.router.prune") == std::vector<float>(3, 0.0f));
 }
 
-TEST_CASE("freeze: the patterns are checkpointed and restored on resume; other patterns win, reported",
+TEST_CASE("freeze: the patterns are checkpointed and restored on resume, other patterns win and are reported",
           "[trainer][freeze][resume]") {
   mom_test::TempDir dir("freeze-resume");
   const auto prep = make_data(dir);
