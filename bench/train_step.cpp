@@ -135,6 +135,17 @@ struct TimingBackend : cpu::Backend<T> {
     count(kAttention, 5.0 * batch * (qkv.cols / 3) * seq * (seq + 1));
     timed(kAttention, [&] { Base::attention_backward(dqkv, dout, out, lse, qkv, batch, seq, heads); });
   }
+  // Stick-breaking attention (ModuleFormer's MoA) counts as attention: the same products per (query, key) pair
+  // and query head (docs/ops.md), out.cols = the query heads' width.
+  void stick_breaking_forward(M out, CM qkv, index_t batch, index_t seq, index_t heads, index_t kv_heads) const {
+    count(kAttention, 2.0 * batch * out.cols * seq * (seq + 1));
+    timed(kAttention, [&] { Base::stick_breaking_forward(out, qkv, batch, seq, heads, kv_heads); });
+  }
+  void stick_breaking_backward(M dqkv, CM dout, CM out, CM qkv, index_t batch, index_t seq, index_t heads,
+                               index_t kv_heads) const {
+    count(kAttention, 5.0 * batch * out.cols * seq * (seq + 1));
+    timed(kAttention, [&] { Base::stick_breaking_backward(dqkv, dout, out, qkv, batch, seq, heads, kv_heads); });
+  }
   void gather_rows(M out, CM in, Tok idx) const { timed(kDispatch, [&] { Base::gather_rows(out, in, idx); }); }
   void scatter_add_rows(M out, CM in, Tok idx, CS weights = {}) const {
     timed(kDispatch, [&] { Base::scatter_add_rows(out, in, idx, weights); });
