@@ -5,9 +5,9 @@
 #      (stick-breaking attention has no position embedding: the length-extrapolation check)
 #   2. a second text: the licence texts Debian ships in /usr/share/common-licenses (data/licenses.txt)
 #   3. fine-tuning on it, in segments of --segment steps at a constant learning rate, the KJV validation loss
-#      measured after each segment: (a) full fine-tuning of moduleformer8; (b) module insertion with the
-#      partially trainable router (moduleformer8-insert-reg: +2 heads, +4 experts per layer, λ‖A'‖², old
-#      modules and the routers' A, B frozen)
+#      measured after each segment: (a) full fine-tuning of moduleformer8; module insertion (+2 heads, +4
+#      experts per layer, old modules frozen) with (b) the partially trainable router (moduleformer8-insert-reg:
+#      λ‖A'‖², the routers' A, B frozen too) and (c) the fully trainable router (moduleformer8-insert)
 #   4. pruning of the KJV model at two thresholds: parameters kept vs KJV validation loss
 # Writes runs/i15-*/ and runs/i15-demo.tsv (step, variant, KJV loss, licences loss); plot with
 # scripts/plot_forgetting.py. Usage: scripts/moduleformer_demo.sh [build dir] (default: build)
@@ -44,10 +44,11 @@ if [ ! -e runs/i15-licenses-data/val.bin ]; then
 fi
 echo -e "step\tvariant\tkjv_val\tlicenses_val" > runs/i15-demo.tsv
 base_kjv=$(kjv_loss runs/i15-moduleformer8) base_lic=$(lic_loss runs/i15-moduleformer8)
-for v in full insert-reg; do echo -e "0\t$v\t$base_kjv\t$base_lic" >> runs/i15-demo.tsv; done
-for v in full insert-reg; do
+for v in full insert insert-reg; do echo -e "0\t$v\t$base_kjv\t$base_lic" >> runs/i15-demo.tsv; done
+for v in full insert insert-reg; do
   case $v in
     full) args=(--arch moduleformer8) ;;
+    insert) args=(--arch moduleformer8-insert --freeze "$old") ;;
     insert-reg) args=(--arch moduleformer8-insert-reg --freeze "$old,h.*.router.w_b,h.*.router.w_a") ;;
   esac
   out=runs/i15-ft-$v
