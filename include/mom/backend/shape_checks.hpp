@@ -341,6 +341,18 @@ void selection_entropy_shapes(CS<T> loss_out, CM<T> dlogits, CM<T> logits, index
             " sequences of ", seq, " tokens, loss_out ", loss_out.size());
 }
 
+// kv_write: qkv [rows × 3d] = [q | k | v] (d = the caches' width), caches [slots·max_len × d].
+template <class T>
+void kv_write_shapes(CM<T> k_cache, CM<T> v_cache, CM<T> qkv, index_t n_slot, index_t n_pos, index_t max_len) {
+  const index_t d = k_cache.cols;
+  MOM_CHECK(qkv.cols == 3 * d && v_cache.cols == d && v_cache.rows == k_cache.rows, "kv_write: qkv [", qkv.rows, " x ",
+            qkv.cols, "] and caches [", k_cache.rows, " x ", k_cache.cols, "], [", v_cache.rows, " x ", v_cache.cols,
+            "] do not agree");
+  MOM_CHECK(n_slot == qkv.rows && n_pos == qkv.rows, "kv_write: ", n_slot, " slots and ", n_pos, " positions for ",
+            qkv.rows, " rows");
+  MOM_CHECK(max_len > 0 && k_cache.rows % max_len == 0, "kv_write: cache of ", k_cache.rows,
+            " rows is not slots x max_len ", max_len);
+}
 template <class T>
 void router_z_loss_shapes(CS<T> loss_out, CM<T> dlogits, CM<T> logits) {
   MOM_CHECK(ssize(loss_out) == 1 && logits.rows > 0 && logits.cols > 0 && dlogits.rows == logits.rows &&

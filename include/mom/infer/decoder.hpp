@@ -18,6 +18,7 @@
 #include <concepts>
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -82,6 +83,12 @@ class Decoder {
   using Executors = typename Model::core::executors;
   static_assert(DecodeBackend<Be>, "mom::infer::Decoder: this backend has no decode ops (kv_write, attention_decode); "
                                    "the CPU backend has them");
+  // The Decoder keeps the step's slots, positions and tokens in host memory and hands them to the ops: a
+  // backend whose ops read device memory (CUDA: it has kv_write and attention_decode, tested against the
+  // CPU's) needs them copied over first, which the Decoder does not do yet.
+  static_assert(std::string_view(Be::name) == "cpu",
+                "mom::infer::Decoder: decoding runs on the CPU backend today (the CUDA backend's decode ops exist; "
+                "the Decoder does not yet move slots and positions to the device)");
   static_assert(!DecodeBackend<Be> || decodes<Model, Be>,
                 "mom::infer::Decoder: a part of this architecture has no incremental decode yet (its executor does "
                 "not meet mom::infer::AssemblyDecoderOn): dense stacks, parameter sharing and MoE decode today");

@@ -36,9 +36,7 @@ template <class T>
 void kv_write(MatrixView<T> k_cache, MatrixView<T> v_cache, MatrixView<const T> qkv, std::span<const index_t> slot,
               std::span<const index_t> pos, index_t max_len) {
   const index_t d = k_cache.cols;
-  MOM_CHECK(qkv.cols == 3 * d && v_cache.cols == d && v_cache.rows == k_cache.rows, "kv_write: qkv [", qkv.rows, " x ",
-            qkv.cols, "] and caches [", k_cache.rows, " x ", k_cache.cols, "], [", v_cache.rows, " x ", v_cache.cols,
-            "] do not agree");
+  checks::kv_write_shapes<T>(k_cache, v_cache, qkv, ssize(slot), ssize(pos), max_len);
   detail::check_decode_rows("kv_write", qkv.rows, slot, pos, k_cache.rows, max_len);
   for (index_t r = 0; r < qkv.rows; ++r) {
     const index_t at = slot[std::size_t(r)] * max_len + pos[std::size_t(r)];

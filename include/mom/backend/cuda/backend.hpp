@@ -319,6 +319,20 @@ struct Backend {
     checks::attention_backward_grad_shapes<T>("stick_breaking_backward", dqkv, dout, out, qkv);
     K::stick_breaking_backward(*ctx_, dqkv, dout, out, qkv, batch, seq, heads, kv_heads);
   }
+  // Incremental decoding (cpu/decode.hpp, kernels/decode.cuh): slot and pos in device memory; a slot or
+  // position outside the cache is reported at the next sync (the row is skipped).
+  void kv_write(M k_cache, M v_cache, CM qkv, std::span<const index_t> slot, std::span<const index_t> pos,
+                index_t max_len) const {
+    checks::kv_write_shapes<T>(k_cache, v_cache, qkv, ssize(slot), ssize(pos), max_len);
+    K::kv_write(*ctx_, k_cache, v_cache, qkv, slot.data(), pos.data(), max_len);
+  }
+  void attention_decode(M out, CM qkv, CM k_cache, CM v_cache, std::span<const index_t> slot,
+                        std::span<const index_t> pos, index_t max_len, index_t heads) const {
+    checks::decode_shapes<T>("attention_decode", out, qkv, k_cache, v_cache, ssize(slot), ssize(pos), max_len, heads);
+    MOM_CHECK(k_cache.cols / heads <= 128, "attention_decode: head dimension ", k_cache.cols / heads,
+              " exceeds the CUDA kernels' maximum of 128");
+    K::attention_decode(*ctx_, out, qkv, k_cache, v_cache, slot.data(), pos.data(), max_len, heads);
+  }
   void stick_breaking_decode(M out, CM qkv, CM k_cache, CM v_cache, std::span<const index_t> slot,
                              std::span<const index_t> pos, index_t max_len, index_t heads, index_t kv_heads) const {
     checks::decode_shapes<T>("stick_breaking_decode", out, qkv, k_cache, v_cache, ssize(slot), ssize(pos), max_len, heads,
@@ -720,6 +734,8 @@ struct Backend {
       case DeviceError::selection_index: op = "selection_mask", what = "idx"; break;
       case DeviceError::rope_position: op = "rope", what = "position"; break;
       case DeviceError::decode_position: op = "stick_breaking_decode", what = "slot or position"; break;
+      case DeviceError::kv_write_position: op = "kv_write", what = "slot or position"; break;
+      case DeviceError::attention_decode_position: op = "attention_decode", what = "slot or position"; break;
       case DeviceError::group_offsets:
         mom::detail::fail("grouped op: group offsets must be non-decreasing in [0, ", e[3], "]; offsets[", e[1],
                           "] = ", e[2], " (found on the device)");

@@ -38,6 +38,8 @@ enum class DeviceError : int {
   group_offsets,    // grouped ops: RowGroups offsets outside [0, rows] or decreasing (grouped attention, grouped_kernels.hpp)
   rope_position,    // rope_forward / rope_backward: a negative position or token index, or pos[r] >= seq
   decode_position,  // stick_breaking_decode: a slot or position outside the cache (the row is skipped)
+  kv_write_position,          // kv_write: the same
+  attention_decode_position,  // attention_decode: the same
 };
 
 // Precision of float matrix products (double always runs in fp64): the GEMMs (cuBLAS and the
@@ -184,6 +186,11 @@ struct Kernels {
   static void selection_entropy_forward(const Context& ctx, T* loss_out, M dlogits, CM logits, index_t batch,
                                         index_t seq, T coef, T cond_coef);
   static void router_z_loss_forward(const Context& ctx, T* loss_out, M dlogits, CM logits, T inv_temp, T coef);
+  // Incremental decoding (cpu/decode.hpp, kernels/decode.cuh); slot and pos are device arrays.
+  static void kv_write(const Context& ctx, M k_cache, M v_cache, CM qkv, const index_t* slot, const index_t* pos,
+                       index_t max_len);
+  static void attention_decode(const Context& ctx, M out, CM qkv, CM k_cache, CM v_cache, const index_t* slot,
+                               const index_t* pos, index_t max_len, index_t heads);
   static void attention_packed_forward(const Context& ctx, M out, T* lse, CM q, CM k, CM v, const token_t* q_tok,
                                        const token_t* k_tok, index_t seq, index_t heads);
   static void attention_packed_backward(const Context& ctx, M dq, M dk, M dv, CM dout, CM out, const T* lse, CM q,

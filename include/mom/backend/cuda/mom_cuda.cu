@@ -23,6 +23,7 @@
 #include "mom/backend/cuda/kernels/attention_tc.cuh"    // dense attention on tensor cores (float)
 #include "mom/backend/cuda/kernels/rope.cuh"            // rotary position embedding (dense and grouped rows)
 #include "mom/backend/cuda/kernels/stick_breaking.cuh"  // stick-breaking attention (ModuleFormer)
+#include "mom/backend/cuda/kernels/decode.cuh"          // kv_write, attention_decode (KV-cache decoding)
 
 namespace mom::cuda {
 template struct Kernels<float>;
