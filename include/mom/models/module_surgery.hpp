@@ -29,6 +29,7 @@
 #include "mom/models/lm.hpp"
 #include "mom/models/routing_stats.hpp"
 #include "mom/models/runtime.hpp"
+#include "mom/models/warm_start.hpp"  // copy_named_tensors, host_params, set_params
 #include "mom/modules/mlp_gate.hpp"  // pruned_logit
 
 namespace mom {
@@ -46,18 +47,6 @@ constexpr bool tensors_held() {
     if (!found) return false;
   }
   return true;
-}
-
-// A model's parameters on the host and back (the instance may live on any backend).
-template <class Instance>
-std::vector<typename Instance::scalar> host_params(const Instance& m) {
-  std::vector<typename Instance::scalar> h(std::size_t(Instance::model_type::params));
-  const_cast<Instance&>(m).backend().to_host(std::span(h), m.params());
-  return h;
-}
-template <class Instance>
-void set_params(Instance& m, const std::vector<typename Instance::scalar>& h) {
-  m.backend().from_host(m.params(), std::span<const typename Instance::scalar>(h));
 }
 
 // The single routing part of a model and its module types (the sub-module surgery needs them).
@@ -87,14 +76,7 @@ void insert_modules(DstInstance& dst, const SrcInstance& src) {
   static_assert(detail::tensors_held<Dst, Src>(),
                 "mom::insert_modules: a tensor of the trained model has no same-named tensor of at least its shape "
                 "in the new one (insert modules with ModuleFormerSpec<...>::inserted<N_att, N_ffd>)");
-  const auto from = detail::host_params(src);
-  auto to = detail::host_params(dst);
-  for (const auto& p : Src::layout) {
-    const ParamInfo& q = Dst::find(p.name);
-    for (index_t r = 0; r < p.rows; ++r)
-      std::copy_n(from.begin() + p.offset + r * p.cols, p.cols, to.begin() + q.offset + r * q.cols);
-  }
-  detail::set_params(dst, to);
+  detail::copy_named_tensors(dst, src);
 }
 
 // usage[family][layer][module] normalised by the layer's maximum; family 0 attention, 1 FFN (those that route).

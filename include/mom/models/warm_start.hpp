@@ -32,6 +32,35 @@ constexpr bool dense_tensors_covered() {
   }
   return true;
 }
+
+// A model's parameters on the host and back (the instance may live on any backend).
+template <class Instance>
+std::vector<typename Instance::scalar> host_params(const Instance& m) {
+  std::vector<typename Instance::scalar> h(std::size_t(Instance::model_type::params));
+  const_cast<Instance&>(m).backend().to_host(std::span(h), m.params());
+  return h;
+}
+template <class Instance>
+void set_params(Instance& m, const std::vector<typename Instance::scalar>& h) {
+  m.backend().from_host(m.params(), std::span<const typename Instance::scalar>(h));
+}
+
+// Every tensor of `from` (model Src) into the same-named tensor of `to` (model Dst), as its leading block:
+// row r of the source into row r of the destination (the same shape, or one that grew in rows or columns).
+// A host round trip: the two models may live on different backends.
+template <class DstInstance, class SrcInstance>
+void copy_named_tensors(DstInstance& to, const SrcInstance& from) {
+  using Dst = typename DstInstance::model_type;
+  using Src = typename SrcInstance::model_type;
+  const auto src = host_params(from);
+  auto dst = host_params(to);
+  for (const auto& p : Src::layout) {
+    const ParamInfo& q = Dst::find(p.name);
+    for (index_t r = 0; r < p.rows; ++r)
+      std::copy_n(src.begin() + p.offset + r * p.cols, p.cols, dst.begin() + q.offset + r * q.cols);
+  }
+  set_params(to, dst);
+}
 }  // namespace detail
 
 template <class MoMInstance, class DenseInstance>
@@ -44,16 +73,7 @@ void warm_start(MoMInstance& mom, const DenseInstance& dense) {
                 "all its parts) must equal the dense model's number of layers");
   static_assert(detail::dense_tensors_covered<MoMModel, DenseModel>(),
                 "mom::warm_start: a dense tensor has no same-named, same-shaped tensor in the MoM model");
-  // Host round trip: the two models may live on different backends.
-  std::vector<typename DenseInstance::scalar> host(std::size_t(DenseModel::params));
-  const_cast<DenseInstance&>(dense).backend().to_host(std::span(host), dense.params());
-  std::vector<typename MoMInstance::scalar> out(std::size_t(MoMModel::params));
-  mom.backend().to_host(std::span(out), std::span<const typename MoMInstance::scalar>(mom.params()));
-  for (const auto& p : DenseModel::layout) {
-    const ParamInfo& q = MoMModel::find(p.name);
-    std::copy_n(host.begin() + p.offset, p.size(), out.begin() + q.offset);
-  }
-  mom.backend().from_host(mom.params(), std::span<const typename MoMInstance::scalar>(out));
+  detail::copy_named_tensors(mom, dense);
 }
 
 }  // namespace mom

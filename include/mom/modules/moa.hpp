@@ -94,7 +94,7 @@ struct MoA {
     struct Saved {
       index_t ln, mean, rstd;  // LN(x) [n × d] and its statistics
       typename Gate::Saved gate;
-      index_t xg, qp, qc;      // packed LN(x) rows [rows × d] and queries [rows × D_att]; queries in pair order
+      index_t xg, qp;          // packed LN(x) rows [rows × d] and queries [rows × D_att]
       index_t qkv, att;        // [Q (k·D_att) | K | V] [n × (k+2)·D_att]; attention output [n × k·D_att]
       index_t og, yg;          // packed attention outputs [rows × D_att] and head outputs [rows × d]
       index_t aux;             // = the router's loss (ModuleWithAuxLoss)
@@ -108,7 +108,6 @@ struct MoA {
       s.gate = Gate::plan(a, n);
       s.xg = a.take(rows * d);
       s.qp = a.take(rows * da);
-      s.qc = a.take(rows * da);
       s.qkv = a.take(n * (qw + 2 * da));
       s.att = a.take(n * qw);
       s.og = a.take(rows * da);
@@ -180,7 +179,8 @@ struct MoA {
       const index_t rows = n * K;
       const auto ln = mat(ws, s.ln, n, d);
       const auto qkv = mat(ws, s.qkv, n, qw + 2 * da), att = mat(ws, s.att, n, qw);
-      const auto xg = mat(ws, s.xg, rows, d), qp = mat(ws, s.qp, rows, da), qc = mat(ws, s.qc, rows, da);
+      const auto xg = mat(ws, s.xg, rows, d), qp = mat(ws, s.qp, rows, da);
+      const auto qc = mat(ws, s.att, rows, da);  // the queries in pair order, staged in att before attend writes it
       const auto og = mat(ws, s.og, rows, da), yg = mat(ws, s.yg, rows, d);
       be.layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
       Gate::forward(be, p + o_gate, ws, s.gate, MatrixView<const T>(ln));  // eqs. (1), (2), (7)

@@ -21,6 +21,7 @@
 // - decode: one thread per (row, query head), keys from the row's position down in the cache.
 #include "mom/backend/cuda/kernels/attention.cuh"  // HeadLayout, load_tile, attention_tile
 #include "mom/backend/cuda/kernels/common.cuh"
+#include "mom/backend/cuda/kernels/decode.cuh"  // decode_row: the decode ops' cache-row check
 
 namespace mom::cuda {
 
@@ -193,14 +194,8 @@ __global__ void stick_breaking_decode_kernel(MatrixView<T> out, MatrixView<const
   const index_t rh = index_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (rh >= qkv.rows * heads) return;
   const index_t r = rh / heads, h = rh % heads, slots = k_cache.rows / max_len, kc = (h / (heads / kv_heads)) * hd;
+  if (!decode_row(slot, pos, r, slots, max_len, h == 0, error, DeviceError::decode_position)) return;
   const index_t s = slot[r], p = pos[r];
-  if (s < 0 || s >= slots || p < 0 || p >= max_len) {
-    if (h == 0) {
-      const bool bad_slot = s < 0 || s >= slots;
-      report(error, DeviceError::decode_position, r, bad_slot ? s : p, bad_slot ? slots : max_len);
-    }
-    return;
-  }
   T q[HD], o[HD];
 #pragma unroll
   for (int c = 0; c < HD; ++c) {
