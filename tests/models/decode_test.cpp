@@ -47,10 +47,6 @@ TEST_CASE("decode: prefill + step logits equal a full forward (double 1e-12, flo
   static_assert(infer::decodes<Dense3, cpu::Backend<float>>);
   static_assert(infer::decodes<Shared, cpu::Backend<double>>);
   static_assert(infer::decodes<MoE, cpu::Backend<float>>);
-  // MoM, MoD and layer-skip executors do not decode yet (the Decoder's static_assert says so;
-  // compile_fail/decode_routed).
-  static_assert(!infer::decodes<LM<dims, Assembly<Router<GRU>, ModuleSet<MHA<2>, FFN<2>, Skip>, K<2>, H<3>>>,
-                                cpu::Backend<float>>);
 }
 
 TEST_CASE("decode: limits are one-line errors and leave the decoder usable", "[decode][bad-input]") {

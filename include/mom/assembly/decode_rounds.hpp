@@ -4,8 +4,10 @@
 // cache per round (a module used in several rounds keeps one per use) and the new rows' residual stream.
 #include <array>
 #include <span>
+#include <vector>
 
 #include "mom/core/layout.hpp"
+#include "mom/core/selection.hpp"
 #include "mom/core/tensor.hpp"
 
 namespace mom::detail {
@@ -44,6 +46,55 @@ struct DecodeRounds {
     }
     return x;
   }
+};
+
+// The host side of a routed executor's decode step (MoM, layer-skip, causal Mixture-of-Depths): the
+// sequences, positions and cache rows of the rows one module or block runs, which the decode ops take on
+// the host. A cache that holds only the tokens routed to it (phi::MoMRoutedKV, a skip layer's or MoD
+// block's own keys) fills one row after another: `counts` [caches × slots] in the decoder's workspace
+// holds how many of a sequence's tokens each cache has, restarted when the sequence starts again at
+// position 0. Sized once for the largest step (thread_local): no allocation per step after the first.
+struct DecodeRows {
+  std::vector<token_t> idx, counts;
+  std::vector<index_t> slot, pos, at;
+
+  static DecodeRows& get(index_t rows) {
+    thread_local DecodeRows h;
+    h.idx.resize(std::size_t(rows));
+    h.slot.resize(std::size_t(rows));
+    h.pos.resize(std::size_t(rows));
+    h.at.resize(std::size_t(rows));
+    return h;
+  }
+  // The counts of `caches` routed caches from the workspace, a slot at position 0 restarted.
+  template <class Be, class T>
+  void load_counts(Be& be, const T* ws, index_t off, index_t caches, index_t slots, std::span<const index_t> slot_of,
+                   std::span<const index_t> pos_of) {
+    counts.resize(std::size_t(caches * slots));
+    be.to_host(std::span<token_t>(counts), std::span<const token_t>(dispatch::toks(ws, off), counts.size()));
+    for (std::size_t r = 0; r < slot_of.size(); ++r)
+      if (pos_of[r] == 0)
+        for (index_t c = 0; c < caches; ++c) counts[std::size_t(c * slots + slot_of[r])] = 0;
+  }
+  template <class Be, class T>
+  void store_counts(Be& be, T* ws, index_t off) const {
+    be.from_host(std::span<token_t>(dispatch::toks(ws, off), counts.size()), std::span<const token_t>(counts));
+  }
+  // The rows idx[o .. o+cnt) (indices into the step's rows, read into `idx` by the caller): their slots
+  // and positions, and their cache rows: the position (a cache every token writes, cache < 0) or the next
+  // free row of routed cache `cache` (its count advanced).
+  void place(index_t o, index_t cnt, std::span<const index_t> slot_of, std::span<const index_t> pos_of, index_t cache,
+             index_t slots) {
+    for (index_t i = 0; i < cnt; ++i) {
+      const auto row = std::size_t(idx[std::size_t(o + i)]);
+      slot[std::size_t(i)] = slot_of[row];
+      pos[std::size_t(i)] = pos_of[row];
+      at[std::size_t(i)] = cache < 0 ? pos_of[row] : counts[std::size_t(cache * slots + slot_of[row])]++;
+    }
+  }
+  std::span<const index_t> slots_of(index_t cnt) const { return {slot.data(), std::size_t(cnt)}; }
+  std::span<const index_t> positions(index_t cnt) const { return {pos.data(), std::size_t(cnt)}; }
+  std::span<const index_t> rows_at(index_t cnt) const { return {at.data(), std::size_t(cnt)}; }
 };
 
 }  // namespace mom::detail

@@ -33,6 +33,7 @@
 #include <type_traits>
 
 #include "mom/assembly/assembly.hpp"
+#include "mom/assembly/decode_rounds.hpp"
 #include "mom/assembly/grouped_dispatch.hpp"
 #include "mom/assembly/phi.hpp"
 #include "mom/routers/gru.hpp"
@@ -353,6 +354,119 @@ struct Executor<GRU, A, D> : WorkspaceViews {
     if constexpr (routed_kv) be.scatter_add_rows(dres, MatrixView<const T>(dxg), idx, std::span<const T>{}, gr);
   }
 
+  // ---- incremental decoding (infer/decoder.hpp; AssemblyDecoderOn) --------------------------------
+  // A router's GRU state runs over one token's own rounds (s_{-1} = 0 for every token), so routing is per
+  // token and causal: a new token's round h is its row of forward's round h, computed from its x_h alone.
+  // Keys and values: one cache per (round, attention module) (docs/inference.md, "MoM"):
+  //   phi::MoM          every new token writes module m's key and value of LN_m(x_h) in round h, whatever
+  //                     it picked (SKIP included), at its position: forward's AllTokens keys.
+  //   phi::MoMRoutedKV  only the tokens routed to m in round h write there, one cache row after another;
+  //                     a token that picked SKIP or other modules leaves nothing in m's cache (forward masks
+  //                     it out of m's attention). A token's row is the number of its sequence's earlier
+  //                     tokens routed to m in round h: counts per (round, module, slot) in the decoder's
+  //                     workspace, restarted when a slot starts again at position 0.
+  // The queries run per module over its packed rows (the picks and group offsets are read back to the
+  // host: a module's rows need their sequences and positions there); then one weighted scatter-add.
+  template <class Be>
+  static constexpr bool decodes_on = RoutedDecodingSequenceMixerOn<Attn, Be>;
+  struct DecodeRound {
+    RouterSaved ra{}, rf{};
+    std::array<index_t, NA> k{}, v{};  // caches [slots·max_len × d], one pair per attention module
+    index_t xg = 0, ya = 0, u = 0, x_next = 0;
+    typename RoutedFfn::Saved ffn{};
+  };
+  struct DecodePlan {
+    std::array<DecodeRound, Hn> round{};
+    typename Attn::DecodeSaved attn{};
+    index_t zero_state = 0;
+    index_t counts = 0;  // token_t [Hn × NA × slots]: phi::MoMRoutedKV's cache fill per (round, module, slot)
+  };
+  static constexpr DecodePlan plan_decode(Arena& a, index_t slots, index_t max_len, index_t rows) {
+    const index_t P = rows * Kp;
+    DecodePlan p{};
+    for (int h = 0; h < Hn; ++h) {
+      DecodeRound& r = p.round[h];
+      for (int m = 0; m < NA; ++m) {
+        r.k[m] = a.take(slots * max_len * d);
+        r.v[m] = a.take(slots * max_len * d);
+      }
+      r.ra = plan_router(a, rows, EA);
+      r.xg = a.take(P * d);
+      r.ya = a.take(P * d);
+      r.u = a.take(rows * d);
+      r.rf = plan_router(a, rows, EF);
+      r.ffn = RoutedFfn::plan(a, P);
+      r.x_next = a.take(rows * d);
+    }
+    p.attn = Attn::plan_decode(a, rows);  // a module's group has at most `rows` rows (K distinct picks)
+    p.zero_state = a.take(rows * W);
+    if constexpr (routed_kv) p.counts = a.take(tok_elems(Hn * NA * slots));
+    return p;
+  }
+
+  template <class Be, class T>
+  static MatrixView<const T> decode(Be& be, const T* p, T* ws, const DecodePlan& plan, MatrixView<const T> x,
+                                    std::span<const index_t> slot, std::span<const index_t> pos, index_t slots,
+                                    index_t max_len, std::span<const token_t> /*tokens*/) {
+    const index_t rows = x.rows;
+    detail::DecodeRows& host = detail::DecodeRows::get(rows * Kp);
+    if constexpr (routed_kv) host.load_counts(be, ws, plan.counts, Hn * NA, slots, slot, pos);
+    be.zero(sp(ws + plan.zero_state, rows * W));
+    for (int h = 0; h < Hn; ++h) {
+      const DecodeRound& r = plan.round[h];
+      const T* sa_prev = h == 0 ? ws + plan.zero_state : ws + plan.round[h - 1].ra.state;
+      const T* sf_prev = h == 0 ? ws + plan.zero_state : ws + plan.round[h - 1].rf.state;
+      route_forward(be, p, ws, r.ra, ra, EA, x, sa_prev, rows);  // eqs. (7)-(8)
+      const MatrixView<T> u = mv(ws + r.u, rows, d);
+      be.copy(u.flat(), sp(x.data, rows * d));
+      decode_attention(be, p, ws, plan, h, x, u, slot, pos, slots, max_len, host);  // eqs. (4), (5)
+      route_forward(be, p, ws, r.rf, rf, EF, MatrixView<const T>(u), sf_prev, rows);
+      const MatrixView<T> x_next = mv(ws + r.x_next, rows, d);
+      be.copy(x_next.flat(), sp<const T>(u.data, rows * d));
+      RoutedFfn::forward(be, p, ws, r.ffn, r.rf, NF, ffn_offset, MatrixView<const T>(u), x_next, Kp);  // eq. (6)
+      x = x_next;
+    }
+    if constexpr (routed_kv) host.store_counts(be, ws, plan.counts);
+    return x;
+  }
+
+ private:
+  // Round h's attention half: keys (phi::MoM: every row, every module), then each module's queries over its
+  // packed rows, u += Σ r^A_m · m^A_m(x_h) (eq. (5)).
+  template <class Be, class T>
+  static void decode_attention(Be& be, const T* p, T* ws, const DecodePlan& plan, int h, MatrixView<const T> x,
+                               MatrixView<T> u, std::span<const index_t> slot, std::span<const index_t> pos,
+                               index_t slots, index_t max_len, detail::DecodeRows& host) {
+    const DecodeRound& r = plan.round[h];
+    const index_t rows = x.rows, P = rows * Kp;
+    const auto cache = [&](int m, bool v) { return mv(ws + (v ? r.v[m] : r.k[m]), slots * max_len, d); };
+    if constexpr (!routed_kv)
+      for (int m = 0; m < NA; ++m)
+        Attn::decode_keys(be, p + attention_offset(m), ws, plan.attn, x, cache(m, false), cache(m, true), slot, pos, pos,
+                          max_len);
+    const RowGroups g = dispatch::groups_of(ws, r.ra, NA);
+    const std::span<const token_t> idx = sp<const token_t>(toks(ws, r.ra.row_token), P);
+    std::array<token_t, EA + 1> off{};
+    be.to_host(std::span<token_t>(off), std::span<const token_t>(toks(ws, r.ra.offsets), off.size()));
+    be.to_host(std::span<token_t>(host.idx.data(), std::size_t(P)), idx);
+    const MatrixView<T> xg = mv(ws + r.xg, P, d), y = mv(ws + r.ya, P, d);
+    be.gather_rows(xg, x, idx, g);
+    for (int m = 0; m < NA; ++m) {
+      const index_t o = off[std::size_t(m)], cnt = off[std::size_t(m) + 1] - o;
+      if (cnt == 0) continue;  // no token picked module m: its queries cost nothing
+      host.place(o, cnt, slot, pos, routed_kv ? h * NA + m : -1, slots);
+      const MatrixView<const T> xm(xg.row_block(o, cnt));
+      if constexpr (routed_kv)
+        Attn::decode_keys(be, p + attention_offset(m), ws, plan.attn, xm, cache(m, false), cache(m, true),
+                          host.slots_of(cnt), host.positions(cnt), host.rows_at(cnt), max_len);
+      Attn::decode_queries(be, p + attention_offset(m), ws, plan.attn, xm, y.row_block(o, cnt),
+                           MatrixView<const T>(cache(m, false)), MatrixView<const T>(cache(m, true)),
+                           host.slots_of(cnt), host.positions(cnt), host.rows_at(cnt), max_len);
+    }
+    be.scatter_add_rows(u, MatrixView<const T>(y), idx, sp<const T>(ws + r.ra.wpacked, P), g);  // eq. (5)
+  }
+
+ public:
   // ---- routing read-back (statistics, realised FLOPs; ReportsRouting) ---------------------
   // Two router families: 0 attention, 1 FFN.
   static constexpr int routing_routers = 2;

@@ -141,6 +141,45 @@ struct Attention {
     be.linear_forward(f_out, MatrixView<const T>(att), mat(p, o_w_proj, d, d), vec(p, o_b_proj, d));
   }
 
+  // ---- decoding inside a routed executor (MoM; modules/module.hpp, RoutedDecodingSequenceMixerOn) ----
+  // The two halves of decode, for executors whose tokens do not all run the module: every token may
+  // write keys (phi::MoM's AllTokens) while only the routed ones query, and a row's cache row at[r] may
+  // differ from its position pos[r] (phi::MoMRoutedKV: at = how many earlier tokens of the sequence
+  // were routed here, so the cache holds exactly the keys training's masked attention sees; pos stays
+  // the RoPE angle).
+  //   decode_keys:    LN, [K|V] of the rows (K rotated by pos), written to cache row slot·max_len + at
+  //   decode_queries: LN, Q (rotated by pos), attention over cache rows 0..at of the row's sequence, W_O
+  template <class Be, class T>
+  static void decode_keys(Be& be, const T* p, T* ws, const DecodeSaved& s, MatrixView<const T> x, MatrixView<T> k_cache,
+                          MatrixView<T> v_cache, std::span<const index_t> slot, std::span<const index_t> pos,
+                          std::span<const index_t> at, index_t max_len) {
+    using detail::mat, detail::vec;
+    const index_t rows = x.rows;
+    const auto ln = mat(ws, s.ln, rows, d);
+    const auto qkv = mat(ws, s.qkv, rows, 3 * d);
+    be.layernorm_forward(ln, vec(ws, s.mean, rows), vec(ws, s.rstd, rows), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
+    be.linear_forward(qkv.col_block(d, 2 * d), MatrixView<const T>(ln), mat(p, o_w_qkv + d * d, 2 * d, d),
+                      vec(p, o_b_qkv + d, 2 * d));
+    if constexpr (rope) be.rope_forward(qkv.col_block(d, d), pos, max_len, hd, rope_base<T>);
+    be.kv_write(k_cache, v_cache, MatrixView<const T>(qkv), slot, at, max_len);
+  }
+  template <class Be, class T>
+  static void decode_queries(Be& be, const T* p, T* ws, const DecodeSaved& s, MatrixView<const T> x,
+                             MatrixView<T> f_out, MatrixView<const T> k_cache, MatrixView<const T> v_cache,
+                             std::span<const index_t> slot, std::span<const index_t> pos, std::span<const index_t> at,
+                             index_t max_len) {
+    using detail::mat, detail::vec;
+    const index_t rows = x.rows;
+    const auto ln = mat(ws, s.ln, rows, d);
+    const auto qkv = mat(ws, s.qkv, rows, 3 * d);
+    const auto att = mat(ws, s.att, rows, d);
+    be.layernorm_forward(ln, vec(ws, s.mean, rows), vec(ws, s.rstd, rows), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
+    be.linear_forward(qkv.col_block(0, d), MatrixView<const T>(ln), mat(p, o_w_qkv, d, d), vec(p, o_b_qkv, d));
+    if constexpr (rope) be.rope_forward(qkv.col_block(0, d), pos, max_len, hd, rope_base<T>);
+    be.attention_decode(att, MatrixView<const T>(qkv), k_cache, v_cache, slot, at, max_len, index_t{D.heads});
+    be.linear_forward(f_out, MatrixView<const T>(att), mat(p, o_w_proj, d, d), vec(p, o_b_proj, d));
+  }
+
   // ---- over row groups (routed rows; modules/module.hpp, SequenceMixer) --------------------------
   // Cost split as the routed executors count it: per row of the K/V side (LN, the K/V projection),
   // per query row (Q and output projections), per (query, visible key) pair (QKᵀ and PV: 4·d).

@@ -189,6 +189,21 @@ concept DecodingSequenceMixerOn =
       M::decode(be, p, ws, s, x, y, y, y, slot, slot, i);
     };
 
+// A routed sequence mixer that decodes inside a routed executor (MoM's phi::MoM / phi::MoMRoutedKV), where
+// the tokens that write keys and the tokens that query are not the same rows: decode split in two.
+//   decode_keys(be, p, ws, saved, x, k_cache, v_cache, slot, pos, at, max_len)
+//       the rows' keys and values written to cache row slot[r]·max_len + at[r] (pos[r]: the position)
+//   decode_queries(be, p, ws, saved, x, f_out, k_cache, v_cache, slot, pos, at, max_len)
+//       f_out = f(x) for rows attending to cache rows 0..at[r] of their sequence (their own key included)
+template <class M, class Be, class T = typename Be::scalar>
+concept RoutedDecodingSequenceMixerOn =
+    DecodingSequenceMixerOn<M, Be, T> &&
+    requires(Be& be, const T* p, T* ws, const typename M::DecodeSaved& s, MatrixView<const T> x, MatrixView<T> y,
+             std::span<const index_t> slot, index_t i) {
+      M::decode_keys(be, p, ws, s, x, y, y, slot, slot, slot, i);
+      M::decode_queries(be, p, ws, s, x, y, x, x, slot, slot, slot, i);
+    };
+
 // A routed sequence mixer's grouped members on backend Be:
 //   forward_grouped<keys>(be, p, ws, gs, x, xg, out, idx, groups, seq)
 //       out [rows × d] = module g's output for the rows of group g. idx [rows]: the flat token index
