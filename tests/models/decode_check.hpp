@@ -28,14 +28,14 @@ double row_error(std::span<const T> a, const T* b, index_t n) {
 // prompts of different lengths, then one token per step for every unfinished sequence; each token's
 // logits against a full forward over its sequence.
 // lengths / prompt_len: each sequence's length and its prompt's (empty: the context, 9, 17 and 1 tokens
-// with prompts of 5, 1, 17 and 1).
+// with prompts of 5, 1, 17 and 1). seed: the parameters' randomisation (test::randomise, scale 0.2).
 template <class Model, class T>
-double decode_error(std::vector<index_t> lengths = {}, std::vector<index_t> prompt_len = {}) {
+double decode_error(std::vector<index_t> lengths = {}, std::vector<index_t> prompt_len = {}, unsigned seed = 11) {
   constexpr index_t C = Model::dims.context, V = Model::dims.vocab;
   if (lengths.empty()) lengths = {C, 9, 17, 1}, prompt_len = {5, 1, 17, 1};
   REQUIRE(lengths.size() == prompt_len.size());
   auto model = Model::template make<cpu::Backend<T>>(7);
-  test::randomise(model, 11, 0.2);
+  test::randomise(model, seed, 0.2);
   std::vector<std::vector<token_t>> seqs, prompts;
   for (std::size_t b = 0; b < lengths.size(); ++b) {
     seqs.push_back(test::random_tokens(lengths[b], V, 100 + b));

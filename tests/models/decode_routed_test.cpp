@@ -1,13 +1,19 @@
 // Incremental decoding of the routed executors (infer/decoder.hpp; docs/inference.md): prefill +
 // step-by-step decode gives the logits of one full forward over the same tokens, for MoM with each
 // key/value mode (phi::MoM: every token writes every module's keys; phi::MoMRoutedKV: only the routed
-// tokens do), with SKIP, inside Chunked between dense layers and with RoPE; a batch of sequences of
-// different lengths, one of which fills the context (tests/models/decode_check.hpp).
+// tokens do), with SKIP, inside Chunked between dense layers and with RoPE; layer-skip, early exit (with and
+// without AttendToSkipped) and Mixture-of-Depths routed by its causal methods (against a full forward of
+// the same causal routing); a batch of sequences of different lengths, one of which fills the context
+// (tests/models/decode_check.hpp).
 #include <catch2/catch.hpp>
 
 #include <mom/mom.hpp>
 
 #include "models/decode_check.hpp"
+#include "mom/models/depth_stats.hpp"
+
+#include <algorithm>
+#include <vector>
 
 using namespace mom;
 
@@ -22,6 +28,39 @@ using MoMNoSkip = LM<dims, Assembly<Router<GRU>, ModuleSet<MHA<2>, FFN<2>>, K<1>
 using MoMChunked = LM<dims, Chunked<Layer, MoMChunk, Layer>>;
 using MoMRope = LM<with_rope(dims), MoMRoutedChunk>;
 using MoMRopeAll = LM<with_rope(dims), MoMChunk>;
+
+using Skip3 = LM<dims, LayerSkipping<3>>;
+using Exit3 = LM<dims, EarlyExiting<3>>;  // AttendToSkipped
+using ExitOwnKeys = LM<dims, Assembly<Router<Skipping<LinearGate, EarlyExit>>, ModuleSet<MHA<3>, FFN<3>, Skip>, K<1>,
+                                      H<3>, phi::LayerSkip>>;
+using SkipAttendAll = LM<dims, LayerSkipping<3, AttendToSkipped>>;
+using SkipRope = LM<with_rope(dims), LayerSkipping<3>>;
+using ModAux = LM<dims, causal_sampling_arch<MoD<4, 1, 2, 2, CausalAux<>>>::type>;
+using ModPredictor = LM<dims, causal_sampling_arch<MoD<4, 1, 4, 2, CausalPredictor<8>>>::type>;
+using ModChunked = LM<dims, causal_sampling_arch<Chunked<Layer, MoD<2, 1, 2, 1, CausalAux<>>>>::type>;
+
+// The fraction of tokens each routed layer runs in a full forward of decode_error's model (its seed and
+// randomisation), so a test knows its routers both run and skip tokens.
+template <class Model>
+std::vector<double> run_fractions(unsigned seed = 11) {
+  auto m = Model::template make<cpu::Backend<double>>(7);
+  test::randomise(m, seed, 0.2);
+  m.reserve(2, dims.context);
+  const auto toks = test::random_tokens(2 * dims.context, dims.vocab, 3);
+  m.forward(toks, {}, 2, dims.context);
+  DepthStats stats;
+  stats.accumulate(m);
+  std::vector<double> out;
+  for (const auto& l : stats.layers) out.push_back(l.run / l.tokens);
+  return out;
+}
+// Every routed layer runs some tokens and skips others.
+struct Mixed : Catch::MatcherBase<std::vector<double>> {
+  bool match(const std::vector<double>& f) const override {
+    return !f.empty() && std::all_of(f.begin(), f.end(), [](double r) { return r > 0.05 && r < 0.95; });
+  }
+  std::string describe() const override { return "has every run fraction in (0.05, 0.95)"; }
+};
 
 }  // namespace
 
@@ -60,4 +99,35 @@ TEST_CASE("decode MoM: prefill + step logits equal a full forward (double 1e-12,
   }
   static_assert(infer::decodes<MoMAll, cpu::Backend<float>>);
   static_assert(infer::decodes<MoMRouted, cpu::Backend<double>>);
+}
+
+TEST_CASE("decode layer-skip, early exit and causal MoD: logits equal a full forward (double 1e-12, float 1e-5)",
+          "[decode][depth]") {
+  SECTION("layer-skip: only the tokens that run a layer write its keys") {
+    CHECK_THAT(run_fractions<Skip3>(), Mixed());
+    CHECK(test::decode_error<Skip3, double>() < 1e-12);
+    CHECK(test::decode_error<Skip3, float>() < 1e-5);
+  }
+  SECTION("early exit attending to the exited tokens' copied-up state") {
+    CHECK_THAT(run_fractions<Exit3>(), Mixed());
+    CHECK(test::decode_error<Exit3, double>() < 1e-12);
+    CHECK(test::decode_error<Exit3, float>() < 1e-5);
+  }
+  SECTION("early exit without AttendToSkipped, layer-skip with it, layer-skip with RoPE") {
+    CHECK_THAT(run_fractions<ExitOwnKeys>(), Mixed());
+    CHECK(test::decode_error<ExitOwnKeys, double>() < 1e-12);
+    CHECK(test::decode_error<SkipAttendAll, double>() < 1e-12);
+    CHECK(test::decode_error<SkipRope, double>() < 1e-12);
+  }
+  SECTION("Mixture-of-Depths routed by its causal methods (router sign, predictor), against the same routing") {
+    CHECK_THAT(run_fractions<ModAux>(), Mixed());
+    CHECK_THAT(run_fractions<ModPredictor>(28), Mixed());  // a seed whose predictors split the tokens
+    CHECK(test::decode_error<ModAux, double>() < 1e-12);
+    CHECK(test::decode_error<ModAux, float>() < 1e-5);
+    CHECK(test::decode_error<ModPredictor, double>({}, {}, 28) < 1e-12);
+    CHECK(test::decode_error<ModChunked, double>() < 1e-12);
+  }
+  // Top-C routing during training is not causal: the Decoder refuses it (compile_fail/decode_routed).
+  static_assert(!infer::routes_causally<LM<dims, MoD<4>>>);
+  static_assert(infer::routes_causally<ModAux> && infer::decodes<ModAux, cpu::Backend<float>>);
 }

@@ -31,6 +31,10 @@ struct SelectedBlocks : DepthExecutorBase<SelectedBlocks<Policy, A, D>, Policy, 
   using Base::toks;
   using Base::unit_weight;
 
+  // Top-C per sequence depends on the sequence's later tokens: no incremental decode (infer/decoder.hpp
+  // names the causal methods instead; causal_sampling_arch in assembly/depth.hpp).
+  static constexpr bool routes_causally = false;
+
   // Attention over (batch, C): the module's dense workspace (the same sizes as plan(1, rows)).
   static constexpr void plan_attention(Arena& a, Layer& l, index_t /*n*/, index_t rows) { l.attn = Attn::plan(a, 1, rows); }
   static constexpr index_t attention_scratch(index_t /*n*/, index_t /*rows*/) { return 0; }

@@ -11,9 +11,9 @@
 //
 // Exact: the logits of a token are those of a full forward over its sequence up to it (the same ops
 // per row; tests/models/decode_test.cpp checks it in double to 1e-12). An architecture decodes when
-// every part's executor meets AssemblyDecoderOn (the dense stack, parameter sharing and
-// token-choice MoE (MoE, MoE(share), MoDE integrated) today; the other routed executors do not yet:
-// Decoder's static_assert says so).
+// every part's executor meets AssemblyDecoderOn: the dense stack, parameter sharing, token-choice MoE
+// (MoE, MoE(share), MoDE integrated), MoM, layer-skip / early exit and Mixture-of-Depths routed by its
+// causal method; Decoder's static_asserts name what does not (non-causal top-C routing, MoDE staged).
 #include <algorithm>
 #include <concepts>
 #include <cstdint>
@@ -53,6 +53,14 @@ concept DecodeBackend = requires(const Be& be, MatrixView<T> m, MatrixView<const
   be.attention_decode(m, c, c, c, s, s, i, i);
 };
 
+// An executor that says its routing is not causal (Mixture-of-Depths' expert-choice top-C during
+// training: a token's selection depends on later tokens of its sequence).
+template <class E>
+concept NonCausalExecutor = requires { requires !E::routes_causally; };
+template <class Model>
+inline constexpr bool routes_causally =
+    []<class... Es>(TypeList<Es...>) { return !(NonCausalExecutor<Es> || ...); }(typename Model::core::executors{});
+
 // True when Model decodes incrementally on backend Be.
 template <class Model, class Be>
 inline constexpr bool decodes = []<class... Es>(TypeList<Es...>) {
@@ -89,9 +97,13 @@ class Decoder {
   static_assert(std::string_view(Be::name) == "cpu",
                 "mom::infer::Decoder: decoding runs on the CPU backend today (the CUDA backend's decode ops exist; "
                 "the Decoder does not yet move slots and positions to the device)");
-  static_assert(!DecodeBackend<Be> || decodes<Model, Be>,
+  static_assert(routes_causally<Model>,
+                "mom::infer::Decoder: Mixture-of-Depths' expert-choice top-C routing is not causal (a token's "
+                "selection depends on later tokens): decode mom::causal_sampling_arch<Arch>::type, the same "
+                "parameters routed by a trained causal method (ExpertChoice<..., CausalAux<> or CausalPredictor<>>)");
+  static_assert(!DecodeBackend<Be> || !routes_causally<Model> || decodes<Model, Be>,
                 "mom::infer::Decoder: a part of this architecture has no incremental decode yet (its executor does "
-                "not meet mom::infer::AssemblyDecoderOn): dense stacks, parameter sharing and MoE decode today");
+                "not meet mom::infer::AssemblyDecoderOn)");
   static constexpr bool ok = decodes<Model, Be>;
   using Plans = typename detail::DecodePlans<ok, Executors>::type;
 
