@@ -1,9 +1,9 @@
 // bench_decode: incremental decoding with the KV cache (infer/decoder.hpp) against the recompute loop
 // it replaces (a full forward over the window for every new token), float, cpu::Backend<float>.
 //
-//   bench_decode [--only dense8,moe8,gpt2-small] [--tokens N]
+//   bench_decode [--only dense8,moe8,momp,skip8,gpt2-small] [--tokens N]
 //
-// Per model and context C (the model's context and, for GPT-2 small, 256 too):
+// Per model and context C (256 and 1024 for dense8, MoM_P and GPT-2 small):
 //   prefill   tokens/s of Decoder::prefill for one prompt of C/2 tokens, and for 8 prompts of C/2 (batch 8)
 //   decode    ms per step and tokens/s at batch 1 and batch 8, steps taken from position C/2 on
 //   recompute ms per new token of model.forward over a window of C/2 .. C/2+k tokens (batch 1)
@@ -93,7 +93,7 @@ void bench(const char* name, index_t context, index_t new_tokens, double gbps) {
 
 int main(int argc, char** argv) {
   cpu::limit_openmp_spinning(argv);
-  std::string only = "dense8,moe8,gpt2-small";
+  std::string only = "dense8,moe8,momp,skip8,gpt2-small";
   index_t tokens = 64;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--only")) only = argv[i + 1];
@@ -105,7 +105,23 @@ int main(int argc, char** argv) {
   std::printf("| model | context | batch | prefill tok/s | ms per step | decode tok/s | decoder memory | step / weight-read time |\n");
   std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
   constexpr Dims d8{.d_model = 256, .heads = 8, .d_ff = 1024, .vocab = 256, .context = 256};
-  if (only.find("dense8") != std::string::npos) bench<LM<d8, Dense<8>>>("dense 8 layers (d 256)", 256, tokens, gbps);
+  constexpr Dims d8k = [] {
+    Dims d = d8;
+    d.context = 1024;
+    return d;
+  }();
+  if (only.find("dense8") != std::string::npos) {
+    bench<LM<d8, Dense<8>>>("dense 8 layers (d 256)", 256, tokens, gbps);
+    bench<LM<d8k, Dense<8>>>("dense 8 layers (d 256)", 1024, tokens, gbps);
+  }
+  // MoM_P in the paper's [1-1-4-1-1] strategy (mom-train's mom8-p); weight-read column: every module
+  // (a step reads the K = 2 picked modules' Q / output / FFN weights and every attention module's K/V).
+  if (only.find("momp") != std::string::npos) {
+    bench<LM<d8, Strategy_11411<MoM_P<>>>>("MoM_P [1-1-4-1-1] (d 256)", 256, tokens, gbps);
+    bench<LM<d8k, Strategy_11411<MoM_P<>>>>("MoM_P [1-1-4-1-1] (d 256)", 1024, tokens, gbps);
+  }
+  if (only.find("skip8") != std::string::npos)  // layer-skip gates at initialisation run about 73% of tokens
+    bench<LM<d8, LayerSkipping<8>>>("layer-skip 8 layers (d 256)", 256, tokens, gbps);
   if (only.find("moe8") != std::string::npos)  // weight-read column: all experts (a step reads top-2 of 8)
     bench<LM<d8, MoEStack<8, 8, 2>>>("MoE 8 layers x 8 experts, top-2 (d 256)", 256, tokens, gbps);
   if (only.find("gpt2-small") != std::string::npos) {

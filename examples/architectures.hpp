@@ -50,6 +50,7 @@ struct ArchEntry {
   std::string note;       // one line for --help
   std::string dense_twin; // MoM models: the registered dense model a phase-2 run warm-starts from (--init-from)
   bool trainable = true;  // false: listed (describe line) only, not compiled into the training code
+  bool kv_decode = false; // mom-sample decodes with the KV-cache Decoder (else: a forward over the window per token)
   std::function<int(const TrainRequest&)> train;
   std::function<std::string(const SampleRequest&)> sample;
   std::function<int(const EvalRequest&)> evaluate;

@@ -1,12 +1,14 @@
 // Text generation from a trained model for `mom-sample` and the end of `mom-train`: greedy (temperature 0)
 // or temperature / top-k / top-p sampling (infer::Sampler).
 //
-// Architectures that decode incrementally (infer::decodes: dense stacks, parameter sharing, token-choice
-// MoE) run on the KV-cache Decoder: one pass over the weights per token. Past the model's context the
-// window restarts from the last context/2 tokens, re-prefilled: every token is conditioned on between
-// context/2 and context earlier tokens, as a model trained at that context expects. The other routed
-// architectures (MoM, MoD, MoDE staged, layer-skip) have no incremental decode yet and recompute a
-// forward over the last `context` tokens for every new token (the window slides by one).
+// Architectures that decode incrementally (infer::decodes: every one whose routing is causal: dense stacks,
+// parameter sharing, MoE, MoM, layer-skip / early exit, MoEUT, ModuleFormer, and Mixture-of-Depths trained
+// with a causal method, sampled as causal_sampling_arch) run on the KV-cache Decoder: one pass over the
+// weights per token. Past the model's context the window restarts from the last context/2 tokens,
+// re-prefilled: every token is conditioned on between context/2 and context earlier tokens, as a model
+// trained at that context expects. Architectures whose routing is not causal (Mixture-of-Depths with plain
+// top-C routing, MoDE staged) recompute a forward over the last `context` tokens for every new token (the
+// window slides by one; the top-C is then taken among the window's tokens, all of them in the past).
 #pragma once
 
 #include <mom/mom.hpp>

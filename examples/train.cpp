@@ -58,7 +58,9 @@ using namespace mom::examples;
 
 std::string architectures_help() {
   std::string s = "Architectures (--arch):\n";
-  for (const auto& a : registry()) s += "  " + a.name + " (" + a.note + ")\n      " + a.describe + "\n";
+  for (const auto& a : registry())
+    s += "  " + a.name + " (" + a.note + ")\n      " + a.describe +
+         (a.kv_decode ? "; samples with the KV cache" : "; samples by a forward over the window per token") + "\n";
   return s;
 }
 

@@ -378,6 +378,7 @@ ArchEntry describe_architecture(std::string name, std::string tokenizer, std::st
   a.describe = describe<Model>();
   a.note = std::move(note);
   a.dense_twin = std::move(dense_twin);
+  a.kv_decode = infer::decodes<causal_sampling_model_t<Model>, cpu::Backend<float>>;
   return a;
 }
 
