@@ -1,5 +1,5 @@
-// mom-train's registry entries for MoE, MoE(share), MoDE (integrated) (issue 6), at dense8's shape
-// (mom8_dims: d 256, 8 heads, d_ff 1024, byte vocabulary, context 256), comparable with dense8.
+// mom-train's registry entries for MoE, MoE(share), MoDE (integrated) (issue 6) and DeepSeekMoE (issue 18), at
+// dense8's shape (mom8_dims: d 256, 8 heads, d_ff 1024, byte vocabulary, context 256), comparable with dense8.
 #include <mom/models/moe_models.hpp>
 
 #include "train_model.hpp"
@@ -9,12 +9,18 @@ namespace mom::examples {
 using MoE8 = LM<mom8_dims, MoEStack<8, 8, 2>>;             // 8 layers x 8 experts, top-2 (Mixtral)
 using MoE8Share = LM<mom8_dims, MoEShareStack<8, 8, 2>>;   // 8 experts shared by the 8 layers, top-2
 using MoDE8Int = LM<mom8_dims, MoDEIntegrated<8, 8, 2>>;   // 8 experts + SKIP per layer, top-2
+// DeepSeekMoE at moe8's parameters and FLOPs: per layer 1 shared + 31 routed experts of d_ff/4 (= moe8's 8 FFNs),
+// 1 + 7 of them per token (= moe8's top-2); balanced by the selection bias, or by a Switch loss instead.
+using DSMoE8 = LM<mom8_dims, DeepSeekMoEStack<8, 1, 31, 7, 4>>;
+using DSMoE8Switch = LM<mom8_dims, DeepSeekMoEStack<8, 1, 31, 7, 4, BiasBalance<0>, BalanceCoef<1, 100>>>;
 
 std::vector<ArchEntry> moe_architectures() {
   std::vector<ArchEntry> v;
   v.push_back(make_architecture<MoE8>("moe8", "byte", "MoE eq. (11): 8 layers x 8 FFN experts, top-2 softmax router (Mixtral)"));
   v.push_back(make_architecture<MoE8Share>("moe8-share", "byte", "MoE(share): 8 FFN experts shared by the 8 layers, top-2; dense8's parameters + routers"));
   v.push_back(make_architecture<MoDE8Int>("mode8-int", "byte", "MoDE integrated: 8 experts + a no-op (Skip) expert per layer, top-2"));
+  v.push_back(make_architecture<DSMoE8>("dsmoe8", "byte", "DeepSeekMoE: 1 shared + 31 routed experts of d_ff/4 per layer, top-7 sigmoid routing, auxiliary-loss-free bias (moe8's params and FLOPs)"));
+  v.push_back(make_architecture<DSMoE8Switch>("dsmoe8-switch", "byte", "dsmoe8 balanced by a Switch loss (1/100) instead of the selection bias"));
   return v;
 }
 

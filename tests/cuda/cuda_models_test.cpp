@@ -112,6 +112,9 @@ using MoDSmall = LM<small_dims, MoD<4>>;
 using SkipSmall = LM<small_dims, LayerSkipping<3>>;
 using ExitSmall = LM<small_dims, EarlyExiting<3>>;
 using MoDEStagedSmall = LM<small_dims, MoDEStaged<2, 3, 2>>;
+// DeepSeekMoE (issue 18): 1 shared + 6 routed experts of d_ff/4 per layer, top-2 routed within the best of 2
+// groups, the sigmoid router's balance loss on, the selection bias's loads in its gradient slot.
+using DSSmall = LM<small_dims, DeepSeekMoEStack<2, 1, 6, 2, 4, GroupLimited<2, 1>, BalanceCoef<1, 100>>>;
 // Parameter sharing: the dense executor over a step -> module map (a shared module's gradient is the sum
 // over its uses).
 constexpr Dims share_dims{.d_model = 32, .heads = 4, .d_ff = 64, .vocab = 50, .context = 32};
@@ -199,6 +202,7 @@ TEST_CASE("MoE, MoD, layer-skip, MoDE: same loss and gradients as cpu (double)",
   compare_model<SkipSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
   compare_model<ExitSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
   compare_model<MoDEStagedSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
+  compare_model<DSSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
 }
 
 TEST_CASE("parameter sharing: same loss and gradients as cpu (double, Cycle<2>, All, Map)", "[cuda][models][share]") {
@@ -260,6 +264,7 @@ void check_step_never_waits(cuda::Precision precision) {
     m.zero_grad();
     m.forward_async(tokens, targets, batch, seq);
     m.backward();
+    m.update_buffers();  // DeepSeekMoE's selection bias (a no-op for the other families)
     be.grad_norm(std::span<const T>(m.grads()), norm.data());
     be.adamw_step(m.params(), std::span<const T>(m.grads()), mom.span(), vel.span(), cpu::AdamWConfig{.lr = 1e-3}, s,
                   norm.data(), T(1));
@@ -298,4 +303,5 @@ TEST_CASE("a training step on the CUDA backend neither waits for the device nor 
   check_step_never_waits<ExitSmall>(cuda::Precision::TF32);
   check_step_never_waits<ShareCycle>(cuda::Precision::TF32);
   check_step_never_waits<MFSmall>(cuda::Precision::TF32);
+  check_step_never_waits<DSSmall>(cuda::Precision::TF32);
 }

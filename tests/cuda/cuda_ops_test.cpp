@@ -337,6 +337,38 @@ TEMPLATE_TEST_CASE("group_by_choice and the balance loss match cpu", "[cuda][rou
   expect_close(dcol, tol_kernel<T>, "dprobs_col");
 }
 
+TEMPLATE_TEST_CASE("affinity routing (DeepSeekMoE) matches cpu: biased top-K with groups, backward, loads, bias update",
+                   "[cuda][routing][affinity]", float, double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  test::Rng rng(31);
+  const index_t n = 257, E = 12, shared = 2, K = 5;  // 3 routed picks within the best 2 of 4 groups
+  auto scores = rand_arr<T>(n * E, rng, 0.02, 0.98), bias = rand_arr<T>(E, rng, -0.2, 0.2);
+  auto w = const_arr<T>(n * K, T(-7)), probs = const_arr<T>(n * E, T(-7));
+  auto picks = tok_arr<T>(std::vector<token_t>(std::size_t(n * K), -7));
+  host<T>().affinity_topk_forward(w.hm(n, K), picks.hm(n, K), probs.hm(n, E), scores.hm(n, E), bias.hs(), shared, 4, 2,
+                                  true, T(2.5));
+  gpu<T>().affinity_topk_forward(w.dm(n, K), picks.dm(n, K), probs.dm(n, E), scores.dm(n, E), bias.ds(), shared, 4, 2,
+                                 true, T(2.5));
+  expect_equal_tokens(picks, "picks");
+  expect_close(w, tol_kernel<T>, "weights");
+  expect_close(probs, tol_kernel<T>, "probs");
+  auto dw = rand_arr<T>(n * K, rng), dcol = rand_arr<T>(E, rng), ds = rand_arr<T>(n * E, rng);
+  host<T>().affinity_topk_backward(ds.hm(n, E), dw.hm(n, K), scores.hm(n, E), MatrixView<const token_t>(picks.hm(n, K)),
+                                   shared, true, T(2.5), dcol.hs());
+  gpu<T>().affinity_topk_backward(ds.dm(n, E), dw.dm(n, K), scores.dm(n, E), MatrixView<const token_t>(picks.dm(n, K)),
+                                  shared, true, T(2.5), dcol.ds());
+  expect_close(ds, tol_kernel<T>, "dscores");
+  auto offsets = tok_arr<T>({0, 5, 9, 9, 20}), load = rand_arr<T>(4, rng, 0, 3);
+  host<T>().expert_load_add(load.hs(), offsets.hs());
+  gpu<T>().expert_load_add(load.ds(), offsets.ds());
+  expect_close(load, tol_kernel<T>, "loads");
+  auto b = rand_arr<T>(4, rng);
+  host<T>().bias_balance_update(b.hs(), load.hs(), T(1e-3));
+  gpu<T>().bias_balance_update(b.ds(), load.ds(), T(1e-3));
+  expect_close(b, tol_kernel<T>, "bias");
+}
+
 TEMPLATE_TEST_CASE("packed attention forward and backward match cpu (subsets and keys without queries)",
                    "[cuda][routing]", float, double) {
   MOM_REQUIRE_GPU();

@@ -94,6 +94,9 @@ struct MoEBlockFfn {
                 "Router<TopK<Softmax>, Temperature<1, 2>>");
   static constexpr int L = Set::n_attention, E = Set::ffn_choices;
   using Step = MoEStepOf<Set, D, k, R, /*skip=*/false>;  // Skip is the MoD skip here, not an expert
+  static_assert(!requires { requires Step::Gate::balances; },
+                "mom::ExpertRouter<Router<TopK<Sigmoid>>> (MoDE staged): the depth executors do not apply the "
+                "selection bias's update between optimizer steps yet; use BiasBalance<0>");
   static constexpr index_t d = D.d_model;
   // After the set's parameters: layer h's gate (h.<base + h>.router.*, as MoEStack: a MoEStack checkpoint
   // maps one to one).

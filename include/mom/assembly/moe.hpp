@@ -128,6 +128,12 @@ struct MoEStep {
                         dres, scratch + sc.ffn, Kp);
   }
 
+  // The gate's update between optimizer steps (GateWithBufferUpdate; a no-op for gates without one).
+  template <class Be, class T>
+  static void update_buffers(Be& be, T* p, const T* g, index_t router_offset) {
+    if constexpr (GateWithBufferUpdate<Gate, Be, T>) Gate::update_buffers(be, p + router_offset, g + router_offset);
+  }
+
   // The picks of the last forward: rows×K class ids (>= E: no expert), on the host.
   template <class Be, class T>
   static void read_picks(Be& be, const T* ws, const Plan& s, index_t rows, std::span<token_t> out) {
@@ -285,6 +291,13 @@ struct Executor<P, A, D> {
         max_len, [&](int h, MatrixView<const T> u, MatrixView<T> x_next, MatrixView<T> /*f*/) {
           Step::forward(be, p, router_offset(h), experts_of[h], ws, plan.step, u, x_next, tokens);
         });
+  }
+
+  // ---- between optimizer steps (models/runtime.hpp, Model::update_buffers) ------------------
+  // Every step's gate that keeps buffers outside gradient descent (DeepSeekMoE's selection bias).
+  template <class Be, class T>
+  static void update_buffers(Be& be, T* p, const T* g) {
+    for (int h = 0; h < L; ++h) Step::update_buffers(be, p, g, router_offset(h));
   }
 
   // ---- routing read-back (statistics, realised FLOPs; models/routing_stats.hpp) -------------

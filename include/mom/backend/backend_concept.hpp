@@ -110,6 +110,11 @@ concept RoutingOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, M
   be.router_z_loss_forward(s, m, cm, x, x);          // ST-MoE's router z-loss
   be.topk_rows(m, picks, cm);
   be.topk_rows_backward(m, cm, cpicks);
+  // DeepSeekMoE's affinity routing (cpu/affinity.hpp): biased top-K, loads, the bias's sign update
+  be.affinity_topk_forward(m, picks, m, cm, cs, i, i, i, flag, x);
+  be.affinity_topk_backward(m, cm, cm, cpicks, i, flag, x, cs);
+  be.expert_load_add(s, tok);
+  be.bias_balance_update(s, cs, x);
 };
 
 // Grouped ops (core/groups.hpp): rows split into groups by offsets in backend memory, each group with

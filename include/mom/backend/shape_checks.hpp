@@ -194,6 +194,32 @@ void route_topk_backward_shapes(CM<T> dlogits, CM<T> dweights, CM<T> weights, CM
   MOM_CHECK(dprobs_col.empty() || ssize(dprobs_col) == E, "route_topk_backward: dprobs_col has ", dprobs_col.size(),
             " elements, expected ", E);
 }
+// Affinity routing (cpu/affinity.hpp): K = shared + k slots over E routed experts in `groups` groups.
+template <class T>
+void affinity_topk_forward_shapes(CM<T> weights, MatrixView<const token_t> picks, CM<T> probs, CM<T> scores,
+                                  index_t bias, index_t shared, index_t groups, index_t top_groups) {
+  const index_t n = scores.rows, E = scores.cols, k = weights.cols - shared;
+  MOM_CHECK(groups >= 1 && groups <= 64 && E % groups == 0 && top_groups >= 1 && top_groups <= groups,
+            "affinity_topk_forward: ", E, " experts in ", groups, " groups, ", top_groups,
+            " kept: groups must divide the experts, be at most 64, and keep 1 to all of them");
+  MOM_CHECK(shared >= 0 && k >= 1 && k <= E / groups * top_groups, "affinity_topk_forward: ", weights.cols,
+            " slots with ", shared, " shared experts leave k = ", k, " routed picks; it must be in [1, ",
+            E / groups * top_groups, "] (the experts of the kept groups)");
+  MOM_CHECK(bias == E && weights.rows == n && picks.rows == n && picks.cols == weights.cols &&
+                (probs.empty() || (probs.rows == n && probs.cols == E)),
+            "affinity_topk_forward: bias ", bias, ", weights ", shape(weights), ", picks ", shape(picks), ", probs ",
+            shape(probs), " disagree with scores ", shape(scores));
+}
+template <class T>
+void affinity_topk_backward_shapes(CM<T> dscores, CM<T> dweights, CM<T> scores, MatrixView<const token_t> picks,
+                                   index_t shared, index_t dprobs_col) {
+  MOM_CHECK(dscores.rows == scores.rows && dscores.cols == scores.cols && dweights.rows == scores.rows &&
+                dweights.cols == picks.cols && picks.rows == scores.rows && shared >= 0 && shared < picks.cols,
+            "affinity_topk_backward: dscores ", shape(dscores), ", dweights ", shape(dweights), ", picks ",
+            shape(picks), ", shared ", shared, " disagree with scores ", shape(scores));
+  MOM_CHECK(dprobs_col == 0 || dprobs_col == scores.cols, "affinity_topk_backward: dprobs_col has ", dprobs_col,
+            " elements, expected ", scores.cols);
+}
 // Packed attention: q/k/v and position lists (the position order is checked by each backend).
 template <class T>
 void packed_attention_shapes(const char* op, CM<T> q, CM<T> k, CM<T> v, Tok q_tok, Tok k_tok, index_t seq,

@@ -35,8 +35,10 @@ struct TensorSpec {
   index_t cols = 0;
   Init init = Init::Normal;
   index_t expert = -1;
-  // false: a buffer, stored and checkpointed with the parameters but never learned: the module's backward
-  // leaves its gradient 0 and the trainer never updates it (ModuleFormer's pruning mask, modules/mlp_gate.hpp).
+  // false: a buffer, stored and checkpointed with the parameters but never learned: AdamW never updates it.
+  // Its gradient slot is 0 (ModuleFormer's pruning mask, modules/mlp_gate.hpp) or holds the statistic of a
+  // rule applied between optimizer steps (DeepSeekMoE's selection bias and its expert loads,
+  // routers/affinity.hpp; Model::update_buffers).
   bool trainable = true;
   constexpr index_t size() const { return rows * cols; }
 };

@@ -25,7 +25,7 @@ inline std::string with_commas(index_t v) {
 // ", Name" for a module type that names itself (a user's module: FFN<4, SwiGLU>), "" for GPT-2's.
 template <class M>
 std::string impl_name() {
-  if constexpr (requires { M::name; }) return std::string(", ") + M::name;
+  if constexpr (requires { M::name; }) return std::string(", ") + std::string(M::name);
   else return {};
 }
 template <class M>
@@ -75,6 +75,8 @@ std::string router_options_name() {
       s += ", " + ratio_name("BalanceCoef", Bal::numerator, Bal::denominator);
     if (Cfg::renormalise != Default::renormalise) s += Cfg::renormalise ? ", Renormalise<true>" : ", Renormalise<false>";
     return s;
+  } else if constexpr (requires { R::policy::template describe_options<typename R::options>(); }) {
+    return R::policy::template describe_options<typename R::options>();  // e.g. TopK<Sigmoid>, SharedExperts<2>
   } else {
     return {};
   }

@@ -14,9 +14,16 @@
 //                            (12.5%) of each sequence (assembly/depth.hpp); the other layers run MoE densely
 //     = Assembly<Router<ExpertChoice<Capacity<1, 8>, Every<2>>>, ModuleSet<MHA<L>, Experts<FFN, E, PerStep>, Skip>,
 //                K<k>, H<L>, phi::LayerSkip>
+//   DeepSeekMoEStack<L, Ns, Nr, kr, m, Options...>   DeepSeekMoE (arXiv 2401.06066; V3 2412.19437): per layer Ns
+//                            shared and Nr routed fine-grained experts of width d_ff/m, top-kr routed by sigmoid
+//                            affinity with the auxiliary-loss-free selection bias (routers/affinity.hpp)
+//     = Assembly<Router<TopK<Sigmoid>, SharedExperts<Ns>, Options...>,
+//                ModuleSet<MHA<L>, Experts<Segmented<m>::family, Ns + Nr, PerStep>>, K<Ns + kr>, H<L>, phi::MoE>
 #include "mom/assembly/depth.hpp"
 #include "mom/assembly/moe.hpp"
 #include "mom/models/lm.hpp"
+#include "mom/modules/ffn.hpp"
+#include "mom/routers/affinity.hpp"
 
 namespace mom {
 
@@ -30,5 +37,10 @@ using MoDEIntegrated = Assembly<R, ModuleSet<MHA<L>, Experts<FFN, E, PerStep>, S
 template <int L, int E, int k = 2, long long p = 1, long long q = 8, int every = 2, class... Options>
 using MoDEStaged = Assembly<Router<ExpertChoice<Capacity<p, q>, Every<every>, Options...>>,
                             ModuleSet<MHA<L>, Experts<FFN, E, PerStep>, Skip>, K<k>, H<L>, phi::LayerSkip>;
+
+template <int L, int Ns, int Nr, int kr, int m, class... Options>
+using DeepSeekMoEStack = Assembly<Router<TopK<Sigmoid>, SharedExperts<Ns>, Options...>,
+                                  ModuleSet<MHA<L>, Experts<Segmented<m>::template family, Ns + Nr, PerStep>>,
+                                  K<Ns + kr>, H<L>, phi::MoE>;
 
 }  // namespace mom

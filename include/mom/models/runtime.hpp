@@ -178,6 +178,16 @@ class ModelInstance {
 
   void zero_grad() { be_.zero(grads_.span()); }
 
+  // Buffers that change once per optimizer step outside gradient descent (DeepSeekMoE's selection bias,
+  // routers/affinity.hpp), from the statistics their backward left in grads() (summed over the step's
+  // micro-batches and ranks): the trainer calls it after reducing the gradients, before AdamW.
+  void update_buffers() {
+    for_each_part([&]<std::size_t i, class E>() {
+      if constexpr (requires { E::update_buffers(be_, params_.data(), grads_.data()); })
+        E::update_buffers(be_, params_.data() + Model::core::part_offset[i], grads_.data() + Model::core::part_offset[i]);
+    });
+  }
+
   std::span<T> params() { return params_.span(); }
   std::span<const T> params() const { return params_.span(); }
   std::span<T> grads() { return grads_.span(); }

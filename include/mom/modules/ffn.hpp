@@ -4,6 +4,7 @@
 // The residual is added by the assembling function. FFN<N> is a family of N such modules
 // inside a ModuleSet (paper eq. (1), m^F_1..m^F_N).
 #include <array>
+#include <string_view>
 
 #include "mom/modules/module.hpp"
 
@@ -133,6 +134,40 @@ struct FFN {
   static constexpr int count = N;
   template <Dims D>
   using single = Impl<D>;
+};
+
+// Fine-grained expert segmentation (DeepSeekMoE, arXiv 2401.06066 §3.1): an FFN of hidden width d_ff / m, so
+// m of them hold the parameters and FLOPs of one GPT-2 FFN. Segmented<m>::ffn<D> is the module,
+// Segmented<m>::family<N> the family: Experts<Segmented<4>::family, 32, PerStep> is 32 experts of width d_ff/4.
+template <int m>
+struct Segmented {
+  static_assert(m >= 1, "mom::Segmented<m>: the segmentation factor m must be >= 1");
+  template <Dims D>
+  static constexpr Dims narrowed() {
+    static_assert(D.ff() % m == 0, "mom::Segmented<m>: m must divide the model's d_ff");
+    Dims e = D;
+    e.d_ff = D.ff() / m;
+    return e;
+  }
+  static constexpr std::array<char, 24> spelling = [] {  // "Segmented<m>"
+    std::array<char, 24> a{};
+    const char head[] = "Segmented<";
+    std::size_t at = 0;
+    for (char c : head)
+      if (c) a[at++] = c;
+    char digits[12]{};
+    int n = 0;
+    for (int v = m; v > 0; v /= 10) digits[n++] = char('0' + v % 10);
+    while (n > 0) a[at++] = digits[--n];
+    a[at] = '>';
+    return a;
+  }();
+  template <Dims D>
+  struct ffn : modules::FeedForward<narrowed<D>()> {
+    static constexpr std::string_view name{spelling.data()};  // models/describe.hpp
+  };
+  template <int N>
+  using family = FFN<N, ffn>;
 };
 
 }  // namespace mom

@@ -18,8 +18,13 @@
 //   backward(be, p, g, ws, plan, in, din, dwp, scratch)
 //       dwp [rows·K]: dL/d(weight) in group order (dispatch::slot_grads unpacks it); accumulates its
 //       input gradient into din and its parameter gradients into g.
-// TopK<Softmax> (routers/topk.hpp) is one; docs/extending.md writes two more (hash routing and a
-// threshold router with a variable number of experts per token).
+// Optionally, a gate with buffers that change between optimizer steps (not by gradient descent) gives
+//   update_buffers(be, p, g)   p: its parameters (mutable), g: its gradient block as backward left it,
+//                              summed over the step's micro-batches (and ranks); called once per optimizer
+//                              step through Model::update_buffers (models/runtime.hpp)
+// TopK<Softmax> (routers/topk.hpp) is one; TopK<Sigmoid> (routers/affinity.hpp, DeepSeekMoE) another, with
+// update_buffers; docs/extending.md writes two more (hash routing and a threshold router with a variable
+// number of experts per token).
 #include <concepts>
 #include <cstddef>
 #include <span>
@@ -53,6 +58,10 @@ concept ExpertGateOn = ExpertGate<G> && requires(Be& be, const T* p, T* g, T* ws
   G::forward(be, p, ws, plan, x, tok);
   G::backward(be, p, g, ws, plan, x, dx, dwp, g);
 };
+
+// A gate that updates buffers once per optimizer step (see above).
+template <class G, class Be, class T = typename Be::scalar>
+concept GateWithBufferUpdate = requires(Be& be, T* p, const T* g) { G::update_buffers(be, p, g); };
 
 template <class P>
 concept ExpertGatePolicy = RouterPolicy<P> && requires { requires P::gates_experts; };

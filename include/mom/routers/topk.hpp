@@ -58,7 +58,8 @@ struct SoftmaxTopKGate;
 
 template <class Gate>
 struct TopK {
-  static_assert(std::is_same_v<Gate, Softmax>, "mom::TopK<Gate>: the gate must be Softmax (TopK<Softmax>)");
+  static_assert(std::is_same_v<Gate, Softmax>,
+                "mom::TopK<Gate>: the gate must be Softmax (TopK<Softmax>) or Sigmoid (TopK<Sigmoid>, routers/affinity.hpp)");
   static constexpr bool is_router_policy = true;
   static constexpr bool gates_experts = true;  // an ExpertGate per step (routers/gate.hpp)
   static constexpr std::string_view name = "TopK<Softmax>";

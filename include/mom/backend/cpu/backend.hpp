@@ -12,6 +12,7 @@
 
 #include "mom/backend/backend_concept.hpp"
 #include "mom/backend/cpu/activation.hpp"
+#include "mom/backend/cpu/affinity.hpp"
 #include "mom/backend/cpu/attention.hpp"
 #include "mom/backend/cpu/cross_entropy.hpp"
 #include "mom/backend/cpu/decode.hpp"
@@ -262,6 +263,16 @@ struct Backend {
                        MatrixView<const token_t> picks, index_t classes) const {
     cpu::group_by_choice(row_token, row_slot, offsets, picks, classes);
   }
+  void affinity_topk_forward(M weights, MatrixView<token_t> picks, M probs, CM scores, CS bias, index_t shared,
+                             index_t groups, index_t top_groups, bool renormalise, T scale) const {
+    cpu::affinity_topk_forward<T>(weights, picks, probs, scores, bias, shared, groups, top_groups, renormalise, scale);
+  }
+  void affinity_topk_backward(M dscores, CM dweights, CM scores, MatrixView<const token_t> picks, index_t shared,
+                              bool renormalise, T scale, CS dprobs_col) const {
+    cpu::affinity_topk_backward<T>(dscores, dweights, scores, picks, shared, renormalise, scale, dprobs_col);
+  }
+  void expert_load_add(S load, Tok offsets) const { cpu::expert_load_add<T>(load, offsets); }
+  void bias_balance_update(S bias, CS load, T rate) const { cpu::bias_balance_update<T>(bias, load, rate); }
   void balance_loss_forward(S loss_out, S dprobs_col, CM probs, Tok offsets, index_t k, T coef) const {
     cpu::balance_loss_forward<T>(loss_out, dprobs_col, probs, offsets, k, coef);
   }

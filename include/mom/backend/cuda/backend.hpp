@@ -444,6 +444,28 @@ struct Backend {
     checks::router_z_loss_shapes<T>(loss_out, dlogits, logits);
     K::router_z_loss_forward(*ctx_, loss_out.data(), dlogits, logits, inv_temp, coef);
   }
+  void affinity_topk_forward(M weights, MatrixView<token_t> picks, M probs, CM scores, CS bias, index_t shared,
+                             index_t groups, index_t top_groups, bool renormalise, T scale) const {
+    checks::affinity_topk_forward_shapes<T>(weights, picks, probs, scores, ssize(bias), shared, groups, top_groups);
+    K::affinity_topk_forward(*ctx_, weights, picks, probs, scores, bias.data(), shared, groups, top_groups, renormalise,
+                             scale);
+  }
+  void affinity_topk_backward(M dscores, CM dweights, CM scores, MatrixView<const token_t> picks, index_t shared,
+                              bool renormalise, T scale, CS dprobs_col) const {
+    checks::affinity_topk_backward_shapes<T>(dscores, dweights, scores, picks, shared, ssize(dprobs_col));
+    K::affinity_topk_backward(*ctx_, dscores, dweights, scores, picks, shared, renormalise, scale,
+                              dprobs_col.empty() ? nullptr : dprobs_col.data());
+  }
+  void expert_load_add(S load, Tok offsets) const {
+    MOM_CHECK(offsets.size() == load.size() + 1, "expert_load_add: ", offsets.size(), " offsets for ", load.size(),
+              " classes (needs classes + 1)");
+    K::expert_load_add(*ctx_, load.data(), offsets.data(), ssize(load));
+  }
+  void bias_balance_update(S bias, CS load, T rate) const {
+    MOM_CHECK(bias.size() == load.size() && !bias.empty(), "bias_balance_update: ", bias.size(), " biases for ",
+              load.size(), " loads");
+    K::bias_balance_update(*ctx_, bias.data(), load.data(), ssize(bias), rate);
+  }
   void selection_entropy_forward(S loss_out, M dlogits, CM logits, index_t batch, index_t seq, T coef,
                                  T cond_coef = T(0)) const {
     checks::selection_entropy_shapes<T>(loss_out, dlogits, logits, batch, seq);

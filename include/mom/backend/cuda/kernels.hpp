@@ -186,6 +186,15 @@ struct Kernels {
   static void selection_entropy_forward(const Context& ctx, T* loss_out, M dlogits, CM logits, index_t batch,
                                         index_t seq, T coef, T cond_coef);
   static void router_z_loss_forward(const Context& ctx, T* loss_out, M dlogits, CM logits, T inv_temp, T coef);
+  // Affinity routing (DeepSeekMoE; cpu/affinity.hpp, kernels/affinity.cuh).
+  static void affinity_topk_forward(const Context& ctx, M weights, MatrixView<token_t> picks, M probs, CM scores,
+                                    const T* bias, index_t shared, index_t groups, index_t top_groups, bool renormalise,
+                                    T scale);
+  static void affinity_topk_backward(const Context& ctx, M dscores, CM dweights, CM scores,
+                                     MatrixView<const token_t> picks, index_t shared, bool renormalise, T scale,
+                                     const T* dprobs_col);
+  static void expert_load_add(const Context& ctx, T* load, const token_t* offsets, index_t classes);
+  static void bias_balance_update(const Context& ctx, T* bias, const T* load, index_t E, T rate);
   // Incremental decoding (cpu/decode.hpp, kernels/decode.cuh); slot and pos are device arrays.
   static void kv_write(const Context& ctx, M k_cache, M v_cache, CM qkv, const index_t* slot, const index_t* pos,
                        index_t max_len);

@@ -13,6 +13,7 @@
 #include "mom/backend/cuda/kernels/attention.cuh"         // dense causal attention (SIMT)
 #include "mom/backend/cuda/kernels/attention_packed.cuh"  // packed and grouped attention
 #include "mom/backend/cuda/kernels/routing.cuh"           // router top-K, balance loss, group_by_module
+#include "mom/backend/cuda/kernels/affinity.cuh"          // DeepSeekMoE's biased top-K, loads, bias update
 #include "mom/backend/cuda/kernels/rows.cuh"              // gather / scatter, topk_rows, softmax_rows
 #include "mom/backend/cuda/kernels/gru.cuh"
 #include "mom/backend/cuda/kernels/optim.cuh"  // grad_norm, AdamW
