@@ -168,7 +168,7 @@ int run_prune(int argc, char** argv, const std::string& prog) {
   return arch.prune(r);
 }
 
-int run_train(int argc, char** argv, const std::string& prog) {
+int run_train(int argc, char** argv, const std::string& prog, train::Communicator& comm) {
   CLI::App app{"Train a language model of the mom library on a text, with checkpoints and resume.", prog};
   TrainRequest r;
   auto& c = r.cfg;
@@ -248,8 +248,10 @@ int run_train(int argc, char** argv, const std::string& prog) {
   }
   c.out_dir = out;
   if (threads > 0) omp_set_num_threads(threads);
+  r.comm = &comm;
   std::signal(SIGINT, on_interrupt);
   std::signal(SIGTERM, on_interrupt);
+  std::signal(SIGUSR1, on_interrupt);  // mpirun forwards SIGUSR1 to every rank (SIGINT / SIGTERM end the job)
   return arch->train(r);
 }
 
@@ -258,19 +260,30 @@ int run_train(int argc, char** argv, const std::string& prog) {
 int main(int argc, char** argv) {
   mom::cpu::limit_openmp_spinning(argv);  // two threads stay as fast as one when another process is busy
   const std::string prog = std::filesystem::path(argv[0]).filename().string();
+  // Started by mpirun: one rank of a data-parallel run (docs/distributed.md); rank 0 alone prints.
+  std::unique_ptr<mom::train::Communicator> comm;
+  std::string who = prog;
+  auto fail = [&](const std::string& message) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s: error: %s\n", who.c_str(), message.c_str());
+    std::fflush(stderr);
+    if (comm && comm->size() > 1) comm->abort(1);  // the other ranks would wait in their next collective
+    return 1;
+  };
   try {
+    comm = mom::train::make_communicator(&argc, &argv);
+    if (comm->size() > 1) {
+      who += " (rank " + std::to_string(comm->rank()) + " of " + std::to_string(comm->size()) + ")";
+      if (comm->rank() != 0) MOM_CHECK(std::freopen("/dev/null", "w", stdout) != nullptr, "cannot silence stdout");
+    }
     if (prog == "mom-sample") return run_sample(argc, argv, prog);
     if (argc > 1 && std::string(argv[1]) == "sample") return run_sample(argc - 1, argv + 1, prog + " sample");
     if (argc > 1 && std::string(argv[1]) == "eval") return run_eval(argc - 1, argv + 1, prog + " eval");
     if (argc > 1 && std::string(argv[1]) == "prune") return run_prune(argc - 1, argv + 1, prog + " prune");
-    return run_train(argc, argv, prog);
+    return run_train(argc, argv, prog, *comm);
   } catch (const std::bad_alloc&) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "%s: error: out of memory (lower --batch or --seq)\n", prog.c_str());
-    return 1;
+    return fail("out of memory (lower --batch or --seq)");
   } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "%s: error: %s\n", prog.c_str(), e.what());
-    return 1;
+    return fail(e.what());
   }
 }

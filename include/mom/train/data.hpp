@@ -245,11 +245,17 @@ inline void set_rng_state(std::mt19937_64& rng, const std::string& state) {
 
 // Random (batch, seq + 1) windows of a token file: inputs are a window's first seq tokens, targets its last
 // seq. Window starts are uniform over the file, drawn from a seeded mt19937_64.
+//
+// Data parallelism (train/distributed.hpp): rank r of `ranks` draws ranks x batch windows per micro-batch, as
+// one process with batch ranks x batch would, and keeps windows [r batch, (r + 1) batch). Every rank's RNG
+// stays in step, the ranks' windows are disjoint draws, and together they are exactly the windows of that
+// single process (or of one process with batch `batch` and ranks micro-batches of gradient accumulation).
 class BatchSampler {
  public:
-  BatchSampler(const TokenFile& data, index_t batch, index_t seq, std::uint64_t seed)
-      : data_(&data), batch_(batch), seq_(seq), rng_(seed) {
+  BatchSampler(const TokenFile& data, index_t batch, index_t seq, std::uint64_t seed, int rank = 0, int ranks = 1)
+      : data_(&data), batch_(batch), seq_(seq), rank_(rank), ranks_(ranks), rng_(seed) {
     MOM_CHECK(batch > 0 && seq > 0, "BatchSampler: batch ", batch, " and seq ", seq, " must be > 0");
+    MOM_CHECK(ranks > 0 && rank >= 0 && rank < ranks, "BatchSampler: rank ", rank, " of ", ranks);
     MOM_CHECK(data.size() >= seq + 1, "data file '", data.path().string(), "' has ", data.size(),
               " tokens, fewer than seq + 1 = ", seq + 1);
   }
@@ -260,6 +266,8 @@ class BatchSampler {
     MOM_CHECK(inputs.size() == n && targets.size() == n, "BatchSampler::next: buffers of ", inputs.size(), " and ",
               targets.size(), " tokens for batch ", batch_, " x seq ", seq_);
     const auto starts = static_cast<std::uint64_t>(data_->size() - seq_);  // last start: size - seq - 1
+    for (int r = 0; r < rank_; ++r)  // the windows of the ranks before this one
+      for (index_t b = 0; b < batch_; ++b) uniform_below(rng_, starts);
     for (index_t b = 0; b < batch_; ++b) {
       const auto start = static_cast<index_t>(uniform_below(rng_, starts));
       for (index_t t = 0; t < seq_; ++t) {
@@ -267,6 +275,8 @@ class BatchSampler {
         targets[static_cast<std::size_t>(b * seq_ + t)] = (*data_)[start + t + 1];
       }
     }
+    for (int r = rank_ + 1; r < ranks_; ++r)  // and after it
+      for (index_t b = 0; b < batch_; ++b) uniform_below(rng_, starts);
   }
 
   std::string state() const { return rng_state(rng_); }
@@ -277,6 +287,7 @@ class BatchSampler {
  private:
   const TokenFile* data_;
   index_t batch_, seq_;
+  int rank_, ranks_;
   std::mt19937_64 rng_;
 };
 

@@ -15,11 +15,20 @@
 // sampler's RNG state and the freeze patterns; the schedule depends on the step alone and evaluation uses its own fixed windows, so
 // steps N+1.. after a resume compute exactly what an uninterrupted run computes (same thread count: the ops'
 // OpenMP reductions are statically scheduled).
+//
+// Data parallelism (docs/distributed.md): given a Communicator of N > 1 ranks, every rank holds the whole model;
+// rank r trains on windows [r batch, (r + 1) batch) of the N x batch windows a single process would draw
+// (BatchSampler), the gradients are summed over ranks in rank order (Communicator::allreduce_sum: the same bits
+// on every rank) and divided by N x accum, and every rank applies the same AdamW step. The loss and the stop
+// request are reduced each step, validation batches are split over the ranks, parameters are compared across
+// ranks every replica_check_interval steps, and rank 0 alone prints, logs and writes checkpoints. With one
+// rank (no communicator) every step runs exactly the code it ran before data parallelism existed.
 #pragma once
 
 #include <mom/models/describe.hpp>
 #include <mom/train/checkpoint.hpp>
 #include <mom/train/data.hpp>
+#include <mom/train/distributed.hpp>
 #include <mom/train/metrics.hpp>
 
 #include <nlohmann/json.hpp>
@@ -35,6 +44,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace mom::train {
@@ -137,6 +147,9 @@ struct TrainResult {
   double tokens_per_second = 0;
   bool interrupted = false;             // stopped early by stop_requested (a checkpoint was saved)
   index_t skipped_steps = 0;            // steps whose update was skipped (non-finite loss or gradients)
+  int ranks = 1;                        // data-parallel ranks (tokens_per_second counts all of them)
+  double train_seconds = 0;             // seconds less validation and checkpoints
+  double comm_seconds = 0;              // of which in the gradient and loss reductions (0 with one rank)
 };
 
 // A double for a JSON metrics line: JSON has no inf / NaN, so those are written as strings.
@@ -151,9 +164,12 @@ class Trainer {
   using Model = typename Instance::model_type;
   using T = typename Instance::scalar;
 
-  Trainer(Instance& model, const TokenFile& train, const TokenFile* val, TrainConfig cfg)
-      : model_(model), train_(train), val_(val), cfg_(std::move(cfg)),
-        sampler_(train, cfg_.batch, check_config(cfg_, train, val).seq, cfg_.seed), progress_(stdout, cfg_.log_interval) {
+  // comm: the data-parallel group this process trains in (train/distributed.hpp); null: a single process.
+  Trainer(Instance& model, const TokenFile& train, const TokenFile* val, TrainConfig cfg, Communicator* comm = nullptr)
+      : model_(model), train_(train), val_(val), cfg_(std::move(cfg)), comm_(comm ? comm : &single_),
+        rank_(comm_->rank()), ranks_(comm_->size()),
+        sampler_(train, cfg_.batch, check_config(cfg_, train, val).seq, cfg_.seed, rank_, ranks_),
+        progress_(stdout, cfg_.log_interval) {
     auto& be = model_.backend();
     m_ = be.template alloc<T>(Model::params);
     v_ = be.template alloc<T>(Model::params);
@@ -165,19 +181,30 @@ class Trainer {
     targets_.resize(inputs_.size());
     model_.reserve(cfg_.batch, cfg_.seq);
     apply_freeze(cfg_.freeze.value_or(std::vector<std::string>{}));
-    progress_.set_enabled(cfg_.progress);
+    progress_.set_enabled(cfg_.progress && rank_ == 0);
+    // Validation batches are split over the ranks; each must have one (the evaluation hooks reduce what every
+    // rank gathered).
+    MOM_CHECK(val_ == nullptr || cfg_.eval_batches >= ranks_, "eval_batches ", cfg_.eval_batches, " < ", ranks_,
+              " ranks: each rank validates at least one batch");
   }
 
   // Continues from a checkpoint (run dir or step folder): parameters, AdamW moments, step, sampler state and
   // freeze patterns (those of the checkpoint unless the configuration sets its own). Returns what differs
   // between the checkpoint's recorded configuration and this one ("lr 0.002 -> 0.001", "freeze [] ->
-  // [\"wte\"]"), each applied from here on; a different tokenizer (token ids that mean other text) is refused.
+  // [\"wte\"]"), each applied from here on; a different tokenizer (token ids that mean other text) is refused,
+  // and so is a different number of data-parallel ranks: the sampler's state continues a data order only
+  // with the rank count that drew it (and the windows per step, ranks x batch, would change). With several
+  // ranks every rank loads the checkpoint (a file system they share), and the replicas are compared.
   std::vector<std::string> resume(const std::filesystem::path& checkpoint) {
     TrainState s;
     const auto meta = Checkpointer<Instance>::load(checkpoint, model_, m_.span(), v_.span(), s);
+    MOM_CHECK(s.ranks == ranks_, "--resume: the checkpoint was trained on ", s.ranks, s.ranks == 1 ? " rank" : " ranks",
+              " and this run has ", ranks_, ": each step's windows are split by rank, so the data order depends on "
+              "the rank count; resume with the same count (mpirun -np ", s.ranks, ")");
     sampler_.set_state(s.sampler_state);
     step_ = s.step;
     resumed_from_ = s.step;
+    check_replicas_now();
     if (!cfg_.freeze) {  // restored; a configuration that sets its own keeps it (compared below)
       cfg_.freeze = s.freeze;
       apply_freeze(s.freeze);
@@ -198,6 +225,10 @@ class Trainer {
   }
 
   index_t step() const { return step_; }
+  Communicator& communicator() const { return *comm_; }
+  // With several ranks: parameters compared across ranks every this many steps (and at the start, at every
+  // checkpoint and at the end; check_replicas); 0: only there.
+  index_t replica_check_interval = 100;
   // What the freeze patterns and the model's buffers hold back from training: frozen()[i] for layout tensor i
   // (freeze_mask), the counts of tensors and parameters, and the parameters that train.
   const std::vector<bool>& frozen() const { return frozen_; }
@@ -223,8 +254,24 @@ class Trainer {
 
   // Mean cross-entropy over cfg.eval_batches fixed validation micro-batches (the same windows every time;
   // the routers' and modules' auxiliary losses are left out, so architectures compare on the same measure).
+  // With several ranks, rank r runs batches r, r + N, ...; the per-batch losses are gathered (a sum in which
+  // each entry has one non-zero term) and summed in batch order on every rank, as one process sums them.
+  // on_eval_forward sees this rank's batches only; on_eval_done runs on every rank (to reduce what it gathered).
   double evaluate() {
     MOM_CHECK(val_ != nullptr, "Trainer::evaluate: no validation data");
+    if (ranks_ > 1) {
+      std::vector<double> per_batch(std::size_t(cfg_.eval_batches), 0.0);
+      for (index_t i = rank_; i < cfg_.eval_batches; i += ranks_) {
+        eval_batch(*val_, cfg_.batch, cfg_.seq, i, inputs_, targets_);
+        model_.forward_async(inputs_, targets_, cfg_.batch, cfg_.seq);
+        per_batch[std::size_t(i)] = double(model_.cross_entropy());
+        if (on_eval_forward) on_eval_forward(model_);
+      }
+      comm_->allreduce_sum(std::span<double>(per_batch));
+      double sum = 0;
+      for (const double l : per_batch) sum += l;
+      return sum / double(cfg_.eval_batches);
+    }
     double sum = 0;
     for (index_t i = 0; i < cfg_.eval_batches; ++i) {
       eval_batch(*val_, cfg_.batch, cfg_.seq, i, inputs_, targets_);
@@ -254,10 +301,12 @@ class Trainer {
       be.axpy(loss_sum, T(1), model_.loss_data());
       model_.backward();
     }
-    if (cfg_.accum > 1) be.scale(model_.grads(), T(1) / T(cfg_.accum));  // the mean over micro-batches
-    // Buffers with an update rule of their own (DeepSeekMoE's selection bias, from the expert loads its
-    // backward summed into the buffer's gradient slot over the micro-batches and ranks; routers/affinity.hpp).
-    model_.update_buffers();
+    if (ranks_ > 1) {
+      reduce_step(loss_sum);  // gradients and losses summed over ranks
+      be.scale(model_.grads(), T(1) / T(cfg_.accum * ranks_));  // the mean over every rank's micro-batches
+    } else if (cfg_.accum > 1) {
+      be.scale(model_.grads(), T(1) / T(cfg_.accum));  // the mean over micro-batches
+    }
     // Frozen tensors' gradients are zeroed: they do not count in the norm (nor in clipping), and the gradient
     // the step leaves behind is the one AdamW saw.
     for (const auto& g : groups_)
@@ -280,7 +329,7 @@ class Trainer {
     }
     T host[2];
     be.to_host(std::span<T>(host, 2), std::span<const T>(step_scalars_.span()));
-    const double loss = double(host[1]) / double(cfg_.accum);
+    const double loss = ranks_ > 1 ? global_loss_sum_ / double(cfg_.accum * ranks_) : double(host[1]) / double(cfg_.accum);
     last_skipped_ = cpu::adamw_skips(host[0], T(cfg_.grad_clip));
     last_lr_ = lr;
     last_grad_norm_ = double(host[0]);
@@ -300,7 +349,7 @@ class Trainer {
       MOM_CHECK(std::isfinite(check), "training diverged at step ", step_, ": the parameters give a loss of ",
                 check, "; no checkpoint written (the last one is kept; try a lower --lr)");
     }
-    TrainState s{step_, sampler_.state(), cfg_.freeze.value_or(std::vector<std::string>{})};
+    TrainState s{step_, sampler_.state(), cfg_.freeze.value_or(std::vector<std::string>{}), ranks_};
     return Checkpointer<Instance>::save(cfg_.out_dir, model_, std::span<const T>(m_.span()),
                                         std::span<const T>(v_.span()), s,
                                         {{"mom.arch", cfg_.arch_name},
@@ -313,19 +362,23 @@ class Trainer {
     using clock = std::chrono::steady_clock;
     TrainResult result;
     result.first_step = step_ + 1;
+    result.ranks = ranks_;
+    const double comm_before = comm_seconds_;
     MetricsLog metrics;
-    if (!cfg_.out_dir.empty()) {
+    if (!cfg_.out_dir.empty() && rank_ == 0) {
       ensure_writable_dir(cfg_.out_dir);  // also removes temporary files a killed writer left behind
       clean_run_dir(cfg_.out_dir);        // and half-written step folders
       metrics = MetricsLog(cfg_.out_dir / "metrics.jsonl");
       metrics.write({{"type", "run"}, {"arch", cfg_.arch_name}, {"describe", describe<Model>()},
                      {"config", cfg_.to_json()}, {"resumed_from", resumed_from_}, {"frozen_tensors", frozen_tensors_},
-                     {"frozen_params", frozen_params_}, {"trainable_params", trainable_params()}});
+                     {"frozen_params", frozen_params_}, {"trainable_params", trainable_params()},
+                     {"ranks", ranks_}, {"communicator", comm_->name()}});
     }
     if (frozen_tensors_ > 0) progress_.message(freeze_summary());
+    check_replicas_now();  // the same initialisation (seed) or checkpoint on every rank
     const auto t0 = clock::now();
     auto elapsed = [&] { return std::chrono::duration<double>(clock::now() - t0).count(); };
-    const double tokens_per_step = double(cfg_.batch * cfg_.seq * cfg_.accum);
+    const double tokens_per_step = double(cfg_.batch * cfg_.seq * cfg_.accum) * double(ranks_);
     const index_t start_step = step_;
     double overhead = 0;  // seconds spent in validation and checkpoints
     index_t skipped_in_a_row = 0;
@@ -371,13 +424,17 @@ class Trainer {
         metrics.write({{"type", "val"}, {"step", step_}, {"loss", vl}, {"ppl", std::exp(vl)}, {"elapsed_s", elapsed()}});
         if (on_eval_done) on_eval_done(step_);
       }
-      const bool stop = stop_requested.load() && !last;
+      // Several ranks stop together, at the step where any of them was asked to (reduced in train_step).
+      const bool stop = (ranks_ > 1 ? stop_agreed_ : stop_requested.load()) && !last;
       if (stop) {
         result.interrupted = true;
         progress_.message("step " + std::to_string(step_) + " | interrupted");
       }
-      if (!cfg_.out_dir.empty() &&
-          ((cfg_.checkpoint_interval > 0 && step_ % cfg_.checkpoint_interval == 0) || last || stop)) {
+      const bool checkpoint = !cfg_.out_dir.empty() &&
+          ((cfg_.checkpoint_interval > 0 && step_ % cfg_.checkpoint_interval == 0) || last || stop);
+      if (checkpoint || last || stop || (replica_check_interval > 0 && step_ % replica_check_interval == 0))
+        check_replicas_now();
+      if (checkpoint && rank_ == 0) {  // rank 0 writes; the others hold the same state (just checked)
         const auto dir = save();
         progress_.message("step " + std::to_string(step_) + " | checkpoint " + dir.string());
       }
@@ -388,6 +445,8 @@ class Trainer {
     result.last_step = step_;
     result.seconds = elapsed();
     result.tokens_per_second = double(step_ - start_step) * tokens_per_step / std::max(result.seconds - overhead, 1e-9);
+    result.train_seconds = std::max(result.seconds - overhead, 0.0);
+    result.comm_seconds = comm_seconds_ - comm_before;
     return result;
   }
 
@@ -420,6 +479,40 @@ class Trainer {
     }
   }
 
+  // Several ranks: sums this rank's gradients and summed micro-batch losses with every other rank's (the
+  // Communicator's rank-order sum: the same bits everywhere), and agrees on stopping. A backend whose buffers
+  // are not host memory is staged through the host (until a device-side communicator such as NCCL exists).
+  void reduce_step(std::span<T> loss_sum) {
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
+    auto& be = model_.backend();
+    T local_loss;
+    be.to_host(std::span<T>(&local_loss, 1), std::span<const T>(loss_sum));
+    double scalars[2] = {double(local_loss), stop_requested.load() ? 1.0 : 0.0};
+    comm_->allreduce_sum(std::span<double>(scalars, 2));
+    global_loss_sum_ = scalars[0];
+    stop_agreed_ = scalars[1] > 0;
+    const T global_loss = T(scalars[0]);
+    be.from_host(loss_sum, std::span<const T>(&global_loss, 1));  // AdamW skips a step whose loss diverged anywhere
+    if constexpr (std::is_same_v<typename Instance::backend_type, cpu::Backend<T>>) {
+      comm_->allreduce_sum(model_.grads());
+    } else {
+      staging_.resize(model_.grads().size());
+      be.to_host(std::span<T>(staging_), std::span<const T>(model_.grads()));
+      comm_->allreduce_sum(std::span<T>(staging_));
+      be.from_host(model_.grads(), std::span<const T>(staging_));
+    }
+    comm_seconds_ += std::chrono::duration<double>(clock::now() - t0).count();
+  }
+
+  // Collective (every rank calls it at the same points): the parameters are identical on every rank.
+  void check_replicas_now() {
+    if (ranks_ == 1) return;
+    std::vector<T> host(model_.params().size());
+    model_.backend().to_host(std::span<T>(host), std::span<const T>(model_.params()));
+    check_replicas(*comm_, std::span<const ParamInfo>(Model::layout), std::span<const T>(host), step_);
+  }
+
   // Validates the configuration against the model and the data; returns it for the member initialisers.
   static const TrainConfig& check_config(const TrainConfig& c, const TokenFile& train, const TokenFile* val) {
     c.check();
@@ -439,6 +532,9 @@ class Trainer {
   const TokenFile& train_;
   const TokenFile* val_;
   TrainConfig cfg_;
+  SingleProcess single_;
+  Communicator* comm_;
+  int rank_, ranks_;
   BatchSampler sampler_;
   Progress progress_;
   typename Instance::backend_type::template Buffer<T> m_, v_, step_scalars_;
@@ -450,6 +546,9 @@ class Trainer {
   index_t frozen_params_ = 0, frozen_tensors_ = 0;
   bool last_skipped_ = false;
   double last_lr_ = 0, last_grad_norm_ = 0;
+  double global_loss_sum_ = 0, comm_seconds_ = 0;  // several ranks: the step's summed losses, time reducing
+  bool stop_agreed_ = false;
+  std::vector<T> staging_;  // several ranks on a device backend: the gradients' host copy
 };
 
 }  // namespace mom::train

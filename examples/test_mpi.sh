@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Data-parallel mom-train under mpirun (docs/distributed.md; CTest examples.mpi_*). Usage:
+#   test_mpi.sh <mom-train> exact <arch> [yes|no] 2 ranks x batch 2 against one process with batch 2 x accum 2
+#                                                 (the same windows, each micro-batch's loss over its own tokens)
+#                                                 and, unless `no` (a loss with batch-level terms), with batch 4:
+#                                                 parameters within a stated tolerance, the same loss and
+#                                                 gradient norm every step; 2 ranks twice bit-identical, and
+#                                                 mpirun -np 1 bit-identical to no mpirun
+#   test_mpi.sh <mom-train> resume                2 ranks: 4 steps, or 2 + save + resume + 2 steps, bit-identical;
+#                                                 resuming on 1 rank is refused in one line
+#   test_mpi.sh <mom-train> kill                  one rank killed (SIGKILL) mid-run: mpirun ends the job, no hang
+# Exit 77 (CTest SKIP_RETURN_CODE) with one line when mpirun or python3's numpy is absent.
+set -u
+BIN="$1"
+MODE="$2"
+[ "${MOM_TEST_HAVE_MPI:-1}" = 1 ] || { echo "SKIP: mom-train was built without MPI (MOM_MPI=OFF, or no MPI found by CMake)"; exit 77; }
+command -v mpirun >/dev/null 2>&1 || { echo "SKIP: mpirun not found (install openmpi-bin: scripts/setup.sh)"; exit 77; }
+PY=""
+for p in python3 /usr/bin/python3; do "$p" -c 'import numpy' 2>/dev/null && { PY="$p"; break; }; done
+[ -n "$PY" ] || { echo "SKIP: no python3 with numpy (Debian: python3-numpy; scripts/setup.sh)"; exit 77; }
+HERE="$(cd "$(dirname "$0")" && pwd)"
+T="$(mktemp -d)"
+[ -n "${KEEP:-}" ] && echo "keeping $T" || trap 'rm -rf "$T"' EXIT
+fail=0
+export OMP_NUM_THREADS=1
+# CI runs as root; two ranks on a machine of any size.
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
+compare() { "$PY" "$HERE/compare_checkpoints.py" "$@"; }
+run() {  # run <log> <command...>: a hang fails too
+  local log="$1"; shift
+  timeout 300 "$@" >"$log" 2>&1
+  local rc=$?
+  if [ "$rc" -ne 0 ]; then echo "FAIL: $* (exit $rc):"; tail -20 "$log"; fail=1; return 1; fi
+}
+
+# A varied text: the repository's documentation.
+cat "$HERE"/../README.md "$HERE"/../docs/*.md >"$T/text.txt"
+common=(--seq 32 --warmup 1 --lr 3e-3 --eval-interval 0 --eval-batches 2 --sample-tokens 0)
+
+case "$MODE" in
+exact)
+  ARCH="$3"
+  SEPARABLE="${4:-yes}"  # no: the loss has batch-level terms (a balance loss over the batch's tokens)
+  a=(--arch "$ARCH" "${common[@]}" --steps 3)
+  run "$T/prep.log" "$BIN" --data "$T/text.txt" --out "$T/prep" --arch "$ARCH" --steps 1 --seq 32 --batch 1 \
+      --eval-interval 0 --eval-batches 1 --sample-tokens 0 || exit 1
+  data="$T/prep/data"
+  run "$T/np2.log" "${MPIRUN[@]}" -np 2 "$BIN" --data "$data" --out "$T/np2" "${a[@]}" --batch 2
+  run "$T/np2b.log" "${MPIRUN[@]}" -np 2 "$BIN" --data "$data" --out "$T/np2b" "${a[@]}" --batch 2
+  run "$T/accum.log" "$BIN" --data "$data" --out "$T/accum" "${a[@]}" --batch 2 --accum 2
+  run "$T/b4.log" "$BIN" --data "$data" --out "$T/b4" "${a[@]}" --batch 4
+  run "$T/np1.log" "${MPIRUN[@]}" -np 1 "$BIN" --data "$data" --out "$T/np1" "${a[@]}" --batch 4
+  [ "$fail" -eq 0 ] || exit 1
+  grep -q "data parallel: MPI" "$T/np2.log" || { echo "FAIL: the 2-rank run did not report its ranks:"; cat "$T/np2.log"; fail=1; }
+  grep -q "data parallel" "$T/np1.log" && { echo "FAIL: mpirun -np 1 reported data parallelism"; fail=1; }
+  echo "2 ranks vs 2 ranks again:"; compare "$T/np2" "$T/np2b" --optimizer || fail=1
+  echo "mpirun -np 1 vs no mpirun:"; compare "$T/np1" "$T/b4" --optimizer || fail=1
+  # Tolerances (docs/distributed.md): float rounding of sums taken in another order, through 3 AdamW steps.
+  echo "2 ranks x batch 2 vs 1 process x batch 2 x accum 2:"; compare "$T/np2" "$T/accum" --atol 2e-5 || fail=1
+  others=("$T/accum/metrics.jsonl")
+  if [ "$SEPARABLE" = yes ]; then
+    echo "2 ranks x batch 2 vs 1 process x batch 4:"; compare "$T/np2" "$T/b4" --atol 1e-4 || fail=1
+    others+=("$T/b4/metrics.jsonl")
+  fi
+  # The logged loss and gradient norm of every step: the same windows and the same mean gradient.
+  "$PY" - "$T/np2/metrics.jsonl" "${others[@]}" <<'EOF' || fail=1
+import json, sys
+def series(path, key):
+    return [r[key] for r in map(json.loads, open(path)) if r.get("type") == "train"]
+for key, tol in (("loss", 1e-6), ("grad_norm", 1e-5)):
+    runs = [series(p, key) for p in sys.argv[1:]]
+    worst = max(abs(a - b) / abs(b) for other in runs[1:] for a, b in zip(runs[0], other))
+    ok = len({len(r) for r in runs}) == 1 and worst <= tol
+    print(f"{'ok' if ok else 'FAIL'}: {key} per step, 2 ranks then the one-process runs: {runs}; "
+          f"largest relative difference {worst:.2e} (tolerance {tol:g})")
+    if not ok:
+        sys.exit(1)
+EOF
+  ;;
+resume)
+  a=(--arch tiny "${common[@]}" --batch 2 --checkpoint-interval 2)
+  run "$T/full.log" "${MPIRUN[@]}" -np 2 "$BIN" --data "$T/text.txt" --out "$T/full" "${a[@]}" --steps 4 || exit 1
+  # The same run stopped after step 2: its step-2 checkpoint, then --resume on 2 ranks.
+  mkdir -p "$T/half"
+  cp -r "$T/full/data" "$T/full/step-000002" "$T/half/"
+  echo step-000002 >"$T/half/latest"
+  run "$T/resume.log" "${MPIRUN[@]}" -np 2 "$BIN" --data "$T/text.txt" --out "$T/half" "${a[@]}" --steps 4 --resume || exit 1
+  grep -q "resumed from step 2" "$T/resume.log" || { echo "FAIL: no resume line:"; cat "$T/resume.log"; fail=1; }
+  echo "2 ranks, 4 steps vs 2 steps + resume + 2 steps:"; compare "$T/full" "$T/half" --optimizer || fail=1
+  # One process resuming a 2-rank checkpoint: refused in one line, the checkpoint untouched.
+  before=$(md5sum "$T/half"/step-*/*.safetensors "$T/half/latest")
+  timeout 120 "$BIN" --data "$T/text.txt" --out "$T/half" "${a[@]}" --steps 6 --resume >"$T/one.log" 2>"$T/one.err"
+  rc=$?
+  if [ "$rc" -eq 0 ] || [ "$(wc -l <"$T/one.err")" -ne 1 ] || ! grep -q "trained on 2 ranks and this run has 1" "$T/one.err"; then
+    echo "FAIL: 1 process resuming a 2-rank checkpoint -> rc=$rc:"; cat "$T/one.err"; fail=1
+  else
+    echo "ok: $(cat "$T/one.err")"
+  fi
+  [ "$before" = "$(md5sum "$T/half"/step-*/*.safetensors "$T/half/latest")" ] || { echo "FAIL: the checkpoint changed"; fail=1; }
+  # And 2 ranks resuming a one-process checkpoint: the error ends every rank (MPI_Abort), no hang.
+  run "$T/single.log" "$BIN" --data "$T/text.txt" --out "$T/single" "${a[@]}" --steps 2 || exit 1
+  timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" --data "$T/text.txt" --out "$T/single" "${a[@]}" --steps 4 --resume \
+      >"$T/two.log" 2>&1
+  rc=$?
+  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || ! grep -q "rank [01] of 2): error: --resume: the checkpoint was trained on 1 rank and this run has 2" "$T/two.log"; then
+    echo "FAIL: 2 ranks resuming a 1-rank checkpoint -> rc=$rc:"; cat "$T/two.log"; fail=1
+  else
+    echo "ok (exit $rc): $(grep -m1 'error:' "$T/two.log")"
+  fi
+  ;;
+kill)
+  # A long 2-rank run; once it has written a checkpoint, rank 1 is killed. mpirun must end the job (non-zero,
+  # naming the rank that died) and no rank may be left waiting in a collective.
+  "${MPIRUN[@]}" -np 2 "$BIN" --data "$T/text.txt" --out "$T/run" --arch tiny "${common[@]}" --steps 100000 \
+      --batch 2 --checkpoint-interval 10 >"$T/kill.log" 2>&1 &
+  mpi=$!
+  for _ in $(seq 1 600); do [ -f "$T/run/latest" ] && break; sleep 0.1; done
+  ranks=$(pgrep -P "$mpi" | tr '\n' ' ')
+  victim=$(for p in $ranks; do grep -qz '^OMPI_COMM_WORLD_RANK=1$' /proc/"$p"/environ 2>/dev/null && echo "$p"; done)
+  if [ ! -f "$T/run/latest" ] || [ -z "$victim" ]; then
+    echo "FAIL: no checkpoint, or rank 1 not found among mpirun's children ($ranks)"; tail -c 2000 "$T/kill.log"
+    kill -9 "$mpi" $ranks 2>/dev/null; exit 1
+  fi
+  kill -9 "$victim"
+  start=$SECONDS
+  alive() { for p in "$@"; do s=$(ps -o stat= -p "$p" 2>/dev/null); [ -n "$s" ] && [ "${s#Z}" = "$s" ] && echo "$p"; done; }
+  for _ in $(seq 1 600); do [ -z "$(alive "$mpi" $ranks)" ] && break; sleep 0.1; done
+  left=$(alive "$mpi" $ranks)
+  if [ -n "$left" ]; then
+    echo "FAIL: 60 s after rank 1 was killed, still running: $left (a hang)"; kill -9 $left; fail=1
+  else
+    wait "$mpi"; rc=$?
+    if [ "$rc" -eq 0 ] || ! grep -q "process rank 1 .* exited on signal 9" "$T/kill.log"; then
+      echo "FAIL: after killing rank 1: mpirun exit $rc; output:"; tail -c 2000 "$T/kill.log"; fail=1
+    else
+      echo "ok: rank 1 killed; the job ended in $((SECONDS - start)) s, mpirun exit $rc: $(grep -o 'mpirun noticed .*' "$T/kill.log")"
+    fi
+  fi
+  ;;
+*)
+  echo "usage: $0 <mom-train> exact <arch> [yes|no] | resume | kill"; exit 2 ;;
+esac
+[ "$fail" -eq 0 ] && echo "all ok" || echo "FAILED"
+exit "$fail"
