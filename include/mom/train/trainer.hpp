@@ -307,6 +307,9 @@ class Trainer {
     } else if (cfg_.accum > 1) {
       be.scale(model_.grads(), T(1) / T(cfg_.accum));  // the mean over micro-batches
     }
+    // Buffers with an update rule of their own (DeepSeekMoE's selection bias, from the expert loads its
+    // backward summed into the buffer's gradient slot over the micro-batches and ranks; routers/affinity.hpp).
+    model_.update_buffers();
     // Frozen tensors' gradients are zeroed: they do not count in the norm (nor in clipping), and the gradient
     // the step leaves behind is the one AdamW saw.
     for (const auto& g : groups_)
