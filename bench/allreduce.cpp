@@ -2,12 +2,14 @@
 // sums, all-to-all + all-gather) against the buffer size, and of MPI_Allreduce for comparison, to fit the
 // latency alpha and bandwidth beta of docs/distributed.md's cost model. Rank 0 prints one line per size.
 //
-//   mpirun -np 2 build/bench/bench_allreduce            (bench/RESULTS.md)
+//   mpirun -np 2 build/bench/bench_allreduce [floats ...]     sizes 1, 4, ..., 4^12, then the given sizes
+//                                                            (bench/RESULTS.md)
 #include <mom/train/distributed.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 int main(int argc, char** argv) {
@@ -15,8 +17,11 @@ int main(int argc, char** argv) {
   mom::train::MpiCommunicator comm(&argc, &argv);
   if (comm.rank() == 0) std::printf("%s\n%12s %12s %14s %14s %14s\n", comm.name().c_str(), "floats", "bytes",
                                     "ours (us)", "MPI_Allreduce", "ours GB/s*");
-  // dense8's and mom8-p's gradient sizes are in the range (6.4M and 7.2M floats).
-  for (std::size_t n = 1; n <= (std::size_t(1) << 24); n *= 4) {
+  // dense8's and mom8-p's gradient sizes are in the range (6.4M and 7.2M floats); pass them to time them exactly.
+  std::vector<std::size_t> sizes;
+  for (std::size_t n = 1; n <= (std::size_t(1) << 24); n *= 4) sizes.push_back(n);
+  for (int i = 1; i < argc; ++i) sizes.push_back(std::size_t(std::stoull(argv[i])));
+  for (const std::size_t n : sizes) {
     std::vector<float> x(n, 0.0f);  // zeros stay zeros: no overflow over the repetitions
     const int reps = int(std::clamp<std::size_t>((std::size_t(1) << 26) / (n + 1024), 3, 2000));
     auto time = [&](auto&& reduce) {

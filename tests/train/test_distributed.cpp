@@ -9,6 +9,7 @@
 #include "helpers.hpp"
 
 #include <array>
+#include <cstdlib>
 #include <cstring>
 
 using namespace mom;
@@ -110,5 +111,11 @@ TEST_CASE("one process: SingleProcess collectives change nothing, no launcher me
     int argc = 0;
     char** argv = nullptr;
     CHECK(make_communicator(&argc, &argv)->size() == 1);
+#ifndef MOM_HAVE_MPI
+    // Started by mpirun as one of two processes, a build without MPI refuses (each would train alone).
+    ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+    CHECK_THROWS_WITH(make_communicator(&argc, &argv), Catch::Contains("one of 2 processes, but this build has no MPI"));
+    ::unsetenv("OMPI_COMM_WORLD_SIZE");
+#endif
   }
 }
