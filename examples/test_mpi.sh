@@ -8,6 +8,8 @@
 #                                                 mpirun -np 1 bit-identical to no mpirun
 #   test_mpi.sh <mom-train> resume                2 ranks: 4 steps, or 2 + save + resume + 2 steps, bit-identical;
 #                                                 resuming on 1 rank is refused in one line
+#   test_mpi.sh <mom-train> interrupt             SIGUSR1 to mpirun mid-run: every rank stops at the same step,
+#                                                 rank 0 saves it, the run resumes from it on 2 ranks
 #   test_mpi.sh <mom-train> kill                  one rank killed (SIGKILL) mid-run: mpirun ends the job, no hang
 # Exit 77 (CTest SKIP_RETURN_CODE) with one line when mpirun or python3's numpy is absent.
 set -u
@@ -108,6 +110,31 @@ resume)
     echo "ok (exit $rc): $(grep -m1 'error:' "$T/two.log")"
   fi
   ;;
+interrupt)
+  # mpirun forwards SIGUSR1 to every rank (mom-train treats it as Ctrl-C); the ranks agree on the step to stop at.
+  a=(--arch tiny "${common[@]}" --batch 2 --checkpoint-interval 1000)
+  "${MPIRUN[@]}" -np 2 "$BIN" --data "$T/text.txt" --out "$T/run" "${a[@]}" --steps 100000 >"$T/int.log" 2>&1 &
+  mpi=$!
+  for _ in $(seq 1 600); do grep -q '"type":"train"' "$T/run/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done
+  kill -USR1 "$mpi"
+  timeout 60 tail --pid="$mpi" -f /dev/null
+  wait "$mpi"; rc=$?
+  log=$(tr '\r' '\n' <"$T/int.log")
+  stopped=$(grep -ao "step [0-9]* | interrupted" <<<"$log" | grep -o "[0-9]*")
+  latest=$(cat "$T/run/latest" 2>/dev/null)
+  if [ "$rc" -ne 0 ] || [ -z "$stopped" ] || [ "$latest" != "$(printf 'step-%06d' "$stopped")" ]; then
+    echo "FAIL: SIGUSR1: mpirun exit $rc, stopped at '$stopped', latest '$latest':"; tail -c 1500 "$T/int.log"; fail=1
+  else
+    echo "ok: SIGUSR1 to mpirun: both ranks stopped at step $stopped, rank 0 saved $latest, exit 0"
+    target=$((stopped + 2))
+    if run "$T/int2.log" "${MPIRUN[@]}" -np 2 "$BIN" --data "$T/text.txt" --out "$T/run" "${a[@]}" --steps "$target" --resume &&
+       grep -q "$(printf 'step-%06d' "$target")" "$T/run/latest"; then
+      echo "ok: resumed on 2 ranks to step $target"
+    else
+      echo "FAIL: resume after the interrupt"; fail=1
+    fi
+  fi
+  ;;
 kill)
   # A long 2-rank run; once it has written a checkpoint, rank 1 is killed. mpirun must end the job (non-zero,
   # naming the rank that died) and no rank may be left waiting in a collective.
@@ -138,7 +165,7 @@ kill)
   fi
   ;;
 *)
-  echo "usage: $0 <mom-train> exact <arch> [yes|no] | resume | kill"; exit 2 ;;
+  echo "usage: $0 <mom-train> exact <arch> [yes|no] | resume | interrupt | kill"; exit 2 ;;
 esac
 [ "$fail" -eq 0 ] && echo "all ok" || echo "FAILED"
 exit "$fail"

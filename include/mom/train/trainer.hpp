@@ -200,7 +200,8 @@ class Trainer {
     const auto meta = Checkpointer<Instance>::load(checkpoint, model_, m_.span(), v_.span(), s);
     MOM_CHECK(s.ranks == ranks_, "--resume: the checkpoint was trained on ", s.ranks, s.ranks == 1 ? " rank" : " ranks",
               " and this run has ", ranks_, ": each step's windows are split by rank, so the data order depends on "
-              "the rank count; resume with the same count (mpirun -np ", s.ranks, ")");
+              "the rank count; resume with the same count (",
+              s.ranks == 1 ? std::string("one process, without mpirun") : "mpirun -np " + std::to_string(s.ranks), ")");
     sampler_.set_state(s.sampler_state);
     step_ = s.step;
     resumed_from_ = s.step;
