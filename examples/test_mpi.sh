@@ -7,7 +7,8 @@
 #                                                 gradient norm every step; 2 ranks twice bit-identical, and
 #                                                 mpirun -np 1 bit-identical to no mpirun
 #   test_mpi.sh <mom-train> resume                2 ranks: 4 steps, or 2 + save + resume + 2 steps, bit-identical;
-#                                                 resuming on 1 rank is refused in one line
+#                                                 resuming on 1 rank is refused in one line, on 2 ranks a
+#                                                 1-rank checkpoint too; an error on rank 0 alone ends the job
 #   test_mpi.sh <mom-train> interrupt             SIGUSR1 to mpirun mid-run: every rank stops at the same step,
 #                                                 rank 0 saves it, the run resumes from it on 2 ranks
 #   test_mpi.sh <mom-train> kill                  one rank killed (SIGKILL) mid-run: mpirun ends the job, no hang
@@ -108,6 +109,16 @@ resume)
     echo "FAIL: 2 ranks resuming a 1-rank checkpoint -> rc=$rc:"; cat "$T/two.log"; fail=1
   else
     echo "ok (exit $rc): $(grep -m1 'error:' "$T/two.log")"
+  fi
+  # An error on rank 0 alone (it alone prepares --out, here a file) while rank 1 waits in a collective.
+  echo x >"$T/afile"
+  timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" --data "$T/text.txt" --out "$T/afile" "${a[@]}" --steps 2 >"$T/r0.log" 2>&1
+  rc=$?
+  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || ! grep -q "rank 0 of 2): error: output path .* is not a directory" "$T/r0.log" ||
+     grep -q "rank 1 of 2): error" "$T/r0.log"; then
+    echo "FAIL: an error on rank 0 alone -> rc=$rc:"; cat "$T/r0.log"; fail=1
+  else
+    echo "ok (exit $rc): $(grep -m1 'error:' "$T/r0.log"); MPI_Abort ended rank 1"
   fi
   ;;
 interrupt)
