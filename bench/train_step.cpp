@@ -2,7 +2,7 @@
 // of the dense 8-layer model and of MoM_E / MoM_I / MoM_P on its [1-1-4-1-1] chunking (issue 5,
 // item 9), float, on cpu::Backend<float> wrapped in a timing backend.
 //
-//   bench_train_step [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,moeut,moduleformer,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide]
+//   bench_train_step [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,moeut,moduleformer,dsmoe,ec,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide]
 //   bench_train_step --under-load   the dense step at 1 and 2 threads, quiet and with one core kept busy
 //
 // Issue 6 adds Mixture-of-Experts at the same dims: MoE (8 layers x 8 experts, top-2) and
@@ -448,6 +448,11 @@ using MoEUTG8_LM = LM<rope_dims, MoEUT<dims, 8, 8>>;  // moeut8-g8: the non-shar
 // moduleformer8 of mom-train: 8 heads of 128 and 16 experts of 512 per layer, top-2 each.
 using ModuleFormer_LM = LM<without_positions(dims), ModuleFormer<8, MoA<8, 2, 128, 64>, SMoE<16, 2, 512, 64>>>;
 
+// ---- issue 18: DeepSeekMoE (shared + fine-grained experts, sigmoid routing with the selection bias) and
+// expert-choice MoE, both at moe8's parameters and FLOPs (mom-train's dsmoe8 and ec8).
+using DSMoE_LM = LM<dims, DeepSeekMoEStack<8, 1, 31, 7, 4>>;
+using EC_LM = LM<dims, ExpertChoiceMoEStack<8, 8, 2>>;
+
 
 }  // namespace
 
@@ -500,7 +505,7 @@ int main(int argc, char** argv) {
     else if (a == "--wide") wide = true;
     else if (a == "--under-load") load = true;
     else {
-      std::fprintf(stderr, "usage: %s [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,moeut,moduleformer,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide] [--under-load]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,moeut,moduleformer,dsmoe,ec,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide] [--under-load]\n", argv[0]);
       return 2;
     }
   }
@@ -550,6 +555,8 @@ int main(int argc, char** argv) {
 
   // issue 15: ModuleFormer (--only moduleformer)
   if (want("moduleformer")) res.push_back(run<ModuleFormer_LM>("ModuleFormer (moduleformer8)", batch, seq, reps));
+  if (want("dsmoe")) res.push_back(run<DSMoE_LM>("DeepSeekMoE 1 shared + 31 routed of d_ff/4, top-7 (dsmoe8)", batch, seq, reps));
+  if (want("ec")) res.push_back(run<EC_LM>("expert-choice MoE, 8 experts, capacity factor 2 (ec8)", batch, seq, reps));
 
   // Parameter sharing (issue 6).
   if (want("share")) {

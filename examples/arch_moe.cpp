@@ -1,4 +1,5 @@
-// mom-train's registry entries for MoE, MoE(share), MoDE (integrated) (issue 6) and DeepSeekMoE (issue 18), at
+// mom-train's registry entries for MoE, MoE(share), MoDE (integrated) (issue 6), DeepSeekMoE and expert-choice MoE
+// (issue 18), at
 // dense8's shape (mom8_dims: d 256, 8 heads, d_ff 1024, byte vocabulary, context 256), comparable with dense8.
 #include <mom/models/moe_models.hpp>
 
@@ -12,6 +13,9 @@ using MoDE8Int = LM<mom8_dims, MoDEIntegrated<8, 8, 2>>;   // 8 experts + SKIP p
 // DeepSeekMoE at moe8's parameters and FLOPs: per layer 1 shared + 31 routed experts of d_ff/4 (= moe8's 8 FFNs),
 // 1 + 7 of them per token (= moe8's top-2); balanced by the selection bias, or by a Switch loss instead.
 using DSMoE8 = LM<mom8_dims, DeepSeekMoEStack<8, 1, 31, 7, 4>>;
+// Expert-choice MoE at moe8's parameters and (average) FLOPs: each layer's 8 experts take their top-c tokens of the
+// batch, c = n·2/8 (2 experts per token on average, as moe8's top-2).
+using EC8 = LM<mom8_dims, ExpertChoiceMoEStack<8, 8, 2>>;
 using DSMoE8Switch = LM<mom8_dims, DeepSeekMoEStack<8, 1, 31, 7, 4, BiasBalance<0>, BalanceCoef<1, 100>>>;
 
 std::vector<ArchEntry> moe_architectures() {
@@ -21,6 +25,7 @@ std::vector<ArchEntry> moe_architectures() {
   v.push_back(make_architecture<MoDE8Int>("mode8-int", "byte", "MoDE integrated: 8 experts + a no-op (Skip) expert per layer, top-2"));
   v.push_back(make_architecture<DSMoE8>("dsmoe8", "byte", "DeepSeekMoE: 1 shared + 31 routed experts of d_ff/4 per layer, top-7 sigmoid routing, auxiliary-loss-free bias (moe8's params and FLOPs)"));
   v.push_back(make_architecture<DSMoE8Switch>("dsmoe8-switch", "byte", "dsmoe8 balanced by a Switch loss (1/100) instead of the selection bias"));
+  v.push_back(make_architecture<EC8>("ec8", "byte", "expert-choice MoE: each layer's 8 experts take their top-c tokens of the batch, capacity factor 2 (moe8's params and FLOPs); not causal"));
   return v;
 }
 

@@ -188,7 +188,8 @@ fi
 # Which architectures mom-sample decodes with the KV cache (causal routing) and which recompute the window.
 help_line() { "$BIN" --help | grep -A1 "^  $1 (" | tail -1; }
 if help_line mom8-p | grep -q "samples with the KV cache" && help_line mod8-causal | grep -q "samples with the KV cache" &&
-   help_line exit8 | grep -q "samples with the KV cache" && help_line mod8 | grep -q "forward over the window per token"; then
+   help_line exit8 | grep -q "samples with the KV cache" && help_line mod8 | grep -q "forward over the window per token" &&
+   help_line dsmoe8 | grep -q "samples with the KV cache" && help_line ec8 | grep -q "forward over the window per token"; then
   echo "ok: --help says how each architecture samples"
 else
   echo "FAIL: --help sampling column: $(help_line mom8-p) / $(help_line mod8)"; fail=1

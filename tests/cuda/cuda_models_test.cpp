@@ -115,6 +115,8 @@ using MoDEStagedSmall = LM<small_dims, MoDEStaged<2, 3, 2>>;
 // DeepSeekMoE (issue 18): 1 shared + 6 routed experts of d_ff/4 per layer, top-2 routed within the best of 2
 // groups, the sigmoid router's balance loss on, the selection bias's loads in its gradient slot.
 using DSSmall = LM<small_dims, DeepSeekMoEStack<2, 1, 6, 2, 4, GroupLimited<2, 1>, BalanceCoef<1, 100>>>;
+// Expert-choice MoE (issue 18): 3 experts per layer each take their top-c tokens (capacity factor 2).
+using ECSmall = LM<small_dims, ExpertChoiceMoEStack<2, 3>>;
 // Parameter sharing: the dense executor over a step -> module map (a shared module's gradient is the sum
 // over its uses).
 constexpr Dims share_dims{.d_model = 32, .heads = 4, .d_ff = 64, .vocab = 50, .context = 32};
@@ -190,7 +192,7 @@ TEST_CASE("dense model: same loss and gradients as cpu (float with bf16 GEMMs, f
   compare_model<ChunkedHd64, float>(cuda::Precision::BF16, 2e-3, 3e-2);
 }
 
-TEST_CASE("MoE, MoD, layer-skip, MoDE: same loss and gradients as cpu (double)", "[cuda][models][special]") {
+TEST_CASE("MoE, MoD, layer-skip, MoDE, DeepSeekMoE, expert-choice MoE: same loss and gradients as cpu (double)", "[cuda][models][special]") {
   if (!gpu_available()) {
     WARN("no CUDA device: skipped");
     return;
@@ -203,6 +205,7 @@ TEST_CASE("MoE, MoD, layer-skip, MoDE: same loss and gradients as cpu (double)",
   compare_model<ExitSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
   compare_model<MoDEStagedSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
   compare_model<DSSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
+  compare_model<ECSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
 }
 
 TEST_CASE("parameter sharing: same loss and gradients as cpu (double, Cycle<2>, All, Map)", "[cuda][models][share]") {
@@ -304,4 +307,5 @@ TEST_CASE("a training step on the CUDA backend neither waits for the device nor 
   check_step_never_waits<ShareCycle>(cuda::Precision::TF32);
   check_step_never_waits<MFSmall>(cuda::Precision::TF32);
   check_step_never_waits<DSSmall>(cuda::Precision::TF32);
+  check_step_never_waits<ECSmall>(cuda::Precision::TF32);
 }

@@ -369,6 +369,29 @@ TEMPLATE_TEST_CASE("affinity routing (DeepSeekMoE) matches cpu: biased top-K wit
   expect_close(b, tol_kernel<T>, "bias");
 }
 
+TEMPLATE_TEST_CASE("expert-choice selection matches cpu (each expert's top-c rows, ties, the backward mask)",
+                   "[cuda][routing][expert-choice]", float, double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  test::Rng rng(41);
+  const index_t n = 203, E = 6;
+  auto probs = rand_arr<T>(n * E, rng, 0, 1);
+  probs.h[std::size_t(7 * E + 1)] = probs.h[std::size_t(90 * E + 1)];  // a tie in expert 1's column
+  gpu<T>().from_host(probs.ds(), std::span<const T>(probs.h));
+  for (const index_t c : {index_t(0), index_t(67), n}) {
+    auto w = const_arr<T>(n * E, T(-7));
+    auto picks = tok_arr<T>(std::vector<token_t>(std::size_t(n * E), -7));
+    host<T>().expert_choice_forward(w.hm(n, E), picks.hm(n, E), probs.hm(n, E), c);
+    gpu<T>().expert_choice_forward(w.dm(n, E), picks.dm(n, E), probs.dm(n, E), c);
+    expect_equal_tokens(picks, "picks");
+    expect_close(w, tol_kernel<T>, "weights");
+    auto dw = rand_arr<T>(n * E, rng), dp = rand_arr<T>(n * E, rng);
+    host<T>().expert_choice_backward(dp.hm(n, E), dw.hm(n, E), MatrixView<const token_t>(picks.hm(n, E)));
+    gpu<T>().expert_choice_backward(dp.dm(n, E), dw.dm(n, E), MatrixView<const token_t>(picks.dm(n, E)));
+    expect_close(dp, tol_kernel<T>, "dprobs");
+  }
+}
+
 TEMPLATE_TEST_CASE("packed attention forward and backward match cpu (subsets and keys without queries)",
                    "[cuda][routing]", float, double) {
   MOM_REQUIRE_GPU();

@@ -26,6 +26,7 @@
 #include "mom/assembly/phi.hpp"
 #include "mom/routers/gate.hpp"
 #include "mom/routers/topk.hpp"
+#include "mom/routers/expert_topc.hpp"
 
 namespace mom {
 
@@ -54,7 +55,12 @@ struct MoEStep {
   using RoutedFfn = dispatch::RoutedFfn<Ffn, D>;
   static constexpr int experts = E;
   static constexpr int C = Gate::classes;            // router classes; >= E never run (SKIP, unused slots)
-  static constexpr int real_k = Kp < E ? Kp : E;     // picks that can land on an expert
+  // Picks that can land on an expert per row: K (at most E), or a gate's own average bound (expert choice: each
+  // expert takes c of the n rows, so a row runs cf experts on average though it may run all E).
+  static constexpr int real_k = [] {
+    if constexpr (requires { Gate::picks_per_token; }) return Gate::picks_per_token;
+    else return Kp < E ? Kp : E;
+  }();
   static constexpr index_t d = D.d_model;
 
   static constexpr index_t router_params = Gate::params;
@@ -163,6 +169,9 @@ struct Executor<P, A, D> {
   using Step = MoEStepOf<Set, D, A::k, typename A::router>;
   static constexpr int C = Step::C;
   static constexpr index_t d = D.d_model;
+  // A gate that routes a token by the other tokens of the batch (expert choice) cannot decode one new token as it
+  // trained: infer::Decoder refuses it (infer/decoder.hpp).
+  static constexpr bool routes_causally = !requires { requires !Step::Gate::causal; };
 
   // ---- parameters: the module set (names h.<base+i>.*), then one router per step ------------
   static constexpr index_t router_base = Set::template params<D>;

@@ -115,6 +115,9 @@ concept RoutingOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, M
   be.affinity_topk_backward(m, cm, cm, cpicks, i, flag, x, cs);
   be.expert_load_add(s, tok);
   be.bias_balance_update(s, cs, x);
+  // expert-choice MoE (cpu/expert_choice.hpp): each expert's top-c rows
+  be.expert_choice_forward(m, picks, cm, i);
+  be.expert_choice_backward(m, cm, cpicks);
 };
 
 // Grouped ops (core/groups.hpp): rows split into groups by offsets in backend memory, each group with

@@ -13,7 +13,8 @@
 // per row; tests/models/decode_test.cpp checks it in double to 1e-12). An architecture decodes when
 // every part's executor meets AssemblyDecoderOn: the dense stack, parameter sharing, token-choice MoE
 // (MoE, MoE(share), MoDE integrated), MoM, layer-skip / early exit and Mixture-of-Depths routed by its
-// causal method; Decoder's static_asserts name what does not (non-causal top-C routing, MoDE staged).
+// causal method; Decoder's static_asserts name what does not (non-causal routing: MoD's top-C, MoDE staged,
+// expert-choice MoE).
 #include <algorithm>
 #include <concepts>
 #include <cstdint>
@@ -53,8 +54,8 @@ concept DecodeBackend = requires(const Be& be, MatrixView<T> m, MatrixView<const
   be.attention_decode(m, c, c, c, s, s, i, i);
 };
 
-// An executor that says its routing is not causal (Mixture-of-Depths' expert-choice top-C during
-// training: a token's selection depends on later tokens of its sequence).
+// An executor that says its routing is not causal (Mixture-of-Depths' expert-choice top-C during training,
+// expert-choice MoE: a token's selection depends on later tokens of its sequence).
 template <class E>
 concept NonCausalExecutor = requires { requires !E::routes_causally; };
 template <class Model>
@@ -98,9 +99,10 @@ class Decoder {
                 "mom::infer::Decoder: decoding runs on the CPU backend today (the CUDA backend's decode ops exist; "
                 "the Decoder does not yet move slots and positions to the device)");
   static_assert(routes_causally<Model>,
-                "mom::infer::Decoder: Mixture-of-Depths' expert-choice top-C routing is not causal (a token's "
-                "selection depends on later tokens): decode mom::causal_sampling_arch<Arch>::type, the same "
-                "parameters routed by a trained causal method (ExpertChoice<..., CausalAux<> or CausalPredictor<>>)");
+                "mom::infer::Decoder: this architecture's routing is not causal (Mixture-of-Depths' top-C and "
+                "expert-choice MoE pick tokens by the later tokens too): for Mixture-of-Depths decode "
+                "mom::causal_sampling_arch<Arch>::type, the same parameters routed by a trained causal method "
+                "(ExpertChoice<..., CausalAux<> or CausalPredictor<>>); expert-choice MoE has no causal method");
   static_assert(!DecodeBackend<Be> || !routes_causally<Model> || decodes<Model, Be>,
                 "mom::infer::Decoder: a part of this architecture has no incremental decode yet (its executor does "
                 "not meet mom::infer::AssemblyDecoderOn)");

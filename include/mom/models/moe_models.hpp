@@ -14,6 +14,10 @@
 //                            (12.5%) of each sequence (assembly/depth.hpp); the other layers run MoE densely
 //     = Assembly<Router<ExpertChoice<Capacity<1, 8>, Every<2>>>, ModuleSet<MHA<L>, Experts<FFN, E, PerStep>, Skip>,
 //                K<k>, H<L>, phi::LayerSkip>
+//   ExpertChoiceMoEStack<L, E, p, q>  expert-choice MoE (arXiv 2202.09368): each layer's E experts take their top-c
+//                            tokens of the batch (capacity factor p/q: experts per token on average)
+//     = Assembly<Router<TopC<Softmax>, CapacityFactor<p, q>>, ModuleSet<MHA<L>, Experts<FFN, E, PerStep>>, K<E>, H<L>,
+//                phi::MoE>
 //   DeepSeekMoEStack<L, Ns, Nr, kr, m, Options...>   DeepSeekMoE (arXiv 2401.06066; V3 2412.19437): per layer Ns
 //                            shared and Nr routed fine-grained experts of width d_ff/m, top-kr routed by sigmoid
 //                            affinity with the auxiliary-loss-free selection bias (routers/affinity.hpp)
@@ -37,6 +41,12 @@ using MoDEIntegrated = Assembly<R, ModuleSet<MHA<L>, Experts<FFN, E, PerStep>, S
 template <int L, int E, int k = 2, long long p = 1, long long q = 8, int every = 2, class... Options>
 using MoDEStaged = Assembly<Router<ExpertChoice<Capacity<p, q>, Every<every>, Options...>>,
                             ModuleSet<MHA<L>, Experts<FFN, E, PerStep>, Skip>, K<k>, H<L>, phi::LayerSkip>;
+
+// Expert-choice MoE (arXiv 2202.09368): every layer's E experts each take their top-c tokens of the batch,
+// c = ⌊n · p/q / E⌋ (a token gets p/q experts on average, 0 .. E of them).
+template <int L, int E, long long p = 2, long long q = 1>
+using ExpertChoiceMoEStack = Assembly<Router<TopC<Softmax>, CapacityFactor<p, q>>,
+                                      ModuleSet<MHA<L>, Experts<FFN, E, PerStep>>, K<E>, H<L>, phi::MoE>;
 
 template <int L, int Ns, int Nr, int kr, int m, class... Options>
 using DeepSeekMoEStack = Assembly<Router<TopK<Sigmoid>, SharedExperts<Ns>, Options...>,

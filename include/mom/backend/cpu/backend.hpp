@@ -13,6 +13,7 @@
 #include "mom/backend/backend_concept.hpp"
 #include "mom/backend/cpu/activation.hpp"
 #include "mom/backend/cpu/affinity.hpp"
+#include "mom/backend/cpu/expert_choice.hpp"
 #include "mom/backend/cpu/attention.hpp"
 #include "mom/backend/cpu/cross_entropy.hpp"
 #include "mom/backend/cpu/decode.hpp"
@@ -273,6 +274,12 @@ struct Backend {
   }
   void expert_load_add(S load, Tok offsets) const { cpu::expert_load_add<T>(load, offsets); }
   void bias_balance_update(S bias, CS load, T rate) const { cpu::bias_balance_update<T>(bias, load, rate); }
+  void expert_choice_forward(M weights, MatrixView<token_t> picks, CM probs, index_t capacity) const {
+    cpu::expert_choice_forward<T>(weights, picks, probs, capacity);
+  }
+  void expert_choice_backward(M dprobs, CM dweights, MatrixView<const token_t> picks) const {
+    cpu::expert_choice_backward<T>(dprobs, dweights, picks);
+  }
   void balance_loss_forward(S loss_out, S dprobs_col, CM probs, Tok offsets, index_t k, T coef) const {
     cpu::balance_loss_forward<T>(loss_out, dprobs_col, probs, offsets, k, coef);
   }

@@ -461,6 +461,22 @@ struct Backend {
               " classes (needs classes + 1)");
     K::expert_load_add(*ctx_, load.data(), offsets.data(), ssize(load));
   }
+  void expert_choice_forward(M weights, MatrixView<token_t> picks, CM probs, index_t capacity) const {
+    MOM_CHECK(weights.rows == probs.rows && weights.cols == probs.cols && picks.rows == probs.rows &&
+                  picks.cols == probs.cols,
+              "expert_choice_forward: weights ", shape(weights), ", picks ", shape(picks), " disagree with probs ",
+              shape(probs), " (one slot per expert)");
+    MOM_CHECK(capacity >= 0 && capacity <= probs.rows, "expert_choice_forward: capacity ", capacity,
+              " must be in [0, ", probs.rows, "] (the rows)");
+    K::expert_choice_forward(*ctx_, weights, picks, probs, capacity);
+  }
+  void expert_choice_backward(M dprobs, CM dweights, MatrixView<const token_t> picks) const {
+    MOM_CHECK(dprobs.rows == picks.rows && dprobs.cols == picks.cols && dweights.rows == picks.rows &&
+                  dweights.cols == picks.cols,
+              "expert_choice_backward: dprobs ", shape(dprobs), ", dweights ", shape(dweights),
+              " disagree with picks ", shape(picks));
+    K::expert_choice_backward(*ctx_, dprobs, dweights, picks);
+  }
   void bias_balance_update(S bias, CS load, T rate) const {
     MOM_CHECK(bias.size() == load.size() && !bias.empty(), "bias_balance_update: ", bias.size(), " biases for ",
               load.size(), " loads");

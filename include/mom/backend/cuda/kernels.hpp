@@ -195,6 +195,9 @@ struct Kernels {
                                      const T* dprobs_col);
   static void expert_load_add(const Context& ctx, T* load, const token_t* offsets, index_t classes);
   static void bias_balance_update(const Context& ctx, T* bias, const T* load, index_t E, T rate);
+  // Expert-choice routing (cpu/expert_choice.hpp, kernels/expert_choice.cuh).
+  static void expert_choice_forward(const Context& ctx, M weights, MatrixView<token_t> picks, CM probs, index_t capacity);
+  static void expert_choice_backward(const Context& ctx, M dprobs, CM dweights, MatrixView<const token_t> picks);
   // Incremental decoding (cpu/decode.hpp, kernels/decode.cuh); slot and pos are device arrays.
   static void kv_write(const Context& ctx, M k_cache, M v_cache, CM qkv, const index_t* slot, const index_t* pos,
                        index_t max_len);

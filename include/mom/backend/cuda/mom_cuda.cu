@@ -14,6 +14,7 @@
 #include "mom/backend/cuda/kernels/attention_packed.cuh"  // packed and grouped attention
 #include "mom/backend/cuda/kernels/routing.cuh"           // router top-K, balance loss, group_by_module
 #include "mom/backend/cuda/kernels/affinity.cuh"          // DeepSeekMoE's biased top-K, loads, bias update
+#include "mom/backend/cuda/kernels/expert_choice.cuh"     // expert-choice MoE: each expert's top-c tokens
 #include "mom/backend/cuda/kernels/rows.cuh"              // gather / scatter, topk_rows, softmax_rows
 #include "mom/backend/cuda/kernels/gru.cuh"
 #include "mom/backend/cuda/kernels/optim.cuh"  // grad_norm, AdamW
