@@ -60,7 +60,7 @@ def panel(x0, width, height, series, title, ylabel):
         yhi = ylo + 1
     pad = 0.05 * (yhi - ylo)
     ylo, yhi = ylo - pad, yhi + pad
-    left, top, w, h = x0 + 60, 40, width - 80, height - 90
+    left, top, w, h = x0 + 60, 40, width - 80, height - 110
     sx = lambda x: left + (x - xlo) / max(xhi - xlo, 1) * w  # noqa: E731
     sy = lambda y: top + (yhi - y) / (yhi - ylo) * h  # noqa: E731
     out = [f'<text x="{left + w / 2}" y="22" text-anchor="middle" font-size="14">{html.escape(title)}</text>',
@@ -93,8 +93,8 @@ def main():
     body += panel(W // 2, W // 2, H, [(l, c) for l, _, c in runs], "routed experts' load CV (mean over layers)", "CV")
     for i, (label, _, _) in enumerate(runs):
         c = COLORS[i % len(COLORS)]
-        body.append(f'<rect x="{80 + 230 * i}" y="{H - 22}" width="14" height="4" fill="{c}"/>')
-        body.append(f'<text x="{100 + 230 * i}" y="{H - 16}" font-size="12">{html.escape(label)}</text>')
+        body.append(f'<rect x="{80 + 230 * i}" y="{H - 14}" width="14" height="4" fill="{c}"/>')
+        body.append(f'<text x="{100 + 230 * i}" y="{H - 8}" font-size="12">{html.escape(label)}</text>')
     with open(a.out, "w") as f:
         f.write(f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif">\n'
                 f'<rect width="{W}" height="{H}" fill="white"/>\n' + "\n".join(body) + "\n</svg>\n")

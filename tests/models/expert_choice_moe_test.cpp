@@ -93,5 +93,5 @@ TEST_CASE("expert-choice MoE: FLOPs executed equal the cost model for the realis
     CHECK(m.backend().flops == realised_forward_flops(m));
     CHECK(m.backend().flops <= EC::forward_flops(batch, seq));  // cf = 2 experts per token at most on average
   }
-  static_assert(!infer::routes_causally<EC>);
+  static_assert(!infer::routes_causally<EC> && !infer::decodes<EC, cpu::Backend<float>>);
 }

@@ -62,10 +62,10 @@ template <class Model>
 inline constexpr bool routes_causally =
     []<class... Es>(TypeList<Es...>) { return !(NonCausalExecutor<Es> || ...); }(typename Model::core::executors{});
 
-// True when Model decodes incrementally on backend Be.
+// True when Model decodes incrementally on backend Be: every part has a decode and routes causally.
 template <class Model, class Be>
 inline constexpr bool decodes = []<class... Es>(TypeList<Es...>) {
-  return DecodeBackend<Be> && (AssemblyDecoderOn<Es, Be> && ...);
+  return DecodeBackend<Be> && (AssemblyDecoderOn<Es, Be> && ...) && !(NonCausalExecutor<Es> || ...);
 }(typename Model::core::executors{});
 
 namespace detail {
