@@ -46,6 +46,7 @@ inline void reduce_stats(train::Communicator* comm, RoutingStats& routing) {
     flat.push_back(double(r.tokens));
     for (const long long c : r.usage) flat.push_back(double(c));
     for (const long long c : r.transitions) flat.push_back(double(c));
+    for (const long long c : r.idle) flat.push_back(double(c));
   }
   comm->allreduce_sum(std::span<double>(flat));
   std::size_t at = 0;
@@ -53,6 +54,7 @@ inline void reduce_stats(train::Communicator* comm, RoutingStats& routing) {
     r.tokens = static_cast<long long>(flat[at++]);
     for (long long& c : r.usage) c = static_cast<long long>(flat[at++]);
     for (long long& c : r.transitions) c = static_cast<long long>(flat[at++]);
+    for (long long& c : r.idle) c = static_cast<long long>(flat[at++]);
   }
 }
 inline void reduce_stats(train::Communicator* comm, DepthStats& depth) {
@@ -299,7 +301,8 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
           nlohmann::json rounds = nlohmann::json::array();
           for (int h = 0; h < r.rounds; ++h) {
             const RoutingStats::Load l = RoutingStats::load(r, h);
-            rounds.push_back({{"share", l.share}, {"cv", l.cv}, {"max_share", l.max_share}, {"skip_share", l.skip_share}});
+            rounds.push_back({{"share", l.share}, {"cv", l.cv}, {"max_share", l.max_share}, {"skip_share", l.skip_share},
+                              {"idle_share", l.idle_share}});
           }
           log.write({{"type", "routing"}, {"step", step}, {"router", r.name}, {"k", r.k}, {"rounds", rounds}});
         }

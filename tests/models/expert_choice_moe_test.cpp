@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "mom/mom.hpp"
+#include "mom/models/routing_stats.hpp"
 #include "models/counting_backend.hpp"
 #include "models/routed_gradient_check.hpp"
 
@@ -44,6 +45,9 @@ TEST_CASE("expert-choice MoE: every expert takes exactly c tokens; cf = E is top
   m.reserve(batch, seq);
   m.forward(random_tokens(n, dims.vocab, 4), random_tokens(n, dims.vocab, 5), batch, seq);
   std::vector<token_t> picks(std::size_t(n * 4));
+  RoutingStats stats;
+  stats.accumulate(m);
+  REQUIRE(stats.routers.size() == 1);
   for (int h = 0; h < 2; ++h) {
     E0::read_picks(m.backend(), m.workspace_data(), std::get<0>(m.plan().parts), h, 0, n, std::span(picks));
     std::vector<int> load(5, 0), per_token(std::size_t(n), 0);
@@ -54,6 +58,8 @@ TEST_CASE("expert-choice MoE: every expert takes exactly c tokens; cf = E is top
     for (int e = 0; e < 4; ++e) CHECK(load[std::size_t(e)] == n / 2);  // c = ⌊24 · 2 / 4⌋
     CHECK(*std::min_element(per_token.begin(), per_token.end()) < 2);  // tokens get 0 .. E experts
     CHECK(*std::max_element(per_token.begin(), per_token.end()) > 2);
+    // The routing statistics count the dropped tokens (taken by no expert) as idle.
+    CHECK(stats.routers[0].idle[std::size_t(h)] == std::count(per_token.begin(), per_token.end(), 0));
   }
 
   using All = LM<dims, ExpertChoiceMoEStack<2, 4, 4>>;  // cf = E: every expert takes every token

@@ -144,4 +144,9 @@ TEST_CASE("RoutingStats::load: module shares, their coefficient of variation, SK
   CHECK(b.max_share == 1.0);
   CHECK(b.cv == Approx(std::sqrt(2.0)));  // √(N − 1) for N = 3
   CHECK(b.skip_share == 0.0);
+  // Tokens that ran no module in a round (idle; expert choice's dropped tokens), of all tokens.
+  r.tokens = 40;
+  r.idle = {6, 0};
+  CHECK(RoutingStats::load(r, 0).idle_share == Approx(0.15));
+  CHECK(RoutingStats::load(r, 1).idle_share == 0.0);
 }

@@ -32,6 +32,8 @@ struct RoutingStats {
     bool skip = false;  // the last class is SKIP
     std::vector<long long> usage;        // [rounds × classes]
     std::vector<long long> transitions;  // [classes × classes], row: from (round h), column: to (h+1)
+    std::vector<long long> idle;         // [rounds]: tokens no module ran in that round (every pick SKIP or a
+                                         // no-op slot: expert choice's dropped tokens)
     long long tokens = 0;
   };
   std::vector<Router> routers;
@@ -58,6 +60,7 @@ struct RoutingStats {
               r.skip = info.skip;
               r.usage.assign(std::size_t(info.steps * classes), 0);
               r.transitions.assign(std::size_t(classes * classes), 0);
+              r.idle.assign(std::size_t(info.steps), 0);
               routers.push_back(std::move(r));
             }
             Router& r = routers[at++];
@@ -67,6 +70,10 @@ struct RoutingStats {
             for (int h = 0; h < info.steps; ++h) {
               E::read_picks(m.backend(), m.workspace_data(), std::get<is>(m.plan().parts), h, which, n, std::span(cur));
               for (token_t c : cur) ++r.usage[std::size_t(h * classes + c)];
+              const int modules = info.skip ? classes - 1 : classes;
+              for (index_t t = 0; t < n; ++t)
+                r.idle[std::size_t(h)] += std::all_of(cur.begin() + t * info.k, cur.begin() + (t + 1) * info.k,
+                                                      [&](token_t c) { return c >= modules; });
               if (h > 0)
                 for (index_t t = 0; t < n; ++t)
                   for (int a = 0; a < info.k; ++a)
@@ -161,6 +168,7 @@ struct RoutingStats {
   struct Load {
     std::vector<double> share;
     double cv = 0, max_share = 0, skip_share = 0;
+    double idle_share = 0;  // tokens that ran no module this round (expert choice: dropped), of all tokens
   };
   static Load load(const Router& r, int round) {
     Load l;
@@ -172,6 +180,7 @@ struct RoutingStats {
       if (c < modules) picked += u[c];
     }
     if (r.skip && all > 0) l.skip_share = double(u[modules]) / double(all);
+    if (r.tokens > 0 && std::size_t(round) < r.idle.size()) l.idle_share = double(r.idle[std::size_t(round)]) / double(r.tokens);
     double mean = 0, var = 0;
     for (int c = 0; c < modules; ++c) {
       l.share.push_back(picked > 0 ? double(u[c]) / double(picked) : 0.0);
