@@ -102,7 +102,7 @@ TEST_CASE("DeepSeekMoE: shared experts run for every token, the bias only select
   for (std::size_t r = 0; r < 12; ++r) CHECK(picks[r * 3 + 1] == 4);
 }
 
-TEST_CASE("DeepSeekMoE: GroupLimited<G, G> is the ungrouped router; update_buffers applies the sign rule",
+TEST_CASE("DeepSeekMoE: GroupLimited<G, G> is the ungrouped router, update_buffers applies the sign rule",
           "[deepseek]") {
   using Grouped = LM<tiny, DeepSeekMoEStack<2, 1, 4, 2, 2, BalanceCoef<1, 10>, GroupLimited<2, 2>>>;
   static_assert(Grouped::params == Small::params);
@@ -132,7 +132,7 @@ TEST_CASE("DeepSeekMoE: GroupLimited<G, G> is the ungrouped router; update_buffe
   for (const double v : tensor(c, "h.0.router.bias")) CHECK(v == 0.0);
 }
 
-TEST_CASE("DeepSeekMoE: FLOPs executed equal the cost model; the parameters are the dense FFN's", "[deepseek][cost]") {
+TEST_CASE("DeepSeekMoE: FLOPs executed equal the cost model, the parameters are the dense FFN's", "[deepseek][cost]") {
   using DS = LM<dims, DeepSeekMoEStack<2, 1, 7, 3, 4>>;  // 8 experts of d_ff/4: two dense FFNs' parameters
   using Moe = LM<dims, MoEStack<2, 2, 1>>;
   constexpr index_t d = dims.d_model, f = dims.d_ff;

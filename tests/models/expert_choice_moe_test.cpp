@@ -35,7 +35,7 @@ TEST_CASE("expert-choice MoE: whole-model gradient equals finite differences", "
   test::gradient_check<LM<tiny, Chunked<Layer, ExpertChoiceMoEStack<1, 3, 3, 2>>>>(4, 3);
 }
 
-TEST_CASE("expert-choice MoE: every expert takes exactly c tokens; cf = E is top-E softmax routing",
+TEST_CASE("expert-choice MoE: every expert takes exactly c tokens, cf = E is top-E softmax routing",
           "[expert-choice]") {
   using EC = LM<dims, ExpertChoiceMoEStack<2, 4>>;  // cf 2: c = n / 2
   using E0 = typename first_of<typename EC::core::executors>::type;

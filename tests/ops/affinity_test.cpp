@@ -104,7 +104,7 @@ TEST_CASE("affinity_topk: the bias changes which experts are picked, never their
   CHECK(w[1] == Approx(0.9 / 1.1));
 }
 
-TEST_CASE("affinity_topk_backward matches finite differences (double; renormalised or not, balance column)",
+TEST_CASE("affinity_topk_backward matches finite differences (double, renormalised or not, balance column)",
           "[ops][affinity]") {
   for (const bool renormalise : {true, false}) {
     Rng rng(renormalise ? 21 : 22);
