@@ -36,6 +36,7 @@
 #include "mom/routers/gate.hpp"
 #include "mom/routers/options.hpp"
 #include "mom/routers/router.hpp"
+#include "mom/routers/router_head.hpp"
 #include "mom/routers/topk.hpp"
 
 namespace mom {
@@ -157,41 +158,37 @@ struct AffinityTopKGate {
                 "routed experts)");
   static constexpr int classes = E;  // shared experts first, then the routed ones
   static constexpr index_t d = D.d_model;
-  static constexpr index_t o_ln_w = 0, o_ln_b = d, o_w = 2 * d, o_bias = o_w + Nr * d, params = o_bias + Nr;
+  using Head = detail::NormedRouterHead<d, Nr>;  // LN_r and W (routers/router_head.hpp)
+  static constexpr index_t o_bias = Head::params, params = o_bias + Nr;
   static constexpr bool balances = Cfg::bias_rate > 0, balance_loss = Cfg::balance_coef > 0;
   static constexpr std::array<TensorSpec, 4> tensors(index_t layer) {
-    return {{{"router.ln.w", layer, 1, d, Init::One},
-             {"router.ln.b", layer, 1, d, Init::Zero},
-             {"router.w", layer, Nr, d, Init::Normal},
-             {"router.bias", layer, 1, Nr, Init::Zero, -1, false}}};
+    const auto h = Head::tensors(layer);
+    return {{h[0], h[1], h[2], {"router.bias", layer, 1, Nr, Init::Zero, -1, false}}};
   }
-  static constexpr index_t flops_per_token() { return 2 * d * Nr; }
+  static constexpr index_t flops_per_token() { return Head::flops_per_token(); }
   static constexpr index_t backward_flops_per_token() { return 2 * flops_per_token(); }
 
   struct Plan {
-    index_t ln = 0, mean = 0, rstd = 0;  // LN_r
-    index_t scores = 0;                  // σ(logits) [rows × N_r]
-    dispatch::Selection sel{};           // sel.probs [rows × N_r]: the normalised affinities (balance loss)
+    typename Head::Saved head{};
+    index_t scores = 0;         // σ(logits) [rows × N_r]
+    dispatch::Selection sel{};  // sel.probs [rows × N_r]: the normalised affinities (balance loss)
   };
   static constexpr Plan plan(Arena& a, index_t rows) {
     Plan p{};
-    p.ln = a.take(rows * d);
-    p.mean = a.take(rows);
-    p.rstd = a.take(rows);
+    p.head = Head::plan(a, rows);
     p.scores = a.take(rows * Nr);
     p.sel = dispatch::plan_selection(a, rows, Kp, classes);
     return p;
   }
   static constexpr const dispatch::Selection& selection(const Plan& p) { return p.sel; }
-  static constexpr index_t scratch(index_t rows) { return rows * Kp + 2 * rows * Nr + rows * d; }
+  static constexpr index_t scratch(index_t rows) { return rows * Kp + 2 * rows * Nr + Head::scratch(rows); }
 
   template <class Be, class T>
   static void forward(Be& be, const T* p, T* ws, const Plan& s, MatrixView<const T> in, std::span<const token_t>) {
-    using detail::mat, detail::vec;
+    using detail::vec;
     const index_t rows = in.rows;
-    const MatrixView<T> z{ws + s.ln, rows, d}, scores{ws + s.scores, rows, Nr};
-    be.layernorm_forward(z, vec(ws, s.mean, rows), vec(ws, s.rstd, rows), in, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
-    be.linear_forward(scores, MatrixView<const T>(z), mat(p, o_w, Nr, d), std::span<const T>{});
+    const MatrixView<T> scores{ws + s.scores, rows, Nr};
+    Head::forward(be, p, ws, s.head, in, scores);
     be.sigmoid_forward(scores.flat(), std::span<const T>(scores.flat()));  // s_i, eq. (15)
     const MatrixView<T> probs = balance_loss ? MatrixView<T>{ws + s.sel.probs, rows, Nr} : MatrixView<T>{};
     be.affinity_topk_forward(MatrixView<T>{ws + s.sel.weights, rows, Kp},
@@ -212,11 +209,9 @@ struct AffinityTopKGate {
   template <class Be, class T>
   static void backward(Be& be, const T* p, T* g, const T* ws, const Plan& s, MatrixView<const T> in, MatrixView<T> din,
                        std::span<const T> dwp, T* scratch) {
-    using detail::mat, detail::vec;
     const index_t rows = in.rows;
     const std::span<T> dws{scratch, std::size_t(rows * Kp)};
     const MatrixView<T> dscores{scratch + rows * Kp, rows, Nr}, dlogits{scratch + rows * Kp + rows * Nr, rows, Nr};
-    const MatrixView<T> dz{scratch + rows * Kp + 2 * rows * Nr, rows, d};
     dispatch::slot_grads(be, ws, s.sel, rows, Kp, dwp, dws);
     be.zero(dscores.flat());
     be.affinity_topk_backward(dscores, MatrixView<const T>{dws.data(), rows, Kp}, MatrixView<const T>{ws + s.scores, rows, Nr},
@@ -227,11 +222,7 @@ struct AffinityTopKGate {
     be.zero(dlogits.flat());
     be.sigmoid_backward(dlogits.flat(), std::span<const T>{ws + s.scores, std::size_t(rows * Nr)},
                         std::span<const T>(dscores.flat()));
-    be.zero(dz.flat());
-    be.linear_backward(dz, mat(g, o_w, Nr, d), std::span<T>{}, MatrixView<const T>(dlogits),
-                       MatrixView<const T>{ws + s.ln, rows, d}, mat(p, o_w, Nr, d));
-    be.layernorm_backward(din, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dz), in, vec(ws, s.mean, rows),
-                          vec(ws, s.rstd, rows), vec(p, o_ln_w, d));
+    Head::backward(be, p, g, ws, s.head, in, din, MatrixView<const T>(dlogits), scratch + rows * Kp + 2 * rows * Nr);
     if constexpr (balances) be.expert_load_add(std::span<T>{g + o_bias, std::size_t(Nr)}, routed_offsets(ws, s));
   }
 

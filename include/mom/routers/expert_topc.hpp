@@ -26,6 +26,7 @@
 #include "mom/routers/gate.hpp"
 #include "mom/routers/options.hpp"
 #include "mom/routers/router.hpp"
+#include "mom/routers/router_head.hpp"
 #include "mom/routers/topk.hpp"
 
 namespace mom {
@@ -100,16 +101,13 @@ struct TopCGate {
   static constexpr int classes = E + 1;  // the experts, then the no-op class of the slots no expert filled
   static constexpr bool causal = false;  // infer::Decoder refuses it (routes_causally)
   static constexpr index_t d = D.d_model;
-  static constexpr index_t o_ln_w = 0, o_ln_b = d, o_w = 2 * d, params = 2 * d + E * d;
+  using Head = detail::NormedRouterHead<d, E>;  // LN_r and W_g (routers/router_head.hpp)
+  static constexpr index_t params = Head::params;
   // Rows an average token is run through (MoEStep's cost model): at most cf, E·c / n with c = ⌊n·cf/E⌋.
   static constexpr int picks_per_token = int(Cfg::factor_t::numerator / Cfg::factor_t::denominator) +
                                          (Cfg::factor_t::numerator % Cfg::factor_t::denominator != 0 ? 1 : 0);
-  static constexpr std::array<TensorSpec, 3> tensors(index_t layer) {
-    return {{{"router.ln.w", layer, 1, d, Init::One},
-             {"router.ln.b", layer, 1, d, Init::Zero},
-             {"router.w", layer, E, d, Init::Normal}}};
-  }
-  static constexpr index_t flops_per_token() { return 2 * d * E; }
+  static constexpr std::array<TensorSpec, 3> tensors(index_t layer) { return Head::tensors(layer); }
+  static constexpr index_t flops_per_token() { return Head::flops_per_token(); }
   static constexpr index_t backward_flops_per_token() { return 2 * flops_per_token(); }
   // c = ⌊n · cf / E⌋ tokens per expert (at most n).
   static constexpr index_t capacity(index_t rows) {
@@ -118,27 +116,23 @@ struct TopCGate {
   }
 
   struct Plan {
-    index_t ln = 0, mean = 0, rstd = 0;  // LN_r
-    dispatch::Selection sel{};           // sel.probs [rows × E]: S
+    typename Head::Saved head{};
+    dispatch::Selection sel{};  // sel.probs [rows × E]: S
   };
   static constexpr Plan plan(Arena& a, index_t rows) {
     Plan p{};
-    p.ln = a.take(rows * d);
-    p.mean = a.take(rows);
-    p.rstd = a.take(rows);
+    p.head = Head::plan(a, rows);
     p.sel = dispatch::plan_selection(a, rows, Kp, classes);
     return p;
   }
   static constexpr const dispatch::Selection& selection(const Plan& p) { return p.sel; }
-  static constexpr index_t scratch(index_t rows) { return rows * Kp + 2 * rows * E + rows * d; }
+  static constexpr index_t scratch(index_t rows) { return rows * Kp + 2 * rows * E + Head::scratch(rows); }
 
   template <class Be, class T>
   static void forward(Be& be, const T* p, T* ws, const Plan& s, MatrixView<const T> in, std::span<const token_t>) {
-    using detail::mat, detail::vec;
     const index_t rows = in.rows;
-    const MatrixView<T> z{ws + s.ln, rows, d}, probs{ws + s.sel.probs, rows, E};
-    be.layernorm_forward(z, vec(ws, s.mean, rows), vec(ws, s.rstd, rows), in, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
-    be.linear_forward(probs, MatrixView<const T>(z), mat(p, o_w, E, d), std::span<const T>{});
+    const MatrixView<T> probs{ws + s.sel.probs, rows, E};
+    Head::forward(be, p, ws, s.head, in, probs);
     be.softmax_rows(probs, MatrixView<const T>(probs));  // S, eq. (1)
     be.expert_choice_forward(MatrixView<T>{ws + s.sel.weights, rows, Kp},
                              MatrixView<token_t>{dispatch::toks(ws, s.sel.picks), rows, Kp}, MatrixView<const T>(probs),
@@ -150,22 +144,16 @@ struct TopCGate {
   template <class Be, class T>
   static void backward(Be& be, const T* p, T* g, const T* ws, const Plan& s, MatrixView<const T> in, MatrixView<T> din,
                        std::span<const T> dwp, T* scratch) {
-    using detail::mat, detail::vec;
     const index_t rows = in.rows;
     const std::span<T> dws{scratch, std::size_t(rows * Kp)};
     const MatrixView<T> dprobs{scratch + rows * Kp, rows, E}, dlogits{scratch + rows * Kp + rows * E, rows, E};
-    const MatrixView<T> dz{scratch + rows * Kp + 2 * rows * E, rows, d};
     dispatch::slot_grads(be, ws, s.sel, rows, Kp, dwp, dws);
     be.zero(dprobs.flat());
     be.expert_choice_backward(dprobs, MatrixView<const T>{dws.data(), rows, Kp},
                               MatrixView<const token_t>{dispatch::toks(ws, s.sel.picks), rows, Kp});
     be.zero(dlogits.flat());
     be.softmax_rows_backward(dlogits, MatrixView<const T>(dprobs), MatrixView<const T>{ws + s.sel.probs, rows, E});
-    be.zero(dz.flat());
-    be.linear_backward(dz, mat(g, o_w, E, d), std::span<T>{}, MatrixView<const T>(dlogits),
-                       MatrixView<const T>{ws + s.ln, rows, d}, mat(p, o_w, E, d));
-    be.layernorm_backward(din, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dz), in, vec(ws, s.mean, rows),
-                          vec(ws, s.rstd, rows), vec(p, o_ln_w, d));
+    Head::backward(be, p, g, ws, s.head, in, din, MatrixView<const T>(dlogits), scratch + rows * Kp + 2 * rows * E);
   }
 };
 

@@ -27,6 +27,7 @@
 #include "mom/routers/gate.hpp"
 #include "mom/routers/options.hpp"
 #include "mom/routers/router.hpp"
+#include "mom/routers/router_head.hpp"
 
 namespace mom {
 
@@ -101,37 +102,32 @@ struct SoftmaxTopKGate {
   using Cfg = TopKConfig<Options>;
   static constexpr int classes = E + (Skip ? 1 : 0);  // SKIP last (class E)
   static constexpr index_t d = D.d_model, C = classes;
-  static constexpr index_t o_ln_w = 0, o_ln_b = d, o_w = 2 * d, params = 2 * d + C * d;
-  static constexpr std::array<TensorSpec, 3> tensors(index_t layer) {
-    return {{{"router.ln.w", layer, 1, d, Init::One},
-             {"router.ln.b", layer, 1, d, Init::Zero},
-             {"router.w", layer, C, d, Init::Normal}}};
-  }
-  static constexpr index_t flops_per_token() { return 2 * d * C; }
+  using Head = detail::NormedRouterHead<d, C>;  // LN_r and W (routers/router_head.hpp)
+  static constexpr index_t params = Head::params;
+  static constexpr std::array<TensorSpec, 3> tensors(index_t layer) { return Head::tensors(layer); }
+  static constexpr index_t flops_per_token() { return Head::flops_per_token(); }
   static constexpr index_t backward_flops_per_token() { return 2 * flops_per_token(); }
 
   struct Plan {
-    index_t ln = 0, mean = 0, rstd = 0;  // LN_r
+    typename Head::Saved head{};
     dispatch::Selection sel{};
   };
   static constexpr Plan plan(Arena& a, index_t rows) {
     Plan p{};
-    p.ln = a.take(rows * d);
-    p.mean = a.take(rows);
-    p.rstd = a.take(rows);
+    p.head = Head::plan(a, rows);
     p.sel = dispatch::plan_selection(a, rows, Kp, C, Cfg::z_loss > 0);
     return p;
   }
   static constexpr const dispatch::Selection& selection(const Plan& p) { return p.sel; }
   struct Scratch {
-    index_t dws, dlogits, dln, total;
+    index_t dws, dlogits, head, total;
   };
   static constexpr Scratch scratch_plan(index_t rows) {
     Arena a;
     Scratch s{};
     s.dws = a.take(rows * Kp);
     s.dlogits = a.take(rows * C);
-    s.dln = a.take(rows * d);
+    s.head = a.take(Head::scratch(rows));
     s.total = a.used;
     return s;
   }
@@ -139,12 +135,8 @@ struct SoftmaxTopKGate {
 
   template <class Be, class T>
   static void forward(Be& be, const T* p, T* ws, const Plan& s, MatrixView<const T> in, std::span<const token_t>) {
-    using detail::mat, detail::vec;
     const index_t rows = in.rows;
-    const MatrixView<T> z{ws + s.ln, rows, d};
-    be.layernorm_forward(z, vec(ws, s.mean, rows), vec(ws, s.rstd, rows), in, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
-    be.linear_forward(MatrixView<T>{ws + s.sel.probs, rows, C}, MatrixView<const T>(z), mat(p, o_w, C, d),
-                      std::span<const T>{});
+    Head::forward(be, p, ws, s.head, in, MatrixView<T>{ws + s.sel.probs, rows, C});  // the logits
     dispatch::select_forward(be, ws, s.sel, rows, Kp, C, T(1.0 / Cfg::temperature), Cfg::renormalise,
                              T(Cfg::balance_coef), T(Cfg::z_loss));
   }
@@ -153,17 +145,12 @@ struct SoftmaxTopKGate {
   template <class Be, class T>
   static void backward(Be& be, const T* p, T* g, const T* ws, const Plan& s, MatrixView<const T> in, MatrixView<T> din,
                        std::span<const T> dwp, T* scratch) {
-    using detail::mat, detail::vec;
     const index_t rows = in.rows;
     const Scratch sc = scratch_plan(rows);
-    const MatrixView<T> dlogits{scratch + sc.dlogits, rows, C}, dz{scratch + sc.dln, rows, d};
+    const MatrixView<T> dlogits{scratch + sc.dlogits, rows, C};
     dispatch::select_backward(be, ws, s.sel, rows, Kp, C, T(1.0 / Cfg::temperature), Cfg::renormalise, dwp,
                               std::span<T>(scratch + sc.dws, std::size_t(rows * Kp)), dlogits, T(Cfg::z_loss));
-    be.zero(dz.flat());
-    be.linear_backward(dz, mat(g, o_w, C, d), std::span<T>{}, MatrixView<const T>(dlogits),
-                       MatrixView<const T>{ws + s.ln, rows, d}, mat(p, o_w, C, d));
-    be.layernorm_backward(din, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dz), in, vec(ws, s.mean, rows),
-                          vec(ws, s.rstd, rows), vec(p, o_ln_w, d));
+    Head::backward(be, p, g, ws, s.head, in, din, MatrixView<const T>(dlogits), scratch + sc.head);
   }
 };
 
