@@ -30,6 +30,7 @@
 #include "mom/modules/block.hpp"
 #include "mom/routers/depth.hpp"
 #include "mom/assembly/depth.hpp"
+#include "mom/assembly/recursion.hpp"  // Mixture-of-Recursions
 #include "mom/models/describe.hpp"
 #include "mom/models/gpt2.hpp"
 #include "mom/models/lm.hpp"

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "models/counting_backend.hpp"
+#include "models/naive_transformer.hpp"
 #include "models/random_tokens.hpp"
 #include "models/routed_gradient_check.hpp"
 #include "mom/models/depth_stats.hpp"
@@ -43,82 +44,14 @@ double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) 
 // ---- a hand-computed Mixture-of-Depths forward (naive loops, no library op) ----------------
 using Row = std::vector<double>;
 
-struct Naive {
-  const std::vector<double>& p;
-  template <class Model>
-  static const double* at(const std::vector<double>& p, const std::string& name) {
-    return p.data() + Model::find(name).offset;
-  }
-  static Row layernorm(const Row& x, const double* g, const double* b) {
-    double mean = 0, var = 0;
-    for (double v : x) mean += v;
-    mean /= double(x.size());
-    for (double v : x) var += (v - mean) * (v - mean);
-    var /= double(x.size());
-    Row y(x.size());
-    for (std::size_t i = 0; i < x.size(); ++i) y[i] = (x[i] - mean) / std::sqrt(var + 1e-5) * g[i] + b[i];
-    return y;
-  }
-  static Row linear(const Row& x, const double* w, const double* b, std::size_t out) {
-    Row y(out);
-    for (std::size_t o = 0; o < out; ++o) {
-      double s = b ? b[o] : 0.0;
-      for (std::size_t i = 0; i < x.size(); ++i) s += w[o * x.size() + i] * x[i];
-      y[o] = s;
-    }
-    return y;
-  }
-  static double gelu(double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
-
-  // One transformer block (layer `layer`) over the rows xs, in their order, causal among them only.
-  template <class Model>
-  static std::vector<Row> block(const std::vector<double>& p, int layer, const std::vector<Row>& xs) {
-    const std::size_t n = xs.size(), d = tiny.d_model, H = tiny.heads, hd = d / H, f = tiny.ff();
-    const std::string h = "h." + std::to_string(layer) + ".";
-    std::vector<Row> qkv(n), out(n);
-    for (std::size_t i = 0; i < n; ++i)
-      qkv[i] = linear(layernorm(xs[i], at<Model>(p, h + "ln_1.w"), at<Model>(p, h + "ln_1.b")),
-                      at<Model>(p, h + "attn.w_qkv"), at<Model>(p, h + "attn.b_qkv"), 3 * d);
-    for (std::size_t i = 0; i < n; ++i) {
-      Row att(d, 0.0);
-      for (std::size_t hh = 0; hh < H; ++hh) {
-        std::vector<double> s(i + 1);
-        double mx = -1e300;
-        for (std::size_t j = 0; j <= i; ++j) {
-          double dot = 0;
-          for (std::size_t c = 0; c < hd; ++c) dot += qkv[i][hh * hd + c] * qkv[j][d + hh * hd + c];
-          s[j] = dot / std::sqrt(double(hd));
-          mx = std::max(mx, s[j]);
-        }
-        double sum = 0;
-        for (auto& v : s) sum += (v = std::exp(v - mx));
-        for (std::size_t j = 0; j <= i; ++j)
-          for (std::size_t c = 0; c < hd; ++c) att[hh * hd + c] += s[j] / sum * qkv[j][2 * d + hh * hd + c];
-      }
-      const Row a = linear(att, at<Model>(p, h + "attn.w_proj"), at<Model>(p, h + "attn.b_proj"), d);
-      Row u(d);
-      for (std::size_t c = 0; c < d; ++c) u[c] = xs[i][c] + a[c];
-      Row hid = linear(layernorm(u, at<Model>(p, h + "ln_2.w"), at<Model>(p, h + "ln_2.b")), at<Model>(p, h + "mlp.w_fc"),
-                       at<Model>(p, h + "mlp.b_fc"), f);
-      for (auto& v : hid) v = gelu(v);
-      const Row mo = linear(hid, at<Model>(p, h + "mlp.w_proj"), at<Model>(p, h + "mlp.b_proj"), d);
-      out[i] = u;
-      for (std::size_t c = 0; c < d; ++c) out[i][c] += mo[c];
-    }
-    return out;
-  }
-
+struct Naive : test::NaiveTransformer<tiny> {
   // Logits of LM<tiny, MoD> with capacity C tokens per sequence and routing on layers `routed`.
   template <class Model>
   static std::vector<double> mod_logits(const std::vector<double>& p, const std::vector<token_t>& tokens, index_t batch,
                                         index_t seq, index_t C, const std::vector<bool>& routed, bool unit_weight,
                                         bool causal = false) {
-    const std::size_t d = tiny.d_model, V = tiny.vocab;
-    const double* wte = at<Model>(p, "wte");
-    const double* wpe = at<Model>(p, "wpe");
-    std::vector<Row> x(std::size_t(batch * seq), Row(d));
-    for (index_t t = 0; t < batch * seq; ++t)
-      for (std::size_t c = 0; c < d; ++c) x[t][c] = wte[tokens[t] * d + c] + wpe[(t % seq) * d + c];
+    const std::size_t d = tiny.d_model;
+    std::vector<Row> x = embed<Model>(p, tokens, batch, seq);
     for (int layer = 0; layer < int(routed.size()); ++layer) {
       for (index_t b = 0; b < batch; ++b) {
         std::vector<index_t> S(static_cast<std::size_t>(seq));  // positions of sequence b the block runs on
@@ -148,16 +81,7 @@ struct Naive {
         }
       }
     }
-    std::vector<double> logits;
-    for (const Row& xr : x) {
-      const Row ln = layernorm(xr, at<Model>(p, "ln_f.w"), at<Model>(p, "ln_f.b"));
-      for (std::size_t v = 0; v < V; ++v) {
-        double s = 0;
-        for (std::size_t c = 0; c < d; ++c) s += wte[v * d + c] * ln[c];
-        logits.push_back(s);
-      }
-    }
-    return logits;
+    return head<Model>(p, x);
   }
 };
 

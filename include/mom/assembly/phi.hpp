@@ -2,7 +2,8 @@
 // Assembling functions phi (paper §3.2, eq. (3)), all of them: phi::MoM is the general one: the
 // attention assembly of eq. (5), the FFN assembly of eq. (6), each round adding to the residual stream
 // as in eq. (4); phi::MoMRoutedKV the same with routed keys/values; phi::MoE eq. (11); phi::LayerSkip
-// eq. (9). Parameter sharing (eq. (10)) is phi::MoM driven by Router<Share<P>>.
+// eq. (9); phi::Recursion Mixture-of-Recursions' eq. (2). Parameter sharing (eq. (10)) is phi::MoM driven by
+// Router<Share<P>>.
 // A phi selects code: the executor of an Assembly is chosen by (router policy, phi) (assembly/), and
 // each phi's Verify rejects the K and H it cannot assemble. `name` is what describe<> prints.
 #include <concepts>
@@ -74,6 +75,21 @@ struct LayerSkip {
                   "mom::phi::LayerSkip runs layer h at step h: H must equal the number of layers (Block<L>, or MHA<L> "
                   "and FFN<L>)");
     static constexpr bool ok = k_ok && Set::has_skip && h == Set::n_attention && (moe || h == Set::n_ffn);
+  };
+};
+
+// φ_recursion (Mixture-of-Recursions, arXiv 2507.10524 eq. (2)): step r applies the whole shared block
+// (all B layers of Block<B>) to the tokens the router keeps at recursion r, SKIP (exit) to the others; H
+// is the number of recursions N_r. Executed by Router<Recursion<...>> (assembly/recursion.hpp).
+struct Recursion {
+  static constexpr bool is_phi = true;
+  static constexpr const char* name = "phi::Recursion";
+  template <class Set, int k, int h>
+  struct Verify {
+    static_assert(k == 1, "mom::phi::Recursion applies the block or exits at every recursion: use K<1>");
+    static_assert(k != 1 || (Set::has_block && Set::has_skip),
+                  "mom::phi::Recursion recurses over one shared block and exits by SKIP: use ModuleSet<Block<B>, Skip>");
+    static constexpr bool ok = k == 1 && Set::has_block && Set::has_skip;
   };
 };
 

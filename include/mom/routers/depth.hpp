@@ -53,7 +53,9 @@ template <int k>
 struct Every {
   static constexpr int value = k;
 };
-enum class RouterWeight { Raw, Unit };
+// The weight of a selected token's block output: the raw score (MoD), 1, or σ(score) (Mixture-of-Recursions,
+// routers/recursion.hpp; Mixture-of-Depths takes Raw or Unit).
+enum class RouterWeight { Raw, Unit, Sigmoid };
 template <RouterWeight w>
 struct Weighting {
   static constexpr RouterWeight value = w;
@@ -231,6 +233,9 @@ struct ExpertChoice {
     static_assert(Cfg::options_unique, "mom::ExpertChoice<Options...>: each option may be given at most once");
     static_assert(!Cfg::options_known || Cfg::criteria == 0,
                   "mom::ExpertChoice: LinearGate / Never are layer-skip criteria: use Router<Skipping<...>>");
+    static_assert(Cfg::weighting_t::value != RouterWeight::Sigmoid,
+                  "mom::ExpertChoice: Weighting<RouterWeight::Sigmoid> is Mixture-of-Recursions' (Router<Recursion>); "
+                  "Mixture-of-Depths weighs by the raw score (Raw) or 1 (Unit)");
     static_assert(!Cfg::attend_skipped,
                   "mom::ExpertChoice: AttendToSkipped is a layer-skip option (in Mixture-of-Depths a routed block "
                   "attends among its selected tokens only)");
@@ -251,7 +256,8 @@ struct ExpertChoice {
                   "mom::Router<ExpertChoice> routes whole blocks: use ModuleSet<Block<L>, Skip> (or, MoDE staged, "
                   "ModuleSet<MHA<L>, Experts<FFN, E, PerStep>, Skip>)");
     static constexpr bool ok = detail::VerifyDepthOptions<Cfg, h>::ok && Cfg::options_known && Cfg::options_unique &&
-                               Cfg::criteria == 0 && !Cfg::attend_skipped && Cfg::capacity_ok && !(Cfg::causal_aux && Cfg::predictor) &&
+                               Cfg::criteria == 0 && !Cfg::attend_skipped && Cfg::capacity_ok &&
+                               Cfg::weighting_t::value != RouterWeight::Sigmoid && !(Cfg::causal_aux && Cfg::predictor) &&
                                (!Cfg::causal_routing || Cfg::causal_aux || Cfg::predictor) &&
                                (Set::has_block || Set::experts_per_step);
   };

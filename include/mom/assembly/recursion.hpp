@@ -1,0 +1,391 @@
+#pragma once
+// Executor of Router<Recursion<...>> under phi::Recursion: Mixture-of-Recursions with expert-choice
+// routing and recursion-wise key/value caching (Bae et al. 2025, arXiv 2507.10524, §2.2). The tuple
+// <M, R, φ, K, H>: M = {the shared block (Block<B>: B layers), SKIP}, R = one linear router per
+// recursion, φ = φ_recursion (assembly/phi.hpp), K = 1, H = N_r recursions.
+//
+//   MoR<B, Nr>            Assembly<Router<Recursion<>>, ModuleSet<Block<B>, Skip>, K<1>, H<Nr>, phi::Recursion>
+//   MoRMiddleCycle<B, Nr> Chunked<Layer, MoR<B, Nr>, Layer>: first and last layer unshared ("middle-cycle")
+//
+// Recursion r (0-based) with state x_r (x_0: the part's input), k_r = ⌊p_r/q · S⌋ tokens per sequence:
+//   l_t = θ_rᵀ x_{r,t}                                  the router's score of every token
+//   S_r = top-k_r of l over the candidates of every sequence, the candidates being S_{r−1} (all tokens
+//         at r = 0): hierarchical filtering, S_r ⊆ S_{r−1}; a token outside S_r has exited
+//   x̃ = x_r[S_r] (causal order kept); y_0 = x̃; per layer j of the block: u_j = y_j + Attn_j(y_j),
+//         y_{j+1} = u_j + FFN_j(u_j) (pre-norm, dense over (batch, k_r): attention among S_r only, which is
+//         the paper's recursion-wise KV caching)
+//   f = y_B − x̃;  x_{r+1,t} = x_{r,t} + g_t f_t for t ∈ S_r, x_{r+1,t} = x_{r,t} otherwise          (eq. (2))
+//   g_t = α σ(l_t) (Weighting<Sigmoid>), α l_t (Raw) or 1 (Unit)
+// Every recursion runs the same B layers' parameters (Φ' shared); the routers are per recursion,
+// named h.<base>.expert.<r>.router.w (each recursion depth is an "expert", as the paper calls it).
+// CausalAux<p, q> adds p/q · mean BCE(l_t, [t ∈ S_r]) over the candidates of each recursion whose
+// capacity is below 1; the BCE and the accuracy of the decision l_t > 0 are kept for every such
+// recursion (models/depth_stats.hpp reports them per recursion as a depth-routed part).
+#include <array>
+#include <span>
+#include <vector>
+
+#include "mom/assembly/assembly.hpp"
+#include "mom/assembly/chunked.hpp"
+#include "mom/assembly/depth_block.hpp"
+#include "mom/assembly/grouped_dispatch.hpp"
+#include "mom/assembly/phi.hpp"
+#include "mom/routers/recursion.hpp"
+
+namespace mom {
+
+template <class... Os, class A, Dims D>
+struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
+  using Cfg = typename Recursion<Os...>::config;
+  using Set = typename A::module_set;
+  using Attn = typename Set::template attention<D>;
+  using Block = detail::PlainBlockFfn<Set, D>;
+  static_assert(std::is_same_v<typename A::phi_type, phi::Recursion>,
+                "mom::Router<Recursion> assembles with phi::Recursion: Assembly<R, ModuleSet<Block<B>, Skip>, K<1>, "
+                "H<Nr>, phi::Recursion>");
+  static_assert(sizeof(VerifyModule<Attn>) > 0 && sizeof(VerifyModule<typename Set::template ffn<D>>) > 0);
+  static_assert(!ModuleWithAuxLoss<Attn> && !ModuleWithAuxLoss<typename Set::template ffn<D>>,
+                "mom::phi::Recursion: modules with an auxiliary loss (SigmaMoE, SwitchHead) are not supported in the "
+                "recursion block");
+  // The block runs dense attention over the k_r selected tokens, which would rotate them by rank.
+  static_assert(!D.rope(), "mom::Router<Recursion> does not support RoPE positions yet: the recursion block runs dense "
+                           "attention over the selected tokens, which would rotate them by rank, not position");
+  static constexpr int Nr = A::h;                // recursions
+  static constexpr int B = Set::n_attention;     // layers of the shared block
+  static constexpr index_t d = D.d_model;
+  static_assert(Cfg::tokens(Nr - 1, Nr, D.context) >= 1,
+                "mom::Recursion: the last recursion's capacity gives k = 0 tokens per sequence at the model's context");
+  static constexpr bool unit_weight = Cfg::unit_weight;
+  static constexpr bool has_aux_loss = true;     // Plan::aux: CausalAux's BCE (0 without it)
+  static constexpr bool is_depth_routed = true;  // read_selected / read_causal per recursion (models/depth_stats.hpp)
+  // Top-k_r of a sequence depends on its later tokens: no incremental decode (infer/decoder.hpp).
+  static constexpr bool routes_causally = false;
+  // For depth statistics, the "layers" are the recursions, every one routed.
+  static constexpr int L = Nr;
+  static constexpr bool routed(int) { return true; }
+
+  static constexpr index_t tokens(int r, index_t seq) { return index_t(Cfg::tokens(r, Nr, seq)); }
+  static constexpr bool full(int r) { return Cfg::full(r, Nr); }
+  // The router's θ_r gets a gradient through the weight g or CausalAux's loss.
+  static constexpr bool aux_on(int r) { return Cfg::causal_aux && !full(r); }
+  static constexpr bool router_trained(int r) { return !unit_weight || aux_on(r); }
+
+  // ---- parameters: the block (the Block<B> layout, h.<base>..h.<base+B−1>), then the Nr routers ----
+  static constexpr index_t router_base = Set::template params<D>;
+  static constexpr index_t router_offset(int r) { return router_base + index_t(r) * d; }
+  static constexpr index_t params = router_base + Nr * d;
+  static constexpr std::size_t tensor_count = Set::template tensor_count<D> + std::size_t(Nr);
+  static constexpr void specs(TensorSpec* out, index_t layer_base) {
+    Set::template specs<D>(out, layer_base);
+    out += Set::template tensor_count<D>;
+    for (int r = 0; r < Nr; ++r) *out++ = TensorSpec{"router.w", layer_base, 1, d, Init::Normal, r};
+  }
+
+  // ---- cost model (FLOPs: 2·m·n·k per product, causal attention among the k_r tokens) ----------
+  static constexpr index_t block_linear_flops =
+      B * (Attn::kv_flops + Attn::query_flops + Block::flops);
+  static constexpr index_t block_linear_backward_flops =
+      B * (Attn::kv_backward_flops + Attn::query_backward_flops + Block::backward_flops);
+  static constexpr index_t pairs_among(index_t c) { return c * (c + 1) / 2; }
+  // Recursion r over one sequence of `seq` tokens that ran `run` of them, `pairs` (query, key) pairs.
+  static constexpr index_t recursion_flops(index_t seq, index_t run, index_t pairs) {
+    return seq * 2 * d + run * block_linear_flops + B * Attn::pair_flops * pairs;
+  }
+  static constexpr index_t recursion_backward_flops(int r, index_t seq, index_t run, index_t pairs) {
+    return (router_trained(r) ? seq * 4 * d : 0) + run * block_linear_backward_flops + B * Attn::pair_backward_flops * pairs;
+  }
+  static constexpr index_t flops_per_sequence(index_t seq) {
+    index_t total = 0;
+    for (int r = 0; r < Nr; ++r) total += recursion_flops(seq, tokens(r, seq), pairs_among(tokens(r, seq)));
+    return total;
+  }
+  static constexpr index_t flops_per_token(index_t seq) { return flops_per_sequence(seq) / seq; }
+  static constexpr index_t backward_flops_per_token(index_t seq) {
+    index_t total = 0;
+    for (int r = 0; r < Nr; ++r)
+      total += recursion_backward_flops(r, seq, tokens(r, seq), pairs_among(tokens(r, seq)));
+    return total / seq;
+  }
+
+  // ---- workspace ----------------------------------------------------------------------------
+  struct LayerWs {
+    typename Attn::Saved attn{};
+    typename Block::Saved ffn{};
+    index_t u = 0, y = 0;  // u_j and y_{j+1} (the last layer's y is fo)
+  };
+  struct Rec {
+    std::array<LayerWs, std::size_t(B)> layer{};
+    index_t logits = 0, gate = 0, mask = 0, scores = 0;  // T [n] each
+    index_t idx = 0;                                     // token_t [m]: S_r, flat, ascending
+    index_t wsel = 0, xg = 0, fo = 0;                    // T [m], [m×d], [m×d]: g on S_r, x̃, f
+    index_t cand_l = 0, cand_t = 0, bce = 0;             // T [m_prev], [m_prev], [2]
+    index_t x_next = 0;                                  // T [n×d]
+  };
+  struct Plan {
+    std::array<Rec, std::size_t(Nr)> rec{};
+    index_t aux = 0;
+  };
+  static constexpr Plan plan(Arena& a, index_t batch, index_t seq) {
+    const index_t n = batch * seq;
+    Plan p{};
+    for (int r = 0; r < Nr; ++r) {
+      Rec& R = p.rec[std::size_t(r)];
+      const index_t kr = tokens(r, seq), m = batch * kr, mp = r == 0 ? n : batch * tokens(r - 1, seq);
+      R.logits = a.take(n);
+      R.gate = a.take(n);
+      R.mask = a.take(n);
+      R.scores = a.take(n);
+      R.idx = a.take(tok_elems(m));
+      R.wsel = a.take(m);
+      R.xg = a.take(m * d);
+      for (LayerWs& l : R.layer) {
+        l.attn = Attn::plan(a, batch, kr);
+        l.u = a.take(m * d);
+        l.ffn = Block::plan(a, m);
+        l.y = a.take(m * d);
+      }
+      R.fo = a.take(m * d);
+      R.cand_l = a.take(mp);
+      R.cand_t = a.take(mp);
+      R.bce = a.take(2);
+      R.x_next = a.take(n * d);
+    }
+    p.aux = a.take(1);
+    return p;
+  }
+  struct Scratch {
+    index_t fm = 0, df = 0, dy = 0, dw = 0, dgate = 0, dlogits = 0, dcand = 0, module = 0, total = 0;
+  };
+  static constexpr Scratch scratch_plan(index_t batch, index_t seq) {
+    const index_t n = batch * seq;
+    Arena a;
+    Scratch s{};
+    s.fm = a.take(n * d);
+    s.df = a.take(n * d);
+    s.dy = a.take(n * d);
+    s.dw = a.take(n);
+    s.dgate = a.take(n);
+    s.dlogits = a.take(n);
+    s.dcand = a.take(n);
+    s.module = a.take(std::max(Attn::scratch(batch, seq), Block::scratch(n)));
+    s.total = a.used;
+    return s;
+  }
+  static constexpr index_t scratch(index_t batch, index_t seq) { return scratch_plan(batch, seq).total; }
+
+  // ---- forward ------------------------------------------------------------------------------
+  template <class Be, class T>
+  static MatrixView<const T> forward(Be& be, const T* p, T* ws, const Plan& plan, MatrixView<const T> x, T* scratch,
+                                     index_t batch, index_t seq, std::span<const token_t> /*tokens*/) {
+    const index_t n = batch * seq;
+    const Scratch s = scratch_plan(batch, seq);
+    const std::span<T> aux = sp(ws + plan.aux, 1);
+    be.zero(aux);
+    for (int r = 0; r < Nr; ++r) {
+      const Rec& R = plan.rec[std::size_t(r)];
+      const index_t kr = tokens(r, seq), m = batch * kr;
+      const MatrixView<T> x_next = mv(ws + R.x_next, n, d), logits = mv(ws + R.logits, n, 1);
+      be.copy(x_next.flat(), sp(x.data, n * d));  // x_{r+1} = x_r for every token, then + g·f on S_r
+      be.linear_forward(logits, x, mv(p + router_offset(r), 1, d), std::span<const T>{});
+      if (m > 0) {
+        select(be, ws, plan, r, batch, seq);
+        if (!full(r)) causal_forward(be, ws, plan, r, aux, batch, seq);
+        block_forward(be, p, ws, R, x, x_next, scratch + s.fm, aux, batch, kr);
+      }
+      x = x_next;
+    }
+    return x;
+  }
+
+  // S_r: the top-k_r of every sequence among the candidates S_{r−1}: the scores of the other tokens are
+  // pushed to −big (exactly l_t for a candidate: −big + big·1 + l_t), so with k_r ≤ k_{r−1} only
+  // candidates are picked. The weights g on S_r.
+  template <class Be, class T>
+  static void select(Be& be, T* ws, const Plan& plan, int r, index_t batch, index_t seq) {
+    const Rec& R = plan.rec[std::size_t(r)];
+    const index_t n = batch * seq, m = batch * tokens(r, seq);
+    const auto idx = sp(toks(ws, R.idx), m);
+    const std::span<const T> logits = sp<const T>(ws + R.logits, n);
+    std::span<const T> scores = logits;
+    if (r > 0) {
+      constexpr T big = T(1e30);
+      const std::span<T> masked = sp(ws + R.scores, n);
+      be.fill(masked, -big);
+      be.axpy(masked, big, sp<const T>(ws + plan.rec[std::size_t(r - 1)].mask, n));
+      be.add_forward(masked, std::span<const T>(masked), logits);
+      scores = masked;
+    }
+    be.select_topc_per_sequence(idx, scores, batch, seq);
+    be.selection_mask(sp(ws + R.mask, n), std::span<const token_t>(idx));
+    if constexpr (!unit_weight) {
+      const std::span<const token_t> cidx(idx);
+      if constexpr (Cfg::sigmoid) {
+        be.sigmoid_forward(sp(ws + R.gate, n), logits);
+        be.gather_rows(mv(ws + R.wsel, m, 1), mv<const T>(ws + R.gate, n, 1), cidx);
+      } else {
+        be.gather_rows(mv(ws + R.wsel, m, 1), mv<const T>(logits.data(), n, 1), cidx);
+      }
+      if constexpr (Cfg::alpha != 1.0) be.scale(sp(ws + R.wsel, m), T(Cfg::alpha));
+    }
+  }
+
+  // The candidates' logits and 0/1 targets [t ∈ S_r] (r = 0: every token), their BCE and the accuracy of
+  // the decision l_t > 0 into R.bce; CausalAux adds p/q · BCE to the loss.
+  template <class Be, class T>
+  static void causal_forward(Be& be, T* ws, const Plan& plan, int r, std::span<T> aux, index_t batch, index_t seq) {
+    const Rec& R = plan.rec[std::size_t(r)];
+    const index_t n = batch * seq, mp = r == 0 ? n : batch * tokens(r - 1, seq);
+    if (r == 0) {
+      be.copy(sp(ws + R.cand_l, n), sp<const T>(ws + R.logits, n));
+      be.copy(sp(ws + R.cand_t, n), sp<const T>(ws + R.mask, n));
+    } else {
+      const auto prev = sp<const token_t>(toks(ws, plan.rec[std::size_t(r - 1)].idx), mp);
+      be.gather_rows(mv(ws + R.cand_l, mp, 1), mv<const T>(ws + R.logits, n, 1), prev);
+      be.gather_rows(mv(ws + R.cand_t, mp, 1), mv<const T>(ws + R.mask, n, 1), prev);
+    }
+    be.bce_logits_forward(sp(ws + R.bce, 2), sp<const T>(ws + R.cand_l, mp), sp<const T>(ws + R.cand_t, mp));
+    if constexpr (Cfg::causal_aux) be.axpy(aux, T(Cfg::aux_coef), sp<const T>(ws + R.bce, 1));
+  }
+
+  // The shared block over x̃ = x[S_r] as `batch` sequences of kr tokens; x_next += scatter(g · f).
+  template <class Be, class T>
+  static void block_forward(Be& be, const T* p, T* ws, const Rec& R, MatrixView<const T> x, MatrixView<T> x_next,
+                            T* fm_scratch, std::span<T> aux, index_t batch, index_t kr) {
+    const index_t m = batch * kr;
+    const auto idx = sp<const token_t>(toks(ws, R.idx), m);
+    const MatrixView<T> xg = mv(ws + R.xg, m, d), fo = mv(ws + R.fo, m, d), a = mv(fm_scratch, m, d);
+    be.gather_rows(xg, x, idx);
+    MatrixView<const T> y = xg;
+    for (int j = 0; j < B; ++j) {
+      const LayerWs& l = R.layer[std::size_t(j)];
+      const MatrixView<T> u = mv(ws + l.u, m, d), out = j == B - 1 ? fo : mv(ws + l.y, m, d);
+      Attn::forward(be, p + Set::template attention_offset<D>(j), ws, l.attn, y, a, batch, kr);
+      be.add_forward(u.flat(), sp(y.data, m * d), sp<const T>(a.data, m * d));
+      Block::forward_residual(be, p, ws, l.ffn, j, MatrixView<const T>(u), out, a, aux);
+      y = out;
+    }
+    be.axpy(fo.flat(), T(-1), sp<const T>(xg.data, m * d));  // f = y_B − x̃
+    be.scatter_add_rows(x_next, MatrixView<const T>(fo), idx,
+                        unit_weight ? std::span<const T>{} : sp<const T>(ws + R.wsel, m));  // eq. (2)
+  }
+
+  // ---- backward -----------------------------------------------------------------------------
+  // dres: dL/dx_{Nr} on entry, dL/dx_0 on exit. A recursion's identity path (every token) leaves dres as
+  // it is; the block adds its input gradient on S_r, the router its score's.
+  template <class Be, class T>
+  static void backward(Be& be, const T* p, T* g, const T* ws, const Plan& plan, MatrixView<const T> x0,
+                       MatrixView<T> dres, T* sc, index_t batch, index_t seq) {
+    const index_t n = batch * seq;
+    const Scratch s = scratch_plan(batch, seq);
+    for (int r = Nr - 1; r >= 0; --r) {
+      const Rec& R = plan.rec[std::size_t(r)];
+      const index_t kr = tokens(r, seq), m = batch * kr;
+      if (m == 0) continue;  // nobody ran recursion r (a short sequence): no loss reads its router
+      const MatrixView<const T> x = r == 0 ? x0 : mv<const T>(ws + plan.rec[std::size_t(r - 1)].x_next, n, d);
+      const std::span<T> dw = sp(sc + s.dw, m), dlogits = sp(sc + s.dlogits, n);
+      block_backward(be, p, g, ws, R, dres, sc, s, batch, kr);
+      be.zero(dlogits);
+      const auto idx = sp<const token_t>(toks(ws, R.idx), m);
+      if constexpr (!unit_weight) {  // dL/dg back to the score
+        if constexpr (Cfg::alpha != 1.0) be.scale(dw, T(Cfg::alpha));
+        if constexpr (Cfg::sigmoid) {
+          const std::span<T> dgate = sp(sc + s.dgate, n);
+          be.zero(dgate);
+          be.scatter_add_rows(mv(dgate.data(), n, 1), mv<const T>(dw.data(), m, 1), idx);
+          be.sigmoid_backward(dlogits, sp<const T>(ws + R.gate, n), std::span<const T>(dgate));
+        } else {
+          be.scatter_add_rows(mv(dlogits.data(), n, 1), mv<const T>(dw.data(), m, 1), idx);
+        }
+      }
+      if (aux_on(r)) {
+        const index_t mp = r == 0 ? n : batch * tokens(r - 1, seq);
+        const std::span<T> dc = sp(sc + s.dcand, mp);
+        be.zero(dc);
+        be.bce_logits_backward(dc, sp<const T>(ws + R.cand_l, mp), sp<const T>(ws + R.cand_t, mp),
+                               T(Cfg::aux_coef / double(mp)));
+        if (r == 0) be.axpy(dlogits, T(1), std::span<const T>(dc));
+        else
+          be.scatter_add_rows(mv(dlogits.data(), n, 1), mv<const T>(dc.data(), mp, 1),
+                              sp<const token_t>(toks(ws, plan.rec[std::size_t(r - 1)].idx), mp));
+      }
+      if (router_trained(r))
+        be.linear_backward(dres, mv(g + router_offset(r), 1, d), std::span<T>{}, mv<const T>(dlogits.data(), n, 1), x,
+                           mv(p + router_offset(r), 1, d));
+    }
+  }
+
+  // df = g · dres[S_r], dw = dres[S_r] · f; back through the B layers; dres += scatter(dL/dx̃).
+  template <class Be, class T>
+  static void block_backward(Be& be, const T* p, T* g, const T* ws, const Rec& R, MatrixView<T> dres, T* sc,
+                             const Scratch& s, index_t batch, index_t kr) {
+    const index_t m = batch * kr;
+    const auto idx = sp<const token_t>(toks(ws, R.idx), m);
+    const MatrixView<T> df = mv(sc + s.df, m, d), dy = mv(sc + s.dy, m, d);
+    const std::span<T> dw = sp(sc + s.dw, m);
+    be.zero(df.flat());
+    be.zero(dw);
+    be.scatter_add_rows_backward(df, unit_weight ? std::span<T>{} : dw, MatrixView<const T>(dres),
+                                 mv<const T>(ws + R.fo, m, d), idx,
+                                 unit_weight ? std::span<const T>{} : sp<const T>(ws + R.wsel, m));
+    be.copy(dy.flat(), sp<const T>(df.data, m * d));
+    for (int j = B - 1; j >= 0; --j) {  // dy: dL/dy_{j+1} on entry, dL/dy_j on exit
+      const LayerWs& l = R.layer[std::size_t(j)];
+      const MatrixView<const T> in = j == 0 ? mv<const T>(ws + R.xg, m, d) : mv<const T>(ws + R.layer[std::size_t(j - 1)].y, m, d);
+      const index_t oa = Set::template attention_offset<D>(j);
+      Block::backward_residual(be, p, g, ws, l.ffn, j, mv<const T>(ws + l.u, m, d), dy, sc + s.module);
+      Attn::backward(be, p + oa, g + oa, ws, l.attn, in, dy, MatrixView<const T>(dy), sc + s.module, batch, kr);
+    }
+    be.axpy(dy.flat(), T(-1), sp<const T>(df.data, m * d));  // f = y_B − x̃
+    be.scatter_add_rows(dres, MatrixView<const T>(dy), idx);
+  }
+
+  // ---- read-back: selections, causal accuracy, realised FLOPs --------------------------------
+  // Flat indices of the tokens recursion r ran in the last forward (ascending).
+  template <class Be, class T>
+  static std::vector<token_t> read_selected(Be& be, const T* ws, const Plan& plan, int r, index_t batch, index_t seq) {
+    std::vector<token_t> out(std::size_t(batch * tokens(r, seq)));
+    be.to_host(std::span<token_t>(out), std::span<const token_t>(toks(ws, plan.rec[std::size_t(r)].idx), out.size()));
+    return out;
+  }
+  // Per recursion with capacity below 1: the BCE of the decision l_t > 0 against t ∈ S_r over the
+  // candidates, and its correct decisions over all tokens (a token that exited before recursion r is
+  // not run at r by the decision either: counted correct).
+  struct CausalStats {
+    int layer = 0;
+    double bce = 0, correct = 0, tokens = 0;
+  };
+  template <class Be, class T>
+  static std::vector<CausalStats> read_causal(Be& be, const T* ws, const Plan& plan, index_t batch, index_t seq) {
+    std::vector<CausalStats> out;
+    const index_t n = batch * seq;
+    for (int r = 0; r < Nr; ++r) {
+      if (full(r) || tokens(r, seq) == 0) continue;
+      T v[2];
+      be.to_host(std::span<T>(v, 2), std::span<const T>(ws + plan.rec[std::size_t(r)].bce, 2));
+      const index_t mp = r == 0 ? n : batch * tokens(r - 1, seq);
+      out.push_back({r, double(v[0]), double(v[1]) + double(n - mp), double(n)});
+    }
+    return out;
+  }
+  // Forward FLOPs of the last forward, from the tokens each recursion ran per sequence.
+  template <class Be, class T>
+  static index_t realised_flops(Be& be, const T* ws, const Plan& plan, index_t batch, index_t seq) {
+    index_t total = 0;
+    for (int r = 0; r < Nr; ++r) {
+      std::vector<index_t> run(std::size_t(batch), 0), pairs(std::size_t(batch), 0);
+      for (token_t t : read_selected(be, ws, plan, r, batch, seq)) pairs[std::size_t(t / seq)] += ++run[std::size_t(t / seq)];
+      for (std::size_t b = 0; b < run.size(); ++b) total += recursion_flops(seq, run[b], pairs[b]);
+    }
+    return total;
+  }
+};
+
+// Mixture-of-Recursions over a shared block of B layers, Nr recursions, router options appended.
+template <int B, int Nr, class... Options>
+using MoR = Assembly<Router<Recursion<Options...>>, ModuleSet<Block<B>, Skip>, K<1>, H<Nr>, phi::Recursion>;
+// The paper's preferred "middle-cycle" sharing: the first and last layers are unshared, the B layers
+// between them recurse (same layer names as Dense<B + 2>, plus the routers).
+template <int B, int Nr, class... Options>
+using MoRMiddleCycle = Chunked<Layer, MoR<B, Nr, Options...>, Layer>;
+
+}  // namespace mom

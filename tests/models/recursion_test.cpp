@@ -1,0 +1,294 @@
+// Mixture-of-Recursions (assembly/recursion.hpp) in double: a hand-computed reference (naive loops
+// over the nested selections), the special cases it must reduce to (every token at every recursion
+// with unit weights: the recursive transformer, Router<Share<Cycle<B>>>; one recursion with raw
+// weights: Mixture-of-Depths), middle-cycle's layout, whole-model finite-difference gradients, the
+// FLOPs executed against the cost model, and the per-recursion statistics mom-train writes.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "models/naive_transformer.hpp"
+#include "models/random_tokens.hpp"
+#include "models/routed_gradient_check.hpp"
+#include "mom/assembly/recursion.hpp"
+#include "mom/models/depth_stats.hpp"
+#include "mom/models/mom_models.hpp"
+#include "mom/models/warm_start.hpp"
+#include "mom/mom.hpp"
+
+using namespace mom;
+using test::random_tokens;
+using test::randomise;
+
+namespace {
+
+constexpr Dims tiny{.d_model = 8, .heads = 2, .d_ff = 12, .vocab = 11, .context = 16};
+using Row = std::vector<double>;
+
+template <class Instance>
+std::vector<double> logits_of(Instance& m) {
+  const auto l = m.logits();
+  return std::vector<double>(l.data, l.data + l.rows * l.cols);
+}
+double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  REQUIRE(a.size() == b.size());
+  double e = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) e = std::max(e, std::abs(a[i] - b[i]));
+  return e;
+}
+std::vector<double> host(const auto& span) { return std::vector<double>(span.begin(), span.end()); }
+
+// The executor of part I of the model.
+template <std::size_t I, class List>
+struct list_at;
+template <std::size_t I, class T, class... Ts>
+struct list_at<I, TypeList<T, Ts...>> : list_at<I - 1, TypeList<Ts...>> {};
+template <class T, class... Ts>
+struct list_at<0, TypeList<T, Ts...>> {
+  using type = T;
+};
+template <class Instance, std::size_t I = 0>
+using ExecOf = typename list_at<I, typename Instance::model_type::core::executors>::type;
+
+// Every recursion's selection of the last forward (part I).
+template <std::size_t I = 0, class Instance>
+std::vector<std::vector<token_t>> selections(Instance& m) {
+  using E = ExecOf<Instance, I>;
+  std::vector<std::vector<token_t>> out;
+  for (int r = 0; r < E::L; ++r)
+    out.push_back(E::read_selected(m.backend(), m.workspace_data(), std::get<I>(m.plan().parts), r, m.batch(), m.seq()));
+  return out;
+}
+
+// MoR over Block<B> at layer names h.0..h.B-1, capacities caps[r] tokens per sequence, weight
+// g = alpha·σ(l) (or alpha·l with raw), by naive loops: per sequence, the candidates of recursion r are the
+// tokens recursion r−1 ran, the top caps[r] scores among them (ties by position) run the B layers in
+// causal order among themselves, x += g·(y − x̃).
+struct Naive : test::NaiveTransformer<tiny> {
+  template <class Model>
+  static std::vector<double> logits(const std::vector<double>& p, const std::vector<token_t>& tokens, index_t batch,
+                                    index_t seq, int B, const std::vector<index_t>& caps, double alpha, bool raw) {
+    const std::size_t d = tiny.d_model;
+    std::vector<Row> x = embed<Model>(p, tokens, batch, seq);
+    for (index_t b = 0; b < batch; ++b) {
+      std::vector<index_t> cand(static_cast<std::size_t>(seq));
+      std::iota(cand.begin(), cand.end(), index_t(0));
+      for (std::size_t r = 0; r < caps.size(); ++r) {
+        const double* w = at<Model>(p, "h.0.expert." + std::to_string(r) + ".router.w");
+        std::vector<double> l(std::size_t(seq), 0.0);
+        for (index_t s = 0; s < seq; ++s)
+          for (std::size_t c = 0; c < d; ++c) l[s] += w[c] * x[b * seq + s][c];
+        std::vector<index_t> S = cand;
+        std::stable_sort(S.begin(), S.end(), [&](index_t a, index_t c) { return l[a] > l[c]; });
+        S.resize(std::size_t(caps[r]));
+        std::sort(S.begin(), S.end());
+        std::vector<Row> xs;
+        for (index_t s : S) xs.push_back(x[b * seq + s]);
+        std::vector<Row> ys = xs;
+        for (int j = 0; j < B; ++j) ys = block<Model>(p, j, ys);
+        for (std::size_t i = 0; i < S.size(); ++i) {
+          const double g = alpha * (raw ? l[S[i]] : 1.0 / (1.0 + std::exp(-l[S[i]])));
+          for (std::size_t c = 0; c < d; ++c) x[b * seq + S[i]][c] += g * (ys[i][c] - xs[i][c]);
+        }
+        cand = S;
+      }
+    }
+    return head<Model>(p, x);
+  }
+};
+
+using Mor23 = LM<tiny, MoR<2, 3, Alpha<1, 2>>>;  // 2 shared layers, 3 recursions: 3/3, 2/3, 1/3 of the tokens
+}  // namespace
+
+TEST_CASE("MoR equals a hand-computed reference: nested top-k per recursion, shared block, sigmoid weights",
+          "[recursion]") {
+  static_assert(Mor23::params == LM<tiny, Dense<2>>::params + 3 * tiny.d_model);  // one block + a router per recursion
+  auto m = Mor23::make<cpu::Backend<double>>(1);
+  randomise(m, 2);
+  for (auto [batch, seq] : {std::pair<index_t, index_t>{2, 16}, {3, 10}, {1, 4}}) {
+    m.reserve(batch, seq);
+    const auto tokens = random_tokens(batch * seq, tiny.vocab, 3 + seq);
+    m.forward(tokens, {}, batch, seq);
+    const std::vector<index_t> caps = {seq, seq * 2 / 3, seq / 3};
+    INFO("batch " << batch << " seq " << seq);
+    CHECK(max_abs_diff(logits_of(m), Naive::logits<Mor23>(host(m.params()), tokens, batch, seq, 2, caps, 0.5, false)) <
+          1e-10);
+    // k_r tokens of every sequence, ascending, and each recursion's tokens among the previous one's.
+    const auto sel = selections(m);
+    REQUIRE(sel.size() == 3);
+    for (std::size_t r = 0; r < 3; ++r) {
+      REQUIRE(index_t(sel[r].size()) == batch * caps[r]);
+      CHECK(std::is_sorted(sel[r].begin(), sel[r].end()));
+      for (index_t b = 0; b < batch; ++b)
+        for (index_t j = 0; j < caps[r]; ++j) CHECK(sel[r][std::size_t(b * caps[r] + j)] / seq == b);
+      if (r > 0) CHECK(std::includes(sel[r - 1].begin(), sel[r - 1].end(), sel[r].begin(), sel[r].end()));
+    }
+  }
+  // Raw weights and explicit capacities.
+  using Raw = LM<tiny, MoR<1, 2, Capacities<4, 3, 1>, Weighting<RouterWeight::Raw>>>;
+  auto raw = Raw::make<cpu::Backend<double>>(3);
+  randomise(raw, 4);
+  raw.reserve(2, 12);
+  const auto tokens = random_tokens(24, tiny.vocab, 5);
+  raw.forward(tokens, {}, 2, 12);
+  CHECK(max_abs_diff(logits_of(raw), Naive::logits<Raw>(host(raw.params()), tokens, 2, 12, 1, {9, 3}, 1.0, true)) < 1e-10);
+}
+
+TEST_CASE("MoR with every token at every recursion and unit weights is the recursive transformer (Share<Cycle<B>>)",
+          "[recursion]") {
+  using Full = LM<tiny, MoR<2, 3, Capacities<1, 1, 1, 1>, Weighting<RouterWeight::Unit>>>;
+  using Recursive = LM<tiny, Assembly<Router<Share<Cycle<2>>>, ModuleSet<MHA<2>, FFN<2>>, K<1>, H<6>>>;
+  static_assert(Full::params == Recursive::params + 3 * tiny.d_model);
+  auto rec = Recursive::make<cpu::Backend<double>>(6);
+  auto mor = Full::make<cpu::Backend<double>>(7);
+  randomise(rec, 8);
+  warm_start(mor, rec);  // Block<2> has the names of MHA<2> + FFN<2>: h.<j>.attn.*, h.<j>.mlp.*
+  const index_t batch = 2, seq = 9;
+  rec.reserve(batch, seq);
+  mor.reserve(batch, seq);
+  const auto tokens = random_tokens(batch * seq, tiny.vocab, 9), targets = random_tokens(batch * seq, tiny.vocab, 10);
+  rec.zero_grad();
+  mor.zero_grad();
+  CHECK(std::abs(rec.forward(tokens, targets, batch, seq) - mor.forward(tokens, targets, batch, seq)) < 1e-12);
+  CHECK(max_abs_diff(logits_of(rec), logits_of(mor)) < 1e-12);
+  rec.backward();
+  mor.backward();
+  for (const auto& p : Recursive::layout) {
+    const auto& q = Full::find(p.name);
+    INFO(p.name);
+    CHECK(max_abs_diff(std::vector<double>(rec.grads().begin() + p.offset, rec.grads().begin() + p.offset + p.size()),
+                       std::vector<double>(mor.grads().begin() + q.offset, mor.grads().begin() + q.offset + q.size())) <
+          1e-12);
+  }
+}
+
+TEST_CASE("MoR with one recursion and raw weights is Mixture-of-Depths over one block", "[recursion]") {
+  using One = LM<tiny, MoR<1, 1, Capacities<8, 3>, Weighting<RouterWeight::Raw>>>;
+  using Mod = LM<tiny, MoD<1, 3, 8, 1>>;
+  static_assert(One::params == Mod::params);
+  auto mod = Mod::make<cpu::Backend<double>>(11);
+  auto one = One::make<cpu::Backend<double>>(12);
+  randomise(mod, 13);
+  auto p = host(mod.params());
+  // Same layout but for the router's name: h.0.router.w vs h.0.expert.0.router.w.
+  const auto& rm = Mod::find("h.0.router.w");
+  REQUIRE(One::find("h.0.expert.0.router.w").offset == rm.offset);
+  std::copy(p.begin(), p.end(), one.params().begin());
+  const index_t batch = 2, seq = 16;
+  mod.reserve(batch, seq);
+  one.reserve(batch, seq);
+  const auto tokens = random_tokens(batch * seq, tiny.vocab, 14), targets = random_tokens(batch * seq, tiny.vocab, 15);
+  mod.zero_grad();
+  one.zero_grad();
+  CHECK(std::abs(mod.forward(tokens, targets, batch, seq) - one.forward(tokens, targets, batch, seq)) < 1e-12);
+  mod.backward();
+  one.backward();
+  CHECK(max_abs_diff(host(mod.grads()), host(one.grads())) < 1e-12);
+}
+
+TEST_CASE("MoR middle-cycle: the first and last layers unshared, the layout of Dense<B + 2> plus the routers",
+          "[recursion]") {
+  using MC = LM<tiny, MoRMiddleCycle<2, 3>>;
+  using Dense4 = LM<tiny, Dense<4>>;
+  static_assert(MC::params == Dense4::params + 3 * tiny.d_model);
+  for (const auto& t : Dense4::layout) CHECK(MC::find(t.name).size() == t.size());
+  CHECK(std::string(MC::find("h.1.expert.2.router.w").name) == "h.1.expert.2.router.w");  // the block starts at h.1
+  INFO(describe<MC>());
+  CHECK(describe<MC>().find("Chunked[1-2-1](Layer, Assembly<Router<Recursion<>>, ModuleSet<Block<2>, Skip>, K<1>, H<3>, "
+                            "phi::Recursion>, Layer)") != std::string::npos);
+}
+
+namespace {
+// Whole-model central differences with the selections held fixed (a perturbation that changes one is a
+// flip, skipped); the routers must receive gradient.
+template <class Model, std::size_t Part = 0>
+void gradient_check(std::uint64_t seed) {
+  auto m = Model::template make<cpu::Backend<double>>(seed);
+  const test::GradientCase c = test::gradient_case(m, seed, 9);
+  double max_router_grad = 0;
+  const test::FdTally t = test::check_central_differences(
+      m, c.grad, 1e-6, [&](const auto&) { return c.forward(m); }, [&] { return selections<Part>(m); },
+      [&](const auto& info, double, double g) {
+        if (std::string_view(info.name).find("router") != std::string_view::npos)
+          max_router_grad = std::max(max_router_grad, std::abs(g));
+      });
+  INFO("checked " << t.checked << ", flipped " << t.flipped);
+  CHECK(t.checked > 500);
+  CHECK(t.flipped <= t.checked / 200);
+  CHECK(max_router_grad > 1e-4);
+}
+}  // namespace
+
+TEST_CASE("MoR: whole-model gradient equals finite differences, routers included", "[recursion][gradcheck]") {
+  gradient_check<Mor23>(20);
+  gradient_check<LM<tiny, MoR<1, 3, CausalAux<1, 3>>>>(21);
+  gradient_check<LM<tiny, MoR<2, 2, Capacities<4, 3, 2>, Weighting<RouterWeight::Raw>, Alpha<3, 2>>>>(22);
+  gradient_check<LM<tiny, MoRMiddleCycle<1, 2, CausalAux<>>>, 1>(23);
+}
+
+TEST_CASE("MoR: FLOPs executed equal the cost model, recursion r costing k_r/S of the block", "[recursion][cost]") {
+  auto m = Mor23::make<cpu::Backend<double>>(30);
+  randomise(m, 31);
+  const index_t batch = 2, seq = 15;
+  m.reserve(batch, seq);
+  m.forward(random_tokens(batch * seq, tiny.vocab, 32), {}, batch, seq);
+  const index_t n = batch * seq;
+  using E = ExecOf<decltype(m)>;
+  // The part's FLOPs per sequence exactly (flops_per_token rounds down), the rest of the model per token.
+  CHECK(realised_forward_flops(m) == n * (Mor23::flops_per_token(seq) - E::flops_per_token(seq)) +
+                                         batch * E::flops_per_sequence(seq));
+  constexpr index_t S = 15, d = tiny.d_model, f = tiny.ff();
+  constexpr auto layer = [](index_t k) { return k * (8 * d * d + 4 * d * f) + 2 * d * k * (k + 1); };
+  static_assert(E::flops_per_sequence(S) == 2 * (layer(15) + layer(10) + layer(5)) + 3 * S * 2 * d);
+}
+
+TEST_CASE("MoR: DepthStats reports each recursion's run fraction and the causal decision's accuracy",
+          "[recursion][stats]") {
+  using Aux = LM<tiny, MoR<1, 3, CausalAux<1, 10>>>;
+  auto m = Aux::make<cpu::Backend<double>>(40);
+  randomise(m, 41);
+  const index_t batch = 2, seq = 12;
+  m.reserve(batch, seq);
+  const auto tokens = random_tokens(batch * seq, tiny.vocab, 42), targets = random_tokens(batch * seq, tiny.vocab, 43);
+  const double with_aux = m.forward(tokens, targets, batch, seq);
+  DepthStats stats;
+  stats.accumulate(m);
+  REQUIRE(stats.layers.size() == 3);
+  CHECK(stats.layers[0].run / stats.layers[0].tokens == Approx(1.0));
+  CHECK(stats.layers[1].run / stats.layers[1].tokens == Approx(8.0 / 12));
+  CHECK(stats.layers[2].run / stats.layers[2].tokens == Approx(4.0 / 12));
+  CHECK(stats.layers[0].forwards == 0);  // capacity 1: nothing to predict
+  CHECK(stats.layers[1].forwards == 1);
+  const double acc = stats.causal_accuracy();
+  CHECK(acc >= 0.0);
+  CHECK(acc <= 1.0);
+  // The model loss is the LM's plus 1/10 of the two BCEs (read back per recursion).
+  using E = ExecOf<decltype(m)>;
+  double bce = 0;
+  for (const auto& c : E::read_causal(m.backend(), m.workspace_data(), std::get<0>(m.plan().parts), batch, seq))
+    bce += c.bce;
+  CHECK(stats.aux_loss() == Approx(bce / 10).epsilon(1e-12));
+  CHECK(with_aux - stats.aux_loss() > 0);
+}
+
+TEST_CASE("MoR: a batch of two sequences equals each sequence alone", "[recursion]") {
+  auto m = Mor23::make<cpu::Backend<double>>(50);
+  randomise(m, 51);
+  const index_t seq = 12;
+  m.reserve(2, seq);
+  const auto a = random_tokens(seq, tiny.vocab, 52), b = random_tokens(seq, tiny.vocab, 53);
+  std::vector<token_t> ab(a);
+  ab.insert(ab.end(), b.begin(), b.end());
+  m.forward(ab, {}, 2, seq);
+  const auto both = logits_of(m);
+  m.forward(a, {}, 1, seq);
+  const auto la = logits_of(m);
+  m.forward(b, {}, 1, seq);
+  const auto lb = logits_of(m);
+  CHECK(max_abs_diff(std::vector<double>(both.begin(), both.begin() + long(la.size())), la) < 1e-12);
+  CHECK(max_abs_diff(std::vector<double>(both.begin() + long(la.size()), both.end()), lb) < 1e-12);
+}
