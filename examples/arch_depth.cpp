@@ -1,4 +1,5 @@
-// mom-train's registry entries for Mixture-of-Depths, layer-skip, early-exit (issue 6). Every model keeps the
+// mom-train's registry entries for Mixture-of-Depths, layer-skip, early-exit (issue 6) and Mixture-of-Recursions
+// (issue 18). Every model keeps the
 // layer names of dense8 (Block<8> is MHA<8> + FFN<8> in the same layout), so --init-from a dense8 run works.
 #include "mom/models/moe_models.hpp"
 #include "train_model.hpp"
@@ -17,6 +18,13 @@ using Exit8 = LM<mom8_dims, EarlyExiting<8>>;
 // MoDE staged (MoD paper §4.3): mod8's routing (12.5% on blocks 1,3,5,7) in front of moe8's FFNs (8 experts
 // per layer, top-2); the unrouted blocks run their MoE over every token.
 using MoDE8Staged = LM<mom8_dims, MoDEStaged<8, 8, 2>>;
+// Mixture-of-Recursions, middle-cycle (arXiv 2507.10524): layer 0 and layer 7 unshared, layers 1-6 one shared
+// block applied up to Nr times, expert-choice per recursion (capacities 2/2, 1/2; or 3/3, 2/3, 1/3). dense8's
+// parameters (+ one router row per recursion) and its layer names, so --init-from a dense8 run works.
+using MoR8 = LM<mom8_dims, MoRMiddleCycle<6, 2>>;
+using MoR8R3 = LM<mom8_dims, MoRMiddleCycle<6, 3>>;
+// ... as the authors configure expert choice: x + g·(block output), g = σ(score)/10, router BCE 1/1000.
+using MoR8Paper = LM<mom8_dims, MoRMiddleCycle<6, 3, AddBlockOutput, Alpha<1, 10>, CausalAux<1, 1000>>>;
 
 std::vector<ArchEntry> depth_architectures() {
   std::vector<ArchEntry> v;
@@ -26,6 +34,9 @@ std::vector<ArchEntry> depth_architectures() {
   v.push_back(make_architecture<Skip8, Dense8>("skip8", "byte", "layer-skip: learned per-token gate on every layer (MoM eq. (9))", "dense8"));
   v.push_back(make_architecture<Exit8, Dense8>("exit8", "byte", "early-exit: a token that skips a layer skips all later ones", "dense8"));
   v.push_back(make_architecture<MoDE8Staged>("mode8-staged", "byte", "MoDE staged: mod8 routing (12.5%, blocks 1,3,5,7) before moe8's experts (8, top-2)"));
+  v.push_back(make_architecture<MoR8, Dense8>("mor8", "byte", "Mixture-of-Recursions, middle-cycle: layers 1-6 shared, 2 recursions (capacity 1, 1/2)", "dense8"));
+  v.push_back(make_architecture<MoR8R3, Dense8>("mor8-r3", "byte", "Mixture-of-Recursions, middle-cycle: layers 1-6 shared, 3 recursions (capacity 1, 2/3, 1/3)", "dense8"));
+  v.push_back(make_architecture<MoR8Paper, Dense8>("mor8-paper", "byte", "mor8-r3 with the authors' settings: x + g*(block output), g = sigmoid/10, router BCE 0.001", "dense8"));
   return v;
 }
 

@@ -8,7 +8,8 @@
 // emulation measured 1e-5 / 4e-3).
 // MoM models are compared in double and in float without TF32 only: with TF32 a router logit can
 // move by ~1e-3 and flip a near-tied top-K pick, after which the two runs legitimately differ.
-// Every family of architectures is here: dense, MoM, MoE, MoD, layer-skip, MoDE, parameter sharing, MoEUT, ModuleFormer;
+// Every family of architectures is here: dense, MoM, MoE, MoD, layer-skip, MoDE, parameter sharing, MoEUT, ModuleFormer,
+// DeepSeekMoE, expert-choice MoE, Mixture-of-Recursions;
 // MoD's causal-sampling options are not.
 #include <catch2/catch.hpp>
 
@@ -109,6 +110,9 @@ using MoESmall = LM<small_dims, MoEStack<2, 3, 2>>;
 using MoEShareSmall = LM<small_dims, MoEShareStack<2, 3, 2>>;
 using MoDEIntSmall = LM<small_dims, MoDEIntegrated<2, 3, 2>>;
 using MoDSmall = LM<small_dims, MoD<4>>;
+// Mixture-of-Recursions: nested top-k over 3 recursions of a 2-layer block, middle-cycle with CausalAux.
+using MoRSmall = LM<small_dims, MoR<2, 3>>;
+using MoRMiddleSmall = LM<small_dims, MoRMiddleCycle<1, 2, CausalAux<1, 10>, Weighting<RouterWeight::Raw>>>;
 using SkipSmall = LM<small_dims, LayerSkipping<3>>;
 using ExitSmall = LM<small_dims, EarlyExiting<3>>;
 using MoDEStagedSmall = LM<small_dims, MoDEStaged<2, 3, 2>>;
@@ -192,7 +196,7 @@ TEST_CASE("dense model: same loss and gradients as cpu (float with bf16 GEMMs, f
   compare_model<ChunkedHd64, float>(cuda::Precision::BF16, 2e-3, 3e-2);
 }
 
-TEST_CASE("MoE, MoD, layer-skip, MoDE, DeepSeekMoE, expert-choice MoE: same loss and gradients as cpu (double)", "[cuda][models][special]") {
+TEST_CASE("MoE, MoD, layer-skip, MoDE, DeepSeekMoE, expert-choice MoE, MoR: same loss and gradients as cpu (double)", "[cuda][models][special]") {
   if (!gpu_available()) {
     WARN("no CUDA device: skipped");
     return;
@@ -206,6 +210,8 @@ TEST_CASE("MoE, MoD, layer-skip, MoDE, DeepSeekMoE, expert-choice MoE: same loss
   compare_model<MoDEStagedSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
   compare_model<DSSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
   compare_model<ECSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
+  compare_model<MoRSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
+  compare_model<MoRMiddleSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
 }
 
 TEST_CASE("parameter sharing: same loss and gradients as cpu (double, Cycle<2>, All, Map)", "[cuda][models][share]") {

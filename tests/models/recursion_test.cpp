@@ -71,7 +71,8 @@ std::vector<std::vector<token_t>> selections(Instance& m) {
 struct Naive : test::NaiveTransformer<tiny> {
   template <class Model>
   static std::vector<double> logits(const std::vector<double>& p, const std::vector<token_t>& tokens, index_t batch,
-                                    index_t seq, int B, const std::vector<index_t>& caps, double alpha, bool raw) {
+                                    index_t seq, int B, const std::vector<index_t>& caps, double alpha, bool raw,
+                                    bool add_output = false) {
     const std::size_t d = tiny.d_model;
     std::vector<Row> x = embed<Model>(p, tokens, batch, seq);
     for (index_t b = 0; b < batch; ++b) {
@@ -92,7 +93,7 @@ struct Naive : test::NaiveTransformer<tiny> {
         for (int j = 0; j < B; ++j) ys = block<Model>(p, j, ys);
         for (std::size_t i = 0; i < S.size(); ++i) {
           const double g = alpha * (raw ? l[S[i]] : 1.0 / (1.0 + std::exp(-l[S[i]])));
-          for (std::size_t c = 0; c < d; ++c) x[b * seq + S[i]][c] += g * (ys[i][c] - xs[i][c]);
+          for (std::size_t c = 0; c < d; ++c) x[b * seq + S[i]][c] += g * (ys[i][c] - (add_output ? 0.0 : xs[i][c]));
         }
         cand = S;
       }
@@ -136,6 +137,14 @@ TEST_CASE("MoR equals a hand-computed reference: nested top-k per recursion, sha
   const auto tokens = random_tokens(24, tiny.vocab, 5);
   raw.forward(tokens, {}, 2, 12);
   CHECK(max_abs_diff(logits_of(raw), Naive::logits<Raw>(host(raw.params()), tokens, 2, 12, 1, {9, 3}, 1.0, true)) < 1e-10);
+  // The authors' update x + g·y (the block's output, residual included), with their α = 1/10.
+  using Paper = LM<tiny, MoR<2, 3, AddBlockOutput, Alpha<1, 10>>>;
+  auto paper = Paper::make<cpu::Backend<double>>(6);
+  randomise(paper, 7);
+  paper.reserve(2, 12);
+  paper.forward(tokens, {}, 2, 12);
+  CHECK(max_abs_diff(logits_of(paper),
+                     Naive::logits<Paper>(host(paper.params()), tokens, 2, 12, 2, {12, 8, 4}, 0.1, false, true)) < 1e-10);
 }
 
 TEST_CASE("MoR with every token at every recursion and unit weights is the recursive transformer (Share<Cycle<B>>)",
@@ -228,6 +237,7 @@ TEST_CASE("MoR: whole-model gradient equals finite differences, routers included
   gradient_check<LM<tiny, MoR<1, 3, CausalAux<1, 3>>>>(21);
   gradient_check<LM<tiny, MoR<2, 2, Capacities<4, 3, 2>, Weighting<RouterWeight::Raw>, Alpha<3, 2>>>>(22);
   gradient_check<LM<tiny, MoRMiddleCycle<1, 2, CausalAux<>>>, 1>(23);
+  gradient_check<LM<tiny, MoR<2, 2, AddBlockOutput, Alpha<1, 10>>>>(24);
 }
 
 TEST_CASE("MoR: FLOPs executed equal the cost model, recursion r costing k_r/S of the block", "[recursion][cost]") {

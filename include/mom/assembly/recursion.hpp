@@ -14,7 +14,8 @@
 //   x̃ = x_r[S_r] (causal order kept); y_0 = x̃; per layer j of the block: u_j = y_j + Attn_j(y_j),
 //         y_{j+1} = u_j + FFN_j(u_j) (pre-norm, dense over (batch, k_r): attention among S_r only, which is
 //         the paper's recursion-wise KV caching)
-//   f = y_B − x̃;  x_{r+1,t} = x_{r,t} + g_t f_t for t ∈ S_r, x_{r+1,t} = x_{r,t} otherwise          (eq. (2))
+//   f = y_B − x̃ (AddBlockOutput: f = y_B, as the authors' code);
+//   x_{r+1,t} = x_{r,t} + g_t f_t for t ∈ S_r, x_{r+1,t} = x_{r,t} otherwise                           (eq. (2))
 //   g_t = α σ(l_t) (Weighting<Sigmoid>), α l_t (Raw) or 1 (Unit)
 // Every recursion runs the same B layers' parameters (Φ' shared); the routers are per recursion,
 // named h.<base>.expert.<r>.router.w (each recursion depth is an "expert", as the paper calls it).
@@ -264,7 +265,7 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
       Block::forward_residual(be, p, ws, l.ffn, j, MatrixView<const T>(u), out, a, aux);
       y = out;
     }
-    be.axpy(fo.flat(), T(-1), sp<const T>(xg.data, m * d));  // f = y_B − x̃
+    if constexpr (!Cfg::add_block_output) be.axpy(fo.flat(), T(-1), sp<const T>(xg.data, m * d));  // f = y_B − x̃
     be.scatter_add_rows(x_next, MatrixView<const T>(fo), idx,
                         unit_weight ? std::span<const T>{} : sp<const T>(ws + R.wsel, m));  // eq. (2)
   }
@@ -335,7 +336,7 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
       Block::backward_residual(be, p, g, ws, l.ffn, j, mv<const T>(ws + l.u, m, d), dy, sc + s.module);
       Attn::backward(be, p + oa, g + oa, ws, l.attn, in, dy, MatrixView<const T>(dy), sc + s.module, batch, kr);
     }
-    be.axpy(dy.flat(), T(-1), sp<const T>(df.data, m * d));  // f = y_B − x̃
+    if constexpr (!Cfg::add_block_output) be.axpy(dy.flat(), T(-1), sp<const T>(df.data, m * d));  // f = y_B − x̃
     be.scatter_add_rows(dres, MatrixView<const T>(dy), idx);
   }
 

@@ -55,7 +55,7 @@ concept DecodeBackend = requires(const Be& be, MatrixView<T> m, MatrixView<const
 };
 
 // An executor that says its routing is not causal (Mixture-of-Depths' expert-choice top-C during training,
-// expert-choice MoE: a token's selection depends on later tokens of its sequence).
+// Mixture-of-Recursions' top-k per recursion, expert-choice MoE: a token's selection depends on later tokens of its sequence).
 template <class E>
 concept NonCausalExecutor = requires { requires !E::routes_causally; };
 template <class Model>
@@ -99,8 +99,8 @@ class Decoder {
                 "mom::infer::Decoder: decoding runs on the CPU backend today (the CUDA backend's decode ops exist; "
                 "the Decoder does not yet move slots and positions to the device)");
   static_assert(routes_causally<Model>,
-                "mom::infer::Decoder: this architecture's routing is not causal (Mixture-of-Depths' top-C and "
-                "expert-choice MoE pick tokens by the later tokens too): for Mixture-of-Depths decode "
+                "mom::infer::Decoder: this architecture's routing is not causal (Mixture-of-Depths' top-C, "
+                "Mixture-of-Recursions' top-k per recursion and expert-choice MoE pick tokens by the later tokens too): for Mixture-of-Depths decode "
                 "mom::causal_sampling_arch<Arch>::type, the same parameters routed by a trained causal method "
                 "(ExpertChoice<..., CausalAux<> or CausalPredictor<>>); expert-choice MoE has no causal method");
   static_assert(!DecodeBackend<Be> || !routes_causally<Model> || decodes<Model, Be>,

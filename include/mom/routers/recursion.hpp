@@ -16,6 +16,9 @@
 //   Weighting<w>                    G: RouterWeight::Sigmoid (default, the paper's σ), Raw (the score
 //                                   itself, as Mixture-of-Depths), Unit (g = 1: the router only selects)
 //   Alpha<p, q>                     the scale α = p/q of the weight (default 1)
+//   AddBlockOutput                  x_{r+1} = x_r + g · y (y the block's output, its residual stream included), as the
+//                                   authors' released code adds it, instead of the default x_r + g · (y − x_r): the
+//                                   block's update, with which g = 1 is the plain recursive transformer
 //   CausalAux<p, q>                 p/q · BCE(σ(θ_rᵀ H_t^r), [t selected at r]) over the candidates of every
 //                                   recursion whose capacity is below 1 (the paper's auxiliary loss for
 //                                   causal inference, as Mixture-of-Depths §3.5 method 1)
@@ -38,6 +41,7 @@ struct Capacities {
   static constexpr int count = int(sizeof...(ps));
   static constexpr std::array<long long, sizeof...(ps)> numerators{ps...};
 };
+struct AddBlockOutput {};
 template <long long num = 1, long long den = 1>
 struct Alpha {
   static constexpr long long numerator = num, denominator = den;
@@ -47,7 +51,8 @@ namespace detail {
 template <class... Os>
 struct RecursionConfig {
   static constexpr bool options_known =
-      mom::options_known<TypeList<Capacities<1>, Weighting<RouterWeight::Sigmoid>, Alpha<>, CausalAux<>>, Os...>;
+      mom::options_known<TypeList<Capacities<1>, Weighting<RouterWeight::Sigmoid>, Alpha<>, CausalAux<>, AddBlockOutput>,
+                         Os...>;
   static constexpr bool options_unique = mom::options_unique<Os...>;
   static constexpr bool capacities_given = has_option<Capacities<1>, Os...>;
   using capacities_t = option_t<Capacities<1>, Os...>;
@@ -59,6 +64,7 @@ struct RecursionConfig {
   static constexpr bool sigmoid = weighting == RouterWeight::Sigmoid;
   static constexpr double alpha = ratio<alpha_t>();
   static constexpr bool causal_aux = has_option<CausalAux<>, Os...>;
+  static constexpr bool add_block_output = has_option<AddBlockOutput, Os...>;
   static constexpr double aux_coef = causal_aux ? ratio<aux_t>() : 0.0;
 
   // Capacity p_r/q of recursion r (0-based) of nr.
@@ -96,6 +102,7 @@ struct RecursionConfig {
     if (weighting == RouterWeight::Raw) add("Weighting<Raw>");
     if (unit_weight) add("Weighting<Unit>");
     if (alpha_t::numerator != alpha_t::denominator) add("Alpha<" + ratio_name(alpha_t::numerator, alpha_t::denominator) + ">");
+    if constexpr (add_block_output) add("AddBlockOutput");
     if constexpr (causal_aux) add("CausalAux<" + ratio_name(aux_t::numerator, aux_t::denominator) + ">");
     return s;
   }
@@ -114,7 +121,7 @@ struct Recursion {
     using Cfg = config;
     static_assert(Cfg::options_known,
                   "mom::Recursion<Options...>: unknown option; known: Capacities<q, p_1, ..., p_Nr>, Weighting<w>, "
-                  "Alpha<p, q>, CausalAux<p, q>");
+                  "Alpha<p, q>, AddBlockOutput, CausalAux<p, q>");
     static_assert(Cfg::options_unique, "mom::Recursion<Options...>: each option may be given at most once");
     static_assert(!Cfg::options_known || Cfg::capacities_ok(h),
                   "mom::Recursion: Capacities<q, p_1, ..., p_Nr> needs one capacity p_r/q in (0, 1] per recursion "
