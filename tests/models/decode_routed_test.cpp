@@ -3,7 +3,7 @@
 // key/value mode (phi::MoM: every token writes every module's keys; phi::MoMRoutedKV: only the routed
 // tokens do), with SKIP, inside Chunked between dense layers and with RoPE; layer-skip, early exit (with and
 // without AttendToSkipped) and Mixture-of-Depths routed by its causal methods (against a full forward of
-// the same causal routing); a batch of sequences of different lengths, one of which fills the context
+// the same causal routing), Mixture-of-Recursions likewise; a batch of sequences of different lengths, one of which fills the context
 // (tests/models/decode_check.hpp).
 #include <catch2/catch.hpp>
 
@@ -38,6 +38,10 @@ using SkipRope = LM<with_rope(dims), LayerSkipping<3>>;
 using ModAux = LM<dims, causal_sampling_arch<MoD<4, 1, 2, 2, CausalAux<>>>::type>;
 using ModPredictor = LM<dims, causal_sampling_arch<MoD<4, 1, 4, 2, CausalPredictor<8>>>::type>;
 using ModChunked = LM<dims, causal_sampling_arch<Chunked<Layer, MoD<2, 1, 2, 1, CausalAux<>>>>::type>;
+// Mixture-of-Recursions routed by the router's sign (CausalAux, CausalRouting), middle-cycle, 2-layer block.
+using MoRCausal = LM<dims, causal_sampling_arch<MoRMiddleCycle<2, 3, CausalAux<>>>::type>;
+using MoRCausalRaw = LM<dims, causal_sampling_arch<MoR<1, 3, Capacities<4, 3, 2, 1>, CausalAux<>,
+                                                       Weighting<RouterWeight::Raw>, AddBlockOutput>>::type>;
 
 // The fraction of tokens each routed layer runs in a full forward of decode_error's model (its seed and
 // randomisation), so a test knows its routers both run and skip tokens.
@@ -126,6 +130,19 @@ TEST_CASE("decode layer-skip, early exit and causal MoD: logits equal a full for
     CHECK(test::decode_error<ModAux, float>() < 1e-5);
     CHECK(test::decode_error<ModPredictor, double>({}, {}, 28) < 1e-12);
     CHECK(test::decode_error<ModChunked, double>() < 1e-12);
+  }
+  SECTION("Mixture-of-Recursions routed by the router's sign: recursion-wise caches, nested exits") {
+    // A seed whose routers split the tokens at recursions 1 and 2 (recursion 0 has capacity 1: every token runs
+    // it), fewer at 2 than at 1.
+    const auto fractions = run_fractions<MoRCausal>(45);
+    REQUIRE(fractions.size() == 3);
+    CHECK(fractions.front() == 1.0);
+    CHECK_THAT(std::vector<double>(fractions.begin() + 1, fractions.end()), Mixed());
+    CHECK(fractions[2] < fractions[1]);
+    CHECK_THAT(run_fractions<MoRCausalRaw>(), Mixed());
+    CHECK(test::decode_error<MoRCausal, double>({}, {}, 45) < 1e-12);
+    CHECK(test::decode_error<MoRCausal, float>({}, {}, 45) < 1e-5);
+    CHECK(test::decode_error<MoRCausalRaw, double>() < 1e-12);
   }
   // Top-C routing during training is not causal: the Decoder refuses it (compile_fail/decode_routed).
   static_assert(!infer::routes_causally<LM<dims, MoD<4>>>);

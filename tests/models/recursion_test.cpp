@@ -64,7 +64,8 @@ std::vector<std::vector<token_t>> selections(Instance& m) {
   return out;
 }
 
-// MoR over Block<B> at layer names h.0..h.B-1, capacities caps[r] tokens per sequence, weight
+// MoR over Block<B> at layer names h.0..h.B-1, capacities caps[r] tokens per sequence (causal: run the
+// candidates with a positive score, every one where caps[r] = seq), weight
 // g = alpha·σ(l) (or alpha·l with raw), by naive loops: per sequence, the candidates of recursion r are the
 // tokens recursion r−1 ran, the top caps[r] scores among them (ties by position) run the B layers in
 // causal order among themselves, x += g·(y − x̃).
@@ -72,7 +73,7 @@ struct Naive : test::NaiveTransformer<tiny> {
   template <class Model>
   static std::vector<double> logits(const std::vector<double>& p, const std::vector<token_t>& tokens, index_t batch,
                                     index_t seq, int B, const std::vector<index_t>& caps, double alpha, bool raw,
-                                    bool add_output = false) {
+                                    bool add_output = false, bool causal = false) {
     const std::size_t d = tiny.d_model;
     std::vector<Row> x = embed<Model>(p, tokens, batch, seq);
     for (index_t b = 0; b < batch; ++b) {
@@ -84,9 +85,13 @@ struct Naive : test::NaiveTransformer<tiny> {
         for (index_t s = 0; s < seq; ++s)
           for (std::size_t c = 0; c < d; ++c) l[s] += w[c] * x[b * seq + s][c];
         std::vector<index_t> S = cand;
-        std::stable_sort(S.begin(), S.end(), [&](index_t a, index_t c) { return l[a] > l[c]; });
-        S.resize(std::size_t(caps[r]));
-        std::sort(S.begin(), S.end());
+        if (causal) {  // CausalRouting: the candidates whose score is positive (all of them at capacity 1)
+          if (caps[r] < seq) S.erase(std::remove_if(S.begin(), S.end(), [&](index_t t) { return !(l[t] > 0); }), S.end());
+        } else {
+          std::stable_sort(S.begin(), S.end(), [&](index_t a, index_t c) { return l[a] > l[c]; });
+          S.resize(std::size_t(caps[r]));
+          std::sort(S.begin(), S.end());
+        }
         std::vector<Row> xs;
         for (index_t s : S) xs.push_back(x[b * seq + s]);
         std::vector<Row> ys = xs;
@@ -301,4 +306,32 @@ TEST_CASE("MoR: a batch of two sequences equals each sequence alone", "[recursio
   const auto lb = logits_of(m);
   CHECK(max_abs_diff(std::vector<double>(both.begin(), both.begin() + long(la.size())), la) < 1e-12);
   CHECK(max_abs_diff(std::vector<double>(both.begin() + long(la.size()), both.end()), lb) < 1e-12);
+}
+
+TEST_CASE("MoR with CausalRouting runs the candidates whose router score is positive, a variable count",
+          "[recursion][causal]") {
+  using Trained = MoR<2, 3, CausalAux<1, 10>>;
+  using Sampling = LM<tiny, causal_sampling_arch<Trained>::type>;
+  static_assert(std::is_same_v<causal_sampling_arch<Trained>::type, MoR<2, 3, CausalAux<1, 10>, CausalRouting>>);
+  static_assert(Sampling::params == LM<tiny, Trained>::params);
+  static_assert(!infer::routes_causally<LM<tiny, Trained>> && infer::routes_causally<Sampling>);
+  auto m = Sampling::make<cpu::Backend<double>>(60);
+  randomise(m, 61);
+  const index_t batch = 3, seq = 13;
+  m.reserve(batch, seq);
+  const auto tokens = random_tokens(batch * seq, tiny.vocab, 62);
+  m.forward(tokens, {}, batch, seq);
+  CHECK(max_abs_diff(logits_of(m), Naive::logits<Sampling>(host(m.params()), tokens, batch, seq, 2, {seq, 8, 4}, 1.0,
+                                                           false, false, true)) < 1e-10);
+  // Nested, and the routed recursions both run and drop tokens.
+  const auto sel = selections(m);
+  CHECK(index_t(sel[0].size()) == batch * seq);
+  for (std::size_t r = 1; r < 3; ++r) {
+    INFO("recursion " << r << " ran " << sel[r].size());
+    CHECK(std::includes(sel[r - 1].begin(), sel[r - 1].end(), sel[r].begin(), sel[r].end()));
+    CHECK(sel[r].size() < sel[r - 1].size());
+  }
+  CHECK(!sel[1].empty());
+  m.forward(tokens, random_tokens(batch * seq, tiny.vocab, 63), batch, seq);
+  CHECK_THROWS_WITH(m.backward(), Catch::Contains("inference mode"));
 }

@@ -28,6 +28,8 @@
 
 #include "mom/assembly/assembly.hpp"
 #include "mom/assembly/chunked.hpp"
+#include "mom/assembly/decode_rounds.hpp"
+#include "mom/assembly/depth.hpp"
 #include "mom/assembly/depth_block.hpp"
 #include "mom/assembly/grouped_dispatch.hpp"
 #include "mom/assembly/phi.hpp"
@@ -41,6 +43,10 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
   using Set = typename A::module_set;
   using Attn = typename Set::template attention<D>;
   using Block = detail::PlainBlockFfn<Set, D>;
+  using Ffn = typename Set::template ffn<D>;
+  using RAttn = typename Set::template routed_attention<D>;
+  // CausalRouting (inference): a variable number of tokens per recursion, the block over one row group.
+  static constexpr bool causal = Cfg::causal_routing;
   static_assert(std::is_same_v<typename A::phi_type, phi::Recursion>,
                 "mom::Router<Recursion> assembles with phi::Recursion: Assembly<R, ModuleSet<Block<B>, Skip>, K<1>, "
                 "H<Nr>, phi::Recursion>");
@@ -59,14 +65,18 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
   static constexpr bool unit_weight = Cfg::unit_weight;
   static constexpr bool has_aux_loss = true;     // Plan::aux: CausalAux's BCE (0 without it)
   static constexpr bool is_depth_routed = true;  // read_selected / read_causal per recursion (models/depth_stats.hpp)
-  // Top-k_r of a sequence depends on its later tokens: no incremental decode (infer/decoder.hpp).
-  static constexpr bool routes_causally = false;
+  // Top-k_r of a sequence depends on its later tokens: no incremental decode (infer/decoder.hpp) but with
+  // CausalRouting, whose decision for a token reads that token alone.
+  static constexpr bool routes_causally = causal;
   // For depth statistics, the "layers" are the recursions, every one routed.
   static constexpr int L = Nr;
   static constexpr bool routed(int) { return true; }
 
   static constexpr index_t tokens(int r, index_t seq) { return index_t(Cfg::tokens(r, Nr, seq)); }
   static constexpr bool full(int r) { return Cfg::full(r, Nr); }
+  // Rows recursion r may run: batch·k_r, or every token with CausalRouting.
+  static constexpr index_t worst_run(int r, index_t seq) { return causal ? seq : tokens(r, seq); }
+  static constexpr index_t max_rows(int r, index_t batch, index_t seq) { return batch * worst_run(r, seq); }
   // The router's θ_r gets a gradient through the weight g or CausalAux's loss.
   static constexpr bool aux_on(int r) { return Cfg::causal_aux && !full(r); }
   static constexpr bool router_trained(int r) { return !unit_weight || aux_on(r); }
@@ -97,20 +107,21 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
   }
   static constexpr index_t flops_per_sequence(index_t seq) {
     index_t total = 0;
-    for (int r = 0; r < Nr; ++r) total += recursion_flops(seq, tokens(r, seq), pairs_among(tokens(r, seq)));
+    for (int r = 0; r < Nr; ++r) total += recursion_flops(seq, worst_run(r, seq), pairs_among(worst_run(r, seq)));
     return total;
   }
   static constexpr index_t flops_per_token(index_t seq) { return flops_per_sequence(seq) / seq; }
   static constexpr index_t backward_flops_per_token(index_t seq) {
     index_t total = 0;
     for (int r = 0; r < Nr; ++r)
-      total += recursion_backward_flops(r, seq, tokens(r, seq), pairs_among(tokens(r, seq)));
+      total += recursion_backward_flops(r, seq, worst_run(r, seq), pairs_among(worst_run(r, seq)));
     return total / seq;
   }
 
   // ---- workspace ----------------------------------------------------------------------------
   struct LayerWs {
-    typename Attn::Saved attn{};
+    typename Attn::Saved attn{};                                  // training: dense over (batch, k_r)
+    typename RAttn::template GroupedSaved<1> gattn{};             // CausalRouting: the run rows
     typename Block::Saved ffn{};
     index_t u = 0, y = 0;  // u_j and y_{j+1} (the last layer's y is fo)
   };
@@ -118,12 +129,14 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     std::array<LayerWs, std::size_t(B)> layer{};
     index_t logits = 0, gate = 0, mask = 0, scores = 0;  // T [n] each
     index_t idx = 0;                                     // token_t [m]: S_r, flat, ascending
+    index_t groups = 0;                                  // token_t [2]: CausalRouting's row group {0, count}
     index_t wsel = 0, xg = 0, fo = 0;                    // T [m], [m×d], [m×d]: g on S_r, x̃, f
     index_t cand_l = 0, cand_t = 0, bce = 0;             // T [m_prev], [m_prev], [2]
     index_t x_next = 0;                                  // T [n×d]
   };
   struct Plan {
     std::array<Rec, std::size_t(Nr)> rec{};
+    index_t alive = 0;  // token_t [n]: CausalRouting's "ran every recursion so far"
     index_t aux = 0;
   };
   static constexpr Plan plan(Arena& a, index_t batch, index_t seq) {
@@ -131,16 +144,18 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     Plan p{};
     for (int r = 0; r < Nr; ++r) {
       Rec& R = p.rec[std::size_t(r)];
-      const index_t kr = tokens(r, seq), m = batch * kr, mp = r == 0 ? n : batch * tokens(r - 1, seq);
+      const index_t kr = tokens(r, seq), m = max_rows(r, batch, seq), mp = r == 0 ? n : batch * tokens(r - 1, seq);
       R.logits = a.take(n);
       R.gate = a.take(n);
       R.mask = a.take(n);
       R.scores = a.take(n);
       R.idx = a.take(tok_elems(m));
+      R.groups = a.take(tok_elems(2));
       R.wsel = a.take(m);
       R.xg = a.take(m * d);
       for (LayerWs& l : R.layer) {
-        l.attn = Attn::plan(a, batch, kr);
+        if constexpr (causal) l.gattn = RAttn::template plan_grouped<1, KeySource::Routed>(a, n, m);
+        else l.attn = Attn::plan(a, batch, kr);
         l.u = a.take(m * d);
         l.ffn = Block::plan(a, m);
         l.y = a.take(m * d);
@@ -151,6 +166,7 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
       R.bce = a.take(2);
       R.x_next = a.take(n * d);
     }
+    p.alive = a.take(tok_elems(n));
     p.aux = a.take(1);
     return p;
   }
@@ -188,7 +204,11 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
       const MatrixView<T> x_next = mv(ws + R.x_next, n, d), logits = mv(ws + R.logits, n, 1);
       be.copy(x_next.flat(), sp(x.data, n * d));  // x_{r+1} = x_r for every token, then + g·f on S_r
       be.linear_forward(logits, x, mv(p + router_offset(r), 1, d), std::span<const T>{});
-      if (m > 0) {
+      if constexpr (causal) {
+        if (r == 0) be.fill(sp(toks(ws, plan.alive), n), token_t(1));
+        select_causal(be, ws, plan, r, n);
+        block_forward_causal(be, p, ws, R, x, x_next, scratch + s.fm, n, seq);
+      } else if (m > 0) {
         select(be, ws, plan, r, batch, seq);
         if (!full(r)) causal_forward(be, ws, plan, r, aux, batch, seq);
         block_forward(be, p, ws, R, x, x_next, scratch + s.fm, aux, batch, kr);
@@ -218,16 +238,66 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     }
     be.select_topc_per_sequence(idx, scores, batch, seq);
     be.selection_mask(sp(ws + R.mask, n), std::span<const token_t>(idx));
+    weights(be, ws, R, n, m, [&](MatrixView<T> out, MatrixView<const T> in) {
+      be.gather_rows(out, in, std::span<const token_t>(idx));
+    });
+  }
+
+  // g on the rows: α σ(l), α l or nothing (Unit); gather(out [m×1], in [n×1]) takes the run rows' entries.
+  template <class Be, class T, class Gather>
+  static void weights(Be& be, T* ws, const Rec& R, index_t n, index_t m, Gather&& gather) {
     if constexpr (!unit_weight) {
-      const std::span<const token_t> cidx(idx);
       if constexpr (Cfg::sigmoid) {
-        be.sigmoid_forward(sp(ws + R.gate, n), logits);
-        be.gather_rows(mv(ws + R.wsel, m, 1), mv<const T>(ws + R.gate, n, 1), cidx);
+        be.sigmoid_forward(sp(ws + R.gate, n), sp<const T>(ws + R.logits, n));
+        gather(mv(ws + R.wsel, m, 1), mv<const T>(ws + R.gate, n, 1));
       } else {
-        be.gather_rows(mv(ws + R.wsel, m, 1), mv<const T>(logits.data(), n, 1), cidx);
+        gather(mv(ws + R.wsel, m, 1), mv<const T>(ws + R.logits, n, 1));
       }
       if constexpr (Cfg::alpha != 1.0) be.scale(sp(ws + R.wsel, m), T(Cfg::alpha));
     }
+  }
+
+  // CausalRouting: S_r = {t ∈ S_{r−1} : l_t > 0}, every token in play at a recursion of capacity 1 (the alive
+  // flags carry S_{r−1}); the count stays on the device: the block runs over the row group {0, count}.
+  static RowGroups run_groups(const auto* ws, const Rec& R) { return {toks(ws, R.groups), 1}; }
+  template <class Be, class T>
+  static void select_causal(Be& be, T* ws, const Plan& plan, int r, index_t n) {
+    const Rec& R = plan.rec[std::size_t(r)];
+    std::span<const T> decision = sp<const T>(ws + R.logits, n);
+    if (full(r)) {
+      be.fill(sp(ws + R.scores, n), T(1));
+      decision = sp<const T>(ws + R.scores, n);
+    }
+    be.fill(sp(toks(ws, R.groups), 1), token_t(0));
+    be.skip_select(sp(toks(ws, R.idx), n), sp(toks(ws, R.groups) + 1, 1), sp(toks(ws, plan.alive), n), decision);
+    const RowGroups g = run_groups(ws, R);
+    weights(be, ws, R, n, n, [&](MatrixView<T> out, MatrixView<const T> in) {
+      be.gather_rows(out, in, sp<const token_t>(toks(ws, R.idx), n), g);
+    });
+  }
+
+  // CausalRouting's block over the run rows (up to n, one row group), keys among them (recursion-wise caching).
+  template <class Be, class T>
+  static void block_forward_causal(Be& be, const T* p, T* ws, const Rec& R, MatrixView<const T> x, MatrixView<T> x_next,
+                                   T* fm_scratch, index_t n, index_t seq) {
+    const RowGroups g = run_groups(ws, R);
+    const auto idx = sp<const token_t>(toks(ws, R.idx), n);
+    const MatrixView<T> xg = mv(ws + R.xg, n, d), fo = mv(ws + R.fo, n, d), a = mv(fm_scratch, n, d);
+    be.gather_rows(xg, x, idx, g);
+    MatrixView<const T> y = xg;
+    for (int j = 0; j < B; ++j) {
+      const LayerWs& l = R.layer[std::size_t(j)];
+      const MatrixView<T> u = mv(ws + l.u, n, d), out = j == B - 1 ? fo : mv(ws + l.y, n, d);
+      RAttn::template forward_grouped<KeySource::Routed>(be, same_for_groups(p + Set::template attention_offset<D>(j)), ws,
+                                                         l.gattn, x, y, a, idx, g, seq);
+      be.add_forward(u, y, MatrixView<const T>(a), g);
+      Ffn::forward_grouped(be, same_for_groups(p + Block::offset(j)), ws, l.ffn, MatrixView<const T>(u), a, g);
+      be.add_forward(out, MatrixView<const T>(u), MatrixView<const T>(a), g);
+      y = out;
+    }
+    if constexpr (!Cfg::add_block_output) be.axpy(fo, T(-1), MatrixView<const T>(xg), g);  // f = y_B − x̃
+    be.scatter_add_rows(x_next, MatrixView<const T>(fo), idx,
+                        unit_weight ? std::span<const T>{} : sp<const T>(ws + R.wsel, n), g);
   }
 
   // The candidates' logits and 0/1 targets [t ∈ S_r] (r = 0: every token), their BCE and the accuracy of
@@ -276,6 +346,8 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
   template <class Be, class T>
   static void backward(Be& be, const T* p, T* g, const T* ws, const Plan& plan, MatrixView<const T> x0,
                        MatrixView<T> dres, T* sc, index_t batch, index_t seq) {
+    MOM_CHECK(!causal, "Router<Recursion<..., CausalRouting>> is an inference mode (autoregressive sampling): train the "
+              "same type without CausalRouting");
     const index_t n = batch * seq;
     const Scratch s = scratch_plan(batch, seq);
     for (int r = Nr - 1; r >= 0; --r) {
@@ -340,11 +412,92 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     be.scatter_add_rows(dres, MatrixView<const T>(dy), idx);
   }
 
+  // ---- incremental decoding with CausalRouting (infer/decoder.hpp; docs/inference.md) ------------
+  // A new token's recursions depend on its own state only (l_t > 0 at each recursion while it is in play),
+  // so a step is the causal forward over the step's rows (batch = rows, seq = 1). Recursion-wise caching
+  // (the paper's §2.2.2): one key/value cache per (recursion, layer of the block), written only by the tokens
+  // that run that recursion, one row after another per sequence; a query sees exactly training's keys under
+  // CausalRouting: the earlier tokens of its sequence that ran the recursion. A token that exited writes
+  // nothing there.
+  template <class Be>
+  static constexpr bool decodes_on = causal && RoutedDecodingSequenceMixerOn<Attn, Be>;
+  struct DecodePlan {
+    Plan plan{};  // the causal forward's workspace for `rows` tokens of one position
+    std::array<std::array<index_t, std::size_t(B)>, std::size_t(Nr)> k{}, v{};  // [slots·max_len × d] each
+    typename Attn::DecodeSaved attn{};
+    index_t a = 0;       // [rows × d]: a module's output
+    index_t counts = 0;  // token_t [Nr × slots]: how many of a sequence's tokens each recursion's caches hold
+  };
+  static constexpr DecodePlan plan_decode(Arena& a, index_t slots, index_t max_len, index_t rows) {
+    DecodePlan p{};
+    p.plan = plan(a, rows, 1);
+    for (auto* kv : {&p.k, &p.v})
+      for (auto& rec : *kv)
+        for (index_t& c : rec) c = a.take(slots * max_len * d);
+    p.attn = Attn::plan_decode(a, rows);
+    p.a = a.take(rows * d);
+    p.counts = a.take(tok_elems(Nr * slots));
+    return p;
+  }
+  template <class Be, class T>
+  static MatrixView<const T> decode(Be& be, const T* p, T* ws, const DecodePlan& dp, MatrixView<const T> x,
+                                    std::span<const index_t> slot, std::span<const index_t> pos, index_t slots,
+                                    index_t max_len, std::span<const token_t> /*tokens*/) {
+    const index_t rows = x.rows;
+    const Plan& plan = dp.plan;
+    detail::DecodeRows& host = detail::DecodeRows::get(rows);
+    host.load_counts(be, ws, dp.counts, Nr, slots, slot, pos);
+    be.fill(sp(toks(ws, plan.alive), rows), token_t(1));
+    const std::span<T> aux = sp(ws + plan.aux, 1);
+    be.zero(aux);
+    const MatrixView<T> a = mv(ws + dp.a, rows, d);
+    for (int r = 0; r < Nr; ++r) {
+      const Rec& R = plan.rec[std::size_t(r)];
+      const MatrixView<T> x_next = mv(ws + R.x_next, rows, d);
+      be.copy(x_next.flat(), sp(x.data, rows * d));
+      be.linear_forward(mv(ws + R.logits, rows, 1), x, mv(p + router_offset(r), 1, d), std::span<const T>{});
+      select_causal(be, ws, plan, r, rows);
+      token_t run = 0;  // the count alone: no per-step allocation
+      be.to_host(std::span<token_t>(&run, 1), std::span<const token_t>(toks(ws, R.groups) + 1, 1));
+      if (run > 0) {  // the run rows' sequences, positions and cache rows (host), then the block over them
+        const auto idx = sp<const token_t>(toks(ws, R.idx), run);
+        be.to_host(std::span<token_t>(host.idx.data(), std::size_t(run)), idx);
+        host.place(0, run, slot, pos, r, slots);
+        const MatrixView<T> xg = mv(ws + R.xg, run, d), fo = mv(ws + R.fo, run, d), ar = a.row_block(0, run);
+        be.gather_rows(xg, x, idx);
+        MatrixView<const T> y = xg;
+        for (int j = 0; j < B; ++j) {
+          const LayerWs& l = R.layer[std::size_t(j)];
+          const T* pa = p + Set::template attention_offset<D>(j);
+          const MatrixView<T> kc = mv(ws + dp.k[std::size_t(r)][std::size_t(j)], slots * max_len, d);
+          const MatrixView<T> vc = mv(ws + dp.v[std::size_t(r)][std::size_t(j)], slots * max_len, d);
+          const MatrixView<T> u = mv(ws + l.u, run, d), out = j == B - 1 ? fo : mv(ws + l.y, run, d);
+          Attn::decode_keys(be, pa, ws, dp.attn, y, kc, vc, host.slots_of(run), host.positions(run), host.rows_at(run),
+                            max_len);
+          Attn::decode_queries(be, pa, ws, dp.attn, y, ar, MatrixView<const T>(kc), MatrixView<const T>(vc),
+                               host.slots_of(run), host.positions(run), host.rows_at(run), max_len);
+          be.add_forward(u.flat(), sp(y.data, run * d), sp<const T>(ar.data, run * d));
+          Block::forward_residual(be, p, ws, l.ffn, j, MatrixView<const T>(u), out, ar, aux);
+          y = out;
+        }
+        if constexpr (!Cfg::add_block_output) be.axpy(fo.flat(), T(-1), sp<const T>(xg.data, run * d));
+        be.scatter_add_rows(x_next, MatrixView<const T>(fo), idx,
+                            unit_weight ? std::span<const T>{} : sp<const T>(ws + R.wsel, run));
+      }
+      x = x_next;
+    }
+    host.store_counts(be, ws, dp.counts);
+    return x;
+  }
+
   // ---- read-back: selections, causal accuracy, realised FLOPs --------------------------------
   // Flat indices of the tokens recursion r ran in the last forward (ascending).
   template <class Be, class T>
   static std::vector<token_t> read_selected(Be& be, const T* ws, const Plan& plan, int r, index_t batch, index_t seq) {
-    std::vector<token_t> out(std::size_t(batch * tokens(r, seq)));
+    token_t m = token_t(batch * tokens(r, seq));
+    if constexpr (causal)
+      be.to_host(std::span<token_t>(&m, 1), std::span<const token_t>(toks(ws, plan.rec[std::size_t(r)].groups) + 1, 1));
+    std::vector<token_t> out(static_cast<std::size_t>(m));
     be.to_host(std::span<token_t>(out), std::span<const token_t>(toks(ws, plan.rec[std::size_t(r)].idx), out.size()));
     return out;
   }
@@ -360,7 +513,7 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     std::vector<CausalStats> out;
     const index_t n = batch * seq;
     for (int r = 0; r < Nr; ++r) {
-      if (full(r) || tokens(r, seq) == 0) continue;
+      if (causal || full(r) || tokens(r, seq) == 0) continue;  // CausalRouting: no top-k to compare with
       T v[2];
       be.to_host(std::span<T>(v, 2), std::span<const T>(ws + plan.rec[std::size_t(r)].bce, 2));
       const index_t mp = r == 0 ? n : batch * tokens(r - 1, seq);
@@ -379,6 +532,14 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     }
     return total;
   }
+};
+
+// Autoregressive sampling of a Mixture-of-Recursions trained with CausalAux: the same parameters routed by
+// the router's sign (CausalRouting) instead of the top-k_r (assembly/depth.hpp declares causal_sampling_arch).
+template <class... Os, class M, class Kn, class Hn>
+  requires(Recursion<Os...>::config::causal_aux && !Recursion<Os...>::config::causal_routing)
+struct causal_sampling_arch<Assembly<Router<Recursion<Os...>>, M, Kn, Hn, phi::Recursion>> {
+  using type = Assembly<Router<Recursion<Os..., CausalRouting>>, M, Kn, Hn, phi::Recursion>;
 };
 
 // Mixture-of-Recursions over a shared block of B layers, Nr recursions, router options appended.

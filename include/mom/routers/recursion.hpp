@@ -22,8 +22,13 @@
 //   CausalAux<p, q>                 p/q · BCE(σ(θ_rᵀ H_t^r), [t selected at r]) over the candidates of every
 //                                   recursion whose capacity is below 1 (the paper's auxiliary loss for
 //                                   causal inference, as Mixture-of-Depths §3.5 method 1)
+//   CausalRouting                   inference: token t runs recursion r iff it ran recursion r−1 and θ_rᵀ H_t^r > 0
+//                                   (every token in play at a recursion of capacity 1), the decision CausalAux
+//                                   trains, instead of the top-k_r (a variable number per sequence; forward
+//                                   only). The parameters are those of the same type without it.
 // Top-k_r depends on later tokens of the sequence, so training's routing is not causal: a decoder
-// refuses the type (infer/decoder.hpp).
+// refuses the type (infer/decoder.hpp) and decodes causal_sampling_arch<Arch>::type instead (assembly/
+// recursion.hpp: the same type with CausalRouting).
 #include <array>
 #include <string>
 #include <string_view>
@@ -51,7 +56,8 @@ namespace detail {
 template <class... Os>
 struct RecursionConfig {
   static constexpr bool options_known =
-      mom::options_known<TypeList<Capacities<1>, Weighting<RouterWeight::Sigmoid>, Alpha<>, CausalAux<>, AddBlockOutput>,
+      mom::options_known<TypeList<Capacities<1>, Weighting<RouterWeight::Sigmoid>, Alpha<>, CausalAux<>, AddBlockOutput,
+                                  CausalRouting>,
                          Os...>;
   static constexpr bool options_unique = mom::options_unique<Os...>;
   static constexpr bool capacities_given = has_option<Capacities<1>, Os...>;
@@ -65,6 +71,7 @@ struct RecursionConfig {
   static constexpr double alpha = ratio<alpha_t>();
   static constexpr bool causal_aux = has_option<CausalAux<>, Os...>;
   static constexpr bool add_block_output = has_option<AddBlockOutput, Os...>;
+  static constexpr bool causal_routing = has_option<CausalRouting, Os...>;
   static constexpr double aux_coef = causal_aux ? ratio<aux_t>() : 0.0;
 
   // Capacity p_r/q of recursion r (0-based) of nr.
@@ -104,6 +111,7 @@ struct RecursionConfig {
     if (alpha_t::numerator != alpha_t::denominator) add("Alpha<" + ratio_name(alpha_t::numerator, alpha_t::denominator) + ">");
     if constexpr (add_block_output) add("AddBlockOutput");
     if constexpr (causal_aux) add("CausalAux<" + ratio_name(aux_t::numerator, aux_t::denominator) + ">");
+    if constexpr (causal_routing) add("CausalRouting");
     return s;
   }
 };
@@ -121,7 +129,7 @@ struct Recursion {
     using Cfg = config;
     static_assert(Cfg::options_known,
                   "mom::Recursion<Options...>: unknown option; known: Capacities<q, p_1, ..., p_Nr>, Weighting<w>, "
-                  "Alpha<p, q>, AddBlockOutput, CausalAux<p, q>");
+                  "Alpha<p, q>, AddBlockOutput, CausalAux<p, q>, CausalRouting");
     static_assert(Cfg::options_unique, "mom::Recursion<Options...>: each option may be given at most once");
     static_assert(!Cfg::options_known || Cfg::capacities_ok(h),
                   "mom::Recursion: Capacities<q, p_1, ..., p_Nr> needs one capacity p_r/q in (0, 1] per recursion "
@@ -129,11 +137,14 @@ struct Recursion {
     static_assert(!Cfg::options_known || (Cfg::alpha_t::denominator > 0 && Cfg::alpha_t::numerator > 0),
                   "mom::Alpha<p, q>: the scale p/q of the router weight must be > 0");
     static_assert(!Cfg::causal_aux || Cfg::aux_coef > 0, "mom::CausalAux<p, q>: the loss coefficient p/q must be > 0");
+    static_assert(!Cfg::causal_routing || Cfg::causal_aux,
+                  "mom::Recursion: CausalRouting decides by the router's sign, which CausalAux<p, q> trains: add it");
     static_assert(Set::has_block,
                   "mom::Router<Recursion> applies one shared block per recursion: use ModuleSet<Block<B>, Skip>");
     static constexpr bool ok = Cfg::options_known && Cfg::options_unique && Cfg::capacities_ok(h) &&
                                Cfg::alpha_t::denominator > 0 && Cfg::alpha_t::numerator > 0 &&
-                               (!Cfg::causal_aux || Cfg::aux_coef > 0) && Set::has_block;
+                               (!Cfg::causal_aux || Cfg::aux_coef > 0) && (!Cfg::causal_routing || Cfg::causal_aux) &&
+                               Set::has_block;
   };
 };
 
