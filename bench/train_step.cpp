@@ -452,6 +452,9 @@ using ModuleFormer_LM = LM<without_positions(dims), ModuleFormer<8, MoA<8, 2, 12
 // expert-choice MoE, both at moe8's parameters and FLOPs (mom-train's dsmoe8 and ec8).
 using DSMoE_LM = LM<dims, DeepSeekMoEStack<8, 1, 31, 7, 4>>;
 using EC_LM = LM<dims, ExpertChoiceMoEStack<8, 8, 2>>;
+// Mixture-of-Recursions, middle-cycle (mom-train's mor8 and mor8-r3): dense8's parameters, layers 1-6 recursed.
+using MoR_LM = LM<dims, MoRMiddleCycle<6, 2>>;
+using MoR3_LM = LM<dims, MoRMiddleCycle<6, 3>>;
 
 
 }  // namespace
@@ -557,6 +560,10 @@ int main(int argc, char** argv) {
   if (want("moduleformer")) res.push_back(run<ModuleFormer_LM>("ModuleFormer (moduleformer8)", batch, seq, reps));
   if (want("dsmoe")) res.push_back(run<DSMoE_LM>("DeepSeekMoE 1 shared + 31 routed of d_ff/4, top-7 (dsmoe8)", batch, seq, reps));
   if (want("ec")) res.push_back(run<EC_LM>("expert-choice MoE, 8 experts, capacity factor 2 (ec8)", batch, seq, reps));
+  if (want("mor")) {
+    res.push_back(run<MoR_LM>("MoR middle-cycle, 6 shared layers x 2 recursions (mor8)", batch, seq, reps));
+    res.push_back(run<MoR3_LM>("MoR middle-cycle, 6 shared layers x 3 recursions (mor8-r3)", batch, seq, reps));
+  }
 
   // Parameter sharing (issue 6).
   if (want("share")) {

@@ -337,7 +337,7 @@ TEMPLATE_TEST_CASE("group_by_choice and the balance loss match cpu", "[cuda][rou
   expect_close(dcol, tol_kernel<T>, "dprobs_col");
 }
 
-TEMPLATE_TEST_CASE("affinity routing (DeepSeekMoE) matches cpu: biased top-K with groups, backward, loads, bias update",
+TEMPLATE_TEST_CASE("affinity routing (DeepSeekMoE) matches cpu: biased top-K with groups, backward, loads, bias update, sequence-wise loss",
                    "[cuda][routing][affinity]", float, double) {
   MOM_REQUIRE_GPU();
   using T = TestType;
@@ -367,6 +367,16 @@ TEMPLATE_TEST_CASE("affinity routing (DeepSeekMoE) matches cpu: biased top-K wit
   host<T>().bias_balance_update(b.hs(), load.hs(), T(1e-3));
   gpu<T>().bias_balance_update(b.ds(), load.ds(), T(1e-3));
   expect_close(b, tol_kernel<T>, "bias");
+  // V3's sequence-wise balance loss over the first 256 rows as 8 sequences of 32 (its value, gradient, f).
+  const index_t rows = 256, seq = 32, Er = E;
+  auto sl = const_arr<T>(1, T(-7)), dseq = const_arr<T>(rows * Er, T(-7)), freq = const_arr<T>(rows / seq * Er, T(-7));
+  host<T>().sequence_balance_forward(sl.hs(), dseq.hm(rows, Er), freq.hm(rows / seq, Er), scores.hm(rows, E),
+                                     MatrixView<const token_t>(picks.hm(rows, K)), shared, seq, T(0.3));
+  gpu<T>().sequence_balance_forward(sl.ds(), dseq.dm(rows, Er), freq.dm(rows / seq, Er), scores.dm(rows, E),
+                                    MatrixView<const token_t>(picks.dm(rows, K)), shared, seq, T(0.3));
+  expect_close(sl, tol_kernel<T>, "sequence balance loss");
+  expect_close(dseq, tol_kernel<T>, "sequence balance gradient");
+  expect_close(freq, tol_kernel<T>, "sequence balance f");
 }
 
 TEMPLATE_TEST_CASE("expert-choice selection matches cpu (each expert's top-c rows, ties, the backward mask)",

@@ -65,6 +65,39 @@ TEST_CASE("DeepSeekMoE: whole-model gradient equals finite differences (shared +
                                                   RouteScale<5, 2>>>>(4, 3);
   // top-1 routed: renormalised its weight is always 1 (no router gradient), so the raw affinity here
   test::gradient_check<LM<tiny, Chunked<Layer, DeepSeekMoEStack<1, 2, 3, 1, 1, Renormalise<false>>>>>(5, 3);
+  // V3's sequence-wise balance loss, its gradient through the normalised affinities (coefficient large enough
+  // to matter in the check).
+  test::gradient_check<LM<tiny, DeepSeekMoEStack<2, 1, 4, 2, 1, SequenceBalance<1, 2>>>>(6, 4);
+}
+
+TEST_CASE("DeepSeekMoE: SequenceBalance adds V3's per-sequence loss, computed over each sequence of the batch",
+          "[deepseek]") {
+  using Seq = LM<tiny, DeepSeekMoEStack<1, 1, 4, 2, 1, SequenceBalance<1, 10>, BiasBalance<0>>>;
+  using Plain = LM<tiny, DeepSeekMoEStack<1, 1, 4, 2, 1, BiasBalance<0>>>;
+  static_assert(Seq::params == Plain::params);
+  auto a = Seq::make<cpu::Backend<double>>(7);
+  auto b = Plain::make<cpu::Backend<double>>(7);
+  test::randomise(a, 8);
+  std::copy(a.params().begin(), a.params().end(), b.params().begin());
+  const index_t batch = 3, seq = 6;
+  a.reserve(batch, seq);
+  b.reserve(batch, seq);
+  const auto tokens = test::random_tokens(batch * seq, tiny.vocab, 9), targets = test::random_tokens(batch * seq, tiny.vocab, 10);
+  const double la = a.forward(tokens, targets, batch, seq), lb = b.forward(tokens, targets, batch, seq);
+  // The same routing, so the difference is the loss itself: 1/10 · mean over sequences of Σ_i f_i P_i >= 1/10
+  // (Σ_i f_i P_i >= 1 with equality only when balanced, as V3's loss is normalised).
+  CHECK(la - lb > 0.1 - 1e-12);
+  CHECK(la - lb < 0.1 * 4);  // at most N_r: every pick on one expert with all of its affinity
+  // Each sequence alone gives the same per-sequence loss: the batch's is their mean.
+  double sum = 0;
+  a.reserve(1, seq);
+  b.reserve(1, seq);
+  for (index_t s = 0; s < batch; ++s) {
+    const std::vector<token_t> ts(tokens.begin() + s * seq, tokens.begin() + (s + 1) * seq),
+        gs(targets.begin() + s * seq, targets.begin() + (s + 1) * seq);
+    sum += a.forward(ts, gs, 1, seq) - b.forward(ts, gs, 1, seq);
+  }
+  CHECK(la - lb == Approx(sum / double(batch)).epsilon(1e-9));
 }
 
 TEST_CASE("DeepSeekMoE: shared experts run for every token, the bias only selects", "[deepseek]") {

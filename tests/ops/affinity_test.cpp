@@ -133,6 +133,52 @@ TEST_CASE("affinity_topk_backward matches finite differences (double, renormalis
   }
 }
 
+TEST_CASE("sequence_balance_forward: V3's per-sequence f·P loss against a naive sum, its gradient by finite differences",
+          "[ops][affinity]") {
+  Rng rng(23);
+  const index_t seq = 4, batch = 3, n = seq * batch, E = 5, shared = 1, K = 3, kr = K - shared;
+  auto s = random_vec(n * E, rng, 0.05, 0.95);
+  std::vector<token_t> picks(std::size_t(n * K));
+  for (index_t t = 0; t < n; ++t) {  // shared class 0, then two distinct routed classes
+    picks[std::size_t(t * K)] = 0;
+    picks[std::size_t(t * K + 1)] = token_t(1 + t % E);
+    picks[std::size_t(t * K + 2)] = token_t(1 + (t * 3 + 1) % E == 1 + t % E ? 1 + (t + 2) % E : 1 + (t * 3 + 1) % E);
+  }
+  const double coef = 0.7;
+  // Naive, as V3 eqs. (17)–(20) read, averaged over the sequences.
+  double want = 0;
+  for (index_t b = 0; b < batch; ++b) {
+    std::vector<double> f(std::size_t(E), 0.0), P(std::size_t(E), 0.0);
+    for (index_t t = b * seq; t < (b + 1) * seq; ++t) {
+      for (index_t j = shared; j < K; ++j) f[std::size_t(picks[std::size_t(t * K + j)] - shared)] += double(E) / double(kr * seq);
+      double A = 0;
+      for (index_t e = 0; e < E; ++e) A += s[std::size_t(t * E + e)];
+      for (index_t e = 0; e < E; ++e) P[std::size_t(e)] += s[std::size_t(t * E + e)] / A / double(seq);
+    }
+    for (index_t e = 0; e < E; ++e) want += coef * f[std::size_t(e)] * P[std::size_t(e)] / double(batch);
+  }
+  std::vector<double> loss(1), ds(std::size_t(n * E)), freq(std::size_t(batch * E));
+  auto run = [&] {
+    cpu::sequence_balance_forward<double>(loss, mat(ds, n, E), mat(freq, batch, E), cmat(s, n, E),
+                                          MatrixView<const token_t>{picks.data(), n, K}, shared, seq, coef);
+    return loss[0];
+  };
+  CHECK(run() == Approx(want).epsilon(1e-12));
+  const std::vector<double> grad = ds;
+  CHECK(rel_error(grad, numeric_grad(s, run)) < fd_tol);
+  // Balanced picks (every routed expert equally often in every sequence) and equal affinities give the minimum, 1.
+  std::vector<double> flat(std::size_t(5 * 5), 0.5);
+  std::vector<token_t> even(std::size_t(5 * 2));
+  for (index_t t = 0; t < 5; ++t) even[std::size_t(2 * t)] = 0, even[std::size_t(2 * t + 1)] = token_t(1 + t);
+  std::vector<double> ds5(25), f5(5);
+  cpu::sequence_balance_forward<double>(loss, mat(ds5, 5, 5), mat(f5, 1, 5), cmat(flat, 5, 5),
+                                        MatrixView<const token_t>{even.data(), 5, 2}, 1, 5, 1.0);
+  CHECK(loss[0] == Approx(1.0));
+  CHECK_THROWS_WITH(cpu::sequence_balance_forward<double>(loss, mat(ds, n, E), mat(freq, batch, E), cmat(s, n, E),
+                                                          MatrixView<const token_t>{picks.data(), n, K}, shared, 5, coef),
+                    Catch::Contains("rows are not sequences of 5"));
+}
+
 TEST_CASE("expert_load_add and bias_balance_update: loads from group offsets, the sign rule", "[ops][affinity]") {
   std::vector<double> load(4, 1.0);
   const std::vector<token_t> offsets{0, 3, 3, 7, 8};

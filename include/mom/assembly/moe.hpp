@@ -111,9 +111,15 @@ struct MoEStep {
   // ---- forward / backward -----------------------------------------------------------------
   template <class Be, class T>
   static void forward(Be& be, const T* p, index_t router_offset, const std::array<index_t, E>& expert_offset, T* ws,
-                      const Plan& s, MatrixView<const T> in, MatrixView<T> out, std::span<const token_t> tokens = {}) {
+                      const Plan& s, MatrixView<const T> in, MatrixView<T> out, std::span<const token_t> tokens = {},
+                      index_t seq = 0) {
     static_assert(ExpertGateOn<Gate, Be, T>, "mom::phi::MoE: the gate lacks forward/backward for this backend");
-    Gate::forward(be, p + router_offset, ws, s.gate, in, tokens);
+    // A gate that reads the rows as sequences (a per-sequence loss) is told their length: `seq` consecutive
+    // rows each (0: all rows are one sequence).
+    if constexpr (requires { Gate::forward(be, p, ws, s.gate, in, tokens, seq); })
+      Gate::forward(be, p + router_offset, ws, s.gate, in, tokens, seq);
+    else
+      Gate::forward(be, p + router_offset, ws, s.gate, in, tokens);
     // Experts over exactly their groups (eq. (6)); classes >= E (SKIP, unused slots) are never touched.
     be.copy(out.flat(), std::span<const T>(in.data, std::size_t(in.rows * d)));
     RoutedFfn::forward(be, p, ws, s.ffn, selection(s), E, [&](int e) { return expert_offset[e]; }, in, out, Kp);
@@ -253,7 +259,8 @@ struct Executor<P, A, D> {
       Attn::forward(be, p + Set::template attention_offset<D>(h), ws, plan.attn[h], x, fa, batch, seq);
       if constexpr (ModuleWithAuxLoss<Attn>) be.axpy(aux, T(1), std::span<const T>(ws + plan.attn[h].aux, 1));
       be.add_forward(u.flat(), std::span<const T>(x.data, std::size_t(n * d)), std::span<const T>(fa.flat()));  // eq. (4)
-      Step::forward(be, p, router_offset(h), experts_of[h], ws, plan.step[h], MatrixView<const T>(u), x_next, tokens);
+      Step::forward(be, p, router_offset(h), experts_of[h], ws, plan.step[h], MatrixView<const T>(u), x_next, tokens,
+                    seq);
       be.axpy(aux, T(1), std::span<const T>(ws + Step::selection(plan.step[h]).loss, 1));
       x = x_next;
     }

@@ -220,6 +220,17 @@ void affinity_topk_backward_shapes(CM<T> dscores, CM<T> dweights, CM<T> scores, 
   MOM_CHECK(dprobs_col == 0 || dprobs_col == scores.cols, "affinity_topk_backward: dprobs_col has ", dprobs_col,
             " elements, expected ", scores.cols);
 }
+// DeepSeek-V3's sequence-wise balance loss (cpu/affinity.hpp): rows in sequences of seq rows.
+template <class T>
+void sequence_balance_shapes(index_t loss, CM<T> dscores, CM<T> freq, CM<T> scores, MatrixView<const token_t> picks,
+                             index_t shared, index_t seq) {
+  MOM_CHECK(seq >= 1 && scores.rows % seq == 0, "sequence_balance_forward: ", scores.rows, " rows are not sequences of ",
+            seq);
+  MOM_CHECK(loss == 1 && dscores.rows == scores.rows && dscores.cols == scores.cols && picks.rows == scores.rows &&
+                shared >= 0 && shared < picks.cols && freq.rows == scores.rows / seq && freq.cols == scores.cols,
+            "sequence_balance_forward: dscores ", shape(dscores), ", freq ", shape(freq), ", picks ", shape(picks),
+            ", shared ", shared, " disagree with scores ", shape(scores), " in sequences of ", seq);
+}
 // Packed attention: q/k/v and position lists (the position order is checked by each backend).
 template <class T>
 void packed_attention_shapes(const char* op, CM<T> q, CM<T> k, CM<T> v, Tok q_tok, Tok k_tok, index_t seq,

@@ -22,7 +22,11 @@
 //   GroupLimited<G, M>   routed experts in G equal groups, each token's picks within its M best groups, a
 //                        group scored by the sum of its two largest biased affinities (V3 §2.1.2; default off)
 //   BalanceCoef<p, q>    a Switch-style balance loss over the normalised affinities s_i / Σ_j s_j (default 0;
-//                        computed over the step's rows, i.e. batch-wise, not V3's per-sequence loss)
+//                        computed over the step's rows, i.e. batch-wise)
+//   SequenceBalance<p, q>  V3's complementary sequence-wise balance loss (eqs. (17)–(20)), α = p / q (V3: 1e-4;
+//                        default 0): the same f·P sum within every sequence, averaged over the sequences (the
+//                        MoE step's rows read as sequences of the model's seq; where a step's rows are not
+//                        whole sequences, e.g. MoDE staged's selected tokens, all rows as one)
 //   Renormalise<b>       g_i normalised over the picks (default true, V3); false: g_i = s_i
 //   RouteScale<p, q>     a factor on the routed weights (V3's routed scaling factor; default 1)
 #include <array>
@@ -58,6 +62,11 @@ struct GroupLimited {
   static constexpr int count = groups, top = kept;
 };
 template <long long num, long long den = 1>
+struct SequenceBalance {
+  static constexpr long long numerator = num, denominator = den;
+  static constexpr double value = den != 0 ? double(num) / double(den) : 0.0;
+};
+template <long long num, long long den = 1>
 struct RouteScale {
   static constexpr long long numerator = num, denominator = den;
   static constexpr double value = den != 0 ? double(num) / double(den) : 0.0;
@@ -69,12 +78,14 @@ template <class... Os>
 struct AffinityConfig<TypeList<Os...>> {
   static constexpr bool options_known =
       mom::options_known<TypeList<SharedExperts<0>, BiasBalance<0>, GroupLimited<1, 1>, BalanceCoef<0>, Renormalise<true>,
-                                  RouteScale<1>>,
+                                  RouteScale<1>, SequenceBalance<0>>,
                          Os...>;
   static constexpr bool options_unique = mom::options_unique<Os...>;
   using bias_t = option_t<BiasBalance<1, 1000>, Os...>;
   using balance_t = option_t<BalanceCoef<0>, Os...>;
   using scale_t = option_t<RouteScale<1>, Os...>;
+  using sequence_t = option_t<SequenceBalance<0>, Os...>;
+  static constexpr double sequence_coef = sequence_t::value;
   using groups_t = option_t<GroupLimited<1, 1>, Os...>;
   static constexpr int shared = option_t<SharedExperts<0>, Os...>::value;
   static constexpr double bias_rate = bias_t::value, balance_coef = balance_t::value, scale = scale_t::value;
@@ -106,12 +117,13 @@ struct TopK<Sigmoid> {
     using Cfg = AffinityConfig<Options>;
     static_assert(Cfg::options_known,
                   "mom::Router<TopK<Sigmoid>, Options...>: unknown option; known: SharedExperts<n>, BiasBalance<p, q>, "
-                  "GroupLimited<G, M>, BalanceCoef<p, q>, Renormalise<b>, RouteScale<p, q>");
+                  "GroupLimited<G, M>, BalanceCoef<p, q>, SequenceBalance<p, q>, Renormalise<b>, RouteScale<p, q>");
     static_assert(Cfg::options_unique, "mom::Router<TopK<Sigmoid>, Options...>: each option may be given at most once");
     static_assert(!Cfg::options_known || (Cfg::bias_t::numerator >= 0 && Cfg::bias_t::denominator > 0 &&
                                           Cfg::balance_t::numerator >= 0 && Cfg::balance_t::denominator > 0 &&
+                                          Cfg::sequence_t::numerator >= 0 && Cfg::sequence_t::denominator > 0 &&
                                           Cfg::scale_t::numerator > 0 && Cfg::scale_t::denominator > 0),
-                  "mom::Router<TopK<Sigmoid>>: BiasBalance and BalanceCoef must be >= 0, RouteScale > 0");
+                  "mom::Router<TopK<Sigmoid>>: BiasBalance, BalanceCoef and SequenceBalance must be >= 0, RouteScale > 0");
     static_assert(!Cfg::options_known || (Cfg::groups >= 1 && Cfg::groups <= 64 && Cfg::top_groups >= 1 &&
                                           Cfg::top_groups <= Cfg::groups),
                   "mom::Router<TopK<Sigmoid>>: GroupLimited<G, M> needs 1 <= M <= G <= 64");
@@ -133,6 +145,8 @@ struct TopK<Sigmoid> {
     if (Cfg::groups != 1)
       s += ", GroupLimited<" + std::to_string(Cfg::groups) + ", " + std::to_string(Cfg::top_groups) + ">";
     if (Cfg::balance_coef != 0) s += ratio("BalanceCoef", Cfg::balance_t::numerator, Cfg::balance_t::denominator);
+    if (Cfg::sequence_coef != 0)
+      s += ratio("SequenceBalance", Cfg::sequence_t::numerator, Cfg::sequence_t::denominator);
     if (!Cfg::renormalise) s += ", Renormalise<false>";
     if (Cfg::scale != 1) s += ratio("RouteScale", Cfg::scale_t::numerator, Cfg::scale_t::denominator);
     return s;
@@ -161,6 +175,7 @@ struct AffinityTopKGate {
   using Head = detail::NormedRouterHead<d, Nr>;  // LN_r and W (routers/router_head.hpp)
   static constexpr index_t o_bias = Head::params, params = o_bias + Nr;
   static constexpr bool balances = Cfg::bias_rate > 0, balance_loss = Cfg::balance_coef > 0;
+  static constexpr bool sequence_loss = Cfg::sequence_coef > 0;
   static constexpr std::array<TensorSpec, 4> tensors(index_t layer) {
     const auto h = Head::tensors(layer);
     return {{h[0], h[1], h[2], {"router.bias", layer, 1, Nr, Init::Zero, -1, false}}};
@@ -172,19 +187,26 @@ struct AffinityTopKGate {
     typename Head::Saved head{};
     index_t scores = 0;         // σ(logits) [rows × N_r]
     dispatch::Selection sel{};  // sel.probs [rows × N_r]: the normalised affinities (balance loss)
+    index_t dseq = 0, freq = 0, seq_loss = 0;  // SequenceBalance: its gradient [rows × N_r], f [≤ rows × N_r], its value
   };
   static constexpr Plan plan(Arena& a, index_t rows) {
     Plan p{};
     p.head = Head::plan(a, rows);
     p.scores = a.take(rows * Nr);
     p.sel = dispatch::plan_selection(a, rows, Kp, classes);
+    if constexpr (sequence_loss) {
+      p.dseq = a.take(rows * Nr);
+      p.freq = a.take(rows * Nr);
+      p.seq_loss = a.take(1);
+    }
     return p;
   }
   static constexpr const dispatch::Selection& selection(const Plan& p) { return p.sel; }
   static constexpr index_t scratch(index_t rows) { return rows * Kp + 2 * rows * Nr + Head::scratch(rows); }
 
   template <class Be, class T>
-  static void forward(Be& be, const T* p, T* ws, const Plan& s, MatrixView<const T> in, std::span<const token_t>) {
+  static void forward(Be& be, const T* p, T* ws, const Plan& s, MatrixView<const T> in, std::span<const token_t>,
+                      index_t seq = 0) {
     using detail::vec;
     const index_t rows = in.rows;
     const MatrixView<T> scores{ws + s.scores, rows, Nr};
@@ -202,6 +224,14 @@ struct AffinityTopKGate {
                               routed_offsets(ws, s), kr, T(Cfg::balance_coef));
     else
       be.zero(loss);
+    if constexpr (sequence_loss) {  // V3 eqs. (17)–(20); its gradient is kept for backward
+      const index_t T_ = seq > 0 && rows % seq == 0 ? seq : rows;
+      be.sequence_balance_forward(std::span<T>{ws + s.seq_loss, 1}, MatrixView<T>{ws + s.dseq, rows, Nr},
+                                  MatrixView<T>{ws + s.freq, rows / T_, Nr}, MatrixView<const T>(scores),
+                                  MatrixView<const token_t>{dispatch::toks(ws, s.sel.picks), rows, Kp}, index_t{Ns}, T_,
+                                  T(Cfg::sequence_coef));
+      be.axpy(loss, T(1), std::span<const T>{ws + s.seq_loss, 1});
+    }
   }
 
   // dL/dweights through the selection and σ, then W and LN_r. With the bias rule on, the step's routed
@@ -219,6 +249,8 @@ struct AffinityTopKGate {
                               Cfg::renormalise, T(Cfg::scale),
                               balance_loss ? std::span<const T>{ws + s.sel.dprobs_col, std::size_t(Nr)}
                                            : std::span<const T>{});
+    if constexpr (sequence_loss)
+      be.axpy(dscores.flat(), T(1), std::span<const T>{ws + s.dseq, std::size_t(rows * Nr)});
     be.zero(dlogits.flat());
     be.sigmoid_backward(dlogits.flat(), std::span<const T>{ws + s.scores, std::size_t(rows * Nr)},
                         std::span<const T>(dscores.flat()));

@@ -128,6 +128,41 @@ void affinity_topk_backward(MatrixView<T> dscores, MatrixView<const T> dweights,
   }
 }
 
+// DeepSeek-V3's complementary sequence-wise balance loss (arXiv 2412.19437 eqs. (17)–(20)), over the rows
+// taken as sequences of `seq` consecutive rows (B = rows / seq of them), the routed experts' affinities
+// scores [rows × N_r] and each row's K picks (the first `shared` slots are the shared experts, the other
+// k_r = K − shared are routed classes shared .. shared + N_r − 1):
+//   f_{b,i} = N_r / (k_r T) · #{t ∈ b : i picked},  s'_{t,i} = s_{t,i} / Σ_j s_{t,j},  P_{b,i} = (1/T) Σ_{t ∈ b} s'_{t,i}
+//   loss = coef / B · Σ_b Σ_i f_{b,i} P_{b,i}
+// f is a count (no gradient, as in Switch). Writes loss_out[0] and the loss's gradient with respect to the
+// affinities, dscores[t,j] = coef / (B T) · (f_{b,j} − Σ_i f_{b,i} s'_{t,i}) / Σ_i s_{t,i}; freq [B × N_r]
+// receives f.
+template <class T>
+void sequence_balance_forward(std::span<T> loss_out, MatrixView<T> dscores, MatrixView<T> freq,
+                              MatrixView<const T> scores, MatrixView<const token_t> picks, index_t shared, index_t seq,
+                              T coef) {
+  checks::sequence_balance_shapes<T>(ssize(loss_out), dscores, freq, scores, picks, shared, seq);
+  const index_t E = scores.cols, K = picks.cols, kr = K - shared, batch = scores.rows / seq;
+  double loss = 0;
+#pragma omp parallel for schedule(static) reduction(+ : loss) if (scores.rows * E > (1 << 15))
+  for (index_t b = 0; b < batch; ++b) {
+    T* f = freq.row(b);
+    std::fill(f, f + E, T(0));
+    for (index_t t = b * seq; t < (b + 1) * seq; ++t)
+      for (index_t j = shared; j < K; ++j) f[picks.row(t)[j] - shared] += T(E) / T(kr * seq);
+    for (index_t t = b * seq; t < (b + 1) * seq; ++t) {
+      const T* s = scores.row(t);
+      T A = T(0), dot = T(0);
+      for (index_t e = 0; e < E; ++e) A += s[e];
+      for (index_t e = 0; e < E; ++e) dot += f[e] * s[e] / A;
+      loss += double(dot) / double(seq);
+      const T c = coef / T(batch * seq) / A;
+      for (index_t e = 0; e < E; ++e) dscores.row(t)[e] = c * (f[e] - dot);
+    }
+  }
+  loss_out[0] = T(double(coef) * loss / double(batch));
+}
+
 // load[c] += offsets[c+1] − offsets[c]: the rows each class received in one selection (group_picks' offsets).
 template <class T>
 void expert_load_add(std::span<T> load, std::span<const token_t> offsets) {

@@ -274,6 +274,10 @@ struct Backend {
   }
   void expert_load_add(S load, Tok offsets) const { cpu::expert_load_add<T>(load, offsets); }
   void bias_balance_update(S bias, CS load, T rate) const { cpu::bias_balance_update<T>(bias, load, rate); }
+  void sequence_balance_forward(S loss_out, M dscores, M freq, CM scores, MatrixView<const token_t> picks, index_t shared,
+                                index_t seq, T coef) const {
+    cpu::sequence_balance_forward<T>(loss_out, dscores, freq, scores, picks, shared, seq, coef);
+  }
   void expert_choice_forward(M weights, MatrixView<token_t> picks, CM probs, index_t capacity) const {
     cpu::expert_choice_forward<T>(weights, picks, probs, capacity);
   }

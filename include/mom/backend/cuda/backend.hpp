@@ -482,6 +482,11 @@ struct Backend {
               load.size(), " loads");
     K::bias_balance_update(*ctx_, bias.data(), load.data(), ssize(bias), rate);
   }
+  void sequence_balance_forward(S loss_out, M dscores, M freq, CM scores, MatrixView<const token_t> picks, index_t shared,
+                                index_t seq, T coef) const {
+    checks::sequence_balance_shapes<T>(ssize(loss_out), dscores, freq, scores, picks, shared, seq);
+    K::sequence_balance_forward(*ctx_, loss_out.data(), dscores, freq, scores, picks, shared, seq, coef);
+  }
   void selection_entropy_forward(S loss_out, M dlogits, CM logits, index_t batch, index_t seq, T coef,
                                  T cond_coef = T(0)) const {
     checks::selection_entropy_shapes<T>(loss_out, dlogits, logits, batch, seq);

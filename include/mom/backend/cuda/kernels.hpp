@@ -195,6 +195,8 @@ struct Kernels {
                                      const T* dprobs_col);
   static void expert_load_add(const Context& ctx, T* load, const token_t* offsets, index_t classes);
   static void bias_balance_update(const Context& ctx, T* bias, const T* load, index_t E, T rate);
+  static void sequence_balance_forward(const Context& ctx, T* loss_out, M dscores, M freq, CM scores,
+                                       MatrixView<const token_t> picks, index_t shared, index_t seq, T coef);
   // Expert-choice routing (cpu/expert_choice.hpp, kernels/expert_choice.cuh).
   static void expert_choice_forward(const Context& ctx, M weights, MatrixView<token_t> picks, CM probs, index_t capacity);
   static void expert_choice_backward(const Context& ctx, M dprobs, CM dweights, MatrixView<const token_t> picks);

@@ -118,6 +118,47 @@ __global__ void bias_balance_update_kernel(T* bias, const T* load, index_t E, T 
   }
 }
 
+// DeepSeek-V3's sequence-wise balance loss (cpu/affinity.hpp, sequence_balance_forward). First a thread per
+// (sequence, expert): f_{b,i} from the sequence's routed picks; then a thread per row: its gradient and its
+// share Σ_i f_i s'_{t,i} / T of the loss, summed per block into partials, then one block sums them.
+template <class T>
+__global__ void sequence_balance_freq_kernel(MatrixView<T> freq, MatrixView<const token_t> picks, index_t shared,
+                                             index_t seq) {
+  const index_t E = freq.cols, K = picks.cols, kr = K - shared;
+  MOM_GRID_STRIDE(bi, freq.rows * E) {
+    const index_t b = bi / E, i = bi % E;
+    index_t count = 0;
+    for (index_t t = b * seq; t < (b + 1) * seq; ++t)
+      for (index_t j = shared; j < K; ++j) count += picks.data[t * picks.ld + j] - shared == i ? 1 : 0;
+    freq.data[b * freq.ld + i] = T(count) * T(E) / T(kr * seq);
+  }
+}
+template <class T>
+__global__ void sequence_balance_rows_kernel(double* partials, MatrixView<T> dscores, MatrixView<const T> freq,
+                                             MatrixView<const T> scores, index_t seq, T coef) {
+  const index_t n = scores.rows, E = scores.cols, batch = n / seq;
+  double acc = 0;
+  MOM_GRID_STRIDE(t, n) {
+    const T* s = scores.data + t * scores.ld;
+    const T* f = freq.data + (t / seq) * freq.ld;
+    T A = T(0), dot = T(0);
+    for (index_t e = 0; e < E; ++e) A += s[e];
+    for (index_t e = 0; e < E; ++e) dot += f[e] * s[e] / A;
+    const T c = coef / T(batch * seq) / A;
+    for (index_t e = 0; e < E; ++e) dscores.data[t * dscores.ld + e] = c * (f[e] - dot);
+    acc += double(dot) / double(seq);
+  }
+  acc = block_reduce<double>(acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+template <class T>
+__global__ void sequence_balance_sum_kernel(T* loss_out, const double* partials, index_t blocks, index_t batch, T coef) {
+  double s = 0;
+  for (index_t b = threadIdx.x; b < blocks; b += blockDim.x) s += partials[b];
+  s = block_reduce<double>(s);
+  if (threadIdx.x == 0) loss_out[0] = T(double(coef) * s / double(batch));
+}
+
 }  // namespace dev
 
 template <class T>
@@ -144,6 +185,18 @@ void Kernels<T>::expert_load_add(const Context& ctx, T* load, const token_t* off
 template <class T>
 void Kernels<T>::bias_balance_update(const Context& ctx, T* bias, const T* load, index_t E, T rate) {
   dev::launch("bias_balance_update", ctx, 1, 1, dev::bias_balance_update_kernel<T>, bias, load, E, rate);
+}
+
+template <class T>
+void Kernels<T>::sequence_balance_forward(const Context& ctx, T* loss_out, M dscores, M freq, CM scores,
+                                          MatrixView<const token_t> picks, index_t shared, index_t seq, T coef) {
+  dev::launch("sequence_balance_forward", ctx, dev::blocks_for(freq.rows * freq.cols), dev::threads,
+              dev::sequence_balance_freq_kernel<T>, freq, picks, shared, seq);
+  const unsigned blocks = std::min<unsigned>(dev::blocks_for(scores.rows), unsigned(Context::reduce_blocks));
+  dev::launch("sequence_balance_forward", ctx, blocks, dev::threads, dev::sequence_balance_rows_kernel<T>, ctx.partials,
+              dscores, CM(freq), scores, seq, coef);
+  dev::launch("sequence_balance_forward", ctx, 1, dev::threads, dev::sequence_balance_sum_kernel<T>, loss_out,
+              static_cast<const double*>(ctx.partials), index_t(blocks), scores.rows / seq, coef);
 }
 
 }  // namespace mom::cuda
