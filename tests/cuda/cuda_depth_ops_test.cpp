@@ -176,3 +176,30 @@ TEMPLATE_TEST_CASE("depth: sigmoid and BCE on logits, forward and backward, matc
   CHECK_THROWS_WITH(gpu<T>().select_topc_per_sequence(std::span<token_t>(), std::span<const T>(d_x.span()), 3, 7),
                     Catch::Contains("select_topc_per_sequence: 1000 scores for batch 3 x seq 7"));
 }
+
+TEMPLATE_TEST_CASE("depth: depth_choice_rows and its backward (token-choice MoR) match the reference", "[cuda][depth]",
+                   float, double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  test::Rng rng(35);
+  const index_t n = 777, Nr = 4;
+  std::vector<token_t> picks(static_cast<std::size_t>(n));
+  for (auto& p : picks) p = token_t(rng.integer(0, Nr - 1));
+  const auto w = test::random_vec<T>(std::size_t(n), rng, 0, 1), dcoef = test::random_vec<T>(std::size_t(n), rng);
+  auto d_picks = upload_as<T>(picks);
+  auto d_w = upload(w), d_dcoef = upload(dcoef);
+  for (index_t r = 0; r < Nr; ++r) {
+    std::vector<T> dec(static_cast<std::size_t>(n)), coef(static_cast<std::size_t>(n)), dw(w), d_want(w);
+    cpu::depth_choice_rows<T>(dec, coef, picks, w, r);
+    cpu::depth_choice_rows_backward<T>(d_want, dcoef, picks, r);
+    auto d_dec = upload(std::vector<T>(std::size_t(n), T(0))), d_coef = upload(std::vector<T>(std::size_t(n), T(0)));
+    auto d_dw = upload(dw);
+    gpu<T>().depth_choice_rows(d_dec.span(), d_coef.span(), std::span<const token_t>(d_picks.span()),
+                               std::span<const T>(d_w.span()), r);
+    gpu<T>().depth_choice_rows_backward(d_dw.span(), std::span<const T>(d_dcoef.span()),
+                                        std::span<const token_t>(d_picks.span()), r);
+    CHECK(download<T, T>(d_dec) == dec);
+    CHECK(download<T, T>(d_coef) == coef);
+    CHECK(download<T, T>(d_dw) == d_want);
+  }
+}

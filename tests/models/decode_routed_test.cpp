@@ -40,6 +40,7 @@ using ModPredictor = LM<dims, causal_sampling_arch<MoD<4, 1, 4, 2, CausalPredict
 using ModChunked = LM<dims, causal_sampling_arch<Chunked<Layer, MoD<2, 1, 2, 1, CausalAux<>>>>::type>;
 // Mixture-of-Recursions routed by the router's sign (CausalAux, CausalRouting), middle-cycle, 2-layer block.
 using MoRCausal = LM<dims, causal_sampling_arch<MoRMiddleCycle<2, 3, CausalAux<>>>::type>;
+using MoRToken = LM<dims, MoRMiddleCycle<2, 3, TokenChoice<Router<TopK<Softmax>, Renormalise<false>>>>>;
 using MoRCausalRaw = LM<dims, causal_sampling_arch<MoR<1, 3, Capacities<4, 3, 2, 1>, CausalAux<>,
                                                        Weighting<RouterWeight::Raw>, AddBlockOutput>>::type>;
 
@@ -143,6 +144,10 @@ TEST_CASE("decode layer-skip, early exit and causal MoD: logits equal a full for
     CHECK(test::decode_error<MoRCausal, double>({}, {}, 45) < 1e-12);
     CHECK(test::decode_error<MoRCausal, float>({}, {}, 45) < 1e-5);
     CHECK(test::decode_error<MoRCausalRaw, double>() < 1e-12);
+  }
+  SECTION("Mixture-of-Recursions with token-choice routing: the depth chosen once per token, as in training") {
+    CHECK(test::decode_error<MoRToken, double>() < 1e-12);
+    CHECK(test::decode_error<MoRToken, float>() < 1e-5);
   }
   // Top-C routing during training is not causal: the Decoder refuses it (compile_fail/decode_routed).
   static_assert(!infer::routes_causally<LM<dims, MoD<4>>>);

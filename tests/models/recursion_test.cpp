@@ -335,3 +335,115 @@ TEST_CASE("MoR with CausalRouting runs the candidates whose router score is posi
   m.forward(tokens, random_tokens(batch * seq, tiny.vocab, 63), batch, seq);
   CHECK_THROWS_WITH(m.backward(), Catch::Contains("inference mode"));
 }
+
+namespace {
+// Token-choice MoR by naive loops: the gate (LN_r, W [Nr × d], softmax, top-1 with ties to the lower depth)
+// on the part's input picks each token's depth i and weight g; recursion r runs the tokens with i >= r in
+// causal order among themselves, x += c·(y − x̃), c = g at r = i, 1 before.
+std::vector<double> token_choice_logits(const auto& m, const std::vector<token_t>& tokens, index_t batch, index_t seq,
+                                        int B, int Nr, std::vector<int>* depths = nullptr) {
+  using Model = typename std::remove_cvref_t<decltype(m)>::model_type;
+  using N = Naive;
+  const std::vector<double> p = host(m.params());
+  const std::size_t d = tiny.d_model;
+  std::vector<Row> x = N::embed<Model>(p, tokens, batch, seq);
+  std::vector<int> depth(x.size());
+  std::vector<double> weight(x.size());
+  for (std::size_t t = 0; t < x.size(); ++t) {
+    const Row z = N::layernorm(x[t], N::at<Model>(p, "h.0.router.ln.w"), N::at<Model>(p, "h.0.router.ln.b"));
+    const Row l = N::linear(z, N::at<Model>(p, "h.0.router.w"), nullptr, std::size_t(Nr));
+    double mx = l[0], sum = 0;
+    for (double v : l) mx = std::max(mx, v);
+    for (double v : l) sum += std::exp(v - mx);
+    depth[t] = int(std::max_element(l.begin(), l.end()) - l.begin());
+    weight[t] = std::exp(l[std::size_t(depth[t])] - mx) / sum;
+  }
+  if (depths) *depths = depth;
+  for (int r = 0; r < Nr; ++r)
+    for (index_t b = 0; b < batch; ++b) {
+      std::vector<index_t> S;
+      for (index_t s = 0; s < seq; ++s)
+        if (depth[std::size_t(b * seq + s)] >= r) S.push_back(b * seq + s);
+      std::vector<Row> xs;
+      for (index_t t : S) xs.push_back(x[std::size_t(t)]);
+      std::vector<Row> ys = xs;
+      for (int j = 0; j < B; ++j) ys = N::block<Model>(p, j, ys);
+      for (std::size_t i = 0; i < S.size(); ++i) {
+        const double c = depth[std::size_t(S[i])] == r ? weight[std::size_t(S[i])] : 1.0;
+        for (std::size_t k = 0; k < d; ++k) x[std::size_t(S[i])][k] += c * (ys[i][k] - xs[i][k]);
+      }
+    }
+  return N::head<Model>(p, x);
+}
+using TokenMor = LM<tiny, MoR<2, 3, TokenChoice<Router<TopK<Softmax>, Renormalise<false>, BalanceCoef<1, 10>>>>>;
+}  // namespace
+
+TEST_CASE("token-choice MoR equals a hand-computed reference: one depth per token, packed recursions",
+          "[recursion][token-choice]") {
+  auto m = TokenMor::make<cpu::Backend<double>>(70);
+  randomise(m, 74, 0.6);  // a seed whose gate picks every depth (15, 5 and 8 tokens)
+  const index_t batch = 2, seq = 14;
+  m.reserve(batch, seq);
+  const auto tokens = random_tokens(batch * seq, tiny.vocab, 72);
+  m.forward(tokens, {}, batch, seq);
+  std::vector<int> depth;
+  CHECK(max_abs_diff(logits_of(m), token_choice_logits(m, tokens, batch, seq, 2, 3, &depth)) < 1e-10);
+  // Every depth is chosen by some token, and recursion r runs exactly the tokens of depth >= r.
+  for (int r = 0; r < 3; ++r) CHECK(std::count(depth.begin(), depth.end(), r) > 0);
+  const auto sel = selections(m);
+  for (int r = 0; r < 3; ++r) {
+    std::vector<token_t> want;
+    for (std::size_t t = 0; t < depth.size(); ++t)
+      if (depth[t] >= r) want.push_back(token_t(t));
+    CHECK(sel[std::size_t(r)] == want);
+  }
+  static_assert(infer::routes_causally<TokenMor>);
+}
+
+TEST_CASE("token-choice MoR with one recursion is the dense block stack", "[recursion][token-choice]") {
+  using One = LM<tiny, MoR<2, 1, TokenChoice<Router<TopK<Softmax>, Renormalise<false>, BalanceCoef<0>>>>>;
+  using Dense2 = LM<tiny, Dense<2>>;
+  auto dense = Dense2::make<cpu::Backend<double>>(73);
+  auto one = One::make<cpu::Backend<double>>(74);
+  randomise(dense, 75);
+  warm_start(one, dense);
+  const index_t batch = 2, seq = 9;
+  dense.reserve(batch, seq);
+  one.reserve(batch, seq);
+  const auto tokens = random_tokens(batch * seq, tiny.vocab, 76), targets = random_tokens(batch * seq, tiny.vocab, 77);
+  dense.zero_grad();
+  one.zero_grad();
+  CHECK(std::abs(dense.forward(tokens, targets, batch, seq) - one.forward(tokens, targets, batch, seq)) < 1e-12);
+  dense.backward();
+  one.backward();
+  for (const auto& t : Dense2::layout) {
+    const auto& q = One::find(t.name);
+    INFO(t.name);
+    CHECK(max_abs_diff(std::vector<double>(dense.grads().begin() + t.offset, dense.grads().begin() + t.offset + t.size()),
+                       std::vector<double>(one.grads().begin() + q.offset, one.grads().begin() + q.offset + q.size())) <
+          1e-12);
+  }
+}
+
+TEST_CASE("token-choice MoR: whole-model gradient equals finite differences, FLOPs executed equal the cost model",
+          "[recursion][token-choice][gradcheck]") {
+  gradient_check<TokenMor>(80);
+  gradient_check<LM<tiny, MoRMiddleCycle<1, 3, TokenChoice<Router<TopK<Softmax>, Renormalise<false>, ZLoss<1, 10>>>,
+                                         AddBlockOutput>>,
+                 1>(81);
+  auto m = TokenMor::make<cpu::Backend<double>>(82);
+  randomise(m, 83, 0.6);
+  const index_t batch = 2, seq = 11, n = batch * seq;
+  m.reserve(batch, seq);
+  m.forward(random_tokens(n, tiny.vocab, 84), {}, batch, seq);
+  using E = ExecOf<decltype(m)>;
+  const auto sel = selections(m);
+  index_t expect = n * (TokenMor::flops_per_token(seq) - E::flops_per_token(seq)) + n * E::DGate::flops_per_token();
+  for (const auto& s : sel) {
+    std::vector<index_t> run(std::size_t(batch), 0), pairs(std::size_t(batch), 0);
+    for (token_t t : s) pairs[std::size_t(t / seq)] += ++run[std::size_t(t / seq)];
+    for (index_t b = 0; b < batch; ++b) expect += E::recursion_flops(seq, run[std::size_t(b)], pairs[std::size_t(b)]);
+  }
+  CHECK(realised_forward_flops(m) == expect);
+  CHECK(sel[2].size() < sel[0].size());
+}

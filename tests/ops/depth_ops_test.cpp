@@ -129,3 +129,21 @@ TEST_CASE("sigmoid and BCE on logits: naive reference and finite-difference grad
   });
   CHECK(rel_error(dl, num2) < fd_tol);
 }
+
+TEST_CASE("depth_choice_rows: token-choice MoR's run decision and update factor per recursion, and its backward",
+          "[depth][ops]") {
+  const std::vector<token_t> picks = {0, 2, 1, 2, 0};
+  const std::vector<double> w = {0.5, 0.25, 0.75, 0.125, 0.9};
+  std::vector<double> decision(5), coef(5);
+  cpu::depth_choice_rows<double>(decision, coef, picks, w, 1);
+  CHECK(decision == std::vector<double>{-1, 1, 1, 1, -1});        // runs recursion 1 iff its depth is >= 1
+  CHECK(coef == std::vector<double>{1, 1, 0.75, 1, 1});          // weighted at its last recursion only
+  cpu::depth_choice_rows<double>(decision, coef, picks, w, 2);
+  CHECK(decision == std::vector<double>{-1, 1, -1, 1, -1});
+  CHECK(coef == std::vector<double>{1, 0.25, 1, 0.125, 1});
+  std::vector<double> dw = {1, 1, 1, 1, 1};
+  cpu::depth_choice_rows_backward<double>(dw, std::vector<double>{3, 4, 5, 6, 7}, picks, 2);
+  CHECK(dw == std::vector<double>{1, 5, 1, 7, 1});
+  CHECK_THROWS_WITH(cpu::depth_choice_rows<double>(std::span<double>(decision).first(4), coef, picks, w, 0),
+                    Catch::Contains("depth_choice_rows: decision 4"));
+}

@@ -37,6 +37,37 @@
 
 namespace mom {
 
+namespace detail {
+// Token-choice MoR's gate over the N_r depths (an ExpertGate: routers/gate.hpp), named only when used.
+template <class Cfg, Dims D, int Nr, bool on = Cfg::token_choice>
+struct DepthGate {
+  struct Plan {};
+  static constexpr index_t params = 0;
+  static constexpr std::size_t tensor_count = 0;
+  static constexpr void specs(TensorSpec*, index_t) {}
+  static constexpr index_t flops_per_token() { return 0; }
+  static constexpr index_t backward_flops_per_token() { return 0; }
+  static constexpr index_t scratch(index_t) { return 0; }
+};
+template <class Cfg, Dims D, int Nr>
+struct DepthGate<Cfg, D, Nr, true> {
+  using R = typename Cfg::token_router_t;
+  static_assert(ExpertGatePolicy<typename R::policy>,
+                "mom::TokenChoice<R>: R must be a Router whose policy gates experts, e.g. Router<TopK<Softmax>, "
+                "Renormalise<false>>");
+  using Gate = typename R::policy::template gate<D, Nr, 1, false, typename R::options>;
+  using Plan = typename Gate::Plan;
+  static constexpr index_t params = Gate::params;
+  static constexpr std::size_t tensor_count = Gate::tensors(0).size();
+  static constexpr void specs(TensorSpec* out, index_t layer) {
+    for (const auto& t : Gate::tensors(layer)) *out++ = t;
+  }
+  static constexpr index_t flops_per_token() { return Gate::flops_per_token(); }
+  static constexpr index_t backward_flops_per_token() { return Gate::backward_flops_per_token(); }
+  static constexpr index_t scratch(index_t rows) { return Gate::scratch(rows); }
+};
+}  // namespace detail
+
 template <class... Os, class A, Dims D>
 struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
   using Cfg = typename Recursion<Os...>::config;
@@ -45,8 +76,10 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
   using Block = detail::PlainBlockFfn<Set, D>;
   using Ffn = typename Set::template ffn<D>;
   using RAttn = typename Set::template routed_attention<D>;
-  // CausalRouting (inference): a variable number of tokens per recursion, the block over one row group.
-  static constexpr bool causal = Cfg::causal_routing;
+  // CausalRouting (inference) and token choice: a variable number of tokens per recursion, the block over one
+  // row group of packed rows.
+  static constexpr bool causal = Cfg::causal_routing, token = Cfg::token_choice, packed = causal || token;
+  using DGate = detail::DepthGate<Cfg, D, A::h>;
   static_assert(std::is_same_v<typename A::phi_type, phi::Recursion>,
                 "mom::Router<Recursion> assembles with phi::Recursion: Assembly<R, ModuleSet<Block<B>, Skip>, K<1>, "
                 "H<Nr>, phi::Recursion>");
@@ -67,7 +100,7 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
   static constexpr bool is_depth_routed = true;  // read_selected / read_causal per recursion (models/depth_stats.hpp)
   // Top-k_r of a sequence depends on its later tokens: no incremental decode (infer/decoder.hpp) but with
   // CausalRouting, whose decision for a token reads that token alone.
-  static constexpr bool routes_causally = causal;
+  static constexpr bool routes_causally = packed;
   // For depth statistics, the "layers" are the recursions, every one routed.
   static constexpr int L = Nr;
   static constexpr bool routed(int) { return true; }
@@ -75,21 +108,24 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
   static constexpr index_t tokens(int r, index_t seq) { return index_t(Cfg::tokens(r, Nr, seq)); }
   static constexpr bool full(int r) { return Cfg::full(r, Nr); }
   // Rows recursion r may run: batch·k_r, or every token with CausalRouting.
-  static constexpr index_t worst_run(int r, index_t seq) { return causal ? seq : tokens(r, seq); }
+  static constexpr index_t worst_run(int r, index_t seq) { return packed ? seq : tokens(r, seq); }
   static constexpr index_t max_rows(int r, index_t batch, index_t seq) { return batch * worst_run(r, seq); }
   // The router's θ_r gets a gradient through the weight g or CausalAux's loss.
   static constexpr bool aux_on(int r) { return Cfg::causal_aux && !full(r); }
-  static constexpr bool router_trained(int r) { return !unit_weight || aux_on(r); }
+  static constexpr bool router_trained(int r) { return !token && (!unit_weight || aux_on(r)); }
 
-  // ---- parameters: the block (the Block<B> layout, h.<base>..h.<base+B−1>), then the Nr routers ----
+  // ---- parameters: the block (the Block<B> layout, h.<base>..h.<base+B−1>), then the Nr routers (token
+  // choice: the depth gate, h.<base>.router.*) ----
   static constexpr index_t router_base = Set::template params<D>;
   static constexpr index_t router_offset(int r) { return router_base + index_t(r) * d; }
-  static constexpr index_t params = router_base + Nr * d;
-  static constexpr std::size_t tensor_count = Set::template tensor_count<D> + std::size_t(Nr);
+  static constexpr index_t params = router_base + (token ? DGate::params : Nr * d);
+  static constexpr std::size_t tensor_count = Set::template tensor_count<D> + (token ? DGate::tensor_count : std::size_t(Nr));
   static constexpr void specs(TensorSpec* out, index_t layer_base) {
     Set::template specs<D>(out, layer_base);
     out += Set::template tensor_count<D>;
-    for (int r = 0; r < Nr; ++r) *out++ = TensorSpec{"router.w", layer_base, 1, d, Init::Normal, r};
+    if constexpr (token) DGate::specs(out, layer_base);
+    else
+      for (int r = 0; r < Nr; ++r) *out++ = TensorSpec{"router.w", layer_base, 1, d, Init::Normal, r};
   }
 
   // ---- cost model (FLOPs: 2·m·n·k per product, causal attention among the k_r tokens) ----------
@@ -100,19 +136,19 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
   static constexpr index_t pairs_among(index_t c) { return c * (c + 1) / 2; }
   // Recursion r over one sequence of `seq` tokens that ran `run` of them, `pairs` (query, key) pairs.
   static constexpr index_t recursion_flops(index_t seq, index_t run, index_t pairs) {
-    return seq * 2 * d + run * block_linear_flops + B * Attn::pair_flops * pairs;
+    return (token ? 0 : seq * 2 * d) + run * block_linear_flops + B * Attn::pair_flops * pairs;
   }
   static constexpr index_t recursion_backward_flops(int r, index_t seq, index_t run, index_t pairs) {
     return (router_trained(r) ? seq * 4 * d : 0) + run * block_linear_backward_flops + B * Attn::pair_backward_flops * pairs;
   }
   static constexpr index_t flops_per_sequence(index_t seq) {
-    index_t total = 0;
+    index_t total = seq * DGate::flops_per_token();  // token choice's gate, once per token
     for (int r = 0; r < Nr; ++r) total += recursion_flops(seq, worst_run(r, seq), pairs_among(worst_run(r, seq)));
     return total;
   }
   static constexpr index_t flops_per_token(index_t seq) { return flops_per_sequence(seq) / seq; }
   static constexpr index_t backward_flops_per_token(index_t seq) {
-    index_t total = 0;
+    index_t total = seq * DGate::backward_flops_per_token();
     for (int r = 0; r < Nr; ++r)
       total += recursion_backward_flops(r, seq, worst_run(r, seq), pairs_among(worst_run(r, seq)));
     return total / seq;
@@ -121,13 +157,13 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
   // ---- workspace ----------------------------------------------------------------------------
   struct LayerWs {
     typename Attn::Saved attn{};                                  // training: dense over (batch, k_r)
-    typename RAttn::template GroupedSaved<1> gattn{};             // CausalRouting: the run rows
+    typename RAttn::template GroupedSaved<1> gattn{};             // CausalRouting, token choice: the run rows
     typename Block::Saved ffn{};
     index_t u = 0, y = 0;  // u_j and y_{j+1} (the last layer's y is fo)
   };
   struct Rec {
     std::array<LayerWs, std::size_t(B)> layer{};
-    index_t logits = 0, gate = 0, mask = 0, scores = 0;  // T [n] each
+    index_t logits = 0, gate = 0, mask = 0, scores = 0;  // T [n] each (token choice: gate = c_t, scores = decision)
     index_t idx = 0;                                     // token_t [m]: S_r, flat, ascending
     index_t groups = 0;                                  // token_t [2]: CausalRouting's row group {0, count}
     index_t wsel = 0, xg = 0, fo = 0;                    // T [m], [m×d], [m×d]: g on S_r, x̃, f
@@ -138,6 +174,7 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     std::array<Rec, std::size_t(Nr)> rec{};
     index_t alive = 0;  // token_t [n]: CausalRouting's "ran every recursion so far"
     index_t aux = 0;
+    typename DGate::Plan gate{};  // token choice
   };
   static constexpr Plan plan(Arena& a, index_t batch, index_t seq) {
     const index_t n = batch * seq;
@@ -154,7 +191,7 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
       R.wsel = a.take(m);
       R.xg = a.take(m * d);
       for (LayerWs& l : R.layer) {
-        if constexpr (causal) l.gattn = RAttn::template plan_grouped<1, KeySource::Routed>(a, n, m);
+        if constexpr (packed) l.gattn = RAttn::template plan_grouped<1, KeySource::Routed>(a, n, m);
         else l.attn = Attn::plan(a, batch, kr);
         l.u = a.take(m * d);
         l.ffn = Block::plan(a, m);
@@ -168,10 +205,11 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     }
     p.alive = a.take(tok_elems(n));
     p.aux = a.take(1);
+    if constexpr (token) p.gate = DGate::Gate::plan(a, n);
     return p;
   }
   struct Scratch {
-    index_t fm = 0, df = 0, dy = 0, dw = 0, dgate = 0, dlogits = 0, dcand = 0, module = 0, total = 0;
+    index_t fm = 0, df = 0, dy = 0, dy2 = 0, dw = 0, dgate = 0, dlogits = 0, dcand = 0, gate = 0, module = 0, total = 0;
   };
   static constexpr Scratch scratch_plan(index_t batch, index_t seq) {
     const index_t n = batch * seq;
@@ -184,7 +222,13 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     s.dgate = a.take(n);
     s.dlogits = a.take(n);
     s.dcand = a.take(n);
-    s.module = a.take(std::max(Attn::scratch(batch, seq), Block::scratch(n)));
+    if constexpr (token) {
+      s.dy2 = a.take(n * d);
+      s.gate = a.take(DGate::scratch(n));
+    }
+    index_t module = std::max(Attn::scratch(batch, seq), Block::scratch(n));
+    if constexpr (token) module = std::max(module, RAttn::template scratch_grouped<1, KeySource::Routed>(n, n));
+    s.module = a.take(module);
     s.total = a.used;
     return s;
   }
@@ -193,21 +237,22 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
   // ---- forward ------------------------------------------------------------------------------
   template <class Be, class T>
   static MatrixView<const T> forward(Be& be, const T* p, T* ws, const Plan& plan, MatrixView<const T> x, T* scratch,
-                                     index_t batch, index_t seq, std::span<const token_t> /*tokens*/) {
+                                     index_t batch, index_t seq, std::span<const token_t> input_tokens) {
     const index_t n = batch * seq;
     const Scratch s = scratch_plan(batch, seq);
     const std::span<T> aux = sp(ws + plan.aux, 1);
     be.zero(aux);
+    if constexpr (token) gate_forward(be, p, ws, plan, x, aux, input_tokens);
     for (int r = 0; r < Nr; ++r) {
       const Rec& R = plan.rec[std::size_t(r)];
       const index_t kr = tokens(r, seq), m = batch * kr;
       const MatrixView<T> x_next = mv(ws + R.x_next, n, d), logits = mv(ws + R.logits, n, 1);
       be.copy(x_next.flat(), sp(x.data, n * d));  // x_{r+1} = x_r for every token, then + g·f on S_r
-      be.linear_forward(logits, x, mv(p + router_offset(r), 1, d), std::span<const T>{});
-      if constexpr (causal) {
-        if (r == 0) be.fill(sp(toks(ws, plan.alive), n), token_t(1));
-        select_causal(be, ws, plan, r, n);
-        block_forward_causal(be, p, ws, R, x, x_next, scratch + s.fm, n, seq);
+      if constexpr (!token) be.linear_forward(logits, x, mv(p + router_offset(r), 1, d), std::span<const T>{});
+      if constexpr (packed) {
+        if (causal && r == 0) be.fill(sp(toks(ws, plan.alive), n), token_t(1));
+        select_packed(be, ws, plan, r, n);
+        block_forward_packed(be, p, ws, R, x, x_next, scratch + s.fm, n, seq);
       } else if (m > 0) {
         select(be, ws, plan, r, batch, seq);
         if (!full(r)) causal_forward(be, ws, plan, r, aux, batch, seq);
@@ -257,28 +302,51 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     }
   }
 
-  // CausalRouting: S_r = {t ∈ S_{r−1} : l_t > 0}, every token in play at a recursion of capacity 1 (the alive
-  // flags carry S_{r−1}); the count stays on the device: the block runs over the row group {0, count}.
-  static RowGroups run_groups(const auto* ws, const Rec& R) { return {toks(ws, R.groups), 1}; }
+  // Token choice: the gate picks each token's depth i_t (its last recursion) and weight g_t, once, from the
+  // part's input; its losses (balance, z-loss) join the part's.
   template <class Be, class T>
-  static void select_causal(Be& be, T* ws, const Plan& plan, int r, index_t n) {
-    const Rec& R = plan.rec[std::size_t(r)];
-    std::span<const T> decision = sp<const T>(ws + R.logits, n);
-    if (full(r)) {
-      be.fill(sp(ws + R.scores, n), T(1));
-      decision = sp<const T>(ws + R.scores, n);
-    }
-    be.fill(sp(toks(ws, R.groups), 1), token_t(0));
-    be.skip_select(sp(toks(ws, R.idx), n), sp(toks(ws, R.groups) + 1, 1), sp(toks(ws, plan.alive), n), decision);
-    const RowGroups g = run_groups(ws, R);
-    weights(be, ws, R, n, n, [&](MatrixView<T> out, MatrixView<const T> in) {
-      be.gather_rows(out, in, sp<const token_t>(toks(ws, R.idx), n), g);
-    });
+  static void gate_forward(Be& be, const T* p, T* ws, const Plan& plan, MatrixView<const T> x, std::span<T> aux,
+                           std::span<const token_t> input_tokens) {
+    DGate::Gate::forward(be, p + router_base, ws, plan.gate, x, input_tokens);
+    be.axpy(aux, T(1), sp<const T>(ws + DGate::Gate::selection(plan.gate).loss, 1));
+  }
+  template <class T>
+  static std::span<const token_t> depth_picks(const T* ws, const Plan& plan, index_t n) {
+    return {toks(ws, DGate::Gate::selection(plan.gate).picks), std::size_t(n)};
   }
 
-  // CausalRouting's block over the run rows (up to n, one row group), keys among them (recursion-wise caching).
+  // The run rows of recursion r, packed (ascending; the count stays on the device: the block runs over the row
+  // group {0, count}), and their update factors in wsel.
+  //   CausalRouting: S_r = {t ∈ S_{r−1} : l_t > 0}, every token in play at a recursion of capacity 1 (the
+  //                  alive flags carry S_{r−1}); g_t as in training
+  //   token choice:  S_r = {t : i_t ≥ r}; c_t = g_t where i_t = r, 1 before (depth_choice_rows)
+  static RowGroups run_groups(const auto* ws, const Rec& R) { return {toks(ws, R.groups), 1}; }
   template <class Be, class T>
-  static void block_forward_causal(Be& be, const T* p, T* ws, const Rec& R, MatrixView<const T> x, MatrixView<T> x_next,
+  static void select_packed(Be& be, T* ws, const Plan& plan, int r, index_t n) {
+    const Rec& R = plan.rec[std::size_t(r)];
+    const auto idx = sp<const token_t>(toks(ws, R.idx), n);
+    be.fill(sp(toks(ws, R.groups), 1), token_t(0));
+    if constexpr (token) {
+      be.depth_choice_rows(sp(ws + R.scores, n), sp(ws + R.gate, n), depth_picks(ws, plan, n),
+                           sp<const T>(ws + DGate::Gate::selection(plan.gate).weights, n), r);
+      be.skip_select(sp(toks(ws, R.idx), n), sp(toks(ws, R.groups) + 1, 1), std::span<token_t>{},
+                     sp<const T>(ws + R.scores, n));
+      be.gather_rows(mv(ws + R.wsel, n, 1), mv<const T>(ws + R.gate, n, 1), idx, run_groups(ws, R));
+    } else {
+      std::span<const T> decision = sp<const T>(ws + R.logits, n);
+      if (full(r)) {
+        be.fill(sp(ws + R.scores, n), T(1));
+        decision = sp<const T>(ws + R.scores, n);
+      }
+      be.skip_select(sp(toks(ws, R.idx), n), sp(toks(ws, R.groups) + 1, 1), sp(toks(ws, plan.alive), n), decision);
+      const RowGroups g = run_groups(ws, R);
+      weights(be, ws, R, n, n, [&](MatrixView<T> out, MatrixView<const T> in) { be.gather_rows(out, in, idx, g); });
+    }
+  }
+
+  // The block over the packed run rows (up to n, one row group), keys among them (recursion-wise caching).
+  template <class Be, class T>
+  static void block_forward_packed(Be& be, const T* p, T* ws, const Rec& R, MatrixView<const T> x, MatrixView<T> x_next,
                                    T* fm_scratch, index_t n, index_t seq) {
     const RowGroups g = run_groups(ws, R);
     const auto idx = sp<const token_t>(toks(ws, R.idx), n);
@@ -297,7 +365,7 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     }
     if constexpr (!Cfg::add_block_output) be.axpy(fo, T(-1), MatrixView<const T>(xg), g);  // f = y_B − x̃
     be.scatter_add_rows(x_next, MatrixView<const T>(fo), idx,
-                        unit_weight ? std::span<const T>{} : sp<const T>(ws + R.wsel, n), g);
+                        unit_weight && !token ? std::span<const T>{} : sp<const T>(ws + R.wsel, n), g);
   }
 
   // The candidates' logits and 0/1 targets [t ∈ S_r] (r = 0: every token), their BCE and the accuracy of
@@ -350,6 +418,10 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
               "same type without CausalRouting");
     const index_t n = batch * seq;
     const Scratch s = scratch_plan(batch, seq);
+    if constexpr (token) {
+      token_backward(be, p, g, ws, plan, x0, dres, sc, s, n, seq);
+      return;
+    }
     for (int r = Nr - 1; r >= 0; --r) {
       const Rec& R = plan.rec[std::size_t(r)];
       const index_t kr = tokens(r, seq), m = batch * kr;
@@ -387,6 +459,64 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     }
   }
 
+  // Token choice: each recursion's block backward over its packed rows, dL/dc_t back to the gate weight of
+  // the tokens whose last recursion it is, then the gate (its input is the part's input x_0).
+  template <class Be, class T>
+  static void token_backward(Be& be, const T* p, T* g, const T* ws, const Plan& plan, MatrixView<const T> x0,
+                             MatrixView<T> dres, T* sc, const Scratch& s, index_t n, index_t seq) {
+    const std::span<T> dweights = sp(sc + s.dcand, n), dcoef = sp(sc + s.dgate, n);
+    be.zero(dweights);
+    for (int r = Nr - 1; r >= 0; --r) {
+      const Rec& R = plan.rec[std::size_t(r)];
+      const MatrixView<const T> x = r == 0 ? x0 : mv<const T>(ws + plan.rec[std::size_t(r - 1)].x_next, n, d);
+      block_backward_packed(be, p, g, ws, R, x, dres, sc, s, n, seq);
+      be.zero(dcoef);
+      be.scatter_add_rows(mv(dcoef.data(), n, 1), mv<const T>(sc + s.dw, n, 1), sp<const token_t>(toks(ws, R.idx), n),
+                          std::span<const T>{}, run_groups(ws, R));
+      be.depth_choice_rows_backward(dweights, std::span<const T>(dcoef), depth_picks(ws, plan, n), r);
+    }
+    // The gate takes dL/d(weight) in its selection's group order (core/selection.hpp): position j is slot row_slot[j].
+    const auto& sel = DGate::Gate::selection(plan.gate);
+    const std::span<T> dwp = sp(sc + s.dw, n);
+    be.gather_rows(mv(dwp.data(), n, 1), mv<const T>(dweights.data(), n, 1), sp<const token_t>(toks(ws, sel.row_slot), n));
+    DGate::Gate::backward(be, p + router_base, g + router_base, ws, plan.gate, x0, dres, std::span<const T>(dwp),
+                          sc + s.gate);
+  }
+  // The packed block's backward: df = c · dres[S_r], dc = dres[S_r] · f (into s.dw); back through the B layers
+  // (each: dL/du = dy + FFNᵀ dy, then dL/dy_j = dL/du + Attnᵀ dL/du); dres += scatter(dL/dx̃).
+  template <class Be, class T>
+  static void block_backward_packed(Be& be, const T* p, T* g, const T* ws, const Rec& R, MatrixView<const T> x,
+                                    MatrixView<T> dres, T* sc, const Scratch& s, index_t n, index_t seq) {
+    const RowGroups gr = run_groups(ws, R);
+    const auto idx = sp<const token_t>(toks(ws, R.idx), n);
+    const MatrixView<T> df = mv(sc + s.df, n, d);
+    MatrixView<T> dy = mv(sc + s.dy, n, d), dz = mv(sc + s.dy2, n, d);
+    const std::span<T> dw = sp(sc + s.dw, n);
+    be.zero_rows(df, gr);
+    be.zero(dw);
+    be.scatter_add_rows_backward(df, dw, MatrixView<const T>(dres), mv<const T>(ws + R.fo, n, d), idx,
+                                 sp<const T>(ws + R.wsel, n), gr);
+    be.zero_rows(dy, gr);
+    be.axpy(dy, T(1), MatrixView<const T>(df), gr);
+    for (int j = B - 1; j >= 0; --j) {  // dy: dL/dy_{j+1} on entry, dL/dy_j on exit
+      const LayerWs& l = R.layer[std::size_t(j)];
+      const MatrixView<const T> in = j == 0 ? mv<const T>(ws + R.xg, n, d) : mv<const T>(ws + R.layer[std::size_t(j - 1)].y, n, d);
+      const index_t oa = Set::template attention_offset<D>(j), of = Block::offset(j);
+      be.zero_rows(dz, gr);
+      Ffn::backward_grouped(be, same_for_groups(p + of), same_for_groups(g + of), ws, l.ffn, mv<const T>(ws + l.u, n, d),
+                            dz, MatrixView<const T>(dy), sc + s.module, gr);
+      be.axpy(dy, T(1), MatrixView<const T>(dz), gr);  // dy := dL/du
+      be.zero_rows(dz, gr);
+      be.axpy(dz, T(1), MatrixView<const T>(dy), gr);
+      RAttn::template backward_grouped<KeySource::Routed>(be, same_for_groups(p + oa), same_for_groups(g + oa), ws,
+                                                          l.gattn, x, in, dres, dz, MatrixView<const T>(dy), idx, gr,
+                                                          seq, sc + s.module);
+      std::swap(dy, dz);  // dy := dL/dy_j
+    }
+    if constexpr (!Cfg::add_block_output) be.axpy(dy, T(-1), MatrixView<const T>(df), gr);  // f = y_B − x̃
+    be.scatter_add_rows(dres, MatrixView<const T>(dy), idx, std::span<const T>{}, gr);
+  }
+
   // df = g · dres[S_r], dw = dres[S_r] · f; back through the B layers; dres += scatter(dL/dx̃).
   template <class Be, class T>
   static void block_backward(Be& be, const T* p, T* g, const T* ws, const Rec& R, MatrixView<T> dres, T* sc,
@@ -420,7 +550,7 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
   // CausalRouting: the earlier tokens of its sequence that ran the recursion. A token that exited writes
   // nothing there.
   template <class Be>
-  static constexpr bool decodes_on = causal && RoutedDecodingSequenceMixerOn<Attn, Be>;
+  static constexpr bool decodes_on = packed && RoutedDecodingSequenceMixerOn<Attn, Be>;
   struct DecodePlan {
     Plan plan{};  // the causal forward's workspace for `rows` tokens of one position
     std::array<std::array<index_t, std::size_t(B)>, std::size_t(Nr)> k{}, v{};  // [slots·max_len × d] each
@@ -442,7 +572,7 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
   template <class Be, class T>
   static MatrixView<const T> decode(Be& be, const T* p, T* ws, const DecodePlan& dp, MatrixView<const T> x,
                                     std::span<const index_t> slot, std::span<const index_t> pos, index_t slots,
-                                    index_t max_len, std::span<const token_t> /*tokens*/) {
+                                    index_t max_len, std::span<const token_t> input_tokens) {
     const index_t rows = x.rows;
     const Plan& plan = dp.plan;
     detail::DecodeRows& host = detail::DecodeRows::get(rows);
@@ -451,12 +581,14 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     const std::span<T> aux = sp(ws + plan.aux, 1);
     be.zero(aux);
     const MatrixView<T> a = mv(ws + dp.a, rows, d);
+    if constexpr (token) gate_forward(be, p, ws, plan, x, aux, input_tokens);
     for (int r = 0; r < Nr; ++r) {
       const Rec& R = plan.rec[std::size_t(r)];
       const MatrixView<T> x_next = mv(ws + R.x_next, rows, d);
       be.copy(x_next.flat(), sp(x.data, rows * d));
-      be.linear_forward(mv(ws + R.logits, rows, 1), x, mv(p + router_offset(r), 1, d), std::span<const T>{});
-      select_causal(be, ws, plan, r, rows);
+      if constexpr (!token)
+        be.linear_forward(mv(ws + R.logits, rows, 1), x, mv(p + router_offset(r), 1, d), std::span<const T>{});
+      select_packed(be, ws, plan, r, rows);
       token_t run = 0;  // the count alone: no per-step allocation
       be.to_host(std::span<token_t>(&run, 1), std::span<const token_t>(toks(ws, R.groups) + 1, 1));
       if (run > 0) {  // the run rows' sequences, positions and cache rows (host), then the block over them
@@ -482,7 +614,7 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
         }
         if constexpr (!Cfg::add_block_output) be.axpy(fo.flat(), T(-1), sp<const T>(xg.data, run * d));
         be.scatter_add_rows(x_next, MatrixView<const T>(fo), idx,
-                            unit_weight ? std::span<const T>{} : sp<const T>(ws + R.wsel, run));
+                            unit_weight && !token ? std::span<const T>{} : sp<const T>(ws + R.wsel, run));
       }
       x = x_next;
     }
@@ -495,7 +627,7 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
   template <class Be, class T>
   static std::vector<token_t> read_selected(Be& be, const T* ws, const Plan& plan, int r, index_t batch, index_t seq) {
     token_t m = token_t(batch * tokens(r, seq));
-    if constexpr (causal)
+    if constexpr (packed)
       be.to_host(std::span<token_t>(&m, 1), std::span<const token_t>(toks(ws, plan.rec[std::size_t(r)].groups) + 1, 1));
     std::vector<token_t> out(static_cast<std::size_t>(m));
     be.to_host(std::span<token_t>(out), std::span<const token_t>(toks(ws, plan.rec[std::size_t(r)].idx), out.size()));
@@ -513,7 +645,7 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     std::vector<CausalStats> out;
     const index_t n = batch * seq;
     for (int r = 0; r < Nr; ++r) {
-      if (causal || full(r) || tokens(r, seq) == 0) continue;  // CausalRouting: no top-k to compare with
+      if (packed || full(r) || tokens(r, seq) == 0) continue;  // CausalRouting, token choice: no top-k to compare with
       T v[2];
       be.to_host(std::span<T>(v, 2), std::span<const T>(ws + plan.rec[std::size_t(r)].bce, 2));
       const index_t mp = r == 0 ? n : batch * tokens(r - 1, seq);
@@ -524,7 +656,7 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
   // Forward FLOPs of the last forward, from the tokens each recursion ran per sequence.
   template <class Be, class T>
   static index_t realised_flops(Be& be, const T* ws, const Plan& plan, index_t batch, index_t seq) {
-    index_t total = 0;
+    index_t total = batch * seq * DGate::flops_per_token();
     for (int r = 0; r < Nr; ++r) {
       std::vector<index_t> run(std::size_t(batch), 0), pairs(std::size_t(batch), 0);
       for (token_t t : read_selected(be, ws, plan, r, batch, seq)) pairs[std::size_t(t / seq)] += ++run[std::size_t(t / seq)];
@@ -542,7 +674,8 @@ struct causal_sampling_arch<Assembly<Router<Recursion<Os...>>, M, Kn, Hn, phi::R
   using type = Assembly<Router<Recursion<Os..., CausalRouting>>, M, Kn, Hn, phi::Recursion>;
 };
 
-// Mixture-of-Recursions over a shared block of B layers, Nr recursions, router options appended.
+// Mixture-of-Recursions over a shared block of B layers, Nr recursions, router options appended (expert choice;
+// token choice with TokenChoice<R>).
 template <int B, int Nr, class... Options>
 using MoR = Assembly<Router<Recursion<Options...>>, ModuleSet<Block<B>, Skip>, K<1>, H<Nr>, phi::Recursion>;
 // The paper's preferred "middle-cycle" sharing: the first and last layers are unshared, the B layers

@@ -266,6 +266,10 @@ inline void skip_select_shapes(index_t n_idx, index_t n_count, index_t n_alive, 
   MOM_CHECK(n_idx == n && n_count == 1 && (n_alive == 0 || n_alive == n), "skip_select: idx ", n_idx, ", count ",
             n_count, ", alive ", n_alive, " elements for ", n, " logits (idx and alive: one per token, count: 1)");
 }
+inline void depth_choice_shapes(index_t n_decision, index_t n_coef, index_t n_picks, index_t n_weights) {
+  MOM_CHECK(n_decision == n_picks && n_coef == n_picks && n_weights == n_picks, "depth_choice_rows: decision ",
+            n_decision, ", coef ", n_coef, ", weights ", n_weights, " elements for ", n_picks, " picks (one per token)");
+}
 inline void bce_logits_shapes(const char* op, index_t n_out, index_t n_logits, index_t n_targets) {
   MOM_CHECK(n_out == 2 && n_logits == n_targets, op, ": out ", n_out, " (expected 2: loss, correct), ", n_logits,
             " logits and ", n_targets, " targets");

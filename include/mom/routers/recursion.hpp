@@ -22,6 +22,14 @@
 //   CausalAux<p, q>                 p/q · BCE(σ(θ_rᵀ H_t^r), [t selected at r]) over the candidates of every
 //                                   recursion whose capacity is below 1 (the paper's auxiliary loss for
 //                                   causal inference, as Mixture-of-Depths §3.5 method 1)
+//   TokenChoice<R>                  token-choice routing (§2.2.1) instead: each token's depth is chosen once, at the
+//                                   block's input, by the gate of router R over N_r classes (default
+//                                   Router<TopK<Softmax>, Renormalise<false>>: softmax over the depths, top-1; its
+//                                   options add a balance loss, BalanceCoef<p, q>, or a z-loss, ZLoss<p, q>); a token
+//                                   of depth i runs recursions 0..i, its update weighted by its gate weight g_t at
+//                                   recursion i and by 1 before: x_{r+1} = x_r + c_t (y − x_r), c_t = g_t if r = i
+//                                   else 1 (a variable number per sequence: the block runs over packed rows).
+//                                   Causal: a token's depth reads its own state only, so it decodes as trained.
 //   CausalRouting                   inference: token t runs recursion r iff it ran recursion r−1 and θ_rᵀ H_t^r > 0
 //                                   (every token in play at a recursion of capacity 1), the decision CausalAux
 //                                   trains, instead of the top-k_r (a variable number per sequence; forward
@@ -37,6 +45,7 @@
 #include "mom/routers/depth.hpp"
 #include "mom/routers/options.hpp"
 #include "mom/routers/router.hpp"
+#include "mom/routers/topk.hpp"
 
 namespace mom {
 
@@ -47,6 +56,10 @@ struct Capacities {
   static constexpr std::array<long long, sizeof...(ps)> numerators{ps...};
 };
 struct AddBlockOutput {};
+template <class R>
+struct TokenChoice {
+  using router = R;
+};
 template <long long num = 1, long long den = 1>
 struct Alpha {
   static constexpr long long numerator = num, denominator = den;
@@ -57,7 +70,7 @@ template <class... Os>
 struct RecursionConfig {
   static constexpr bool options_known =
       mom::options_known<TypeList<Capacities<1>, Weighting<RouterWeight::Sigmoid>, Alpha<>, CausalAux<>, AddBlockOutput,
-                                  CausalRouting>,
+                                  CausalRouting, TokenChoice<void>>,
                          Os...>;
   static constexpr bool options_unique = mom::options_unique<Os...>;
   static constexpr bool capacities_given = has_option<Capacities<1>, Os...>;
@@ -72,6 +85,8 @@ struct RecursionConfig {
   static constexpr bool causal_aux = has_option<CausalAux<>, Os...>;
   static constexpr bool add_block_output = has_option<AddBlockOutput, Os...>;
   static constexpr bool causal_routing = has_option<CausalRouting, Os...>;
+  static constexpr bool token_choice = has_option<TokenChoice<void>, Os...>;
+  using token_router_t = typename option_t<TokenChoice<Router<TopK<Softmax>, Renormalise<false>>>, Os...>::router;
   static constexpr double aux_coef = causal_aux ? ratio<aux_t>() : 0.0;
 
   // Capacity p_r/q of recursion r (0-based) of nr.
@@ -112,6 +127,9 @@ struct RecursionConfig {
     if constexpr (add_block_output) add("AddBlockOutput");
     if constexpr (causal_aux) add("CausalAux<" + ratio_name(aux_t::numerator, aux_t::denominator) + ">");
     if constexpr (causal_routing) add("CausalRouting");
+    if constexpr (token_choice)
+      add("TokenChoice<Router<" + std::string(token_router_t::policy::name) +
+          (token_router_t::options::size > 0 ? ", ...>>" : ">>"));
     return s;
   }
 };
@@ -129,7 +147,7 @@ struct Recursion {
     using Cfg = config;
     static_assert(Cfg::options_known,
                   "mom::Recursion<Options...>: unknown option; known: Capacities<q, p_1, ..., p_Nr>, Weighting<w>, "
-                  "Alpha<p, q>, AddBlockOutput, CausalAux<p, q>, CausalRouting");
+                  "Alpha<p, q>, AddBlockOutput, CausalAux<p, q>, CausalRouting, TokenChoice<R>");
     static_assert(Cfg::options_unique, "mom::Recursion<Options...>: each option may be given at most once");
     static_assert(!Cfg::options_known || Cfg::capacities_ok(h),
                   "mom::Recursion: Capacities<q, p_1, ..., p_Nr> needs one capacity p_r/q in (0, 1] per recursion "
@@ -139,11 +157,19 @@ struct Recursion {
     static_assert(!Cfg::causal_aux || Cfg::aux_coef > 0, "mom::CausalAux<p, q>: the loss coefficient p/q must be > 0");
     static_assert(!Cfg::causal_routing || Cfg::causal_aux,
                   "mom::Recursion: CausalRouting decides by the router's sign, which CausalAux<p, q> trains: add it");
+    static_assert(!Cfg::token_choice ||
+                      (!Cfg::capacities_given && !Cfg::causal_aux && !Cfg::causal_routing &&
+                       Cfg::weighting == RouterWeight::Sigmoid && Cfg::alpha_t::numerator == Cfg::alpha_t::denominator),
+                  "mom::Recursion<TokenChoice<R>>: each token's depth is its router's choice, weighted by the gate: "
+                  "Capacities, Weighting, Alpha, CausalAux and CausalRouting belong to expert-choice routing");
     static_assert(Set::has_block,
                   "mom::Router<Recursion> applies one shared block per recursion: use ModuleSet<Block<B>, Skip>");
     static constexpr bool ok = Cfg::options_known && Cfg::options_unique && Cfg::capacities_ok(h) &&
                                Cfg::alpha_t::denominator > 0 && Cfg::alpha_t::numerator > 0 &&
                                (!Cfg::causal_aux || Cfg::aux_coef > 0) && (!Cfg::causal_routing || Cfg::causal_aux) &&
+                               (!Cfg::token_choice || (!Cfg::capacities_given && !Cfg::causal_aux &&
+                                                       !Cfg::causal_routing && Cfg::weighting == RouterWeight::Sigmoid &&
+                                                       Cfg::alpha_t::numerator == Cfg::alpha_t::denominator)) &&
                                Set::has_block;
   };
 };

@@ -351,6 +351,12 @@ struct Backend {
   void skip_select(std::span<token_t> idx, std::span<token_t> count, std::span<token_t> alive, CS logits) const {
     cpu::skip_select<T>(idx, count, alive, logits);
   }
+  void depth_choice_rows(S decision, S coef, Tok picks, CS weights, index_t r) const {
+    cpu::depth_choice_rows<T>(decision, coef, picks, weights, r);
+  }
+  void depth_choice_rows_backward(S dweights, CS dcoef, Tok picks, index_t r) const {
+    cpu::depth_choice_rows_backward<T>(dweights, dcoef, picks, r);
+  }
   void sigmoid_forward(S out, CS x) const { cpu::sigmoid_forward<T>(out, x); }
   void sigmoid_backward(S dx, CS out, CS dout) const { cpu::sigmoid_backward<T>(dx, out, dout); }
   void bce_logits_forward(S out, CS logits, CS targets) const { cpu::bce_logits_forward<T>(out, logits, targets); }

@@ -73,6 +73,27 @@ void skip_select(std::span<token_t> idx, std::span<token_t> count, std::span<tok
   count[0] = m;
 }
 
+// Token-choice Mixture-of-Recursions (assembly/recursion.hpp): from each token's chosen depth (picks[t]: the
+// last recursion it runs, 0-based) and its gate weight, recursion r's run decision, decision[t] = +1 iff
+// picks[t] >= r else −1 (skip_select's input), and the factor on its block update, coef[t] = weights[t] at
+// its last recursion (picks[t] == r), 1 before it. Backward: dweights[t] += dcoef[t] where picks[t] == r.
+template <class T>
+void depth_choice_rows(std::span<T> decision, std::span<T> coef, std::span<const token_t> picks,
+                       std::span<const T> weights, index_t r) {
+  checks::depth_choice_shapes(ssize(decision), ssize(coef), ssize(picks), ssize(weights));
+  for (std::size_t t = 0; t < picks.size(); ++t) {
+    decision[t] = picks[t] >= r ? T(1) : T(-1);
+    coef[t] = picks[t] == r ? weights[t] : T(1);
+  }
+}
+template <class T>
+void depth_choice_rows_backward(std::span<T> dweights, std::span<const T> dcoef, std::span<const token_t> picks,
+                                index_t r) {
+  checks::depth_choice_shapes(ssize(dweights), ssize(dcoef), ssize(picks), ssize(dweights));
+  for (std::size_t t = 0; t < picks.size(); ++t)
+    if (picks[t] == r) dweights[t] += dcoef[t];
+}
+
 // out = σ(x) = 1 / (1 + e^{-x}) elementwise; backward: dx += dout · out (1 - out).
 template <class T>
 void sigmoid_forward(std::span<T> out, std::span<const T> x) {

@@ -554,6 +554,14 @@ struct Backend {
     DK::skip_select(*ctx_, idx.data(), count.data(), alive.empty() ? nullptr : alive.data(), logits.data(),
                     ssize(logits));
   }
+  void depth_choice_rows(S decision, S coef, Tok picks, CS weights, index_t r) const {
+    checks::depth_choice_shapes(ssize(decision), ssize(coef), ssize(picks), ssize(weights));
+    DK::depth_choice_rows(*ctx_, decision.data(), coef.data(), picks.data(), weights.data(), ssize(picks), r);
+  }
+  void depth_choice_rows_backward(S dweights, CS dcoef, Tok picks, index_t r) const {
+    checks::depth_choice_shapes(ssize(dweights), ssize(dcoef), ssize(picks), ssize(dweights));
+    DK::depth_choice_rows_backward(*ctx_, dweights.data(), dcoef.data(), picks.data(), ssize(picks), r);
+  }
   void sigmoid_forward(S out, CS x) const {
     checks::sigmoid_forward_shapes<T>(out, x);
     DK::sigmoid_forward(*ctx_, out.data(), x.data(), ssize(x));

@@ -21,6 +21,11 @@ struct DepthKernels {
   // The tokens i with logits[i] > 0 (and alive[i] != 0 when alive is given) in ascending order in
   // idx[0 .. count), *count their number (left in device memory), alive[i] updated to "ran".
   static void skip_select(const Context& ctx, token_t* idx, token_t* count, token_t* alive, const T* logits, index_t n);
+  // Token-choice Mixture-of-Recursions' per-recursion decision and update factor (cpu/depth.hpp).
+  static void depth_choice_rows(const Context& ctx, T* decision, T* coef, const token_t* picks, const T* weights,
+                                index_t n, index_t r);
+  static void depth_choice_rows_backward(const Context& ctx, T* dweights, const T* dcoef, const token_t* picks, index_t n,
+                                         index_t r);
   static void sigmoid_forward(const Context& ctx, T* out, const T* x, index_t n);
   static void sigmoid_backward(const Context& ctx, T* dx, const T* out, const T* dout, index_t n);
   // out[0] = mean BCE on logits, out[1] = number of decisions (l > 0) agreeing with (t > ½).

@@ -101,6 +101,20 @@ __global__ void bce_logits_backward_kernel(T* dlogits, const T* logits, const T*
   MOM_GRID_STRIDE(i, n) dlogits[i] += scale * (sigmoid_(logits[i]) - targets[i]);
 }
 
+template <class T>
+__global__ void depth_choice_rows_kernel(T* decision, T* coef, const token_t* picks, const T* weights, index_t n,
+                                         index_t r) {
+  MOM_GRID_STRIDE(t, n) {
+    decision[t] = picks[t] >= r ? T(1) : T(-1);
+    coef[t] = picks[t] == r ? weights[t] : T(1);
+  }
+}
+template <class T>
+__global__ void depth_choice_rows_backward_kernel(T* dweights, const T* dcoef, const token_t* picks, index_t n,
+                                                  index_t r) {
+  MOM_GRID_STRIDE(t, n) if (picks[t] == r) dweights[t] += dcoef[t];
+}
+
 }  // namespace dev
 
 // ---- launchers --------------------------------------------------------------------------------
@@ -122,6 +136,18 @@ template <class T>
 void DepthKernels<T>::skip_select(const Context& ctx, token_t* idx, token_t* count, token_t* alive, const T* logits,
                                   index_t n) {
   dev::launch("skip_select", ctx, dim3(1), dev::threads, dev::skip_select_kernel<T>, idx, count, alive, logits, n);
+}
+template <class T>
+void DepthKernels<T>::depth_choice_rows(const Context& ctx, T* decision, T* coef, const token_t* picks, const T* weights,
+                                        index_t n, index_t r) {
+  dev::launch("depth_choice_rows", ctx, dev::blocks_for(n), dev::threads, dev::depth_choice_rows_kernel<T>, decision,
+              coef, picks, weights, n, r);
+}
+template <class T>
+void DepthKernels<T>::depth_choice_rows_backward(const Context& ctx, T* dweights, const T* dcoef, const token_t* picks,
+                                                 index_t n, index_t r) {
+  dev::launch("depth_choice_rows_backward", ctx, dev::blocks_for(n), dev::threads,
+              dev::depth_choice_rows_backward_kernel<T>, dweights, dcoef, picks, n, r);
 }
 template <class T>
 void DepthKernels<T>::sigmoid_forward(const Context& ctx, T* out, const T* x, index_t n) {
