@@ -25,6 +25,9 @@ using MoR8 = LM<mom8_dims, MoRMiddleCycle<6, 2>>;
 using MoR8R3 = LM<mom8_dims, MoRMiddleCycle<6, 3>>;
 // ... as the authors configure expert choice: x + g·(block output), g = σ(score)/10, router BCE 1/1000.
 using MoR8Paper = LM<mom8_dims, MoRMiddleCycle<6, 3, AddBlockOutput, Alpha<1, 10>, CausalAux<1, 1000>>>;
+// ... token choice: each token's depth (1-3 recursions) chosen once by a softmax router, Switch balance loss 1/10
+// over the depths (the authors' token-choice setting).
+using MoR8Token = LM<mom8_dims, MoRMiddleCycle<6, 3, TokenChoice<Router<TopK<Softmax>, Renormalise<false>, BalanceCoef<1, 10>>>>>;
 
 std::vector<ArchEntry> depth_architectures() {
   std::vector<ArchEntry> v;
@@ -37,6 +40,7 @@ std::vector<ArchEntry> depth_architectures() {
   v.push_back(make_architecture<MoR8, Dense8>("mor8", "byte", "Mixture-of-Recursions, middle-cycle: layers 1-6 shared, 2 recursions (capacity 1, 1/2)", "dense8"));
   v.push_back(make_architecture<MoR8R3, Dense8>("mor8-r3", "byte", "Mixture-of-Recursions, middle-cycle: layers 1-6 shared, 3 recursions (capacity 1, 2/3, 1/3)", "dense8"));
   v.push_back(make_architecture<MoR8Paper, Dense8>("mor8-paper", "byte", "mor8-r3 with the authors' settings: x + g*(block output), g = sigmoid/10, router BCE 0.001", "dense8"));
+  v.push_back(make_architecture<MoR8Token, Dense8>("mor8-token", "byte", "Mixture-of-Recursions, token choice: each token's depth (1-3) chosen once by a softmax router, balance loss 0.1", "dense8"));
   return v;
 }
 
