@@ -22,6 +22,10 @@
 // CausalAux<p, q> adds p/q · mean BCE(l_t, [t ∈ S_r]) over the candidates of each recursion whose
 // capacity is below 1; the BCE and the accuracy of the decision l_t > 0 are kept for every such
 // recursion (models/depth_stats.hpp reports them per recursion as a depth-routed part).
+// CausalRouting (inference: S_r = {t ∈ S_{r−1} : l_t > 0}) and TokenChoice<R> (each token's depth chosen once by
+// an ExpertGate over the N_r depths; S_r = {t : i_t ≥ r}) run a count known only on the device: the block over
+// packed rows. Both are causal and decode with recursion-wise caches (below). The block itself, in both
+// layouts: assembly/recursion_blocks.hpp.
 #include <array>
 #include <span>
 #include <vector>
@@ -33,6 +37,7 @@
 #include "mom/assembly/depth_block.hpp"
 #include "mom/assembly/grouped_dispatch.hpp"
 #include "mom/assembly/phi.hpp"
+#include "mom/assembly/recursion_blocks.hpp"
 #include "mom/routers/recursion.hpp"
 
 namespace mom {
@@ -90,6 +95,8 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
   // The block runs dense attention over the k_r selected tokens, which would rotate them by rank.
   static_assert(!D.rope(), "mom::Router<Recursion> does not support RoPE positions yet: the recursion block runs dense "
                            "attention over the selected tokens, which would rotate them by rank, not position");
+  static constexpr Dims dims = D;
+  using Blocks = detail::RecursionBlocks<Executor>;  // the block's forward / backward (assembly/recursion_blocks.hpp)
   static constexpr int Nr = A::h;                // recursions
   static constexpr int B = Set::n_attention;     // layers of the shared block
   static constexpr index_t d = D.d_model;
@@ -252,11 +259,11 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
       if constexpr (packed) {
         if (causal && r == 0) be.fill(sp(toks(ws, plan.alive), n), token_t(1));
         select_packed(be, ws, plan, r, n);
-        block_forward_packed(be, p, ws, R, x, x_next, scratch + s.fm, n, seq);
+        Blocks::block_forward_packed(be, p, ws, R, x, x_next, scratch + s.fm, n, seq);
       } else if (m > 0) {
         select(be, ws, plan, r, batch, seq);
         if (!full(r)) causal_forward(be, ws, plan, r, aux, batch, seq);
-        block_forward(be, p, ws, R, x, x_next, scratch + s.fm, aux, batch, kr);
+        Blocks::block_forward(be, p, ws, R, x, x_next, scratch + s.fm, aux, batch, kr);
       }
       x = x_next;
     }
@@ -344,30 +351,6 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     }
   }
 
-  // The block over the packed run rows (up to n, one row group), keys among them (recursion-wise caching).
-  template <class Be, class T>
-  static void block_forward_packed(Be& be, const T* p, T* ws, const Rec& R, MatrixView<const T> x, MatrixView<T> x_next,
-                                   T* fm_scratch, index_t n, index_t seq) {
-    const RowGroups g = run_groups(ws, R);
-    const auto idx = sp<const token_t>(toks(ws, R.idx), n);
-    const MatrixView<T> xg = mv(ws + R.xg, n, d), fo = mv(ws + R.fo, n, d), a = mv(fm_scratch, n, d);
-    be.gather_rows(xg, x, idx, g);
-    MatrixView<const T> y = xg;
-    for (int j = 0; j < B; ++j) {
-      const LayerWs& l = R.layer[std::size_t(j)];
-      const MatrixView<T> u = mv(ws + l.u, n, d), out = j == B - 1 ? fo : mv(ws + l.y, n, d);
-      RAttn::template forward_grouped<KeySource::Routed>(be, same_for_groups(p + Set::template attention_offset<D>(j)), ws,
-                                                         l.gattn, x, y, a, idx, g, seq);
-      be.add_forward(u, y, MatrixView<const T>(a), g);
-      Ffn::forward_grouped(be, same_for_groups(p + Block::offset(j)), ws, l.ffn, MatrixView<const T>(u), a, g);
-      be.add_forward(out, MatrixView<const T>(u), MatrixView<const T>(a), g);
-      y = out;
-    }
-    if constexpr (!Cfg::add_block_output) be.axpy(fo, T(-1), MatrixView<const T>(xg), g);  // f = y_B − x̃
-    be.scatter_add_rows(x_next, MatrixView<const T>(fo), idx,
-                        unit_weight && !token ? std::span<const T>{} : sp<const T>(ws + R.wsel, n), g);
-  }
-
   // The candidates' logits and 0/1 targets [t ∈ S_r] (r = 0: every token), their BCE and the accuracy of
   // the decision l_t > 0 into R.bce; CausalAux adds p/q · BCE to the loss.
   template <class Be, class T>
@@ -384,28 +367,6 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     }
     be.bce_logits_forward(sp(ws + R.bce, 2), sp<const T>(ws + R.cand_l, mp), sp<const T>(ws + R.cand_t, mp));
     if constexpr (Cfg::causal_aux) be.axpy(aux, T(Cfg::aux_coef), sp<const T>(ws + R.bce, 1));
-  }
-
-  // The shared block over x̃ = x[S_r] as `batch` sequences of kr tokens; x_next += scatter(g · f).
-  template <class Be, class T>
-  static void block_forward(Be& be, const T* p, T* ws, const Rec& R, MatrixView<const T> x, MatrixView<T> x_next,
-                            T* fm_scratch, std::span<T> aux, index_t batch, index_t kr) {
-    const index_t m = batch * kr;
-    const auto idx = sp<const token_t>(toks(ws, R.idx), m);
-    const MatrixView<T> xg = mv(ws + R.xg, m, d), fo = mv(ws + R.fo, m, d), a = mv(fm_scratch, m, d);
-    be.gather_rows(xg, x, idx);
-    MatrixView<const T> y = xg;
-    for (int j = 0; j < B; ++j) {
-      const LayerWs& l = R.layer[std::size_t(j)];
-      const MatrixView<T> u = mv(ws + l.u, m, d), out = j == B - 1 ? fo : mv(ws + l.y, m, d);
-      Attn::forward(be, p + Set::template attention_offset<D>(j), ws, l.attn, y, a, batch, kr);
-      be.add_forward(u.flat(), sp(y.data, m * d), sp<const T>(a.data, m * d));
-      Block::forward_residual(be, p, ws, l.ffn, j, MatrixView<const T>(u), out, a, aux);
-      y = out;
-    }
-    if constexpr (!Cfg::add_block_output) be.axpy(fo.flat(), T(-1), sp<const T>(xg.data, m * d));  // f = y_B − x̃
-    be.scatter_add_rows(x_next, MatrixView<const T>(fo), idx,
-                        unit_weight ? std::span<const T>{} : sp<const T>(ws + R.wsel, m));  // eq. (2)
   }
 
   // ---- backward -----------------------------------------------------------------------------
@@ -428,7 +389,7 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
       if (m == 0) continue;  // nobody ran recursion r (a short sequence): no loss reads its router
       const MatrixView<const T> x = r == 0 ? x0 : mv<const T>(ws + plan.rec[std::size_t(r - 1)].x_next, n, d);
       const std::span<T> dw = sp(sc + s.dw, m), dlogits = sp(sc + s.dlogits, n);
-      block_backward(be, p, g, ws, R, dres, sc, s, batch, kr);
+      Blocks::block_backward(be, p, g, ws, R, dres, sc, s, batch, kr);
       be.zero(dlogits);
       const auto idx = sp<const token_t>(toks(ws, R.idx), m);
       if constexpr (!unit_weight) {  // dL/dg back to the score
@@ -469,7 +430,7 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     for (int r = Nr - 1; r >= 0; --r) {
       const Rec& R = plan.rec[std::size_t(r)];
       const MatrixView<const T> x = r == 0 ? x0 : mv<const T>(ws + plan.rec[std::size_t(r - 1)].x_next, n, d);
-      block_backward_packed(be, p, g, ws, R, x, dres, sc, s, n, seq);
+      Blocks::block_backward_packed(be, p, g, ws, R, x, dres, sc, s, n, seq);
       be.zero(dcoef);
       be.scatter_add_rows(mv(dcoef.data(), n, 1), mv<const T>(sc + s.dw, n, 1), sp<const token_t>(toks(ws, R.idx), n),
                           std::span<const T>{}, run_groups(ws, R));
@@ -482,66 +443,6 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     DGate::Gate::backward(be, p + router_base, g + router_base, ws, plan.gate, x0, dres, std::span<const T>(dwp),
                           sc + s.gate);
   }
-  // The packed block's backward: df = c · dres[S_r], dc = dres[S_r] · f (into s.dw); back through the B layers
-  // (each: dL/du = dy + FFNᵀ dy, then dL/dy_j = dL/du + Attnᵀ dL/du); dres += scatter(dL/dx̃).
-  template <class Be, class T>
-  static void block_backward_packed(Be& be, const T* p, T* g, const T* ws, const Rec& R, MatrixView<const T> x,
-                                    MatrixView<T> dres, T* sc, const Scratch& s, index_t n, index_t seq) {
-    const RowGroups gr = run_groups(ws, R);
-    const auto idx = sp<const token_t>(toks(ws, R.idx), n);
-    const MatrixView<T> df = mv(sc + s.df, n, d);
-    MatrixView<T> dy = mv(sc + s.dy, n, d), dz = mv(sc + s.dy2, n, d);
-    const std::span<T> dw = sp(sc + s.dw, n);
-    be.zero_rows(df, gr);
-    be.zero(dw);
-    be.scatter_add_rows_backward(df, dw, MatrixView<const T>(dres), mv<const T>(ws + R.fo, n, d), idx,
-                                 sp<const T>(ws + R.wsel, n), gr);
-    be.zero_rows(dy, gr);
-    be.axpy(dy, T(1), MatrixView<const T>(df), gr);
-    for (int j = B - 1; j >= 0; --j) {  // dy: dL/dy_{j+1} on entry, dL/dy_j on exit
-      const LayerWs& l = R.layer[std::size_t(j)];
-      const MatrixView<const T> in = j == 0 ? mv<const T>(ws + R.xg, n, d) : mv<const T>(ws + R.layer[std::size_t(j - 1)].y, n, d);
-      const index_t oa = Set::template attention_offset<D>(j), of = Block::offset(j);
-      be.zero_rows(dz, gr);
-      Ffn::backward_grouped(be, same_for_groups(p + of), same_for_groups(g + of), ws, l.ffn, mv<const T>(ws + l.u, n, d),
-                            dz, MatrixView<const T>(dy), sc + s.module, gr);
-      be.axpy(dy, T(1), MatrixView<const T>(dz), gr);  // dy := dL/du
-      be.zero_rows(dz, gr);
-      be.axpy(dz, T(1), MatrixView<const T>(dy), gr);
-      RAttn::template backward_grouped<KeySource::Routed>(be, same_for_groups(p + oa), same_for_groups(g + oa), ws,
-                                                          l.gattn, x, in, dres, dz, MatrixView<const T>(dy), idx, gr,
-                                                          seq, sc + s.module);
-      std::swap(dy, dz);  // dy := dL/dy_j
-    }
-    if constexpr (!Cfg::add_block_output) be.axpy(dy, T(-1), MatrixView<const T>(df), gr);  // f = y_B − x̃
-    be.scatter_add_rows(dres, MatrixView<const T>(dy), idx, std::span<const T>{}, gr);
-  }
-
-  // df = g · dres[S_r], dw = dres[S_r] · f; back through the B layers; dres += scatter(dL/dx̃).
-  template <class Be, class T>
-  static void block_backward(Be& be, const T* p, T* g, const T* ws, const Rec& R, MatrixView<T> dres, T* sc,
-                             const Scratch& s, index_t batch, index_t kr) {
-    const index_t m = batch * kr;
-    const auto idx = sp<const token_t>(toks(ws, R.idx), m);
-    const MatrixView<T> df = mv(sc + s.df, m, d), dy = mv(sc + s.dy, m, d);
-    const std::span<T> dw = sp(sc + s.dw, m);
-    be.zero(df.flat());
-    be.zero(dw);
-    be.scatter_add_rows_backward(df, unit_weight ? std::span<T>{} : dw, MatrixView<const T>(dres),
-                                 mv<const T>(ws + R.fo, m, d), idx,
-                                 unit_weight ? std::span<const T>{} : sp<const T>(ws + R.wsel, m));
-    be.copy(dy.flat(), sp<const T>(df.data, m * d));
-    for (int j = B - 1; j >= 0; --j) {  // dy: dL/dy_{j+1} on entry, dL/dy_j on exit
-      const LayerWs& l = R.layer[std::size_t(j)];
-      const MatrixView<const T> in = j == 0 ? mv<const T>(ws + R.xg, m, d) : mv<const T>(ws + R.layer[std::size_t(j - 1)].y, m, d);
-      const index_t oa = Set::template attention_offset<D>(j);
-      Block::backward_residual(be, p, g, ws, l.ffn, j, mv<const T>(ws + l.u, m, d), dy, sc + s.module);
-      Attn::backward(be, p + oa, g + oa, ws, l.attn, in, dy, MatrixView<const T>(dy), sc + s.module, batch, kr);
-    }
-    if constexpr (!Cfg::add_block_output) be.axpy(dy.flat(), T(-1), sp<const T>(df.data, m * d));  // f = y_B − x̃
-    be.scatter_add_rows(dres, MatrixView<const T>(dy), idx);
-  }
-
   // ---- incremental decoding with CausalRouting (infer/decoder.hpp; docs/inference.md) ------------
   // A new token's recursions depend on its own state only (l_t > 0 at each recursion while it is in play),
   // so a step is the causal forward over the step's rows (batch = rows, seq = 1). Recursion-wise caching
