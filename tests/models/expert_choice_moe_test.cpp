@@ -33,6 +33,34 @@ struct first_of<TypeList<F, R...>> {
 TEST_CASE("expert-choice MoE: whole-model gradient equals finite differences", "[expert-choice][gradcheck]") {
   test::gradient_check<LM<tiny, ExpertChoiceMoEStack<2, 4>>>(3, 4);
   test::gradient_check<LM<tiny, Chunked<Layer, ExpertChoiceMoEStack<1, 3, 3, 2>>>>(4, 3);
+  // With the router z-loss (ST-MoE eq. (5)) on its logits.
+  test::gradient_check<LM<tiny, Assembly<Router<TopC<Softmax>, ZLoss<1, 2>>, ModuleSet<MHA<2>, Experts<FFN, 4, PerStep>>,
+                                         K<4>, H<2>, phi::MoE>>>(5, 4);
+}
+
+TEST_CASE("expert-choice MoE: ZLoss adds the router z-loss, the routing unchanged", "[expert-choice]") {
+  using Set = ModuleSet<MHA<1>, Experts<FFN, 4, PerStep>>;
+  using Plain = LM<tiny, Assembly<Router<TopC<Softmax>>, Set, K<4>, H<1>, phi::MoE>>;
+  using Z4 = LM<tiny, Assembly<Router<TopC<Softmax>, ZLoss<1, 4>>, Set, K<4>, H<1>, phi::MoE>>;
+  using Z2 = LM<tiny, Assembly<Router<TopC<Softmax>, ZLoss<1, 2>>, Set, K<4>, H<1>, phi::MoE>>;
+  static_assert(Plain::params == Z4::params && Plain::params == Z2::params);
+  auto a = Plain::make<cpu::Backend<double>>(6);
+  auto b = Z4::make<cpu::Backend<double>>(6);
+  auto c = Z2::make<cpu::Backend<double>>(6);
+  test::randomise(a, 7);
+  std::copy(a.params().begin(), a.params().end(), b.params().begin());
+  std::copy(a.params().begin(), a.params().end(), c.params().begin());
+  const index_t batch = 3, seq = 6;
+  a.reserve(batch, seq);
+  b.reserve(batch, seq);
+  c.reserve(batch, seq);
+  const auto tokens = test::random_tokens(batch * seq, tiny.vocab, 8), targets = test::random_tokens(batch * seq, tiny.vocab, 9);
+  const double la = a.forward(tokens, targets, batch, seq), lb = b.forward(tokens, targets, batch, seq),
+               lc = c.forward(tokens, targets, batch, seq);
+  // The same routing and cross-entropy: the difference is coef · mean (log Σ exp logits)², > 0 and linear in coef.
+  CHECK(lb - la > 1e-6);
+  CHECK(lc - la == Approx(2 * (lb - la)).epsilon(1e-10));
+  CHECK(describe<Z4>().find("ZLoss<1, 4>") != std::string::npos);
 }
 
 TEST_CASE("expert-choice MoE: every expert takes exactly c tokens, cf = E is top-E softmax routing",

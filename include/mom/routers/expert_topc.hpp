@@ -14,7 +14,8 @@
 // decoder cannot route one new token as training did; infer::Decoder refuses it at compile time, and mom-sample
 // recomputes the window per token (the experts then choose among the window's tokens).
 //
-// Options: CapacityFactor<p, q> (cf = p / q, default 2: the paper's EC-CF2).
+// Options: CapacityFactor<p, q> (cf = p / q, default 2: the paper's EC-CF2); ZLoss<p, q> (the router z-loss of
+// ST-MoE, arXiv 2202.08906 eq. (5), on the router's logits, as the other softmax routers have it; default off).
 #include <array>
 #include <span>
 #include <string>
@@ -45,10 +46,12 @@ template <class OptionList>
 struct TopCConfig;
 template <class... Os>
 struct TopCConfig<TypeList<Os...>> {
-  static constexpr bool options_known = mom::options_known<TypeList<CapacityFactor<2>>, Os...>;
+  static constexpr bool options_known = mom::options_known<TypeList<CapacityFactor<2>, ZLoss<0>>, Os...>;
   static constexpr bool options_unique = mom::options_unique<Os...>;
   using factor_t = option_t<CapacityFactor<2>, Os...>;
+  using z_loss_t = option_t<ZLoss<0>, Os...>;
   static constexpr double factor = factor_t::value;
+  static constexpr double z_loss = z_loss_t::denominator != 0 ? double(z_loss_t::numerator) / double(z_loss_t::denominator) : 0.0;
 };
 
 template <Dims D, int E, int Kp, bool Skip, class Options>
@@ -73,19 +76,27 @@ struct TopC<Softmax> {
   template <class Options>
   struct VerifyOptions {
     using Cfg = TopCConfig<Options>;
-    static_assert(Cfg::options_known, "mom::Router<TopC<Softmax>, Options...>: unknown option; known: CapacityFactor<p, q>");
+    static_assert(Cfg::options_known,
+                  "mom::Router<TopC<Softmax>, Options...>: unknown option; known: CapacityFactor<p, q>, ZLoss<p, q>");
     static_assert(Cfg::options_unique, "mom::Router<TopC<Softmax>, Options...>: each option may be given at most once");
     static_assert(!Cfg::options_known || (Cfg::factor_t::numerator > 0 && Cfg::factor_t::denominator > 0),
                   "mom::Router<TopC<Softmax>>: CapacityFactor<p, q> must be > 0");
+    static_assert(!Cfg::options_known || (Cfg::z_loss_t::numerator >= 0 && Cfg::z_loss_t::denominator > 0),
+                  "mom::Router<TopC<Softmax>>: ZLoss<p, q> must be >= 0");
     static constexpr bool ok = Cfg::options_known && Cfg::options_unique;
   };
 
   template <class Options>
   static std::string describe_options() {
     using F = typename TopCConfig<Options>::factor_t;
-    if (F::numerator == 2 * F::denominator) return {};
-    return ", CapacityFactor<" + std::to_string(F::numerator) +
+    using Z = typename TopCConfig<Options>::z_loss_t;
+    std::string s;
+    if (F::numerator != 2 * F::denominator)
+      s += ", CapacityFactor<" + std::to_string(F::numerator) +
            (F::denominator == 1 ? "" : ", " + std::to_string(F::denominator)) + ">";
+    if (Z::numerator != 0)
+      s += ", ZLoss<" + std::to_string(Z::numerator) + (Z::denominator == 1 ? "" : ", " + std::to_string(Z::denominator)) + ">";
+    return s;
   }
 };
 
@@ -122,7 +133,7 @@ struct TopCGate {
   static constexpr Plan plan(Arena& a, index_t rows) {
     Plan p{};
     p.head = Head::plan(a, rows);
-    p.sel = dispatch::plan_selection(a, rows, Kp, classes);
+    p.sel = dispatch::plan_selection(a, rows, Kp, classes, Cfg::z_loss > 0);
     return p;
   }
   static constexpr const dispatch::Selection& selection(const Plan& p) { return p.sel; }
@@ -133,12 +144,16 @@ struct TopCGate {
     const index_t rows = in.rows;
     const MatrixView<T> probs{ws + s.sel.probs, rows, E};
     Head::forward(be, p, ws, s.head, in, probs);
+    if constexpr (Cfg::z_loss > 0)  // on the logits, before the softmax overwrites them; its gradient kept for backward
+      be.router_z_loss_forward(std::span<T>{ws + s.sel.zloss, 1}, MatrixView<T>{ws + s.sel.zgrad, rows, E},
+                               MatrixView<const T>(probs), T(1), T(Cfg::z_loss));
     be.softmax_rows(probs, MatrixView<const T>(probs));  // S, eq. (1)
     be.expert_choice_forward(MatrixView<T>{ws + s.sel.weights, rows, Kp},
                              MatrixView<token_t>{dispatch::toks(ws, s.sel.picks), rows, Kp}, MatrixView<const T>(probs),
                              capacity(rows));
     dispatch::group_picks(be, ws, s.sel, rows, Kp, classes);
-    be.zero(std::span<T>{ws + s.sel.loss, 1});  // balanced by construction: no auxiliary loss
+    be.zero(std::span<T>{ws + s.sel.loss, 1});  // balanced by construction: no balance loss
+    if constexpr (Cfg::z_loss > 0) be.axpy(std::span<T>{ws + s.sel.loss, 1}, T(1), std::span<const T>{ws + s.sel.zloss, 1});
   }
 
   template <class Be, class T>
@@ -153,6 +168,8 @@ struct TopCGate {
                               MatrixView<const token_t>{dispatch::toks(ws, s.sel.picks), rows, Kp});
     be.zero(dlogits.flat());
     be.softmax_rows_backward(dlogits, MatrixView<const T>(dprobs), MatrixView<const T>{ws + s.sel.probs, rows, E});
+    if constexpr (Cfg::z_loss > 0)
+      be.axpy(dlogits.flat(), T(1), std::span<const T>{ws + s.sel.zgrad, std::size_t(rows * E)});
     Head::backward(be, p, g, ws, s.head, in, din, MatrixView<const T>(dlogits), scratch + rows * Kp + 2 * rows * E);
   }
 };
