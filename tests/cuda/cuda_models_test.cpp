@@ -113,6 +113,7 @@ using MoDSmall = LM<small_dims, MoD<4>>;
 // Mixture-of-Recursions: nested top-k over 3 recursions of a 2-layer block, middle-cycle with CausalAux.
 using MoRSmall = LM<small_dims, MoR<2, 3>>;
 using MoRTokenSmall = LM<small_dims, MoR<2, 3, TokenChoice<Router<TopK<Softmax>, Renormalise<false>, BalanceCoef<1, 10>>>>>;
+using MoRShareSmall = LM<small_dims, MoR<2, 3, KVShare, CausalAux<1, 10>>>;
 using MoRMiddleSmall = LM<small_dims, MoRMiddleCycle<1, 2, CausalAux<1, 10>, Weighting<RouterWeight::Raw>>>;
 using SkipSmall = LM<small_dims, LayerSkipping<3>>;
 using ExitSmall = LM<small_dims, EarlyExiting<3>>;
@@ -214,6 +215,7 @@ TEST_CASE("MoE, MoD, layer-skip, MoDE, DeepSeekMoE, expert-choice MoE, MoR: same
   compare_model<MoRSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
   compare_model<MoRMiddleSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
   compare_model<MoRTokenSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
+  compare_model<MoRShareSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
 }
 
 TEST_CASE("parameter sharing: same loss and gradients as cpu (double, Cycle<2>, All, Map)", "[cuda][models][share]") {

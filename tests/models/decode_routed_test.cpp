@@ -41,6 +41,9 @@ using ModChunked = LM<dims, causal_sampling_arch<Chunked<Layer, MoD<2, 1, 2, 1, 
 // Mixture-of-Recursions routed by the router's sign (CausalAux, CausalRouting), middle-cycle, 2-layer block.
 using MoRCausal = LM<dims, causal_sampling_arch<MoRMiddleCycle<2, 3, CausalAux<>>>::type>;
 using MoRToken = LM<dims, MoRMiddleCycle<2, 3, TokenChoice<Router<TopK<Softmax>, Renormalise<false>>>>>;
+// ... with KV sharing: the deeper recursions read recursion 0's caches and write none.
+using MoRShare = LM<dims, causal_sampling_arch<MoRMiddleCycle<2, 3, CausalAux<>, KVShare>>::type>;
+using MoRTokenShare = LM<dims, MoR<2, 3, TokenChoice<Router<TopK<Softmax>, Renormalise<false>>>, KVShare>>;
 using MoRCausalRaw = LM<dims, causal_sampling_arch<MoR<1, 3, Capacities<4, 3, 2, 1>, CausalAux<>,
                                                        Weighting<RouterWeight::Raw>, AddBlockOutput>>::type>;
 
@@ -148,6 +151,11 @@ TEST_CASE("decode layer-skip, early exit and causal MoD: logits equal a full for
   SECTION("Mixture-of-Recursions with token-choice routing: the depth chosen once per token, as in training") {
     CHECK(test::decode_error<MoRToken, double>() < 1e-12);
     CHECK(test::decode_error<MoRToken, float>() < 1e-5);
+  }
+  SECTION("Mixture-of-Recursions with KV sharing: deeper recursions query recursion 0's caches") {
+    CHECK(test::decode_error<MoRShare, double>({}, {}, 45) < 1e-12);
+    CHECK(test::decode_error<MoRShare, float>({}, {}, 45) < 1e-5);
+    CHECK(test::decode_error<MoRTokenShare, double>() < 1e-12);
   }
   // Top-C routing during training is not causal: the Decoder refuses it (compile_fail/decode_routed).
   static_assert(!infer::routes_causally<LM<dims, MoD<4>>>);

@@ -41,28 +41,37 @@ struct NaiveTransformer {
 
   // One transformer block (layer `layer`) over the rows xs, in their order, causal among them only.
   template <class Model>
-  static std::vector<Row> block(const std::vector<double>& p, int layer, const std::vector<Row>& xs) {
+  // With `keys` (and `qpos`, the rows' positions in it) the rows' queries attend to the keys and values of
+  // those rows, positions 0 .. qpos[i] (Mixture-of-Recursions' KV sharing), instead of to each other.
+  static std::vector<Row> block(const std::vector<double>& p, int layer, const std::vector<Row>& xs,
+                                const std::vector<Row>* keys = nullptr, const std::vector<index_t>* qpos = nullptr) {
     const std::size_t n = xs.size(), d = D.d_model, H = D.heads, hd = d / H, f = D.ff();
     const std::string h = "h." + std::to_string(layer) + ".";
-    std::vector<Row> qkv(n), out(n);
-    for (std::size_t i = 0; i < n; ++i)
-      qkv[i] = linear(layernorm(xs[i], at<Model>(p, h + "ln_1.w"), at<Model>(p, h + "ln_1.b")),
-                      at<Model>(p, h + "attn.w_qkv"), at<Model>(p, h + "attn.b_qkv"), 3 * d);
+    std::vector<Row> qkv(n), out(n), kv;
+    auto project = [&](const Row& x) {
+      return linear(layernorm(x, at<Model>(p, h + "ln_1.w"), at<Model>(p, h + "ln_1.b")), at<Model>(p, h + "attn.w_qkv"),
+                    at<Model>(p, h + "attn.b_qkv"), 3 * d);
+    };
+    for (std::size_t i = 0; i < n; ++i) qkv[i] = project(xs[i]);
+    if (keys)
+      for (const Row& k : *keys) kv.push_back(project(k));
+    const std::vector<Row>& src = keys ? kv : qkv;
     for (std::size_t i = 0; i < n; ++i) {
       Row att(d, 0.0);
+      const std::size_t last = keys ? std::size_t((*qpos)[i]) : i;
       for (std::size_t hh = 0; hh < H; ++hh) {
-        std::vector<double> s(i + 1);
+        std::vector<double> s(last + 1);
         double mx = -1e300;
-        for (std::size_t j = 0; j <= i; ++j) {
+        for (std::size_t j = 0; j <= last; ++j) {
           double dot = 0;
-          for (std::size_t c = 0; c < hd; ++c) dot += qkv[i][hh * hd + c] * qkv[j][d + hh * hd + c];
+          for (std::size_t c = 0; c < hd; ++c) dot += qkv[i][hh * hd + c] * src[j][d + hh * hd + c];
           s[j] = dot / std::sqrt(double(hd));
           mx = std::max(mx, s[j]);
         }
         double sum = 0;
         for (auto& v : s) sum += (v = std::exp(v - mx));
-        for (std::size_t j = 0; j <= i; ++j)
-          for (std::size_t c = 0; c < hd; ++c) att[hh * hd + c] += s[j] / sum * qkv[j][2 * d + hh * hd + c];
+        for (std::size_t j = 0; j <= last; ++j)
+          for (std::size_t c = 0; c < hd; ++c) att[hh * hd + c] += s[j] / sum * src[j][2 * d + hh * hd + c];
       }
       const Row a = linear(att, at<Model>(p, h + "attn.w_proj"), at<Model>(p, h + "attn.b_proj"), d);
       Row u(d);

@@ -73,12 +73,13 @@ struct Naive : test::NaiveTransformer<tiny> {
   template <class Model>
   static std::vector<double> logits(const std::vector<double>& p, const std::vector<token_t>& tokens, index_t batch,
                                     index_t seq, int B, const std::vector<index_t>& caps, double alpha, bool raw,
-                                    bool add_output = false, bool causal = false) {
+                                    bool add_output = false, bool causal = false, bool share = false) {
     const std::size_t d = tiny.d_model;
     std::vector<Row> x = embed<Model>(p, tokens, batch, seq);
     for (index_t b = 0; b < batch; ++b) {
       std::vector<index_t> cand(static_cast<std::size_t>(seq));
       std::iota(cand.begin(), cand.end(), index_t(0));
+      std::vector<std::vector<Row>> inputs0(static_cast<std::size_t>(B));  // KVShare: recursion 0's layer inputs
       for (std::size_t r = 0; r < caps.size(); ++r) {
         const double* w = at<Model>(p, "h.0.expert." + std::to_string(r) + ".router.w");
         std::vector<double> l(std::size_t(seq), 0.0);
@@ -95,7 +96,10 @@ struct Naive : test::NaiveTransformer<tiny> {
         std::vector<Row> xs;
         for (index_t s : S) xs.push_back(x[b * seq + s]);
         std::vector<Row> ys = xs;
-        for (int j = 0; j < B; ++j) ys = block<Model>(p, j, ys);
+        for (int j = 0; j < B; ++j) {
+          if (share && r == 0) inputs0[std::size_t(j)] = ys;  // every token (capacity 1), in order
+          ys = share && r > 0 ? block<Model>(p, j, ys, &inputs0[std::size_t(j)], &S) : block<Model>(p, j, ys);
+        }
         for (std::size_t i = 0; i < S.size(); ++i) {
           const double g = alpha * (raw ? l[S[i]] : 1.0 / (1.0 + std::exp(-l[S[i]])));
           for (std::size_t c = 0; c < d; ++c) x[b * seq + S[i]][c] += g * (ys[i][c] - (add_output ? 0.0 : xs[i][c]));
@@ -446,4 +450,65 @@ TEST_CASE("token-choice MoR: whole-model gradient equals finite differences, FLO
   }
   CHECK(realised_forward_flops(m) == expect);
   CHECK(sel[2].size() < sel[0].size());
+}
+
+TEST_CASE("MoR with KVShare: the deeper recursions attend to recursion 0's keys and values of every token",
+          "[recursion][kv-share]") {
+  using Share = LM<tiny, MoR<2, 3, KVShare, Alpha<1, 2>>>;
+  static_assert(Share::params == Mor23::params);
+  auto m = Share::make<cpu::Backend<double>>(90);
+  randomise(m, 91);
+  for (auto [batch, seq] : {std::pair<index_t, index_t>{2, 16}, {3, 10}}) {
+    m.reserve(batch, seq);
+    const auto tokens = random_tokens(batch * seq, tiny.vocab, 92 + seq);
+    m.forward(tokens, {}, batch, seq);
+    const std::vector<index_t> caps = {seq, seq * 2 / 3, seq / 3};
+    INFO("batch " << batch << " seq " << seq);
+    CHECK(max_abs_diff(logits_of(m), Naive::logits<Share>(host(m.params()), tokens, batch, seq, 2, caps, 0.5, false, false,
+                                                          false, true)) < 1e-10);
+    // Not recursion-wise caching: the same parameters without KVShare give other logits.
+    auto own = Mor23::make<cpu::Backend<double>>(90);
+    std::copy(m.params().begin(), m.params().end(), own.params().begin());
+    own.reserve(batch, seq);
+    own.forward(tokens, {}, batch, seq);
+    CHECK(max_abs_diff(logits_of(m), logits_of(own)) > 1e-3);
+  }
+  // Causal routing under KVShare, against the naive reference.
+  using Causal = LM<tiny, causal_sampling_arch<MoR<2, 3, KVShare, CausalAux<>>>::type>;
+  auto c = Causal::make<cpu::Backend<double>>(93);
+  randomise(c, 45);
+  c.reserve(3, 13);
+  const auto tokens = random_tokens(39, tiny.vocab, 94);
+  c.forward(tokens, {}, 3, 13);
+  CHECK(max_abs_diff(logits_of(c), Naive::logits<Causal>(host(c.params()), tokens, 3, 13, 2, {13, 8, 4}, 1.0, false,
+                                                         false, true, true)) < 1e-10);
+}
+
+TEST_CASE("MoR with KVShare: gradients by finite differences, FLOPs executed equal the cost model",
+          "[recursion][kv-share][gradcheck]") {
+  gradient_check<LM<tiny, MoR<2, 3, KVShare>>>(95);
+  gradient_check<LM<tiny, MoRMiddleCycle<1, 3, KVShare, CausalAux<1, 3>, Weighting<RouterWeight::Raw>>>, 1>(96);
+  gradient_check<LM<tiny, MoR<2, 3, KVShare, TokenChoice<Router<TopK<Softmax>, Renormalise<false>>>>>>(97);
+  using Share = LM<tiny, MoR<2, 3, KVShare>>;
+  auto m = Share::make<cpu::Backend<double>>(98);
+  randomise(m, 99);
+  const index_t batch = 2, seq = 15, n = batch * seq;
+  m.reserve(batch, seq);
+  m.forward(random_tokens(n, tiny.vocab, 100), {}, batch, seq);
+  using E = ExecOf<decltype(m)>;
+  index_t expect = n * (Share::flops_per_token(seq) - E::flops_per_token(seq));
+  const auto sel = selections(m);
+  for (std::size_t r = 0; r < sel.size(); ++r) {
+    std::vector<index_t> run(std::size_t(batch), 0), pairs(std::size_t(batch), 0);
+    for (token_t t : sel[r]) {
+      ++run[std::size_t(t / seq)];
+      pairs[std::size_t(t / seq)] += r == 0 ? run[std::size_t(t / seq)] : t % seq + 1;
+    }
+    for (index_t b = 0; b < batch; ++b)
+      expect += r == 0 ? E::recursion_flops(seq, run[std::size_t(b)], pairs[std::size_t(b)])
+                       : E::shared_recursion_flops(seq, run[std::size_t(b)], pairs[std::size_t(b)]);
+  }
+  CHECK(realised_forward_flops(m) == expect);
+  // The cost model's bound: the k_r run tokens at the last positions.
+  CHECK(E::flops_per_sequence(seq) * batch >= realised_forward_flops(m) - n * (Share::flops_per_token(seq) - E::flops_per_token(seq)));
 }

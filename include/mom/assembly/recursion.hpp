@@ -84,6 +84,12 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
   // CausalRouting (inference) and token choice: a variable number of tokens per recursion, the block over one
   // row group of packed rows.
   static constexpr bool causal = Cfg::causal_routing, token = Cfg::token_choice, packed = causal || token;
+  // KVShare: recursions r >= 1 attend to recursion 0's keys and values (packed rows, every token's keys).
+  static constexpr bool share_kv = Cfg::kv_share;
+  static constexpr bool shares(int r) { return share_kv && r > 0; }
+  static_assert(!share_kv || requires { requires RAttn::given_keys; },
+                "mom::Recursion<KVShare>: the block's attention module must take its keys from another state "
+                "(KeySource::Given, modules/module.hpp), as modules::Attention does");
   using DGate = detail::DepthGate<Cfg, D, A::h>;
   static_assert(std::is_same_v<typename A::phi_type, phi::Recursion>,
                 "mom::Router<Recursion> assembles with phi::Recursion: Assembly<R, ModuleSet<Block<B>, Skip>, K<1>, "
@@ -148,16 +154,35 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
   static constexpr index_t recursion_backward_flops(int r, index_t seq, index_t run, index_t pairs) {
     return (router_trained(r) ? seq * 4 * d : 0) + run * block_linear_backward_flops + B * Attn::pair_backward_flops * pairs;
   }
+  // KVShare, r >= 1: the keys and values of every token (recomputed from recursion 0's saved inputs: the same
+  // values), queries and FFN for the run tokens; `pairs` = Σ (position + 1) over them.
+  static constexpr index_t shared_recursion_flops(index_t seq, index_t run, index_t pairs) {
+    return (token ? 0 : seq * 2 * d) + B * (seq * Attn::kv_flops + run * (Attn::query_flops + Block::flops)) +
+           B * Attn::pair_flops * pairs;
+  }
+  static constexpr index_t shared_recursion_backward_flops(int r, index_t seq, index_t run, index_t pairs) {
+    return (router_trained(r) ? seq * 4 * d : 0) +
+           B * (seq * Attn::kv_backward_flops + run * (Attn::query_backward_flops + Block::backward_flops)) +
+           B * Attn::pair_backward_flops * pairs;
+  }
+  // Worst case of Σ (position + 1) over c of seq tokens: the last c positions.
+  static constexpr index_t pairs_to_all(index_t c, index_t seq) { return c * seq - c * (c - 1) / 2; }
   static constexpr index_t flops_per_sequence(index_t seq) {
     index_t total = seq * DGate::flops_per_token();  // token choice's gate, once per token
-    for (int r = 0; r < Nr; ++r) total += recursion_flops(seq, worst_run(r, seq), pairs_among(worst_run(r, seq)));
+    for (int r = 0; r < Nr; ++r) {
+      const index_t c = worst_run(r, seq);
+      total += shares(r) ? shared_recursion_flops(seq, c, pairs_to_all(c, seq)) : recursion_flops(seq, c, pairs_among(c));
+    }
     return total;
   }
   static constexpr index_t flops_per_token(index_t seq) { return flops_per_sequence(seq) / seq; }
   static constexpr index_t backward_flops_per_token(index_t seq) {
     index_t total = seq * DGate::backward_flops_per_token();
-    for (int r = 0; r < Nr; ++r)
-      total += recursion_backward_flops(r, seq, worst_run(r, seq), pairs_among(worst_run(r, seq)));
+    for (int r = 0; r < Nr; ++r) {
+      const index_t c = worst_run(r, seq);
+      total += shares(r) ? shared_recursion_backward_flops(r, seq, c, pairs_to_all(c, seq))
+                         : recursion_backward_flops(r, seq, c, pairs_among(c));
+    }
     return total / seq;
   }
 
@@ -198,7 +223,8 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
       R.wsel = a.take(m);
       R.xg = a.take(m * d);
       for (LayerWs& l : R.layer) {
-        if constexpr (packed) l.gattn = RAttn::template plan_grouped<1, KeySource::Routed>(a, n, m);
+        if (shares(r)) l.gattn = RAttn::template plan_grouped<1, KeySource::Given>(a, n, m);
+        else if (packed) l.gattn = RAttn::template plan_grouped<1, KeySource::Routed>(a, n, m);
         else l.attn = Attn::plan(a, batch, kr);
         l.u = a.take(m * d);
         l.ffn = Block::plan(a, m);
@@ -216,7 +242,8 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     return p;
   }
   struct Scratch {
-    index_t fm = 0, df = 0, dy = 0, dy2 = 0, dw = 0, dgate = 0, dlogits = 0, dcand = 0, gate = 0, module = 0, total = 0;
+    index_t fm = 0, df = 0, dy = 0, dy2 = 0, dw = 0, dgate = 0, dlogits = 0, dcand = 0, gate = 0, dshared = 0, module = 0,
+            total = 0;
   };
   static constexpr Scratch scratch_plan(index_t batch, index_t seq) {
     const index_t n = batch * seq;
@@ -229,12 +256,12 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     s.dgate = a.take(n);
     s.dlogits = a.take(n);
     s.dcand = a.take(n);
-    if constexpr (token) {
-      s.dy2 = a.take(n * d);
-      s.gate = a.take(DGate::scratch(n));
-    }
+    if constexpr (token || share_kv) s.dy2 = a.take(n * d);
+    if constexpr (token) s.gate = a.take(DGate::scratch(n));
+    if constexpr (share_kv) s.dshared = a.take(B * n * d);  // dL/d(recursion 0's layer inputs) through the shared keys
     index_t module = std::max(Attn::scratch(batch, seq), Block::scratch(n));
-    if constexpr (token) module = std::max(module, RAttn::template scratch_grouped<1, KeySource::Routed>(n, n));
+    if constexpr (packed) module = std::max(module, RAttn::template scratch_grouped<1, KeySource::Routed>(n, n));
+    if constexpr (share_kv) module = std::max(module, RAttn::template scratch_grouped<1, KeySource::Given>(n, n));
     s.module = a.take(module);
     s.total = a.used;
     return s;
@@ -259,11 +286,17 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
       if constexpr (packed) {
         if (causal && r == 0) be.fill(sp(toks(ws, plan.alive), n), token_t(1));
         select_packed(be, ws, plan, r, n);
-        Blocks::block_forward_packed(be, p, ws, R, x, x_next, scratch + s.fm, n, seq);
+        Blocks::block_forward_packed(be, p, ws, R, x, x_next, scratch + s.fm, n, seq, shares(r) ? &plan.rec[0] : nullptr);
       } else if (m > 0) {
         select(be, ws, plan, r, batch, seq);
         if (!full(r)) causal_forward(be, ws, plan, r, aux, batch, seq);
-        Blocks::block_forward(be, p, ws, R, x, x_next, scratch + s.fm, aux, batch, kr);
+        if (shares(r)) {  // the k_r tokens of every sequence as one packed row group {0, m}
+          be.fill(sp(toks(ws, R.groups), 1), token_t(0));
+          be.fill(sp(toks(ws, R.groups) + 1, 1), token_t(m));
+          Blocks::block_forward_packed(be, p, ws, R, x, x_next, scratch + s.fm, m, seq, &plan.rec[0]);
+        } else {
+          Blocks::block_forward(be, p, ws, R, x, x_next, scratch + s.fm, aux, batch, kr);
+        }
       }
       x = x_next;
     }
@@ -379,8 +412,10 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
               "same type without CausalRouting");
     const index_t n = batch * seq;
     const Scratch s = scratch_plan(batch, seq);
+    T* dshared = share_kv ? sc + s.dshared : nullptr;
+    if constexpr (share_kv) be.zero(sp(dshared, B * n * d));
     if constexpr (token) {
-      token_backward(be, p, g, ws, plan, x0, dres, sc, s, n, seq);
+      token_backward(be, p, g, ws, plan, x0, dres, sc, s, n, seq, dshared);
       return;
     }
     for (int r = Nr - 1; r >= 0; --r) {
@@ -389,7 +424,10 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
       if (m == 0) continue;  // nobody ran recursion r (a short sequence): no loss reads its router
       const MatrixView<const T> x = r == 0 ? x0 : mv<const T>(ws + plan.rec[std::size_t(r - 1)].x_next, n, d);
       const std::span<T> dw = sp(sc + s.dw, m), dlogits = sp(sc + s.dlogits, n);
-      Blocks::block_backward(be, p, g, ws, R, dres, sc, s, batch, kr);
+      if (shares(r))
+        Blocks::block_backward_packed(be, p, g, ws, R, x, dres, sc, s, m, seq, &plan.rec[0], dshared);
+      else
+        Blocks::block_backward(be, p, g, ws, R, dres, sc, s, batch, kr, r == 0 ? dshared : nullptr);
       be.zero(dlogits);
       const auto idx = sp<const token_t>(toks(ws, R.idx), m);
       if constexpr (!unit_weight) {  // dL/dg back to the score
@@ -424,13 +462,13 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
   // the tokens whose last recursion it is, then the gate (its input is the part's input x_0).
   template <class Be, class T>
   static void token_backward(Be& be, const T* p, T* g, const T* ws, const Plan& plan, MatrixView<const T> x0,
-                             MatrixView<T> dres, T* sc, const Scratch& s, index_t n, index_t seq) {
+                             MatrixView<T> dres, T* sc, const Scratch& s, index_t n, index_t seq, T* dshared) {
     const std::span<T> dweights = sp(sc + s.dcand, n), dcoef = sp(sc + s.dgate, n);
     be.zero(dweights);
     for (int r = Nr - 1; r >= 0; --r) {
       const Rec& R = plan.rec[std::size_t(r)];
       const MatrixView<const T> x = r == 0 ? x0 : mv<const T>(ws + plan.rec[std::size_t(r - 1)].x_next, n, d);
-      Blocks::block_backward_packed(be, p, g, ws, R, x, dres, sc, s, n, seq);
+      Blocks::block_backward_packed(be, p, g, ws, R, x, dres, sc, s, n, seq, shares(r) ? &plan.rec[0] : nullptr, dshared);
       be.zero(dcoef);
       be.scatter_add_rows(mv(dcoef.data(), n, 1), mv<const T>(sc + s.dw, n, 1), sp<const token_t>(toks(ws, R.idx), n),
                           std::span<const T>{}, run_groups(ws, R));
@@ -462,9 +500,9 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
   static constexpr DecodePlan plan_decode(Arena& a, index_t slots, index_t max_len, index_t rows) {
     DecodePlan p{};
     p.plan = plan(a, rows, 1);
-    for (auto* kv : {&p.k, &p.v})
-      for (auto& rec : *kv)
-        for (index_t& c : rec) c = a.take(slots * max_len * d);
+    for (auto* kv : {&p.k, &p.v})  // KVShare: recursion 0's caches only
+      for (int r = 0; r < (share_kv ? 1 : Nr); ++r)
+        for (index_t& c : (*kv)[std::size_t(r)]) c = a.take(slots * max_len * d);
     p.attn = Attn::plan_decode(a, rows);
     p.a = a.take(rows * d);
     p.counts = a.take(tok_elems(Nr * slots));
@@ -495,18 +533,20 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
       if (run > 0) {  // the run rows' sequences, positions and cache rows (host), then the block over them
         const auto idx = sp<const token_t>(toks(ws, R.idx), run);
         be.to_host(std::span<token_t>(host.idx.data(), std::size_t(run)), idx);
-        host.place(0, run, slot, pos, r, slots);
+        host.place(0, run, slot, pos, shares(r) ? -1 : r, slots);  // KVShare: a query's own row is its position
         const MatrixView<T> xg = mv(ws + R.xg, run, d), fo = mv(ws + R.fo, run, d), ar = a.row_block(0, run);
         be.gather_rows(xg, x, idx);
         MatrixView<const T> y = xg;
         for (int j = 0; j < B; ++j) {
           const LayerWs& l = R.layer[std::size_t(j)];
           const T* pa = p + Set::template attention_offset<D>(j);
-          const MatrixView<T> kc = mv(ws + dp.k[std::size_t(r)][std::size_t(j)], slots * max_len, d);
-          const MatrixView<T> vc = mv(ws + dp.v[std::size_t(r)][std::size_t(j)], slots * max_len, d);
+          const std::size_t c = shares(r) ? 0 : std::size_t(r);  // KVShare: recursion 0's keys, nothing written
+          const MatrixView<T> kc = mv(ws + dp.k[c][std::size_t(j)], slots * max_len, d);
+          const MatrixView<T> vc = mv(ws + dp.v[c][std::size_t(j)], slots * max_len, d);
           const MatrixView<T> u = mv(ws + l.u, run, d), out = j == B - 1 ? fo : mv(ws + l.y, run, d);
-          Attn::decode_keys(be, pa, ws, dp.attn, y, kc, vc, host.slots_of(run), host.positions(run), host.rows_at(run),
-                            max_len);
+          if (!shares(r))
+            Attn::decode_keys(be, pa, ws, dp.attn, y, kc, vc, host.slots_of(run), host.positions(run), host.rows_at(run),
+                              max_len);
           Attn::decode_queries(be, pa, ws, dp.attn, y, ar, MatrixView<const T>(kc), MatrixView<const T>(vc),
                                host.slots_of(run), host.positions(run), host.rows_at(run), max_len);
           be.add_forward(u.flat(), sp(y.data, run * d), sp<const T>(ar.data, run * d));
@@ -560,8 +600,13 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     index_t total = batch * seq * DGate::flops_per_token();
     for (int r = 0; r < Nr; ++r) {
       std::vector<index_t> run(std::size_t(batch), 0), pairs(std::size_t(batch), 0);
-      for (token_t t : read_selected(be, ws, plan, r, batch, seq)) pairs[std::size_t(t / seq)] += ++run[std::size_t(t / seq)];
-      for (std::size_t b = 0; b < run.size(); ++b) total += recursion_flops(seq, run[b], pairs[b]);
+      for (token_t t : read_selected(be, ws, plan, r, batch, seq)) {
+        const auto b = std::size_t(t / seq);
+        ++run[b];
+        pairs[b] += shares(r) ? t % seq + 1 : run[b];  // keys: every earlier token (KVShare), or the earlier run ones
+      }
+      for (std::size_t b = 0; b < run.size(); ++b)
+        total += shares(r) ? shared_recursion_flops(seq, run[b], pairs[b]) : recursion_flops(seq, run[b], pairs[b]);
     }
     return total;
   }

@@ -189,7 +189,9 @@ struct Attention {
 
   // G modules over the packed rows (module g: the rows of group g). AllTokens: per module LN_g, mean,
   // rstd and [K|V] over all n tokens, then the packed rows' LN (gathered), Q, attention output and
-  // lse. Routed: the packed rows' LN, mean, rstd, [Q|K|V], attention output and lse.
+  // lse. Routed: the packed rows' LN, mean, rstd, [Q|K|V], attention output and lse. Given: as AllTokens
+  // (K/V of x, every token), the queries from the rows' own state xg (their LN and its statistics).
+  static constexpr bool given_keys = true;  // KeySource::Given (module.hpp)
   template <int G>
   struct GroupedSaved {
     std::array<index_t, G> ln{}, mean{}, rstd{}, kv{};  // AllTokens, [n × d], [n], [n], [n × 2d] each
@@ -200,7 +202,7 @@ struct Attention {
   template <int G, KeySource keys>
   static constexpr GroupedSaved<G> plan_grouped(Arena& a, index_t n, index_t rows) {
     GroupedSaved<G> s{};
-    if constexpr (keys == KeySource::AllTokens) {
+    if constexpr (keys != KeySource::Routed) {
       for (int g = 0; g < G; ++g) {
         s.ln[g] = a.take(n * d);
         s.mean[g] = a.take(n);
@@ -209,6 +211,10 @@ struct Attention {
       }
       s.xq = a.take(rows * d);
       s.q = a.take(rows * d);
+      if constexpr (keys == KeySource::Given) {
+        s.mean_r = a.take(rows);
+        s.rstd_r = a.take(rows);
+      }
     } else {
       s.xq = a.take(rows * d);
       s.mean_r = a.take(rows);
@@ -223,7 +229,7 @@ struct Attention {
   // d(LN) [n × d]. Routed: d(att) [rows × d], d[Q|K|V] [rows × 3d], d(LN) [rows × d].
   template <int G, KeySource keys>
   static constexpr index_t scratch_grouped(index_t n, index_t rows) {
-    return keys == KeySource::AllTokens ? 3 * rows * d + G * n * 3 * d : rows * 5 * d;
+    return keys != KeySource::Routed ? 3 * rows * d + G * n * 3 * d : rows * 5 * d;
   }
 
   template <KeySource keys, class Be, class T, int G>
@@ -234,7 +240,7 @@ struct Attention {
     const index_t n = x.rows, rows = out.rows, heads = D.heads;
     const auto att = mat(ws, s.att, rows, d);
     const auto lse = vec(ws, s.lse, rows * heads);
-    if constexpr (keys == KeySource::AllTokens) {  // K and V of every token, per module
+    if constexpr (keys != KeySource::Routed) {  // K and V of every token, per module
       for (int m = 0; m < G; ++m) {
         const T* pm = p[m];
         const auto ln = mat(ws, s.ln[m], n, d);
@@ -246,9 +252,13 @@ struct Attention {
           be.rope_forward(mat(ws, s.kv[m], n, 2 * d).col_block(0, d), std::span<const index_t>{}, seq, hd,
                           rope_base<T>);
       }
-      // The queries' LN rows gathered from each module's LN of every token, then Q.
+      // The queries' LN rows gathered from each module's LN of every token (Given: the rows' own LN), then Q.
       const auto xq = mat(ws, s.xq, rows, d), q = mat(ws, s.q, rows, d);
-      be.gather_rows(xq, PerGroup<const T>(ws, G, [&](int m) { return s.ln[m]; }), n, idx, g);
+      if constexpr (keys == KeySource::Given)
+        be.grouped_layernorm_forward(xq, vec(ws, s.mean_r, rows), vec(ws, s.rstd_r, rows), xg, p.plus(o_ln_w),
+                                     p.plus(o_ln_b), g);
+      else
+        be.gather_rows(xq, PerGroup<const T>(ws, G, [&](int m) { return s.ln[m]; }), n, idx, g);
       be.grouped_linear_forward(q, MatrixView<const T>(xq), p.plus(o_w_qkv), p.plus(o_b_qkv), g);
       if constexpr (rope) be.rope_forward(q, idx, seq, hd, rope_base<T>, g);
       const PerGroup<const T> kv(ws, G, [&](int m) { return s.kv[m]; });
@@ -279,7 +289,7 @@ struct Attention {
     const auto datt = mat(scratch, 0, rows, d);
     be.zero_rows(datt, g);
     be.grouped_linear_backward(datt, gp.plus(o_w_proj), gp.plus(o_b_proj), dout, att, p.plus(o_w_proj), g);
-    if constexpr (keys == KeySource::AllTokens) {
+    if constexpr (keys != KeySource::Routed) {
       const auto dq = mat(scratch, rows * d, rows, d), dxq = mat(scratch, 2 * rows * d, rows, d);
       T* const dkv0 = scratch + 3 * rows * d;  // module m's d[K|V] at m·n·2d
       T* const dln0 = dkv0 + G * n * 2 * d;     // module m's d(LN) at m·n·d
@@ -304,7 +314,11 @@ struct Attention {
       be.zero_rows(dxq, g);
       be.grouped_linear_backward(dxq, gp.plus(o_w_qkv), gp.plus(o_b_qkv), MatrixView<const T>(dq), mat(ws, s.xq, rows, d),
                                  p.plus(o_w_qkv), g);
-      be.scatter_add_rows(dln, n, MatrixView<const T>(dxq), idx, g);
+      if constexpr (keys == KeySource::Given)  // the queries' LN is the rows' own: its gradient into dxg
+        be.grouped_layernorm_backward(dxg, gp.plus(o_ln_w), gp.plus(o_ln_b), MatrixView<const T>(dxq), xg,
+                                      vec(ws, s.mean_r, rows), vec(ws, s.rstd_r, rows), p.plus(o_ln_w), g);
+      else
+        be.scatter_add_rows(dln, n, MatrixView<const T>(dxq), idx, g);
       for (int m = 0; m < G; ++m)
         be.layernorm_backward(dx, vec(gp[m], o_ln_w, d), vec(gp[m], o_ln_b, d), mat<const T>(dln[m], 0, n, d), x,
                               vec(ws, s.mean[m], n), vec(ws, s.rstd[m], n), vec(p[m], o_ln_w, d));

@@ -52,7 +52,10 @@ concept ModuleFamily = requires {
 //              rows only their queries (phi::MoM, the authors' semantics; layer-skip AttendToSkipped)
 //   Routed     the routed rows only: a row attends to the earlier rows of its own group and sequence
 //              (phi::MoMRoutedKV; layer-skip over the running tokens)
-enum class KeySource { AllTokens, Routed };
+//   Given      every token's K/V from x (another state than the rows'), the rows' queries from their own
+//              state xg (Mixture-of-Recursions' KV sharing: the first recursion's keys). Optional: a module
+//              that takes it says so with `static constexpr bool given_keys = true` (modules::Attention).
+enum class KeySource { AllTokens, Routed, Given };
 
 // Members every computing module provides (D fixed by the single type):
 //   tensors(layer)   its parameter tensors in layout order (std::array<TensorSpec, n>), names below h.<layer>

@@ -30,6 +30,10 @@
 //                                   recursion i and by 1 before: x_{r+1} = x_r + c_t (y − x_r), c_t = g_t if r = i
 //                                   else 1 (a variable number per sequence: the block runs over packed rows).
 //                                   Causal: a token's depth reads its own state only, so it decodes as trained.
+//   KVShare                         recursive KV sharing (§2.2.2): at every recursion r ≥ 1 the selected tokens' queries
+//                                   attend to the keys and values of recursion 0 — every token's, at every earlier
+//                                   position — instead of to their own (recursion-wise caching, the default). Needs a
+//                                   first recursion of capacity 1 (every token runs it)
 //   CausalRouting                   inference: token t runs recursion r iff it ran recursion r−1 and θ_rᵀ H_t^r > 0
 //                                   (every token in play at a recursion of capacity 1), the decision CausalAux
 //                                   trains, instead of the top-k_r (a variable number per sequence; forward
@@ -56,6 +60,7 @@ struct Capacities {
   static constexpr std::array<long long, sizeof...(ps)> numerators{ps...};
 };
 struct AddBlockOutput {};
+struct KVShare {};
 template <class R>
 struct TokenChoice {
   using router = R;
@@ -70,7 +75,7 @@ template <class... Os>
 struct RecursionConfig {
   static constexpr bool options_known =
       mom::options_known<TypeList<Capacities<1>, Weighting<RouterWeight::Sigmoid>, Alpha<>, CausalAux<>, AddBlockOutput,
-                                  CausalRouting, TokenChoice<void>>,
+                                  CausalRouting, TokenChoice<void>, KVShare>,
                          Os...>;
   static constexpr bool options_unique = mom::options_unique<Os...>;
   static constexpr bool capacities_given = has_option<Capacities<1>, Os...>;
@@ -86,6 +91,7 @@ struct RecursionConfig {
   static constexpr bool add_block_output = has_option<AddBlockOutput, Os...>;
   static constexpr bool causal_routing = has_option<CausalRouting, Os...>;
   static constexpr bool token_choice = has_option<TokenChoice<void>, Os...>;
+  static constexpr bool kv_share = has_option<KVShare, Os...>;
   using token_router_t = typename option_t<TokenChoice<Router<TopK<Softmax>, Renormalise<false>>>, Os...>::router;
   static constexpr double aux_coef = causal_aux ? ratio<aux_t>() : 0.0;
 
@@ -126,6 +132,7 @@ struct RecursionConfig {
     if (alpha_t::numerator != alpha_t::denominator) add("Alpha<" + ratio_name(alpha_t::numerator, alpha_t::denominator) + ">");
     if constexpr (add_block_output) add("AddBlockOutput");
     if constexpr (causal_aux) add("CausalAux<" + ratio_name(aux_t::numerator, aux_t::denominator) + ">");
+    if constexpr (kv_share) add("KVShare");
     if constexpr (causal_routing) add("CausalRouting");
     if constexpr (token_choice)
       add("TokenChoice<Router<" + std::string(token_router_t::policy::name) +
@@ -147,7 +154,7 @@ struct Recursion {
     using Cfg = config;
     static_assert(Cfg::options_known,
                   "mom::Recursion<Options...>: unknown option; known: Capacities<q, p_1, ..., p_Nr>, Weighting<w>, "
-                  "Alpha<p, q>, AddBlockOutput, CausalAux<p, q>, CausalRouting, TokenChoice<R>");
+                  "Alpha<p, q>, AddBlockOutput, CausalAux<p, q>, CausalRouting, TokenChoice<R>, KVShare");
     static_assert(Cfg::options_unique, "mom::Recursion<Options...>: each option may be given at most once");
     static_assert(!Cfg::options_known || Cfg::capacities_ok(h),
                   "mom::Recursion: Capacities<q, p_1, ..., p_Nr> needs one capacity p_r/q in (0, 1] per recursion "
@@ -162,6 +169,9 @@ struct Recursion {
                        Cfg::weighting == RouterWeight::Sigmoid && Cfg::alpha_t::numerator == Cfg::alpha_t::denominator),
                   "mom::Recursion<TokenChoice<R>>: each token's depth is its router's choice, weighted by the gate: "
                   "Capacities, Weighting, Alpha, CausalAux and CausalRouting belong to expert-choice routing");
+    static_assert(!Cfg::kv_share || !Cfg::options_known || Cfg::token_choice || Cfg::full(0, h),
+                  "mom::Recursion<KVShare>: the deeper recursions share the first recursion's keys and values, so every "
+                  "token must run it: give recursion 1 capacity 1 (Capacities<q, q, ...>)");
     static_assert(Set::has_block,
                   "mom::Router<Recursion> applies one shared block per recursion: use ModuleSet<Block<B>, Skip>");
     static constexpr bool ok = Cfg::options_known && Cfg::options_unique && Cfg::capacities_ok(h) &&
@@ -170,7 +180,7 @@ struct Recursion {
                                (!Cfg::token_choice || (!Cfg::capacities_given && !Cfg::causal_aux &&
                                                        !Cfg::causal_routing && Cfg::weighting == RouterWeight::Sigmoid &&
                                                        Cfg::alpha_t::numerator == Cfg::alpha_t::denominator)) &&
-                               Set::has_block;
+                               (!Cfg::kv_share || Cfg::token_choice || Cfg::full(0, h)) && Set::has_block;
   };
 };
 
