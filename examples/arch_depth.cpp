@@ -28,6 +28,8 @@ using MoR8Paper = LM<mom8_dims, MoRMiddleCycle<6, 3, AddBlockOutput, Alpha<1, 10
 // ... token choice: each token's depth (1-3 recursions) chosen once by a softmax router, Switch balance loss 1/10
 // over the depths (the authors' token-choice setting).
 using MoR8Token = LM<mom8_dims, MoRMiddleCycle<6, 3, TokenChoice<Router<TopK<Softmax>, Renormalise<false>, BalanceCoef<1, 10>>>>>;
+// ... mor8-r3 with recursive KV sharing: recursions 2 and 3 attend to recursion 1's keys and values.
+using MoR8Share = LM<mom8_dims, MoRMiddleCycle<6, 3, KVShare>>;
 
 std::vector<ArchEntry> depth_architectures() {
   std::vector<ArchEntry> v;
@@ -41,6 +43,7 @@ std::vector<ArchEntry> depth_architectures() {
   v.push_back(make_architecture<MoR8R3, Dense8>("mor8-r3", "byte", "Mixture-of-Recursions, middle-cycle: layers 1-6 shared, 3 recursions (capacity 1, 2/3, 1/3)", "dense8"));
   v.push_back(make_architecture<MoR8Paper, Dense8>("mor8-paper", "byte", "mor8-r3 with the authors' settings: x + g*(block output), g = sigmoid/10, router BCE 0.001", "dense8"));
   v.push_back(make_architecture<MoR8Token, Dense8>("mor8-token", "byte", "Mixture-of-Recursions, token choice: each token's depth (1-3) chosen once by a softmax router, balance loss 0.1", "dense8"));
+  v.push_back(make_architecture<MoR8Share, Dense8>("mor8-share", "byte", "mor8-r3 with recursive KV sharing: recursions 2, 3 attend to recursion 1's keys and values", "dense8"));
   return v;
 }
 
