@@ -112,6 +112,30 @@ struct Naive : test::NaiveTransformer<tiny> {
 };
 
 using Mor23 = LM<tiny, MoR<2, 3, Alpha<1, 2>>>;  // 2 shared layers, 3 recursions: 3/3, 2/3, 1/3 of the tokens
+
+// Two models that must compute the same function: the same loss (1e-12) and, for every tensor of a's layout,
+// the same gradient in b's tensor of the mapped name.
+template <class A, class B, class NameMap>
+void expect_same_model(A& a, B& b, index_t batch, index_t seq, std::uint64_t seed, NameMap&& name_in_b) {
+  a.reserve(batch, seq);
+  b.reserve(batch, seq);
+  const auto tokens = random_tokens(batch * seq, tiny.vocab, seed), targets = random_tokens(batch * seq, tiny.vocab, seed + 1);
+  a.zero_grad();
+  b.zero_grad();
+  CHECK(std::abs(a.forward(tokens, targets, batch, seq) - b.forward(tokens, targets, batch, seq)) < 1e-12);
+  CHECK(max_abs_diff(logits_of(a), logits_of(b)) < 1e-12);
+  a.backward();
+  b.backward();
+  using MA = typename A::model_type;
+  using MB = typename B::model_type;
+  for (const auto& t : MA::layout) {
+    const auto& q = MB::find(name_in_b(std::string(t.name)));
+    INFO(t.name);
+    CHECK(max_abs_diff(std::vector<double>(a.grads().begin() + t.offset, a.grads().begin() + t.offset + t.size()),
+                       std::vector<double>(b.grads().begin() + q.offset, b.grads().begin() + q.offset + q.size())) < 1e-12);
+  }
+}
+const auto same_name = [](const std::string& s) { return s; };
 }  // namespace
 
 TEST_CASE("MoR equals a hand-computed reference: nested top-k per recursion, shared block, sigmoid weights",
@@ -165,23 +189,7 @@ TEST_CASE("MoR with every token at every recursion and unit weights is the recur
   auto mor = Full::make<cpu::Backend<double>>(7);
   randomise(rec, 8);
   warm_start(mor, rec);  // Block<2> has the names of MHA<2> + FFN<2>: h.<j>.attn.*, h.<j>.mlp.*
-  const index_t batch = 2, seq = 9;
-  rec.reserve(batch, seq);
-  mor.reserve(batch, seq);
-  const auto tokens = random_tokens(batch * seq, tiny.vocab, 9), targets = random_tokens(batch * seq, tiny.vocab, 10);
-  rec.zero_grad();
-  mor.zero_grad();
-  CHECK(std::abs(rec.forward(tokens, targets, batch, seq) - mor.forward(tokens, targets, batch, seq)) < 1e-12);
-  CHECK(max_abs_diff(logits_of(rec), logits_of(mor)) < 1e-12);
-  rec.backward();
-  mor.backward();
-  for (const auto& p : Recursive::layout) {
-    const auto& q = Full::find(p.name);
-    INFO(p.name);
-    CHECK(max_abs_diff(std::vector<double>(rec.grads().begin() + p.offset, rec.grads().begin() + p.offset + p.size()),
-                       std::vector<double>(mor.grads().begin() + q.offset, mor.grads().begin() + q.offset + q.size())) <
-          1e-12);
-  }
+  expect_same_model(rec, mor, 2, 9, 9, same_name);
 }
 
 TEST_CASE("MoR with one recursion and raw weights is Mixture-of-Depths over one block", "[recursion]") {
@@ -191,21 +199,12 @@ TEST_CASE("MoR with one recursion and raw weights is Mixture-of-Depths over one 
   auto mod = Mod::make<cpu::Backend<double>>(11);
   auto one = One::make<cpu::Backend<double>>(12);
   randomise(mod, 13);
-  auto p = host(mod.params());
   // Same layout but for the router's name: h.0.router.w vs h.0.expert.0.router.w.
-  const auto& rm = Mod::find("h.0.router.w");
-  REQUIRE(One::find("h.0.expert.0.router.w").offset == rm.offset);
-  std::copy(p.begin(), p.end(), one.params().begin());
-  const index_t batch = 2, seq = 16;
-  mod.reserve(batch, seq);
-  one.reserve(batch, seq);
-  const auto tokens = random_tokens(batch * seq, tiny.vocab, 14), targets = random_tokens(batch * seq, tiny.vocab, 15);
-  mod.zero_grad();
-  one.zero_grad();
-  CHECK(std::abs(mod.forward(tokens, targets, batch, seq) - one.forward(tokens, targets, batch, seq)) < 1e-12);
-  mod.backward();
-  one.backward();
-  CHECK(max_abs_diff(host(mod.grads()), host(one.grads())) < 1e-12);
+  REQUIRE(One::find("h.0.expert.0.router.w").offset == Mod::find("h.0.router.w").offset);
+  std::copy(mod.params().begin(), mod.params().end(), one.params().begin());
+  expect_same_model(mod, one, 2, 16, 14, [](const std::string& s) {
+    return s == "h.0.router.w" ? std::string("h.0.expert.0.router.w") : s;
+  });
 }
 
 TEST_CASE("MoR middle-cycle: the first and last layers unshared, the layout of Dense<B + 2> plus the routers",
@@ -411,22 +410,7 @@ TEST_CASE("token-choice MoR with one recursion is the dense block stack", "[recu
   auto one = One::make<cpu::Backend<double>>(74);
   randomise(dense, 75);
   warm_start(one, dense);
-  const index_t batch = 2, seq = 9;
-  dense.reserve(batch, seq);
-  one.reserve(batch, seq);
-  const auto tokens = random_tokens(batch * seq, tiny.vocab, 76), targets = random_tokens(batch * seq, tiny.vocab, 77);
-  dense.zero_grad();
-  one.zero_grad();
-  CHECK(std::abs(dense.forward(tokens, targets, batch, seq) - one.forward(tokens, targets, batch, seq)) < 1e-12);
-  dense.backward();
-  one.backward();
-  for (const auto& t : Dense2::layout) {
-    const auto& q = One::find(t.name);
-    INFO(t.name);
-    CHECK(max_abs_diff(std::vector<double>(dense.grads().begin() + t.offset, dense.grads().begin() + t.offset + t.size()),
-                       std::vector<double>(one.grads().begin() + q.offset, one.grads().begin() + q.offset + q.size())) <
-          1e-12);
-  }
+  expect_same_model(dense, one, 2, 9, 76, same_name);
 }
 
 TEST_CASE("token-choice MoR: whole-model gradient equals finite differences, FLOPs executed equal the cost model",

@@ -22,6 +22,13 @@ namespace mom {
 
 namespace detail {
 
+// One routed layer's causal decision over the last forward (read_causal of the depth executors: here and
+// Mixture-of-Recursions'): its BCE and correct decisions out of `tokens`.
+struct DepthCausalStats {
+  int layer = 0;
+  double bce = 0, correct = 0, tokens = 0;
+};
+
 // What the depth executors share: the router of every routed layer (its parameters, decision, auxiliary
 // losses and their backward), the unrouted layers, the parameter layout, the cost model and the
 // read-back. How a routed layer runs its block is the Derived executor's (CRTP): SelectedBlocks (MoD,
@@ -497,10 +504,7 @@ struct DepthExecutorBase : WorkspaceViews {
   // predictions of top-C membership, out of batch·seq tokens. The decision is the predictor's sign
   // (CausalPredictor), else the router's sign r_i > 0 (CausalAux, or none: how causal the plain
   // router happens to be).
-  struct CausalStats {
-    int layer = 0;
-    double bce = 0, correct = 0, tokens = 0;
-  };
+  using CausalStats = DepthCausalStats;
   template <class Be, class T>
   static std::vector<CausalStats> read_causal(Be& be, const T* ws, const Plan& plan, index_t batch, index_t seq) {
     std::vector<CausalStats> out;

@@ -577,10 +577,7 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
   // Per recursion with capacity below 1: the BCE of the decision l_t > 0 against t ∈ S_r over the
   // candidates, and its correct decisions over all tokens (a token that exited before recursion r is
   // not run at r by the decision either: counted correct).
-  struct CausalStats {
-    int layer = 0;
-    double bce = 0, correct = 0, tokens = 0;
-  };
+  using CausalStats = detail::DepthCausalStats;
   template <class Be, class T>
   static std::vector<CausalStats> read_causal(Be& be, const T* ws, const Plan& plan, index_t batch, index_t seq) {
     std::vector<CausalStats> out;

@@ -151,13 +151,6 @@ __global__ void sequence_balance_rows_kernel(double* partials, MatrixView<T> dsc
   acc = block_reduce<double>(acc);
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
-template <class T>
-__global__ void sequence_balance_sum_kernel(T* loss_out, const double* partials, index_t blocks, index_t batch, T coef) {
-  double s = 0;
-  for (index_t b = threadIdx.x; b < blocks; b += blockDim.x) s += partials[b];
-  s = block_reduce<double>(s);
-  if (threadIdx.x == 0) loss_out[0] = T(double(coef) * s / double(batch));
-}
 
 }  // namespace dev
 
@@ -195,7 +188,7 @@ void Kernels<T>::sequence_balance_forward(const Context& ctx, T* loss_out, M dsc
   const unsigned blocks = std::min<unsigned>(dev::blocks_for(scores.rows), unsigned(Context::reduce_blocks));
   dev::launch("sequence_balance_forward", ctx, blocks, dev::threads, dev::sequence_balance_rows_kernel<T>, ctx.partials,
               dscores, CM(freq), scores, seq, coef);
-  dev::launch("sequence_balance_forward", ctx, 1, dev::threads, dev::sequence_balance_sum_kernel<T>, loss_out,
+  dev::launch("sequence_balance_forward", ctx, 1, dev::threads, dev::partials_mean_kernel<T>, loss_out,
               static_cast<const double*>(ctx.partials), index_t(blocks), scores.rows / seq, coef);
 }
 

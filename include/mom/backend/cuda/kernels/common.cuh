@@ -121,6 +121,16 @@ __device__ T block_reduce(T v) {
   return part[0];
 }
 
+// loss_out[0] = coef · (Σ partials[0 .. blocks)) / count, one block: the second pass of a per-block reduction
+// (router z-loss, sequence-wise balance loss).
+template <class T>
+__global__ void partials_mean_kernel(T* loss_out, const double* partials, index_t blocks, index_t count, T coef) {
+  double s = 0;
+  for (index_t b = threadIdx.x; b < blocks; b += blockDim.x) s += partials[b];
+  s = block_reduce<double>(s);
+  if (threadIdx.x == 0) loss_out[0] = T(double(coef) * s / double(count));
+}
+
 // Records the first device-side index error (see kernels.hpp); later ones are dropped.
 __device__ __forceinline__ void report(int* error, DeviceError code, index_t position, index_t value, index_t bound) {
   if (atomicCAS(error, 0, static_cast<int>(code)) == 0) {

@@ -180,13 +180,6 @@ __global__ void router_z_loss_kernel(double* partials, MatrixView<T> dlogits, Ma
   acc = block_reduce<double>(acc);
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
-template <class T>
-__global__ void router_z_loss_sum_kernel(T* loss_out, const double* partials, index_t blocks, index_t n, T coef) {
-  double s = 0;
-  for (index_t b = threadIdx.x; b < blocks; b += blockDim.x) s += partials[b];
-  s = block_reduce<double>(s);
-  if (threadIdx.x == 0) loss_out[0] = T(double(coef) * s / double(n));
-}
 
 __global__ void slots_to_rows_kernel(token_t* rows, const token_t* slots, index_t n, index_t k) {
   MOM_GRID_STRIDE(i, n) rows[i] = static_cast<token_t>(slots[i] / k);
@@ -245,7 +238,7 @@ void Kernels<T>::router_z_loss_forward(const Context& ctx, T* loss_out, M dlogit
   const unsigned blocks = std::min<unsigned>(dev::blocks_for(logits.rows), unsigned(Context::reduce_blocks));
   dev::launch("router_z_loss_forward", ctx, blocks, dev::threads, dev::router_z_loss_kernel<T>, ctx.partials, dlogits,
               logits, inv_temp, coef);
-  dev::launch("router_z_loss_forward", ctx, 1, dev::threads, dev::router_z_loss_sum_kernel<T>, loss_out,
+  dev::launch("router_z_loss_forward", ctx, 1, dev::threads, dev::partials_mean_kernel<T>, loss_out,
               static_cast<const double*>(ctx.partials), index_t(blocks), logits.rows, coef);
 }
 
