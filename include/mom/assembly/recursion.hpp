@@ -89,7 +89,7 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
   static constexpr bool shares(int r) { return share_kv && r > 0; }
   static_assert(!share_kv || requires { requires RAttn::given_keys; },
                 "mom::Recursion<KVShare>: the block's attention module must take its keys from another state "
-                "(KeySource::Given, modules/module.hpp), as modules::Attention does");
+                "(KeySource::Given, modules/module.hpp: a module with given_keys)");
   using DGate = detail::DepthGate<Cfg, D, A::h>;
   static_assert(std::is_same_v<typename A::phi_type, phi::Recursion>,
                 "mom::Router<Recursion> assembles with phi::Recursion: Assembly<R, ModuleSet<Block<B>, Skip>, K<1>, "
