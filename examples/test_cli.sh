@@ -146,6 +146,14 @@ if "$BIN" --data "$T/text.txt" --arch dense8 --out "$T/p1" "${p2[@]}" >"$T/p1.lo
 else
   echo "FAIL: phase 1 -> phase 2"; cat "$T/p1.log" "$T/p2.log"; fail=1
 fi
+# A depth-routed family (token-choice Mixture-of-Recursions) adds its usage record (per recursion the fraction of
+# tokens run) to metrics.jsonl, and samples through the KV cache.
+if "$BIN" --data "$T/p1/data" --arch mor8-token --out "$T/mor" "${p2[@]}" >"$T/mor.log" 2>&1 &&
+   grep '"type":"depth"' "$T/mor/metrics.jsonl" | grep '"part1.h2"' | grep -q '"run_fraction":'; then
+  echo "ok: mor8-token writes its per-recursion usage to metrics.jsonl"
+else
+  echo "FAIL: mor8-token usage record"; cat "$T/mor.log"; fail=1
+fi
 expect_error "--init-from: '.*' holds 'LM<d_model=128.*' but --arch mom8-p warm-starts from its dense twin dense8 .* or fine-tunes its own" \
   "$BIN" --data "$T/text.txt" --arch mom8-p --out "$T/o9" --init-from "$T/run" "${p2[@]}"
 expect_error "--init-from: '.*' holds 'LM<.*': architecture 'tiny' starts only from its own checkpoints" \
@@ -189,6 +197,8 @@ fi
 help_line() { "$BIN" --help | grep -A1 "^  $1 (" | tail -1; }
 if help_line mom8-p | grep -q "samples with the KV cache" && help_line mod8-causal | grep -q "samples with the KV cache" &&
    help_line exit8 | grep -q "samples with the KV cache" && help_line mod8 | grep -q "forward over the window per token" &&
+   help_line mor8-token | grep -q "samples with the KV cache" && help_line mor8-paper | grep -q "samples with the KV cache" &&
+   help_line mor8 | grep -q "forward over the window per token" &&
    help_line dsmoe8 | grep -q "samples with the KV cache" && help_line ec8 | grep -q "forward over the window per token"; then
   echo "ok: --help says how each architecture samples"
 else

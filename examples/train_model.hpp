@@ -322,7 +322,10 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
       if (prev) prev(step);
       reduce_stats(comm, depth);
       if (!rank0) return depth.clear();
-      train::MetricsLog(dir / "depth.jsonl").write(nlohmann::json::parse(depth.json(step)));
+      // Also in metrics.jsonl (issue 18's usage metrics for every routed family): the same record, "type": "depth".
+      const auto record = nlohmann::json::parse(depth.json(step));
+      train::MetricsLog(dir / "depth.jsonl").write(record);
+      train::MetricsLog(dir / "metrics.jsonl").write(record);
       if (depth.causal_accuracy() >= 0)
         std::printf("step %6lld | causal routing accuracy %.4f (top-C membership)\n", static_cast<long long>(step),
                     depth.causal_accuracy());
