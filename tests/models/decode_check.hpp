@@ -29,8 +29,11 @@ double row_error(std::span<const T> a, const T* b, index_t n) {
 // logits against a full forward over its sequence.
 // lengths / prompt_len: each sequence's length and its prompt's (empty: the context, 9, 17 and 1 tokens
 // with prompts of 5, 1, 17 and 1). seed: the parameters' randomisation (test::randomise, scale 0.2).
+// prefill_rows: the Decoder's prefill pass size (0: its default, every prompt token of these cases in one pass; 3:
+// passes that split a prompt).
 template <class Model, class T>
-double decode_error(std::vector<index_t> lengths = {}, std::vector<index_t> prompt_len = {}, unsigned seed = 11) {
+double decode_error(std::vector<index_t> lengths = {}, std::vector<index_t> prompt_len = {}, unsigned seed = 11,
+                    index_t prefill_rows = 0) {
   constexpr index_t C = Model::dims.context, V = Model::dims.vocab;
   if (lengths.empty()) lengths = {C, 9, 17, 1}, prompt_len = {5, 1, 17, 1};
   REQUIRE(lengths.size() == prompt_len.size());
@@ -53,7 +56,7 @@ double decode_error(std::vector<index_t> lengths = {}, std::vector<index_t> prom
       full[b].assign(l.data, l.data + lengths[b] * V);
     }
   }
-  infer::Decoder dec(model, index_t(lengths.size()), C);
+  infer::Decoder dec(model, index_t(lengths.size()), C, prefill_rows);
   dec.prefill(std::span<const std::vector<token_t>>(prompts));
   double worst = 0;
   for (std::size_t b = 0; b < lengths.size(); ++b) {

@@ -79,6 +79,7 @@ TEST_CASE("decode MoM: prefill + step logits equal a full forward (double 1e-12,
   }
   SECTION("phi::MoMRoutedKV: only the routed tokens write keys") {
     CHECK(test::decode_error<MoMRouted, double>() < 1e-12);
+    CHECK(test::decode_error<MoMRouted, double>({}, {}, 11, 4) < 1e-12);  // prefill in passes of 4 rows
     CHECK(test::decode_error<MoMRouted, float>() < 1e-5);
   }
   SECTION("without SKIP, K = 1") { CHECK(test::decode_error<MoMNoSkip, double>() < 1e-12); }
@@ -147,6 +148,7 @@ TEST_CASE("decode layer-skip, early exit and causal MoD: logits equal a full for
     CHECK(test::decode_error<MoRCausal, double>({}, {}, 45) < 1e-12);
     CHECK(test::decode_error<MoRCausal, float>({}, {}, 45) < 1e-5);
     CHECK(test::decode_error<MoRCausalRaw, double>() < 1e-12);
+    CHECK(test::decode_error<MoRCausal, double>({}, {}, 45, 4) < 1e-12);  // prefill in passes of 4 rows
   }
   SECTION("Mixture-of-Recursions with token-choice routing: the depth chosen once per token, as in training") {
     CHECK(test::decode_error<MoRToken, double>() < 1e-12);

@@ -1,7 +1,8 @@
 // Incremental decoding (infer/decoder.hpp, infer/generate.hpp): prefill + step-by-step decode gives the
 // logits of one full forward over the same tokens, in double to 1e-12 and in float to a stated tolerance,
 // for the dense stack, parameter sharing and token-choice MoE (MoE, MoE(share), MoDE integrated), with a
-// batch of sequences of different lengths and a prompt that fills the context; the limits are refused with one message; generate's greedy output equals the
+// batch of sequences of different lengths and a prompt that fills the context, the prompts prefilled in one
+// pass or in passes of 4 rows; the limits are refused with one message; generate's greedy output equals the
 // recompute-the-window loop's, its sampling is seeded per sequence, stop tokens and top-k = 1 behave.
 #include <catch2/catch.hpp>
 
@@ -38,6 +39,11 @@ TEST_CASE("decode: prefill + step logits equal a full forward (double 1e-12, flo
     CHECK(test::decode_error<Shared, float>() < 1e-5);
   }
   SECTION("chunked: dense layers around a shared chunk") { CHECK(test::decode_error<Chunks, double>() < 1e-12); }
+  SECTION("prefill in passes of 4 rows: a prompt split across passes, several slots in one pass") {
+    CHECK(test::decode_error<Dense3, double>({}, {}, 11, 4) < 1e-12);
+    CHECK(test::decode_error<Shared, double>({}, {}, 11, 4) < 1e-12);
+    CHECK(test::decode_error<MoE, double>({}, {}, 11, 4) < 1e-12);
+  }
   SECTION("MoE, MoE(share), MoDE integrated: each new token's gate picks from its own u_h") {
     CHECK(test::decode_error<MoE, double>() < 1e-12);
     CHECK(test::decode_error<MoE, float>() < 1e-5);

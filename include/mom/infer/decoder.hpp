@@ -5,7 +5,7 @@
 //
 //   auto model = Model::make<cpu::Backend<float>>(1);          // trained parameters loaded into it
 //   infer::Decoder dec(model, /*slots=*/4, /*max_len=*/Model::dims.context);   // the only allocation
-//   dec.prefill(prompts);                     // prompts[b] into slot b (lengths may differ)
+//   dec.prefill(prompts);                     // prompts[b] into slot b (lengths may differ), in passes of prompt tokens
 //   auto logits = dec.step(next_tokens);      // one token per slot -> [slots × vocab]
 //   auto out = infer::generate(dec, prompts, {.max_new_tokens = 100, .sampling = {.temperature = 0.8}});
 //
@@ -111,15 +111,21 @@ class Decoder {
 
  public:
   // Caches for `slots` sequences of up to max_len (<= context) tokens, sized from the executors' plans
-  // (memory_elements() of T): allocated here, never again.
-  Decoder(Instance& model, index_t slots, index_t max_len = dims.context) : model_(model), slots_(slots), max_len_(max_len) {
+  // (memory_elements() of T): allocated here, never again. prefill_rows: how many prompt tokens one prefill
+  // pass runs together (default: 128, at least slots, at most slots·max_len); the step workspace is sized
+  // for them.
+  Decoder(Instance& model, index_t slots, index_t max_len = dims.context, index_t prefill_rows = 0)
+      : model_(model), slots_(slots), max_len_(max_len) {
     MOM_CHECK(slots > 0, "Decoder: slots ", slots, " must be > 0");
     MOM_CHECK(max_len > 0 && max_len <= dims.context, "Decoder: max_len ", max_len, " must be in [1, context ",
               dims.context, "]");
+    MOM_CHECK(prefill_rows >= 0, "Decoder: prefill_rows ", prefill_rows, " must be >= 0 (0: the default)");
+    rows_cap_ = std::min(slots * max_len, std::max(slots, prefill_rows > 0 ? prefill_rows : index_t(128)));
     Arena a;
     if constexpr (ok)
-      for_each_part([&]<std::size_t i, class E>() { std::get<i>(plans_) = E::plan_decode(a, slots, max_len, slots); });
-    x0_ = a.take(slots * d);
+      for_each_part([&]<std::size_t i, class E>() { std::get<i>(plans_) = E::plan_decode(a, slots, max_len, rows_cap_); });
+    x0_ = a.take(rows_cap_ * d);
+    last_rows_ = a.take(dispatch::tok_elems(slots));
     lnf_ = a.take(slots * d);
     mean_ = a.take(slots);
     rstd_ = a.take(slots);
@@ -161,6 +167,17 @@ class Decoder {
                 tokens[std::size_t(r)], " outside the vocabulary [0, ", vocab, ")");
       pos_[std::size_t(r)] = length_[std::size_t(s)];
     }
+    return run(slots, tokens, false);
+  }
+
+ private:
+  // The rows through every part: row r is tokens[r] at position pos_[r] of sequence slots[r]. A slot may hold
+  // several rows of consecutive positions, in order (prefill): each part writes a layer's keys for all rows
+  // before any row reads the cache, and a row reads only the positions up to its own, so the rows see exactly
+  // the tokens a step-by-step decode shows them. last_only: the head runs on each slot's last row alone (its
+  // logits into last_logits), instead of on every row.
+  MatrixView<const T> run(std::span<const index_t> slots, std::span<const token_t> tokens, bool last_only) {
+    const index_t rows = ssize(slots);
     auto& be = model_.backend();
     T* ws = ws_.data();
     const T* p = model_.params().data();
@@ -177,25 +194,46 @@ class Decoder {
         x = E::decode(be, p + Model::core::part_offset[i], ws, std::get<i>(plans_), x, slots, pos, slots_, max_len_,
                       tokens);
       });
-    const MatrixView<T> lnf{ws + lnf_, rows, d}, logits{ws + logits_, rows, vocab};
-    be.layernorm_forward(lnf, std::span<T>(ws + mean_, std::size_t(rows)), std::span<T>(ws + rstd_, std::size_t(rows)),
+    // The head's rows: every row, or (last_only) each slot's last row, gathered in slot order of appearance.
+    std::vector<index_t>& head_slots = head_slots_;
+    head_slots.clear();
+    if (last_only) {
+      last_rows_host_.clear();
+      for (index_t r = 0; r < rows; ++r)
+        if (r + 1 == rows || slots[std::size_t(r + 1)] != slots[std::size_t(r)]) {
+          last_rows_host_.push_back(token_t(r));
+          head_slots.push_back(slots[std::size_t(r)]);
+        }
+      const index_t k = ssize(last_rows_host_);
+      const std::span<token_t> idx(dispatch::toks(ws, last_rows_), std::size_t(k));
+      be.from_host(idx, std::span<const token_t>(last_rows_host_));
+      const MatrixView<T> xl{ws + lnf_, k, d};  // gathered into lnf_'s rows, then normalised in place
+      be.gather_rows(xl, x, std::span<const token_t>(idx));
+      x = MatrixView<const T>(xl);
+    } else {
+      head_slots.assign(slots.begin(), slots.end());
+    }
+    const index_t hr = ssize(head_slots);
+    const MatrixView<T> lnf{ws + lnf_, hr, d}, logits{ws + logits_, hr, vocab};
+    be.layernorm_forward(lnf, std::span<T>(ws + mean_, std::size_t(hr)), std::span<T>(ws + rstd_, std::size_t(hr)),
                          x, model_.params().subspan(std::size_t(Model::core::ln_f_offset), std::size_t(d)),
                          model_.params().subspan(std::size_t(Model::core::ln_f_offset + d), std::size_t(d)));
     be.linear_forward(logits, MatrixView<const T>(lnf), wte, std::span<const T>{});  // tied head
-    for (index_t r = 0; r < rows; ++r) {
-      const index_t s = slots[std::size_t(r)];
-      be.copy(std::span<T>(ws + last_ + s * vocab, std::size_t(vocab)),
+    for (index_t r = 0; r < hr; ++r)
+      be.copy(std::span<T>(ws + last_ + head_slots[std::size_t(r)] * vocab, std::size_t(vocab)),
               std::span<const T>(logits.row(r), std::size_t(vocab)));
-      ++length_[std::size_t(s)];
-    }
+    for (index_t r = 0; r < rows; ++r) ++length_[std::size_t(slots[std::size_t(r)])];
     return logits;
   }
+
+ public:
   // One token for every slot, in slot order.
   MatrixView<const T> step(std::span<const token_t> tokens) { return step(std::span<const index_t>(all_slots_), tokens); }
 
-  // Empties the slots, then feeds prompts[b] (at least one token, at most max_len) to slot b, all slots
-  // together position by position (a shorter prompt drops out of the later steps). Each slot's
-  // last_logits are then those of its prompt's last token.
+  // Empties the slots, then feeds prompts[b] (at least one token, at most max_len) to slot b: the prompts'
+  // tokens, slot after slot in position order, in passes of up to prefill_rows tokens (one pass: every
+  // prompt token of the pass through each weight matrix at once, a GEMM instead of a GEMV per position). Each
+  // slot's last_logits are then those of its prompt's last token.
   void prefill(std::span<const std::vector<token_t>> prompts) {
     MOM_CHECK(!prompts.empty() && ssize(prompts) <= slots_, "Decoder::prefill: ", prompts.size(),
               " prompts for ", slots_, " slots");
@@ -208,15 +246,21 @@ class Decoder {
     reset();
     std::vector<index_t> rows;
     std::vector<token_t> toks;
-    for (index_t t = 0; t < longest; ++t) {
-      rows.clear();
-      toks.clear();
-      for (std::size_t b = 0; b < prompts.size(); ++b)
-        if (t < ssize(prompts[b])) {
-          rows.push_back(index_t(b));
-          toks.push_back(prompts[b][std::size_t(t)]);
-        }
-      step(rows, toks);
+    for (std::size_t b = 0; b < prompts.size(); ++b)
+      for (const token_t t : prompts[b]) {
+        MOM_CHECK(t >= 0 && t < vocab, "Decoder::prefill: token ", t, " of prompt ", b, " outside the vocabulary [0, ",
+                  vocab, ")");
+        rows.push_back(index_t(b));
+        toks.push_back(t);
+      }
+    for (std::size_t at = 0; at < rows.size(); at += std::size_t(rows_cap_)) {
+      const std::size_t k = std::min(rows.size() - at, std::size_t(rows_cap_));
+      pos_.resize(k);
+      for (std::size_t r = 0, run_len = 0; r < k; ++r) {  // a slot's rows: its length, then one more per row
+        run_len = r > 0 && rows[at + r - 1] == rows[at + r] ? run_len + 1 : 0;
+        pos_[r] = length_[std::size_t(rows[at + r])] + index_t(run_len);
+      }
+      run(std::span<const index_t>(rows).subspan(at, k), std::span<const token_t>(toks).subspan(at, k), true);
     }
   }
 
@@ -236,11 +280,12 @@ class Decoder {
   }
 
   Instance& model_;
-  index_t slots_, max_len_;
+  index_t slots_, max_len_, rows_cap_ = 0;
   Plans plans_{};
-  index_t x0_ = 0, lnf_ = 0, mean_ = 0, rstd_ = 0, logits_ = 0, last_ = 0;
+  index_t x0_ = 0, lnf_ = 0, mean_ = 0, rstd_ = 0, logits_ = 0, last_ = 0, last_rows_ = 0;
   typename Be::template Buffer<T> ws_;
-  std::vector<index_t> length_, pos_, all_slots_;
+  std::vector<index_t> length_, pos_, all_slots_, head_slots_;
+  std::vector<token_t> last_rows_host_;
 };
 
 }  // namespace mom::infer
