@@ -28,6 +28,7 @@
 // layouts: assembly/recursion_blocks.hpp.
 #include <array>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "mom/assembly/assembly.hpp"
@@ -199,7 +200,7 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     index_t idx = 0;                                     // token_t [m]: S_r, flat, ascending
     index_t groups = 0;                                  // token_t [2]: CausalRouting's row group {0, count}
     index_t wsel = 0, xg = 0, fo = 0;                    // T [m], [m×d], [m×d]: g on S_r, x̃, f
-    index_t cand_l = 0, cand_t = 0, bce = 0;             // T [m_prev], [m_prev], [2]
+    index_t cand_l = 0, cand_t = 0, bce = 0;             // T [m_prev], [m_prev] (r >= 1), [2]
     index_t x_next = 0;                                  // T [n×d]
   };
   struct Plan {
@@ -231,8 +232,10 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
         l.y = a.take(m * d);
       }
       R.fo = a.take(m * d);
-      R.cand_l = a.take(mp);
-      R.cand_t = a.take(mp);
+      if (r > 0) {  // recursion 0's candidates are its own logits and mask (candidates())
+        R.cand_l = a.take(mp);
+        R.cand_t = a.take(mp);
+      }
       R.bce = a.take(2);
       R.x_next = a.take(n * d);
     }
@@ -384,21 +387,25 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     }
   }
 
-  // The candidates' logits and 0/1 targets [t ∈ S_r] (r = 0: every token), their BCE and the accuracy of
-  // the decision l_t > 0 into R.bce; CausalAux adds p/q · BCE to the loss.
+  // Recursion r's candidates (S_{r−1}; every token at r = 0): their logits and 0/1 targets [t ∈ S_r], the
+  // token's own rows at r = 0, the rows gathered by causal_forward after.
+  template <class T>
+  static std::pair<std::span<const T>, std::span<const T>> candidates(const T* ws, const Rec& R, int r, index_t mp) {
+    if (r == 0) return {sp<const T>(ws + R.logits, mp), sp<const T>(ws + R.mask, mp)};
+    return {sp<const T>(ws + R.cand_l, mp), sp<const T>(ws + R.cand_t, mp)};
+  }
+  // The candidates' BCE and the accuracy of the decision l_t > 0 into R.bce; CausalAux adds p/q · BCE to the loss.
   template <class Be, class T>
   static void causal_forward(Be& be, T* ws, const Plan& plan, int r, std::span<T> aux, index_t batch, index_t seq) {
     const Rec& R = plan.rec[std::size_t(r)];
     const index_t n = batch * seq, mp = r == 0 ? n : batch * tokens(r - 1, seq);
-    if (r == 0) {
-      be.copy(sp(ws + R.cand_l, n), sp<const T>(ws + R.logits, n));
-      be.copy(sp(ws + R.cand_t, n), sp<const T>(ws + R.mask, n));
-    } else {
+    if (r > 0) {
       const auto prev = sp<const token_t>(toks(ws, plan.rec[std::size_t(r - 1)].idx), mp);
       be.gather_rows(mv(ws + R.cand_l, mp, 1), mv<const T>(ws + R.logits, n, 1), prev);
       be.gather_rows(mv(ws + R.cand_t, mp, 1), mv<const T>(ws + R.mask, n, 1), prev);
     }
-    be.bce_logits_forward(sp(ws + R.bce, 2), sp<const T>(ws + R.cand_l, mp), sp<const T>(ws + R.cand_t, mp));
+    const auto [logits, targets] = candidates(ws, R, r, mp);
+    be.bce_logits_forward(sp(ws + R.bce, 2), logits, targets);
     if constexpr (Cfg::causal_aux) be.axpy(aux, T(Cfg::aux_coef), sp<const T>(ws + R.bce, 1));
   }
 
@@ -444,9 +451,9 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
       if (aux_on(r)) {
         const index_t mp = r == 0 ? n : batch * tokens(r - 1, seq);
         const std::span<T> dc = sp(sc + s.dcand, mp);
+        const auto [logits, targets] = candidates(static_cast<const T*>(ws), R, r, mp);
         be.zero(dc);
-        be.bce_logits_backward(dc, sp<const T>(ws + R.cand_l, mp), sp<const T>(ws + R.cand_t, mp),
-                               T(Cfg::aux_coef / double(mp)));
+        be.bce_logits_backward(dc, logits, targets, T(Cfg::aux_coef / double(mp)));
         if (r == 0) be.axpy(dlogits, T(1), std::span<const T>(dc));
         else
           be.scatter_add_rows(mv(dlogits.data(), n, 1), mv<const T>(dc.data(), mp, 1),
