@@ -65,6 +65,12 @@ TEST_CASE("decode: limits are one-line errors and leave the decoder usable", "[d
                     Catch::Contains("prompt 0 has 5 tokens; it needs 1 to 4"));
   const std::vector<std::vector<token_t>> full{{1, 2, 3, 4}, {5}};
   dec.prefill(std::span<const std::vector<token_t>>(full));
+  const std::vector<std::vector<token_t>> bad_prompt{{1, 2}, {3, 61}};
+  CHECK_THROWS_WITH(dec.prefill(std::span<const std::vector<token_t>>(bad_prompt)),
+                    Catch::Contains("token 61 of prompt 1 outside the vocabulary [0, 61)"));
+  CHECK(dec.length(0) == 4);  // the refused prefill left the slots as they were
+  CHECK(dec.length(1) == 1);
+  CHECK_THROWS_WITH(infer::Decoder(model, 1, 4, -1), Catch::Contains("prefill_rows -1 must be >= 0"));
   const std::vector<index_t> s0{0}, s1{1}, twice{1, 1};
   const std::vector<token_t> t{7}, tt{7, 8}, bad{61};
   CHECK_THROWS_WITH(dec.step(s0, t), Catch::Contains("sequence 0 is full (4 tokens, the decoder's max_len)"));

@@ -195,7 +195,7 @@ class Decoder {
                       tokens);
       });
     // The head's rows: every row, or (last_only) each slot's last row, gathered in slot order of appearance.
-    std::vector<index_t>& head_slots = head_slots_;
+    std::vector<index_t>& head_slots = head_slots_;  // the slot of each head row (host, reused)
     head_slots.clear();
     if (last_only) {
       last_rows_host_.clear();
@@ -207,7 +207,9 @@ class Decoder {
       const index_t k = ssize(last_rows_host_);
       const std::span<token_t> idx(dispatch::toks(ws, last_rows_), std::size_t(k));
       be.from_host(idx, std::span<const token_t>(last_rows_host_));
-      const MatrixView<T> xl{ws + lnf_, k, d};  // gathered into lnf_'s rows, then normalised in place
+      // Into x0_'s first rows: the embeddings are spent by now, and the final LayerNorm then reads one buffer and
+      // writes another (row i comes from row idx[i] >= i, so even an alias would read each row before it is written).
+      const MatrixView<T> xl{ws + x0_, k, d};
       be.gather_rows(xl, x, std::span<const token_t>(idx));
       x = MatrixView<const T>(xl);
     } else {
@@ -237,13 +239,9 @@ class Decoder {
   void prefill(std::span<const std::vector<token_t>> prompts) {
     MOM_CHECK(!prompts.empty() && ssize(prompts) <= slots_, "Decoder::prefill: ", prompts.size(),
               " prompts for ", slots_, " slots");
-    index_t longest = 0;
-    for (std::size_t b = 0; b < prompts.size(); ++b) {
+    for (std::size_t b = 0; b < prompts.size(); ++b)
       MOM_CHECK(!prompts[b].empty() && ssize(prompts[b]) <= max_len_, "Decoder::prefill: prompt ", b, " has ",
                 prompts[b].size(), " tokens; it needs 1 to ", max_len_, " (the decoder's max_len)");
-      longest = std::max(longest, ssize(prompts[b]));
-    }
-    reset();
     std::vector<index_t> rows;
     std::vector<token_t> toks;
     for (std::size_t b = 0; b < prompts.size(); ++b)
@@ -253,6 +251,7 @@ class Decoder {
         rows.push_back(index_t(b));
         toks.push_back(t);
       }
+    reset();  // only once every prompt is valid: a refused prefill leaves the slots as they were
     for (std::size_t at = 0; at < rows.size(); at += std::size_t(rows_cap_)) {
       const std::size_t k = std::min(rows.size() - at, std::size_t(rows_cap_));
       pos_.resize(k);
