@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "models/counting_backend.hpp"
+#include "models/depth_test_support.hpp"
 #include "models/naive_transformer.hpp"
 #include "models/random_tokens.hpp"
 #include "models/routed_gradient_check.hpp"
@@ -22,24 +23,15 @@
 #include "mom/mom.hpp"
 
 using namespace mom;
+using test::logits_of;
+using test::max_abs_diff;
 using test::random_tokens;
 using test::randomise;
+using test::selections;
 
 namespace {
 
 constexpr Dims tiny{.d_model = 8, .heads = 2, .d_ff = 12, .vocab = 11, .context = 16};
-
-template <class Instance>
-std::vector<double> logits_of(Instance& m) {
-  const auto l = m.logits();
-  return std::vector<double>(l.data, l.data + l.rows * l.cols);
-}
-
-double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double e = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) e = std::max(e, std::abs(a[i] - b[i]));
-  return e;
-}
 
 // ---- a hand-computed Mixture-of-Depths forward (naive loops, no library op) ----------------
 using Row = std::vector<double>;
@@ -86,26 +78,8 @@ struct Naive : test::NaiveTransformer<tiny> {
 };
 
 // The executor of the model's only part (the tests use a single Assembly as the architecture).
-template <std::size_t I, class List>
-struct list_at;
-template <std::size_t I, class T, class... Ts>
-struct list_at<I, TypeList<T, Ts...>> : list_at<I - 1, TypeList<Ts...>> {};
-template <class T, class... Ts>
-struct list_at<0, TypeList<T, Ts...>> {
-  using type = T;
-};
 template <class Instance>
-using Exec0 = typename list_at<0, typename Instance::model_type::core::executors>::type;
-
-template <class Instance>
-std::vector<std::vector<token_t>> selections(Instance& m) {
-  using E = Exec0<Instance>;
-  std::vector<std::vector<token_t>> out;
-  for (int h = 0; h < E::L; ++h)
-    if (E::routed(h))
-      out.push_back(E::read_selected(m.backend(), m.workspace_data(), std::get<0>(m.plan().parts), h, m.batch(), m.seq()));
-  return out;
-}
+using Exec0 = test::ExecOf<Instance>;
 
 using ModTiny = LM<tiny, MoD<4, 3, 8>>;  // capacity 3/8, blocks 1 and 3 routed
 }  // namespace
@@ -141,30 +115,7 @@ TEST_CASE("MoD equals a hand-computed reference: exactly C tokens, residual once
 TEST_CASE("MoD: a batch of two different sequences equals each sequence run alone", "[depth][mod]") {
   auto m = ModTiny::make<cpu::Backend<double>>(4);
   randomise(m, 5);
-  const index_t seq = 16;
-  m.reserve(2, seq);
-  const auto a = random_tokens(seq, tiny.vocab, 6), b = random_tokens(seq, tiny.vocab, 7);
-  std::vector<token_t> ab(a);
-  ab.insert(ab.end(), b.begin(), b.end());
-  m.forward(ab, {}, 2, seq);
-  const auto both = logits_of(m);
-  const auto sel_both = selections(m);
-  m.forward(a, {}, 1, seq);
-  const auto la = logits_of(m);
-  const auto sel_a = selections(m);
-  m.forward(b, {}, 1, seq);
-  const auto lb = logits_of(m);
-  const auto sel_b = selections(m);
-  CHECK(max_abs_diff(std::vector<double>(both.begin(), both.begin() + la.size()), la) < 1e-12);
-  CHECK(max_abs_diff(std::vector<double>(both.begin() + la.size(), both.end()), lb) < 1e-12);
-  // The second sequence's picks are its own picks shifted by the batch offset.
-  for (std::size_t r = 0; r < sel_both.size(); ++r) {
-    const std::size_t C = sel_a[r].size();
-    for (std::size_t j = 0; j < C; ++j) {
-      CHECK(sel_both[r][j] == sel_a[r][j]);
-      CHECK(sel_both[r][C + j] == sel_b[r][j] + token_t(seq));
-    }
-  }
+  test::check_batch_independence(m, 16, 6, 7);
 }
 
 TEST_CASE("MoD with Capacity<1>, every block routed and unit weights computes the dense stack", "[depth][mod]") {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "models/depth_test_support.hpp"
 #include "models/naive_transformer.hpp"
 #include "models/random_tokens.hpp"
 #include "models/routed_gradient_check.hpp"
@@ -21,6 +22,8 @@
 #include "mom/mom.hpp"
 
 using namespace mom;
+using test::logits_of;
+using test::max_abs_diff;
 using test::random_tokens;
 using test::randomise;
 
@@ -29,40 +32,10 @@ namespace {
 constexpr Dims tiny{.d_model = 8, .heads = 2, .d_ff = 12, .vocab = 11, .context = 16};
 using Row = std::vector<double>;
 
-template <class Instance>
-std::vector<double> logits_of(Instance& m) {
-  const auto l = m.logits();
-  return std::vector<double>(l.data, l.data + l.rows * l.cols);
-}
-double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  REQUIRE(a.size() == b.size());
-  double e = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) e = std::max(e, std::abs(a[i] - b[i]));
-  return e;
-}
 std::vector<double> host(const auto& span) { return std::vector<double>(span.begin(), span.end()); }
 
-// The executor of part I of the model.
-template <std::size_t I, class List>
-struct list_at;
-template <std::size_t I, class T, class... Ts>
-struct list_at<I, TypeList<T, Ts...>> : list_at<I - 1, TypeList<Ts...>> {};
-template <class T, class... Ts>
-struct list_at<0, TypeList<T, Ts...>> {
-  using type = T;
-};
-template <class Instance, std::size_t I = 0>
-using ExecOf = typename list_at<I, typename Instance::model_type::core::executors>::type;
-
-// Every recursion's selection of the last forward (part I).
-template <std::size_t I = 0, class Instance>
-std::vector<std::vector<token_t>> selections(Instance& m) {
-  using E = ExecOf<Instance, I>;
-  std::vector<std::vector<token_t>> out;
-  for (int r = 0; r < E::L; ++r)
-    out.push_back(E::read_selected(m.backend(), m.workspace_data(), std::get<I>(m.plan().parts), r, m.batch(), m.seq()));
-  return out;
-}
+using test::ExecOf;
+using test::selections;
 
 // MoR over Block<B> at layer names h.0..h.B-1, capacities caps[r] tokens per sequence (causal: run the
 // candidates with a positive score, every one where caps[r] = seq), weight
@@ -296,19 +269,7 @@ TEST_CASE("MoR: DepthStats reports each recursion's run fraction and the causal 
 TEST_CASE("MoR: a batch of two sequences equals each sequence alone", "[recursion]") {
   auto m = Mor23::make<cpu::Backend<double>>(50);
   randomise(m, 51);
-  const index_t seq = 12;
-  m.reserve(2, seq);
-  const auto a = random_tokens(seq, tiny.vocab, 52), b = random_tokens(seq, tiny.vocab, 53);
-  std::vector<token_t> ab(a);
-  ab.insert(ab.end(), b.begin(), b.end());
-  m.forward(ab, {}, 2, seq);
-  const auto both = logits_of(m);
-  m.forward(a, {}, 1, seq);
-  const auto la = logits_of(m);
-  m.forward(b, {}, 1, seq);
-  const auto lb = logits_of(m);
-  CHECK(max_abs_diff(std::vector<double>(both.begin(), both.begin() + long(la.size())), la) < 1e-12);
-  CHECK(max_abs_diff(std::vector<double>(both.begin() + long(la.size()), both.end()), lb) < 1e-12);
+  test::check_batch_independence(m, 12, 52, 53);
 }
 
 TEST_CASE("MoR with CausalRouting runs the candidates whose router score is positive, a variable count",
