@@ -1,5 +1,6 @@
 // bench_decode: incremental decoding with the KV cache (infer/decoder.hpp) against the recompute loop
-// it replaces (a full forward over the window for every new token), float, cpu::Backend<float>.
+// it replaces (a full forward over the window for every new token), float, cpu::Backend<float> (the same rows on
+// a GPU: bench_gpu_decode, bench/gpu_decode.cpp).
 //
 //   bench_decode [--only dense8,moe8,momp,skip8,gpt2-small] [--tokens N]
 //
@@ -24,12 +25,12 @@
 
 #include <mom/mom.hpp>
 
+#include "decode_rows.hpp"
+
 using namespace mom;
-using clock_type = std::chrono::steady_clock;
+using bench::clock_type, bench::seconds_since;
 
 namespace {
-
-double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
 
 // GB/s of a plain read of a buffer far larger than the caches (all threads), best of 5.
 double read_bandwidth() {
@@ -51,53 +52,7 @@ double read_bandwidth() {
 template <class Model>
 void bench(const char* name, index_t context, index_t new_tokens, double gbps) {
   auto model = Model::template make<cpu::Backend<float>>(1);
-  const index_t V = Model::dims.vocab, half = context / 2;
-  std::vector<std::vector<token_t>> prompts(8);
-  for (std::size_t b = 0; b < prompts.size(); ++b)
-    for (index_t t = 0; t < half; ++t) prompts[b].push_back(token_t((t * 7919 + b * 104729) % V));
-  const double weight_bytes = double(Model::params) * sizeof(float);
-  for (const index_t batch : {index_t(1), index_t(8)}) {
-    infer::Decoder dec(model, batch, context);
-    const std::span<const std::vector<token_t>> ps(prompts.data(), std::size_t(batch));
-    dec.prefill(ps);  // warm-up (first touch of the caches)
-    auto t0 = clock_type::now();
-    dec.prefill(ps);
-    const double prefill_s = seconds_since(t0);
-    double narrow_s = 0;
-    {
-      infer::Decoder narrow(model, batch, context, batch);
-      narrow.prefill(ps);
-      const auto t1 = clock_type::now();
-      narrow.prefill(ps);
-      narrow_s = seconds_since(t1);
-    }
-    std::vector<token_t> next(static_cast<std::size_t>(batch));
-    for (index_t b = 0; b < batch; ++b) next[std::size_t(b)] = token_t(b % V);
-    const index_t steps = std::min(new_tokens, context - half);
-    t0 = clock_type::now();
-    for (index_t s = 0; s < steps; ++s) dec.step(next);
-    const double step_ms = seconds_since(t0) / double(steps) * 1e3;
-    char ratio[32] = "–";
-    if (batch == 1) std::snprintf(ratio, sizeof ratio, "%.2f", step_ms / (weight_bytes / (gbps * 1e9) * 1e3));
-    std::printf("| %s | %lld | %lld | %.0f | %.0f | %.2f | %.0f | %.1f MiB | %s |\n", name, (long long)context,
-                (long long)batch, double(batch * half) / prefill_s, double(batch * half) / narrow_s, step_ms,
-                double(batch) * 1e3 / step_ms,
-                double(dec.memory_elements()) * sizeof(float) / (1 << 20), ratio);
-  }
-  // The recompute loop at batch 1: a forward over the window for each new token.
-  model.reserve(1, context);
-  std::vector<token_t> seq = prompts[0];
-  const index_t reps = std::max<index_t>(2, std::min<index_t>(new_tokens, 8));
-  model.forward(seq, {}, 1, ssize(seq));  // warm-up
-  const auto t0 = clock_type::now();
-  for (index_t i = 0; i < reps; ++i) {
-    model.forward(seq, {}, 1, ssize(seq));
-    const float* last = model.logits().row(ssize(seq) - 1);
-    seq.push_back(token_t(std::max_element(last, last + V) - last));
-  }
-  const double recompute_ms = seconds_since(t0) / double(reps) * 1e3;
-  std::printf("| %s | %lld | 1 (recompute loop) | – | – | %.2f | %.0f | – | – |\n", name, (long long)context, recompute_ms,
-              1e3 / recompute_ms);
+  bench::decode_rows(model, name, context, new_tokens, gbps, [] {});
 }
 
 }  // namespace

@@ -48,28 +48,38 @@ struct DecodeRounds {
   }
 };
 
-// The host side of a routed executor's decode step (MoM, layer-skip, causal Mixture-of-Depths): the
-// sequences, positions and cache rows of the rows one module or block runs, which the decode ops take on
-// the host. A cache that holds only the tokens routed to it (phi::MoMRoutedKV, a skip layer's or MoD
-// block's own keys) fills one row after another: `counts` [caches × slots] in the decoder's workspace
-// holds how many of a sequence's tokens each cache has, restarted when the sequence starts again at
-// position 0. Sized once for the largest step (thread_local): no allocation per step after the first.
+// The host side of a routed executor's decode step (MoM, layer-skip, causal Mixture-of-Depths,
+// Mixture-of-Recursions): which rows one module or block runs, their sequences, positions and cache rows.
+// The decoder hands the step's slot and pos in backend memory (as every op takes them); begin() reads them
+// to the host once per step, place() works out a group's rows there, and stage() puts them back into a
+// workspace region for the ops (on a device backend an ordered host -> device copy: no wait). A cache that
+// holds only the tokens routed to it (phi::MoMRoutedKV, a skip layer's or MoD block's own keys) fills one row
+// after another: `counts` [caches × slots] in the decoder's workspace holds how many of a sequence's tokens
+// each cache has, restarted when the sequence starts again at position 0. Sized once for the largest step
+// (thread_local): no allocation per step after the first.
 struct DecodeRows {
   std::vector<token_t> idx, counts;
-  std::vector<index_t> slot, pos, at;
+  std::vector<index_t> slot_of, pos_of;  // the step's rows (host copies of the decoder's slot and pos)
+  std::vector<index_t> slot, pos, at;    // the rows place() put together
 
-  static DecodeRows& get(index_t rows) {
+  // The workspace region stage() writes, for up to `rows` placed rows.
+  static constexpr index_t take(Arena& a, index_t rows) { return a.take(dispatch::index_elems(3 * rows)); }
+
+  // The step's rows (slot, pos: backend memory) read to the host; `rows`: the most rows one group places.
+  template <class Be>
+  static DecodeRows& begin(Be& be, std::span<const index_t> slot, std::span<const index_t> pos, index_t rows) {
     thread_local DecodeRows h;
+    for (auto* v : {&h.slot, &h.pos, &h.at}) v->resize(std::size_t(rows));
     h.idx.resize(std::size_t(rows));
-    h.slot.resize(std::size_t(rows));
-    h.pos.resize(std::size_t(rows));
-    h.at.resize(std::size_t(rows));
+    h.slot_of.resize(slot.size());
+    h.pos_of.resize(pos.size());
+    be.to_host(std::span<index_t>(h.slot_of), slot);
+    be.to_host(std::span<index_t>(h.pos_of), pos);
     return h;
   }
   // The counts of `caches` routed caches from the workspace, a slot at position 0 restarted.
   template <class Be, class T>
-  void load_counts(Be& be, const T* ws, index_t off, index_t caches, index_t slots, std::span<const index_t> slot_of,
-                   std::span<const index_t> pos_of) {
+  void load_counts(Be& be, const T* ws, index_t off, index_t caches, index_t slots) {
     counts.resize(std::size_t(caches * slots));
     be.to_host(std::span<token_t>(counts), std::span<const token_t>(dispatch::toks(ws, off), counts.size()));
     for (std::size_t r = 0; r < slot_of.size(); ++r)
@@ -83,8 +93,7 @@ struct DecodeRows {
   // The rows idx[o .. o+cnt) (indices into the step's rows, read into `idx` by the caller): their slots
   // and positions, and their cache rows: the position (a cache every token writes, cache < 0) or the next
   // free row of routed cache `cache` (its count advanced).
-  void place(index_t o, index_t cnt, std::span<const index_t> slot_of, std::span<const index_t> pos_of, index_t cache,
-             index_t slots) {
+  void place(index_t o, index_t cnt, index_t cache, index_t slots) {
     for (index_t i = 0; i < cnt; ++i) {
       const auto row = std::size_t(idx[std::size_t(o + i)]);
       slot[std::size_t(i)] = slot_of[row];
@@ -92,9 +101,21 @@ struct DecodeRows {
       at[std::size_t(i)] = cache < 0 ? pos_of[row] : counts[std::size_t(cache * slots + slot_of[row])]++;
     }
   }
-  std::span<const index_t> slots_of(index_t cnt) const { return {slot.data(), std::size_t(cnt)}; }
-  std::span<const index_t> positions(index_t cnt) const { return {pos.data(), std::size_t(cnt)}; }
-  std::span<const index_t> rows_at(index_t cnt) const { return {at.data(), std::size_t(cnt)}; }
+  // The `cnt` placed rows' slots, positions and cache rows in backend memory (region `off`, from take()),
+  // valid until the next stage() into it.
+  struct Staged {
+    std::span<const index_t> slot, pos, at;
+  };
+  template <class Be, class T>
+  Staged stage(Be& be, T* ws, index_t off, index_t cnt) const {
+    index_t* dst = reinterpret_cast<index_t*>(ws + off);
+    const auto n = std::size_t(cnt);
+    const auto put = [&](index_t* d, const std::vector<index_t>& v) {
+      be.from_host(std::span<index_t>(d, n), std::span<const index_t>(v.data(), n));
+      return std::span<const index_t>(d, n);
+    };
+    return {put(dst, slot), put(dst + cnt, pos), put(dst + 2 * cnt, at)};
+  }
 };
 
 }  // namespace mom::detail

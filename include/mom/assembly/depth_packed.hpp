@@ -111,6 +111,7 @@ struct PackedBlocks : DepthExecutorBase<PackedBlocks<Policy, A, D>, Policy, A, D
     typename Attn::DecodeSaved attn{};
     index_t fm = 0;      // [rows × d]: a module's output
     index_t counts = 0;  // token_t [L × slots]: the routed caches' fill (Routed keys)
+    index_t staged = 0;  // the run rows' slots, positions and cache rows (DecodeRows::stage)
   };
   static constexpr DecodePlan plan_decode(Arena& a, index_t slots, index_t max_len, index_t rows) {
     DecodePlan p{};
@@ -122,6 +123,7 @@ struct PackedBlocks : DepthExecutorBase<PackedBlocks<Policy, A, D>, Policy, A, D
     p.attn = Attn::plan_decode(a, rows);
     p.fm = a.take(rows * d);
     if constexpr (!attend_all) p.counts = a.take(dispatch::tok_elems(L * slots));
+    p.staged = DecodeRows::take(a, rows);
     return p;
   }
 
@@ -131,8 +133,8 @@ struct PackedBlocks : DepthExecutorBase<PackedBlocks<Policy, A, D>, Policy, A, D
                                     index_t max_len, std::span<const token_t> /*tokens*/) {
     const index_t rows = x.rows;
     const Plan& plan = dp.plan;
-    DecodeRows& host = DecodeRows::get(rows);
-    if constexpr (!attend_all) host.load_counts(be, ws, dp.counts, L, slots, slot, pos);
+    DecodeRows& host = DecodeRows::begin(be, slot, pos, rows);
+    if constexpr (!attend_all) host.load_counts(be, ws, dp.counts, L, slots);
     if constexpr (Cfg::early_exit) be.fill(sp(toks(ws, plan.alive), rows), token_t(1));
     if constexpr (Cfg::early_exit && Cfg::gate_mean) be.fill(sp(ws + plan.ones, rows), T(1));
     const std::span<T> aux = sp(ws + plan.aux, 1);  // the routers' losses, computed as in forward, unused
@@ -161,13 +163,12 @@ struct PackedBlocks : DepthExecutorBase<PackedBlocks<Policy, A, D>, Policy, A, D
       const index_t run = rows_run(be, ws, l, rows, 1);
       if (run > 0) {  // the run rows' sequences, positions and cache rows (host), then their attention
         be.to_host(std::span<token_t>(host.idx.data(), std::size_t(run)), idx.first(std::size_t(run)));
-        host.place(0, run, slot, pos, attend_all ? -1 : h, slots);
+        host.place(0, run, attend_all ? -1 : h, slots);
+        const auto rr = host.stage(be, ws, dp.staged, run);
         const MatrixView<const T> xr(xg.row_block(0, run));
-        if constexpr (!attend_all)
-          Attn::decode_keys(be, pa, ws, dp.attn, xr, kc, vc, host.slots_of(run), host.positions(run), host.rows_at(run),
-                            max_len);
+        if constexpr (!attend_all) Attn::decode_keys(be, pa, ws, dp.attn, xr, kc, vc, rr.slot, rr.pos, rr.at, max_len);
         Attn::decode_queries(be, pa, ws, dp.attn, xr, fo.row_block(0, run), MatrixView<const T>(kc),
-                             MatrixView<const T>(vc), host.slots_of(run), host.positions(run), host.rows_at(run), max_len);
+                             MatrixView<const T>(vc), rr.slot, rr.pos, rr.at, max_len);
       }
       be.add_forward(u, MatrixView<const T>(xg), MatrixView<const T>(fo), g);
       Block::forward_grouped(be, p, ws, l.ffn, h, MatrixView<const T>(u), fo, fm, g);

@@ -380,6 +380,7 @@ struct Executor<GRU, A, D> : WorkspaceViews {
     typename Attn::DecodeSaved attn{};
     index_t zero_state = 0;
     index_t counts = 0;  // token_t [Hn × NA × slots]: phi::MoMRoutedKV's cache fill per (round, module, slot)
+    index_t staged = 0;  // a module's rows' slots, positions and cache rows (detail::DecodeRows::stage)
   };
   static constexpr DecodePlan plan_decode(Arena& a, index_t slots, index_t max_len, index_t rows) {
     const index_t P = rows * Kp;
@@ -401,6 +402,7 @@ struct Executor<GRU, A, D> : WorkspaceViews {
     p.attn = Attn::plan_decode(a, rows);  // a module's group has at most `rows` rows (K distinct picks)
     p.zero_state = a.take(rows * W);
     if constexpr (routed_kv) p.counts = a.take(tok_elems(Hn * NA * slots));
+    p.staged = detail::DecodeRows::take(a, rows);
     return p;
   }
 
@@ -409,8 +411,8 @@ struct Executor<GRU, A, D> : WorkspaceViews {
                                     std::span<const index_t> slot, std::span<const index_t> pos, index_t slots,
                                     index_t max_len, std::span<const token_t> /*tokens*/) {
     const index_t rows = x.rows;
-    detail::DecodeRows& host = detail::DecodeRows::get(rows * Kp);
-    if constexpr (routed_kv) host.load_counts(be, ws, plan.counts, Hn * NA, slots, slot, pos);
+    detail::DecodeRows& host = detail::DecodeRows::begin(be, slot, pos, rows * Kp);
+    if constexpr (routed_kv) host.load_counts(be, ws, plan.counts, Hn * NA, slots);
     be.zero(sp(ws + plan.zero_state, rows * W));
     for (int h = 0; h < Hn; ++h) {
       const DecodeRound& r = plan.round[h];
@@ -454,14 +456,15 @@ struct Executor<GRU, A, D> : WorkspaceViews {
     for (int m = 0; m < NA; ++m) {
       const index_t o = off[std::size_t(m)], cnt = off[std::size_t(m) + 1] - o;
       if (cnt == 0) continue;  // no token picked module m: its queries cost nothing
-      host.place(o, cnt, slot, pos, routed_kv ? h * NA + m : -1, slots);
+      host.place(o, cnt, routed_kv ? h * NA + m : -1, slots);
+      const auto rm = host.stage(be, ws, plan.staged, cnt);
       const MatrixView<const T> xm(xg.row_block(o, cnt));
       if constexpr (routed_kv)
-        Attn::decode_keys(be, p + attention_offset(m), ws, plan.attn, xm, cache(m, false), cache(m, true),
-                          host.slots_of(cnt), host.positions(cnt), host.rows_at(cnt), max_len);
+        Attn::decode_keys(be, p + attention_offset(m), ws, plan.attn, xm, cache(m, false), cache(m, true), rm.slot,
+                          rm.pos, rm.at, max_len);
       Attn::decode_queries(be, p + attention_offset(m), ws, plan.attn, xm, y.row_block(o, cnt),
-                           MatrixView<const T>(cache(m, false)), MatrixView<const T>(cache(m, true)),
-                           host.slots_of(cnt), host.positions(cnt), host.rows_at(cnt), max_len);
+                           MatrixView<const T>(cache(m, false)), MatrixView<const T>(cache(m, true)), rm.slot, rm.pos,
+                           rm.at, max_len);
     }
     be.scatter_add_rows(u, MatrixView<const T>(y), idx, sp<const T>(ws + r.ra.wpacked, P), g);  // eq. (5)
   }

@@ -503,6 +503,7 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     typename Attn::DecodeSaved attn{};
     index_t a = 0;       // [rows × d]: a module's output
     index_t counts = 0;  // token_t [Nr × slots]: how many of a sequence's tokens each recursion's caches hold
+    index_t staged = 0;  // the run rows' slots, positions and cache rows (detail::DecodeRows::stage)
   };
   static constexpr DecodePlan plan_decode(Arena& a, index_t slots, index_t max_len, index_t rows) {
     DecodePlan p{};
@@ -513,6 +514,7 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     p.attn = Attn::plan_decode(a, rows);
     p.a = a.take(rows * d);
     p.counts = a.take(tok_elems(Nr * slots));
+    p.staged = detail::DecodeRows::take(a, rows);
     return p;
   }
   template <class Be, class T>
@@ -521,8 +523,8 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
                                     index_t max_len, std::span<const token_t> input_tokens) {
     const index_t rows = x.rows;
     const Plan& plan = dp.plan;
-    detail::DecodeRows& host = detail::DecodeRows::get(rows);
-    host.load_counts(be, ws, dp.counts, Nr, slots, slot, pos);
+    detail::DecodeRows& host = detail::DecodeRows::begin(be, slot, pos, rows);
+    host.load_counts(be, ws, dp.counts, Nr, slots);
     be.fill(sp(toks(ws, plan.alive), rows), token_t(1));
     const std::span<T> aux = sp(ws + plan.aux, 1);
     be.zero(aux);
@@ -540,7 +542,8 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
       if (run > 0) {  // the run rows' sequences, positions and cache rows (host), then the block over them
         const auto idx = sp<const token_t>(toks(ws, R.idx), run);
         be.to_host(std::span<token_t>(host.idx.data(), std::size_t(run)), idx);
-        host.place(0, run, slot, pos, shares(r) ? -1 : r, slots);  // KVShare: a query's own row is its position
+        host.place(0, run, shares(r) ? -1 : r, slots);  // KVShare: a query's own row is its position
+        const auto rr = host.stage(be, ws, dp.staged, run);
         const MatrixView<T> xg = mv(ws + R.xg, run, d), fo = mv(ws + R.fo, run, d), ar = a.row_block(0, run);
         be.gather_rows(xg, x, idx);
         MatrixView<const T> y = xg;
@@ -552,10 +555,9 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
           const MatrixView<T> vc = mv(ws + dp.v[c][std::size_t(j)], slots * max_len, d);
           const MatrixView<T> u = mv(ws + l.u, run, d), out = j == B - 1 ? fo : mv(ws + l.y, run, d);
           if (!shares(r))
-            Attn::decode_keys(be, pa, ws, dp.attn, y, kc, vc, host.slots_of(run), host.positions(run), host.rows_at(run),
-                              max_len);
-          Attn::decode_queries(be, pa, ws, dp.attn, y, ar, MatrixView<const T>(kc), MatrixView<const T>(vc),
-                               host.slots_of(run), host.positions(run), host.rows_at(run), max_len);
+            Attn::decode_keys(be, pa, ws, dp.attn, y, kc, vc, rr.slot, rr.pos, rr.at, max_len);
+          Attn::decode_queries(be, pa, ws, dp.attn, y, ar, MatrixView<const T>(kc), MatrixView<const T>(vc), rr.slot,
+                               rr.pos, rr.at, max_len);
           be.add_forward(u.flat(), sp(y.data, run * d), sp<const T>(ar.data, run * d));
           Block::forward_residual(be, p, ws, l.ffn, j, MatrixView<const T>(u), out, ar, aux);
           y = out;

@@ -177,4 +177,9 @@ concept Backend = requires { typename Be::scalar; } && backend_parts::Memory<Be,
                   backend_parts::GroupedOps<Be, typename Be::scalar> &&
                   backend_parts::DepthOps<Be, typename Be::scalar> && backend_parts::OptimOps<Be, typename Be::scalar>;
 
+// True when a backend's memory is host memory the host may read directly (cpu::Backend says so with
+// `static constexpr bool host_memory = true`); a backend that does not say so is read through to_host.
+template <class Be>
+inline constexpr bool host_memory = requires { requires Be::host_memory; };
+
 }  // namespace mom

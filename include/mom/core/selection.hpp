@@ -21,6 +21,10 @@ namespace mom::dispatch {
 constexpr index_t tok_elems(index_t count) {
   return (count * index_t(sizeof(token_t)) + index_t(sizeof(float)) - 1) / index_t(sizeof(float));
 }
+// index_t lists (the decoder's slots and positions) likewise: room for `count` of them.
+constexpr index_t index_elems(index_t count) {
+  return (count * index_t(sizeof(index_t)) + index_t(sizeof(float)) - 1) / index_t(sizeof(float));
+}
 template <class T>
 token_t* toks(T* ws, index_t off) {
   return reinterpret_cast<token_t*>(ws + off);

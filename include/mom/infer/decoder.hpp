@@ -15,6 +15,12 @@
 // (MoE, MoE(share), MoDE integrated), MoM, layer-skip / early exit and Mixture-of-Depths routed by its
 // causal method; Decoder's static_asserts name what does not (non-causal routing: MoD's top-C, MoDE staged,
 // expert-choice MoE).
+//
+// Backends: the CPU and CUDA backends both decode (DecodeBackend). The decoder keeps the step's slots,
+// positions and tokens on the host, where it checks them, and copies them into its workspace for the parts
+// (one ordered host -> backend copy each per step: on CUDA no wait for the GPU). The routed executors
+// (MoM, layer-skip, causal MoD, MoR) read their picks back to the host each round (a wait on CUDA).
+// step() returns logits in backend memory; last_logits() is host memory on every backend.
 #include <algorithm>
 #include <concepts>
 #include <cstdint>
@@ -25,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "mom/backend/backend_concept.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/layout.hpp"
 #include "mom/core/tensor.hpp"
@@ -36,7 +43,8 @@ namespace mom::infer {
 //   decodes_on<Be>                      true when its modules can (modules/module.hpp, DecodingSequenceMixerOn)
 //   DecodePlan plan_decode(Arena&, slots, max_len, rows)   its caches and step workspace
 //   decode(be, p, ws, plan, x, slot, pos, slots, max_len, tokens) -> the rows' residual stream after the part
-//                                       (tokens: the step's token ids, for routers that read them)
+//                                       (slot, pos, tokens: the step's rows' sequences, positions and token
+//                                       ids, in backend memory as every op takes them)
 template <class E, class Be, class T = typename Be::scalar>
 concept AssemblyDecoderOn =
     requires { { E::template decodes_on<Be> } -> std::convertible_to<bool>; } && E::template decodes_on<Be> &&
@@ -91,13 +99,7 @@ class Decoder {
  private:
   using Executors = typename Model::core::executors;
   static_assert(DecodeBackend<Be>, "mom::infer::Decoder: this backend has no decode ops (kv_write, attention_decode); "
-                                   "the CPU backend has them");
-  // The Decoder keeps the step's slots, positions and tokens in host memory and hands them to the ops: a
-  // backend whose ops read device memory (CUDA: it has kv_write and attention_decode, tested against the
-  // CPU's) needs them copied over first, which the Decoder does not do yet.
-  static_assert(std::string_view(Be::name) == "cpu",
-                "mom::infer::Decoder: decoding runs on the CPU backend today (the CUDA backend's decode ops exist; "
-                "the Decoder does not yet move slots and positions to the device)");
+                                   "the CPU and CUDA backends have them");
   static_assert(routes_causally<Model>,
                 "mom::infer::Decoder: this architecture's routing is not causal (Mixture-of-Depths' top-C, "
                 "Mixture-of-Recursions' top-k per recursion and expert-choice MoE pick tokens by the later tokens too): for Mixture-of-Depths decode "
@@ -125,6 +127,9 @@ class Decoder {
     if constexpr (ok)
       for_each_part([&]<std::size_t i, class E>() { std::get<i>(plans_) = E::plan_decode(a, slots, max_len, rows_cap_); });
     x0_ = a.take(rows_cap_ * d);
+    slot_dev_ = a.take(dispatch::index_elems(rows_cap_));
+    pos_dev_ = a.take(dispatch::index_elems(rows_cap_));
+    tok_dev_ = a.take(dispatch::tok_elems(rows_cap_));
     last_rows_ = a.take(dispatch::tok_elems(slots));
     lnf_ = a.take(slots * d);
     mean_ = a.take(slots);
@@ -133,6 +138,7 @@ class Decoder {
     last_ = a.take(slots * vocab);
     ws_ = model_.backend().template alloc<T>(a.used);
     model_.backend().zero(ws_.span());
+    if constexpr (!host_memory<Be>) last_host_.resize(std::size_t(vocab));
     length_.assign(std::size_t(slots), 0);
     all_slots_.resize(std::size_t(slots));
     for (index_t s = 0; s < slots; ++s) all_slots_[std::size_t(s)] = s;
@@ -182,17 +188,24 @@ class Decoder {
     T* ws = ws_.data();
     const T* p = model_.params().data();
     const MatrixView<const T> wte = model_.param(Model::layout[0]), wpe = model_.wpe();
+    // The rows' slots, positions and tokens into backend memory, for the ops.
+    const auto put = [&]<class U>(index_t off, std::span<const U> host) {
+      const std::span<U> dev(reinterpret_cast<U*>(ws + off), host.size());
+      be.from_host(dev, host);
+      return std::span<const U>(dev);
+    };
+    const std::span<const index_t> slot_dev = put(slot_dev_, slots), pos_dev = put(pos_dev_, std::span<const index_t>(pos_));
+    const std::span<const token_t> tok_dev = put(tok_dev_, tokens);
     // x_0 = wte[token] + wpe[position], row by row (each row its own position); a RoPE model has no wpe
     // (x_0 = wte[token]): its attention modules rotate queries and keys by pos instead.
     for (index_t r = 0; r < rows; ++r)
-      be.embedding_forward(MatrixView<T>{ws + x0_ + r * d, 1, d}, tokens.subspan(std::size_t(r), 1), wte,
+      be.embedding_forward(MatrixView<T>{ws + x0_ + r * d, 1, d}, tok_dev.subspan(std::size_t(r), 1), wte,
                            wpe.empty() ? wpe : wpe.row_block(pos_[std::size_t(r)], 1), 1);
     MatrixView<const T> x{ws + x0_, rows, d};
-    const std::span<const index_t> pos(pos_);
     if constexpr (ok)
       for_each_part([&]<std::size_t i, class E>() {
-        x = E::decode(be, p + Model::core::part_offset[i], ws, std::get<i>(plans_), x, slots, pos, slots_, max_len_,
-                      tokens);
+        x = E::decode(be, p + Model::core::part_offset[i], ws, std::get<i>(plans_), x, slot_dev, pos_dev, slots_,
+                      max_len_, tok_dev);
       });
     // The head's rows: every row, or (last_only) each slot's last row, gathered in slot order of appearance.
     std::vector<index_t>& head_slots = head_slots_;  // the slot of each head row (host, reused)
@@ -263,11 +276,18 @@ class Decoder {
     }
   }
 
-  // The logits of the last token fed to `slot` [vocab] (host memory on the CPU backend).
+  // The logits of the last token fed to `slot` [vocab], in host memory: the workspace itself on a backend
+  // whose memory is the host's, else a copy (valid until the next call).
   std::span<const T> last_logits(index_t slot) const {
     MOM_CHECK(slot >= 0 && slot < slots_ && length_[std::size_t(slot)] > 0, "Decoder::last_logits: slot ", slot,
               " holds no token");
-    return {ws_.data() + last_ + slot * vocab, std::size_t(vocab)};
+    const std::span<const T> row(ws_.data() + last_ + slot * vocab, std::size_t(vocab));
+    if constexpr (host_memory<Be>) {
+      return row;
+    } else {
+      model_.backend().to_host(std::span<T>(last_host_), row);
+      return last_host_;
+    }
   }
 
  private:
@@ -282,7 +302,9 @@ class Decoder {
   index_t slots_, max_len_, rows_cap_ = 0;
   Plans plans_{};
   index_t x0_ = 0, lnf_ = 0, mean_ = 0, rstd_ = 0, logits_ = 0, last_ = 0, last_rows_ = 0;
+  index_t slot_dev_ = 0, pos_dev_ = 0, tok_dev_ = 0;  // the rows' slots, positions, tokens in backend memory
   typename Be::template Buffer<T> ws_;
+  mutable std::vector<T> last_host_;  // last_logits' copy on a backend whose memory is not the host's
   std::vector<index_t> length_, pos_, all_slots_, head_slots_;
   std::vector<token_t> last_rows_host_;
 };

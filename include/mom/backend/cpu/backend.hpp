@@ -113,6 +113,8 @@ struct Backend {
   using CPG = PerGroup<const T>;
 
   static constexpr const char* name = "cpu";
+  // Backend memory is host memory: the host reads a Buffer directly (infer::Decoder's logits).
+  static constexpr bool host_memory = true;
 
   // ---- memory --------------------------------------------------------------
   template <class U = T>

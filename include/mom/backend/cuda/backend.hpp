@@ -84,6 +84,8 @@ struct Backend {
   using DK = DepthKernels<T>;
 
   static constexpr const char* name = "cuda";
+  // Backend memory is the GPU's: the host reads it through to_host.
+  static constexpr bool host_memory = false;
 
   // Creates the stream (blocking w.r.t. the legacy default stream, which Buffer's zero-fill uses),
   // the cuBLAS handle bound to it, and the device scratch. Throws mom::Error without a usable GPU.
