@@ -389,6 +389,8 @@ TEMPLATE_TEST_CASE("GRU cell forward/backward match cpu", "[cuda]", float, doubl
                                    on.m(wih, 3 * H, I), on.m(whh, 3 * H, H), on.c(bih), on.c(bhh));
              },
              {approx(gates, tol_tf32<T>, "gates"), approx(hout, tol_tf32<T>, "h_out")}),
+      // db: column sums of the gate gradients, which read each backend's own gates from gru_cell_forward's TF32
+      // GEMMs: 4.5e-4 apart in float on an H100, where the CPU emulation's plain fp32 GEMM stayed within 1e-4.
       row<T>("gru_cell_backward", shape,
              [&](auto& be, On<T> on) {
                be.gru_cell_backward(on.m(dx, n, I), on.m(dh, n, H), on.m(dwih, 3 * H, I), on.m(dwhh, 3 * H, H),
@@ -397,8 +399,7 @@ TEMPLATE_TEST_CASE("GRU cell forward/backward match cpu", "[cuda]", float, doubl
                                     on.m(whh, 3 * H, H));
              },
              {approx(dx, tol_tf32<T>, "dx"), approx(dh, tol_tf32<T>, "dh"), approx(dwih, tol_tf32<T>, "dw_ih"),
-              approx(dwhh, tol_tf32<T>, "dw_hh"), approx(dbih, tol_kernel<T> * 10, "db_ih"),
-              approx(dbhh, tol_kernel<T> * 10, "db_hh")}),
+              approx(dwhh, tol_tf32<T>, "dw_hh"), approx(dbih, tol_tf32<T>, "db_ih"), approx(dbhh, tol_tf32<T>, "db_hh")}),
   });
 }
 

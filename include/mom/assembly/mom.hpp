@@ -455,7 +455,7 @@ struct Executor<GRU, A, D> : WorkspaceViews {
     be.gather_rows(xg, x, idx, g);
     for (int m = 0; m < NA; ++m) {
       const index_t o = off[std::size_t(m)], cnt = off[std::size_t(m) + 1] - o;
-      if (cnt == 0) continue;  // no token picked module m: its queries cost nothing
+      if (cnt <= 0) continue;  // no token picked module m: its queries cost nothing
       host.place(o, cnt, routed_kv ? h * NA + m : -1, slots);
       const auto rm = host.stage(be, ws, plan.staged, cnt);
       const MatrixView<const T> xm(xg.row_block(o, cnt));
