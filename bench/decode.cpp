@@ -50,7 +50,7 @@ double read_bandwidth() {
 }
 
 template <class Model>
-void bench(const char* name, index_t context, index_t new_tokens, double gbps) {
+void bench_model(const char* name, index_t context, index_t new_tokens, double gbps) {
   auto model = Model::template make<cpu::Backend<float>>(1);
   bench::decode_rows(model, name, context, new_tokens, gbps, [] {});
 }
@@ -74,21 +74,21 @@ int main(int argc, char** argv) {
   constexpr Dims d8{.d_model = 256, .heads = 8, .d_ff = 1024, .vocab = 256, .context = 256};
   constexpr Dims d8k{.d_model = 256, .heads = 8, .d_ff = 1024, .vocab = 256, .context = 1024};
   if (only.find("dense8") != std::string::npos) {
-    bench<LM<d8, Dense<8>>>("dense 8 layers (d 256)", 256, tokens, gbps);
-    bench<LM<d8k, Dense<8>>>("dense 8 layers (d 256)", 1024, tokens, gbps);
+    bench_model<LM<d8, Dense<8>>>("dense 8 layers (d 256)", 256, tokens, gbps);
+    bench_model<LM<d8k, Dense<8>>>("dense 8 layers (d 256)", 1024, tokens, gbps);
   }
   // MoM_P in the paper's [1-1-4-1-1] strategy (mom-train's mom8-p); weight-read column: every module
   // (a step reads the K = 2 picked modules' Q / output / FFN weights and every attention module's K/V).
   if (only.find("momp") != std::string::npos) {
-    bench<LM<d8, Strategy_11411<MoM_P<>>>>("MoM_P [1-1-4-1-1] (d 256)", 256, tokens, gbps);
-    bench<LM<d8k, Strategy_11411<MoM_P<>>>>("MoM_P [1-1-4-1-1] (d 256)", 1024, tokens, gbps);
+    bench_model<LM<d8, Strategy_11411<MoM_P<>>>>("MoM_P [1-1-4-1-1] (d 256)", 256, tokens, gbps);
+    bench_model<LM<d8k, Strategy_11411<MoM_P<>>>>("MoM_P [1-1-4-1-1] (d 256)", 1024, tokens, gbps);
   }
   if (only.find("skip8") != std::string::npos)  // layer-skip gates at initialisation run about 73% of tokens
-    bench<LM<d8, LayerSkipping<8>>>("layer-skip 8 layers (d 256)", 256, tokens, gbps);
+    bench_model<LM<d8, LayerSkipping<8>>>("layer-skip 8 layers (d 256)", 256, tokens, gbps);
   if (only.find("moe8") != std::string::npos)  // weight-read column: all experts (a step reads top-2 of 8)
-    bench<LM<d8, MoEStack<8, 8, 2>>>("MoE 8 layers x 8 experts, top-2 (d 256)", 256, tokens, gbps);
+    bench_model<LM<d8, MoEStack<8, 8, 2>>>("MoE 8 layers x 8 experts, top-2 (d 256)", 256, tokens, gbps);
   if (only.find("gpt2-small") != std::string::npos) {
-    bench<GPT2Small>("GPT-2 small shape", 256, tokens, gbps);
-    bench<GPT2Small>("GPT-2 small shape", 1024, tokens, gbps);
+    bench_model<GPT2Small>("GPT-2 small shape", 256, tokens, gbps);
+    bench_model<GPT2Small>("GPT-2 small shape", 1024, tokens, gbps);
   }
 }
