@@ -135,6 +135,28 @@ TEST_CASE("gemm float: every kernel this CPU has (runtime dispatch: avx512, avx2
   REQUIRE(cpu::set_gemm_kernel(best.c_str()));  // back to the default for the other tests
 }
 
+TEST_CASE("gemm float: up to 8 rows against a row-major weight (the decoder's GEMV path), every kernel", "[ops][gemm]") {
+  // op(A) rows contiguous, op(B) = Wᵀ with W's rows contiguous (linear_forward): no packing, each row of W
+  // read once. Column counts off the 4-, 2- and 1-column groups, k off the 16- and 8-wide vectors, both
+  // entries, the threaded split (m·n·k >= 32768), and 9 rows (the blocked path) beside them.
+  const std::string best = cpu::gemm_kernel();
+  for (const char* kernel : {"avx512", "avx2"}) {
+    if (!cpu::set_gemm_kernel(kernel)) continue;
+    for (index_t m = 1; m <= 9; ++m) {
+      check_gemm<float>(m, 1001, 300, Trans::N, Trans::T, 1.0f, 0.0f);
+      check_gemm<float>(m, 1001, 300, Trans::N, Trans::T, -1.0f, 0.25f, Entry::Serial);
+      check_gemm<float>(m, 37, 17, Trans::N, Trans::T, 0.5f, 1.0f);
+      check_gemm<float>(m, 3, 7, Trans::N, Trans::T, 1.0f, 0.0f);
+    }
+  }
+  REQUIRE(cpu::set_gemm_kernel(best.c_str()));
+  // beta = 0 never reads C on this path either.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> x(2 * 30, 1.0f), w(50 * 30, 2.0f), y(2 * 50, nan);
+  cpu::gemm<float>({y.data(), 2, 50}, {x.data(), 2, 30}, Trans::N, {w.data(), 50, 30}, Trans::T, 1.0f, 0.0f);
+  for (float v : y) REQUIRE(v == 60.0f);
+}
+
 TEST_CASE("gemm double (Eigen path): all transposes, odd sizes, alpha/beta", "[ops][gemm]") {
   for (Trans ta : kTrans)
     for (Trans tb : kTrans) {
