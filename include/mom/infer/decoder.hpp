@@ -25,7 +25,6 @@
 #include <concepts>
 #include <cstdint>
 #include <span>
-#include <string_view>
 #include <string>
 #include <tuple>
 #include <utility>

@@ -428,8 +428,8 @@ inline std::size_t b_pack_floats(index_t n, index_t k) {
 // blocked path above would pad the rows to an MR-row tile (14× the multiply-adds at one row) and pack
 // all of W first. Here every row of W is read once, straight from memory, for all rows of x, J rows of W
 // at a time (J·rows accumulators), and each dot product is summed across the vector at the end.
-// (bench_decode, 2 Zen 5 cores: a batch-1 step of the dense 8-layer model 2.50 -> 0.37 ms, of GPT-2
-// small's shape 29.8 -> 11.4 ms.)
+// (bench_decode, 2 Zen 5 cores: a batch-1 step of the dense 8-layer model 2.50 -> 0.34 ms, of GPT-2
+// small's shape 29.8 -> 11.1 ms.)
 inline constexpr index_t kGemvRows = 8;
 // Below this many multiply-adds a few-row product stays on one thread (a team costs a few microseconds).
 inline constexpr double kGemvParallelMinMacs = 32768;
