@@ -25,6 +25,7 @@
 // rank (no communicator) every step runs exactly the code it ran before data parallelism existed.
 #pragma once
 
+#include <mom/backend/backend_concept.hpp>
 #include <mom/models/describe.hpp>
 #include <mom/train/checkpoint.hpp>
 #include <mom/train/data.hpp>
@@ -498,7 +499,7 @@ class Trainer {
     stop_agreed_ = scalars[1] > 0;
     const T global_loss = T(scalars[0]);
     be.from_host(loss_sum, std::span<const T>(&global_loss, 1));  // AdamW skips a step whose loss diverged anywhere
-    if constexpr (std::is_same_v<typename Instance::backend_type, cpu::Backend<T>>) {
+    if constexpr (host_memory<typename Instance::backend_type>) {  // (backend/backend_concept.hpp)
       comm_->allreduce_sum(model_.grads());
     } else {
       staging_.resize(model_.grads().size());
