@@ -182,6 +182,7 @@ concept SequenceMixerOn =
 //   decode(be, p, ws, saved, x, f_out, k_cache, v_cache, slot, pos, max_len)
 //       f_out [rows × d] = f(x) for row r = sequence slot[r] at position pos[r], which attends to
 //       positions 0..pos[r] of its sequence (its own key and value are written to the cache first).
+//       slot and pos are in backend memory, like x (device memory on CUDA): hand them to ops, do not read them.
 // A token mixer needs nothing more: it runs its dense forward over the step's rows (batch rows, seq 1).
 template <class M, class Be, class T = typename Be::scalar>
 concept DecodingSequenceMixerOn =
