@@ -277,6 +277,18 @@ void run(const char* name, mom::train::MpiCommunicator& comm, index_t batch, ind
     const auto t0 = Clock::now();
     double t = 0, t_reduce = 0, polls = 0, in_polls = 0;
     Clock::time_point t_bwd{};
+    // A bucketed reduction started before backward, polled between backward's ops (poll: false for the
+    // no-poll control), finished after it.
+    const auto bucketed = [&](auto& buckets, bool poll) {
+      buckets.polls = 0, buckets.seconds = 0;
+      buckets.start();
+      if (poll) g_poller = &buckets;
+      m.backward();
+      t_bwd = Clock::now();
+      g_poller = nullptr;
+      buckets.finish();
+      polls = double(buckets.polls), in_polls = buckets.seconds;
+    };
     switch (md.kind) {
       case 0: {
         m.backward();
@@ -294,30 +306,8 @@ void run(const char* name, mom::train::MpiCommunicator& comm, index_t batch, ind
         t_bwd = Clock::now();
         MPI_Allreduce(MPI_IN_PLACE, grads.data(), int(grads.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         break;
-      case 3: case 5: {
-        FixedOrderBuckets& f = *fixed[bi];
-        f.polls = 0, f.seconds = 0;
-        f.start();
-        if (md.kind == 3) g_poller = &f;
-        m.backward();
-        t_bwd = Clock::now();
-        g_poller = nullptr;
-        f.finish();
-        polls = double(f.polls), in_polls = f.seconds;
-        break;
-      }
-      case 4: {
-        IallreduceBuckets& l = *lib[bi];
-        l.polls = 0, l.seconds = 0;
-        l.start();
-        g_poller = &l;
-        m.backward();
-        t_bwd = Clock::now();
-        g_poller = nullptr;
-        l.finish();
-        polls = double(l.polls), in_polls = l.seconds;
-        break;
-      }
+      case 3: case 5: bucketed(*fixed[bi], md.kind == 3); break;
+      case 4: bucketed(*lib[bi], true); break;
     }
     double bwd = 0, tail = 0;
     if (md.kind != 0) {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "cuda/cuda_test_support.hpp"
-#include "models/random_tokens.hpp"
+#include "models/decode_check.hpp"
 #include "mom/infer/generate.hpp"
 #include "mom/models/moeut_models.hpp"
 #include "mom/models/moduleformer_models.hpp"
@@ -35,46 +35,27 @@ void compare_decoder(index_t prefill_rows) {
   on_gpu.backend().set_precision(cuda::Precision::FP32);
   on_gpu.backend().from_host(on_gpu.params(), std::span<const T>(on_cpu.params()));
 
-  const std::vector<index_t> lengths{C, 9, 17, 1}, prompt_len{5, 1, 17, 1};
-  std::vector<std::vector<token_t>> seqs, prompts;
-  for (std::size_t b = 0; b < lengths.size(); ++b) {
-    seqs.push_back(test::random_tokens(lengths[b], V, 100 + b));
-    prompts.emplace_back(seqs[b].begin(), seqs[b].begin() + prompt_len[b]);
-  }
+  const test::DecodeCase c = test::decode_case(C, V);
+  const index_t S = ssize(c.lengths);
   const double tol = std::is_same_v<T, double> ? 1e-10 : 1e-4;
-  const auto error = [](std::span<const T> a, std::span<const T> b) {
-    double diff = 0, scale = 0;
-    for (std::size_t v = 0; v < b.size(); ++v) {
-      diff = std::max(diff, std::abs(double(a[v]) - double(b[v])));
-      scale = std::max(scale, std::abs(double(b[v])));
-    }
-    return diff / scale;
-  };
-  const index_t S = ssize(lengths);
   infer::Decoder dc(on_cpu, S, C, prefill_rows), dg(on_gpu, S, C, prefill_rows);
-  dc.prefill(std::span<const std::vector<token_t>>(prompts));
-  dg.prefill(std::span<const std::vector<token_t>>(prompts));
+  dc.prefill(std::span<const std::vector<token_t>>(c.prompts));
+  dg.prefill(std::span<const std::vector<token_t>>(c.prompts));
   double worst = 0;
   for (index_t b = 0; b < S; ++b) {
-    REQUIRE(dg.length(b) == prompt_len[std::size_t(b)]);
-    worst = std::max(worst, error(dg.last_logits(b), dc.last_logits(b)));
+    REQUIRE(dg.length(b) == c.prompt_len[std::size_t(b)]);
+    worst = std::max(worst, test::row_error(dg.last_logits(b), dc.last_logits(b).data(), V));
   }
   std::vector<T> row(static_cast<std::size_t>(V));
-  for (index_t t = 1; t < C; ++t) {
-    std::vector<index_t> slots;
-    std::vector<token_t> toks;
-    for (index_t b = 0; b < S; ++b)
-      if (dc.length(b) < lengths[std::size_t(b)]) {
-        slots.push_back(b);
-        toks.push_back(seqs[std::size_t(b)][std::size_t(dc.length(b))]);
-      }
-    if (slots.empty()) break;
+  std::vector<index_t> slots;
+  std::vector<token_t> toks;
+  while (test::next_step(dc, c, slots, toks)) {
     const auto lc = dc.step(slots, toks);
     const auto lg = dg.step(slots, toks);
     REQUIRE((lg.rows == ssize(slots) && lg.cols == V));
     for (index_t r = 0; r < lg.rows; ++r) {
       on_gpu.backend().to_host(std::span<T>(row), std::span<const T>(lg.row(r), row.size()));
-      worst = std::max(worst, error(std::span<const T>(row), std::span<const T>(lc.row(r), row.size())));
+      worst = std::max(worst, test::row_error(std::span<const T>(row), lc.row(r), V));
       const auto host = dg.last_logits(slots[std::size_t(r)]);  // the same row, copied by the decoder
       CHECK(std::equal(host.begin(), host.end(), row.begin()));
     }

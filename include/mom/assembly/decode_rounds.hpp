@@ -108,13 +108,11 @@ struct DecodeRows {
   };
   template <class Be, class T>
   Staged stage(Be& be, T* ws, index_t off, index_t cnt) const {
-    index_t* dst = reinterpret_cast<index_t*>(ws + off);
-    const auto n = std::size_t(cnt);
-    const auto put = [&](index_t* d, const std::vector<index_t>& v) {
-      be.from_host(std::span<index_t>(d, n), std::span<const index_t>(v.data(), n));
-      return std::span<const index_t>(d, n);
+    index_t* lists = reinterpret_cast<index_t*>(ws + off);  // slot, pos, at: cnt each
+    const auto put = [&](index_t i, const std::vector<index_t>& v) {
+      return dispatch::from_host_at(be, lists, i * cnt, std::span<const index_t>(v.data(), std::size_t(cnt)));
     };
-    return {put(dst, slot), put(dst + cnt, pos), put(dst + 2 * cnt, at)};
+    return {put(0, slot), put(1, pos), put(2, at)};
   }
 };
 

@@ -34,6 +34,15 @@ const token_t* toks(const T* ws, index_t off) {
   return reinterpret_cast<const token_t*>(ws + off);
 }
 
+// A host list copied to base + off (backend memory, off in base's elements: an ordered host -> device copy on
+// a device backend), returned there: the decoder's slots, positions and tokens for the ops.
+template <class Be, class T, class U>
+std::span<const U> from_host_at(Be& be, T* base, index_t off, std::span<const U> host) {
+  const std::span<U> dev(reinterpret_cast<U*>(base + off), host.size());
+  be.from_host(dev, host);
+  return dev;
+}
+
 // One router step's selection in the workspace, for n tokens, K picks, C classes.
 struct Selection {
   index_t probs = 0, weights = 0, wpacked = 0, dprobs_col = 0, loss = 0;  // T: n×C, n×K, n·K, C, 1

@@ -188,13 +188,9 @@ class Decoder {
     const T* p = model_.params().data();
     const MatrixView<const T> wte = model_.param(Model::layout[0]), wpe = model_.wpe();
     // The rows' slots, positions and tokens into backend memory, for the ops.
-    const auto put = [&]<class U>(index_t off, std::span<const U> host) {
-      const std::span<U> dev(reinterpret_cast<U*>(ws + off), host.size());
-      be.from_host(dev, host);
-      return std::span<const U>(dev);
-    };
-    const std::span<const index_t> slot_dev = put(slot_dev_, slots), pos_dev = put(pos_dev_, std::span<const index_t>(pos_));
-    const std::span<const token_t> tok_dev = put(tok_dev_, tokens);
+    const auto slot_dev = dispatch::from_host_at(be, ws, slot_dev_, slots);
+    const auto pos_dev = dispatch::from_host_at(be, ws, pos_dev_, std::span<const index_t>(pos_));
+    const auto tok_dev = dispatch::from_host_at(be, ws, tok_dev_, tokens);
     // x_0 = wte[token] + wpe[position], row by row (each row its own position); a RoPE model has no wpe
     // (x_0 = wte[token]): its attention modules rotate queries and keys by pos instead.
     for (index_t r = 0; r < rows; ++r)
