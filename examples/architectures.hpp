@@ -31,16 +31,69 @@ using Dense8 = LM<mom8_dims, Dense<8>>;
 using MoM8P = LM<mom8_dims, Strategy_11411<MoM_P<>>>;
 using MoM8I = LM<mom8_dims, Strategy_11411<MoM_I<>>>;
 using MoM8E = LM<mom8_dims, Strategy_11411<MoM_E<>>>;
-// MoM-small [1-1-4-1-4-1] on GPT-2 small (dense twin: gpt2-small). Listed for their shapes and cost only:
-// instantiating their training code would add minutes to every build of mom-train.
+// MoM-small [1-1-4-1-4-1] on GPT-2 small (dense twin: gpt2-small), the MoM paper's own models (arch_mom_small.hpp).
 using GPT2SmallMoMP = MoMSmallLM<MoM_P<>>;
 using GPT2SmallMoMI = MoMSmallLM<MoM_I<>>;
 using GPT2SmallMoME = MoMSmallLM<MoM_E<>>;
 
-struct TrainRequest;   // train.cpp
+struct TrainRequest;   // train_model.hpp
 struct SampleRequest;  // sample.hpp
 struct EvalRequest;    // evaluate.hpp
 struct PruneRequest;   // evaluate.hpp
+
+// Where a command runs (--device cpu | cuda | cuda:N) and the precision of its matrix products (--precision
+// fp32 | tf32 | bf16; empty: the device's default, fp32 on the CPU, tf32 on CUDA). Parsed and range-checked by
+// parse_device; whether the device exists is checked when its backend is opened (backend_cuda.hpp).
+enum class DeviceKind : int { cpu = 0, cuda = 1 };
+inline constexpr int device_kinds = 2;
+struct Device {
+  DeviceKind kind = DeviceKind::cpu;
+  int index = -1;         // cuda:N; -1: this process's local rank under an MPI launcher, else 0
+  std::string precision;  // fp32, tf32, bf16; empty: the device's default
+  std::string name() const {
+    if (kind == DeviceKind::cpu) return "cpu";
+    return index < 0 ? std::string("cuda") : "cuda:" + std::to_string(index);
+  }
+};
+inline const char* device_kind_name(DeviceKind k) { return k == DeviceKind::cpu ? "cpu" : "cuda"; }
+inline Device parse_device(const std::string& device, const std::string& precision) {
+  Device d;
+  if (device == "cuda") {
+    d.kind = DeviceKind::cuda;
+  } else if (device.rfind("cuda:", 0) == 0) {
+    d.kind = DeviceKind::cuda;
+    const std::string n = device.substr(5);
+    MOM_CHECK(!n.empty() && n.size() <= 4 && n.find_first_not_of("0123456789") == std::string::npos, "--device '",
+              device, "': expected cpu, cuda or cuda:N with N a GPU index (0, 1, ...)");
+    d.index = std::stoi(n);
+  } else {
+    MOM_CHECK(device == "cpu", "--device '", device, "': expected cpu, cuda or cuda:N");
+  }
+  MOM_CHECK(precision.empty() || precision == "fp32" || precision == "tf32" || precision == "bf16", "--precision '",
+            precision, "': expected fp32, tf32 or bf16");
+  MOM_CHECK(d.kind == DeviceKind::cuda || precision.empty() || precision == "fp32", "--precision ", precision,
+            " needs --device cuda: the CPU backend computes in fp32");
+  d.precision = precision.empty() ? (d.kind == DeviceKind::cpu ? "fp32" : "tf32") : precision;
+  return d;
+}
+
+// How a backend is opened for a Device: each backend's header (backend_cpu.hpp, backend_cuda.hpp) defines
+//   Be open_backend(BackendTag<Be>, const Device&, const train::Communicator*)  the backend, or one error line
+//   std::string backend_summary(BackendTag<Be>, const Be&)                       "cuda:0 (NVIDIA H100 ...), tf32"
+//   double backend_memory_bytes(BackendTag<Be>, const Be&)                        what a run may allocate there
+//   std::unique_ptr<train::Communicator> device_communicator(BackendTag<Be>, const Be&, train::Communicator* host)
+//                                                       several ranks reducing Be's memory in place (NCCL), or null
+// found by argument-dependent lookup through the tag.
+template <class Be>
+struct BackendTag {};
+
+// One backend's code for an architecture: the command-line tools' work, instantiated for that backend.
+struct ArchCode {
+  std::function<int(const TrainRequest&)> train;
+  std::function<std::string(const SampleRequest&)> sample;
+  std::function<int(const EvalRequest&)> evaluate;
+  std::function<int(const PruneRequest&)> prune;  // models whose modules can be pruned (ModuleFormer); else empty
+};
 
 struct ArchEntry {
   std::string name;
@@ -49,27 +102,28 @@ struct ArchEntry {
   std::string describe;   // describe<Model>()
   std::string note;       // one line for --help
   std::string dense_twin; // MoM models: the registered dense model a phase-2 run warm-starts from (--init-from)
-  bool trainable = true;  // false: listed (describe line) only, not compiled into the training code
   bool kv_decode = false; // mom-sample decodes with the KV-cache Decoder (else: a forward over the window per token)
-  std::function<int(const TrainRequest&)> train;
-  std::function<std::string(const SampleRequest&)> sample;
-  std::function<int(const EvalRequest&)> evaluate;
-  std::function<int(const PruneRequest&)> prune;  // models whose modules can be pruned (ModuleFormer); else empty
+  bool prunable = false;  // mom-train prune applies (ModuleFormer)
+  ArchCode code[device_kinds];  // per DeviceKind; empty where this build has no such backend
+  // The code for `device`, or one error line saying why this build has none.
+  const ArchCode& on(const Device& device) const {
+    const ArchCode& c = code[int(device.kind)];
+    MOM_CHECK(bool(c.train), "--device ", device.name(), ": this build of mom-train has no ", device_kind_name(device.kind),
+              " backend (configure with the CUDA toolkit installed, or -DMOM_CUDA=ON)");
+    return c;
+  }
 };
 
-// DenseTwin: for a MoM model, the dense model of the same depth that --init-from warm-starts it from.
-template <class Model, class DenseTwin = void>
-ArchEntry make_architecture(std::string name, std::string tokenizer, std::string note, std::string dense_twin = {});
+// The registry is assembled from families of architectures (examples/arch_<family>.hpp: a function template
+// `<family>_architectures(Reg&)` that calls reg.add<Model, DenseTwin, Compact>(...) once per entry). CMake
+// compiles each family once per backend, in a translation unit of its own (generated: arch_<family>_<backend>.cpp),
+// so the families compile in parallel and a backend's code is instantiated once; each such unit registers its
+// entries at start-up with register_family (the family's position in the --help listing, its backend, and a
+// function that builds the entries). registry() merges the backends' entries by name.
+using FamilyEntries = std::vector<ArchEntry> (*)();
+bool register_family(int order, DeviceKind kind, FamilyEntries entries);
 
 const std::vector<ArchEntry>& registry();
-
-// The special cases of the unified framework (issue 6), each family registered in its own translation unit
-// (examples/arch_<family>.cpp) so that their training code compiles in parallel and is cached separately.
-std::vector<ArchEntry> moe_architectures();      // arch_moe.cpp: MoE, MoE(share), MoDE (integrated)
-std::vector<ArchEntry> depth_architectures();    // arch_depth.cpp: Mixture-of-Depths, MoDE (staged), layer-skip, early-exit
-std::vector<ArchEntry> sharing_architectures();  // arch_sharing.cpp: parameter sharing (ALBERT, MoEUT cycles, AABB)
-std::vector<ArchEntry> moeut_architectures();    // arch_moeut.cpp: MoEUT (σ-MoE + SwitchHead, layer grouping) and its ablations
-std::vector<ArchEntry> moduleformer_architectures();  // arch_moduleformer.cpp: ModuleFormer and its module manipulations
 
 inline const ArchEntry* find_architecture(std::string_view name) {
   for (const auto& a : registry())

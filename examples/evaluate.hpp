@@ -23,6 +23,7 @@ struct EvalRequest {
   std::filesystem::path checkpoint, data, repo_root = ".";
   double val_fraction = 0.1;  // of a text: its tail, as mom-train holds it out
   index_t batch = 8, seq = 256, batches = 16;
+  Device device;
 };
 struct PruneRequest {
   EvalRequest eval;
@@ -82,9 +83,9 @@ double validation_loss(Instance& m, const train::TokenFile& val, const EvalReque
   return sum / double(r.batches);
 }
 
-template <class Model>
+template <class Model, class Be>
 int evaluate_model(const EvalRequest& r) {
-  auto model = Model::template make<cpu::Backend<float>>(1);
+  ModelInstance<Model, Be> model(1, open_backend(BackendTag<Be>{}, r.device, nullptr));
   const auto meta = train::Checkpointer<decltype(model)>::load_params(r.checkpoint, model);
   const auto it = meta.find("mom.tokenizer");
   const EvalData data(r, it != meta.end() ? it->second : std::string("byte"));
@@ -117,9 +118,9 @@ index_t pruned_params(const PruneMask& mask) {
 
 // Usage over the validation windows, the mask for r.tau, the masked model's loss beside the unpruned one,
 // and (r.into) the compacted model's; r.out receives the pruned checkpoint (masked, or compacted).
-template <class Model, class Compact>
+template <class Model, class Compact, class Be>
 int prune_model(const PruneRequest& r, const std::string& compact_name) {
-  auto model = Model::template make<cpu::Backend<float>>(1);
+  ModelInstance<Model, Be> model(1, open_backend(BackendTag<Be>{}, r.eval.device, nullptr));
   const auto meta = train::Checkpointer<decltype(model)>::load_params(r.eval.checkpoint, model);
   const auto tok_it = meta.find("mom.tokenizer");
   const std::string tokenizer = tok_it != meta.end() ? tok_it->second : std::string("byte");
@@ -142,10 +143,10 @@ int prune_model(const PruneRequest& r, const std::string& compact_name) {
   auto save = [&](auto& m, const std::string& arch) {
     if (r.out.empty()) return;
     using M = typename std::remove_reference_t<decltype(m)>::model_type;  // saved with its describe line
-    std::vector<float> zeros(std::size_t(M::params), 0.0f);
+    const auto zeros = m.backend().template alloc<float>(M::params);  // fresh AdamW moments (backend memory)
     out_meta["mom.arch"] = arch;
     const auto dir = train::Checkpointer<std::remove_reference_t<decltype(m)>>::save(
-        r.out, m, std::span<const float>(zeros), std::span<const float>(zeros), train::TrainState{}, out_meta);
+        r.out, m, zeros.span(), zeros.span(), train::TrainState{}, out_meta);
     std::printf("prune: wrote %s (%s)\n", dir.string().c_str(), arch.c_str());
   };
   if (r.into.empty()) {
@@ -153,7 +154,7 @@ int prune_model(const PruneRequest& r, const std::string& compact_name) {
     save(model, arch_it != meta.end() ? arch_it->second : std::string());
     return 0;
   }
-  auto small = Compact::template make<cpu::Backend<float>>(1);
+  ModelInstance<Compact, Be> small(1, model.backend());
   compact(small, model, mask);
   const double compacted = validation_loss(small, data.file(), r.eval, [](auto&) {});
   std::printf("prune: compacted into %s (%lld parameters): validation loss %.4f nats/token\n", r.into.c_str(),

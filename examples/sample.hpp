@@ -14,6 +14,8 @@
 #include <mom/mom.hpp>
 #include <mom/train/train.hpp>
 
+#include "architectures.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <functional>
@@ -31,6 +33,7 @@ struct SampleRequest {
   double top_p = 1.0;        // 1 = all
   std::uint64_t seed = 1;
   std::filesystem::path repo_root = ".";
+  Device device;
 };
 
 // Appends n_new tokens to `tokens` (the prompt, at least one token), calling on_token(id) after each.
@@ -68,10 +71,12 @@ void generate(Instance& model, std::vector<token_t>& tokens, index_t n_new, cons
     }
   } else {
     model.reserve(1, context);
+    std::vector<T> row(static_cast<std::size_t>(vocab));  // the last position's logits, read from backend memory
     for (index_t i = 0; i < n_new; ++i) {
       const index_t len = std::min<index_t>(ssize(tokens), context);
       model.forward(std::span<const token_t>(tokens.data() + tokens.size() - len, std::size_t(len)), {}, 1, len);
-      emit(sampler(std::span<const T>(model.logits().row(len - 1), std::size_t(vocab)), sampling));
+      model.backend().to_host(std::span<T>(row), std::span<const T>(model.logits().row(len - 1), std::size_t(vocab)));
+      emit(sampler(std::span<const T>(row), sampling));
     }
   }
 }

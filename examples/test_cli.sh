@@ -204,4 +204,23 @@ if help_line mom8-p | grep -q "samples with the KV cache" && help_line mod8-caus
 else
   echo "FAIL: --help sampling column: $(help_line mom8-p) / $(help_line mod8)"; fail=1
 fi
+# --device / --precision (docs/cuda.md, "Train on a GPU"): bad values are refused up front; --device cuda where there
+# is no GPU (or in a build without the CUDA backend) is one line and writes nothing. (The CUDA runs themselves are
+# tested by examples/test_device.sh with the backend's CPU emulation.)
+expect_error "--device 'gpu': expected cpu, cuda or cuda:N" "$BIN" --data "$T/text.txt" --out "$T/d1" "${common[@]}" --device gpu
+expect_error "--device 'cuda:x': expected cpu, cuda or cuda:N" "$BIN" --data "$T/text.txt" --out "$T/d1" "${common[@]}" --device cuda:x
+expect_error "--precision 'fp16': expected fp32, tf32 or bf16" "$BIN" --data "$T/text.txt" --out "$T/d1" "${common[@]}" --device cuda --precision fp16
+expect_error "--precision bf16 needs --device cuda: the CPU backend computes in fp32" "$BIN" --data "$T/text.txt" --out "$T/d1" "${common[@]}" --precision bf16
+expect_error "--device 'tpu': expected cpu, cuda or cuda:N" "$SAMPLE" --checkpoint "$T/run" --device tpu
+expect_error "--precision tf32 needs --device cuda" "$BIN" eval --checkpoint "$T/run" --data "$T/text.txt" --precision tf32
+if nvidia-smi -L >/dev/null 2>&1; then
+  echo "skipped: --device cuda without a GPU (this machine has one)"
+else
+  no_gpu="--device cuda(:[0-9]+)?: (no CUDA device \(no GPU, or no NVIDIA driver, on this machine\); use --device cpu|this build of mom-train has no cuda backend)"
+  expect_error "$no_gpu" "$BIN" --data "$T/text.txt" --out "$T/d2" "${common[@]}" --device cuda
+  expect_error "$no_gpu" "$BIN" --data "$T/text.txt" --out "$T/d2" "${common[@]}" --device cuda:1 --precision bf16
+  expect_error "$no_gpu" "$SAMPLE" --checkpoint "$T/run" --device cuda
+  expect_error "$no_gpu" "$BIN" eval --checkpoint "$T/run" --data "$T/text.txt" --device cuda
+  if [ -e "$T/d2" ]; then echo "FAIL: a run refused for its device wrote into its --out"; ls -R "$T/d2"; fail=1; fi
+fi
 exit $fail

@@ -59,6 +59,11 @@ while n < 200000:
 open(sys.argv[1], "w").write("".join(out))
 EOF
 common=(--seq 32 --warmup 1 --lr 3e-3 --eval-interval 0 --eval-batches 2 --sample-tokens 0)
+# MOM_TEST_DEVICE: extra options for every run (CTest's examples.mpi_nccl_*: "--device cuda --precision fp32" with
+# mom-train-emu, whose ranks then reduce through NcclCommunicator); MOM_TEST_COMM: the communicator the 2-rank
+# run must report.
+read -r -a device_opts <<<"${MOM_TEST_DEVICE:-}"
+common+=("${device_opts[@]}")
 
 case "$MODE" in
 exact)
@@ -74,7 +79,7 @@ exact)
   run "$T/b4.log" "$BIN" --data "$data" --out "$T/b4" "${a[@]}" --batch 4
   run "$T/np1.log" "${MPIRUN[@]}" -np 1 "$BIN" --data "$data" --out "$T/np1" "${a[@]}" --batch 4
   [ "$fail" -eq 0 ] || exit 1
-  grep -q "data parallel: MPI" "$T/np2.log" || { echo "FAIL: the 2-rank run did not report its ranks:"; cat "$T/np2.log"; fail=1; }
+  grep -q "data parallel: ${MOM_TEST_COMM:-MPI}" "$T/np2.log" || { echo "FAIL: the 2-rank run did not report its ranks (${MOM_TEST_COMM:-MPI}):"; cat "$T/np2.log"; fail=1; }
   grep -q "data parallel" "$T/np1.log" && { echo "FAIL: mpirun -np 1 reported data parallelism"; fail=1; }
   echo "2 ranks vs 2 ranks again:"; compare "$T/np2" "$T/np2b" --optimizer || fail=1
   echo "mpirun -np 1 vs no mpirun:"; compare "$T/np1" "$T/b4" --optimizer || fail=1

@@ -20,30 +20,47 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 
 namespace mom::examples {
 
+namespace {
+struct Family {
+  int order;
+  DeviceKind kind;
+  FamilyEntries entries;
+};
+std::vector<Family>& families() {
+  static std::vector<Family> f;
+  return f;
+}
+}  // namespace
+
+bool register_family(int order, DeviceKind kind, FamilyEntries entries) {
+  families().push_back({order, kind, entries});
+  return true;
+}
+
+// The families in their listing order, each backend's entries merged by name into one entry per architecture.
 const std::vector<ArchEntry>& registry() {
   static const std::vector<ArchEntry> archs = [] {
+    auto fams = families();
+    std::stable_sort(fams.begin(), fams.end(), [](const Family& a, const Family& b) {
+      return a.order != b.order ? a.order < b.order : int(a.kind) < int(b.kind);
+    });
     std::vector<ArchEntry> v;
-    v.push_back(make_architecture<Tiny>("tiny", "byte", "byte-level, the default; KJV in a few minutes on 2 cores"));
-    v.push_back(make_architecture<Small>("small", "byte", "byte-level, wider context"));
-    v.push_back(make_architecture<SmallBpe>("small-bpe", "gpt2", "GPT-2 BPE vocabulary"));
-    v.push_back(make_architecture<GPT2Small>("gpt2-small", "gpt2", "GPT-2 124M shape"));
-    v.push_back(make_architecture<GPT2Medium>("gpt2-medium", "gpt2", "GPT-2 355M shape"));
-    v.push_back(make_architecture<GPT2Large>("gpt2-large", "gpt2", "GPT-2 774M shape"));
-    v.push_back(make_architecture<Dense8>("dense8", "byte", "byte-level 8 layers, d 256: phase 1 / the dense twin of mom8-*"));
-    v.push_back(make_architecture<MoM8P, Dense8>("mom8-p", "byte", "MoM_P = K2H6S, [1-1-4-1-1]; phase 2: --init-from a dense8 run", "dense8"));
-    v.push_back(make_architecture<MoM8I, Dense8>("mom8-i", "byte", "MoM_I = K3H2S, [1-1-4-1-1]; phase 2: --init-from a dense8 run", "dense8"));
-    v.push_back(make_architecture<MoM8E, Dense8>("mom8-e", "byte", "MoM_E = K3H1S, [1-1-4-1-1]; phase 2: --init-from a dense8 run", "dense8"));
-    v.push_back(list_architecture<GPT2SmallMoMP>("gpt2-small-mom-p", "gpt2", "MoM_P on GPT-2 small, [1-1-4-1-4-1]; listed only", "gpt2-small"));
-    v.push_back(list_architecture<GPT2SmallMoMI>("gpt2-small-mom-i", "gpt2", "MoM_I on GPT-2 small, [1-1-4-1-4-1]; listed only", "gpt2-small"));
-    v.push_back(list_architecture<GPT2SmallMoME>("gpt2-small-mom-e", "gpt2", "MoM_E on GPT-2 small, [1-1-4-1-4-1]; listed only", "gpt2-small"));
-    for (auto family : {moe_architectures, depth_architectures, sharing_architectures, moeut_architectures,
-                         moduleformer_architectures})
-      for (auto& a : family()) v.push_back(std::move(a));
+    for (const Family& f : fams)
+      for (ArchEntry& a : f.entries()) {
+        auto same = std::find_if(v.begin(), v.end(), [&](const ArchEntry& e) { return e.name == a.name; });
+        if (same == v.end()) {
+          v.push_back(std::move(a));
+        } else {
+          MOM_CHECK(same->describe == a.describe, "internal: architecture '", a.name, "' registered as two types");
+          same->code[int(f.kind)] = std::move(a.code[int(f.kind)]);
+        }
+      }
     return v;
   }();
   return archs;
@@ -74,6 +91,15 @@ int parse_error(const CLI::App& app, const CLI::ParseError& e, const std::string
   return 1;
 }
 
+// --device and --precision, on every command; parsed into a Device after the command line (parse_device).
+void add_device_options(CLI::App& app, std::string& device, std::string& precision) {
+  app.add_option("--device", device, "Where to run: cpu, cuda (GPU 0, or under mpirun the rank's own) or cuda:N")
+      ->capture_default_str();
+  app.add_option("--precision", precision,
+                 "Matrix products in fp32, tf32 or bf16 (bf16: fp32 master weights, optimizer state and reductions); "
+                 "default fp32 on the CPU (its only one), tf32 on CUDA");
+}
+
 // The architecture a checkpoint names (mom.arch).
 const ArchEntry& checkpoint_architecture(const std::filesystem::path& checkpoint) {
   const auto dir = train::resolve_checkpoint(checkpoint);
@@ -98,6 +124,8 @@ int run_sample(int argc, char** argv, const std::string& prog) {
   app.add_option("--top-p", r.top_p, "Then among the most likely tokens holding this much probability (nucleus); 1 = all")
       ->capture_default_str();
   app.add_option("-s,--seed", r.seed, "Sampling seed")->capture_default_str();
+  std::string device = "cpu", precision;
+  add_device_options(app, device, precision);
   app.footer(architectures_help());
   try {
     app.parse(argc, argv);
@@ -109,39 +137,44 @@ int run_sample(int argc, char** argv, const std::string& prog) {
   MOM_CHECK(std::isfinite(r.temperature) && r.temperature >= 0, "--temperature ", r.temperature,
             " must be a finite number >= 0 (0: greedy)");
   MOM_CHECK(std::isfinite(r.top_p) && r.top_p > 0 && r.top_p <= 1, "--top-p ", r.top_p, " must be in (0, 1]");
-  std::cout << checkpoint_architecture(r.checkpoint).sample(r) << std::endl;
+  r.device = parse_device(device, precision);
+  std::cout << checkpoint_architecture(r.checkpoint).on(r.device).sample(r) << std::endl;
   return 0;
 }
 
-void add_eval_options(CLI::App& app, EvalRequest& r, std::string& checkpoint, std::string& data) {
+void add_eval_options(CLI::App& app, EvalRequest& r, std::string& checkpoint, std::string& data, std::string& device,
+                      std::string& precision) {
   app.add_option("-c,--checkpoint", checkpoint, "Run directory (uses its 'latest') or a step folder")->required();
   app.add_option("-d,--data", data, "UTF-8 text (its tail --val-fraction is read), or a folder with val.bin")->required();
   app.add_option("--val-fraction", r.val_fraction, "Tail of a text held out for validation")->capture_default_str();
   app.add_option("-b,--batch", r.batch, "Sequences per forward")->capture_default_str();
   app.add_option("--seq", r.seq, "Tokens per sequence (<= the architecture's context)")->capture_default_str();
   app.add_option("--batches", r.batches, "Forwards (fixed validation windows, as mom-train validates)")->capture_default_str();
+  add_device_options(app, device, precision);
 }
-void check_eval_request(EvalRequest& r, const std::string& checkpoint, const std::string& data) {
+void check_eval_request(EvalRequest& r, const std::string& checkpoint, const std::string& data, const std::string& device,
+                        const std::string& precision) {
   MOM_CHECK(r.batch > 0 && r.batches > 0 && r.seq > 0, "--batch, --batches and --seq must be > 0");
   MOM_CHECK(std::isfinite(r.val_fraction) && r.val_fraction > 0 && r.val_fraction < 1, "--val-fraction ",
             r.val_fraction, " must be in (0, 1)");
   r.checkpoint = checkpoint;
   r.data = data;
   r.repo_root = repo_root();
+  r.device = parse_device(device, precision);
 }
 
 int run_eval(int argc, char** argv, const std::string& prog) {
   CLI::App app{"Print a checkpoint's validation loss on a text (cross-entropy, nats/token).", prog};
   EvalRequest r;
-  std::string checkpoint, data;
-  add_eval_options(app, r, checkpoint, data);
+  std::string checkpoint, data, device = "cpu", precision;
+  add_eval_options(app, r, checkpoint, data, device, precision);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return parse_error(app, e, prog);
   }
-  check_eval_request(r, checkpoint, data);
-  return checkpoint_architecture(r.checkpoint).evaluate(r);
+  check_eval_request(r, checkpoint, data, device, precision);
+  return checkpoint_architecture(r.checkpoint).on(r.device).evaluate(r);
 }
 
 int run_prune(int argc, char** argv, const std::string& prog) {
@@ -149,8 +182,8 @@ int run_prune(int argc, char** argv, const std::string& prog) {
                "windows, normalised by each layer's maximum, modules below --tau masked; --into compacts them into a "
                "smaller registered architecture.", prog};
   PruneRequest r;
-  std::string checkpoint, data, out;
-  add_eval_options(app, r.eval, checkpoint, data);
+  std::string checkpoint, data, out, device = "cpu", precision;
+  add_eval_options(app, r.eval, checkpoint, data, device, precision);
   app.add_option("--tau", r.tau, "Threshold on the normalised usage, in [0, 1]")->capture_default_str();
   app.add_option("--into", r.into, "Compact into this architecture (e.g. moduleformer8-c6-12)");
   app.add_option("-o,--out", out, "Write the pruned checkpoint here (a new run directory)");
@@ -159,13 +192,13 @@ int run_prune(int argc, char** argv, const std::string& prog) {
   } catch (const CLI::ParseError& e) {
     return parse_error(app, e, prog);
   }
-  check_eval_request(r.eval, checkpoint, data);
+  check_eval_request(r.eval, checkpoint, data, device, precision);
   MOM_CHECK(std::isfinite(r.tau) && r.tau >= 0 && r.tau <= 1, "--tau ", r.tau, " must be in [0, 1]");
   r.out = out;
   MOM_CHECK(r.out.empty() || !train::has_checkpoint(r.out), "--out '", out, "' already holds a checkpoint");
   const ArchEntry& arch = checkpoint_architecture(r.eval.checkpoint);
-  MOM_CHECK(bool(arch.prune), "architecture '", arch.name, "' has no modules to prune (ModuleFormer models do)");
-  return arch.prune(r);
+  MOM_CHECK(arch.prunable, "architecture '", arch.name, "' has no modules to prune (ModuleFormer models do)");
+  return arch.on(r.eval.device).prune(r);
 }
 
 int run_train(int argc, char** argv, const std::string& prog, train::Communicator& comm) {
@@ -183,6 +216,7 @@ int run_train(int argc, char** argv, const std::string& prog, train::Communicato
   c.out_dir = "runs/default";
   std::string arch_name = "tiny", out = c.out_dir.string(), data = r.data.string();
   int threads = 0;
+  std::string device = "cpu", precision;
   app.add_option("-d,--data", data,
                  "UTF-8 text file (tokenized into <out>/data), a folder with train.bin/val.bin, or a token file")
       ->capture_default_str();
@@ -217,6 +251,7 @@ int run_train(int argc, char** argv, const std::string& prog, train::Communicato
   app.add_option("--log-interval", c.log_interval, "Progress line every N steps when not on a terminal")
       ->capture_default_str();
   app.add_option("--threads", threads, "OpenMP threads (default: OMP_NUM_THREADS or all cores)");
+  add_device_options(app, device, precision);
   app.add_option("--sample-tokens", r.sample_tokens, "Tokens of text to print after training (0: none)")
       ->capture_default_str();
   app.add_option("--prompt", r.prompt, "Prompt of that sample")->capture_default_str();
@@ -241,6 +276,7 @@ int run_train(int argc, char** argv, const std::string& prog, train::Communicato
             " must be a finite number >= 0 (0: greedy)");
   r.data = data;
   r.init_from = init_from;
+  r.device = parse_device(device, precision);
   if (app.count("--freeze") > 0) {  // given (even as ''): these patterns; else none, or the checkpoint's on --resume
     c.freeze.emplace();
     for (const auto& list : freeze)
@@ -252,7 +288,7 @@ int run_train(int argc, char** argv, const std::string& prog, train::Communicato
   std::signal(SIGINT, on_interrupt);
   std::signal(SIGTERM, on_interrupt);
   std::signal(SIGUSR1, on_interrupt);  // mpirun forwards SIGUSR1 to every rank (SIGINT / SIGTERM end the job)
-  return arch->train(r);
+  return arch->on(r.device).train(r);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
-// The training and sampling code behind one registry entry (mom-train's per-architecture work), shared by the
-// translation units that register architectures (train.cpp and arch_*.cpp), so each family of architectures
-// compiles in its own TU (in parallel, and cached separately).
+// The training and sampling code behind one registry entry (mom-train's per-architecture work), generic over the
+// backend: the generated translation units arch_<family>_<backend>.cpp include one backend's header
+// (backend_cpu.hpp or backend_cuda.hpp: how that backend is opened for a Device), this file and a family's
+// list of entries, and instantiate Registrar<Backend> over that list, so each family's code compiles once per
+// backend, in parallel with the others and cached separately.
 #pragma once
 
 #include "architectures.hpp"
@@ -34,8 +36,11 @@ struct TrainRequest {
   index_t sample_tokens = 200;
   std::string prompt = "And God said";
   double temperature = 0.8;
+  Device device;                        // --device, --precision
   train::Communicator* comm = nullptr;  // data-parallel ranks (mpirun; train/distributed.hpp); null: one process
 };
+
+
 
 // Several ranks validate different batches: the routing and depth statistics each gathered are summed over
 // the ranks before rank 0 writes them (counts as doubles: exact below 2^53).
@@ -149,7 +154,7 @@ void warm_start_from(const ArchEntry& arch, const TrainRequest& r, Instance& mod
     return;
   }
   if constexpr (!std::is_void_v<DenseTwin>) {
-    auto dense = DenseTwin::template make<cpu::Backend<float>>(1);
+    ModelInstance<DenseTwin, typename Instance::backend_type> dense(1, model.backend());
     const train::safetensors::File f(file);
     if (f.metadata().count("mom.describe")) {  // our layout (describe line already checked)
       std::vector<float> params(std::size_t(DenseTwin::params));
@@ -200,20 +205,29 @@ inline void check_resume_data(const train::safetensors::File& f, const train::Tr
 // The memory a training run allocates up front (the workspace the cost model plans for batch x seq, plus
 // parameters, gradients and both AdamW moments), refused with the numbers when it exceeds this machine's.
 template <class Model>
-void check_memory(const train::TrainConfig& cfg) {
+void check_memory(const train::TrainConfig& cfg, double available, const std::string& where) {
   const double gib = 1024.0 * 1024.0 * 1024.0;
   const double activations = double(Model::template activation_bytes<float>(cfg.batch, cfg.seq));
   const double state = 4.0 * double(Model::params) * sizeof(float);
-  const double physical = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGE_SIZE));
-  MOM_CHECK(physical <= 0 || activations + state <= physical, "--batch ", cfg.batch, " x --seq ", cfg.seq,
+  MOM_CHECK(available <= 0 || activations + state <= available, "--batch ", cfg.batch, " x --seq ", cfg.seq,
             " needs about ", activations / gib, " GiB of activations plus ", state / gib,
-            " GiB of parameters, gradients and AdamW moments, more than this machine's ", physical / gib, " GiB");
+            " GiB of parameters, gradients and AdamW moments, more than ", where, "'s ", available / gib, " GiB");
 }
 
-template <class Model, class DenseTwin>
+// A copy of `model`'s parameters in the type that samples it (Mixture-of-Depths with a causal method: routed by
+// its causal decision; causal_sampling_model_t), on the same backend.
+template <class Sampling, class Instance>
+ModelInstance<Sampling, typename Instance::backend_type> sampling_copy(Instance& model) {
+  static_assert(Sampling::params == Instance::model_type::params);
+  ModelInstance<Sampling, typename Instance::backend_type> s(1, model.backend());
+  model.backend().copy(s.params(), std::span<const typename Instance::scalar>(model.params()));
+  return s;
+}
+
+template <class Model, class DenseTwin, class Be>
 int train_model(const ArchEntry& arch, const TrainRequest& r) {
   namespace fs = std::filesystem;
-  using Instance = decltype(Model::template make<cpu::Backend<float>>(1));
+  using Instance = ModelInstance<Model, Be>;
   train::TrainConfig cfg = r.cfg;
   MOM_CHECK(cfg.seq > 0 && cfg.seq <= Model::dims.context, "--seq ", cfg.seq, " exceeds the context ",
             Model::dims.context, " of architecture '", arch.name, "'");
@@ -224,6 +238,9 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
   MOM_CHECK(existing || !r.resume, "--resume: no checkpoint in '", cfg.out_dir.string(), "'");
   check_init_from<Model, DenseTwin>(arch, r);
   if (cfg.freeze) train::freeze_mask<Model>(*cfg.freeze);  // a pattern that matches nothing: refused before any work
+  Be be = open_backend(BackendTag<Be>{}, r.device, r.comm);  // no such device: refused before any work
+  cfg.device = r.device.name();
+  cfg.precision = r.device.precision;
   // Several ranks share --out (one file system): rank 0 alone creates it, prepares the data and writes.
   const bool rank0 = !r.comm || r.comm->rank() == 0;
   const int ranks = r.comm ? r.comm->size() : 1;
@@ -238,7 +255,7 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
               "' but --arch ", arch.name, " is '", arch.describe, "'");
     check_resume_data(f, cfg);
   }
-  check_memory<Model>(cfg);
+  check_memory<Model>(cfg, backend_memory_bytes(BackendTag<Be>{}, be), r.device.name());
   const std::string tokenizer_name = r.tokenizer.empty() ? arch.tokenizer : r.tokenizer;
 
   DataFiles files;
@@ -265,19 +282,25 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
               static_cast<long long>(train_data.vocab()), cfg.tokenizer_name.c_str(), entropy);
   std::printf("model: %s\n", arch.describe.c_str());
   std::printf("train: %lld steps x %lld x %lld tokens x %lld accum, lr %.3g (warm-up %lld, cosine to %.3g), "
-              "weight decay %.3g, clip %.3g, %d threads, out %s\n",
+              "weight decay %.3g, clip %.3g, %d threads, out %s\n"
+              "device: %s\n",
               static_cast<long long>(cfg.steps), static_cast<long long>(cfg.batch), static_cast<long long>(cfg.seq),
               static_cast<long long>(cfg.accum), cfg.lr, static_cast<long long>(cfg.warmup), cfg.lr * cfg.min_lr_ratio,
-              cfg.weight_decay, cfg.grad_clip, omp_get_max_threads(), cfg.out_dir.string().c_str());
-  if (ranks > 1)
-    std::printf("data parallel: %s; each rank trains on %lld of the %lld sequences per micro-batch (%d threads each)\n",
-                r.comm->name().c_str(), static_cast<long long>(cfg.batch), static_cast<long long>(cfg.batch) * ranks,
-                omp_get_max_threads());
+              cfg.weight_decay, cfg.grad_clip, omp_get_max_threads(), cfg.out_dir.string().c_str(),
+              backend_summary(BackendTag<Be>{}, be).c_str());
   std::fflush(stdout);
 
-  auto model = Model::template make<cpu::Backend<float>>(cfg.seed);
+  Instance model(cfg.seed, be);
   if (!r.init_from.empty()) warm_start_from<DenseTwin>(arch, r, model);
-  train::Trainer<Instance> trainer(model, train_data, val_data ? &*val_data : nullptr, cfg, r.comm);
+  // Several ranks on a device backend: its gradients summed in device memory where the build can (NCCL).
+  const auto device_comm = device_communicator(BackendTag<Be>{}, model.backend(), r.comm);
+  train::Communicator* comm = device_comm ? device_comm.get() : r.comm;
+  if (ranks > 1)
+    std::printf("data parallel: %s; each rank trains on %lld of the %lld sequences per micro-batch (%d threads each)\n",
+                comm->name().c_str(), static_cast<long long>(cfg.batch), static_cast<long long>(cfg.batch) * ranks,
+                omp_get_max_threads());
+  std::fflush(stdout);
+  train::Trainer<Instance> trainer(model, train_data, val_data ? &*val_data : nullptr, cfg, comm);
   // With --freeze (or a model with buffers) trainer.run() starts with its freeze_summary() line.
   // Routed models: routing statistics of each validation (issue 5, paper Fig. 6), next to metrics.jsonl.
   RoutingStats routing;
@@ -358,8 +381,7 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
   using CausalModel = causal_sampling_model_t<Model>;
   if constexpr (!std::is_same_v<CausalModel, Model>) {
     if (result.final_val_loss && val_data && !result.interrupted) {
-      auto causal = CausalModel::template make<cpu::Backend<float>>(1);
-      std::copy(model.params().begin(), model.params().end(), causal.params().begin());
+      auto causal = sampling_copy<CausalModel>(model);
       causal.reserve(cfg.batch, cfg.seq);
       std::vector<token_t> in(std::size_t(cfg.batch * cfg.seq)), tg(in.size());
       double sum = 0;
@@ -388,8 +410,7 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
       std::fflush(stdout);
     };
     if constexpr (!std::is_same_v<CausalModel, Model>) {  // routed by the causal decision, as mom-sample does
-      auto causal = CausalModel::template make<cpu::Backend<float>>(1);
-      std::copy(model.params().begin(), model.params().end(), causal.params().begin());
+      auto causal = sampling_copy<CausalModel>(model);
       generate(causal, tokens, r.sample_tokens, {.temperature = r.temperature}, cfg.seed, print);
     } else {
       generate(model, tokens, r.sample_tokens, {.temperature = r.temperature}, cfg.seed, print);
@@ -399,9 +420,9 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
   return 0;
 }
 
-template <class Model>
+template <class Model, class Be>
 std::string sample_model(const SampleRequest& r) {
-  auto model = Model::template make<cpu::Backend<float>>(1);
+  ModelInstance<Model, Be> model(1, open_backend(BackendTag<Be>{}, r.device, nullptr));
   const auto meta = train::Checkpointer<decltype(model)>::load_params(r.checkpoint, model);
   const auto it = meta.find("mom.tokenizer");
   auto tok = train::make_tokenizer(it != meta.end() ? it->second : std::string("byte"), r.repo_root);
@@ -413,9 +434,7 @@ std::string sample_model(const SampleRequest& r) {
   // top-C of a sequence depends on its future tokens, MoD §3.5): the same parameters in that type.
   using Sampling = causal_sampling_model_t<Model>;
   if constexpr (!std::is_same_v<Sampling, Model>) {
-    static_assert(Sampling::params == Model::params);
-    auto causal = Sampling::template make<cpu::Backend<float>>(1);
-    std::copy(model.params().begin(), model.params().end(), causal.params().begin());
+    auto causal = sampling_copy<Sampling>(model);
     generate(causal, tokens, r.tokens, sampling, r.seed);
   } else {
     generate(model, tokens, r.tokens, sampling, r.seed);
@@ -439,36 +458,45 @@ ArchEntry describe_architecture(std::string name, std::string tokenizer, std::st
   return a;
 }
 
-template <class Model, class DenseTwin>
-ArchEntry make_architecture(std::string name, std::string tokenizer, std::string note, std::string dense_twin) {
-  ArchEntry a = describe_architecture<Model>(std::move(name), std::move(tokenizer), std::move(note), std::move(dense_twin));
-  a.train = [a_name = a.name](const TrainRequest& r) {
-    return train_model<Model, DenseTwin>(*find_architecture(a_name), r);
-  };
-  a.sample = [](const SampleRequest& r) { return sample_model<Model>(r); };
-  a.evaluate = [](const EvalRequest& r) { return evaluate_model<Model>(r); };
-  return a;
-}
+template <class Be>
+constexpr DeviceKind device_kind_of = Be::host_memory ? DeviceKind::cpu : DeviceKind::cuda;
 
-// Listed only: the describe line in --help, no training or sampling code instantiated.
-template <class Model>
-ArchEntry list_architecture(std::string name, std::string tokenizer, std::string note, std::string dense_twin) {
-  ArchEntry a = describe_architecture<Model>(std::move(name), std::move(tokenizer), std::move(note), std::move(dense_twin));
-  a.trainable = false;
-  a.train = [a_name = a.name](const TrainRequest&) -> int {
-    MOM_CHECK(false, "architecture '", a_name, "' is listed for its shape and cost only; this build does not "
-              "compile its training code (register it with make_architecture in examples/train.cpp)");
-    return 1;
-  };
-  a.sample = [a_name = a.name](const SampleRequest&) -> std::string {
-    MOM_CHECK(false, "architecture '", a_name, "' is listed only; this build cannot sample it");
-    return {};
-  };
-  a.evaluate = [a_name = a.name](const EvalRequest&) -> int {
-    MOM_CHECK(false, "architecture '", a_name, "' is listed only; this build cannot evaluate it");
-    return 1;
-  };
-  return a;
-}
+// What a family's list calls (examples/arch_<family>.hpp): one entry, with Be's code for it.
+//   add<Model>(name, tokenizer, note)                          a model trained from scratch
+//   add<Model, DenseTwin>(..., dense_twin)                     --init-from warm-starts it from its registered twin
+//   add<Model, DenseTwin, Compact>(..., dense_twin, compact)   `mom-train prune --into compact` applies
+template <class Be>
+struct Registrar {
+  std::vector<ArchEntry> entries;
+
+  template <class Model, class DenseTwin = void, class Compact = void>
+  void add(std::string name, std::string tokenizer, std::string note, std::string dense_twin = {},
+           std::string compact = {}) {
+    ArchEntry a = describe_architecture<Model>(std::move(name), std::move(tokenizer), std::move(note), std::move(dense_twin));
+    ArchCode& c = a.code[int(device_kind_of<Be>)];
+    c.train = [a_name = a.name](const TrainRequest& r) {
+      return train_model<Model, DenseTwin, Be>(*find_architecture(a_name), r);
+    };
+    c.sample = [](const SampleRequest& r) { return sample_model<Model, Be>(r); };
+    c.evaluate = [](const EvalRequest& r) { return evaluate_model<Model, Be>(r); };
+    if constexpr (!std::is_void_v<Compact>) {
+      a.prunable = true;
+      c.prune = [compact](const PruneRequest& r) { return prune_model<Model, Compact, Be>(r, compact); };
+    }
+    entries.push_back(std::move(a));
+  }
+};
+
+// The body of a generated arch_<family>_<backend>.cpp: registers the family's entries with Be's code.
+#define MOM_TRAIN_FAMILY(family, order, Be)                                                                \
+  namespace mom::examples {                                                                                \
+  namespace {                                                                                              \
+  [[maybe_unused]] const bool family##_registered = register_family(order, device_kind_of<Be>, [] {                         \
+    Registrar<Be> reg;                                                                                     \
+    family##_architectures(reg);                                                                           \
+    return std::move(reg.entries);                                                                         \
+  });                                                                                                      \
+  }                                                                                                        \
+  }
 
 }  // namespace mom::examples

@@ -34,7 +34,9 @@ concept Memory = requires(Be& be, index_t n, std::span<T> s, std::span<const T> 
                           typename Be::template Buffer<T>& buf) {
   typename Be::template Buffer<T>;
   typename Be::template Buffer<token_t>;
+  typename Be::template HostBuffer<token_t>;  // host memory the backend copies from fastest (pinned on CUDA)
   { be.template alloc<T>(n) } -> std::same_as<typename Be::template Buffer<T>>;
+  { be.template alloc_host<token_t>(n).span() } -> std::same_as<std::span<token_t>>;
   { be.template alloc<token_t>(n) } -> std::same_as<typename Be::template Buffer<token_t>>;
   { buf.data() } -> std::convertible_to<T*>;
   { buf.span() } -> std::convertible_to<std::span<T>>;

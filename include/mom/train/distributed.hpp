@@ -16,8 +16,8 @@
 // (it may differ with message size and between ranks' shards), which would break bit-identical repeats.
 // The traffic per rank is the same as a ring all-reduce's: 2 (N-1)/N of the buffer.
 //
-// A GPU backend reduces through host memory here (the Trainer stages device buffers with to_host / from_host);
-// a NCCL communicator would implement the same interface over device pointers.
+// A GPU backend's gradients are summed in device memory by NcclCommunicator (train/nccl.hpp), or, without NCCL,
+// staged through host memory here (the Trainer copies them with to_host / from_host).
 #pragma once
 
 #include <mom/core/check.hpp>
@@ -49,6 +49,13 @@ class Communicator {
   // In place: x = the element-wise sum of every rank's x, the same bits on every rank (rank-order sums).
   virtual void allreduce_sum(std::span<float> x) = 0;
   virtual void allreduce_sum(std::span<double> x) = 0;
+  // A communicator over device memory (train/nccl.hpp: NCCL) sums a device backend's float buffer in place with
+  // allreduce_sum_device, on that backend's stream, with the same rank-order bits; the others reduce host memory
+  // only (the Trainer then stages device buffers through the host).
+  virtual bool reduces_device_memory() const { return false; }
+  virtual void allreduce_sum_device(std::span<float>) {
+    MOM_CHECK(false, "communicator '", name(), "' does not reduce device memory");
+  }
   // In place: every rank's bytes become root's (the same length on every rank).
   virtual void broadcast(std::span<std::byte> bytes, int root) = 0;
   virtual void barrier() = 0;
@@ -84,6 +91,15 @@ inline int launcher_world_size() {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
     if (const char* v = std::getenv(var); v && *v) return std::atoi(v);
   return 0;
+}
+
+// This process's rank among the processes of its job on the same host (Open MPI, MPICH's Hydra, Slurm), from
+// the environment the launcher sets; -1 when no launcher started it. mom-train --device cuda gives each local
+// rank its own GPU with it.
+inline int launcher_local_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK", "SLURM_LOCALID"})
+    if (const char* v = std::getenv(var); v && *v) return std::atoi(v);
+  return -1;
 }
 
 #ifdef MOM_HAVE_MPI

@@ -76,6 +76,8 @@ struct TrainConfig {
   std::string arch_name;       // recorded in checkpoints and metrics
   std::string tokenizer_name;  // recorded in checkpoints and metrics
   std::string data_name;       // where the training data came from (mom-train: the --data path); recorded
+  std::string device = "cpu";      // where it trains (mom-train --device: cpu, cuda:0, ...); recorded, and a resume
+  std::string precision = "fp32";  // on another device or precision is reported as a change (--precision)
   // Tensors that do not train: glob patterns over the layout's names ("h.*.smoe.w1", "wte"; `*` any run of
   // characters, dots included, `?` one character; the whole name must match; glob_match), each matching at
   // least one tensor (freeze_mask). Saved in every checkpoint (TrainState::freeze). Unset: nothing frozen in
@@ -121,7 +123,7 @@ struct TrainConfig {
             {"eval_interval", eval_interval}, {"eval_batches", eval_batches},
             {"checkpoint_interval", checkpoint_interval}, {"log_interval", log_interval},
             {"max_skipped_steps", max_skipped_steps}, {"seed", seed}, {"arch", arch_name},
-            {"tokenizer", tokenizer_name}, {"data", data_name},
+            {"tokenizer", tokenizer_name}, {"data", data_name}, {"device", device}, {"precision", precision},
             {"freeze", freeze.value_or(std::vector<std::string>{})}};
   }
 };
@@ -178,6 +180,9 @@ class Trainer {
     be.zero(m_.span());
     be.zero(v_.span());
     be.zero(step_scalars_.span());
+    // accum + 1 staging slots: one step's micro-batches, and the next step's first one, drawn while this step
+    // runs on the device (BatchSlot).
+    for (index_t i = 0; i <= cfg_.accum; ++i) slots_.push_back(be.template alloc_host<token_t>(2 * cfg_.batch * cfg_.seq));
     inputs_.resize(static_cast<std::size_t>(cfg_.batch * cfg_.seq));
     targets_.resize(inputs_.size());
     model_.reserve(cfg_.batch, cfg_.seq);
@@ -204,6 +209,7 @@ class Trainer {
               "the rank count; resume with the same count (",
               s.ranks == 1 ? std::string("one process, without mpirun") : "mpirun -np " + std::to_string(s.ranks), ")");
     sampler_.set_state(s.sampler_state);
+    prefetched_ = false;  // a batch drawn before the resume is not the checkpoint's next one
     step_ = s.step;
     resumed_from_ = s.step;
     check_replicas_now();
@@ -298,8 +304,9 @@ class Trainer {
     const std::span<T> loss_sum = step_scalars_.span().subspan(1, 1);
     be.zero(loss_sum);
     for (index_t a = 0; a < cfg_.accum; ++a) {
-      sampler_.next(inputs_, targets_);
-      model_.forward_async(inputs_, targets_, cfg_.batch, cfg_.seq);
+      const BatchSlot b = a == 0 && prefetched_ ? slot(current_slot_) : draw_batch();
+      prefetched_ = false;
+      model_.forward_async(b.inputs, b.targets, cfg_.batch, cfg_.seq);
       be.axpy(loss_sum, T(1), model_.loss_data());
       model_.backward();
     }
@@ -332,8 +339,17 @@ class Trainer {
                     m_.span().subspan(at, n), v_.span().subspan(at, n), opt, step_, step_scalars_.data(),
                     T(cfg_.grad_clip));
     }
+    // The next step's first micro-batch is drawn (and its host -> device copy can start) while the device
+    // still runs this one; the host waits only in the read below.
+    if (step_ < cfg_.steps) prefetch();
     T host[2];
     be.to_host(std::span<T>(host, 2), std::span<const T>(step_scalars_.span()));
+    if (ranks_ > 1 && comm_->reduces_device_memory()) {  // the loss was summed on the device; agree on stopping
+      global_loss_sum_ = double(host[1]);
+      double stop = stop_requested.load() ? 1.0 : 0.0;
+      comm_->allreduce_sum(std::span<double>(&stop, 1));
+      stop_agreed_ = stop > 0;
+    }
     const double loss = ranks_ > 1 ? global_loss_sum_ / double(cfg_.accum * ranks_) : double(host[1]) / double(cfg_.accum);
     last_skipped_ = cpu::adamw_skips(host[0], T(cfg_.grad_clip));
     last_lr_ = lr;
@@ -350,11 +366,14 @@ class Trainer {
   std::filesystem::path save() {
     MOM_CHECK(!cfg_.out_dir.empty(), "Trainer::save: no out_dir configured");
     if (step_ > 0) {
-      const double check = double(model_.forward(inputs_, targets_, cfg_.batch, cfg_.seq));
+      const BatchSlot last = slot(last_slot_);
+      const double check = double(model_.forward(last.inputs, last.targets, cfg_.batch, cfg_.seq));
       MOM_CHECK(std::isfinite(check), "training diverged at step ", step_, ": the parameters give a loss of ",
                 check, "; no checkpoint written (the last one is kept; try a lower --lr)");
     }
-    TrainState s{step_, sampler_.state(), cfg_.freeze.value_or(std::vector<std::string>{}), ranks_};
+    // The sampler as it was before a prefetched batch was drawn: a resumed run draws that batch again.
+    TrainState s{step_, prefetched_ ? state_before_prefetch_ : sampler_.state(),
+                 cfg_.freeze.value_or(std::vector<std::string>{}), ranks_};
     return Checkpointer<Instance>::save(cfg_.out_dir, model_, std::span<const T>(m_.span()),
                                         std::span<const T>(v_.span()), s,
                                         {{"mom.arch", cfg_.arch_name},
@@ -465,6 +484,34 @@ class Trainer {
     bool decay, frozen;
   };
 
+  // A micro-batch's tokens and targets in one staging slot (host memory the backend copies from fastest:
+  // pinned on CUDA, so forward_async's copy to the device does not hold the host). Slots rotate: a slot is
+  // written again accum + 1 micro-batches later, after the read that ends the step that used it, so its copy
+  // to the device has completed.
+  struct BatchSlot {
+    std::span<const token_t> inputs, targets;
+  };
+  BatchSlot slot(std::size_t i) {
+    const std::span<token_t> all = slots_[i].span();
+    const std::size_t n = all.size() / 2;
+    return {all.first(n), all.subspan(n)};
+  }
+  BatchSlot draw_batch() {
+    current_slot_ = (current_slot_ + 1) % slots_.size();
+    const std::span<token_t> all = slots_[current_slot_].span();
+    const std::size_t n = all.size() / 2;
+    sampler_.next(all.first(n), all.subspan(n));
+    last_slot_ = current_slot_;
+    return slot(current_slot_);
+  }
+  void prefetch() {
+    state_before_prefetch_ = sampler_.state();
+    const std::size_t last = last_slot_;
+    draw_batch();
+    last_slot_ = last;  // save()'s finiteness check runs on the last micro-batch trained on
+    prefetched_ = true;
+  }
+
   // The optimizer's grouping under `patterns` (freeze_mask, which refuses a pattern that matches nothing):
   // contiguous runs of layout tensors that share a weight-decay setting and frozen-ness, one AdamW pass each
   // (none for a frozen run). Called by the constructor and by resume(), never inside a step.
@@ -486,11 +533,19 @@ class Trainer {
 
   // Several ranks: sums this rank's gradients and summed micro-batch losses with every other rank's (the
   // Communicator's rank-order sum: the same bits everywhere), and agrees on stopping. A backend whose buffers
-  // are not host memory is staged through the host (until a device-side communicator such as NCCL exists).
+  // are not host memory is reduced on the device by a communicator that can (NCCL), else staged through the host.
   void reduce_step(std::span<T> loss_sum) {
     using clock = std::chrono::steady_clock;
     const auto t0 = clock::now();
     auto& be = model_.backend();
+    if constexpr (!host_memory<typename Instance::backend_type> && std::is_same_v<T, float>) {
+      if (comm_->reduces_device_memory()) {  // NCCL: gradients and the loss summed on the device's stream, no wait
+        comm_->allreduce_sum_device(model_.grads());
+        comm_->allreduce_sum_device(loss_sum);  // AdamW skips a step whose loss diverged on any rank
+        comm_seconds_ += std::chrono::duration<double>(clock::now() - t0).count();
+        return;  // the stop request is agreed on after the step's read (agree_after_step)
+      }
+    }
     T local_loss;
     be.to_host(std::span<T>(&local_loss, 1), std::span<const T>(loss_sum));
     double scalars[2] = {double(local_loss), stop_requested.load() ? 1.0 : 0.0};
@@ -543,7 +598,11 @@ class Trainer {
   BatchSampler sampler_;
   Progress progress_;
   typename Instance::backend_type::template Buffer<T> m_, v_, step_scalars_;
-  std::vector<token_t> inputs_, targets_;
+  std::vector<typename Instance::backend_type::template HostBuffer<token_t>> slots_;  // BatchSlot
+  std::size_t current_slot_ = 0, last_slot_ = 0;
+  bool prefetched_ = false;            // slots_[current_slot_] holds the next step's first micro-batch
+  std::string state_before_prefetch_;  // the sampler's state before that batch was drawn
+  std::vector<token_t> inputs_, targets_;  // validation batches
   std::vector<Group> groups_;
   std::vector<bool> frozen_;
   index_t step_ = 0;

@@ -100,6 +100,9 @@ struct Backend {
   using scalar = T;
   template <class U>
   using Buffer = cpu::Buffer<U>;
+  // Host memory the backend copies from fastest (the CUDA backend's is pinned); here plain host memory.
+  template <class U>
+  using HostBuffer = cpu::Buffer<U>;
   template <class U>
   using View = MatrixView<U>;
   using Trans = cpu::Trans;
@@ -119,6 +122,8 @@ struct Backend {
   // ---- memory --------------------------------------------------------------
   template <class U = T>
   Buffer<U> alloc(index_t n) const { return Buffer<U>(n); }
+  template <class U>
+  HostBuffer<U> alloc_host(index_t n) const { return HostBuffer<U>(n); }
   template <class U>
   void zero(std::span<U> s) const {
     if (!s.empty()) std::memset(static_cast<void*>(s.data()), 0, s.size_bytes());

@@ -69,6 +69,10 @@ struct Backend {
   using scalar = T;
   template <class U>
   using Buffer = cuda::Buffer<U>;
+  // Page-locked host memory: from_host copies from it without a staging copy by the driver, and the host
+  // goes on at once (the Trainer's token batches).
+  template <class U>
+  using HostBuffer = cuda::PinnedBuffer<U>;
   template <class U>
   using View = MatrixView<U>;
   using Trans = cuda::Trans;
@@ -127,6 +131,12 @@ struct Backend {
     MOM_CUDA_CHECK(cudaSetDevice(ctx_->device), "alloc");
     return Buffer<U>(n);
   }
+  template <class U>
+  HostBuffer<U> alloc_host(index_t n) const {
+    MOM_CUDA_CHECK(cudaSetDevice(ctx_->device), "alloc_host");
+    return HostBuffer<U>(n);
+  }
+  int device() const { return ctx_->device; }
   template <class U>
   void zero(std::span<U> s) const {
     if (!s.empty()) MOM_CUDA_CHECK(cudaMemsetAsync(s.data(), 0, s.size_bytes(), ctx_->stream), "zero");

@@ -64,4 +64,51 @@ class Buffer {
   index_t size_ = 0;
 };
 
+// mom::cuda::PinnedBuffer<U>: an owning array in page-locked host memory (cudaMallocHost), zero-initialised,
+// move-only. The host reads and writes it directly; copies between it and device memory are DMA transfers
+// that cudaMemcpyAsync starts without waiting for the host (pageable memory is first copied by the driver).
+template <class U>
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(index_t n) : size_(n) {
+    MOM_CHECK(n >= 0, "PinnedBuffer: negative size ", n);
+    if (n == 0) return;
+    void* p = nullptr;
+    MOM_CUDA_CHECK(cudaMallocHost(&p, static_cast<std::size_t>(n) * sizeof(U)), "PinnedBuffer");
+    data_ = static_cast<U*>(p);
+    for (index_t i = 0; i < n; ++i) data_[i] = U{};
+  }
+  PinnedBuffer(PinnedBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() { release(); }
+
+  U* data() { return data_; }
+  const U* data() const { return data_; }
+  index_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  U& operator[](index_t i) { return data_[i]; }
+  const U& operator[](index_t i) const { return data_[i]; }
+  std::span<U> span() { return {data_, static_cast<std::size_t>(size_)}; }
+  std::span<const U> span() const { return {data_, static_cast<std::size_t>(size_)}; }
+
+ private:
+  void release() noexcept {
+    if (data_) (void)cudaFreeHost(data_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+  U* data_ = nullptr;
+  index_t size_ = 0;
+};
+
 }  // namespace mom::cuda

@@ -1,9 +1,10 @@
 // mom-train's registry entries for MoE, MoE(share), MoDE (integrated) (issue 6), DeepSeekMoE and expert-choice MoE
 // (issue 18), at
 // dense8's shape (mom8_dims: d 256, 8 heads, d_ff 1024, byte vocabulary, context 256), comparable with dense8.
+#pragma once
 #include <mom/models/moe_models.hpp>
 
-#include "train_model.hpp"
+#include "architectures.hpp"
 
 namespace mom::examples {
 
@@ -18,15 +19,14 @@ using DSMoE8 = LM<mom8_dims, DeepSeekMoEStack<8, 1, 31, 7, 4>>;
 using EC8 = LM<mom8_dims, ExpertChoiceMoEStack<8, 8, 2>>;
 using DSMoE8Switch = LM<mom8_dims, DeepSeekMoEStack<8, 1, 31, 7, 4, BiasBalance<0>, BalanceCoef<1, 100>>>;
 
-std::vector<ArchEntry> moe_architectures() {
-  std::vector<ArchEntry> v;
-  v.push_back(make_architecture<MoE8>("moe8", "byte", "MoE eq. (11): 8 layers x 8 FFN experts, top-2 softmax router (Mixtral)"));
-  v.push_back(make_architecture<MoE8Share>("moe8-share", "byte", "MoE(share): 8 FFN experts shared by the 8 layers, top-2; dense8's parameters + routers"));
-  v.push_back(make_architecture<MoDE8Int>("mode8-int", "byte", "MoDE integrated: 8 experts + a no-op (Skip) expert per layer, top-2"));
-  v.push_back(make_architecture<DSMoE8>("dsmoe8", "byte", "DeepSeekMoE: 1 shared + 31 routed experts of d_ff/4 per layer, top-7 sigmoid routing, auxiliary-loss-free bias (moe8's params and FLOPs)"));
-  v.push_back(make_architecture<DSMoE8Switch>("dsmoe8-switch", "byte", "dsmoe8 balanced by a Switch loss (1/100) instead of the selection bias"));
-  v.push_back(make_architecture<EC8>("ec8", "byte", "expert-choice MoE: each layer's 8 experts take their top-c tokens of the batch, capacity factor 2 (moe8's params and FLOPs); not causal"));
-  return v;
+template <class Reg>
+void moe_architectures(Reg& reg) {
+  reg.template add<MoE8>("moe8", "byte", "MoE eq. (11): 8 layers x 8 FFN experts, top-2 softmax router (Mixtral)");
+  reg.template add<MoE8Share>("moe8-share", "byte", "MoE(share): 8 FFN experts shared by the 8 layers, top-2; dense8's parameters + routers");
+  reg.template add<MoDE8Int>("mode8-int", "byte", "MoDE integrated: 8 experts + a no-op (Skip) expert per layer, top-2");
+  reg.template add<DSMoE8>("dsmoe8", "byte", "DeepSeekMoE: 1 shared + 31 routed experts of d_ff/4 per layer, top-7 sigmoid routing, auxiliary-loss-free bias (moe8's params and FLOPs)");
+  reg.template add<DSMoE8Switch>("dsmoe8-switch", "byte", "dsmoe8 balanced by a Switch loss (1/100) instead of the selection bias");
+  reg.template add<EC8>("ec8", "byte", "expert-choice MoE: each layer's 8 experts take their top-c tokens of the batch, capacity factor 2 (moe8's params and FLOPs); not causal");
 }
 
 }  // namespace mom::examples

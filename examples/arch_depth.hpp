@@ -1,8 +1,9 @@
 // mom-train's registry entries for Mixture-of-Depths, layer-skip, early-exit (issue 6) and Mixture-of-Recursions
 // (issue 18). Every model keeps the
 // layer names of dense8 (Block<8> is MHA<8> + FFN<8> in the same layout), so --init-from a dense8 run works.
+#pragma once
 #include "mom/models/moe_models.hpp"
-#include "train_model.hpp"
+#include "architectures.hpp"
 
 namespace mom::examples {
 
@@ -31,20 +32,19 @@ using MoR8Token = LM<mom8_dims, MoRMiddleCycle<6, 3, TokenChoice<Router<TopK<Sof
 // ... mor8-r3 with recursive KV sharing: recursions 2 and 3 attend to recursion 1's keys and values.
 using MoR8Share = LM<mom8_dims, MoRMiddleCycle<6, 3, KVShare>>;
 
-std::vector<ArchEntry> depth_architectures() {
-  std::vector<ArchEntry> v;
-  v.push_back(make_architecture<MoD8, Dense8>("mod8", "byte", "Mixture-of-Depths: 12.5% capacity on blocks 1,3,5,7 (dense8 shape)", "dense8"));
-  v.push_back(make_architecture<MoD8Causal, Dense8>("mod8-causal", "byte", "mod8 + causal predictor (MoD §3.5, method 2); accuracy in <out>/depth.jsonl", "dense8"));
-  v.push_back(make_architecture<MoD8CausalAux, Dense8>("mod8-causal-aux", "byte", "mod8 + router BCE loss 0.01 (MoD §3.5, method 1)", "dense8"));
-  v.push_back(make_architecture<Skip8, Dense8>("skip8", "byte", "layer-skip: learned per-token gate on every layer (MoM eq. (9))", "dense8"));
-  v.push_back(make_architecture<Exit8, Dense8>("exit8", "byte", "early-exit: a token that skips a layer skips all later ones", "dense8"));
-  v.push_back(make_architecture<MoDE8Staged>("mode8-staged", "byte", "MoDE staged: mod8 routing (12.5%, blocks 1,3,5,7) before moe8's experts (8, top-2)"));
-  v.push_back(make_architecture<MoR8, Dense8>("mor8", "byte", "Mixture-of-Recursions, middle-cycle: layers 1-6 shared, 2 recursions (capacity 1, 1/2)", "dense8"));
-  v.push_back(make_architecture<MoR8R3, Dense8>("mor8-r3", "byte", "Mixture-of-Recursions, middle-cycle: layers 1-6 shared, 3 recursions (capacity 1, 2/3, 1/3)", "dense8"));
-  v.push_back(make_architecture<MoR8Paper, Dense8>("mor8-paper", "byte", "mor8-r3 with the authors' settings: x + g*(block output), g = sigmoid/10, router BCE 0.001", "dense8"));
-  v.push_back(make_architecture<MoR8Token, Dense8>("mor8-token", "byte", "Mixture-of-Recursions, token choice: each token's depth (1-3) chosen once by a softmax router, balance loss 0.1", "dense8"));
-  v.push_back(make_architecture<MoR8Share, Dense8>("mor8-share", "byte", "mor8-r3 with recursive KV sharing: recursions 2, 3 attend to recursion 1's keys and values", "dense8"));
-  return v;
+template <class Reg>
+void depth_architectures(Reg& reg) {
+  reg.template add<MoD8, Dense8>("mod8", "byte", "Mixture-of-Depths: 12.5% capacity on blocks 1,3,5,7 (dense8 shape)", "dense8");
+  reg.template add<MoD8Causal, Dense8>("mod8-causal", "byte", "mod8 + causal predictor (MoD §3.5, method 2); accuracy in <out>/depth.jsonl", "dense8");
+  reg.template add<MoD8CausalAux, Dense8>("mod8-causal-aux", "byte", "mod8 + router BCE loss 0.01 (MoD §3.5, method 1)", "dense8");
+  reg.template add<Skip8, Dense8>("skip8", "byte", "layer-skip: learned per-token gate on every layer (MoM eq. (9))", "dense8");
+  reg.template add<Exit8, Dense8>("exit8", "byte", "early-exit: a token that skips a layer skips all later ones", "dense8");
+  reg.template add<MoDE8Staged>("mode8-staged", "byte", "MoDE staged: mod8 routing (12.5%, blocks 1,3,5,7) before moe8's experts (8, top-2)");
+  reg.template add<MoR8, Dense8>("mor8", "byte", "Mixture-of-Recursions, middle-cycle: layers 1-6 shared, 2 recursions (capacity 1, 1/2)", "dense8");
+  reg.template add<MoR8R3, Dense8>("mor8-r3", "byte", "Mixture-of-Recursions, middle-cycle: layers 1-6 shared, 3 recursions (capacity 1, 2/3, 1/3)", "dense8");
+  reg.template add<MoR8Paper, Dense8>("mor8-paper", "byte", "mor8-r3 with the authors' settings: x + g*(block output), g = sigmoid/10, router BCE 0.001", "dense8");
+  reg.template add<MoR8Token, Dense8>("mor8-token", "byte", "Mixture-of-Recursions, token choice: each token's depth (1-3) chosen once by a softmax router, balance loss 0.1", "dense8");
+  reg.template add<MoR8Share, Dense8>("mor8-share", "byte", "mor8-r3 with recursive KV sharing: recursions 2, 3 attend to recursion 1's keys and values", "dense8");
 }
 
 }  // namespace mom::examples

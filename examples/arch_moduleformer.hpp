@@ -9,9 +9,10 @@
 //   moduleformer8-concentrate  §4.2: the load-concentration loss H(m) for fine-tuning before pruning
 //   moduleformer8-c6-12        §5.3: 6 heads and 12 experts per layer, the compaction target of mom-train prune
 // docs/moduleformer.md has the commands of the continual-learning and pruning demo.
+#pragma once
 #include <mom/models/moduleformer_models.hpp>
 
-#include "train_model.hpp"
+#include "architectures.hpp"
 
 namespace mom::examples {
 
@@ -23,18 +24,14 @@ using ModuleFormer8InsertReg = LM<mom8_nope_dims, MF8Spec::inserted<2, 4, std::r
 using ModuleFormer8Concentrate = LM<mom8_nope_dims, MF8Spec::with_loss<LoadConcentration<std::ratio<1, 100>>>::type>;
 using ModuleFormer8Compact = LM<mom8_nope_dims, MF8Spec::compacted<6, 12>::type>;
 
-std::vector<ArchEntry> moduleformer_architectures() {
-  std::vector<ArchEntry> v;
-  v.push_back(make_architecture<ModuleFormer8>("moduleformer8", "byte", "ModuleFormer: 8 stick-breaking heads of 128 (shared K/V) + 16 experts of 512 per layer, top-2 each, MLP routers, MI loss, no positions"));
-  v.back().prune = [](const PruneRequest& r) { return prune_model<ModuleFormer8, ModuleFormer8Compact>(r, "moduleformer8-c6-12"); };
-  v.push_back(make_architecture<ModuleFormer8Insert, ModuleFormer8>("moduleformer8-insert", "byte", "moduleformer8 + 2 heads + 4 experts per layer (§4.3 variant 1); --init-from a moduleformer8 run", "moduleformer8"));
-  v.push_back(make_architecture<ModuleFormer8InsertReg, ModuleFormer8>("moduleformer8-insert-reg", "byte", "moduleformer8-insert with routing regularisation 0.01·|A'|² (§4.3 variant 2); --init-from a moduleformer8 run", "moduleformer8"));
-  v.push_back(make_architecture<ModuleFormer8Concentrate, ModuleFormer8>("moduleformer8-concentrate", "byte", "moduleformer8 fine-tuned with the load-concentration loss H(m) (§4.2); --init-from a moduleformer8 run", "moduleformer8"));
-  v.push_back(make_architecture<ModuleFormer8Compact>("moduleformer8-c6-12", "byte", "moduleformer8 compacted to 6 heads and 12 experts per layer (mom-train prune --into)"));
-  v[3].prune = [](const PruneRequest& r) {
-    return prune_model<ModuleFormer8Concentrate, ModuleFormer8Compact>(r, "moduleformer8-c6-12");
-  };
-  return v;
+template <class Reg>
+void moduleformer_architectures(Reg& reg) {
+  // add<Model, DenseTwin, Compact>: `mom-train prune` compacts a checkpoint of Model into Compact.
+  reg.template add<ModuleFormer8, void, ModuleFormer8Compact>("moduleformer8", "byte", "ModuleFormer: 8 stick-breaking heads of 128 (shared K/V) + 16 experts of 512 per layer, top-2 each, MLP routers, MI loss, no positions", {}, "moduleformer8-c6-12");
+  reg.template add<ModuleFormer8Insert, ModuleFormer8>("moduleformer8-insert", "byte", "moduleformer8 + 2 heads + 4 experts per layer (§4.3 variant 1); --init-from a moduleformer8 run", "moduleformer8");
+  reg.template add<ModuleFormer8InsertReg, ModuleFormer8>("moduleformer8-insert-reg", "byte", "moduleformer8-insert with routing regularisation 0.01·|A'|² (§4.3 variant 2); --init-from a moduleformer8 run", "moduleformer8");
+  reg.template add<ModuleFormer8Concentrate, ModuleFormer8, ModuleFormer8Compact>("moduleformer8-concentrate", "byte", "moduleformer8 fine-tuned with the load-concentration loss H(m) (§4.2); --init-from a moduleformer8 run", "moduleformer8", "moduleformer8-c6-12");
+  reg.template add<ModuleFormer8Compact>("moduleformer8-c6-12", "byte", "moduleformer8 compacted to 6 heads and 12 experts per layer (mom-train prune --into)");
 }
 
 }  // namespace mom::examples
