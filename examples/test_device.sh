@@ -3,10 +3,10 @@
 # emulation (kernels and runtime; tests/cuda/emu/), so that the GPU path of the command-line tools runs on a
 # machine without a GPU (CTest examples.device_*). Usage:
 #   test_device.sh <mom-train-emu> archs <i> <n>  the registered architectures i, i + n, i + 2n, ... of --help's list:
-#                                                 2 training steps (1 at GPT-2 small's size) on the CPU and on emulated
-#                                                 CUDA (fp32 matrix products), the same data: every step's loss and the
-#                                                 validation loss within 1e-5 (relative; 3e-7 measured), then an
-#                                                 8-token sample through the device's
+#                                                 one training step on the CPU and on emulated CUDA (fp32 matrix
+#                                                 products), the same data: the step's loss and the validation loss
+#                                                 after its update within 1e-5 (relative; 3e-7 measured), then a
+#                                                 4-token sample through the device's
 #                                                 Decoder. gpt2-medium and gpt2-large are left out (GPT-2 small's code
 #                                                 at 3x / 6x its parameters: 5.7 / 12.4 GB of training state per run)
 #   test_device.sh <mom-train-emu> cli            checkpoints cross backends both ways (resume: the same validation
@@ -58,16 +58,14 @@ archs)
     a="${archs[$k]}"
     case "$a" in gpt2-medium | gpt2-large) echo "skipped: $a (GPT-2 small's code at more parameters)"; continue ;; esac
     data="$T/prep-byte/data"
-    steps=2
     if "$BIN" --help | grep -A1 "^  $a (" | tail -1 | grep -q "vocab=50257"; then
-      steps=1  # GPT-2-sized: one emulated step of 124M parameters takes about 11 s
       [ -d "$T/prep-bpe/data" ] || run "$T/prep-bpe.log" "$BIN" --data "$T/text.txt" --arch small-bpe --out "$T/prep-bpe" "${few[@]}" --steps 1 --sample-tokens 0 || exit 1
       data="$T/prep-bpe/data"
     fi
     start=$SECONDS
-    run "$T/$a-cpu.log" "$BIN" --data "$data" --arch "$a" --out "$T/$a-cpu" "${few[@]}" --steps $steps --sample-tokens 0 || continue
-    run "$T/$a-cuda.log" "$BIN" --data "$data" --arch "$a" --out "$T/$a-cuda" "${few[@]}" --steps $steps --device cuda --precision fp32 \
-      --sample-tokens 8 || continue
+    run "$T/$a-cpu.log" "$BIN" --data "$data" --arch "$a" --out "$T/$a-cpu" "${few[@]}" --steps 1 --sample-tokens 0 || continue
+    run "$T/$a-cuda.log" "$BIN" --data "$data" --arch "$a" --out "$T/$a-cuda" "${few[@]}" --steps 1 --device cuda --precision fp32 \
+      --sample-tokens 4 || continue
     grep -q "^device: cuda:0 (CUDA emulated on the CPU" "$T/$a-cuda.log" || { echo "FAIL: $a did not run on cuda:"; head "$T/$a-cuda.log"; fail=1; }
     grep -q "^sample (temperature" "$T/$a-cuda.log" || { echo "FAIL: $a sampled nothing on cuda"; tail -3 "$T/$a-cuda.log"; fail=1; }
     echo -n "$a ($((SECONDS - start)) s): "
@@ -123,6 +121,22 @@ ok = abs(a - b) <= 2e-4
 print(f"{'ok' if ok else 'FAIL'}: mom-train eval on the CPU {a}, on cuda {b}")
 sys.exit(0 if ok else 1)
 EOF
+  # Ctrl-C (SIGINT) during a run on the device: the step finishes, a checkpoint is written, exit 0; the run
+  # then resumes on the CPU.
+  "$BIN" --data "$T/text.txt" --out "$T/int" --arch tiny "${few[@]}" --sample-tokens 0 --steps 100000 --device cuda \
+    >"$T/int.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 600); do grep -q '"type":"train"' "$T/int/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done
+  kill -INT "$pid"
+  timeout 60 tail --pid="$pid" -f /dev/null
+  wait "$pid"; rc=$?
+  stopped=$(tr '\r' '\n' <"$T/int.log" | grep -ao "step [0-9]* | interrupted" | grep -o "[0-9]*")
+  if [ "$rc" -ne 0 ] || [ -z "$stopped" ] || [ "$(cat "$T/int/latest" 2>/dev/null)" != "$(printf 'step-%06d' "$stopped")" ]; then
+    echo "FAIL: SIGINT on cuda: exit $rc, stopped at '$stopped'"; tail -c 1000 "$T/int.log"; fail=1
+  elif run "$T/int2.log" "$BIN" --data "$T/text.txt" --out "$T/int" --arch tiny "${few[@]}" --sample-tokens 0 \
+         --steps $((stopped + 1)) --resume; then
+    echo "ok: SIGINT on cuda saved step $stopped, resumed on the CPU to step $((stopped + 1))"
+  fi
   # ModuleFormer's pruning on the device; bf16 and tf32 matrix products train close to fp32.
   mf=(--arch moduleformer8 --batch 1 --seq 16 --warmup 1 --lr 1e-3 --eval-interval 0 --eval-batches 1 --sample-tokens 0 --steps 2)
   run "$T/mf.log" "$BIN" --data "$data" --out "$T/mf" "${mf[@]}" &&

@@ -8,26 +8,8 @@
 #   4. a table last: per run the validation curve, tokens/s and wall time, and each GPU run's largest validation
 #      difference from the CPU run's curve.
 # Logs go to $OUT (or ./gpu-out). Record the table in bench/RESULTS.md with the device's name.
-set -uo pipefail
-repo="$(cd "$(dirname "$0")/.." && pwd)"
-cd "$repo"
-out="${OUT:-$repo/gpu-out}"
-mkdir -p "$out"
-deps="$repo/.gpu-deps/usr"
-[ -d "$deps" ] && export CMAKE_PREFIX_PATH="$deps${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}" CPATH="$deps/include${CPATH:+:$CPATH}"
-export PATH="/usr/local/cuda/bin:$PATH"
-jobs="$(nproc)"
-summary="$out/summary.txt"
-: >"$summary"
-note() { echo "$*" | tee -a "$summary"; }
+source "$(dirname "$0")/gpu_common.sh"
 started=$(date +%s)
-
-if command -v nvidia-smi >/dev/null; then
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/device.txt" 2>&1
-else
-  echo "no nvidia-smi (no GPU driver)" >"$out/device.txt"
-fi
-note "device: $(head -1 "$out/device.txt"); $(nvcc --version | tail -1); $(nproc) CPU cores"
 
 # 1. Build.
 if ! cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DMOM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${MOM_CUDA_ARCH:-native}" \

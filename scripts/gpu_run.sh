@@ -6,25 +6,7 @@
 #   3. compute-sanitizer memcheck and racecheck over the op tests,
 #   4. bench_gpu_train_step: GPT-2 small (seq 1024) TF32 / bf16 and MoM_P, tokens/s and MFU.
 # Logs go to $OUT (or ./gpu-out); the summary is printed last.
-set -uo pipefail
-repo="$(cd "$(dirname "$0")/.." && pwd)"
-cd "$repo"
-out="${OUT:-$repo/gpu-out}"
-mkdir -p "$out"
-deps="$repo/.gpu-deps/usr"
-[ -d "$deps" ] && export CMAKE_PREFIX_PATH="$deps${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}" CPATH="$deps/include${CPATH:+:$CPATH}"
-export PATH="/usr/local/cuda/bin:$PATH"
-jobs="$(nproc)"
-summary="$out/summary.txt"
-: >"$summary"
-note() { echo "$*" | tee -a "$summary"; }
-
-if command -v nvidia-smi >/dev/null; then
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader >"$out/device.txt" 2>&1
-else
-  echo "no nvidia-smi (no GPU driver)" >"$out/device.txt"
-fi
-note "device: $(head -1 "$out/device.txt"); $(nvcc --version | tail -1)"
+source "$(dirname "$0")/gpu_common.sh"
 
 arch="${MOM_CUDA_ARCH:-native}"
 if ! cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DMOM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" \

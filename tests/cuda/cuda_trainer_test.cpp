@@ -24,7 +24,6 @@
 
 using namespace mom;
 using namespace mom::test::small_models;
-using test::gpu_available;
 
 extern "C" long mom_emu_host_waits() __attribute__((weak));
 extern "C" long mom_emu_allocations() __attribute__((weak));
@@ -126,10 +125,7 @@ void compare_training(cuda::Precision precision, double loss_tol, double param_t
 
 TEST_CASE("Trainer on CUDA = Trainer on the CPU: dense, MoM_P, MoE, MoD, MoEUT, ModuleFormer, MoR (double)",
           "[cuda][trainer]") {
-  if (!gpu_available()) {
-    WARN("no CUDA device: skipped");
-    return;
-  }
+  MOM_SKIP_WITHOUT_GPU();
   compare_training<DenseSmall, double>(cuda::Precision::FP32, 1e-9, 1e-9);
   compare_training<MoMP, double>(cuda::Precision::FP32, 1e-9, 1e-9);
   compare_training<MoESmall, double>(cuda::Precision::FP32, 1e-9, 1e-9);
@@ -140,10 +136,7 @@ TEST_CASE("Trainer on CUDA = Trainer on the CPU: dense, MoM_P, MoE, MoD, MoEUT, 
 }
 
 TEST_CASE("Trainer on CUDA = Trainer on the CPU in float: fp32 and bf16 matrix products", "[cuda][trainer]") {
-  if (!gpu_available()) {
-    WARN("no CUDA device: skipped");
-    return;
-  }
+  MOM_SKIP_WITHOUT_GPU();
   compare_training<DenseSmall, float>(cuda::Precision::FP32, 1e-4, 1e-3);
   compare_training<MoMP, float>(cuda::Precision::FP32, 1e-4, 1e-3);
   compare_training<MoESmall, float>(cuda::Precision::FP32, 1e-4, 1e-3);
@@ -152,10 +145,7 @@ TEST_CASE("Trainer on CUDA = Trainer on the CPU in float: fp32 and bf16 matrix p
 
 TEST_CASE("a checkpoint written on one backend resumes on the other as the uninterrupted run continues",
           "[cuda][trainer][checkpoint]") {
-  if (!gpu_available()) {
-    WARN("no CUDA device: skipped");
-    return;
-  }
+  MOM_SKIP_WITHOUT_GPU();
   using Model = MoMP;
   const Data data;
   const mom_test::TempDir out("cuda_resume");
@@ -225,10 +215,7 @@ void check_trainer_step(cuda::Precision precision) {
 }  // namespace
 
 TEST_CASE("a Trainer step on CUDA waits for the device once, at its end, and never allocates", "[cuda][trainer][sync]") {
-  if (!gpu_available()) {
-    WARN("no CUDA device: skipped");
-    return;
-  }
+  MOM_SKIP_WITHOUT_GPU();
   if (!mom_emu_host_waits || !mom_emu_allocations) {
     WARN("host waits are counted by the emulated runtime only (test_cuda_emu): skipped");
     return;
