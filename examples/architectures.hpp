@@ -1,6 +1,6 @@
 // The registry of named architectures that mom-train / mom-sample know. Each entry is a model type; the
 // registry erases it behind two functions (train, sample), so the command line picks a type by name.
-// To add an architecture: one line in registry() below.
+// To add an architecture: one line in a family's list (examples/arch_<family>.hpp: reg.add<Model>(...)).
 #pragma once
 
 #include <mom/mom.hpp>
@@ -79,6 +79,7 @@ inline Device parse_device(const std::string& device, const std::string& precisi
 
 // How a backend is opened for a Device: each backend's header (backend_cpu.hpp, backend_cuda.hpp) defines
 //   Be open_backend(BackendTag<Be>, const Device&, const train::Communicator*)  the backend, or one error line
+//   std::string device_name(BackendTag<Be>, const Be&)                           "cpu", "cuda:0" (recorded in checkpoints)
 //   std::string backend_summary(BackendTag<Be>, const Be&)                       "cuda:0 (NVIDIA H100 ...), tf32"
 //   double backend_memory_bytes(BackendTag<Be>, const Be&)                        what a run may allocate there
 //   std::unique_ptr<train::Communicator> device_communicator(BackendTag<Be>, const Be&, train::Communicator* host)

@@ -18,6 +18,7 @@ inline cpu::Backend<float> open_backend(BackendTag<cpu::Backend<float>>, const D
   MOM_CHECK(d.kind == DeviceKind::cpu, "internal: the CPU backend opened for --device ", d.name());
   return {};
 }
+inline std::string device_name(BackendTag<cpu::Backend<float>>, const cpu::Backend<float>&) { return "cpu"; }
 inline std::string backend_summary(BackendTag<cpu::Backend<float>>, const cpu::Backend<float>&) {
   return "cpu (" + std::to_string(omp_get_max_threads()) + " threads), fp32";
 }

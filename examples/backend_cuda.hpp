@@ -39,6 +39,10 @@ inline cuda::Backend<float> open_backend(BackendTag<cuda::Backend<float>>, const
   return be;
 }
 
+inline std::string device_name(BackendTag<cuda::Backend<float>>, const cuda::Backend<float>& be) {
+  return "cuda:" + std::to_string(be.device());
+}
+
 inline std::string backend_summary(BackendTag<cuda::Backend<float>>, const cuda::Backend<float>& be) {
   cudaDeviceProp prop{};
   MOM_CUDA_CHECK(cudaGetDeviceProperties(&prop, be.device()), "--device");
@@ -48,7 +52,7 @@ inline std::string backend_summary(BackendTag<cuda::Backend<float>>, const cuda:
                                                        : "tf32 matrix products, fp32 elsewhere";
   char memory[32];
   std::snprintf(memory, sizeof memory, "%.1f GiB", double(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
-  return "cuda:" + std::to_string(be.device()) + " (" + prop.name + ", " + memory + "), " + precision;
+  return device_name(BackendTag<cuda::Backend<float>>{}, be) + " (" + prop.name + ", " + memory + "), " + precision;
 }
 
 inline double backend_memory_bytes(BackendTag<cuda::Backend<float>>, const cuda::Backend<float>& be) {

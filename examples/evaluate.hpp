@@ -125,7 +125,7 @@ int prune_model(const PruneRequest& r, const std::string& compact_name) {
   const auto tok_it = meta.find("mom.tokenizer");
   const std::string tokenizer = tok_it != meta.end() ? tok_it->second : std::string("byte");
   MOM_CHECK(r.into.empty() || r.into == compact_name, "--into '", r.into, "': this architecture compacts into '",
-            compact_name, "' (registered in examples/arch_moduleformer.cpp)");
+            compact_name, "' (registered in examples/arch_moduleformer.hpp)");
   const EvalData data(r.eval, tokenizer);
   RoutingStats stats;
   const double before = validation_loss(model, data.file(), r.eval, [&](auto& m) { stats.accumulate(m); });

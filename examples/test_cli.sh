@@ -61,7 +61,26 @@ expect_error "grad_clip -1 must be a finite number >= 0" "$BIN" --data "$T/text.
 expect_error "min_lr_ratio nan must be in \[0, 1\]" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --min-lr-ratio nan
 expect_error "min_lr_ratio -5 must be in \[0, 1\]" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --min-lr-ratio -5
 expect_error "lr inf must be a finite number > 0" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --lr inf
-expect_error "--threads -3 must be >= 0" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --threads -3
+expect_error "--threads -3 must be in \[0, [0-9]+\]" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --threads -3
+expect_error "--threads 100000 must be in \[0, [0-9]+\]" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --threads 100000
+# Empty and wrapped values, the same rules in every subcommand (check_values in examples/train.cpp).
+expect_error "--grad-clip: an empty value \(give one\)" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --grad-clip ''
+expect_error "--warmup: an empty value" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --warmup ''
+expect_error "--tokenizer: an empty value" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --tokenizer ''
+expect_error "--tokens: an empty value" "$SAMPLE" --checkpoint "$T/run" --tokens ''
+expect_error "--batches: an empty value" "$BIN" eval --checkpoint "$T/run" --data "$T/text.txt" --batches ''
+expect_error "'-1' is not a seed \(a whole number in \[0, 18446744073709551615\]\)" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --seed -1
+expect_error "'18446744073709551616' is not a seed" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --seed 18446744073709551616
+expect_error "'-1' is not a seed" "$SAMPLE" --checkpoint "$T/run" --seed -1
+expect_error "lr 0.002 x weight_decay 4.6[0-9e+]* must be < 1" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --weight-decay 4611686018427387904
+# --resume continues the run's own seed and prepared data: options that only shape a fresh run are refused.
+expect_error "--resume continues the run's own seed .*: leave out --seed" "$BIN" --data "$T/text.txt" --out "$T/run" --resume --arch tiny --steps 6 --batch 2 --seq 32 --sample-tokens 0 --seed 5
+expect_error "--resume continues the run's own prepared data: leave out --tokenizer and --val-fraction" "$BIN" --data "$T/text.txt" --out "$T/run" --resume --arch tiny --steps 6 --batch 2 --seq 32 --sample-tokens 0 --val-fraction 0.5
+expect_error "--resume continues the run's own prepared data" "$BIN" --data "$T/text.txt" --out "$T/run" --resume --arch tiny --steps 6 --batch 2 --seq 32 --sample-tokens 0 --tokenizer gpt2
+# eval and prune share training's ranges: batch x seq cannot overflow, at most 10^9 batches.
+expect_error "batch $big must be in \[1, 1000000000\]" "$BIN" eval --checkpoint "$T/run" --data "$T/text.txt" --batch $big --seq 128
+expect_error "eval_batches $big must be in \[1, 1000000000\]" "$BIN" eval --checkpoint "$T/run" --data "$T/text.txt" --batches $big
+expect_error "batch 100000000 x seq 32 tokens per micro-batch exceed" "$BIN" prune --checkpoint "$T/run" --data "$T/text.txt" --batch 100000000 --seq 32
 expect_error "checkpoint_interval -1 must be >= 0" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --checkpoint-interval -1
 expect_error "eval_interval -1 must be >= 0" "$BIN" --data "$T/text.txt" --out "$T/r1" --arch tiny --steps 3 --batch 2 --seq 32 --eval-batches 1 --sample-tokens 0 --eval-interval -1
 expect_error "log_interval 0 must be > 0" "$BIN" --data "$T/text.txt" --out "$T/r1" "${common[@]}" --log-interval 0
@@ -90,7 +109,8 @@ expect_error "--batch 10000000 x --seq 128 needs about .* GiB of activations" "$
 # --resume with other data is refused before anything is tokenized (the run's prepared data stays).
 cp "$T/text.txt" "$T/other.txt"; echo "and more" >>"$T/other.txt"
 expect_error "--resume: --data '.*other.txt' is not the data this run trained on" "$BIN" --data "$T/other.txt" --out "$T/run" --resume --arch tiny --steps 6 --batch 2 --seq 32 --sample-tokens 0
-if [ -e "$T/r1" ] && [ -n "$(ls -A "$T/r1" 2>/dev/null)" ]; then echo "FAIL: a refused run wrote into its --out"; ls -R "$T/r1"; fail=1; fi
+# (.lock: the run folder's lock, train::DirLock, taken before the checks that need the folder)
+if [ -e "$T/r1" ] && [ -n "$(ls -A "$T/r1" 2>/dev/null | grep -vx '.lock')" ]; then echo "FAIL: a refused run wrote into its --out"; ls -AR "$T/r1"; fail=1; fi
 after=$(checksum)
 if [ "$before" != "$after" ]; then echo "FAIL: the checkpoint changed"; fail=1; else echo "ok: checkpoint unchanged"; fi
 
@@ -118,7 +138,7 @@ fi
 "$BIN" --data "$T/text.txt" --out "$T/div" --arch tiny --steps 4 --batch 2 --seq 32 --eval-interval 0 --eval-batches 1 \
   --sample-tokens 0 >"$T/div.log" 2>&1 || { echo "FAIL: the run before divergence"; cat "$T/div.log"; fail=1; }
 div=(--data "$T/text.txt" --out "$T/div" --resume --arch tiny --steps 60 --batch 2 --seq 32 --eval-batches 1
-     --sample-tokens 0 --lr 1e6 --warmup 0 --grad-clip 0)
+     --sample-tokens 0 --lr 1e6 --warmup 0 --grad-clip 0 --weight-decay 0)
 expect_error "training diverged" "$BIN" "${div[@]}" --checkpoint-interval 1 --eval-interval 0
 expect_error "training diverged: 5 steps in a row \(to step [0-9]+\) had a non-finite loss or gradients" \
   "$BIN" "${div[@]}" --checkpoint-interval 0 --eval-interval 0
@@ -204,6 +224,38 @@ if help_line mom8-p | grep -q "samples with the KV cache" && help_line mod8-caus
 else
   echo "FAIL: --help sampling column: $(help_line mom8-p) / $(help_line mod8)"; fail=1
 fi
+# A checkpoint that is a FIFO is refused, not waited on (mom-sample, --init-from).
+mkdir -p "$T/fck"; mkfifo "$T/fck/model.safetensors"
+expect_error "fck/model.safetensors' is not a regular file" "$SAMPLE" --checkpoint "$T/fck"
+expect_error "fck/model.safetensors' is not a regular file" "$BIN" eval --checkpoint "$T/fck" --data "$T/text.txt"
+expect_error "(fck/model.safetensors' is not a regular file|no checkpoint in '.*fck/model.safetensors')" "$BIN" --data "$T/text.txt" --out "$T/o12" "${common[@]}" --init-from "$T/fck/model.safetensors"
+# A header nested 200,000 deep (shape, then data_offsets) is refused in one line; the message never recurses.
+for field in shape data_offsets; do
+  mkdir -p "$T/deep-$field"
+  python3 - "$T/deep-$field/model.safetensors" "$field" <<'PY'
+import struct, sys
+deep = "[" * 200000 + "]" * 200000
+entry = {"shape": '"dtype":"F32","shape":%s,"data_offsets":[0,0]', "data_offsets": '"dtype":"F32","shape":[0],"data_offsets":%s'}
+header = ('{"wte":{' + entry[sys.argv[2]] % deep + '}}').encode()
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(header)) + header)
+PY
+done
+expect_error "entry 'wte' is malformed \(shape holds an array of 1, not an integer >= 0\)" "$SAMPLE" --checkpoint "$T/deep-shape"
+expect_error "entry 'wte' is malformed \(data_offsets an array of 1 is not two integers >= 0\)" "$SAMPLE" --checkpoint "$T/deep-data_offsets"
+# A failed write of metrics.jsonl (a full disk: /dev/full) ends the run with the cause.
+mkdir -p "$T/mfull"; ln -s /dev/full "$T/mfull/metrics.jsonl"
+expect_error "cannot write metrics file '.*mfull/metrics.jsonl': No space left on device" "$BIN" --data "$T/text.txt" --out "$T/mfull" "${common[@]}"
+# Two writers on one --out: the second is refused in one line naming the first's pid; the first goes on.
+"$BIN" --data "$T/text.txt" --out "$T/lock" --arch tiny --batch 2 --seq 32 --eval-interval 0 --eval-batches 1 --sample-tokens 0 \
+  --steps 1000000 --checkpoint-interval 0 >"$T/lock.log" 2>&1 &
+first=$!
+for _ in $(seq 1 600); do grep -q '"type":"train"' "$T/lock/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done
+expect_error "output directory '.*lock' is in use by another mom-train process \(pid $first\)" \
+  "$BIN" --data "$T/text.txt" --out "$T/lock" --arch tiny --batch 2 --seq 32 --eval-interval 0 --eval-batches 1 --sample-tokens 0 --steps 5 --resume
+expect_error "output directory '.*lock' is in use by another mom-train process \(pid $first\)" \
+  "$BIN" --data "$T/text.txt" --out "$T/lock" "${common[@]}"
+kill -INT "$first"; wait "$first"
+if [ "$?" -eq 0 ] && [ -f "$T/lock/latest" ]; then echo "ok: the first writer went on and saved on Ctrl-C"; else echo "FAIL: the first writer"; tail -c 600 "$T/lock.log"; fail=1; fi
 # --device / --precision (docs/cuda.md, "Train on a GPU"): bad values are refused up front; --device cuda where there
 # is no GPU (or in a build without the CUDA backend) is one line and writes nothing. (The CUDA runs themselves are
 # tested by examples/test_device.sh with the backend's CPU emulation.)

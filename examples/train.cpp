@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <csignal>
+#include <thread>
 
 namespace mom::examples {
 
@@ -91,6 +92,28 @@ int parse_error(const CLI::App& app, const CLI::ParseError& e, const std::string
   return 1;
 }
 
+// The value checks every subcommand shares (train, eval, prune, sample / mom-sample), applied once all options
+// are declared: no option takes an empty value (CLI11 would read '' as 0: `--grad-clip ''` would turn clipping off;
+// `--freeze ''` is the one meant to be empty), and a seed is a whole number in [0, 2^64 - 1] (CLI11 wraps -1).
+// The numeric ranges are TrainConfig::check()'s (train/trainer.hpp), also for eval's and prune's counts.
+void check_values(CLI::App& app) {
+  const CLI::Validator non_empty(
+      [](std::string& v) { return v.empty() ? std::string("an empty value (give one)") : std::string(); }, "", "non-empty");
+  const CLI::Validator seed(
+      [](std::string& v) {
+        const bool digits = !v.empty() && v.size() <= 20 && v.find_first_not_of("0123456789") == std::string::npos;
+        return digits && (v.size() < 20 || v <= "18446744073709551615")
+                   ? std::string()
+                   : "'" + v + "' is not a seed (a whole number in [0, 18446744073709551615])";
+      },
+      "", "seed");
+  for (CLI::Option* o : app.get_options()) {
+    if (o->get_type_size() == 0 || o->get_name() == "--freeze") continue;  // flags; --freeze '' unfreezes all
+    o->check(non_empty);
+    if (o->get_name() == "--seed") o->check(seed);
+  }
+}
+
 // --device and --precision, on every command; parsed into a Device after the command line (parse_device).
 void add_device_options(CLI::App& app, std::string& device, std::string& precision) {
   app.add_option("--device", device, "Where to run: cpu, cuda (GPU 0, or under mpirun the rank's own) or cuda:N")
@@ -126,6 +149,7 @@ int run_sample(int argc, char** argv, const std::string& prog) {
   app.add_option("-s,--seed", r.seed, "Sampling seed")->capture_default_str();
   std::string device = "cpu", precision;
   add_device_options(app, device, precision);
+  check_values(app);
   app.footer(architectures_help());
   try {
     app.parse(argc, argv);
@@ -155,6 +179,11 @@ void add_eval_options(CLI::App& app, EvalRequest& r, std::string& checkpoint, st
 void check_eval_request(EvalRequest& r, const std::string& checkpoint, const std::string& data, const std::string& device,
                         const std::string& precision) {
   MOM_CHECK(r.batch > 0 && r.batches > 0 && r.seq > 0, "--batch, --batches and --seq must be > 0");
+  train::TrainConfig ranges;  // training's bounds: batch x seq within token ids, at most 10^9 batches
+  ranges.batch = r.batch;
+  ranges.seq = r.seq;
+  ranges.eval_batches = r.batches;
+  ranges.check();
   MOM_CHECK(std::isfinite(r.val_fraction) && r.val_fraction > 0 && r.val_fraction < 1, "--val-fraction ",
             r.val_fraction, " must be in (0, 1)");
   r.checkpoint = checkpoint;
@@ -168,6 +197,7 @@ int run_eval(int argc, char** argv, const std::string& prog) {
   EvalRequest r;
   std::string checkpoint, data, device = "cpu", precision;
   add_eval_options(app, r, checkpoint, data, device, precision);
+  check_values(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -187,6 +217,7 @@ int run_prune(int argc, char** argv, const std::string& prog) {
   app.add_option("--tau", r.tau, "Threshold on the normalised usage, in [0, 1]")->capture_default_str();
   app.add_option("--into", r.into, "Compact into this architecture (e.g. moduleformer8-c6-12)");
   app.add_option("-o,--out", out, "Write the pruned checkpoint here (a new run directory)");
+  check_values(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -256,6 +287,7 @@ int run_train(int argc, char** argv, const std::string& prog, train::Communicato
       ->capture_default_str();
   app.add_option("--prompt", r.prompt, "Prompt of that sample")->capture_default_str();
   app.add_option("--temperature", r.temperature, "Temperature of that sample")->capture_default_str();
+  check_values(app);
   app.footer(architectures_help() + "\nAlso: " + prog + " sample --help (or mom-sample) prints text from a checkpoint; " +
              prog + " eval --help its validation loss on a text; " + prog + " prune --help prunes a ModuleFormer's modules.");
   try {
@@ -267,7 +299,9 @@ int run_train(int argc, char** argv, const std::string& prog, train::Communicato
   MOM_CHECK(arch != nullptr, "unknown architecture '", arch_name, "' (known: ", architecture_names(), ")");
   // Every option in range before any data is prepared or memory allocated.
   c.check();
-  MOM_CHECK(threads >= 0, "--threads ", threads, " must be >= 0 (0: OMP_NUM_THREADS or all cores)");
+  const int max_threads = std::max(64, 4 * int(std::thread::hardware_concurrency()));  // OpenMP crashes far above
+  MOM_CHECK(threads >= 0 && threads <= max_threads, "--threads ", threads, " must be in [0, ", max_threads,
+            "] (0: OMP_NUM_THREADS or all cores)");
   MOM_CHECK(std::isfinite(r.val_fraction) && r.val_fraction > 0 && r.val_fraction < 1, "--val-fraction ",
             r.val_fraction, " must be in (0, 1)");
   MOM_CHECK(r.sample_tokens >= 0 && r.sample_tokens <= 100'000'000, "--sample-tokens ", r.sample_tokens,
@@ -277,6 +311,9 @@ int run_train(int argc, char** argv, const std::string& prog, train::Communicato
   r.data = data;
   r.init_from = init_from;
   r.device = parse_device(device, precision);
+  r.seed_given = app.count("--seed") > 0;
+  r.tokenizer_given = app.count("--tokenizer") > 0;
+  r.val_fraction_given = app.count("--val-fraction") > 0;
   if (app.count("--freeze") > 0) {  // given (even as ''): these patterns; else none, or the checkpoint's on --resume
     c.freeze.emplace();
     for (const auto& list : freeze)

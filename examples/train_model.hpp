@@ -37,6 +37,9 @@ struct TrainRequest {
   std::string prompt = "And God said";
   double temperature = 0.8;
   Device device;                        // --device, --precision
+  // Given on the command line: --seed, --tokenizer, --val-fraction shape a fresh run only (its initialisation,
+  // data order, prepared data) and are refused with --resume, which continues the run's own.
+  bool seed_given = false, tokenizer_given = false, val_fraction_given = false;
   train::Communicator* comm = nullptr;  // data-parallel ranks (mpirun; train/distributed.hpp); null: one process
 };
 
@@ -232,6 +235,12 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
   MOM_CHECK(cfg.seq > 0 && cfg.seq <= Model::dims.context, "--seq ", cfg.seq, " exceeds the context ",
             Model::dims.context, " of architecture '", arch.name, "'");
   MOM_CHECK(!cfg.out_dir.empty(), "--out must name an output directory");
+  // Several ranks share --out (one file system): rank 0 alone creates it, prepares the data and writes.
+  const bool rank0 = !r.comm || r.comm->rank() == 0;
+  // Another process writing this run is refused first (naming its pid), before anything here reads or writes
+  // it; the lock is held to the end (train::DirLock).
+  train::DirLock lock;
+  if (rank0 && fs::is_directory(cfg.out_dir)) lock = train::DirLock(cfg.out_dir);
   const bool existing = train::has_checkpoint(cfg.out_dir);
   MOM_CHECK(!existing || r.resume, "output directory '", cfg.out_dir.string(),
             "' already holds a checkpoint: pass --resume to continue it, or choose another --out");
@@ -239,12 +248,13 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
   check_init_from<Model, DenseTwin>(arch, r);
   if (cfg.freeze) train::freeze_mask<Model>(*cfg.freeze);  // a pattern that matches nothing: refused before any work
   Be be = open_backend(BackendTag<Be>{}, r.device, r.comm);  // no such device: refused before any work
-  cfg.device = r.device.name();
+  cfg.device = device_name(BackendTag<Be>{}, be);  // cuda:N, the GPU this process opened
   cfg.precision = r.device.precision;
-  // Several ranks share --out (one file system): rank 0 alone creates it, prepares the data and writes.
-  const bool rank0 = !r.comm || r.comm->rank() == 0;
   const int ranks = r.comm ? r.comm->size() : 1;
-  if (rank0) train::ensure_writable_dir(cfg.out_dir);
+  if (rank0) {
+    train::ensure_writable_dir(cfg.out_dir);
+    if (!lock.locked()) lock = train::DirLock(cfg.out_dir);
+  }
   cfg.data_name = data_identity(r.data);
   if (r.resume) {  // refuse another architecture's checkpoint, or other data, before any work
     const auto dir = train::resolve_checkpoint(cfg.out_dir);
@@ -254,8 +264,18 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
               "' is a different architecture: it holds '", it != f.metadata().end() ? it->second : "?",
               "' but --arch ", arch.name, " is '", arch.describe, "'");
     check_resume_data(f, cfg);
+    MOM_CHECK(!r.seed_given && !r.tokenizer_given && !r.val_fraction_given, "--resume continues the run's own ",
+              r.seed_given ? "seed (its data order is restored from the checkpoint): leave out --seed"
+                           : "prepared data: leave out --tokenizer and --val-fraction");
+    // The recorded seed, so that the run's configuration (metrics, the next checkpoint) keeps saying it.
+    if (const auto it = f.metadata().find("mom.config"); it != f.metadata().end()) {
+      const auto config = nlohmann::json::parse(it->second, nullptr, false);
+      if (config.is_object() && config.contains("seed") && config["seed"].is_number_unsigned())
+        cfg.seed = config["seed"].get<std::uint64_t>();
+    }
   }
-  check_memory<Model>(cfg, backend_memory_bytes(BackendTag<Be>{}, be), r.device.name());
+  check_memory<Model>(cfg, backend_memory_bytes(BackendTag<Be>{}, be),
+                      r.device.kind == DeviceKind::cpu ? std::string("this machine") : r.device.name());
   const std::string tokenizer_name = r.tokenizer.empty() ? arch.tokenizer : r.tokenizer;
 
   DataFiles files;

@@ -351,6 +351,7 @@ TEST_CASE("divergence: non-finite steps are skipped, the run stops after max_ski
     auto model = Tiny::make<cpu::Backend<float>>(1);
     auto cfg = small_config(dir / "lr", 200);
     cfg.lr = 50;
+    cfg.weight_decay = 0;  // (lr x weight_decay must stay below 1)
     cfg.warmup = 0;
     cfg.grad_clip = 0;
     cfg.checkpoint_interval = 1;
@@ -379,6 +380,32 @@ TEST_CASE("divergence: non-finite steps are skipped, the run stops after max_ski
                       c.check();
                     }()),
                     Catch::Contains("max_skipped_steps 0 must be in [1, 1000000000]"));
+}
+
+TEST_CASE("a finite blow-up is divergence: no checkpoint of parameters above 2 ln(vocab)", "[trainer][divergence]") {
+  mom_test::TempDir dir("blowup");
+  auto prep = make_data(dir);
+  TokenFile train(prep.train), val(prep.val);
+  auto model = Tiny::make<cpu::Backend<float>>(1);
+  Trainer trainer(model, train, &val, small_config(dir / "run", 10));
+  trainer.train_step();
+  trainer.save();  // sane: saved
+  REQUIRE(read_latest(dir / "run") == "step-000001");
+  CHECK(trainer.evaluate() <= Trainer<Instance>::divergence_bound());
+  // Finite but exploded parameters (the head's logits scaled by 1000): a cross-entropy far above 2 ln(256).
+  for (float& x : model.params().subspan(0, std::size_t(Tiny::find("wte").size()))) x *= 1000.0f;
+  trainer.train_step();
+  CHECK_THROWS_WITH(trainer.save(), Catch::Contains("training diverged at step 2: the last batch's cross-entropy") &&
+                                        Catch::Contains("is above 2 ln(vocab) = 11.09"));
+  CHECK(read_latest(dir / "run") == "step-000001");  // the sane checkpoint stays latest
+  // run() stops at a validation above the bound, before its checkpoint.
+  auto cfg = small_config(dir / "run2", 3);
+  cfg.eval_interval = 1;
+  cfg.lr = 1e-6;  // the blow-up stays
+  Trainer blown(model, train, &val, cfg);
+  CHECK_THROWS_WITH(blown.run(), Catch::Contains("training diverged at step 1: validation loss is") &&
+                                     Catch::Contains("(above 2 ln(vocab) = 11.09"));
+  CHECK_FALSE(has_checkpoint(dir / "run2"));
 }
 
 TEST_CASE("docs/read_checkpoint.py reads a checkpoint with numpy + json", "[trainer][checkpoint][python]") {

@@ -15,6 +15,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,6 +25,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -37,7 +39,8 @@ class MappedFile {
  public:
   MappedFile() = default;
   explicit MappedFile(const std::filesystem::path& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever (refused below).
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     MOM_CHECK(fd_ >= 0, "cannot open '", path.string(), "': ", std::strerror(errno));
     struct stat st {};
     if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -203,6 +206,72 @@ inline void ensure_writable_dir(const std::filesystem::path& dir) {
   ::unlink(probe.c_str());
   remove_stale_temp_files(dir);
 }
+
+// An exclusive lock on an output folder for as long as the object lives: a second process writing the same
+// run (its checkpoints, metrics.jsonl, prepared data) is refused in one line naming the first one's pid. The lock
+// is flock(2) on "<dir>/.lock" (released by the kernel when its holder exits, kill -9 included; the file stays,
+// holding the pid of its last holder). Within one process the lock is shared: nested holders of the same folder
+// (mom-train's preparation, then Trainer::run) count up and down.
+class DirLock {
+ public:
+  DirLock() = default;
+  explicit DirLock(const std::filesystem::path& dir) {
+    std::error_code ec;
+    key_ = std::filesystem::weakly_canonical(dir, ec).string();
+    if (ec) key_ = std::filesystem::absolute(dir).lexically_normal().string();
+    Held& h = held()[key_];
+    if (h.count > 0 && h.pid != ::getpid()) {  // inherited through fork(): the child is another writer
+      ::close(h.fd);
+      h = Held{};
+    }
+    if (h.count++ > 0) return;
+    h.pid = ::getpid();
+    const std::string path = (std::filesystem::path(key_) / ".lock").string();
+    h.fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
+    if (h.fd < 0) {
+      held().erase(key_);
+      detail::fail("cannot lock output directory '", dir.string(), "': ", std::strerror(errno));
+    }
+    if (::flock(h.fd, LOCK_EX | LOCK_NB) != 0) {
+      char pid[32] = {};
+      const ssize_t n = ::pread(h.fd, pid, sizeof pid - 1, 0);
+      ::close(h.fd);
+      held().erase(key_);
+      const std::string who = n > 0 ? std::string(pid, std::size_t(n)) : std::string("?");
+      detail::fail("output directory '", dir.string(), "' is in use by another mom-train process (pid ",
+                   who.substr(0, who.find_first_of(" \n")), "); wait for it to end, or choose another --out");
+    }
+    const std::string me = std::to_string(::getpid()) + "\n";
+    if (::ftruncate(h.fd, 0) == 0) (void)::pwrite(h.fd, me.data(), me.size(), 0);
+  }
+  bool locked() const { return !key_.empty(); }
+  DirLock(DirLock&& o) noexcept : key_(std::exchange(o.key_, {})) {}
+  DirLock& operator=(DirLock&& o) noexcept {
+    std::swap(key_, o.key_);
+    return *this;
+  }
+  DirLock(const DirLock&) = delete;
+  DirLock& operator=(const DirLock&) = delete;
+  ~DirLock() {
+    if (key_.empty()) return;
+    auto it = held().find(key_);
+    if (it == held().end() || --it->second.count > 0) return;
+    ::close(it->second.fd);  // releases the flock
+    held().erase(it);
+  }
+
+ private:
+  struct Held {
+    int fd = -1;
+    int count = 0;
+    pid_t pid = 0;  // the process that took it
+  };
+  static std::map<std::string, Held>& held() {
+    static std::map<std::string, Held> h;
+    return h;
+  }
+  std::string key_;
+};
 
 // Little-endian encoding of fixed-width integers, independent of the host's byte order.
 inline void put_le(std::byte* out, std::uint64_t v, int bytes) {

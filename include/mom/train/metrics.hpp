@@ -40,8 +40,9 @@ class MetricsLog {
   void write(const nlohmann::json& record) {
     if (!file_) return;
     const std::string line = record.dump() + "\n";
-    std::fwrite(line.data(), 1, line.size(), file_);
-    std::fflush(file_);
+    // A failed write (a full disk) ends the run with the cause, instead of dropping or truncating records.
+    MOM_CHECK(std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0,
+              "cannot write metrics file '", path_.string(), "': ", std::strerror(errno));
   }
 
  private:

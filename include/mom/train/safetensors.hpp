@@ -191,6 +191,19 @@ class Writer {
 };
 
 // A safetensors file mapped read-only and validated (checksums included) on open.
+// A JSON value for an error message, without recursion on its depth (a header nested 200,000 deep would overflow
+// the stack in dump()): a scalar, or an array / object of scalars, as JSON (at most `max_chars`); one holding
+// arrays or objects as "an array of N" / "an object of N".
+inline std::string json_brief(const nlohmann::json& j, std::size_t max_chars = 400) {
+  if (j.is_structured()) {
+    for (const auto& e : j)
+      if (e.is_structured()) return std::string(j.is_array() ? "an array of " : "an object of ") + std::to_string(j.size());
+  }
+  std::string s = j.dump();
+  if (s.size() > max_chars) s = s.substr(0, max_chars) + "...";
+  return s;
+}
+
 class File {
  public:
   explicit File(const std::filesystem::path& path) {
@@ -295,13 +308,13 @@ class File {
     MOM_CHECK(shape.is_array(), "shape is not an array");
     for (const auto& d : shape) {
       MOM_CHECK(d.is_number_unsigned() && d.get<std::uint64_t>() <= std::uint64_t(std::numeric_limits<std::int64_t>::max()),
-                "shape holds ", d.dump(), ", not an integer >= 0");
+                "shape holds ", json_brief(d), ", not an integer >= 0");
       t.shape.push_back(static_cast<std::int64_t>(d.get<std::uint64_t>()));
     }
     const auto& offsets = value["data_offsets"];
     MOM_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
                   offsets[1].is_number_unsigned(),
-              "data_offsets ", offsets.dump(), " is not two integers >= 0");
+              "data_offsets ", json_brief(offsets), " is not two integers >= 0");
     t.begin = offsets[0].get<std::uint64_t>();
     t.end = offsets[1].get<std::uint64_t>();
     return t;

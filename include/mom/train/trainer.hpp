@@ -69,7 +69,8 @@ struct TrainConfig {
   index_t eval_batches = 8;    // micro-batches per validation
   index_t checkpoint_interval = 0;  // save every this many steps (and at the end); 0 = only at the end
   index_t log_interval = 10;   // plain-text progress line every this many steps when not on a terminal
-  index_t max_skipped_steps = 5;  // diverged steps (non-finite loss or gradients) skipped in a row before stopping
+  index_t max_skipped_steps = 5;  // diverged steps in a row before stopping: non-finite loss or gradients (skipped),
+                                  // or a loss above 2 ln(vocab) (Trainer::divergence_bound)
   std::uint64_t seed = 1;      // training-data sampler seed
   std::filesystem::path out_dir;    // checkpoints + metrics.jsonl; empty = none
   bool progress = true;        // print progress to stdout
@@ -105,6 +106,10 @@ struct TrainConfig {
     MOM_CHECK(warmup >= 0 && warmup <= max_count, "warmup ", warmup, " must be in [0, ", max_count, "]");
     MOM_CHECK(std::isfinite(weight_decay) && weight_decay >= 0, "weight_decay ", weight_decay,
               " must be a finite number >= 0");
+    // AdamW's decoupled decay multiplies a matrix by 1 - lr * weight_decay each step: at 1 or more it zeroes or
+    // flips the weights.
+    MOM_CHECK(!(lr * weight_decay >= 1), "lr ", lr, " x weight_decay ", weight_decay,
+              " must be < 1 (each step multiplies the weights by 1 - lr x weight_decay)");
     MOM_CHECK(std::isfinite(grad_clip) && grad_clip >= 0, "grad_clip ", grad_clip, " must be a finite number >= 0 (0: off)");
     MOM_CHECK(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, "AdamW betas ", beta1, ", ", beta2,
               " must be in [0, 1)");
@@ -225,9 +230,9 @@ class Trainer {
     const auto now = cfg_.to_json();
     for (const auto& [key, value] : now.items()) {
       if (!before.contains(key) || before[key] == value) continue;
-      MOM_CHECK(key != "tokenizer", "--resume: the checkpoint was trained on ", before[key].dump(),
-                " tokens, this run's data is ", value.dump());
-      changes.push_back(key + " " + before[key].dump() + " -> " + value.dump());
+      MOM_CHECK(key != "tokenizer", "--resume: the checkpoint was trained on ", safetensors::json_brief(before[key]),
+                " tokens, this run's data is ", safetensors::json_brief(value));
+      changes.push_back(key + " " + safetensors::json_brief(before[key]) + " -> " + safetensors::json_brief(value));
     }
     return changes;
   }
@@ -370,6 +375,12 @@ class Trainer {
       const double check = double(model_.forward(last.inputs, last.targets, cfg_.batch, cfg_.seq));
       MOM_CHECK(std::isfinite(check), "training diverged at step ", step_, ": the parameters give a loss of ",
                 check, "; no checkpoint written (the last one is kept; try a lower --lr)");
+      if (trained_) {  // a batch this process trained on (not the zeros of a slot before the first step)
+        const double ce = double(model_.cross_entropy());
+        MOM_CHECK(ce <= divergence_bound(), "training diverged at step ", step_, ": the last batch's cross-entropy ",
+                  ce, " is above 2 ln(vocab) = ", divergence_bound(), "; no checkpoint written (the last one is kept; "
+                  "try a lower --lr)");
+      }
     }
     // The sampler as it was before a prefetched batch was drawn: a resumed run draws that batch again.
     TrainState s{step_, prefetched_ ? state_before_prefetch_ : sampler_.state(),
@@ -389,8 +400,10 @@ class Trainer {
     result.ranks = ranks_;
     const double comm_before = comm_seconds_;
     MetricsLog metrics;
+    DirLock lock;  // a second process writing the same run is refused (file_io.hpp)
     if (!cfg_.out_dir.empty() && rank_ == 0) {
       ensure_writable_dir(cfg_.out_dir);  // also removes temporary files a killed writer left behind
+      lock = DirLock(cfg_.out_dir);
       clean_run_dir(cfg_.out_dir);        // and half-written step folders
       metrics = MetricsLog(cfg_.out_dir / "metrics.jsonl");
       metrics.write({{"type", "run"}, {"arch", cfg_.arch_name}, {"describe", describe<Model>()},
@@ -409,16 +422,19 @@ class Trainer {
     while (step_ < cfg_.steps) {
       const double loss = train_step();
       result.losses.push_back(loss);
-      if (last_skipped_) {
-        ++result.skipped_steps;
+      // A step whose loss is finite but above divergence_bound() was applied (AdamW skips only non-finite ones),
+      // and counts towards the same limit.
+      const bool blown_up = !last_skipped_ && loss > divergence_bound();
+      if (last_skipped_ || blown_up) {
+        result.skipped_steps += last_skipped_ ? 1 : 0;
         ++skipped_in_a_row;
         char warn[200];
-        std::snprintf(warn, sizeof warn, "step %6lld | skipped: loss %g, gradient norm %g (not applied)",
-                      static_cast<long long>(step_), loss, last_grad_norm_);
+        std::snprintf(warn, sizeof warn, "step %6lld | %s: loss %g, gradient norm %g", static_cast<long long>(step_),
+                      last_skipped_ ? "skipped (not applied)" : "diverging (above 2 ln(vocab))", loss, last_grad_norm_);
         progress_.message(warn);
         MOM_CHECK(skipped_in_a_row < cfg_.max_skipped_steps, "training diverged: ", skipped_in_a_row,
-                  " steps in a row (to step ", step_, ") had a non-finite loss or gradients and were skipped; ",
-                  "the last checkpoint is kept (try a lower --lr or --grad-clip 1)");
+                  " steps in a row (to step ", step_, ") had a non-finite loss or gradients (skipped) or a loss above "
+                  "2 ln(vocab) = ", divergence_bound(), "; the last checkpoint is kept (try a lower --lr or --grad-clip 1)");
       } else {
         skipped_in_a_row = 0;
       }
@@ -438,8 +454,10 @@ class Trainer {
       const double before_bookkeeping = elapsed();
       if (val_ && ((cfg_.eval_interval > 0 && step_ % cfg_.eval_interval == 0) || last)) {
         const double vl = evaluate();
-        MOM_CHECK(std::isfinite(vl), "training diverged at step ", step_, ": validation loss is ", vl,
-                  "; no checkpoint written (the last one is kept; try a lower --lr)");
+        MOM_CHECK(std::isfinite(vl) && vl <= divergence_bound(), "training diverged at step ", step_,
+                  ": validation loss is ", vl, vl > divergence_bound() ? " (above 2 ln(vocab) = " + std::to_string(
+                  divergence_bound()) + ")" : std::string(), "; no checkpoint written (the last one is kept; try a "
+                  "lower --lr)");
         result.final_val_loss = vl;
         char vline[160];
         std::snprintf(vline, sizeof vline, "step %6lld | val loss %.4f | val ppl %.3f", static_cast<long long>(step_),
@@ -474,6 +492,11 @@ class Trainer {
     return result;
   }
 
+  // A finite blow-up is divergence too: a cross-entropy above twice that of guessing uniformly over the
+  // vocabulary, 2 ln(vocab) (a fresh model starts near ln(vocab)), stops the run at a validation, and a save
+  // refuses such parameters, so `latest` never names them and retention never deletes the last sane checkpoint.
+  static double divergence_bound() { return 2.0 * std::log(double(Model::dims.vocab)); }
+
   std::span<const T> adam_m() const { return m_.span(); }
   std::span<const T> adam_v() const { return v_.span(); }
   const TrainConfig& config() const { return cfg_; }
@@ -497,6 +520,7 @@ class Trainer {
     return {all.first(n), all.subspan(n)};
   }
   BatchSlot draw_batch() {
+    trained_ = true;
     current_slot_ = (current_slot_ + 1) % slots_.size();
     const std::span<token_t> all = slots_[current_slot_].span();
     const std::size_t n = all.size() / 2;
@@ -601,6 +625,7 @@ class Trainer {
   std::vector<typename Instance::backend_type::template HostBuffer<token_t>> slots_;  // BatchSlot
   std::size_t current_slot_ = 0, last_slot_ = 0;
   bool prefetched_ = false;            // slots_[current_slot_] holds the next step's first micro-batch
+  bool trained_ = false;               // a batch has been drawn (slots_[last_slot_] holds real tokens)
   std::string state_before_prefetch_;  // the sampler's state before that batch was drawn
   std::vector<token_t> inputs_, targets_;  // validation batches
   std::vector<Group> groups_;
