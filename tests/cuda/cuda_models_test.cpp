@@ -204,11 +204,6 @@ TEST_CASE("ModuleFormer (MoA + SMoE, MLP routers, MI loss): same loss and gradie
   compare_model<MFInsertedSmall, double>(cuda::Precision::FP32, 1e-9, 1e-8);
 }
 
-// The emulated runtime (tests/cuda/emu/emu_runtime.cpp) counts what a real runtime would make the host
-// wait for (stream / device synchronisation, blocking copies) and the allocations; in test_cuda (the
-// real runtime) these symbols are absent and the check is skipped.
-extern "C" long mom_emu_host_waits() __attribute__((weak));
-extern "C" long mom_emu_allocations() __attribute__((weak));
 
 namespace {
 // After a warm-up step (CUB temp storage and bf16 staging sized on first use), a whole training step
@@ -251,14 +246,8 @@ void check_step_never_waits(cuda::Precision precision) {
 
 TEST_CASE("a training step on the CUDA backend neither waits for the device nor allocates (every routed family)",
           "[cuda][models][sync]") {
-  if (!gpu_available()) {
-    WARN("no CUDA device: skipped");
-    return;
-  }
-  if (!mom_emu_host_waits || !mom_emu_allocations) {
-    WARN("host waits are counted by the emulated runtime only (test_cuda_emu): skipped");
-    return;
-  }
+  MOM_REQUIRE_GPU();
+  MOM_REQUIRE_EMU_COUNTERS();
   check_step_never_waits<DenseSmall>(cuda::Precision::TF32);
   check_step_never_waits<DenseSmall>(cuda::Precision::BF16);
   check_step_never_waits<MoMP>(cuda::Precision::TF32);

@@ -27,14 +27,6 @@ inline bool gpu_available() {
   static const bool yes = cuda::device_count() > 0;
   return yes;
 }
-// First in a test case that needs a device (real or emulated): without one, one warning line and the case passes.
-#define MOM_SKIP_WITHOUT_GPU()          \
-  do {                                  \
-    if (!::mom::test::gpu_available()) { \
-      WARN("no CUDA device: skipped");  \
-      return;                           \
-    }                                   \
-  } while (0)
 
 // One backend (one stream, one cuBLAS handle) per scalar type for the whole binary; never
 // destroyed, so no cuBLAS/CUDA teardown runs after the runtime has unloaded at exit.
@@ -86,6 +78,19 @@ Arr<T, token_t> tok_arr(std::vector<token_t> v) {
 }
 
 }  // namespace mom::test
+
+// The emulated runtime (tests/cuda/emu/emu_runtime.cpp) counts what a real runtime would make the host wait for
+// (stream / device synchronisation, blocking copies) and the allocations; in test_cuda (the real runtime) these
+// symbols are absent, and MOM_REQUIRE_EMU_COUNTERS skips the rest of a test case with one warning line.
+extern "C" long mom_emu_host_waits() __attribute__((weak));
+extern "C" long mom_emu_allocations() __attribute__((weak));
+#define MOM_REQUIRE_EMU_COUNTERS()                                                               \
+  do {                                                                                           \
+    if (!mom_emu_host_waits || !mom_emu_allocations) {                                           \
+      WARN("host waits are counted by the emulated runtime only (test_cuda_emu): skipped");      \
+      return;                                                                                    \
+    }                                                                                            \
+  } while (0)
 
 // Skips the rest of a test case (one warning line) when there is no GPU or no driver.
 #define MOM_REQUIRE_GPU()                                \

@@ -25,9 +25,6 @@
 using namespace mom;
 using namespace mom::test::small_models;
 
-extern "C" long mom_emu_host_waits() __attribute__((weak));
-extern "C" long mom_emu_allocations() __attribute__((weak));
-
 namespace {
 
 // A byte-level corpus (prepared once per test) and the windows the Trainer samples from it.
@@ -125,7 +122,7 @@ void compare_training(cuda::Precision precision, double loss_tol, double param_t
 
 TEST_CASE("Trainer on CUDA = Trainer on the CPU: dense, MoM_P, MoE, MoD, MoEUT, ModuleFormer, MoR (double)",
           "[cuda][trainer]") {
-  MOM_SKIP_WITHOUT_GPU();
+  MOM_REQUIRE_GPU();
   compare_training<DenseSmall, double>(cuda::Precision::FP32, 1e-9, 1e-9);
   compare_training<MoMP, double>(cuda::Precision::FP32, 1e-9, 1e-9);
   compare_training<MoESmall, double>(cuda::Precision::FP32, 1e-9, 1e-9);
@@ -136,7 +133,7 @@ TEST_CASE("Trainer on CUDA = Trainer on the CPU: dense, MoM_P, MoE, MoD, MoEUT, 
 }
 
 TEST_CASE("Trainer on CUDA = Trainer on the CPU in float: fp32 and bf16 matrix products", "[cuda][trainer]") {
-  MOM_SKIP_WITHOUT_GPU();
+  MOM_REQUIRE_GPU();
   compare_training<DenseSmall, float>(cuda::Precision::FP32, 1e-4, 1e-3);
   compare_training<MoMP, float>(cuda::Precision::FP32, 1e-4, 1e-3);
   compare_training<MoESmall, float>(cuda::Precision::FP32, 1e-4, 1e-3);
@@ -145,7 +142,7 @@ TEST_CASE("Trainer on CUDA = Trainer on the CPU in float: fp32 and bf16 matrix p
 
 TEST_CASE("a checkpoint written on one backend resumes on the other as the uninterrupted run continues",
           "[cuda][trainer][checkpoint]") {
-  MOM_SKIP_WITHOUT_GPU();
+  MOM_REQUIRE_GPU();
   using Model = MoMP;
   const Data data;
   const mom_test::TempDir out("cuda_resume");
@@ -215,11 +212,8 @@ void check_trainer_step(cuda::Precision precision) {
 }  // namespace
 
 TEST_CASE("a Trainer step on CUDA waits for the device once, at its end, and never allocates", "[cuda][trainer][sync]") {
-  MOM_SKIP_WITHOUT_GPU();
-  if (!mom_emu_host_waits || !mom_emu_allocations) {
-    WARN("host waits are counted by the emulated runtime only (test_cuda_emu): skipped");
-    return;
-  }
+  MOM_REQUIRE_GPU();
+  MOM_REQUIRE_EMU_COUNTERS();
   check_trainer_step<DenseSmall>(cuda::Precision::TF32);
   check_trainer_step<DenseSmall>(cuda::Precision::BF16);
   check_trainer_step<MoMP>(cuda::Precision::TF32);

@@ -311,6 +311,8 @@ class Trainer {
     for (index_t a = 0; a < cfg_.accum; ++a) {
       const BatchSlot b = a == 0 && prefetched_ ? slot(current_slot_) : draw_batch();
       prefetched_ = false;
+      last_slot_ = current_slot_;  // save()'s check forward runs on the last micro-batch trained on
+      trained_ = true;
       model_.forward_async(b.inputs, b.targets, cfg_.batch, cfg_.seq);
       be.axpy(loss_sum, T(1), model_.loss_data());
       model_.backward();
@@ -512,27 +514,23 @@ class Trainer {
   // written again accum + 1 micro-batches later, after the read that ends the step that used it, so its copy
   // to the device has completed.
   struct BatchSlot {
-    std::span<const token_t> inputs, targets;
+    std::span<token_t> inputs, targets;
   };
   BatchSlot slot(std::size_t i) {
     const std::span<token_t> all = slots_[i].span();
     const std::size_t n = all.size() / 2;
     return {all.first(n), all.subspan(n)};
   }
+  // The sampler's next micro-batch, into the next slot.
   BatchSlot draw_batch() {
-    trained_ = true;
     current_slot_ = (current_slot_ + 1) % slots_.size();
-    const std::span<token_t> all = slots_[current_slot_].span();
-    const std::size_t n = all.size() / 2;
-    sampler_.next(all.first(n), all.subspan(n));
-    last_slot_ = current_slot_;
-    return slot(current_slot_);
+    const BatchSlot b = slot(current_slot_);
+    sampler_.next(b.inputs, b.targets);
+    return b;
   }
   void prefetch() {
     state_before_prefetch_ = sampler_.state();
-    const std::size_t last = last_slot_;
     draw_batch();
-    last_slot_ = last;  // save()'s finiteness check runs on the last micro-batch trained on
     prefetched_ = true;
   }
 
@@ -567,7 +565,7 @@ class Trainer {
         comm_->allreduce_sum_device(model_.grads());
         comm_->allreduce_sum_device(loss_sum);  // AdamW skips a step whose loss diverged on any rank
         comm_seconds_ += std::chrono::duration<double>(clock::now() - t0).count();
-        return;  // the stop request is agreed on after the step's read (agree_after_step)
+        return;  // the stop request is agreed on after the step's read (train_step)
       }
     }
     T local_loss;
@@ -625,7 +623,7 @@ class Trainer {
   std::vector<typename Instance::backend_type::template HostBuffer<token_t>> slots_;  // BatchSlot
   std::size_t current_slot_ = 0, last_slot_ = 0;
   bool prefetched_ = false;            // slots_[current_slot_] holds the next step's first micro-batch
-  bool trained_ = false;               // a batch has been drawn (slots_[last_slot_] holds real tokens)
+  bool trained_ = false;               // a step has run (slots_[last_slot_] holds the tokens it trained on)
   std::string state_before_prefetch_;  // the sampler's state before that batch was drawn
   std::vector<token_t> inputs_, targets_;  // validation batches
   std::vector<Group> groups_;
