@@ -50,6 +50,8 @@ class EvalData {
       val = train::prepare_text(r.data, tmp_, *tok, r.val_fraction).val;
     }
     file_.emplace(val);
+    MOM_CHECK(file_->tokenizer() == tokenizer, "--data '", val.string(), "' was tokenized by '", file_->tokenizer(),
+              "' but the checkpoint's tokenizer is '", tokenizer, "'");
   }
   ~EvalData() {
     std::error_code ec;
@@ -87,8 +89,7 @@ template <class Model, class Be>
 int evaluate_model(const EvalRequest& r) {
   ModelInstance<Model, Be> model(1, open_backend(BackendTag<Be>{}, r.device, nullptr));
   const auto meta = train::Checkpointer<decltype(model)>::load_params(r.checkpoint, model);
-  const auto it = meta.find("mom.tokenizer");
-  const EvalData data(r, it != meta.end() ? it->second : std::string("byte"));
+  const EvalData data(r, train::checkpoint_tokenizer(meta, Model::dims.vocab, "checkpoint '" + r.checkpoint.string() + "'"));
   const double loss = validation_loss(model, data.file(), r, [](auto&) {});
   std::printf("validation loss %.4f nats/token over %lld windows of %lld x %lld tokens of %s\n", loss,
               static_cast<long long>(r.batches), static_cast<long long>(r.batch), static_cast<long long>(r.seq),
@@ -122,8 +123,8 @@ template <class Model, class Compact, class Be>
 int prune_model(const PruneRequest& r, const std::string& compact_name) {
   ModelInstance<Model, Be> model(1, open_backend(BackendTag<Be>{}, r.eval.device, nullptr));
   const auto meta = train::Checkpointer<decltype(model)>::load_params(r.eval.checkpoint, model);
-  const auto tok_it = meta.find("mom.tokenizer");
-  const std::string tokenizer = tok_it != meta.end() ? tok_it->second : std::string("byte");
+  const std::string tokenizer =
+      train::checkpoint_tokenizer(meta, Model::dims.vocab, "checkpoint '" + r.eval.checkpoint.string() + "'");
   MOM_CHECK(r.into.empty() || r.into == compact_name, "--into '", r.into, "': this architecture compacts into '",
             compact_name, "' (registered in examples/arch_moduleformer.hpp)");
   const EvalData data(r.eval, tokenizer);
@@ -140,6 +141,7 @@ int prune_model(const PruneRequest& r, const std::string& compact_name) {
               static_cast<long long>(Model::params - pruned), static_cast<long long>(Model::params),
               100.0 * double(Model::params - pruned) / double(Model::params), before, masked);
   std::map<std::string, std::string> out_meta{{"mom.tokenizer", tokenizer}};
+  if (const auto d = meta.find("mom.data"); d != meta.end()) out_meta.insert(*d);  // what it was trained on
   auto save = [&](auto& m, const std::string& arch) {
     if (r.out.empty()) return;
     using M = typename std::remove_reference_t<decltype(m)>::model_type;  // saved with its describe line

@@ -12,6 +12,8 @@
 #   test_mpi.sh <mom-train> interrupt             SIGUSR1 to mpirun mid-run: every rank stops at the same step,
 #                                                 rank 0 saves it, the run resumes from it on 2 ranks
 #   test_mpi.sh <mom-train> kill                  one rank killed (SIGKILL) mid-run: mpirun ends the job, no hang
+#   test_mpi.sh <mom-train> stop                  one rank stopped (SIGSTOP) mid-run: the collective timeout ends
+#                                                 the job with its message, no hang
 # Exit 77 (CTest SKIP_RETURN_CODE) with one line when mpirun or python3's numpy is absent.
 set -u
 BIN="$1"
@@ -171,11 +173,12 @@ interrupt)
     fi
   fi
   ;;
-kill)
-  # A long 2-rank run; once it has written a checkpoint, rank 1 is killed. mpirun must end the job (non-zero,
-  # naming the rank that died) and no rank may be left waiting in a collective.
+kill|stop)
+  # A long 2-rank run; once it has written a checkpoint, rank 1 is killed (SIGKILL) or stopped (SIGSTOP). mpirun
+  # must end the job (non-zero) and no rank may be left waiting in a collective: a killed rank is named by
+  # mpirun; a stopped one leaves rank 0 waiting until --collective-timeout (3 s here) ends it with its message.
   "${MPIRUN[@]}" -np 2 "$BIN" --data "$T/text.txt" --out "$T/run" --arch tiny "${common[@]}" --steps 100000 \
-      --batch 2 --checkpoint-interval 10 >"$T/kill.log" 2>&1 &
+      --batch 2 --checkpoint-interval 10 --collective-timeout 3 >"$T/kill.log" 2>&1 &
   mpi=$!
   for _ in $(seq 1 600); do [ -f "$T/run/latest" ] && break; sleep 0.1; done
   ranks=$(pgrep -P "$mpi" | tr '\n' ' ')
@@ -184,24 +187,31 @@ kill)
     echo "FAIL: no checkpoint, or rank 1 not found among mpirun's children ($ranks)"; tail -c 2000 "$T/kill.log"
     kill -9 "$mpi" $ranks 2>/dev/null; exit 1
   fi
-  kill -9 "$victim"
+  if [ "$MODE" = kill ]; then
+    kill -9 "$victim"
+    expect="process rank 1 .* exited on signal 9"
+  else
+    kill -STOP "$victim"
+    expect="rank 0: an MPI collective (.*) has waited [0-9.]* s for the other ranks, longer than the collective timeout of 3 s"
+  fi
   start=$SECONDS
   alive() { for p in "$@"; do s=$(ps -o stat= -p "$p" 2>/dev/null); [ -n "$s" ] && [ "${s#Z}" = "$s" ] && echo "$p"; done; }
   for _ in $(seq 1 600); do [ -z "$(alive "$mpi" $ranks)" ] && break; sleep 0.1; done
   left=$(alive "$mpi" $ranks)
   if [ -n "$left" ]; then
-    echo "FAIL: 60 s after rank 1 was killed, still running: $left (a hang)"; kill -9 $left; fail=1
+    echo "FAIL: 60 s after rank 1 was ${MODE}ped, still running: $left (a hang)"; kill -9 $left; fail=1
   else
     wait "$mpi"; rc=$?
-    if [ "$rc" -eq 0 ] || ! grep -q "process rank 1 .* exited on signal 9" "$T/kill.log"; then
-      echo "FAIL: after killing rank 1: mpirun exit $rc; output:"; tail -c 2000 "$T/kill.log"; fail=1
+    if [ "$rc" -eq 0 ] || ! grep -q "$expect" "$T/kill.log"; then
+      echo "FAIL: after ${MODE}ing rank 1: mpirun exit $rc, expected '$expect'; output:"; tail -c 2000 "$T/kill.log"
+      fail=1
     else
-      echo "ok: rank 1 killed; the job ended in $((SECONDS - start)) s, mpirun exit $rc: $(grep -o 'mpirun noticed .*' "$T/kill.log")"
+      echo "ok: rank 1 ${MODE}ped; the job ended in $((SECONDS - start)) s, mpirun exit $rc: $(grep -o "$expect" "$T/kill.log" | head -1)"
     fi
   fi
   ;;
 *)
-  echo "usage: $0 <mom-train> exact <arch> [yes|no] | resume | interrupt | kill"; exit 2 ;;
+  echo "usage: $0 <mom-train> exact <arch> [yes|no] | resume | interrupt | kill | stop"; exit 2 ;;
 esac
 [ "$fail" -eq 0 ] && echo "all ok" || echo "FAILED"
 exit "$fail"

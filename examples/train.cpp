@@ -282,6 +282,10 @@ int run_train(int argc, char** argv, const std::string& prog, train::Communicato
   app.add_option("--log-interval", c.log_interval, "Progress line every N steps when not on a terminal")
       ->capture_default_str();
   app.add_option("--threads", threads, "OpenMP threads (default: OMP_NUM_THREADS or all cores)");
+  app.add_option("--collective-timeout", r.collective_timeout,
+                 "Under mpirun: seconds a rank may wait for the others in one collective once training starts "
+                 "before it ends the job (a stopped or hung rank); 0: no limit")
+      ->capture_default_str();
   add_device_options(app, device, precision);
   app.add_option("--sample-tokens", r.sample_tokens, "Tokens of text to print after training (0: none)")
       ->capture_default_str();
@@ -302,6 +306,8 @@ int run_train(int argc, char** argv, const std::string& prog, train::Communicato
   const int max_threads = std::max(64, 4 * int(std::thread::hardware_concurrency()));  // OpenMP crashes far above
   MOM_CHECK(threads >= 0 && threads <= max_threads, "--threads ", threads, " must be in [0, ", max_threads,
             "] (0: OMP_NUM_THREADS or all cores)");
+  MOM_CHECK(std::isfinite(r.collective_timeout) && r.collective_timeout >= 0 && r.collective_timeout <= 1e6,
+            "--collective-timeout ", r.collective_timeout, " must be in [0, 1000000] seconds (0: no limit)");
   MOM_CHECK(std::isfinite(r.val_fraction) && r.val_fraction > 0 && r.val_fraction < 1, "--val-fraction ",
             r.val_fraction, " must be in (0, 1)");
   MOM_CHECK(r.sample_tokens >= 0 && r.sample_tokens <= 100'000'000, "--sample-tokens ", r.sample_tokens,

@@ -41,6 +41,7 @@ struct TrainRequest {
   // data order, prepared data) and are refused with --resume, which continues the run's own.
   bool seed_given = false, tokenizer_given = false, val_fraction_given = false;
   train::Communicator* comm = nullptr;  // data-parallel ranks (mpirun; train/distributed.hpp); null: one process
+  double collective_timeout = 600;      // seconds a collective may wait once the data is ready (0: no limit)
 };
 
 
@@ -284,6 +285,9 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
     files.train = r.comm->broadcast_string(files.train.string(), 0);
     files.val = r.comm->broadcast_string(files.val.string(), 0);
   }
+  // From here on no rank waits for long work on another (data preparation is done): a collective that waits
+  // longer than the timeout means a stopped or hung rank, and ends the job.
+  if (ranks > 1) r.comm->set_collective_timeout(r.collective_timeout);
   train::TokenFile train_data(files.train);
   std::optional<train::TokenFile> val_data;
   if (!files.val.empty()) val_data.emplace(files.val);
@@ -296,6 +300,10 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
   else
     MOM_CHECK(cfg.tokenizer_name == "byte" || cfg.tokenizer_name == "gpt2", "data file '", files.train.string(),
               "' names the tokenizer '", cfg.tokenizer_name, "' which this build does not know (known: byte, gpt2)");
+  for (const train::TokenFile* f : {&train_data, val_data ? &*val_data : nullptr})  // before anything is sized by it
+    MOM_CHECK(!f || f->vocab() <= Model::dims.vocab, "data file '", f ? f->path().string() : "", "' has vocab ",
+              f ? f->vocab() : 0, " (", f ? f->tokenizer() : "", ") but --arch ", arch.name, " has a vocabulary of ",
+              Model::dims.vocab);
   const double entropy = train::unigram_entropy(train_data);
   std::printf("data: %lld train tokens, %lld validation tokens, vocab %lld (%s); unigram entropy %.4f nats/token\n",
               static_cast<long long>(train_data.size()), static_cast<long long>(val_data ? val_data->size() : 0),
@@ -444,8 +452,8 @@ template <class Model, class Be>
 std::string sample_model(const SampleRequest& r) {
   ModelInstance<Model, Be> model(1, open_backend(BackendTag<Be>{}, r.device, nullptr));
   const auto meta = train::Checkpointer<decltype(model)>::load_params(r.checkpoint, model);
-  const auto it = meta.find("mom.tokenizer");
-  auto tok = train::make_tokenizer(it != meta.end() ? it->second : std::string("byte"), r.repo_root);
+  auto tok = train::make_tokenizer(
+      train::checkpoint_tokenizer(meta, Model::dims.vocab, "checkpoint '" + r.checkpoint.string() + "'"), r.repo_root);
   std::vector<token_t> tokens = tok->encode(r.prompt);
   MOM_CHECK(!tokens.empty(), "--prompt must not be empty");
   const std::size_t prompt_len = tokens.size();

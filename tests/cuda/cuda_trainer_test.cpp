@@ -156,9 +156,9 @@ TEST_CASE("a checkpoint written on one backend resumes on the other as the unint
   train_on<Model>(be, data, half_cfg, {}, 2);  // stopped after step 2, with its checkpoint
   const auto rest_cfg = config(out / "from_cuda", 4);
   {  // the change of device is reported, and applied
-    train::TokenFile train_file(data.prep.train);
+    train::TokenFile train_file(data.prep.train), val_file(data.prep.val);
     ModelInstance<Model, cpu::Backend<float>> m(99, {});
-    train::Trainer t(m, train_file, nullptr, rest_cfg);
+    train::Trainer t(m, train_file, &val_file, rest_cfg);
     CHECK(t.resume(out / "from_cuda") == std::vector<std::string>{"device \"cuda:0\" -> \"cpu\""});
     CHECK(t.step() == 2);
   }

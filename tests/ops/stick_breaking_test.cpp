@@ -410,7 +410,16 @@ TEST_CASE("stick_breaking with grouped and shared key/value heads matches the li
     return dot(proj, out);
   };
   const auto dqkv = backward(proj, qkv, B, S, heads, d, kv);
-  CHECK(rel_error(dqkv, numeric_grad(qkv, loss)) < fd_tol);
+  if (S < 69) {
+    CHECK(rel_error(dqkv, numeric_grad(qkv, loss)) < fd_tol);
+  } else {  // past a 64-key block: 400 sampled inputs and the last token's row (every input costs two forwards)
+    std::vector<std::size_t> idx;
+    for (int n = 0; n < 400; ++n) idx.push_back(std::size_t(rng.integer(0, int(qkv.size()) - 1)));
+    for (std::size_t i = qkv.size() - std::size_t(W); i < qkv.size(); ++i) idx.push_back(i);
+    std::vector<double> got;
+    for (const std::size_t i : idx) got.push_back(dqkv[i]);
+    CHECK(rel_error(got, numeric_grad_at(qkv, idx, loss)) < fd_tol);
+  }
 }
 
 TEST_CASE("stick_breaking_decode with shared key/value heads equals the forward's rows", "[ops][stick_breaking][decode]") {

@@ -377,6 +377,13 @@ TEST_CASE("checkpoint cross-checks: ids, steps, architecture, optimizer shapes, 
     resign(saved.opt_file(), [](auto& meta, auto&) { meta.erase("mom.step"); });
     refused("optimizer.safetensors' lacks metadata 'mom.step'");
   }
+  SECTION("a model file other than the one the optimizer file was saved with (same id and step)") {
+    resign(saved.model_file(), [](auto& meta, auto& t) {
+      meta["mom.arch"] = "another";
+      t.values["wte"].second[0] += 1.f;
+    });
+    refused("model.safetensors is not the file optimizer.safetensors was saved with (its header checksum xxh64:");
+  }
   SECTION("the optimizer file of another architecture") {
     resign(saved.opt_file(), [](auto& meta, auto&) { meta["mom.describe"] = "LM<other>"; });
     refused("optimizer.safetensors is of another architecture ('LM<other>')");
@@ -457,4 +464,29 @@ TEST_CASE("a save refuses non-finite values and leaves the previous checkpoint",
   CHECK(read_bytes(run / "latest") == latest);
   CHECK(read_bytes(saved.model_file()) == model);
   CHECK(folders() == 1);
+}
+
+TEST_CASE("the tokenizer a model file names is cross-checked against its data record and the model",
+          "[checkpoint][integrity][bad-input]") {
+  const std::string where = "checkpoint 'c'";
+  const auto rec = [](const char* tok, int vocab) {
+    return nlohmann::json{{"train", {{"checksum", "xxh64:0000000000000001"}, {"tokens", 10}, {"vocab", vocab},
+                                     {"tokenizer", tok}}},
+                          {"val", nullptr}}
+        .dump();
+  };
+  using Meta = std::map<std::string, std::string>;
+  CHECK(checkpoint_tokenizer(Meta{{"mom.tokenizer", "byte"}, {"mom.data", rec("byte", 256)}}, 256, where) == "byte");
+  CHECK(checkpoint_tokenizer(Meta{}, 256, where) == "byte");  // older files: no record, byte
+  CHECK(checkpoint_tokenizer(Meta{{"mom.tokenizer", "byte"}}, 50257, where) == "byte");  // a byte run of a gpt2 model
+  // mom.tokenizer changed to gpt2 on a byte-trained model: the record disagrees, and gpt2 does not fit the model.
+  CHECK_THROWS_WITH(checkpoint_tokenizer(Meta{{"mom.tokenizer", "gpt2"}, {"mom.data", rec("byte", 256)}}, 256, where),
+                    Catch::Contains("metadata mom.tokenizer is 'gpt2' but the data it trained on was tokenized by 'byte'"));
+  CHECK_THROWS_WITH(checkpoint_tokenizer(Meta{{"mom.tokenizer", "gpt2"}}, 256, where),
+                    Catch::Contains("metadata mom.tokenizer 'gpt2' has 50257 tokens, more than the model's vocabulary of 256"));
+  CHECK_THROWS_WITH(checkpoint_tokenizer(Meta{{"mom.tokenizer", "byte"}, {"mom.data", rec("byte", 300)}}, 512, where),
+                    Catch::Contains("has a vocabulary of 300, not the byte tokenizer's 256"));
+  CHECK_THROWS_WITH(checkpoint_tokenizer(Meta{{"mom.data", "{\"train\": 3}"}}, 256, where),
+                    Catch::Contains("mom.data is malformed (no valid \"train\" record)"));
+  CHECK_THROWS_WITH(checkpoint_tokenizer(Meta{{"mom.data", "[[[["}}, 256, where), Catch::Contains("mom.data is malformed"));
 }

@@ -7,6 +7,8 @@
 
 #include "helpers.hpp"
 
+#include <cmath>
+#include <cstring>
 #include <fstream>
 
 using namespace mom;
@@ -20,11 +22,12 @@ namespace {
 TEST_CASE("token file round trip, u16 and u32", "[data]") {
   mom_test::TempDir dir("tokfile");
   std::vector<token_t> small = {0, 1, 255, 7, 65535};
-  write_token_file(dir / "a.bin", small, 65536, "byte");
+  write_token_file(dir / "a.bin", small, 65536, "u16");
   TokenFile a(dir / "a.bin");
   CHECK(a.size() == 5);
   CHECK(a.vocab() == 65536);
-  CHECK(a.tokenizer() == "byte");
+  CHECK(a.tokenizer() == "u16");
+  CHECK(a.max_id() == 65535);
   CHECK(std::filesystem::file_size(dir / "a.bin") == 64 + 5 * 2);
   for (index_t i = 0; i < 5; ++i) CHECK(a[i] == small[static_cast<std::size_t>(i)]);
   // The header bytes are exactly the documented format.
@@ -35,7 +38,7 @@ TEST_CASE("token file round trip, u16 and u32", "[data]") {
   CHECK(raw[16] == 5);   // count
   CHECK(static_cast<unsigned char>(raw[64 + 2 * 4]) == 0xFF);  // 65535 little-endian
   std::vector<token_t> big = {50256, 0, 65536, 100000};
-  write_token_file(dir / "b.bin", big, 100001, "gpt2");
+  write_token_file(dir / "b.bin", big, 100001, "wide");
   TokenFile b(dir / "b.bin");
   CHECK(std::filesystem::file_size(dir / "b.bin") == 64 + 4 * 4);
   std::vector<token_t> back(4);
@@ -70,8 +73,22 @@ TEST_CASE("token file bad input: missing, empty, garbage, truncated, ids >= voca
     write_bytes(dir / "wrap.bin", wrap);
     CHECK_THROWS_WITH(TokenFile(dir / "wrap.bin"), Catch::Contains("is truncated: header says " + std::to_string(count)));
   }
+  // A header whose vocabulary is not its named tokenizer's (2^28 for "byte") is refused before anything is
+  // sized by it; unigram_entropy counts only the ids present.
+  std::string huge = raw;
+  for (int i = 0; i < 8; ++i) huge[std::size_t(24 + i)] = char(((std::uint64_t(1) << 28) >> (8 * i)) & 0xFF);
+  write_bytes(dir / "huge.bin", huge);
+  CHECK_THROWS_WITH(TokenFile(dir / "huge.bin"), Catch::Contains("vocab 268435456 is not the byte tokenizer's 256"));
+  std::memcpy(huge.data() + 32, "mine\0\0\0\0", 8);  // a tokenizer of the user's: any vocabulary
+  write_bytes(dir / "huge.bin", huge);
+  const TokenFile claims(dir / "huge.bin");
+  CHECK(claims.vocab() == (index_t(1) << 28));
+  CHECK(claims.max_id() == 4);
+  CHECK(unigram_entropy(claims) == Approx(std::log(4.0)));
+  CHECK_THROWS_WITH(write_token_file(dir / "w.bin", std::vector<token_t>{1}, 300, "byte"),
+                    Catch::Contains("vocab 300 is not the byte tokenizer's 256"));
   // A 4-byte id >= 2^31 (a negative token_t if read as signed) is refused as the unsigned value it is.
-  write_token_file(dir / "wide.bin", std::vector<token_t>{1, 2, 3}, 100001, "gpt2");
+  write_token_file(dir / "wide.bin", std::vector<token_t>{1, 2, 3}, 100001, "wide");
   std::string wide = read_bytes(dir / "wide.bin");
   for (int i = 0; i < 4; ++i) wide[std::size_t(64 + 4 + i)] = '\xFF';
   write_bytes(dir / "wide.bin", wide);

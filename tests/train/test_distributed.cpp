@@ -11,6 +11,9 @@
 #include <array>
 #include <cstdlib>
 #include <cstring>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
 
 using namespace mom;
 using namespace mom::train;
@@ -118,4 +121,35 @@ TEST_CASE("one process: SingleProcess collectives change nothing, no launcher me
     ::unsetenv("OMPI_COMM_WORLD_SIZE");
 #endif
   }
+}
+
+TEST_CASE("the collective timeout ends a process whose collective waits too long, and only then", "[distributed]") {
+  // In a child process: the watchdog calls std::_Exit, which must not end the test runner.
+  auto exit_status = [](double timeout, double collective_seconds, double outside_seconds) {
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      {
+        CollectiveWatchdog w(3);
+        w.set_timeout(timeout);
+        {
+          const auto watched = w.watch("allreduce");
+          std::this_thread::sleep_for(std::chrono::duration<double>(collective_seconds));
+        }
+        std::this_thread::sleep_for(std::chrono::duration<double>(outside_seconds));  // no collective: no limit
+      }
+      std::_Exit(0);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  CHECK(exit_status(0.2, 1.5, 0) == CollectiveWatchdog::exit_status);  // waits past the limit
+  CHECK(exit_status(0.5, 0.1, 1.0) == 0);  // a short collective, then a long pause outside any
+  CHECK(exit_status(0, 0.3, 0) == 0);      // no limit
+  CollectiveWatchdog w(0);
+  CHECK_THROWS_WITH(w.set_timeout(-1), Catch::Contains("collective timeout -1 s must be >= 0"));
+  SingleProcess one;
+  one.set_collective_timeout(1);  // nothing to wait for: accepted, no thread
 }

@@ -258,6 +258,45 @@ TEST_CASE("corrupted, truncated and other-architecture checkpoints are refused",
   CHECK(tf.step() == 0);
 }
 
+TEST_CASE("a resume refuses token files other than those the checkpoint records", "[trainer][checkpoint][bad-input]") {
+  mom_test::TempDir dir("datarec");
+  auto prep = make_data(dir);
+  TokenFile train(prep.train), val(prep.val);
+  auto model = Tiny::make<cpu::Backend<float>>(1);
+  Trainer t(model, train, &val, small_config(dir / "run", 1));
+  t.run();
+  const safetensors::File f(dir / "run" / "step-000001" / "model.safetensors");
+  const auto rec = nlohmann::json::parse(f.meta("mom.data"));
+  CHECK(rec["train"]["checksum"] == train.checksum());
+  CHECK(rec["train"]["tokens"] == train.size());
+  CHECK(rec["val"]["checksum"] == val.checksum());
+  CHECK(train.checksum() == checksum::format(checksum::xxh64(read_bytes(prep.train))));
+
+  auto fresh = Tiny::make<cpu::Backend<float>>(7);
+  SECTION("train.bin and val.bin swapped") {
+    Trainer tf(fresh, val, &train, small_config(dir / "other", 2));
+    CHECK_THROWS_WITH(tf.resume(dir / "run"), Catch::Contains("the training and validation files are swapped"));
+  }
+  SECTION("other training data") {
+    std::ofstream(dir / "other.txt", std::ios::binary) << corpus() << "Amen.\n";
+    auto other = prepare_text(dir / "other.txt", dir / "data2", ByteTokenizer{}, 0.2);
+    TokenFile train2(other.train);
+    Trainer tf(fresh, train2, &val, small_config(dir / "other", 2));
+    CHECK_THROWS_WITH(tf.resume(dir / "run"), Catch::Contains("the training data '" + other.train.string() +
+                                                              "' is not the file this run trained on"));
+  }
+  SECTION("no validation file where the run had one") {
+    Trainer tf(fresh, train, nullptr, small_config(dir / "other", 2));
+    CHECK_THROWS_WITH(tf.resume(dir / "run"), Catch::Contains("this run validated on a file of " +
+                                                              std::to_string(val.size()) + " tokens and none is given"));
+  }
+  SECTION("the same files resume") {
+    Trainer tf(fresh, train, &val, small_config(dir / "other", 2));
+    CHECK(tf.resume(dir / "run") == std::vector<std::string>{"steps 1 -> 2"});
+    CHECK(tf.step() == 1);
+  }
+}
+
 TEST_CASE("a save that cannot write leaves the good checkpoint in place", "[trainer][checkpoint][atomic]") {
   mom_test::TempDir dir("failsave");
   auto prep = make_data(dir);

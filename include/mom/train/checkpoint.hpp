@@ -10,7 +10,8 @@
 //                                         (training-data RNG), mom.freeze (the freeze patterns in effect, a
 //                                         JSON array of strings), mom.ranks (the data-parallel ranks that
 //                                         trained it; absent in older files: 1), mom.checkpoint_id (equal
-//                                         to the model file's), mom.describe
+//                                         to the model file's), mom.describe, mom.model_checksum (the model
+//                                         file's mom.header_checksum: which model file it belongs with)
 // Both files also carry safetensors.hpp's checksums (mom.checksum.<tensor>, mom.header_checksum).
 //
 // model.safetensors loads directly with safetensors.torch.load_file / numpy (docs/read_checkpoint.py).
@@ -27,7 +28,7 @@
 // Loading checks, before writing a single value: both files' structure and checksums (safetensors.hpp),
 // the architecture (mom.describe of both files), every tensor's name, shape and dtype (adam.m / adam.v
 // exactly [Model::params]), that both files come from one save (mom.checkpoint_id) at one step (mom.step,
-// a whole decimal number), the sampler state, the freeze patterns (each must match a tensor), and that every
+// a whole decimal number) and the optimizer file's record of the model file's checksum, the sampler state, the freeze patterns (each must match a tensor), and that every
 // parameter and moment is finite (adam.v >= 0).
 //
 // Older checkpoints stay loadable: one without mom.freeze was written before that key and means nothing
@@ -243,6 +244,88 @@ std::optional<std::size_t> first_non_finite(std::span<const T> values) {
   return std::nullopt;
 }
 
+// ---- what a checkpoint records of its data and tokenizer ------------------------------------------------------
+//
+// Model metadata mom.data (written by the Trainer): {"train": R, "val": R or null} with R = {"checksum":
+// "xxh64:<hex>" of the whole token file, "tokens", "vocab", "tokenizer"}. A resume compares it with the files
+// it opens (check_data_record), and whoever reads the tokenizer name from a model file cross-checks it against
+// the record and the model (checkpoint_tokenizer). Checkpoints written before the key carry no record and
+// are read as before.
+
+inline nlohmann::json data_record(const TokenFile& f) {
+  return {{"checksum", f.checksum()}, {"tokens", f.size()}, {"vocab", f.vocab()}, {"tokenizer", f.tokenizer()}};
+}
+inline nlohmann::json data_record(const TokenFile& train, const TokenFile* val) {
+  return {{"train", data_record(train)}, {"val", val ? data_record(*val) : nlohmann::json(nullptr)}};
+}
+
+namespace detail {
+// The record of one split ("train" / "val") in mom.data; null when the run had none; refused when malformed.
+inline nlohmann::json split_record(const nlohmann::json& rec, const char* split, const std::string& where) {
+  const bool ok = rec.is_object() && rec.contains(split) &&
+                  (rec[split].is_null() || (rec[split].is_object() && rec[split].contains("checksum") &&
+                                            rec[split]["checksum"].is_string() && rec[split].contains("tokenizer") &&
+                                            rec[split]["tokenizer"].is_string() && rec[split].contains("vocab") &&
+                                            rec[split]["vocab"].is_number_integer()));
+  MOM_CHECK(ok, where, ": model metadata mom.data is malformed (no valid \"", split, "\" record)");
+  return rec[split];
+}
+inline nlohmann::json parse_data_record(const std::map<std::string, std::string>& meta, const std::string& where) {
+  const auto it = meta.find("mom.data");
+  if (it == meta.end()) return nullptr;
+  auto rec = nlohmann::json::parse(it->second, nullptr, false);
+  split_record(rec, "train", where);
+  split_record(rec, "val", where);
+  return rec;
+}
+}  // namespace detail
+
+// Refuses data other than what the checkpoint trained and validated on: the training file's checksum must be
+// the recorded one (the two files swapped is named as such), and so must the validation file's, when the
+// run had one.
+inline void check_data_record(const std::map<std::string, std::string>& meta, const TokenFile& train,
+                              const TokenFile* val, const std::string& where) {
+  const nlohmann::json rec = detail::parse_data_record(meta, where);
+  if (rec.is_null()) return;
+  const nlohmann::json& t = rec["train"];
+  const nlohmann::json& v = rec["val"];
+  const auto same = [](const nlohmann::json& r, const TokenFile* f) {
+    return f && !r.is_null() && r["checksum"].get<std::string>() == f->checksum();
+  };
+  MOM_CHECK(!(same(t, val) && same(v, &train)), where, ": the training and validation files are swapped ('",
+            train.path().string(), "' is the split this run validated on)");
+  MOM_CHECK(same(t, &train), where, ": the training data '", train.path().string(),
+            "' is not the file this run trained on (", train.checksum(), ", ", train.size(), " tokens; recorded ",
+            t["checksum"].get<std::string>(), ", ", t.value("tokens", std::int64_t(0)), " tokens)");
+  MOM_CHECK(v.is_null() || val, where, ": this run validated on a file of ", v.value("tokens", std::int64_t(0)),
+            " tokens and none is given now");
+  MOM_CHECK(v.is_null() || same(v, val), where, ": the validation data '", val ? val->path().string() : "",
+            "' is not the file this run validated on (", val ? val->checksum() : "", "; recorded ",
+            v.is_null() ? "" : v["checksum"].get<std::string>(), ")");
+}
+
+// The tokenizer a model file names (mom.tokenizer; "byte" for files without it), cross-checked against the
+// data record (mom.data: the same name and vocabulary) and the model (a known tokenizer's vocabulary must fit
+// model_vocab): a checkpoint whose metadata disagrees would decode token ids into the wrong text.
+inline std::string checkpoint_tokenizer(const std::map<std::string, std::string>& meta, index_t model_vocab,
+                                        const std::string& where) {
+  const auto it = meta.find("mom.tokenizer");
+  const std::string name = it != meta.end() ? it->second : std::string("byte");
+  const nlohmann::json rec = detail::parse_data_record(meta, where);
+  if (!rec.is_null()) {
+    const nlohmann::json& t = rec["train"];
+    MOM_CHECK(t["tokenizer"].get<std::string>() == name, where, ": metadata mom.tokenizer is '", name,
+              "' but the data it trained on was tokenized by '", t["tokenizer"].get<std::string>(), "'");
+    if (const auto known = known_tokenizer_vocab(name))
+      MOM_CHECK(t["vocab"].get<std::int64_t>() == *known, where, ": the data it trained on has a vocabulary of ",
+                t["vocab"].get<std::int64_t>(), ", not the ", name, " tokenizer's ", *known);
+  }
+  if (const auto known = known_tokenizer_vocab(name))
+    MOM_CHECK(*known <= model_vocab, where, ": metadata mom.tokenizer '", name, "' has ", *known,
+              " tokens, more than the model's vocabulary of ", model_vocab);
+  return name;
+}
+
 template <class Instance>
 class Checkpointer {
  public:
@@ -311,6 +394,14 @@ class Checkpointer {
     const std::int64_t model_step = step_of(mf);
     MOM_CHECK(model_step == s.step, where, ": model.safetensors is at step ", model_step,
               " but optimizer.safetensors at step ", s.step);
+    // The model file's exact contents, as its optimizer file recorded them (absent in older checkpoints; a
+    // model file without checksums, rewritten by another tool, is read unverified as safetensors.hpp says).
+    const auto recorded = opt.metadata().find("mom.model_checksum");
+    const auto actual = mf.metadata().find(std::string(safetensors::header_checksum_key));
+    if (recorded != opt.metadata().end() && actual != mf.metadata().end())
+      MOM_CHECK(recorded->second == actual->second, where,
+                ": model.safetensors is not the file optimizer.safetensors was saved with (its header checksum ",
+                actual->second, ", recorded ", recorded->second, ")");
     MOM_CHECK(opt.tensors().size() == 2, where, ": optimizer.safetensors holds ", opt.tensors().size(),
               " tensors, expected adam.m and adam.v");
     std::vector<T> m(adam_m.size()), v(adam_v.size());
@@ -461,17 +552,6 @@ class Checkpointer {
     const std::string id = std::to_string((std::uint64_t(rd()) << 32) | rd());
     const std::string describe_line = describe<Model>();
 
-    safetensors::Writer opt;
-    opt.add<T>("adam.m", m, {static_cast<std::int64_t>(m.size())});
-    opt.add<T>("adam.v", v, {static_cast<std::int64_t>(v.size())});
-    opt.metadata("mom.step", std::to_string(state.step));
-    opt.metadata("mom.sampler_state", state.sampler_state);
-    opt.metadata("mom.freeze", nlohmann::json(state.freeze).dump());
-    opt.metadata("mom.ranks", std::to_string(state.ranks));
-    opt.metadata("mom.checkpoint_id", id);
-    opt.metadata("mom.describe", describe_line);
-    opt.write(dir / "optimizer.safetensors");
-
     safetensors::Writer w;
     for (const auto& p : Model::layout) {
       std::vector<std::int64_t> shape = p.rows == 1 ? std::vector<std::int64_t>{p.cols}
@@ -483,6 +563,18 @@ class Checkpointer {
     w.metadata("mom.describe", describe_line);
     w.metadata("mom.step", std::to_string(state.step));
     w.metadata("mom.checkpoint_id", id);
+
+    safetensors::Writer opt;
+    opt.add<T>("adam.m", m, {static_cast<std::int64_t>(m.size())});
+    opt.add<T>("adam.v", v, {static_cast<std::int64_t>(v.size())});
+    opt.metadata("mom.step", std::to_string(state.step));
+    opt.metadata("mom.sampler_state", state.sampler_state);
+    opt.metadata("mom.freeze", nlohmann::json(state.freeze).dump());
+    opt.metadata("mom.ranks", std::to_string(state.ranks));
+    opt.metadata("mom.checkpoint_id", id);
+    opt.metadata("mom.describe", describe_line);
+    opt.metadata("mom.model_checksum", w.header_checksum());
+    opt.write(dir / "optimizer.safetensors");
     w.write(dir / "model.safetensors");
   }
 

@@ -14,6 +14,7 @@
 
 #include <mom/core/check.hpp>
 #include <mom/core/tensor.hpp>
+#include <mom/train/checksum.hpp>
 #include <mom/train/file_io.hpp>
 #include <mom/train/tokenizer.hpp>
 
@@ -53,6 +54,9 @@ inline void write_token_file(const std::filesystem::path& path, std::span<const 
   MOM_CHECK(vocab > 0 && vocab <= (index_t(1) << 31), "write_token_file: vocab ", vocab, " out of range");
   MOM_CHECK(tokenizer_name.size() < 16, "write_token_file: tokenizer name '", std::string(tokenizer_name),
             "' is longer than 15 characters");
+  if (const auto known = known_tokenizer_vocab(tokenizer_name))
+    MOM_CHECK(vocab == *known, "write_token_file: vocab ", vocab, " is not the ", std::string(tokenizer_name),
+              " tokenizer's ", *known);
   for (std::size_t i = 0; i < tokens.size(); ++i)
     MOM_CHECK(tokens[i] >= 0 && tokens[i] < vocab, "write_token_file: token ", i, " has id ", tokens[i],
               " outside the vocabulary [0, ", vocab, ")");
@@ -89,7 +93,12 @@ class TokenFile {
     tokenizer_ = name;
     const std::string where = "token file '" + path.string() + "'";
     MOM_CHECK(width == 2 || width == 4, where, ": bytes per token is ", width, " (expected 2 or 4)");
+    for (std::size_t i = 48; i < token_file_header_bytes; ++i)  // a later version may use them: not this one's
+      MOM_CHECK(h[i] == std::byte{0}, where, ": reserved header byte ", i, " is not zero");
     MOM_CHECK(vocab > 0 && vocab <= (std::uint64_t(1) << 31), where, ": vocab ", vocab, " out of range");
+    if (const auto known = known_tokenizer_vocab(tokenizer_))
+      MOM_CHECK(vocab == std::uint64_t(*known), where, ": vocab ", vocab, " is not the ", tokenizer_,
+                " tokenizer's ", *known, " (the header is inconsistent)");
     // Sizes compared by division, before any multiplication can wrap (a count near 2^64 / width would).
     const std::uint64_t data_bytes = file_.size() - token_file_header_bytes;
     MOM_CHECK(count <= data_bytes / width, where, " is truncated: header says ", count, " tokens of ", width,
@@ -107,12 +116,20 @@ class TokenFile {
     for (index_t i = 0; i < count_; ++i)
       if (const std::uint64_t t = get_le(tokens + i * width_, width_); t > max_id) max_id = t, max_at = i;
     MOM_CHECK(max_id < std::uint64_t(vocab_), where, ": token ", max_at, " has id ", max_id, " >= vocab ", vocab_);
+    max_id_ = static_cast<index_t>(max_id);
   }
 
   index_t size() const { return count_; }
   index_t vocab() const { return vocab_; }
   const std::string& tokenizer() const { return tokenizer_; }
   const std::filesystem::path& path() const { return file_.path(); }
+  index_t max_id() const { return max_id_; }  // the largest token id in the file (< vocab)
+  // XXH64 of the whole file (header and tokens), "xxh64:<hex>": what a checkpoint records of the data it
+  // trained on. Computed on first use (~10 GB/s) and kept.
+  const std::string& checksum() const {
+    if (checksum_.empty()) checksum_ = checksum::format(checksum::xxh64(file_.bytes()));
+    return checksum_;
+  }
   token_t operator[](index_t i) const {
     const std::byte* p = file_.bytes().data() + token_file_header_bytes + i * width_;
     return static_cast<token_t>(get_le(p, width_));
@@ -139,8 +156,9 @@ class TokenFile {
   }
   MappedFile file_;
   int width_ = 0;
-  index_t count_ = 0, vocab_ = 0;
+  index_t count_ = 0, vocab_ = 0, max_id_ = 0;
   std::string tokenizer_;
+  mutable std::string checksum_;
 };
 
 inline bool is_token_file(const std::filesystem::path& path) {
@@ -205,7 +223,8 @@ inline PreparedData prepare_text(const std::filesystem::path& text_path, const s
 // Entropy in nats of the unigram (token frequency) distribution of a token file: the loss of the best
 // model that ignores context, the bar a trained model must get well below.
 inline double unigram_entropy(const TokenFile& f) {
-  std::vector<std::uint64_t> counts(static_cast<std::size_t>(f.vocab()), 0);
+  // Sized by the ids present, not the header's vocabulary (which a file can claim to be 2^31).
+  std::vector<std::uint64_t> counts(static_cast<std::size_t>(f.max_id()) + 1, 0);
   for (index_t i = 0; i < f.size(); ++i) ++counts[static_cast<std::size_t>(f[i])];
   double h = 0;
   for (auto c : counts)

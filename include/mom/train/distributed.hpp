@@ -9,6 +9,7 @@
 //                         SingleProcess; a launcher's job of several ranks without MPI in the build is refused
 //                         (N processes training alone would overwrite each other's checkpoints)
 //   check_replicas()      parameters identical on every rank? (XXH64 per tensor; names the first that differs)
+//   CollectiveWatchdog    the collective timeout: a collective waiting longer ends the process (a stopped rank)
 //
 // Exactness. allreduce_sum gives every rank the same bits, and the same bits every run: rank s sums shard s of
 // the buffer over ranks in rank order 0, 1, ..., N-1 (MPI_Alltoallv brings the shard from every rank), then the
@@ -25,7 +26,14 @@
 #include <mom/train/checksum.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
 #include <cstddef>
+#include <cstdio>
+#include <mutex>
+#include <thread>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -62,6 +70,11 @@ class Communicator {
   // Ends every rank of the job with this exit status (after an error on one rank, so the others do not
   // wait forever in the next collective).
   [[noreturn]] virtual void abort(int status) = 0;
+  // A collective that waits longer than `seconds` for the other ranks ends this process with a message on
+  // stderr and exit status 75 (the launcher then ends the job): a rank that stopped (SIGSTOP, a debugger, a
+  // hung file system) would otherwise leave the others waiting for ever. 0: no limit (the default). Only
+  // communicators with peers watch (MpiCommunicator; NcclCommunicator's host collectives through it).
+  virtual void set_collective_timeout(double /*seconds*/) {}
 
   // root's string on every rank.
   std::string broadcast_string(std::string s, int root) {
@@ -102,6 +115,82 @@ inline int launcher_local_rank() {
   return -1;
 }
 
+// The collective timeout (Communicator::set_collective_timeout): a thread that wakes a few times a second
+// while a limit is set and ends the process when one collective has been in progress longer than it. The
+// communicator marks each collective with watch("allreduce") (a scope); the thread never calls MPI, it
+// writes one line to stderr and calls std::_Exit, which MPI launchers answer by ending the job.
+class CollectiveWatchdog {
+ public:
+  static constexpr int exit_status = 75;  // EX_TEMPFAIL: a peer, not this process, failed
+
+  explicit CollectiveWatchdog(int rank) : rank_(rank) {}
+  ~CollectiveWatchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      quit_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  CollectiveWatchdog(const CollectiveWatchdog&) = delete;
+  CollectiveWatchdog& operator=(const CollectiveWatchdog&) = delete;
+
+  void set_timeout(double seconds) {
+    MOM_CHECK(std::isfinite(seconds) && seconds >= 0, "collective timeout ", seconds, " s must be >= 0 (0: none)");
+    timeout_.store(seconds);
+    if (seconds > 0 && !thread_.joinable()) thread_ = std::thread([this] { loop(); });
+  }
+  double timeout() const { return timeout_.load(); }
+
+  // Marks a collective in progress for as long as it lives.
+  class Scope {
+   public:
+    Scope(CollectiveWatchdog& w, const char* what) : w_(w) {
+      w_.what_.store(what);
+      w_.since_ns_.store(now_ns());
+    }
+    ~Scope() { w_.since_ns_.store(0); }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    CollectiveWatchdog& w_;
+  };
+  Scope watch(const char* what) { return Scope(*this, what); }
+
+ private:
+  static std::int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  void loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!quit_) {
+      const double limit = timeout_.load();
+      wake_.wait_for(lock, std::chrono::duration<double>(std::clamp(limit / 10, 0.05, 1.0)));
+      const std::int64_t since = since_ns_.load();
+      if (quit_ || limit <= 0 || since == 0) continue;
+      const double waited = double(now_ns() - since) * 1e-9;
+      if (waited <= limit) continue;
+      std::fprintf(stderr,
+                   "mom: rank %d: an MPI collective (%s) has waited %.1f s for the other ranks, longer than the "
+                   "collective timeout of %g s (a rank stopped or hung?); ending this rank, and with it the job\n",
+                   rank_, what_.load(), waited, limit);
+      std::fflush(stderr);
+      std::_Exit(exit_status);
+    }
+  }
+
+  int rank_;
+  std::atomic<double> timeout_{0};
+  std::atomic<std::int64_t> since_ns_{0};  // when the collective in progress began; 0: none
+  std::atomic<const char*> what_{""};
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool quit_ = false;
+  std::thread thread_;
+};
+
 #ifdef MOM_HAVE_MPI
 // MPI_COMM_WORLD. Initialises MPI (threads: funneled — only the main thread calls MPI; OpenMP works inside the
 // ops) and finalises it on destruction. MPI's default error handler (errors are fatal) stays: a failed
@@ -118,6 +207,7 @@ class MpiCommunicator final : public Communicator {
     }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    watchdog_ = std::make_unique<CollectiveWatchdog>(rank_);
   }
   ~MpiCommunicator() override {
     if (owns_) MPI_Finalize();
@@ -138,12 +228,17 @@ class MpiCommunicator final : public Communicator {
   void allreduce_sum(std::span<float> x) override { reduce(x, MPI_FLOAT); }
   void allreduce_sum(std::span<double> x) override { reduce(x, MPI_DOUBLE); }
   void broadcast(std::span<std::byte> bytes, int root) override {
+    const auto watched = watchdog_->watch("broadcast");
     for (std::size_t at = 0; at < bytes.size(); at += max_count) {
       const std::size_t n = std::min(max_count, bytes.size() - at);
       MPI_Bcast(bytes.data() + at, int(n), MPI_BYTE, root, MPI_COMM_WORLD);
     }
   }
-  void barrier() override { MPI_Barrier(MPI_COMM_WORLD); }
+  void barrier() override {
+    const auto watched = watchdog_->watch("barrier");
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  void set_collective_timeout(double seconds) override { watchdog_->set_timeout(seconds); }
   [[noreturn]] void abort(int status) override {
     MPI_Abort(MPI_COMM_WORLD, status);
     std::exit(status);  // MPI_Abort does not return; this keeps [[noreturn]] honest
@@ -157,6 +252,7 @@ class MpiCommunicator final : public Communicator {
   template <class T>
   void reduce(std::span<T> all, MPI_Datatype type) {
     if (size_ == 1) return;
+    const auto watched = watchdog_->watch("allreduce");
     const auto n_ranks = std::size_t(size_);
     std::vector<int> counts(n_ranks), displs(n_ranks), recv_counts(n_ranks), recv_displs(n_ranks);
     for (std::size_t at = 0; at < all.size(); at += max_count) {
@@ -190,6 +286,7 @@ class MpiCommunicator final : public Communicator {
 
   int rank_ = 0, size_ = 1;
   bool owns_ = false;
+  std::unique_ptr<CollectiveWatchdog> watchdog_;
   std::vector<float> scratch_f_;
   std::vector<double> scratch_d_;
 };

@@ -71,6 +71,7 @@ class NcclCommunicator final : public Communicator {
   void allreduce_sum(std::span<double> x) override { host_.allreduce_sum(x); }
   void broadcast(std::span<std::byte> bytes, int root) override { host_.broadcast(bytes, root); }
   void barrier() override { host_.barrier(); }
+  void set_collective_timeout(double seconds) override { host_.set_collective_timeout(seconds); }
   [[noreturn]] void abort(int status) override {
     if (comm_) (void)ncclCommAbort(comm_);
     comm_ = nullptr;

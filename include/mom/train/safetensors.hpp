@@ -155,14 +155,13 @@ class Writer {
     metadata_[key] = value;
   }
 
+  // The "mom.header_checksum" write() stores: it names the file's exact contents (its tensors' checksums are
+  // part of what it hashes), so another file can record which file it belongs with (a checkpoint's optimizer
+  // file records its model file's).
+  std::string header_checksum() const { return signed_metadata().at(std::string(header_checksum_key)); }
+
   void write(const std::filesystem::path& path) const {
-    std::map<std::string, std::string> meta = metadata_;
-    std::vector<const TensorInfo*> infos;
-    for (const auto& e : entries_) {
-      infos.push_back(&e.info);
-      meta[std::string(checksum_prefix) + e.info.name] = checksum::format(checksum::xxh64(e.data, e.bytes));
-    }
-    meta[std::string(header_checksum_key)] = checksum::format(checksum::xxh64(canonical_header(meta, infos)));
+    const std::map<std::string, std::string> meta = signed_metadata();
 
     nlohmann::ordered_json header = nlohmann::ordered_json::object();
     header["__metadata__"] = meta;
@@ -181,6 +180,17 @@ class Writer {
   }
 
  private:
+  // The metadata with every tensor's checksum and the header checksum added.
+  std::map<std::string, std::string> signed_metadata() const {
+    std::map<std::string, std::string> meta = metadata_;
+    std::vector<const TensorInfo*> infos;
+    for (const auto& e : entries_) {
+      infos.push_back(&e.info);
+      meta[std::string(checksum_prefix) + e.info.name] = checksum::format(checksum::xxh64(e.data, e.bytes));
+    }
+    meta[std::string(header_checksum_key)] = checksum::format(checksum::xxh64(canonical_header(meta, infos)));
+    return meta;
+  }
   struct Entry {
     TensorInfo info;
     const std::byte* data;

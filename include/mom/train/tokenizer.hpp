@@ -405,6 +405,14 @@ inline std::optional<std::filesystem::path> find_gpt2_files(const std::filesyste
   return std::nullopt;
 }
 
+// The vocabulary size of a tokenizer this library knows by name (byte: 256, gpt2: 50257), without loading
+// its files; nullopt for any other name. Token files and checkpoints that name a known tokenizer must agree.
+inline std::optional<index_t> known_tokenizer_vocab(std::string_view name) {
+  if (name == "byte") return 256;
+  if (name == "gpt2") return 50257;
+  return std::nullopt;
+}
+
 // "byte" or "gpt2" (GPT-2 files from find_gpt2_files(repo_root)).
 inline std::unique_ptr<Tokenizer> make_tokenizer(std::string_view name, const std::filesystem::path& repo_root = ".") {
   if (name == "byte") return std::make_unique<ByteTokenizer>();

@@ -203,7 +203,8 @@ class Trainer {
   // freeze patterns (those of the checkpoint unless the configuration sets its own). Returns what differs
   // between the checkpoint's recorded configuration and this one ("lr 0.002 -> 0.001", "freeze [] ->
   // [\"wte\"]"), each applied from here on; a different tokenizer (token ids that mean other text) is refused,
-  // and so is a different number of data-parallel ranks: the sampler's state continues a data order only
+  // so are token files other than those the checkpoint records (check_data_record: checksums; swapped
+  // training and validation files are named), and so is a different number of data-parallel ranks: the sampler's state continues a data order only
   // with the rank count that drew it (and the windows per step, ranks x batch, would change). With several
   // ranks every rank loads the checkpoint (a file system they share), and the replicas are compared.
   std::vector<std::string> resume(const std::filesystem::path& checkpoint) {
@@ -213,6 +214,7 @@ class Trainer {
               " and this run has ", ranks_, ": each step's windows are split by rank, so the data order depends on "
               "the rank count; resume with the same count (",
               s.ranks == 1 ? std::string("one process, without mpirun") : "mpirun -np " + std::to_string(s.ranks), ")");
+    check_data_record(meta, train_, val_, "--resume");
     sampler_.set_state(s.sampler_state);
     prefetched_ = false;  // a batch drawn before the resume is not the checkpoint's next one
     step_ = s.step;
@@ -391,6 +393,7 @@ class Trainer {
                                         std::span<const T>(v_.span()), s,
                                         {{"mom.arch", cfg_.arch_name},
                                          {"mom.tokenizer", cfg_.tokenizer_name},
+                                         {"mom.data", data_record(train_, val_).dump()},
                                          {"mom.config", cfg_.to_json().dump()}});
   }
 
