@@ -9,9 +9,9 @@
 #                                                 4-token sample through the device's Decoder (at the 8-layer
 #                                                 sizes). Left out: gpt2-medium and gpt2-large (GPT-2 small's code at
 #                                                 3x / 6x its parameters: 5.7 / 12.4 GB of training state per run),
-#                                                 and unless MOM_TEST_ALL_ARCHS=1, gpt2-small-mom-i / -mom-e / -moeut
-#                                                 (mom8-i, mom8-e, moeut8's code at gpt2-small-mom-p's size; 50-120 s
-#                                                 each emulated)
+#                                                 and unless MOM_TEST_ALL_ARCHS=1, gpt2-small and gpt2-small-* (the
+#                                                 8-layer architectures' code at GPT-2 small's size; 36-120 s each
+#                                                 emulated; small-bpe runs the GPT-2 vocabulary at the small size)
 #   test_device.sh <mom-train-emu> cli            checkpoints cross backends both ways (resume: the same validation
 #                                                 loss and parameters as an uninterrupted run), mom-sample / eval /
 #                                                 prune with --device cuda, bf16 and tf32 runs
@@ -62,8 +62,9 @@ archs)
     case "$a" in
       gpt2-medium | gpt2-large)
         echo "skipped: $a (GPT-2 small's code at 3x / 6x its parameters)"; continue ;;
-      gpt2-small-mom-i | gpt2-small-mom-e | gpt2-small-moeut)
-        # mom8-i / mom8-e / moeut8's code at gpt2-small-mom-p's size: 50-120 s each emulated (CI time)
+      gpt2-small*)
+        # dense / mom8-p / mom8-i / mom8-e / moeut8's code at GPT-2 small's size (small-bpe runs the 50257-token
+        # vocabulary at the 8-layer size): 36-120 s each emulated, the suite's time
         [ -n "${MOM_TEST_ALL_ARCHS:-}" ] || { echo "skipped: $a (MOM_TEST_ALL_ARCHS=1 runs it)"; continue; } ;;
     esac
     data="$T/prep-byte/data"
