@@ -298,12 +298,8 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
   if (r.sample_tokens > 0)
     sample_tokenizer = train::make_tokenizer(cfg.tokenizer_name, repo_root());
   else
-    MOM_CHECK(cfg.tokenizer_name == "byte" || cfg.tokenizer_name == "gpt2", "data file '", files.train.string(),
+    MOM_CHECK(train::known_tokenizer_vocab(cfg.tokenizer_name).has_value(), "data file '", files.train.string(),
               "' names the tokenizer '", cfg.tokenizer_name, "' which this build does not know (known: byte, gpt2)");
-  for (const train::TokenFile* f : {&train_data, val_data ? &*val_data : nullptr})  // before anything is sized by it
-    MOM_CHECK(!f || f->vocab() <= Model::dims.vocab, "data file '", f ? f->path().string() : "", "' has vocab ",
-              f ? f->vocab() : 0, " (", f ? f->tokenizer() : "", ") but --arch ", arch.name, " has a vocabulary of ",
-              Model::dims.vocab);
   const double entropy = train::unigram_entropy(train_data);
   std::printf("data: %lld train tokens, %lld validation tokens, vocab %lld (%s); unigram entropy %.4f nats/token\n",
               static_cast<long long>(train_data.size()), static_cast<long long>(val_data ? val_data->size() : 0),

@@ -28,8 +28,9 @@
 // Loading checks, before writing a single value: both files' structure and checksums (safetensors.hpp),
 // the architecture (mom.describe of both files), every tensor's name, shape and dtype (adam.m / adam.v
 // exactly [Model::params]), that both files come from one save (mom.checkpoint_id) at one step (mom.step,
-// a whole decimal number) and the optimizer file's record of the model file's checksum, the sampler state, the freeze patterns (each must match a tensor), and that every
-// parameter and moment is finite (adam.v >= 0).
+// a whole decimal number) and that the model file is the one the optimizer file records (mom.model_checksum),
+// the sampler state, the freeze patterns (each must match a tensor), and that every parameter and moment is
+// finite (adam.v >= 0).
 //
 // Older checkpoints stay loadable: one without mom.freeze was written before that key and means nothing
 // frozen (or, when its mom.config records a "freeze" list, as checkpoints of the first --freeze version do,

@@ -148,20 +148,23 @@ class Writer {
     e.info.begin = entries_.empty() ? 0 : entries_.back().info.end;
     e.info.end = e.info.begin + e.bytes;
     entries_.push_back(std::move(e));
+    signed_.reset();
   }
   void metadata(const std::string& key, const std::string& value) {
     MOM_CHECK(!key.starts_with(checksum_prefix) && key != header_checksum_key, "safetensors: metadata key '", key,
               "' is reserved for the checksums");
     metadata_[key] = value;
+    signed_.reset();
   }
 
   // The "mom.header_checksum" write() stores: it names the file's exact contents (its tensors' checksums are
   // part of what it hashes), so another file can record which file it belongs with (a checkpoint's optimizer
-  // file records its model file's).
+  // file records its model file's). The tensors are hashed once for this and write() together: their data
+  // must not change in between (as it must not before write() anyway).
   std::string header_checksum() const { return signed_metadata().at(std::string(header_checksum_key)); }
 
   void write(const std::filesystem::path& path) const {
-    const std::map<std::string, std::string> meta = signed_metadata();
+    const std::map<std::string, std::string>& meta = signed_metadata();
 
     nlohmann::ordered_json header = nlohmann::ordered_json::object();
     header["__metadata__"] = meta;
@@ -180,8 +183,10 @@ class Writer {
   }
 
  private:
-  // The metadata with every tensor's checksum and the header checksum added.
-  std::map<std::string, std::string> signed_metadata() const {
+  // The metadata with every tensor's checksum and the header checksum added; computed once, until add() or
+  // metadata() changes what it covers.
+  const std::map<std::string, std::string>& signed_metadata() const {
+    if (signed_) return *signed_;
     std::map<std::string, std::string> meta = metadata_;
     std::vector<const TensorInfo*> infos;
     for (const auto& e : entries_) {
@@ -189,7 +194,7 @@ class Writer {
       meta[std::string(checksum_prefix) + e.info.name] = checksum::format(checksum::xxh64(e.data, e.bytes));
     }
     meta[std::string(header_checksum_key)] = checksum::format(checksum::xxh64(canonical_header(meta, infos)));
-    return meta;
+    return *(signed_ = std::move(meta));
   }
   struct Entry {
     TensorInfo info;
@@ -198,6 +203,7 @@ class Writer {
   };
   std::vector<Entry> entries_;
   std::map<std::string, std::string> metadata_;
+  mutable std::optional<std::map<std::string, std::string>> signed_;  // signed_metadata()
 };
 
 // A safetensors file mapped read-only and validated (checksums included) on open.

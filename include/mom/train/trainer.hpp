@@ -204,8 +204,9 @@ class Trainer {
   // between the checkpoint's recorded configuration and this one ("lr 0.002 -> 0.001", "freeze [] ->
   // [\"wte\"]"), each applied from here on; a different tokenizer (token ids that mean other text) is refused,
   // so are token files other than those the checkpoint records (check_data_record: checksums; swapped
-  // training and validation files are named), and so is a different number of data-parallel ranks: the sampler's state continues a data order only
-  // with the rank count that drew it (and the windows per step, ranks x batch, would change). With several
+  // training and validation files are named), and so is a different number of data-parallel ranks: the
+  // sampler's state continues a data order only with the rank count that drew it (and the windows per step,
+  // ranks x batch, would change). With several
   // ranks every rank loads the checkpoint (a file system they share), and the replicas are compared.
   std::vector<std::string> resume(const std::filesystem::path& checkpoint) {
     TrainState s;
