@@ -2,7 +2,9 @@
 // shape (124M, seq 1024) in TF32 and in bf16 (Precision::BF16, fp32 master weights), and MoM_P on the
 // same shape ([1-1-4-1-4-1], MoMSmallLM<MoM_P<>>), on cuda::Backend<float>.
 //
-//   bench_gpu_train_step [--batch B] [--seq S] [--reps R] [--only dense|mom] [--peak TFLOPS]
+//   bench_gpu_train_step [--batch B] [--seq S] [--reps R] [--warmup W] [--only dense|mom[-tf32|-bf16]] [--peak TFLOPS]
+//
+// (--warmup 1 --reps 1 --only dense-bf16 is the step Nsight Compute reads in scripts/gpu_check.sh.)
 //
 // A step = zero_grad + forward_async + backward + grad_norm + AdamW (clip 1.0), all on the device: nothing
 // inside a step waits for the GPU (the loss stays on the device; the routed models keep their group
@@ -39,7 +41,7 @@ struct Row {
 };
 
 template <class Model>
-Row run(const char* name, cuda::Precision precision, index_t batch, index_t seq, int reps, double peak) {
+Row run(const char* name, cuda::Precision precision, index_t batch, index_t seq, int warmup, int reps, double peak) {
   cuda::Backend<float> be;
   be.set_precision(precision);
   ModelInstance<Model, cuda::Backend<float>> m(1, be);
@@ -61,7 +63,7 @@ Row run(const char* name, cuda::Precision precision, index_t batch, index_t seq,
     be.adamw_step(m.params(), std::span<const float>(m.grads()), opt_m.span(), opt_v.span(), cfg, ++step, norm.data(),
                   1.0f);
   };
-  for (int i = 0; i < 3; ++i) train_step();  // warm-up: cuBLAS heuristics, CUB temp and bf16 staging sized
+  for (int i = 0; i < warmup; ++i) train_step();  // warm-up: cuBLAS heuristics, CUB temp and bf16 staging sized
   be.sync();
   std::vector<double> times;
   for (int i = 0; i < reps; ++i) {
@@ -90,7 +92,7 @@ Row run(const char* name, cuda::Precision precision, index_t batch, index_t seq,
 
 int main(int argc, char** argv) {
   index_t batch = 8, seq = 1024;
-  int reps = 10;
+  int reps = 10, warmup = 3;
   double peak = 0;
   std::string only;
   for (int i = 1; i < argc; ++i) {
@@ -98,10 +100,11 @@ int main(int argc, char** argv) {
     if (a == "--batch" && i + 1 < argc) batch = std::atoll(argv[++i]);
     else if (a == "--seq" && i + 1 < argc) seq = std::atoll(argv[++i]);
     else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--warmup" && i + 1 < argc) warmup = std::max(1, std::atoi(argv[++i]));
     else if (a == "--only" && i + 1 < argc) only = argv[++i];
     else if (a == "--peak" && i + 1 < argc) peak = std::atof(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--batch B] [--seq S] [--reps R] [--only dense|mom] [--peak TFLOPS]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--batch B] [--seq S] [--reps R] [--warmup W] [--only dense|mom[-tf32|-bf16]] [--peak TFLOPS]\n", argv[0]);
       return 2;
     }
   }
@@ -126,14 +129,18 @@ int main(int argc, char** argv) {
   std::printf("  GPT-2 small: %lld params, %.1f MFLOP/token forward at seq %lld (cost model)\n",
               (long long)GPT2Small::params, double(GPT2Small::flops_per_token(seq)) * 1e-6, (long long)seq);
   std::vector<Row> rows;
-  if (only.empty() || only == "dense") {
-    rows.push_back(run<GPT2Small>("dense GPT-2 small, TF32", cuda::Precision::TF32, batch, seq, reps, peak));
-    rows.push_back(run<GPT2Small>("dense GPT-2 small, bf16", cuda::Precision::BF16, batch, seq, reps, peak));
-  }
-  if (only.empty() || only == "mom") {
-    rows.push_back(run<MoMSmallLM<MoM_P<>>>("MoM_P [1-1-4-1-4-1], TF32", cuda::Precision::TF32, batch, seq, reps, peak));
-    rows.push_back(run<MoMSmallLM<MoM_P<>>>("MoM_P [1-1-4-1-4-1], bf16", cuda::Precision::BF16, batch, seq, reps, peak));
-  }
+  // --only dense / mom / dense-bf16 / mom-tf32 ...: a prefix of "<model>-<precision>".
+  const auto want = [&](const char* key) { return only.empty() || std::string(key).starts_with(only); };
+  if (want("dense-tf32"))
+    rows.push_back(run<GPT2Small>("dense GPT-2 small, TF32", cuda::Precision::TF32, batch, seq, warmup, reps, peak));
+  if (want("dense-bf16"))
+    rows.push_back(run<GPT2Small>("dense GPT-2 small, bf16", cuda::Precision::BF16, batch, seq, warmup, reps, peak));
+  if (want("mom-tf32"))
+    rows.push_back(run<MoMSmallLM<MoM_P<>>>("MoM_P [1-1-4-1-4-1], TF32", cuda::Precision::TF32, batch, seq, warmup,
+                                            reps, peak));
+  if (want("mom-bf16"))
+    rows.push_back(run<MoMSmallLM<MoM_P<>>>("MoM_P [1-1-4-1-4-1], bf16", cuda::Precision::BF16, batch, seq, warmup,
+                                            reps, peak));
   if (rows.size() == 4)
     std::printf("MoM_P step / dense step: TF32 %.2f, bf16 %.2f (target <= 1.9)\n", rows[2].step_s / rows[0].step_s,
                 rows[3].step_s / rows[1].step_s);

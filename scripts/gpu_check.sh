@@ -1,30 +1,45 @@
 #!/usr/bin/env bash
 # The bundled loop on a GPU, in one device call of at most ~8 minutes (the device tool's run, from the repository
 # root, after scripts/gpu_prepare.sh here and with carry=[".gpu-deps"]):
-#   1. configure for the GPU in the machine and build test_cuda and mom-train (its CUDA code included),
+#   1. configure for the GPU in the machine and build test_cuda and mom-train (its CUDA code included); or, with
+#      MOM_GPU_BIN=<folder>, use the binaries built on the development machine (scripts/gpu_prepare.sh --build puts
+#      test_cuda, mom-train, bench_gpu_train_step and bench_gpu_decode in .gpu-deps/bin: no device minutes on a build),
 #   2. test_cuda: the cross-backend suite, the Trainer on CUDA against the CPU among it (tests/cuda/),
 #   3. mom-train on KJV (.gpu-deps/kjv.txt), dense8 and mom8-p, 300 steps of 16 x 128 bytes: on the GPU in tf32
 #      and bf16, and on the CPU (fp32; in the background, beside the GPU runs), validation every 50 steps,
-#   4. a table last: per run the validation curve, tokens/s and wall time, and each GPU run's largest validation
+#   4. with MOM_GPU_BENCH=1 (issue 28's numbers): bench_gpu_train_step (GPT-2 small and MoM_P at 8 x 1024, TF32 and
+#      bf16) and bench/pytorch_gpu_train_step.py (PyTorch's GPT-2 small, bf16 autocast, eager and torch.compile)
+#      in the same call, one after the other on an otherwise idle GPU,
+#   5. a table last: per run the validation curve, tokens/s and wall time, and each GPU run's largest validation
 #      difference from the CPU run's curve.
 # Logs go to $OUT (or ./gpu-out). Record the table in bench/RESULTS.md with the device's name.
 source "$(dirname "$0")/gpu_common.sh"
 started=$(date +%s)
 
-# 1. Build.
+# 1. Build (or take the carried binaries).
+if [ -n "${MOM_GPU_BIN:-}" ]; then
+  bindir="$repo/$MOM_GPU_BIN"
+  for b in test_cuda mom-train; do
+    [ -x "$bindir/$b" ] || { note "no $bindir/$b (scripts/gpu_prepare.sh --build)"; exit 1; }
+  done
+  test_cuda="$bindir/test_cuda" bin="$bindir/mom-train" bench="$bindir/bench_gpu_train_step"
+  note "binaries: $MOM_GPU_BIN (built on the development machine)"
+else
+test_cuda=./build-gpu/tests/cuda/test_cuda bin=./build-gpu/examples/mom-train bench=./build-gpu/bench/bench_gpu_train_step
 if ! cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DMOM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${MOM_CUDA_ARCH:-native}" \
-      -DMOM_BUILD_TESTS=ON -DMOM_BUILD_EXAMPLES=ON -DMOM_BUILD_BENCH=OFF >"$out/configure.txt" 2>&1; then
+      -DMOM_BUILD_TESTS=ON -DMOM_BUILD_EXAMPLES=ON -DMOM_BUILD_BENCH="$([ "${MOM_GPU_BENCH:-0}" = 1 ] && echo ON || echo OFF)" >"$out/configure.txt" 2>&1; then
   note "configure FAILED (configure.txt)"; tail -20 "$out/configure.txt"; exit 1
 fi
 t=$(date +%s)
-if ! cmake --build build-gpu -j"$jobs" --target test_cuda mom-train >"$out/build.txt" 2>&1; then
+if ! cmake --build build-gpu -j"$jobs" --target test_cuda mom-train $([ "${MOM_GPU_BENCH:-0}" = 1 ] && echo bench_gpu_train_step) >"$out/build.txt" 2>&1; then
   note "build FAILED (build.txt)"; grep -m 20 -E "error" "$out/build.txt"; exit 1
 fi
 note "build: $(( $(date +%s) - t )) s"
+fi
 
 # 2. The cross-backend suite (must not print the no-GPU skip line).
 t=$(date +%s)
-timeout 240 ./build-gpu/tests/cuda/test_cuda >"$out/test_cuda.txt" 2>&1
+timeout 240 "$test_cuda" >"$out/test_cuda.txt" 2>&1
 rc=$?
 note "test_cuda: exit $rc, $(grep -E '^(All tests passed|test cases:)' "$out/test_cuda.txt" | tail -1), skipped $(grep -c "no CUDA device: skipped" "$out/test_cuda.txt"), $(( $(date +%s) - t )) s"
 grep -B3 -A12 "FAILED" "$out/test_cuda.txt" | head -80 >"$out/test_failures.txt"
@@ -32,10 +47,10 @@ grep -B3 -A12 "FAILED" "$out/test_cuda.txt" | head -80 >"$out/test_failures.txt"
 # 3. Training on KJV: the CPU runs in the background, the GPU runs one after another.
 kjv="$repo/.gpu-deps/kjv.txt"
 [ -s "$kjv" ] || { note "no $kjv (run scripts/gpu_prepare.sh on the development machine)"; exit 1; }
-bin=./build-gpu/examples/mom-train
 common=(--data "$kjv" --steps 300 --batch 16 --seq 128 --eval-interval 50 --eval-batches 8 --checkpoint-interval 0
         --sample-tokens 0 --lr 2e-3 --warmup 50)
-cpu_threads=$(( jobs > 4 ? jobs - 2 : jobs ))
+# Two CPU runs side by side, leaving 4 cores to the GPU runs' host thread (their launches are host-bound).
+cpu_threads=$(( jobs > 8 ? (jobs - 4) / 2 : 1 ))
 for arch in dense8 mom8-p; do
   timeout 420 "$bin" "${common[@]}" --arch "$arch" --out "$out/runs/$arch-cpu" --threads "$cpu_threads" >"$out/$arch-cpu.txt" 2>&1 &
 done
@@ -49,7 +64,67 @@ done
 wait
 note "wall time so far: $(( $(date +%s) - started )) s"
 
-# 4. The table.
+# 4. Issue 28's step times, mom and PyTorch on the same GPU (nothing else running).
+if [ "${MOM_GPU_BENCH:-0}" = 1 ]; then
+  if [ -x "$bench" ]; then
+    timeout 240 "$bench" --batch 8 --seq 1024 --reps 10 >"$out/bench.txt" 2>&1
+    note "bench_gpu_train_step: exit $?"; grep -E "^ |step /" "$out/bench.txt" | tee -a "$summary"
+  fi
+  fpt=$(sed -n 's/.*params, \([0-9.]*\) MFLOP\/token.*/\1/p' "$out/bench.txt" 2>/dev/null | head -1)
+  timeout 240 python3 bench/pytorch_gpu_train_step.py ${fpt:+--flops-per-token $(python3 -c "print(3e6*$fpt)")} \
+    >"$out/pytorch.txt" 2>&1
+  note "pytorch_gpu_train_step: exit $?"; grep -E "^  pytorch|Error|error" "$out/pytorch.txt" | tail -4 | tee -a "$summary"
+  # Every family's step on the GPU over dense8's (8 layers, d 256, bf16, 64 x 256 tokens), beside the cost model's
+  # FLOP ratio: steps 20..60 of mom-train, no validation or checkpoint inside.
+  "$bin" --help >"$out/archs.txt" 2>&1
+  for arch in dense8 mom8-p moe8 dsmoe8 ec8 mod8 moeut8 moduleformer8 mor8 share8-all; do
+    timeout 60 "$bin" --data "$kjv" --arch "$arch" --steps 60 --batch 64 --seq 256 --eval-interval 0 --eval-batches 1 \
+      --checkpoint-interval 0 --sample-tokens 0 --device cuda --precision bf16 --out "$out/steps/$arch" \
+      >"$out/steps-$arch.txt" 2>&1 || note "mom-train --arch $arch (step time): exit $?"
+  done
+  python3 - "$out/steps" "$out/archs.txt" <<'PY' | tee -a "$summary"
+import json, os, re, sys
+root, archs = sys.argv[1], open(sys.argv[2]).read()
+flops = {m.group(1): float(m.group(2)) for m in re.finditer(r"^  (\S+) .*\n.* ([0-9.]+) MFLOP/token forward at seq 256", archs, re.M)}
+rate = {}
+for name in os.listdir(root):
+    rows = [json.loads(l) for l in open(os.path.join(root, name, "metrics.jsonl")) if '"train"' in l]
+    a = next((r for r in rows if r["step"] == 20), None)
+    if a and rows[-1]["step"] > 20:
+        rate[name] = (rows[-1]["tokens"] - a["tokens"]) / (rows[-1]["elapsed_s"] - a["elapsed_s"])
+print("| arch (bf16, 64 x 256) | tokens/s | step / dense8 step | cost-model FLOP ratio | step ratio / FLOP ratio |")
+print("|---|---:|---:|---:|---:|")
+d = rate.get("dense8")
+for name in sorted(rate, key=lambda n: (n != "dense8", n)):
+    if d and name in flops and "dense8" in flops:
+        sr, fr = d / rate[name], flops[name] / flops["dense8"]
+        print(f"| {name} | {rate[name]:.0f} | {sr:.2f} | {fr:.2f} | {sr / fr:.2f} |")
+PY
+  # Nsight Compute: every kernel's time in two dense bf16 steps (one warm-up, one timed), the top 15 per step.
+  if command -v ncu >/dev/null && [ -x "$bench" ]; then
+    timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+      "$bench" --batch 8 --seq 1024 --warmup 1 --reps 1 --only dense-bf16 >"$out/ncu.csv" 2>"$out/ncu.err"
+    note "ncu: exit $?"
+    python3 - "$out/ncu.csv" <<'PY' | tee -a "$summary"
+import csv, collections, sys
+rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"')) if r.get("Metric Name") == "gpu__time_duration.sum"]
+t, n = collections.Counter(), collections.Counter()
+for r in rows:
+    k = r["Kernel Name"].split("(")[0][:70]
+    t[k] += float(r["Metric Value"].replace(",", "")) / 2e6
+    n[k] += 0.5
+total = sum(t.values())
+print(f"ncu, dense GPT-2 small bf16, 8 x 1024: {len(rows) / 2:.0f} kernels per step, {total:.1f} ms of kernel time per step")
+print("| kernel | ms per step | share | launches per step |")
+print("|---|---:|---:|---:|")
+for k, v in t.most_common(15):
+    print(f"| `{k}` | {v:.2f} | {100 * v / total:.1f}% | {n[k]:.0f} |")
+PY
+  fi
+  note "wall time so far: $(( $(date +%s) - started )) s"
+fi
+
+# 5. The table.
 python3 - "$out/runs" <<'PY' | tee -a "$summary"
 import json, os, sys
 root = sys.argv[1]
