@@ -135,7 +135,7 @@ TEST_CASE("Trainer on CUDA = Trainer on the CPU: dense, MoM_P, MoE, MoD, MoEUT, 
 TEST_CASE("Trainer on CUDA = Trainer on the CPU in float: fp32 and bf16 matrix products", "[cuda][trainer]") {
   MOM_REQUIRE_GPU();
   compare_training<DenseSmall, float>(cuda::Precision::FP32, 1e-4, 1e-3);
-  compare_training<MoMP, float>(cuda::Precision::FP32, 1e-4, 1e-3);
+  compare_training<MoMPWide, float>(cuda::Precision::FP32, 1e-4, 1e-3);  // small_models.hpp: why wide
   compare_training<MoESmall, float>(cuda::Precision::FP32, 1e-4, 1e-3);
   compare_training<DenseSmall, float>(cuda::Precision::BF16, 2e-2, 5e-2);
 }
@@ -143,7 +143,7 @@ TEST_CASE("Trainer on CUDA = Trainer on the CPU in float: fp32 and bf16 matrix p
 TEST_CASE("a checkpoint written on one backend resumes on the other as the uninterrupted run continues",
           "[cuda][trainer][checkpoint]") {
   MOM_REQUIRE_GPU();
-  using Model = MoMP;
+  using Model = MoMPWide;  // float: small_models.hpp says why the wide router
   const Data data;
   const mom_test::TempDir out("cuda_resume");
   auto full_cfg = config({}, 4);

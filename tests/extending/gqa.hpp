@@ -13,6 +13,7 @@
 #include <mom/mom.hpp>
 
 #include <array>
+#include <span>
 #include <type_traits>
 
 namespace ext {
@@ -26,6 +27,7 @@ struct GroupedQuery {
     template <class T>
     using MV = mom::MatrixView<T>;
     static constexpr const char* name = KV == 1 ? "MultiQuery" : "GroupedQuery";
+    static constexpr mom::ModuleRole single_role = mom::ModuleRole::SequenceMixer;  // MHA<N, ...> only
     static constexpr index_t d = D.d_model, heads = D.heads, hd = d / heads, kvd = KV * hd, group = heads / KV;
 
     static constexpr index_t o_ln_w = 0, o_ln_b = d, o_w_q = 2 * d, o_b_q = o_w_q + d * d, o_w_kv = o_b_q + d,
@@ -99,6 +101,28 @@ struct GroupedQuery {
                          MV<const T>{dkv, n, 2 * kvd}, ln, MV<const T>{p + o_w_kv, 2 * kvd, d});
       be.layernorm_backward(dx, sp(g + o_ln_w, d), sp(g + o_ln_b, d), MV<const T>{dln, n, d}, x, sp(ws + s.mean, n),
                             sp(ws + s.rstd, n), sp(p + o_ln_w, d));
+    }
+
+    // Incremental decoding (docs/extending.md, "Make your attention decode"; mom::DecodingSequenceMixerOn): one
+    // new token per active sequence. This version caches the expanded heads (the cache the Decoder gives a
+    // module is [slots·max_len × d]), so it saves no cache memory over full attention; its keys and values are
+    // exactly forward's. The backend ops kv_write and attention_decode do the rest.
+    using DecodeSaved = Saved;
+    static constexpr DecodeSaved plan_decode(mom::Arena& a, index_t rows) { return plan(a, rows, 1); }
+    template <class Be, class T>
+    static void decode(Be& be, const T* p, T* ws, const DecodeSaved& s, MV<const T> x, MV<T> out, MV<T> k_cache,
+                       MV<T> v_cache, std::span<const index_t> slot, std::span<const index_t> pos, index_t max_len) {
+      const index_t n = x.rows;
+      be.layernorm_forward(MV<T>{ws + s.ln, n, d}, sp(ws + s.mean, n), sp(ws + s.rstd, n), x, sp(p + o_ln_w, d),
+                           sp(p + o_ln_b, d));
+      const MV<const T> ln{ws + s.ln, n, d}, qkv{ws + s.qkv, n, 3 * d};
+      be.linear_forward(MV<T>{ws + s.q, n, d}, ln, MV<const T>{p + o_w_q, d, d}, sp(p + o_b_q, d));
+      be.linear_forward(MV<T>{ws + s.kv, n, 2 * kvd}, ln, MV<const T>{p + o_w_kv, 2 * kvd, d}, sp(p + o_b_kv, 2 * kvd));
+      expand<Be>(ws + s.qkv, ws + s.q, ws + s.kv, n);
+      be.kv_write(k_cache, v_cache, qkv, slot, pos, max_len);
+      be.attention_decode(MV<T>{ws + s.att, n, d}, qkv, MV<const T>(k_cache), MV<const T>(v_cache), slot, pos, max_len,
+                          heads);
+      be.linear_forward(out, MV<const T>{ws + s.att, n, d}, MV<const T>{p + o_w_o, d, d}, sp(p + o_b_o, d));
     }
 
    private:

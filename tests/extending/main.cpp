@@ -3,8 +3,9 @@
 // chunk; (b) a sequence mixer, grouped-query attention, used in a dense model; (c) two router policies
 // for MoE expert steps, hash routing and a threshold router that gives tokens a variable number of
 // experts. None of them touches include/. Each: gradient check in double (whole model, central
-// differences), the cost model's FLOPs equal the FLOPs executed (a counting backend), and 20 AdamW
-// steps lower the loss. docs/extending.md walks through the same code.
+// differences; the new modules also alone, with their workspace guarded), the cost model's FLOPs equal the
+// FLOPs executed (a counting backend), and 20 AdamW steps lower the loss. The checks are the installed kit's
+// (<mom/testing.hpp>), asserted here with Catch2. docs/extending.md walks through the same code.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -12,10 +13,9 @@
 
 #include <mom/models/mom_models.hpp>
 #include <mom/mom.hpp>
+#include <mom/testing.hpp>
 
 #include "gqa.hpp"
-#include "models/counting_backend.hpp"
-#include "models/routed_gradient_check.hpp"
 #include "routers.hpp"
 #include "swiglu.hpp"
 
@@ -32,7 +32,7 @@ using GQA2 = ext::GroupedQuery<2>::type<D>;  // 2 key/value heads
 
 // (a) SwiGLU
 using DenseSwiGLU = Assembly<Router<Sequential>, ModuleSet<MHA<2>, FFN<2, ext::SwiGLU>>, K<1>, H<2>>;
-using MoMSwiGLU = Chunked<Layer, Assembly<Router<GRU, Width<8>, Temperature<1>>, ModuleSet<MHA<3>, FFN<3, ext::SwiGLU>, Skip>,
+using MoMSwiGLU = Chunked<Layer, Assembly<Router<GRU>, ModuleSet<MHA<3>, FFN<3, ext::SwiGLU>, Skip>,
                                           K<2>, H<2>>>;
 // (b) grouped-query attention
 using DenseGQA = Assembly<Router<Sequential>, ModuleSet<MHA<2, GQA2>, FFN<2>>, K<1>, H<2>>;
@@ -44,27 +44,32 @@ using ThresholdMoE =
 static_assert(LM<tiny, DenseSwiGLU>::params == LM<tiny, Dense<2>>::params - 2 * (12 + 8) + 2 * 12 * 8);
 static_assert(LM<gqa_tiny, DenseGQA>::params < LM<gqa_tiny, Dense<2>>::params);
 
-// Whole-model central differences in double for a model without routing decisions.
+// Whole-model central differences in double (routing held fixed for routed models).
 template <class Model>
-void dense_gradient_check(std::uint64_t seed) {
-  auto m = Model::template make<cpu::Backend<double>>(seed);
-  const test::GradientCase c = test::gradient_case(m, seed, 5);
-  double max_err = 0;
-  const test::FdTally t = test::check_central_differences(
-      m, c.grad, 1e-6, [&](const auto&) { return c.forward(m); }, test::no_routing,
-      [&](const auto&, double fd, double g) { max_err = std::max(max_err, std::abs(fd - g) / (1e-6 + std::abs(fd))); });
-  INFO("checked " << t.checked << ", max rel err " << max_err);
-  CHECK(t.checked == int(Model::params));
+void gradient_checked(std::uint64_t seed, int min_classes_used = 0) {
+  const testing::ModelGradientReport r = testing::gradient_check<Model>(seed);
+  INFO(describe<Model>() << ": " << r.summary());
+  CHECK(r.ok(0.005));
+  CHECK(r.classes_used >= min_classes_used);
+  if (min_classes_used == 0) CHECK(r.checked == int(Model::params));  // no routing: every parameter compared
+}
+// One module alone: its parameters and input, and no write outside its declared workspace and scratch.
+template <class M>
+void module_checked(std::uint64_t seed) {
+  const testing::ModuleReport r = testing::module_gradient_check<M>(seed);
+  INFO(r.summary());
+  CHECK(r.ok());
+  CHECK(r.checked == int(M::params) + 2 * 3 * int(M::d));
 }
 
 // The cost model against the FLOPs a counting backend executes (forward; routed: for the realised picks).
 template <class Model>
 void cost_matches(bool routed) {
-  auto m = Model::template make<test::CountingBackend<float>>(5);
+  auto m = Model::template make<testing::CountingBackend<float>>(5);
   const index_t batch = 2, seq = 16;
   m.reserve(batch, seq);
-  const auto tokens = test::random_tokens(batch * seq, Model::dims.vocab, 1);
-  const auto targets = test::random_tokens(batch * seq, Model::dims.vocab, 2);
+  const auto tokens = testing::random_tokens(batch * seq, Model::dims.vocab, 1);
+  const auto targets = testing::random_tokens(batch * seq, Model::dims.vocab, 2);
   m.backend().flops = 0;
   m.forward(tokens, targets, batch, seq);
   if (routed) {
@@ -103,7 +108,8 @@ void trains() {
 }  // namespace
 
 TEST_CASE("extending (a): SwiGLU in a dense model: gradient, cost, training", "[extending][swiglu]") {
-  dense_gradient_check<LM<tiny, DenseSwiGLU>>(11);
+  gradient_checked<LM<tiny, DenseSwiGLU>>(11);
+  module_checked<ext::SwiGLU<tiny>>(21);
   cost_matches<LM<small, DenseSwiGLU>>(false);
   trains<LM<small, DenseSwiGLU>>();
   const std::string line = describe<LM<small, DenseSwiGLU>>();
@@ -111,13 +117,15 @@ TEST_CASE("extending (a): SwiGLU in a dense model: gradient, cost, training", "[
 }
 
 TEST_CASE("extending (a): SwiGLU inside a MoM chunk: gradient (routing fixed), cost, training", "[extending][swiglu]") {
-  test::gradient_check<LM<tiny, MoMSwiGLU>>(12, 3);
+  gradient_checked<LM<tiny, MoMSwiGLU>>(12, 3);
+  CHECK(testing::gradient_check<LM<tiny, MoMSwiGLU>>(12).max_router_grad > 1e-3);  // the router learns
   cost_matches<LM<small, MoMSwiGLU>>(true);
   trains<LM<small, MoMSwiGLU>>();
 }
 
 TEST_CASE("extending (b): grouped-query attention in a dense model: gradient, cost, training", "[extending][gqa]") {
-  dense_gradient_check<LM<gqa_tiny, DenseGQA>>(13);
+  gradient_checked<LM<gqa_tiny, DenseGQA>>(13);
+  module_checked<GQA2<gqa_tiny>>(23);
   cost_matches<LM<small, DenseGQA>>(false);
   trains<LM<small, DenseGQA>>();
 }
@@ -125,19 +133,20 @@ TEST_CASE("extending (b): grouped-query attention in a dense model: gradient, co
 TEST_CASE("extending (c): hash routing: fixed experts per token id, gradient, cost, training", "[extending][router]") {
   using Model = LM<tiny, HashMoE>;
   auto m = Model::make<cpu::Backend<double>>(14);
-  const test::GradientCase c = test::gradient_case(m, 14, 5);
+  const testing::GradientCase c = testing::gradient_case(m, 14, 5);
   // The pick is the token id's hash, in every step.
-  const auto picks = test::all_picks(m);
+  const auto picks = testing::all_picks(m);
   const std::size_t n = c.tokens.size();
   REQUIRE(picks.size() == 2 * n);
   for (std::size_t i = 0; i < n; ++i) {
     CHECK(picks[i] == token_t(ext::HashGate<tiny, 3, 1, false>::expert_of(c.tokens[i])));
     CHECK(picks[n + i] == picks[i]);
   }
-  const test::FdTally t = test::check_central_differences(
-      m, c.grad, 1e-6, [&](const auto&) { return c.forward(m); }, [&] { return test::all_picks(m); },
+  const testing::GradientReport t = testing::check_central_differences(
+      m, c.grad, 1e-6, [&](const auto&) { return c.forward(m); }, [&] { return testing::all_picks(m); },
       [](const auto&, double, double) {});
-  CHECK(t.flipped == 0);
+  INFO(t.summary());
+  CHECK(t.ok(0));
   CHECK(t.checked == int(Model::params));
   cost_matches<LM<small, HashMoE>>(true);
   trains<LM<small, HashMoE>>();
@@ -146,11 +155,11 @@ TEST_CASE("extending (c): hash routing: fixed experts per token id, gradient, co
 TEST_CASE("extending (c): threshold routing: a variable number of experts per token, gradient, cost, training",
           "[extending][router]") {
   using Model = LM<tiny, ThresholdMoE>;
-  test::gradient_check<Model>(15, 3);
+  gradient_checked<Model>(15, 3);
   // Tokens do take different numbers of experts (1 .. K), and never an unused slot's class as an expert.
   auto m = Model::make<cpu::Backend<double>>(16);
-  const test::GradientCase c = test::gradient_case(m, 16, 5);
-  const auto picks = test::all_picks(m);
+  const testing::GradientCase c = testing::gradient_case(m, 16, 5);
+  const auto picks = testing::all_picks(m);
   std::vector<int> per_token_counts(4, 0);
   for (std::size_t t = 0; t < picks.size() / 3; ++t) {
     int used = 0;

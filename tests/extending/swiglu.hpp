@@ -24,6 +24,7 @@ using mom::RowGroups;
 template <mom::Dims D>
 struct SwiGLU {
   static constexpr const char* name = "SwiGLU";  // describe<> prints FFN<N, SwiGLU>
+  static constexpr mom::ModuleRole single_role = mom::ModuleRole::TokenMixer;  // FFN<N, SwiGLU> only
   static constexpr index_t d = D.d_model, f = D.ff();
 
   // Parameters: LN gain and bias, W_in [2f × d] (a rows then b rows), W_out [d × f].

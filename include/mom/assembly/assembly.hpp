@@ -142,7 +142,9 @@ struct Assembly {
   static_assert(!is_k<Kn> || k >= 1, "mom::Assembly: K must be >= 1 (modules picked per token per step)");
   static_assert(!is_h<Hn> || h >= 1, "mom::Assembly: H must be >= 1 (assembly steps)");
   static_assert(!is_router<R> || RouterPolicy<typename detail::policy_of<R>::type>,
-                "mom::Assembly: unknown router policy; known: Sequential, GRU, Share<P>, TopK<Softmax>, ExpertChoice<...>, Skipping<...>");
+                "mom::Assembly: unknown router policy; known: Sequential, GRU, Share<P>, TopK<Softmax>, TopK<Sigmoid>, "
+                "TopC<Softmax>, ExpertChoice<...>, Skipping<...>, Recursion<...>, or a policy of your own that declares "
+                "is_router_policy (routers/router.hpp)");
 
   // True when the router can drive this module set with this K and H (the static_asserts of
   // phi and of the router policy have fired otherwise).

@@ -284,6 +284,7 @@ struct Executor<P, A, D> {
   // Token-choice routing is per token, so a new token's step h is its attention against step h's
   // key/value cache, then the MoE step over the new rows alone (the gate picks its experts from its own
   // u_h, exactly as in forward).
+  using decode_sequence_mixer = Attn;  // named by infer::Decoder when it cannot decode
   template <class Be>
   static constexpr bool decodes_on = DecodingSequenceMixerOn<Attn, Be>;
   struct DecodePlan {

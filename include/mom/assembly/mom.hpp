@@ -59,7 +59,7 @@ struct Executor<GRU, A, D> : WorkspaceViews {
                 "parameter offset per module to their kernels)");
   static constexpr int EA = Set::selectable_attention, EF = Set::selectable_ffn;  // SKIP is class N (last)
   static constexpr int Emax = EA > EF ? EA : EF;
-  static constexpr index_t d = D.d_model, W = Cfg::width;
+  static constexpr index_t d = D.d_model, W = Cfg::width_for(D.d_model);
   static constexpr bool routed_kv = std::is_same_v<typename A::phi_type, phi::MoMRoutedKV>;
   static constexpr KeySource keys = routed_kv ? KeySource::Routed : KeySource::AllTokens;
   // Picks that can land on a computing module (K = N + 1 with SKIP always includes SKIP).

@@ -162,6 +162,7 @@ struct FixedRouteExecutor
   // One new token per active sequence. Step h keeps its own key/value cache (a module used at several
   // steps has one cache per use, as its forward sees a different input at each); the step workspace
   // is shared by the steps.
+  using decode_sequence_mixer = Attn;  // named by infer::Decoder when it cannot decode
   template <class Be>
   static constexpr bool decodes_on = DecodingSequenceMixerOn<Attn, Be> && DenseTokenMixerOn<Ffn, Be>;
   struct DecodePlan {

@@ -2,9 +2,11 @@
 // The parameter layout: every tensor of a model has a name, a shape and an offset in one
 // flat buffer, all known at compile time. Parameters and gradients are single buffers in
 // this order, so AdamW, clipping, checkpoints and an all-reduce are single passes.
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <string_view>
+#include <vector>
 
 #include "mom/core/tensor.hpp"
 
@@ -104,6 +106,18 @@ constexpr std::array<ParamInfo, N> build_layout(const std::array<TensorSpec, N>&
   return out;
 }
 }  // namespace detail
+
+// The first name that two entries of a layout share (empty when every name is unique): checkpoints address
+// tensors by name, so a model whose modules name a tensor twice is refused when it is made (models/runtime.hpp).
+template <std::size_t N>
+std::string_view first_duplicate_name(const std::array<ParamInfo, N>& layout) {
+  std::vector<std::string_view> names;
+  names.reserve(N);
+  for (const ParamInfo& p : layout) names.push_back(p.name);
+  std::sort(names.begin(), names.end());
+  const auto at = std::adjacent_find(names.begin(), names.end());
+  return at == names.end() ? std::string_view{} : *at;
+}
 
 // Bump allocator over one workspace, usable at compile time (the cost model's activation
 // size) and at run time (carving the workspace) with the same code, so the two agree.

@@ -76,6 +76,19 @@ inline constexpr bool decodes = []<class... Es>(TypeList<Es...>) {
 }(typename Model::core::executors{});
 
 namespace detail {
+// An executor that names its attention module (decode_sequence_mixer) and whose module cannot decode: the
+// module's missing member is named by explain_decoding_sequence_mixer's static_asserts.
+template <class E, class Be>
+constexpr bool names_missing_decode() {
+  if constexpr (requires { typename E::decode_sequence_mixer; }) {
+    if constexpr (!DecodingSequenceMixerOn<typename E::decode_sequence_mixer, Be>)
+      return explain_decoding_sequence_mixer<typename E::decode_sequence_mixer, Be>::named;
+  }
+  return false;
+}
+template <class Model, class Be>
+inline constexpr bool decode_refusal_named =
+    []<class... Es>(TypeList<Es...>) { return (names_missing_decode<Es, Be>() || ...); }(typename Model::core::executors{});
 template <bool ok, class Executors>
 struct DecodePlans {
   using type = std::tuple<>;  // the static_asserts of Decoder have fired
@@ -104,7 +117,8 @@ class Decoder {
                 "Mixture-of-Recursions' top-k per recursion and expert-choice MoE pick tokens by the later tokens too): for Mixture-of-Depths decode "
                 "mom::causal_sampling_arch<Arch>::type, the same parameters routed by a trained causal method "
                 "(ExpertChoice<..., CausalAux<> or CausalPredictor<>>); expert-choice MoE has no causal method");
-  static_assert(!DecodeBackend<Be> || !routes_causally<Model> || decodes<Model, Be>,
+  static_assert(!DecodeBackend<Be> || !routes_causally<Model> || decodes<Model, Be> ||
+                    detail::decode_refusal_named<Model, Be>,
                 "mom::infer::Decoder: a part of this architecture has no incremental decode yet (its executor does "
                 "not meet mom::infer::AssemblyDecoderOn)");
   static constexpr bool ok = decodes<Model, Be>;

@@ -56,9 +56,10 @@ inline std::string ratio_name(const char* name, long long num, long long den) {
 }
 
 // The options of Router<GRU, Options...> that differ from the defaults (routers/gru.hpp), in the
-// type's spelling: ", Width<64>, Temperature<1, 2>"; empty for the defaults and other policies.
+// type's spelling: ", Width<64>, Temperature<1, 2>"; empty for the defaults and other policies. The default
+// width depends on the model's d_model (min(256, d_model)), so Width<w> is spelled when w differs from it.
 template <class R>
-std::string router_options_name() {
+std::string router_options_name(index_t d_model) {
   if constexpr (std::is_same_v<typename R::policy, GRU>) {
     using Cfg = GRUConfig<typename R::options>;
     using Default = GRUConfig<TypeList<>>;
@@ -67,7 +68,7 @@ std::string router_options_name() {
     using Bal = typename Cfg::balance_t;
     using Bal0 = typename Default::balance_t;
     std::string s;
-    if (Cfg::width != Default::width) s += ", Width<" + std::to_string(Cfg::width) + ">";
+    if (Cfg::width_for(d_model) != Default::width_for(d_model)) s += ", Width<" + std::to_string(Cfg::width_for(d_model)) + ">";
     // Compared as fractions, so Temperature<2, 10> is the default 1/5.
     if (Tau::numerator * Tau0::denominator != Tau0::numerator * Tau::denominator)
       s += ", " + ratio_name("Temperature", Tau::numerator, Tau::denominator);
@@ -97,7 +98,7 @@ std::string assembly_name() {
     if constexpr (requires { Policy::label(); }) router = Policy::label();  // e.g. Share<Cycle<2>>
     if constexpr (requires { Policy::options_name(); })
       router += "<" + Policy::options_name() + ">";  // e.g. ExpertChoice<Capacity<1,8>, Every<2>>
-    router += router_options_name<typename A::router>();  // e.g. GRU, Width<64>
+    router += router_options_name<typename A::router>(D.d_model);  // e.g. GRU, Width<64>
     // phi::MoM is the default argument, left out as in the type's spelling.
     using Phi = typename A::phi_type;
     const std::string phi = std::is_same_v<Phi, phi::MoM> ? "" : std::string(", ") + Phi::name;

@@ -91,6 +91,24 @@ struct parts_of<Chunked<Ps...>> {
   static constexpr bool valid = sizeof...(Ps) > 0 && (part_valid<Ps> && ...);
 };
 
+// Every part's Executor is defined for these dims: a router policy with neither an executor of its own nor an expert
+// gate (phi::MoE) is one message here, and the model falls back to the stand-ins below (no message per member).
+template <class P, Dims D>
+struct ExecutorDefined {
+  static constexpr bool ok = requires { sizeof(typename P::template executor<D>); };
+  static_assert(ok, "mom::Executor<Policy, Assembly, Dims>: this router policy has no executor: a policy for MoE "
+                    "experts (phi::MoE) declares `static constexpr bool gates_experts = true` and a gate "
+                    "(routers/gate.hpp, mom::ExpertGatePolicy); any other policy specialises mom::Executor "
+                    "(docs/extending.md)");
+};
+template <Dims D, class Arch>
+constexpr bool executors_defined() {
+  if constexpr (VerifyDims<D>::ok && parts_of<Arch>::valid)
+    return []<class... Ps>(TypeList<Ps...>) { return (ExecutorDefined<Ps, D>::ok && ...); }(
+        typename parts_of<Arch>::type{});
+  else return false;
+}
+
 // Stand-ins used after a failed check so that one mistake gives one error message.
 inline constexpr Dims placeholder_dims{.d_model = 1, .heads = 1, .d_ff = 1, .vocab = 1, .context = 1};
 
@@ -198,7 +216,7 @@ struct LM {
   static_assert(Architecture<Arch>,
                 "mom::LM<dims, Arch>: Arch must be an Assembly (e.g. Dense<L>) or a Chunked<...> of Assemblies");
   // Both checks are instantiated (bitwise &, no short circuit), so every mistake is reported.
-  static constexpr bool valid = VerifyDims<D>::ok & detail::parts_of<Arch>::valid;
+  static constexpr bool valid = (VerifyDims<D>::ok & detail::parts_of<Arch>::valid) && detail::executors_defined<D, Arch>();
 
   static constexpr Dims dims = valid ? D : detail::placeholder_dims;
   using arch = Arch;

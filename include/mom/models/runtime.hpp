@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -42,6 +44,12 @@ class ModelInstance {
   explicit ModelInstance(std::uint64_t seed, Be be = Be{}) : be_(std::move(be)) {
     static_assert(runs_on_backend(typename Model::core::executors{}),
                   "mom::LM::make<Be>: a part's executor lacks forward/backward for this backend (mom::AssemblyExecutorOn)");
+    // Every tensor name once (checkpoints address tensors by name): checked once per model type.
+    static const std::string_view duplicate = first_duplicate_name(Model::layout);
+    MOM_CHECK(duplicate.empty(), "mom::LM::make: two tensors of this model are named '", std::string(duplicate),
+              "': the modules of one layer need distinct tensor names (a feed-forward module used as attention, "
+              "MHA<N, Ffn>, names its LayerNorm like the FFN beside it; give your module a single_role, "
+              "modules/module.hpp)");
     params_ = be_.template alloc<T>(Model::params);
     grads_ = be_.template alloc<T>(Model::params);
     std::vector<T> host(static_cast<std::size_t>(Model::params));

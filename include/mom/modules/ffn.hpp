@@ -14,6 +14,7 @@ namespace modules {
 
 template <Dims D>
 struct FeedForward {
+  static constexpr ModuleRole single_role = ModuleRole::TokenMixer;  // FFN<N>'s (modules/module.hpp)
   static constexpr index_t d = D.d_model;
   static constexpr index_t f = D.ff();
 
@@ -133,7 +134,7 @@ struct FFN {
   static constexpr ModuleRole role = ModuleRole::TokenMixer;
   static constexpr int count = N;
   template <Dims D>
-  using single = Impl<D>;
+  using single = typename checked_token_mixer<Impl<D>>::type;
 };
 
 // Fine-grained expert segmentation (DeepSeekMoE, arXiv 2401.06066 §3.1): an FFN of hidden width d_ff / m, so

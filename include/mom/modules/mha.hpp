@@ -18,6 +18,7 @@ namespace modules {
 
 template <Dims D>
 struct Attention {
+  static constexpr ModuleRole single_role = ModuleRole::SequenceMixer;  // MHA<N>'s (modules/module.hpp)
   static constexpr index_t d = D.d_model;
 
   // Offsets of the tensors inside one module's parameter block, in layout order.
@@ -349,7 +350,7 @@ struct MHA {
   static constexpr ModuleRole role = ModuleRole::SequenceMixer;
   static constexpr int count = N;
   template <Dims D>
-  using single = Impl<D>;
+  using single = typename checked_sequence_mixer<Impl<D>>::type;
 };
 
 }  // namespace mom

@@ -47,6 +47,37 @@ concept ModuleFamily = requires {
   { F::count } -> std::convertible_to<int>;
 };
 
+// A single module may say which role it is written for, so that a family of the other role refuses it:
+//   static constexpr ModuleRole single_role = ModuleRole::TokenMixer;      (modules::FeedForward, a user's SwiGLU)
+//   static constexpr ModuleRole single_role = ModuleRole::SequenceMixer;   (modules::Attention, a user's attention)
+// MHA<N, Impl> and FFN<N, Impl> check it: a feed-forward module placed where attention belongs is one error at
+// the model's type, not a model that trains and then cannot save (its tensors would share names with the FFN's
+// beside it). A module that declares nothing is accepted by both (mom::LM::make still refuses duplicate
+// tensor names).
+template <class M>
+concept DeclaresSingleRole = requires {
+  { M::single_role } -> std::convertible_to<ModuleRole>;
+};
+template <class M>
+constexpr bool declares_role(ModuleRole r) {
+  if constexpr (DeclaresSingleRole<M>) return ModuleRole(M::single_role) == r;
+  else return false;
+}
+template <class M>
+struct checked_sequence_mixer {
+  static_assert(!declares_role<M>(ModuleRole::TokenMixer),
+                "mom::MHA<N, Impl>: Impl is a token mixer (its single_role says so), not attention: put it in "
+                "FFN<N, Impl>");
+  using type = M;
+};
+template <class M>
+struct checked_token_mixer {
+  static_assert(!declares_role<M>(ModuleRole::SequenceMixer),
+                "mom::FFN<N, Impl>: Impl is a sequence mixer (attention-like; its single_role says so), not a "
+                "token mixer: put it in MHA<N, Impl>");
+  using type = M;
+};
+
 // Where a sequence mixer's keys and values come from when it runs over row groups (routed rows):
 //   AllTokens  every token of the sequence: module m computes LN_m and K/V over all n rows, the routed
 //              rows only their queries (phi::MoM, the authors' semantics; layer-skip AttendToSkipped)
@@ -192,6 +223,26 @@ concept DecodingSequenceMixerOn =
       { M::plan_decode(a, i) } -> std::same_as<typename M::DecodeSaved>;
       M::decode(be, p, ws, s, x, y, y, y, slot, slot, i);
     };
+
+// What a sequence mixer lacks for DecodingSequenceMixerOn, named (infer::Decoder instantiates this for the
+// attention module of a part that cannot decode: the module's type is in the note above the error).
+template <class M, class Be, class T = typename Be::scalar>
+struct explain_decoding_sequence_mixer {
+  static constexpr bool has_plan = requires(Arena& a, index_t i) {
+    typename M::DecodeSaved;
+    { M::plan_decode(a, i) } -> std::same_as<typename M::DecodeSaved>;
+  };
+  static_assert(has_plan, "mom::infer::Decoder: the attention module has no 'using DecodeSaved = ...' and 'static "
+                          "DecodeSaved plan_decode(Arena&, index_t rows)' (docs/extending.md, \"Make your attention "
+                          "decode\")");
+  static constexpr bool has_decode =
+      requires(Be& be, const T* p, T* ws, const typename M::DecodeSaved& s, MatrixView<const T> x, MatrixView<T> y,
+               std::span<const index_t> slot, index_t i) { M::decode(be, p, ws, s, x, y, y, y, slot, slot, i); };
+  static_assert(!has_plan || has_decode,
+                "mom::infer::Decoder: the attention module has no 'decode(be, p, ws, saved, x, f_out, k_cache, "
+                "v_cache, slot, pos, max_len)' for this backend (docs/extending.md, \"Make your attention decode\")");
+  static constexpr bool named = true;
+};
 
 // A routed sequence mixer that decodes inside a routed executor (MoM's phi::MoM / phi::MoMRoutedKV), where
 // the tokens that write keys and the tokens that query are not the same rows: decode split in two.

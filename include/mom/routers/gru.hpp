@@ -10,8 +10,9 @@
 // A Switch-style load-balancing loss (coefficient 0.01) is added to the model loss.
 //
 // Options (any order, each at most once):
-//   Width<w>            GRU hidden size (default 256, the authors' scripts; the paper's
-//                       eq. (8) writes W_X ∈ R^{(N+1)×d}, i.e. Width<d_model>)
+//   Width<w>            GRU hidden size (default min(256, d_model): 256 is the authors' scripts' width, for
+//                       models of d_model >= 256; a narrower model gets a router as wide as itself, never
+//                       wider. The paper's eq. (8) writes W_X ∈ R^{(N+1)×d}, i.e. Width<d_model>)
 //   Temperature<p, q>   tau = p / q (default 1/5 = 0.2, the authors' scripts; the paper has none:
 //                       Temperature<1>)
 //   BalanceCoef<p, q>   coefficient of the balance loss, p / q (default 1/100; BalanceCoef<0> off)
@@ -38,16 +39,20 @@ struct GRUConfig<TypeList<Os...>> {
       mom::options_known<TypeList<Width<1>, Temperature<1>, BalanceCoef<1>, Renormalise<true>, ZLoss<0>>, Os...>;
   static constexpr bool options_unique = mom::options_unique<Os...>;
   using width_t = option_t<Width<256>, Os...>;
+  static constexpr bool width_given = option_count<Width<1>, Os...> > 0;
   using temperature_t = option_t<Temperature<1, 5>, Os...>;
   using balance_t = option_t<BalanceCoef<1, 100>, Os...>;
   using renormalise_t = option_t<Renormalise<true>, Os...>;
   using z_loss_t = option_t<ZLoss<0>, Os...>;
-  static constexpr int width = width_t::value;
+  // The GRU's hidden size in a model of width d_model: Width<w> when given, else min(256, d_model).
+  static constexpr index_t width_for(index_t d_model) {
+    return width_given ? index_t(width_t::value) : (d_model < 256 ? d_model : 256);
+  }
   static constexpr double temperature = temperature_t::value;
   static constexpr double balance_coef = balance_t::value;
   static constexpr bool renormalise = renormalise_t::value;
   static constexpr double z_loss = z_loss_t::value;
-  static constexpr bool valid = options_known && options_unique && width >= 1 && temperature_t::denominator > 0 &&
+  static constexpr bool valid = options_known && options_unique && width_t::value >= 1 && temperature_t::denominator > 0 &&
                                 temperature_t::numerator > 0 && balance_t::denominator > 0 &&
                                 balance_t::numerator >= 0 && z_loss_t::numerator >= 0 && z_loss_t::denominator > 0;
 };
@@ -103,7 +108,7 @@ struct GRU {
                   "mom::Router<GRU, Options...>: unknown option; known: Width<w>, Temperature<p, q>, BalanceCoef<p, q>, "
                   "Renormalise<b>, ZLoss<p, q>");
     static_assert(Cfg::options_unique, "mom::Router<GRU, Options...>: each option may be given at most once");
-    static_assert(!Cfg::options_known || Cfg::width >= 1, "mom::Router<GRU>: Width<w> needs w >= 1");
+    static_assert(!Cfg::options_known || Cfg::width_t::value >= 1, "mom::Router<GRU>: Width<w> needs w >= 1");
     static_assert(!Cfg::options_known ||
                       (Cfg::temperature_t::numerator > 0 && Cfg::temperature_t::denominator > 0),
                   "mom::Router<GRU>: Temperature<p, q> must be > 0");

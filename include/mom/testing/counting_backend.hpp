@@ -1,10 +1,21 @@
 #pragma once
-// A backend for cost-model tests (tests/models/*_cost_test.cpp, moe_*, depth_*, mode_* tests).
+// The FLOP-counting backend (mom/testing.hpp): a model made on CountingBackend<T> runs on cpu::Backend<T> and
+// tallies the FLOPs it executed, to compare with the cost model (Model::forward_flops, realised_forward_flops,
+// Model::backward_flops_per_token):
+//
+//   auto m = Model::make<mom::testing::CountingBackend<float>>(seed);
+//   m.reserve(batch, seq);
+//   m.forward(tokens, targets, batch, seq);
+//   assert(m.backend().flops == Model::forward_flops(batch, seq));   // realised_forward_flops(m) when routed
+//
+// A user's module that calls only these ops is counted; one that calls another backend op is not (add it here).
+#include <span>
 #include <vector>
 
 #include "mom/backend/cpu.hpp"
+#include "mom/core/groups.hpp"
 
-namespace mom::test {
+namespace mom::testing {
 
 // Forwards every op to cpu::Backend<T> and tallies the FLOPs actually executed: 2·m·n·k per
 // matrix product (linear, gemm, the GRU cell's two products), and for packed attention 4·hd per
@@ -105,4 +116,4 @@ struct CountingBackend : cpu::Backend<T> {
   }
 };
 
-}  // namespace mom::test
+}  // namespace mom::testing
