@@ -132,3 +132,18 @@ TEST_CASE("testing kit: decode_check and the counting backend on a dense model",
   CHECK(m.backend().flops == Model::forward_flops(2, 16));
   CHECK(m.backend().flops > 0);
 }
+
+TEST_CASE("testing kit: guarded buffers find writes just outside, in float and double", "[testing_kit]") {
+  auto check = []<class T>(T) {
+    testing::GuardedBuffer<T> b(10);
+    b.get()[0] = T(1);
+    b.get()[9] = T(-1);
+    CHECK(b.overrun() == 0);
+    b.get()[12] = T(0);
+    CHECK(b.overrun() == 3);
+    b.get()[-2] = T(0);
+    CHECK(b.overrun() == -2);
+  };
+  check(float{});
+  check(double{});
+}

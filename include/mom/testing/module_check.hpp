@@ -30,17 +30,17 @@ namespace mom::testing {
 template <class T>
 struct GuardedBuffer {
   static constexpr index_t guard = 64;
-  static constexpr double sentinel = -1.2345678e300;  // no computation of a module writes exactly this
+  static constexpr T sentinel = T(-1.2345678e30);  // no computation of a module writes exactly this (float or double)
   std::vector<T> data;
-  explicit GuardedBuffer(index_t size) : data(std::size_t(size + 2 * guard), T(sentinel)) {}
+  explicit GuardedBuffer(index_t size) : data(std::size_t(size + 2 * guard), sentinel) {}
   T* get() { return data.data() + guard; }
   index_t size() const { return index_t(data.size()) - 2 * guard; }
   // Elements written outside the usable range: the farthest distance before (negative) or after it, 0 if none.
   index_t overrun() const {
     for (index_t i = 0; i < guard; ++i)
-      if (double(data[std::size_t(i)]) != sentinel) return -(guard - i);
+      if (data[std::size_t(i)] != sentinel) return -(guard - i);
     for (index_t i = guard - 1; i >= 0; --i)
-      if (double(data[std::size_t(guard + size() + i)]) != sentinel) return i + 1;
+      if (data[std::size_t(guard + size() + i)] != sentinel) return i + 1;
     return 0;
   }
 };
