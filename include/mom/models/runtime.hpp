@@ -36,7 +36,9 @@ class ModelInstance {
   static constexpr index_t d = dims.d_model;
   static constexpr index_t vocab = dims.vocab;
 
-  static_assert(Model::valid, "mom::LM: the model type is invalid (see the error above)");
+  // An invalid model type has already failed its own check (each rule of LM, Assembly, phi, the router policy,
+  // the module set and Executor is a static_assert that fires when the type is used), and the model then stands on
+  // placeholder shapes, so making an instance of it adds no second error.
 
   // Parameters initialised as GPT-2: weights N(0, 0.02), residual projections (attn.w_proj,
   // mlp.w_proj) N(0, 0.02 / sqrt(2 * depth)), biases 0, LayerNorm gains 1. Same seed, same
