@@ -63,7 +63,7 @@ void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcep
 namespace {
 
 // Forwards every op to cpu::Backend<T> and tallies the FLOPs actually executed (counted per position,
-// independently of tests/models/counting_backend.hpp's closed forms): 2*m*n*k for
+// independently of the testing kit's closed forms, mom/testing/counting_backend.hpp): 2*m*n*k for
 // every matrix product, and for attention the causal dot products (query t against keys
 // 0..t: QK^T and PV, 2*hd*(t+1) FLOPs each, per head and sequence).
 template <class T>

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <sstream>
 #include <string>
@@ -123,6 +124,24 @@ struct GradientReport {
 // The routing of a model without routing decisions: every entry is compared.
 inline int no_routing() { return 0; }
 
+// One central difference: (L(v + eps) − L(v − eps)) / 2eps with v restored after, or nothing when routing()
+// after either perturbation differs from `fixed` (a flip: the loss is not differentiable across it).
+// check_central_differences and module_gradient_check both step through it.
+template <class V, class Objective, class Routing, class Fixed>
+std::optional<double> central_difference(V& v, double eps, Objective&& objective, Routing&& routing,
+                                         const Fixed& fixed) {
+  const V saved = v;
+  v = saved + eps;
+  const double up = objective();
+  const bool same_up = routing() == fixed;
+  v = saved - eps;
+  const double down = objective();
+  const bool same_down = routing() == fixed;
+  v = saved;
+  if (!same_up || !same_down) return std::nullopt;
+  return (up - down) / (2 * eps);
+}
+
 // Central differences of objective(info) (the loss whose gradient `grad` is, for the last forward) over every
 // trainable parameter of m. routing() is read once first (the routing of the last forward); a perturbation after
 // which it differs is a flip. on_checked(info, fd, g) sees every compared entry (for the caller's own maxima).
@@ -135,22 +154,15 @@ GradientReport check_central_differences(Instance& m, const std::vector<double>&
   for (const auto& info : Model::layout) {
     if (!info.trainable) continue;  // a buffer: its gradient is 0 by definition
     for (index_t j = 0; j < info.size(); ++j) {
-      double& p = m.params()[static_cast<std::size_t>(info.offset + j)];
-      const double saved = p;
-      p = saved + eps;
-      const double up = objective(info);
-      const bool same_up = routing() == fixed;
-      p = saved - eps;
-      const double down = objective(info);
-      const bool same_down = routing() == fixed;
-      p = saved;
-      if (!same_up || !same_down) {
+      const std::optional<double> fd = central_difference(
+          m.params()[static_cast<std::size_t>(info.offset + j)], eps, [&] { return objective(info); }, routing, fixed);
+      if (!fd) {
         ++r.flipped;
         continue;
       }
-      const double fd = (up - down) / (2 * eps), g = grad[static_cast<std::size_t>(info.offset + j)];
-      on_checked(info, fd, g);
-      r.compare(info.name, j, fd, g);
+      const double g = grad[static_cast<std::size_t>(info.offset + j)];
+      on_checked(info, *fd, g);
+      r.compare(info.name, j, *fd, g);
     }
   }
   return r;
@@ -187,7 +199,6 @@ ModelGradientReport gradient_check(std::uint64_t seed, index_t seq = 5, double e
         if (std::string_view(info.name).find("router") != std::string_view::npos)
           max_router_grad = std::max(max_router_grad, std::abs(g));
       });
-  r.loss = c.loss;
   r.classes_used = used;
   r.max_router_grad = max_router_grad;
   return r;

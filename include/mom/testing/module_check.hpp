@@ -13,6 +13,7 @@
 // (counted as flips), as the whole-model check does.
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <span>
 #include <sstream>
@@ -54,12 +55,11 @@ struct ModuleReport : GradientReport {
   std::string summary() const {
     std::ostringstream s;
     s << GradientReport::summary();
-    if (workspace_overrun)
-      s << "\n  forward or backward wrote " << (workspace_overrun < 0 ? -workspace_overrun : workspace_overrun)
-        << " element(s) " << (workspace_overrun < 0 ? "before" : "past") << " the workspace plan() declared";
-    if (scratch_overrun)
-      s << "\n  backward wrote " << (scratch_overrun < 0 ? -scratch_overrun : scratch_overrun) << " element(s) "
-        << (scratch_overrun < 0 ? "before" : "past") << " the scratch() it declared";
+    auto overrun = [&](index_t o, const char* who, const char* what) {
+      if (o) s << "\n  " << who << " wrote " << (o < 0 ? -o : o) << " element(s) " << (o < 0 ? "before" : "past") << what;
+    };
+    overrun(workspace_overrun, "forward or backward", " the workspace plan() declared");
+    overrun(scratch_overrun, "backward", " the scratch() it declared");
     return s.str();
   }
 };
@@ -134,19 +134,8 @@ ModuleReport module_gradient_check(std::uint64_t seed, index_t batch = 2, index_
 
   const std::vector<token_t> fixed = picks();
   auto central = [&](T& v, const std::string& name, index_t j, double grad) {
-    const T saved_v = v;
-    v = saved_v + eps;
-    const double up = loss();
-    const bool same_up = picks() == fixed;
-    v = saved_v - eps;
-    const double down = loss();
-    const bool same_down = picks() == fixed;
-    v = saved_v;
-    if (!same_up || !same_down) {
-      ++r.flipped;
-      return;
-    }
-    r.compare(name, j, (up - down) / (2 * eps), grad);
+    if (const std::optional<double> fd = central_difference(v, eps, loss, picks, fixed)) r.compare(name, j, *fd, grad);
+    else ++r.flipped;
   };
   for (const Named& t : tensors)
     if (t.trainable)
