@@ -1,5 +1,5 @@
 // Rejected at compile time: the top-K router executes phi::MoE only.
-// EXPECT: Router<TopK<Softmax>> assembles with phi::MoE
+// EXPECT: a router whose policy gates experts .* assembles with phi::MoE
 #include <mom/mom.hpp>
 using namespace mom;
 constexpr Dims dims{.d_model = 64, .heads = 4, .d_ff = 256, .vocab = 256, .context = 64};

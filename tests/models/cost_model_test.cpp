@@ -102,15 +102,18 @@ static_assert(GPT2Small::training_flops_per_token(1024) ==
               3 * (GPT2Small::flops_per_token(1024) - 12 * 2 * 768 * 1025) + 12 * 7 * 768 * 1025);
 
 // ---- activation memory ---------------------------------------------------------------------
-constexpr index_t round16(index_t n) { return (n + 15) / 16 * 16; }
+// Each region of the plan: rounded up to 16 elements, then the workspace guard after it (core/layout.hpp; 16 in
+// the test builds); each module's backward scratch also has a guard after it (modules/checked.hpp).
+constexpr index_t G = workspace_guard;
+constexpr index_t take(index_t n) { return (n + 15) / 16 * 16 + G; }
 constexpr index_t dense_activation_elements(Dims D, index_t L, index_t B, index_t S) {
   const index_t n = B * S, d = D.d_model, f = D.ff();
-  const index_t attn = round16(n * d) + 2 * round16(n) + round16(n * 3 * d) + round16(n * d) + round16(B * D.heads * S);
-  const index_t ffn = round16(n * d) + 2 * round16(n) + 2 * round16(n * f);
-  const index_t per_layer = attn + ffn + 2 * round16(n * d);  // + residual stream after each round
-  const index_t scratch = round16(std::max({n * d, n * 5 * d, n * (2 * f + d)}));
-  return round16(n * d) + L * per_layer + round16(n * d) + 2 * round16(n) + round16(n * D.vocab) + round16(n) + 16 + 16 +
-         2 * round16(n * d) + scratch;
+  const index_t attn = take(n * d) + 2 * take(n) + take(n * 3 * d) + take(n * d) + take(B * D.heads * S);
+  const index_t ffn = take(n * d) + 2 * take(n) + 2 * take(n * f);
+  const index_t per_layer = attn + ffn + 2 * take(n * d);  // + residual stream after each round
+  const index_t scratch = take(std::max({n * d, n * 5 * d + G, n * (2 * f + d) + G}));
+  return take(n * d) + L * per_layer + take(n * d) + 2 * take(n) + take(n * D.vocab) + take(n) + take(1) + take(1) +
+         2 * take(n * d) + scratch;
 }
 static_assert(Plain4::activation_elements(3, 50) == dense_activation_elements(tiny, 4, 3, 50));
 static_assert(GPT2Small::activation_elements(4, 1024) == dense_activation_elements(gpt2_small, 12, 4, 1024));

@@ -16,6 +16,7 @@
 #include "mom/assembly/phi.hpp"
 #include "mom/core/check.hpp"
 #include "mom/routers/depth.hpp"
+#include "mom/modules/checked.hpp"
 
 namespace mom {
 
@@ -290,7 +291,7 @@ struct DepthExecutorBase : WorkspaceViews {
     s.dpred = a.take(n);
     s.dact = a.take(n * std::max<index_t>(PW, 1));
     s.dhid = a.take(n * std::max<index_t>(PW, 1));
-    s.module = a.take(std::max({Attn::scratch(batch, seq), Ffn::scratch(batch, seq), Derived::attention_scratch(n, rows),
+    s.module = a.take(std::max({guarded_scratch<Attn>(batch, seq), guarded_scratch<Ffn>(batch, seq), Derived::attention_scratch(n, rows),
                                 Block::scratch(n)}));
     s.total = a.used;
     return s;
@@ -320,7 +321,7 @@ struct DepthExecutorBase : WorkspaceViews {
       if (!routed(h)) {  // as Dense<L>: u = x + Attn(x), x' = u + FFN(u)
         const T* pa = p + Set::template attention_offset<D>(h);
         const MatrixView<T> fo = mv(scratch + s.df, n, d), u = mv(ws + l.u, n, d);
-        Attn::forward(be, pa, ws, l.attn, x, fo, batch, seq);
+        checked<Attn>::forward(be, pa, ws, l.attn, x, fo, batch, seq);
         be.add_forward(u.flat(), sp(x.data, n * d), sp<const T>(fo.data, n * d));
         Block::forward_residual(be, p, ws, l.ffn, h, MatrixView<const T>(u), x_next, fo, aux);
         x = x_next;
@@ -440,7 +441,7 @@ struct DepthExecutorBase : WorkspaceViews {
         const index_t oa = Set::template attention_offset<D>(h);
         const MatrixView<const T> u = mv<const T>(ws + l.u, n, d);
         Block::backward_residual(be, p, g, ws, l.ffn, h, u, dres, sc + s.module);
-        Attn::backward(be, p + oa, g + oa, ws, l.attn, x, dres, MatrixView<const T>(dres), sc + s.module, batch, seq);
+        checked<Attn>::backward(be, p + oa, g + oa, ws, l.attn, x, dres, MatrixView<const T>(dres), sc + s.module, batch, seq);
         continue;
       }
       const MatrixView<T> dlogits = mv(sc + s.dlogits, n, 1);

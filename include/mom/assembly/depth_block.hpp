@@ -23,6 +23,7 @@
 #include "mom/assembly/moe.hpp"
 #include "mom/modules/module.hpp"
 #include "mom/routers/gate.hpp"
+#include "mom/modules/checked.hpp"
 
 namespace mom::detail {
 
@@ -38,34 +39,34 @@ struct PlainBlockFfn {
 
   using Saved = typename Ffn::Saved;
   static constexpr Saved plan(Arena& a, index_t rows) { return Ffn::plan(a, 1, rows); }
-  static constexpr index_t scratch(index_t rows) { return Ffn::scratch(1, rows); }
+  static constexpr index_t scratch(index_t rows) { return guarded_scratch<Ffn>(1, rows); }
   static constexpr index_t offset(int h) { return Set::template ffn_offset<D>(h); }
 
   template <class Be, class T>
   static void forward_residual(Be& be, const T* p, T* ws, const Saved& s, int h, MatrixView<const T> u,
                                MatrixView<T> out, MatrixView<T> fo, std::span<T> /*aux*/) {
     const std::size_t nd = std::size_t(u.rows * d);
-    Ffn::forward(be, p + offset(h), ws, s, u, fo, 1, u.rows);
+    checked<Ffn>::forward(be, p + offset(h), ws, s, u, fo, 1, u.rows);
     be.add_forward(out.flat(), std::span<const T>(u.data, nd), std::span<const T>(fo.data, nd));
   }
   template <class Be, class T>
   static void forward_block(Be& be, const T* p, T* ws, const Saved& s, int h, MatrixView<const T> u,
                             MatrixView<const T> /*xg*/, MatrixView<T> fo, MatrixView<T> fm, std::span<T> /*aux*/) {
     const std::size_t nd = std::size_t(u.rows * d);
-    Ffn::forward(be, p + offset(h), ws, s, u, fm, 1, u.rows);
+    checked<Ffn>::forward(be, p + offset(h), ws, s, u, fm, 1, u.rows);
     be.add_forward(fo.flat(), std::span<const T>(fo.data, nd), std::span<const T>(fm.data, nd));  // f = y - x̃
   }
   template <class Be, class T>
   static void forward_grouped(Be& be, const T* p, T* ws, const Saved& s, int h, MatrixView<const T> u,
                               MatrixView<T> fo, MatrixView<T> fm, RowGroups g) {
-    Ffn::forward_grouped(be, same_for_groups(p + offset(h)), ws, s, u, fm, g);
+    checked<Ffn>::forward_grouped(be, same_for_groups(p + offset(h)), ws, s, u, fm, g);
     be.add_forward(fo, MatrixView<const T>(fo), MatrixView<const T>(fm), g);  // f = y − x̃
   }
 
   template <class Be, class T>
   static void backward_residual(Be& be, const T* p, T* g, const T* ws, const Saved& s, int h, MatrixView<const T> u,
                                 MatrixView<T> dres, T* scratch) {
-    Ffn::backward(be, p + offset(h), g + offset(h), ws, s, u, dres, MatrixView<const T>(dres), scratch, 1, u.rows);
+    checked<Ffn>::backward(be, p + offset(h), g + offset(h), ws, s, u, dres, MatrixView<const T>(dres), scratch, 1, u.rows);
   }
   // df: dL/df on entry, dL/d(attention output) on exit; du: dL/du (written).
   template <class Be, class T>
@@ -73,14 +74,14 @@ struct PlainBlockFfn {
                              MatrixView<T> df, MatrixView<T> du, T* scratch) {
     const std::size_t nd = std::size_t(u.rows * d);
     be.zero(du.flat());
-    Ffn::backward(be, p + offset(h), g + offset(h), ws, s, u, du, MatrixView<const T>(df), scratch, 1, u.rows);
+    checked<Ffn>::backward(be, p + offset(h), g + offset(h), ws, s, u, du, MatrixView<const T>(df), scratch, 1, u.rows);
     be.axpy(df.flat(), T(1), std::span<const T>(du.data, nd));  // df := dL/da
   }
   template <class Be, class T>
   static void backward_grouped(Be& be, const T* p, T* g, const T* ws, const Saved& s, int h, MatrixView<const T> u,
                                MatrixView<T> df, MatrixView<T> du, T* scratch, RowGroups gr) {
     be.zero_rows(du, gr);
-    Ffn::backward_grouped(be, same_for_groups(p + offset(h)),
+    checked<Ffn>::backward_grouped(be, same_for_groups(p + offset(h)),
                           same_for_groups(g + offset(h)), ws, s, u, du, MatrixView<const T>(df),
                           scratch, gr);
     be.axpy(df, T(1), MatrixView<const T>(du), gr);  // df := dL/da

@@ -12,6 +12,7 @@
 
 #include "mom/assembly/decode_rounds.hpp"
 #include "mom/assembly/depth_base.hpp"
+#include "mom/modules/checked.hpp"
 
 namespace mom::detail {
 
@@ -61,7 +62,7 @@ struct PackedBlocks : DepthExecutorBase<PackedBlocks<Policy, A, D>, Policy, A, D
     const MatrixView<T> xg = mv(ws + l.xg, n, d), u = mv(ws + l.u, n, d), fo = mv(ws + l.fo, n, d);
     const MatrixView<T> fm = mv(fm_scratch, n, d);
     be.gather_rows(xg, x, idx, g);
-    Attn::template forward_grouped<keys>(be, same_for_groups(pa), ws, l.gattn, x, MatrixView<const T>(xg), fo, idx, g, seq);
+    checked<Attn>::template forward_routed<keys>(be, same_for_groups(pa), ws, l.gattn, x, MatrixView<const T>(xg), fo, idx, g, seq);
     be.add_forward(u, MatrixView<const T>(xg), MatrixView<const T>(fo), g);
     Block::forward_grouped(be, p, ws, l.ffn, h, MatrixView<const T>(u), fo, fm, g);
     be.scatter_add_rows(x_next, MatrixView<const T>(fo), idx,
@@ -84,7 +85,7 @@ struct PackedBlocks : DepthExecutorBase<PackedBlocks<Policy, A, D>, Policy, A, D
                                  unit_weight ? std::span<const T>{} : WorkspaceViews::sp<const T>(ws + l.wsel, n), gr);
     Block::backward_grouped(be, p, g, ws, l.ffn, h, WorkspaceViews::mv<const T>(ws + l.u, n, d), df, du, sc + s.module, gr);
     // the run rows' input gradient into du (Routed keys); with AttendToSkipped every token's, into dres
-    Attn::template backward_grouped<keys>(be, same_for_groups(p + oa), same_for_groups(g + oa), ws, l.gattn, x,
+    checked<Attn>::template backward_routed<keys>(be, same_for_groups(p + oa), same_for_groups(g + oa), ws, l.gattn, x,
                                           WorkspaceViews::mv<const T>(ws + l.xg, n, d), dres, du, MatrixView<const T>(df), idx, gr, seq,
                                           sc + s.module);
     be.scatter_add_rows(dres, MatrixView<const T>(du), idx, std::span<const T>{}, gr);

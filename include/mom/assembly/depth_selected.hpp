@@ -6,6 +6,7 @@
 //   x̃ = x[S]; u = x̃ + Attn(x̃); f = u + FFN(u) − x̃;  x_{h+1} = x_h + scatter(w · f)     (MoD eq. (1))
 // The router, the unrouted layers and everything else: DepthExecutorBase (assembly/depth_base.hpp).
 #include "mom/assembly/depth_base.hpp"
+#include "mom/modules/checked.hpp"
 
 namespace mom::detail {
 
@@ -54,7 +55,7 @@ struct SelectedBlocks : DepthExecutorBase<SelectedBlocks<Policy, A, D>, Policy, 
     const MatrixView<T> xg = mv(ws + l.xg, m, d), u = mv(ws + l.u, m, d), fo = mv(ws + l.fo, m, d);
     const MatrixView<T> fm = mv(fm_scratch, m, d);
     be.gather_rows(xg, x, idx);
-    Attn::forward(be, pa, ws, l.attn, MatrixView<const T>(xg), fo, batch, m / batch);
+    checked<Attn>::forward(be, pa, ws, l.attn, MatrixView<const T>(xg), fo, batch, m / batch);
     be.add_forward(u.flat(), WorkspaceViews::sp<const T>(xg.data, m * d), WorkspaceViews::sp<const T>(fo.data, m * d));
     Block::forward_block(be, p, ws, l.ffn, h, MatrixView<const T>(u), MatrixView<const T>(xg), fo, fm, aux);
     be.scatter_add_rows(x_next, MatrixView<const T>(fo), idx,
@@ -82,7 +83,7 @@ struct SelectedBlocks : DepthExecutorBase<SelectedBlocks<Policy, A, D>, Policy, 
     // f = a + FFN(u), u = x̃ + a, a = Attn(x̃):  dL/du = FFNᵀ df;  dL/da = df + dL/du;
     // dL/dx̃ = dL/du + Attnᵀ dL/da.
     Block::backward_block(be, p, g, ws, l.ffn, h, WorkspaceViews::mv<const T>(ws + l.u, m, d), df, du, sc + s.module);
-    Attn::backward(be, p + oa, g + oa, ws, l.attn, WorkspaceViews::mv<const T>(ws + l.xg, m, d), du, MatrixView<const T>(df),
+    checked<Attn>::backward(be, p + oa, g + oa, ws, l.attn, WorkspaceViews::mv<const T>(ws + l.xg, m, d), du, MatrixView<const T>(df),
                    sc + s.module, batch, m / batch);
     be.scatter_add_rows(dres, MatrixView<const T>(du), idx);
     // dL/d(weight) back to the token's score (MoD: the weight is r).

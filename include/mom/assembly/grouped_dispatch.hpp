@@ -19,6 +19,7 @@
 #include "mom/core/layout.hpp"
 #include "mom/core/tensor.hpp"
 #include "mom/modules/module.hpp"
+#include "mom/modules/checked.hpp"
 
 namespace mom::dispatch {
 
@@ -43,7 +44,7 @@ struct RoutedFfn {
     return s;
   }
   // Backward scratch: dL/d(gathered input) [rows × d] and the module's scratch.
-  static constexpr index_t scratch(index_t rows) { return rows * d + Ffn::scratch(1, rows); }
+  static constexpr index_t scratch(index_t rows) { return rows * d + guarded_scratch<Ffn>(1, rows); }
 
   // out (holding the residual) += Σ_m w · m(in) over module m's group; offset(m): module m's
   // parameter block in p; classes >= modules (SKIP's group, if any, is never touched).
@@ -61,7 +62,7 @@ struct RoutedFfn {
       const std::span<const token_t> idx(toks(ws, sel.row_token), std::size_t(rows));
       const MatrixView<T> xg{ws + s.x, rows, d}, y{ws + s.y, rows, d};
       be.gather_rows(xg, in, idx, g);
-      Ffn::forward_grouped(be, PerGroup<const T>(p, modules, offset), ws, s.ffn, MatrixView<const T>(xg), y, g);
+      checked<Ffn>::forward_grouped(be, PerGroup<const T>(p, modules, offset), ws, s.ffn, MatrixView<const T>(xg), y, g);
       be.scatter_add_rows(out, MatrixView<const T>(y), idx, std::span<const T>(ws + sel.wpacked, std::size_t(rows)), g);
     }
   }
@@ -77,7 +78,7 @@ struct RoutedFfn {
       const std::span<const token_t> idx(toks(ws, sel.row_token), std::size_t(rows));
       const MatrixView<T> dxg{scratch, rows, d};
       be.zero_rows(dxg, g);
-      Ffn::backward_grouped(be, PerGroup<const T>(p, modules, offset), PerGroup<T>(grads, modules, offset), ws, s.ffn,
+      checked<Ffn>::backward_grouped(be, PerGroup<const T>(p, modules, offset), PerGroup<T>(grads, modules, offset), ws, s.ffn,
                             MatrixView<const T>{ws + s.x, rows, d}, dxg, MatrixView<const T>{dy, rows, d},
                             scratch + rows * d, g);
       be.scatter_add_rows(din, MatrixView<const T>(dxg), idx, std::span<const T>{}, g);

@@ -27,6 +27,7 @@
 #include "mom/routers/gate.hpp"
 #include "mom/routers/topk.hpp"
 #include "mom/routers/expert_topc.hpp"
+#include "mom/modules/checked.hpp"
 
 namespace mom {
 
@@ -49,7 +50,7 @@ struct MoEStep {
   static_assert(E <= max_row_groups,
                 "mom::phi::MoE: at most 256 experts per step (mom::max_row_groups: the grouped ops pass one parameter "
                 "offset per expert to their kernels)");
-  static_assert(is_expert_gate<GateArg>, "mom::phi::MoE: the router's gate is not a mom::ExpertGate (routers/gate.hpp)");
+  static_assert(sizeof(VerifyExpertGate<GateArg>) > 0);  // each missing member of the gate named (routers/gate.hpp)
   // After a failed check the top-K softmax gate stands in, so that one mistake gives one message.
   using Gate = std::conditional_t<is_expert_gate<GateArg>, GateArg, SoftmaxTopKGate<D, E, Kp, false, TypeList<>>>;
   using RoutedFfn = dispatch::RoutedFfn<Ffn, D>;
@@ -113,10 +114,10 @@ struct MoEStep {
   static void forward(Be& be, const T* p, index_t router_offset, const std::array<index_t, E>& expert_offset, T* ws,
                       const Plan& s, MatrixView<const T> in, MatrixView<T> out, std::span<const token_t> tokens = {},
                       index_t seq = 0) {
-    static_assert(ExpertGateOn<Gate, Be, T>, "mom::phi::MoE: the gate lacks forward/backward for this backend");
+    if constexpr (!VerifyExpertGateOn<Gate, Be, T>::ok) return;  // the missing member named there, once
     // A gate that reads the rows as sequences (a per-sequence loss) is told their length: `seq` consecutive
     // rows each (0: all rows are one sequence).
-    if constexpr (requires { Gate::forward(be, p, ws, s.gate, in, tokens, seq); })
+    else if constexpr (requires { Gate::forward(be, p, ws, s.gate, in, tokens, seq); })
       Gate::forward(be, p + router_offset, ws, s.gate, in, tokens, seq);
     else
       Gate::forward(be, p + router_offset, ws, s.gate, in, tokens);
@@ -134,8 +135,9 @@ struct MoEStep {
     const Scratch sc = scratch_plan(rows);
     dispatch::weighted_scatter_backward(be, ws, selection(s), s.ffn.y, E, MatrixView<const T>(dres), scratch + sc.dy,
                                         scratch + sc.dwp, rows, Kp);
-    Gate::backward(be, p + router_offset, g + router_offset, ws, s.gate, in, dres,
-                   std::span<const T>(scratch + sc.dwp, std::size_t(rows * Kp)), scratch + sc.gate);
+    if constexpr (VerifyExpertGateOn<Gate, Be, T>::ok)
+      Gate::backward(be, p + router_offset, g + router_offset, ws, s.gate, in, dres,
+                     std::span<const T>(scratch + sc.dwp, std::size_t(rows * Kp)), scratch + sc.gate);
     RoutedFfn::backward(be, p, g, ws, s.ffn, selection(s), E, [&](int e) { return expert_offset[e]; }, scratch + sc.dy,
                         dres, scratch + sc.ffn, Kp);
   }
@@ -167,8 +169,9 @@ template <class P, class A, Dims D>
 struct Executor<P, A, D> {
   using Set = typename A::module_set;
   static_assert(std::is_same_v<typename A::phi_type, phi::MoE>,
-                "mom::Router<TopK<Softmax>> assembles with phi::MoE: write Assembly<Router<TopK<Softmax>>, "
-                "ModuleSet<MHA<L>, Experts<FFN, E, PerStep>>, K<2>, H<L>, phi::MoE>");
+                "mom: a router whose policy gates experts (TopK<Softmax>, TopK<Sigmoid>, TopC, a user's gate: the "
+                "policy in the note above) assembles with phi::MoE: write Assembly<Router<P>, ModuleSet<MHA<L>, "
+                "Experts<FFN, E, PerStep>>, K<k>, H<L>, phi::MoE>");
   using Attn = typename Set::template attention<D>;
   static constexpr int L = A::h, E = Set::ffn_choices, Kp = A::k, Hn = L;
   static constexpr bool shared_experts = !Set::experts_per_step;
@@ -243,7 +246,7 @@ struct Executor<P, A, D> {
   }
   // Scratch: the attention output f(x) in forward; the attention's or the MoE step's backward scratch.
   static constexpr index_t scratch(index_t batch, index_t seq) {
-    return std::max({batch * seq * d, Attn::scratch(batch, seq), Step::scratch(batch * seq)});
+    return std::max({batch * seq * d, guarded_scratch<Attn>(batch, seq), Step::scratch(batch * seq)});
   }
 
   // ---- forward / backward -------------------------------------------------------------------
@@ -256,7 +259,7 @@ struct Executor<P, A, D> {
     be.zero(aux);
     for (int h = 0; h < L; ++h) {
       const MatrixView<T> u{ws + plan.u[h], n, d}, x_next{ws + plan.x_next[h], n, d};
-      Attn::forward(be, p + Set::template attention_offset<D>(h), ws, plan.attn[h], x, fa, batch, seq);
+      checked<Attn>::forward(be, p + Set::template attention_offset<D>(h), ws, plan.attn[h], x, fa, batch, seq);
       if constexpr (ModuleWithAuxLoss<Attn>) be.axpy(aux, T(1), std::span<const T>(ws + plan.attn[h].aux, 1));
       be.add_forward(u.flat(), std::span<const T>(x.data, std::size_t(n * d)), std::span<const T>(fa.flat()));  // eq. (4)
       Step::forward(be, p, router_offset(h), experts_of[h], ws, plan.step[h], MatrixView<const T>(u), x_next, tokens,
@@ -276,7 +279,7 @@ struct Executor<P, A, D> {
       const MatrixView<const T> x = h == 0 ? x0 : MatrixView<const T>{ws + plan.x_next[h - 1], n, d};
       Step::backward(be, p, g, router_offset(h), experts_of[h], ws, plan.step[h], u, dres, scratch);
       const index_t at = Set::template attention_offset<D>(h);
-      Attn::backward(be, p + at, g + at, ws, plan.attn[h], x, dres, MatrixView<const T>(dres), scratch, batch, seq);
+      checked<Attn>::backward(be, p + at, g + at, ws, plan.attn[h], x, dres, MatrixView<const T>(dres), scratch, batch, seq);
     }
   }
 

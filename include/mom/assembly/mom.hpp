@@ -37,6 +37,7 @@
 #include "mom/assembly/grouped_dispatch.hpp"
 #include "mom/assembly/phi.hpp"
 #include "mom/routers/gru.hpp"
+#include "mom/modules/checked.hpp"
 
 namespace mom {
 
@@ -290,7 +291,7 @@ struct Executor<GRU, A, D> : WorkspaceViews {
     const std::span<const token_t> idx = sp<const token_t>(toks(ws, r.ra.row_token), P);
     const MatrixView<T> xg = mv(ws + r.xg, routed_kv ? P : 0, d), y = mv(ws + r.ya, P, d);
     if constexpr (routed_kv) be.gather_rows(xg, x, idx, g);
-    Attn::template forward_grouped<keys>(be, attention_params(p), ws, r.attn, x, MatrixView<const T>(xg), y, idx, g, seq);
+    checked<Attn>::template forward_routed<keys>(be, attention_params(p), ws, r.attn, x, MatrixView<const T>(xg), y, idx, g, seq);
     be.scatter_add_rows(u, MatrixView<const T>(y), idx, sp<const T>(ws + r.ra.wpacked, P), g);  // eq. (5)
   }
 
@@ -348,7 +349,7 @@ struct Executor<GRU, A, D> : WorkspaceViews {
     const std::span<const token_t> idx = sp<const token_t>(toks(ws, r.ra.row_token), P);
     const MatrixView<T> dxg = mv(sc + s.dxg, routed_kv ? P : 0, d);
     if constexpr (routed_kv) be.zero_rows(dxg, gr);
-    Attn::template backward_grouped<keys>(be, attention_params(p), attention_params(g), ws, r.attn, x,
+    checked<Attn>::template backward_routed<keys>(be, attention_params(p), attention_params(g), ws, r.attn, x,
                                           cmv(ws + r.xg, routed_kv ? P : 0, d), dres, dxg, cmv<T>(sc + s.dy, P, d), idx,
                                           gr, seq, sc + s.attn);
     if constexpr (routed_kv) be.scatter_add_rows(dres, MatrixView<const T>(dxg), idx, std::span<const T>{}, gr);

@@ -40,6 +40,7 @@
 #include "mom/assembly/phi.hpp"
 #include "mom/assembly/recursion_blocks.hpp"
 #include "mom/routers/recursion.hpp"
+#include "mom/modules/checked.hpp"
 
 namespace mom {
 
@@ -262,7 +263,7 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     if constexpr (token || share_kv) s.dy2 = a.take(n * d);
     if constexpr (token) s.gate = a.take(DGate::scratch(n));
     if constexpr (share_kv) s.dshared = a.take(B * n * d);  // dL/d(recursion 0's layer inputs) through the shared keys
-    index_t module = std::max(Attn::scratch(batch, seq), Block::scratch(n));
+    index_t module = std::max(guarded_scratch<Attn>(batch, seq), Block::scratch(n));
     if constexpr (packed) module = std::max(module, RAttn::template scratch_grouped<1, KeySource::Routed>(n, n));
     if constexpr (share_kv) module = std::max(module, RAttn::template scratch_grouped<1, KeySource::Given>(n, n));
     s.module = a.take(module);

@@ -15,6 +15,7 @@
 
 #include "mom/assembly/grouped_dispatch.hpp"
 #include "mom/core/groups.hpp"
+#include "mom/modules/checked.hpp"
 
 namespace mom::detail {
 
@@ -46,7 +47,7 @@ struct RecursionBlocks : WorkspaceViews {
     for (int j = 0; j < B; ++j) {
       const LayerWs& l = R.layer[std::size_t(j)];
       const MatrixView<T> u = mv(ws + l.u, m, d), out = j == B - 1 ? fo : mv(ws + l.y, m, d);
-      Attn::forward(be, p + Set::template attention_offset<E::dims>(j), ws, l.attn, y, a, batch, kr);
+      checked<Attn>::forward(be, p + Set::template attention_offset<E::dims>(j), ws, l.attn, y, a, batch, kr);
       be.add_forward(u.flat(), sp(y.data, m * d), sp<const T>(a.data, m * d));
       Block::forward_residual(be, p, ws, l.ffn, j, MatrixView<const T>(u), out, a, aux);
       y = out;
@@ -75,7 +76,7 @@ struct RecursionBlocks : WorkspaceViews {
       const MatrixView<const T> in = j == 0 ? mv<const T>(ws + R.xg, m, d) : mv<const T>(ws + R.layer[std::size_t(j - 1)].y, m, d);
       const index_t oa = Set::template attention_offset<E::dims>(j);
       Block::backward_residual(be, p, g, ws, l.ffn, j, mv<const T>(ws + l.u, m, d), dy, sc + s.module);
-      Attn::backward(be, p + oa, g + oa, ws, l.attn, in, dy, MatrixView<const T>(dy), sc + s.module, batch, kr);
+      checked<Attn>::backward(be, p + oa, g + oa, ws, l.attn, in, dy, MatrixView<const T>(dy), sc + s.module, batch, kr);
       // KVShare, recursion 0 (every token, in order): the deeper recursions' gradient on this layer's keys
       if (dshared) be.axpy(dy.flat(), T(1), sp<const T>(dshared + j * m * d, m * d));
     }
@@ -106,12 +107,12 @@ struct RecursionBlocks : WorkspaceViews {
       const MatrixView<T> u = mv(ws + l.u, rows, d), out = j == B - 1 ? fo : mv(ws + l.y, rows, d);
       const auto pa = same_for_groups(p + Set::template attention_offset<E::dims>(j));
       if (shared)
-        RAttn::template forward_grouped<KeySource::Given>(be, pa, ws, l.gattn, shared_keys(ws, shared, j, n), y, a,
+        checked<RAttn>::template forward_routed<KeySource::Given>(be, pa, ws, l.gattn, shared_keys(ws, shared, j, n), y, a,
                                                               idx, g, seq);
       else
-        RAttn::template forward_grouped<KeySource::Routed>(be, pa, ws, l.gattn, x, y, a, idx, g, seq);
+        checked<RAttn>::template forward_routed<KeySource::Routed>(be, pa, ws, l.gattn, x, y, a, idx, g, seq);
       be.add_forward(u, y, MatrixView<const T>(a), g);
-      Ffn::forward_grouped(be, same_for_groups(p + Block::offset(j)), ws, l.ffn, MatrixView<const T>(u), a, g);
+      checked<Ffn>::forward_grouped(be, same_for_groups(p + Block::offset(j)), ws, l.ffn, MatrixView<const T>(u), a, g);
       be.add_forward(out, MatrixView<const T>(u), MatrixView<const T>(a), g);
       y = out;
     }
@@ -146,17 +147,17 @@ struct RecursionBlocks : WorkspaceViews {
           j == 0 ? mv<const T>(ws + R.xg, rows, d) : mv<const T>(ws + R.layer[std::size_t(j - 1)].y, rows, d);
       const index_t oa = Set::template attention_offset<E::dims>(j), of = Block::offset(j);
       be.zero_rows(dz, gr);
-      Ffn::backward_grouped(be, same_for_groups(p + of), same_for_groups(g + of), ws, l.ffn, mv<const T>(ws + l.u, rows, d),
+      checked<Ffn>::backward_grouped(be, same_for_groups(p + of), same_for_groups(g + of), ws, l.ffn, mv<const T>(ws + l.u, rows, d),
                             dz, MatrixView<const T>(dy), sc + s.module, gr);
       be.axpy(dy, T(1), MatrixView<const T>(dz), gr);  // dy := dL/du
       be.zero_rows(dz, gr);
       be.axpy(dz, T(1), MatrixView<const T>(dy), gr);
       if (shared)
-        RAttn::template backward_grouped<KeySource::Given>(
+        checked<RAttn>::template backward_routed<KeySource::Given>(
             be, same_for_groups(p + oa), same_for_groups(g + oa), ws, l.gattn, shared_keys(ws, shared, j, n), in,
             mv(dshared + j * n * d, n, d), dz, MatrixView<const T>(dy), idx, gr, seq, sc + s.module);
       else
-        RAttn::template backward_grouped<KeySource::Routed>(be, same_for_groups(p + oa), same_for_groups(g + oa), ws,
+        checked<RAttn>::template backward_routed<KeySource::Routed>(be, same_for_groups(p + oa), same_for_groups(g + oa), ws,
                                                             l.gattn, x, in, dres, dz, MatrixView<const T>(dy), idx, gr,
                                                             seq, sc + s.module);
       std::swap(dy, dz);  // dy := dL/dy_j

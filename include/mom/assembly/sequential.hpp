@@ -13,6 +13,7 @@
 
 #include "mom/assembly/assembly.hpp"
 #include "mom/assembly/decode_rounds.hpp"
+#include "mom/modules/checked.hpp"
 
 namespace mom {
 
@@ -105,7 +106,7 @@ struct FixedRouteExecutor
   // Scratch shared with the other parts: a module's output f(x) [n x d] in forward, the
   // modules' backward scratch in backward.
   static constexpr index_t scratch(index_t batch, index_t seq) {
-    return std::max({batch * seq * d, Attn::scratch(batch, seq), Ffn::scratch(batch, seq)});
+    return std::max({batch * seq * d, guarded_scratch<Attn>(batch, seq), guarded_scratch<Ffn>(batch, seq)});
   }
 
   // p: this part's parameter block. Returns the residual stream after the last step.
@@ -119,10 +120,10 @@ struct FixedRouteExecutor
     if constexpr (attn_aux || ffn_aux) be.zero(aux);
     for (int h = 0; h < L; ++h) {
       const MatrixView<T> u{ws + plan.u[h], n, d}, x_next{ws + plan.x_next[h], n, d};
-      Attn::forward(be, p + attention_offset(h), ws, plan.attn[h], x, f, batch, seq);
+      checked<Attn>::forward(be, p + attention_offset(h), ws, plan.attn[h], x, f, batch, seq);
       if constexpr (attn_aux) be.axpy(aux, T(1), std::span<const T>(ws + plan.attn[h].aux, 1));
       be.add_forward(u.flat(), std::span<const T>(x.data, static_cast<std::size_t>(n * d)), f_flat);  // eq. (4)
-      Ffn::forward(be, p + ffn_offset(h), ws, plan.ffn[h], MatrixView<const T>(u), f, batch, seq);
+      checked<Ffn>::forward(be, p + ffn_offset(h), ws, plan.ffn[h], MatrixView<const T>(u), f, batch, seq);
       if constexpr (ffn_aux) be.axpy(aux, T(1), std::span<const T>(ws + plan.ffn[h].aux, 1));
       be.add_forward(x_next.flat(), std::span<const T>(u.flat()), f_flat);  // eq. (4)
       x = x_next;
@@ -185,7 +186,7 @@ struct FixedRouteExecutor
     return plan.rounds.template run<Attn>(
         be, p, ws, plan.attn, [](int h) { return attention_offset(h); }, x, slot, pos, slots, max_len,
         [&](int h, MatrixView<const T> u, MatrixView<T> x_next, MatrixView<T> f) {
-          Ffn::forward(be, p + ffn_offset(h), ws, plan.ffn, u, f, u.rows, 1);
+          checked<Ffn>::forward(be, p + ffn_offset(h), ws, plan.ffn, u, f, u.rows, 1);
           be.add_forward(x_next.flat(), u.flat(), MatrixView<const T>(f).flat());  // eq. (4)
         });
   }
@@ -200,9 +201,9 @@ struct FixedRouteExecutor
     for (int h = L - 1; h >= 0; --h) {
       const MatrixView<const T> u{ws + plan.u[h], n, d};
       const MatrixView<const T> x = h == 0 ? x0 : MatrixView<const T>{ws + plan.x_next[h - 1], n, d};
-      Ffn::backward(be, p + ffn_offset(h), g + ffn_offset(h), ws, plan.ffn[h], u,
+      checked<Ffn>::backward(be, p + ffn_offset(h), g + ffn_offset(h), ws, plan.ffn[h], u,
                     dres, MatrixView<const T>(dres), scratch, batch, seq);
-      Attn::backward(be, p + attention_offset(h), g + attention_offset(h), ws,
+      checked<Attn>::backward(be, p + attention_offset(h), g + attention_offset(h), ws,
                      plan.attn[h], x, dres, MatrixView<const T>(dres), scratch, batch, seq);
     }
   }

@@ -122,14 +122,49 @@ std::string_view first_duplicate_name(const std::array<ParamInfo, N>& layout) {
 // Bump allocator over one workspace, usable at compile time (the cost model's activation
 // size) and at run time (carving the workspace) with the same code, so the two agree.
 // Every block starts on a 16-element boundary (64 bytes for float).
+// Workspace guards, in debug builds (no NDEBUG) and the library's test builds (MOM_WORKSPACE_GUARD=16): every
+// region an Arena hands out is followed by `workspace_guard` elements nobody owns, and every module's backward
+// scratch by as many (modules/module.hpp, guarded_scratch). ModelInstance fills them with a sentinel at
+// reserve, and each module call through mom::checked (modules/checked.hpp) verifies them afterwards on a
+// host-memory backend: a module that writes past its Saved activations or its declared scratch is reported by
+// name at the call that did it. 0 in release builds: no gaps, no checks, the same plans as without them.
+#ifndef MOM_WORKSPACE_GUARD
+#ifdef NDEBUG
+#define MOM_WORKSPACE_GUARD 0
+#else
+#define MOM_WORKSPACE_GUARD 16
+#endif
+#endif
+inline constexpr index_t workspace_guard = MOM_WORKSPACE_GUARD;
+static_assert(workspace_guard % 16 == 0, "MOM_WORKSPACE_GUARD must be a multiple of 16 elements");
+
+// The sentinel a guard element holds (finite, so that == compares it).
+template <class T>
+inline constexpr T guard_value = T(-9.87654321e29);
+
 struct Arena {
   static constexpr index_t align = 16;
   index_t used = 0;
+  std::vector<index_t>* guards = nullptr;  // where each guard gap starts, when the owner of the buffer records them
   constexpr index_t take(index_t n) {
     const index_t at = used;
     used += (n + align - 1) / align * align;
+    if constexpr (workspace_guard > 0) {
+      if (guards != nullptr) guards->push_back(used);
+      used += workspace_guard;
+    }
     return at;
   }
 };
+
+namespace detail {
+// The workspace whose guards the module calls of this thread verify (set by ModelInstance around its forward and
+// backward; a module call on another buffer checks nothing).
+struct ActiveGuards {
+  const void* ws = nullptr;
+  const std::vector<index_t>* gaps = nullptr;
+};
+inline thread_local ActiveGuards active_guards{};
+}  // namespace detail
 
 }  // namespace mom

@@ -184,9 +184,11 @@ struct LMCore<D, TypeList<Ps...>> {
     index_t scratch = 0;                         // shared by the parts (max over them)
     index_t total = 0;                           // elements of T
   };
-  static constexpr Plan plan(index_t batch, index_t seq) {
+  // guards: where the workspace guard gaps start are appended there (core/layout.hpp), when given.
+  static constexpr Plan plan(index_t batch, index_t seq, std::vector<index_t>* guards = nullptr) {
     const index_t n = batch * seq;
     Arena a;
+    a.guards = guards;
     Plan p{};
     p.batch = batch;
     p.seq = seq;

@@ -77,8 +77,10 @@ class ModelInstance {
   void reserve(index_t batch, index_t seq) {
     MOM_CHECK(batch > 0 && seq > 0, "reserve: batch ", batch, " and seq ", seq, " must be > 0");
     MOM_CHECK(seq <= dims.context, "reserve: seq ", seq, " exceeds the model's context ", dims.context);
-    plan_ = Model::core::plan(batch, seq);
+    guards_.clear();
+    plan_ = Model::core::plan(batch, seq, &guards_);
     ws_ = be_.template alloc<T>(plan_.total);
+    for (const index_t at : guards_) be_.fill(std::span<T>(ws_.data() + at, std::size_t(workspace_guard)), guard_value<T>);
     tokens_ = be_.template alloc<token_t>(batch * seq);
     targets_ = be_.template alloc<token_t>(batch * seq);
     state_ = State::Reserved;
@@ -120,6 +122,7 @@ class ModelInstance {
     const index_t n = batch * seq;
     batch_ = batch;
     seq_ = seq;
+    const GuardScope guarded(ws_.data(), guards_);
     be_.from_host(std::span<token_t>(tokens_.data(), tokens.size()), tokens);
     T* ws = ws_.data();
     const T* p = params_.data();
@@ -168,6 +171,7 @@ class ModelInstance {
     const T* p = params_.data();
     const std::span<const token_t> targets(targets_.data(), static_cast<std::size_t>(n));
     const std::span<const token_t> tokens(tokens_.data(), static_cast<std::size_t>(n));
+    const GuardScope guarded(ws_.data(), guards_);
     const MatrixView<T> dlogits = logits_view(n);
     be_.cross_entropy_backward(dlogits, MatrixView<const T>(dlogits), cspan(plan_.lse, n), targets, T(1));
     const MatrixView<T> dlnf{ws + plan_.dlnf, n, d}, dres{ws + plan_.dres, n, d};
@@ -231,6 +235,14 @@ class ModelInstance {
     return (AssemblyExecutorOn<Es, Be> && ...);
   }
   enum class State { Empty, Reserved, Logits, Loss };
+  // The module calls of a forward / backward verify this workspace's guards (modules/checked.hpp).
+  struct GuardScope {
+    detail::ActiveGuards saved = detail::active_guards;
+    GuardScope(const T* ws, const std::vector<index_t>& gaps) { detail::active_guards = {ws, &gaps}; }
+    ~GuardScope() { detail::active_guards = saved; }
+    GuardScope(const GuardScope&) = delete;
+    GuardScope& operator=(const GuardScope&) = delete;
+  };
   using Executors = typename Model::core::executors;
   static constexpr std::size_t n_parts = Model::core::n_parts;
 
@@ -256,6 +268,7 @@ class ModelInstance {
   }
 
   Be be_;
+  std::vector<index_t> guards_;  // the workspace's guard gaps (none when workspace_guard is 0)
   typename Be::template Buffer<T> params_, grads_, ws_;
   typename Be::template Buffer<token_t> tokens_, targets_;
   typename Model::Plan plan_{};

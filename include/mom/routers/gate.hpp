@@ -59,6 +59,62 @@ concept ExpertGateOn = ExpertGate<G> && requires(Be& be, const T* p, T* g, T* ws
   G::backward(be, p, g, ws, plan, x, dx, dwp, g);
 };
 
+// The same contract member by member, for the error a user sees (phi::MoE instantiates it for the router's gate):
+// each static_assert names one missing member and holds only when the ones before it hold, so one mistake
+// gives one line; the gate's type is in the note "In instantiation of VerifyExpertGate<G>".
+template <class G>
+struct VerifyExpertGate {
+  static constexpr bool has_classes = requires { { G::classes } -> std::convertible_to<int>; };
+  static_assert(has_classes, "mom::phi::MoE: the router's gate is not a mom::ExpertGate: it has no `static constexpr "
+                             "int classes` (routers/gate.hpp lists the members)");
+  static constexpr bool has_tensors = has_classes && requires(index_t i) {
+    { G::tensors(i).size() } -> std::convertible_to<std::size_t>;
+  } && requires { { G::params } -> std::convertible_to<index_t>; };
+  static_assert(!has_classes || has_tensors,
+                "mom::ExpertGate: missing `static constexpr std::array<TensorSpec, n> tensors(index_t layer)` or "
+                "`static constexpr index_t params`");
+  static constexpr bool has_cost = has_tensors && requires {
+    { G::flops_per_token() } -> std::convertible_to<index_t>;
+    { G::backward_flops_per_token() } -> std::convertible_to<index_t>;
+  };
+  static_assert(!has_tensors || has_cost,
+                "mom::ExpertGate: missing `static constexpr index_t flops_per_token()` or "
+                "`backward_flops_per_token()` (per routed row)");
+  static constexpr bool has_plan = has_cost && requires(Arena& a, index_t i) {
+    typename G::Plan;
+    { G::plan(a, i) } -> std::same_as<typename G::Plan>;
+  };
+  static_assert(!has_cost || has_plan, "mom::ExpertGate: missing `struct Plan` and `static constexpr Plan "
+                                       "plan(Arena&, index_t rows)`");
+  static constexpr bool has_scratch = has_plan && requires(index_t i) { { G::scratch(i) } -> std::convertible_to<index_t>; };
+  static_assert(!has_plan || has_scratch, "mom::ExpertGate: missing `static constexpr index_t scratch(index_t rows)`");
+  static constexpr bool has_selection =
+      has_scratch && requires(const typename G::Plan& plan) { { G::selection(plan) } -> std::convertible_to<dispatch::Selection>; };
+  static_assert(!has_scratch || has_selection,
+                "mom::ExpertGate: missing `static constexpr dispatch::Selection selection(const Plan&)`");
+  static constexpr bool ok = ExpertGate<G>;
+};
+
+// The forward / backward members on backend Be, each named (MoEStep checks them where it calls them).
+template <class G, class Be, class T = typename Be::scalar>
+struct VerifyExpertGateOn {
+  static constexpr bool has_forward =
+      requires(Be& be, const T* p, T* ws, const typename G::Plan& plan, MatrixView<const T> x,
+               std::span<const token_t> tok, index_t seq) { G::forward(be, p, ws, plan, x, tok); } ||
+      requires(Be& be, const T* p, T* ws, const typename G::Plan& plan, MatrixView<const T> x,
+               std::span<const token_t> tok, index_t seq) { G::forward(be, p, ws, plan, x, tok, seq); };
+  static_assert(has_forward, "mom::ExpertGate: no member `static void forward(Be&, const T* p, T* ws, const Plan&, "
+                             "MatrixView<const T> in, std::span<const token_t> tokens)` that takes these arguments on "
+                             "this backend (routers/gate.hpp)");
+  static constexpr bool has_backward =
+      requires(Be& be, const T* p, T* g, const T* ws, const typename G::Plan& plan, MatrixView<const T> x,
+               MatrixView<T> dx, std::span<const T> dwp) { G::backward(be, p, g, ws, plan, x, dx, dwp, g); };
+  static_assert(has_backward, "mom::ExpertGate: no member `static void backward(Be&, const T* p, T* g, const T* ws, "
+                              "const Plan&, MatrixView<const T> in, MatrixView<T> din, std::span<const T> dwp, T* "
+                              "scratch)` that takes these arguments on this backend (routers/gate.hpp)");
+  static constexpr bool ok = has_forward && has_backward;
+};
+
 // A gate that updates buffers once per optimizer step (see above).
 template <class G, class Be, class T = typename Be::scalar>
 concept GateWithBufferUpdate = requires(Be& be, T* p, const T* g) { G::update_buffers(be, p, g); };
