@@ -84,13 +84,66 @@ Arr<T, token_t> tok_arr(std::vector<token_t> v) {
 // symbols are absent, and MOM_REQUIRE_EMU_COUNTERS skips the rest of a test case with one warning line.
 extern "C" long mom_emu_host_waits() __attribute__((weak));
 extern "C" long mom_emu_allocations() __attribute__((weak));
+// The per-step budgets' counters, from the same file (tests/cuda/cuda_budget_test.cpp, docs/cuda.md).
+extern "C" long mom_emu_launches() __attribute__((weak));
+extern "C" long mom_emu_memset_bytes() __attribute__((weak));
+extern "C" long mom_emu_d2d_bytes() __attribute__((weak));
+extern "C" long mom_emu_gemm_calls() __attribute__((weak));
+extern "C" long mom_emu_gemm_flops() __attribute__((weak));
+extern "C" long mom_emu_unaligned_gemms() __attribute__((weak));
+extern "C" long mom_emu_staging_copies() __attribute__((weak));
+extern "C" long mom_emu_staging_bytes() __attribute__((weak));
 #define MOM_REQUIRE_EMU_COUNTERS()                                                               \
   do {                                                                                           \
-    if (!mom_emu_host_waits || !mom_emu_allocations) {                                           \
+    if (!mom_emu_host_waits || !mom_emu_allocations || !mom_emu_launches) {                      \
       WARN("host waits are counted by the emulated runtime only (test_cuda_emu): skipped");      \
       return;                                                                                    \
     }                                                                                            \
   } while (0)
+
+namespace mom::test {
+
+// A snapshot of the emulated runtime's counters; a difference of two is what ran between them. Only under
+// MOM_REQUIRE_EMU_COUNTERS (the symbols are absent in test_cuda).
+struct EmuCounters {
+  long host_waits = 0, allocations = 0, launches = 0, memset_bytes = 0, d2d_bytes = 0, gemm_calls = 0, gemm_flops = 0,
+       unaligned_gemms = 0, staging_copies = 0, staging_bytes = 0;
+  static EmuCounters now() {
+    return {mom_emu_host_waits(),   mom_emu_allocations(), mom_emu_launches(),        mom_emu_memset_bytes(),
+            mom_emu_d2d_bytes(),    mom_emu_gemm_calls(),  mom_emu_gemm_flops(),      mom_emu_unaligned_gemms(),
+            mom_emu_staging_copies(), mom_emu_staging_bytes()};
+  }
+  EmuCounters operator-(const EmuCounters& o) const {
+    return {host_waits - o.host_waits,         allocations - o.allocations,         launches - o.launches,
+            memset_bytes - o.memset_bytes,     d2d_bytes - o.d2d_bytes,             gemm_calls - o.gemm_calls,
+            gemm_flops - o.gemm_flops,         unaligned_gemms - o.unaligned_gemms, staging_copies - o.staging_copies,
+            staging_bytes - o.staging_bytes};
+  }
+};
+
+// The counters of one call of step() on backend be (a warmed-up training step), and what one read of two
+// scalars costs in host waits (the stream's synchronisation and the device error flag's copy): the one wait a
+// Trainer step may have, its read of {gradient norm, loss}.
+struct StepCounts {
+  EmuCounters step;
+  long one_read_waits = 0;
+};
+template <class T, class Step>
+StepCounts measure_step(const cuda::Backend<T>& be, Step&& step) {
+  auto scalars = be.template alloc<T>(2);
+  T host[2];
+  const long waits = mom_emu_host_waits();
+  be.to_host(std::span<T>(host, 2), std::span<const T>(scalars.span()));
+  StepCounts out;
+  out.one_read_waits = mom_emu_host_waits() - waits;
+  REQUIRE(out.one_read_waits > 0);
+  const EmuCounters before = EmuCounters::now();
+  step();
+  out.step = EmuCounters::now() - before;
+  return out;
+}
+
+}  // namespace mom::test
 
 // Skips the rest of a test case (one warning line) when there is no GPU or no driver.
 #define MOM_REQUIRE_GPU()                                \

@@ -17,6 +17,7 @@
 
 #include "cuda/cuda_test_support.hpp"
 #include "cuda/small_models.hpp"
+#include "cuda/trainer_support.hpp"
 #include "mom/backend/cuda.hpp"
 #include "mom/train/train.hpp"
 #include "ops/grad_check.hpp"
@@ -27,38 +28,8 @@ using namespace mom::test::small_models;
 
 namespace {
 
-// A byte-level corpus (prepared once per test) and the windows the Trainer samples from it.
-struct Data {
-  mom_test::TempDir dir{"cuda_trainer"};
-  train::PreparedData prep;
-  Data() {
-    std::string text;
-    const char* lines[] = {"In the beginning God created the heaven and the earth.\n",
-                           "And the earth was without form, and void; and darkness was upon the face of the deep.\n",
-                           "And God said, Let there be light: and there was light.\n"};
-    for (int i = 0; i < 40; ++i) text += lines[i % 3];
-    std::ofstream(dir / "text.txt", std::ios::binary) << text;
-    prep = train::prepare_text(dir / "text.txt", dir / "data", train::ByteTokenizer{}, 0.2);
-  }
-};
-
-train::TrainConfig config(const std::filesystem::path& out, index_t steps) {
-  train::TrainConfig c;
-  c.steps = steps;
-  c.batch = 2;
-  c.seq = 16;
-  c.accum = 2;
-  c.lr = 3e-3;
-  c.warmup = 1;
-  c.grad_clip = 0.5;  // clipping active (the norm of these small models is above it at first)
-  c.eval_interval = 0;
-  c.eval_batches = 2;
-  c.out_dir = out;
-  c.progress = false;
-  c.arch_name = "cuda-trainer-test";
-  c.tokenizer_name = "byte";
-  return c;
-}
+using test::config;
+using test::Data;
 
 template <class T>
 struct Outcome {
@@ -195,18 +166,10 @@ void check_trainer_step(cuda::Precision precision) {
   train::Trainer trainer(m, train_file, nullptr, config({}, 10));
   trainer.train_step();
   trainer.train_step();
-  // What one read of two scalars costs (the stream's synchronisation and the device error flag's copy).
-  auto scalars = be.alloc<float>(2);
-  float host[2];
-  long waits = mom_emu_host_waits();
-  be.to_host(std::span<float>(host, 2), std::span<const float>(scalars.span()));
-  const long one_read = mom_emu_host_waits() - waits;
-  REQUIRE(one_read > 0);
-  waits = mom_emu_host_waits();
-  const long allocs = mom_emu_allocations();
-  const double loss = trainer.train_step();
-  CHECK(mom_emu_host_waits() - waits == one_read);
-  CHECK(mom_emu_allocations() == allocs);
+  double loss = NAN;
+  const auto c = test::measure_step(be, [&] { loss = trainer.train_step(); });
+  CHECK(c.step.host_waits == c.one_read_waits);
+  CHECK(c.step.allocations == 0);
   CHECK(std::isfinite(loss));
 }
 }  // namespace

@@ -3,8 +3,10 @@
 // synchronous, and cublasGemmEx is a plain column-major loop that follows the cuBLAS definition
 // (so the backend's row-major-as-transposed-column-major trick is exercised, not bypassed).
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include <unistd.h>
@@ -17,12 +19,51 @@ namespace {
 // What a real runtime would make the host wait for, or allocate: counted so that the tests can check
 // that a training step does neither (tests/cuda/cuda_models_test.cpp).
 long host_waits = 0, allocations = 0;
+// What a step costs, for the per-step budgets (tests/cuda/cuda_budget_test.cpp, docs/cuda.md): kernel launches
+// (emulate.hpp's emulate_launch; cuBLAS calls are not launches here, they are counted as GEMMs), bytes set by
+// the memsets, bytes copied device to device, cuBLAS GEMM calls and their FLOPs (2·m·n·k), GEMMs with a
+// leading dimension or pointer off a 16-byte boundary, and the bf16 staging conversions (to_bf16) with the
+// fp32 bytes they read. Each is one addition per call, none inside a kernel or a GEMM loop.
+long launches = 0, memset_bytes = 0, d2d_bytes = 0, gemm_calls = 0, gemm_flops = 0, unaligned_gemms = 0,
+     staging_copies = 0, staging_bytes = 0;
+// The live cudaMalloc ranges (start -> bytes): cudaMemcpyDefault copies are device-to-device when both ends
+// lie in one (the backend passes cudaMemcpyDefault everywhere, as unified addressing allows).
+std::map<std::uintptr_t, std::size_t>& device_ranges() {
+  static std::map<std::uintptr_t, std::size_t> r;
+  return r;
+}
+bool on_device(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  const auto& r = device_ranges();
+  auto it = r.upper_bound(a);
+  if (it == r.begin()) return false;
+  --it;
+  return a < it->first + it->second;
+}
+void note_copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
+  if (kind == cudaMemcpyDeviceToDevice || (kind == cudaMemcpyDefault && on_device(dst) && on_device(src)))
+    d2d_bytes += long(bytes);
+}
 }  // namespace
 
 extern "C" {
 
 long mom_emu_host_waits() { return host_waits; }
 long mom_emu_allocations() { return allocations; }
+long mom_emu_launches() { return launches; }
+long mom_emu_memset_bytes() { return memset_bytes; }
+long mom_emu_d2d_bytes() { return d2d_bytes; }
+long mom_emu_gemm_calls() { return gemm_calls; }
+long mom_emu_gemm_flops() { return gemm_flops; }
+long mom_emu_unaligned_gemms() { return unaligned_gemms; }
+long mom_emu_staging_copies() { return staging_copies; }
+long mom_emu_staging_bytes() { return staging_bytes; }
+// Called by the emulated kernels (mom/backend/cuda/emulate.hpp, kernels/linear.cuh).
+void mom_emu_note_launch() noexcept { ++launches; }
+void mom_emu_note_staging(std::size_t fp32_bytes) noexcept {
+  ++staging_copies;
+  staging_bytes += long(fp32_bytes);
+}
 
 cudaError_t cudaGetDeviceCount(int* count) {
   *count = 1;
@@ -60,10 +101,12 @@ cudaError_t cudaStreamSynchronize(cudaStream_t) {
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   ++allocations;
   *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  if (*p) device_ranges()[reinterpret_cast<std::uintptr_t>(*p)] = bytes;
   return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 cudaError_t cudaFree(void* p) {
   ++allocations;  // synchronises the device on a real runtime
+  device_ranges().erase(reinterpret_cast<std::uintptr_t>(p));
   std::free(p);
   return cudaSuccess;
 }
@@ -78,25 +121,30 @@ cudaError_t cudaFreeHost(void* p) {
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  memset_bytes += long(bytes);
   std::memset(p, value, bytes);
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) { return cudaMemset(p, value, bytes); }
 cudaError_t cudaMemset2DAsync(void* p, size_t pitch, int value, size_t width, size_t height, cudaStream_t) {
+  memset_bytes += long(width * height);
   for (size_t r = 0; r < height; ++r) std::memset(static_cast<char*>(p) + r * pitch, value, width);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   ++host_waits;  // blocking
+  note_copy(dst, src, bytes, kind);
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
+  note_copy(dst, src, bytes, kind);
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
-                              cudaMemcpyKind, cudaStream_t) {
+                              cudaMemcpyKind kind, cudaStream_t) {
+  if (height > 0) note_copy(dst, src, width * height, kind);
   for (size_t r = 0; r < height; ++r)
     std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
   return cudaSuccess;
@@ -160,6 +208,22 @@ extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t transa,
   if (m < 0 || n < 0 || k < 0 || lda < (rows_a > 1 ? rows_a : 1) || ldb < (rows_b > 1 ? rows_b : 1) ||
       ldc < (m > 1 ? m : 1))
     return CUBLAS_STATUS_INVALID_VALUE;
+  // The budgets' counters: one call, 2·m·n·k FLOPs, and whether an operand is off the 16-byte alignment that
+  // cuBLAS' tensor-core kernels want (leading dimension × element size, and the pointer).
+  ++gemm_calls;
+  gemm_flops += 2L * m * n * k;
+  const auto esize = [](cudaDataType t) -> long { return t == CUDA_R_64F ? 8 : t == CUDA_R_16BF ? 2 : 4; };
+  const auto off16 = [&](const void* p, int ld, cudaDataType t) {
+    return (reinterpret_cast<std::uintptr_t>(p) % 16) != 0 || (long(ld) * esize(t)) % 16 != 0;
+  };
+  if (off16(A, lda, Atype) || off16(B, ldb, Btype) || off16(C, ldc, Ctype)) {
+    ++unaligned_gemms;
+    static const bool trace = std::getenv("MOM_EMU_TRACE_UNALIGNED") != nullptr;  // which ones (docs/cuda.md)
+    if (trace)
+      std::fprintf(stderr, "unaligned GEMM (column-major): m %d n %d k %d, lda %d ldb %d ldc %d, A%s B%s C%s\n", m, n,
+                   k, lda, ldb, ldc, off16(A, lda, Atype) ? "*" : "", off16(B, ldb, Btype) ? "*" : "",
+                   off16(C, ldc, Ctype) ? "*" : "");
+  }
   if (bf16)
     gemm_col_major<float, std::uint16_t>(transa, transb, m, n, k, *static_cast<const float*>(alpha),
                                          static_cast<const std::uint16_t*>(A), lda, static_cast<const std::uint16_t*>(B),

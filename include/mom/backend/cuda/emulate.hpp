@@ -39,6 +39,12 @@
 #define __device__
 #define __shared__ static
 
+// Counters of the emulated runtime (tests/cuda/emu/emu_runtime.cpp), read by the tests' per-step budgets
+// (tests/cuda/cuda_budget_test.cpp): one call per launch, and one per bf16 staging conversion (to_bf16, with the
+// fp32 bytes it reads). Outside the blocks' loops: a launch costs one increment.
+extern "C" void mom_emu_note_launch() noexcept;
+extern "C" void mom_emu_note_staging(std::size_t fp32_bytes) noexcept;
+
 namespace mom::cuda::dev {
 
 // A barrier among fibers: the last arrival opens the next phase; the others yield until it opens.
@@ -271,6 +277,7 @@ inline thread_local std::vector<std::max_align_t> emu_dynamic_smem;
 // Runs body() as kernel<<<grid, block, smem_bytes>>>: blocks in order, each as blockDim fibers.
 template <class F>
 void emulate_launch(dim3 grid, dim3 block, F&& body, std::size_t smem_bytes = 0) {
+  mom_emu_note_launch();
   EmuScheduler& s = EmuScheduler::get();
   emu_dynamic_smem.assign((smem_bytes + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t), std::max_align_t{});
   const std::function<void()> fn = std::forward<F>(body);

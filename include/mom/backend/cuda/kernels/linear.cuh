@@ -56,6 +56,9 @@ __global__ void to_bf16_kernel(std::uint16_t* out, MatrixView<const float> in) {
 
 void to_bf16(const Context& ctx, std::uint16_t* out, MatrixView<const float> in) {
   const index_t n = in.rows * in.cols;
+#if defined(MOM_CUDA_EMULATE)
+  if (n > 0) mom_emu_note_staging(static_cast<std::size_t>(n) * sizeof(float));  // a staging copy (budget tests)
+#endif
   dev::launch("to_bf16", ctx, dev::blocks_for(n), dev::threads, dev::to_bf16_kernel, out, in);
 }
 
