@@ -141,7 +141,11 @@ struct Assembly {
   static constexpr int h = detail::int_arg<Hn, H>::value;
   static_assert(!is_k<Kn> || k >= 1, "mom::Assembly: K must be >= 1 (modules picked per token per step)");
   static_assert(!is_h<Hn> || h >= 1, "mom::Assembly: H must be >= 1 (assembly steps)");
-  static_assert(!is_router<R> || RouterPolicy<typename detail::policy_of<R>::type>,
+  static constexpr bool declares_policy = requires { requires detail::policy_of<R>::type::is_router_policy; };
+  static_assert(!is_router<R> || !declares_policy || RouterPolicy<typename detail::policy_of<R>::type>,
+                "mom router policy: missing `static constexpr std::string_view name` (what describe<> and the "
+                "checkpoints print; routers/router.hpp)");
+  static_assert(!is_router<R> || declares_policy || RouterPolicy<typename detail::policy_of<R>::type>,
                 "mom::Assembly: unknown router policy; known: Sequential, GRU, Share<P>, TopK<Softmax>, TopK<Sigmoid>, "
                 "TopC<Softmax>, ExpertChoice<...>, Skipping<...>, Recursion<...>, or a policy of your own that declares "
                 "is_router_policy (routers/router.hpp)");
