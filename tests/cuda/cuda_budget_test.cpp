@@ -31,7 +31,7 @@ namespace {
 // attention_tc.cuh: online softmax, not GEMMs), packed / grouped / stick-breaking attention, and the grouped
 // expert GEMMs (kernels/grouped_linear.cuh: mom's own tiled kernels, counted as launches) — is a kernel, not a
 // cuBLAS call. Built on the testing kit's CountingBackend, whose total `flops` is the cost model's figure
-// (tests/models check it; here too, for the forward, through realised_forward_flops). Also tallied: the
+// (tests/models check it; here too, forward and backward, through realised_*_flops). Also tallied: the
 // operand elements a bf16 GEMM stages (both operands, whole), and the products whose leading dimensions or
 // pointers, as cuBLAS receives them, are off 16 bytes (an fp32 ld that is not a multiple of 4).
 struct GemmTally : mom::testing::CountingBackend<float> {
@@ -90,14 +90,16 @@ struct Expected {
   index_t gemm_calls = 0, gemm_flops = 0, staged_bytes = 0, unaligned = 0, unaligned_wide = 0;
 };
 template <class Model>
-Expected expected_products(const train::TrainConfig& cfg, bool tally_is_cost_model = true) {
+Expected expected_products(const train::TrainConfig& cfg) {
   ModelInstance<Model, GemmTally> m(3);
   m.reserve(cfg.batch, cfg.seq);
   const auto tokens = mom::testing::random_tokens(cfg.batch * cfg.seq, Model::dims.vocab, 7);
   m.zero_grad();
   m.forward(tokens, tokens, cfg.batch, cfg.seq);
-  if (tally_is_cost_model) CHECK(m.backend().flops == realised_forward_flops(m));
+  const index_t forward = m.backend().flops;
+  CHECK(forward == realised_forward_flops(m));
   m.backward();
+  CHECK(m.backend().flops - forward == realised_backward_flops(m));
   const auto& t = m.backend();
   return {cfg.accum * t.gemm_calls, cfg.accum * t.gemm_flops, cfg.accum * 4 * t.staged_elements,
           cfg.accum * t.unaligned, cfg.accum * t.unaligned_wide};
@@ -190,9 +192,9 @@ void check_budgets(const test::EmuCounters& c, const train::TrainConfig& cfg, Bu
 }
 
 template <class Model>
-void check_model(const char* name, Budget budget, bool tally_is_cost_model = true) {
+void check_model(const char* name, Budget budget) {
   const auto cfg = test::config({}, 10);
-  const Expected want = expected_products<Model>(cfg, tally_is_cost_model);
+  const Expected want = expected_products<Model>(cfg);
   const auto c = measure<Model>(name, cuda::Precision::TF32);
   INFO(name << " (tf32)");
   CHECK(c.gemm_calls == want.gemm_calls);
@@ -234,11 +236,7 @@ TEST_CASE("per-step budgets under the emulation: launches, GEMMs and their FLOPs
   check_model<MoESmall>("MoE", {50, 0.18, 2.3});       // 43.5; 0.15; 2
   check_model<MoDSmall>("MoD", {31, 0.69, 2.3});       // 26.75; 0.60; 2
   check_model<MoEUTSmall>("MoEUT", {88, 0.77, 0.65});  // 76.25; 0.67; 0.56
-  // ModuleFormer: the kit's forward tally (3,022,848 FLOPs) is 69,632 below realised_forward_flops (3,092,480):
-  // exactly MoA's stick-breaking attention (2·qw·(seq + 1) a token and layer, qw = 32), which CountingBackend does
-  // not count (it has no stick_breaking_forward). Not a GEMM on CUDA, so the comparison of the products stands;
-  // the tally-vs-cost-model check waits for the kit to count it.
-  check_model<MFSmall>("ModuleFormer", {72, 0.67, 2.3}, false);  // 62.5; 0.58; 2
+  check_model<MFSmall>("ModuleFormer", {72, 0.67, 2.3});  // 62.5; 0.58; 2
   check_model<MoRSmall>("MoR", {68, 0.75, 5.7});                 // 59.3; 0.65; 4.94
   {
     // BF16: the same products; each GEMM stages both operands whole as bf16 (backend.hpp's gemm: two to_bf16

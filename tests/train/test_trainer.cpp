@@ -4,12 +4,14 @@
 
 #include <mom/mom.hpp>
 #include <mom/modules/sigma_moe.hpp>
+#include <mom/testing/counting_backend.hpp>
 #include <mom/train/train.hpp>
 
 #include "helpers.hpp"
 
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 using namespace mom;
@@ -540,4 +542,54 @@ TEST_CASE("double-precision models checkpoint as F64 and load back exactly", "[t
   auto single = Tiny::make<cpu::Backend<float>>(1);
   CHECK_THROWS_WITH(Checkpointer<decltype(single)>::load_params(dir / "run", single),
                     Catch::Contains("is F64, expected F32"));
+}
+
+// The FLOPs of each step, as run (issue 32's budgets): a dense model's are the cost model's, micro-batches summed;
+// a MoM model with Skip runs less than its worst case, and the Trainer's count is what a backend that tallies
+// every product of the forward and the backward counts (models/realised_flops.hpp).
+TEST_CASE("the Trainer counts each step's training FLOPs as run, and logs them", "[trainer][flops]") {
+  mom_test::TempDir dir("flops");
+  auto prep = make_data(dir);
+  TokenFile train(prep.train);
+  {
+    auto model = Tiny::make<cpu::Backend<float>>(1);
+    auto cfg = small_config(dir / "dense", 2);
+    cfg.accum = 2;
+    Trainer trainer(model, train, nullptr, cfg);
+    static_assert(Trainer<Instance>::counts_realised_flops);
+    const auto result = trainer.run();
+    const double per_step = 2.0 * double(Tiny::training_flops(cfg.batch, cfg.seq));
+    CHECK(trainer.last_step_flops() == per_step);
+    CHECK(result.training_flops == 2 * per_step);
+    std::ifstream log(dir / "dense" / "metrics.jsonl");
+    int rows = 0;
+    for (std::string line; std::getline(log, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j["type"] == "run") {
+        CHECK(j["flops_counted"] == "realised");
+        CHECK(j["training_flops_per_token"].get<double>() == double(Tiny::training_flops_per_token(cfg.seq)));
+      }
+      if (j["type"] != "train") continue;
+      CHECK(j["flops"].get<double>() == per_step);
+      ++rows;
+    }
+    CHECK(rows == 2);
+  }
+  {
+    using Routed = LM<tiny, Chunked<Layer, Assembly<Router<GRU, Width<16>>, ModuleSet<MHA<2>, FFN<2>, Skip>, K<2>, H<2>>,
+                                    Layer>>;
+    ModelInstance<Routed, testing::CountingBackend<float>> model(3);
+    std::mt19937_64 rng(3);
+    std::normal_distribution<float> normal(0.0f, 0.5f);
+    for (auto& p : model.params()) p = normal(rng);  // O(1) router weights: Skip picked often
+    Trainer trainer(model, train, nullptr, small_config({}, 3));
+    trainer.train_step();
+    model.backend().flops = 0;
+    trainer.train_step();
+    const double counted = double(model.backend().flops);
+    const double nominal = double(Routed::training_flops(4, 16));
+    INFO("counted " << counted << ", Trainer " << trainer.last_step_flops() << ", worst case " << nominal);
+    CHECK(counted < 0.95 * nominal);  // Skip saved work
+    CHECK(trainer.last_step_flops() == counted);
+  }
 }

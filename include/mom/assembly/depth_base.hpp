@@ -519,13 +519,14 @@ struct DepthExecutorBase : WorkspaceViews {
     }
     return out;
   }
-  // Forward FLOPs of the last forward (per routed layer its realised per-sequence counts).
-  template <class Be, class T>
+  // Forward (backward) FLOPs of the last forward (per routed layer its realised per-sequence counts).
+  template <bool backward = false, class Be, class T>
   static index_t realised_flops(Be& be, const T* ws, const Plan& plan, index_t batch, index_t seq) {
     index_t total = 0;
     for (int h = 0; h < L; ++h) {
       if (!routed(h)) {
-        total += batch * layer_flops(seq, seq, pairs_among(seq), false);
+        total += batch * (backward ? layer_backward_flops(seq, seq, pairs_among(seq), false)
+                                   : layer_flops(seq, seq, pairs_among(seq), false));
         continue;
       }
       const auto sel = read_selected(be, ws, plan, h, batch, seq);
@@ -535,8 +536,12 @@ struct DepthExecutorBase : WorkspaceViews {
         ++run[b];
         pairs[b] += attend_all ? t % seq + 1 : run[b];  // keys: every earlier token, or the earlier run ones
       }
-      for (std::size_t b = 0; b < run.size(); ++b) total += layer_flops(seq, run[b], pairs[b], true) - gate_loss_flops;
-      total += gate_loss_flops;
+      if constexpr (backward) {
+        for (std::size_t b = 0; b < run.size(); ++b) total += layer_backward_flops(seq, run[b], pairs[b], true);
+      } else {
+        for (std::size_t b = 0; b < run.size(); ++b) total += layer_flops(seq, run[b], pairs[b], true) - gate_loss_flops;
+        total += gate_loss_flops;
+      }
     }
     return total;
   }

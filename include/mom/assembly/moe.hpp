@@ -74,11 +74,13 @@ struct MoEStep {
   static constexpr index_t backward_flops_per_token() {
     return Gate::backward_flops_per_token() + real_k * Ffn::backward_flops_per_token(0);
   }
-  // Forward FLOPs for a realised routing: picks [rows·K] class ids (>= E: no expert) on the host.
+  // Forward (backward) FLOPs for a realised routing: picks [rows·K] class ids (>= E: no expert) on the host.
+  template <bool backward = false>
   static index_t routed_flops(index_t rows, std::span<const token_t> picks) {
-    index_t total = rows * router_flops_per_token();
+    index_t total = rows * (backward ? Gate::backward_flops_per_token() : router_flops_per_token());
+    const index_t expert = backward ? Ffn::backward_flops_per_token(0) : Ffn::flops_per_token(0);
     for (token_t c : picks)
-      if (c < E) total += Ffn::flops_per_token(0);
+      if (c < E) total += expert;
     return total;
   }
 
@@ -214,12 +216,13 @@ struct Executor<P, A, D> {
   static constexpr index_t backward_flops_per_token(index_t seq) {
     return L * (Attn::backward_flops_per_token(seq) + Step::backward_flops_per_token());
   }
-  // Forward FLOPs for a realised routing: picks(h, 0) gives step h's n×K class ids on the host.
-  template <class Picks>
+  // Forward (backward) FLOPs for a realised routing: picks(h, 0) gives step h's n×K class ids on the host.
+  template <bool backward = false, class Picks>
   static index_t routed_flops(index_t batch, index_t seq, Picks&& picks) {
     const index_t n = batch * seq;
+    const index_t attn = backward ? Attn::backward_flops_per_token(seq) : Attn::flops_per_token(seq);
     index_t total = 0;
-    for (int h = 0; h < L; ++h) total += n * Attn::flops_per_token(seq) + Step::routed_flops(n, picks(h, 0));
+    for (int h = 0; h < L; ++h) total += n * attn + Step::template routed_flops<backward>(n, picks(h, 0));
     return total;
   }
 

@@ -103,14 +103,18 @@ struct Executor<GRU, A, D> : WorkspaceViews {
     return Hn * (2 * router_flops_per_token(EA) + 2 * router_flops_per_token(EF) + kv + attn + ffn);
   }
 
-  // Forward FLOPs of one chunk for a realised routing: picks(h, router) gives round h's picks
-  // of the attention (0) or FFN (1) router, n×K module ids row-major on the host.
-  template <class Picks>
+  // Forward (backward: the mirrored products) FLOPs of one chunk for a realised routing: picks(h, router) gives
+  // round h's picks of the attention (0) or FFN (1) router, n×K module ids row-major on the host.
+  template <bool backward = false, class Picks>
   static index_t routed_flops(index_t batch, index_t seq, Picks&& picks) {
     const index_t n = batch * seq;
+    constexpr index_t kv_flops = backward ? Attn::kv_backward_flops : Attn::kv_flops;
+    constexpr index_t query_flops = backward ? Attn::query_backward_flops : Attn::query_flops;
+    constexpr index_t pair_flops = backward ? Attn::pair_backward_flops : Attn::pair_flops;
+    const index_t ffn_flops = backward ? Ffn::backward_flops_per_token(seq) : Ffn::flops_per_token(seq);
     index_t total = 0;
     for (int h = 0; h < Hn; ++h) {
-      total += n * (router_flops_per_token(EA) + router_flops_per_token(EF));
+      total += n * (backward ? 2 : 1) * (router_flops_per_token(EA) + router_flops_per_token(EF));
       const auto pa = picks(h, 0);
       for (int m = 0; m < NA; ++m) {
         index_t n_m = 0, keys = 0, last_seq = -1, rank = 0;
@@ -123,13 +127,13 @@ struct Executor<GRU, A, D> : WorkspaceViews {
             }
         // phi::MoM: module m's K/V over every token, whether or not a query picked it (the host
         // does not know the group sizes; see attention_forward).
-        if (!routed_kv) total += n * Attn::kv_flops;
+        if (!routed_kv) total += n * kv_flops;
         if (n_m == 0) continue;
-        total += (routed_kv ? n_m * Attn::kv_flops : 0) + n_m * Attn::query_flops + Attn::pair_flops * keys;
+        total += (routed_kv ? n_m * kv_flops : 0) + n_m * query_flops + pair_flops * keys;
       }
       const auto pf = picks(h, 1);
       for (index_t s = 0; s < n * Kp; ++s)
-        if (pf[std::size_t(s)] < NF) total += Ffn::flops_per_token(seq);
+        if (pf[std::size_t(s)] < NF) total += ffn_flops;
     }
     return total;
   }

@@ -601,10 +601,10 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
     }
     return out;
   }
-  // Forward FLOPs of the last forward, from the tokens each recursion ran per sequence.
-  template <class Be, class T>
+  // Forward (backward) FLOPs of the last forward, from the tokens each recursion ran per sequence.
+  template <bool backward = false, class Be, class T>
   static index_t realised_flops(Be& be, const T* ws, const Plan& plan, index_t batch, index_t seq) {
-    index_t total = batch * seq * DGate::flops_per_token();
+    index_t total = batch * seq * (backward ? DGate::backward_flops_per_token() : DGate::flops_per_token());
     for (int r = 0; r < Nr; ++r) {
       std::vector<index_t> run(std::size_t(batch), 0), pairs(std::size_t(batch), 0);
       for (token_t t : read_selected(be, ws, plan, r, batch, seq)) {
@@ -612,8 +612,13 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
         ++run[b];
         pairs[b] += shares(r) ? t % seq + 1 : run[b];  // keys: every earlier token (KVShare), or the earlier run ones
       }
-      for (std::size_t b = 0; b < run.size(); ++b)
-        total += shares(r) ? shared_recursion_flops(seq, run[b], pairs[b]) : recursion_flops(seq, run[b], pairs[b]);
+      for (std::size_t b = 0; b < run.size(); ++b) {
+        if constexpr (backward)
+          total += shares(r) ? shared_recursion_backward_flops(r, seq, run[b], pairs[b])
+                             : recursion_backward_flops(r, seq, run[b], pairs[b]);
+        else
+          total += shares(r) ? shared_recursion_flops(seq, run[b], pairs[b]) : recursion_flops(seq, run[b], pairs[b]);
+      }
     }
     return total;
   }

@@ -153,10 +153,10 @@ struct FixedRouteExecutor
       if (ffn_router(router)) return Ffn::read_picks(be, ws, plan.ffn[std::size_t(h)], n, out);
     if constexpr (attn_routes) Attn::read_picks(be, ws, plan.attn[std::size_t(h)], n, out);
   }
-  template <class Picks>
+  template <bool backward = false, class Picks>
     requires(attn_routes || ffn_routes)
   static index_t routed_flops(index_t batch, index_t seq, Picks&&) {
-    return batch * seq * flops_per_token(seq);
+    return batch * seq * (backward ? backward_flops_per_token(seq) : flops_per_token(seq));
   }
 
   // ---- incremental decoding (infer/decoder.hpp; AssemblyDecoderOn) --------------------------------

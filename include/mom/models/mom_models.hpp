@@ -18,6 +18,7 @@
 #include "mom/assembly/chunked.hpp"
 #include "mom/assembly/mom.hpp"
 #include "mom/models/gpt2.hpp"
+#include "mom/models/realised_flops.hpp"  // realised_forward_flops, kept reachable from here
 #include "mom/models/lm.hpp"
 
 namespace mom {
@@ -53,36 +54,5 @@ template <class Chunk>
 using MoMMediumLM = LM<gpt2_medium, MoMMedium<Chunk>>;
 template <class Chunk>
 using MoMLargeLM = LM<gpt2_large, MoMLarge<Chunk>>;
-
-// Forward FLOPs the last forward of `m` executed: the routed parts for their realised routing
-// (routed_flops of every executor that ReportsRouting: MoM, MoE), every other part and the LM head at the cost model's figure.
-template <class Instance>
-index_t realised_forward_flops(Instance& m) {
-  using Model = typename Instance::model_type;
-  constexpr Dims D = Model::dims;
-  const index_t batch = m.batch(), seq = m.seq(), n = batch * seq;
-  index_t total = n * 2 * D.d_model * D.vocab;  // LM head
-  std::vector<token_t> picks;
-  [&]<class... Es, std::size_t... is>(TypeList<Es...>, std::index_sequence<is...>) {
-    (
-        [&] {
-          using E = Es;
-          if constexpr (ReportsRouting<E>) {
-            const auto& plan = std::get<is>(m.plan().parts);
-            total += E::routed_flops(batch, seq, [&](int h, int router) {
-              picks.resize(std::size_t(n * E::routing_info(router).k));
-              E::read_picks(m.backend(), m.workspace_data(), plan, h, router, n, std::span<token_t>(picks));
-              return std::span<const token_t>(picks);
-            });
-          } else if constexpr (requires { E::realised_flops(m.backend(), m.workspace_data(), std::get<is>(m.plan().parts), batch, seq); }) {
-            total += E::realised_flops(m.backend(), m.workspace_data(), std::get<is>(m.plan().parts), batch, seq);  // depth routing
-          } else {
-            total += n * E::flops_per_token(seq);
-          }
-        }(),
-        ...);
-  }(typename Model::core::executors{}, std::make_index_sequence<Model::core::executors::size>{});
-  return total;
-}
 
 }  // namespace mom

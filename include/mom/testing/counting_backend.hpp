@@ -50,6 +50,26 @@ struct CountingBackend : cpu::Backend<T> {
     flops += 2 * x.rows * w_ih.rows * (x.cols + h.cols);
     Base::gru_cell_forward(h_out, gates, x, h, w_ih, w_hh, b_ih, b_hh);
   }
+  void gru_cell_backward(M dx, M dh, M dw_ih, M dw_hh, S db_ih, S db_hh, M scratch, CM dh_out, CM gates, CM x, CM h,
+                         CM w_ih, CM w_hh) {
+    // dW_ih, dW_hh and dh always, dx when asked: each as large as its forward product
+    flops += 2 * x.rows * w_ih.rows * ((dx.empty() ? 1 : 2) * x.cols + 2 * h.cols);
+    Base::gru_cell_backward(dx, dh, dw_ih, dw_hh, db_ih, db_hh, scratch, dh_out, gates, x, h, w_ih, w_hh);
+  }
+  // Stick-breaking attention over [Q (heads·dh) | K (kv_heads·dh) | V]: 2 and 5 causal products of the query
+  // width, as softmax attention's (modules/moa.hpp counts it so).
+  static index_t query_width(CM qkv, index_t heads, index_t kv_heads) {
+    return heads * (qkv.cols / (heads + 2 * kv_heads));
+  }
+  void stick_breaking_forward(M out, CM qkv, index_t batch, index_t seq, index_t heads, index_t kv_heads) {
+    flops += batch * 2 * query_width(qkv, heads, kv_heads) * seq * (seq + 1);
+    Base::stick_breaking_forward(out, qkv, batch, seq, heads, kv_heads);
+  }
+  void stick_breaking_backward(M dqkv, CM dout, CM out, CM qkv, index_t batch, index_t seq, index_t heads,
+                               index_t kv_heads) {
+    flops += batch * 5 * query_width(qkv, heads, kv_heads) * seq * (seq + 1);
+    Base::stick_breaking_backward(dqkv, dout, out, qkv, batch, seq, heads, kv_heads);
+  }
   void attention_packed_forward(M out, S lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok, index_t seq, index_t heads) {
     flops += 4 * q.cols * visible_pairs(q_tok, k_tok, seq);
     Base::attention_packed_forward(out, lse, q, k, v, q_tok, k_tok, seq, heads);

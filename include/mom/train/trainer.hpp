@@ -27,6 +27,7 @@
 
 #include <mom/backend/backend_concept.hpp>
 #include <mom/models/describe.hpp>
+#include <mom/models/realised_flops.hpp>
 #include <mom/train/checkpoint.hpp>
 #include <mom/train/data.hpp>
 #include <mom/train/distributed.hpp>
@@ -158,6 +159,8 @@ struct TrainResult {
   int ranks = 1;                        // data-parallel ranks (tokens_per_second counts all of them)
   double train_seconds = 0;             // seconds less validation and checkpoints
   double comm_seconds = 0;              // of which in the gradient and loss reductions (0 with one rank)
+  double training_flops = 0;            // forward + backward FLOPs of the steps run by this call (all ranks; see
+                                        // Trainer::last_step_flops)
 };
 
 // A double for a JSON metrics line: JSON has no inf / NaN, so those are written as strings.
@@ -308,6 +311,7 @@ class Trainer {
   // last_step_skipped() says so; run() stops after cfg.max_skipped_steps such steps in a row.
   double train_step() {
     auto& be = model_.backend();
+    double step_flops = 0;
     model_.zero_grad();
     const std::span<T> loss_sum = step_scalars_.span().subspan(1, 1);
     be.zero(loss_sum);
@@ -317,6 +321,7 @@ class Trainer {
       last_slot_ = current_slot_;  // save()'s check forward runs on the last micro-batch trained on
       trained_ = true;
       model_.forward_async(b.inputs, b.targets, cfg_.batch, cfg_.seq);
+      step_flops += micro_batch_flops();
       be.axpy(loss_sum, T(1), model_.loss_data());
       model_.backward();
     }
@@ -364,8 +369,15 @@ class Trainer {
     last_skipped_ = cpu::adamw_skips(host[0], T(cfg_.grad_clip));
     last_lr_ = lr;
     last_grad_norm_ = double(host[0]);
+    last_step_flops_ = step_flops * double(ranks_);
     return loss;
   }
+  // Forward + backward FLOPs of the last step over every micro-batch and rank ("flops" in metrics.jsonl): on a
+  // host-memory backend as run (realised_training_flops: a routed model's realised routing, read back after each
+  // forward; this rank's micro-batches counted for every rank), on a device backend the cost model's figure
+  // (Model::training_flops: reading the routing back would wait for the device inside the step).
+  double last_step_flops() const { return last_step_flops_; }
+  static constexpr bool counts_realised_flops = host_memory<typename Instance::backend_type>;
   bool last_step_skipped() const { return last_skipped_; }
   // The global gradient L2 norm of the last step (the trainable tensors' gradients only), before clipping.
   double last_grad_norm() const { return last_grad_norm_; }
@@ -415,7 +427,9 @@ class Trainer {
       metrics.write({{"type", "run"}, {"arch", cfg_.arch_name}, {"describe", describe<Model>()},
                      {"config", cfg_.to_json()}, {"resumed_from", resumed_from_}, {"frozen_tensors", frozen_tensors_},
                      {"frozen_params", frozen_params_}, {"trainable_params", trainable_params()},
-                     {"ranks", ranks_}, {"communicator", comm_->name()}});
+                     {"ranks", ranks_}, {"communicator", comm_->name()},
+                     {"flops_counted", counts_realised_flops ? "realised" : "cost model"},
+                     {"params", double(Model::params)}, {"training_flops_per_token", double(Model::training_flops_per_token(cfg_.seq))}});
     }
     if (frozen_tensors_ > 0) progress_.message(freeze_summary());
     check_replicas_now();  // the same initialisation (seed) or checkpoint on every rank
@@ -455,7 +469,9 @@ class Trainer {
       progress_.status(static_cast<long>(step_), line, step_ == cfg_.steps || step_ == start_step + 1);
       metrics.write({{"type", "train"}, {"step", step_}, {"loss", json_number(loss)}, {"lr", last_lr_},
                      {"grad_norm", json_number(last_grad_norm_)}, {"skipped", last_skipped_},
-                     {"tokens", double(step_) * tokens_per_step}, {"tok_per_s", tok_s}, {"elapsed_s", secs}});
+                     {"tokens", double(step_) * tokens_per_step}, {"tok_per_s", tok_s}, {"elapsed_s", secs},
+                     {"flops", last_step_flops_}});
+      result.training_flops += last_step_flops_;
       const bool last = step_ == cfg_.steps;
       const double before_bookkeeping = elapsed();
       if (val_ && ((cfg_.eval_interval > 0 && step_ % cfg_.eval_interval == 0) || last)) {
@@ -636,7 +652,11 @@ class Trainer {
   index_t resumed_from_ = 0;
   index_t frozen_params_ = 0, frozen_tensors_ = 0;
   bool last_skipped_ = false;
-  double last_lr_ = 0, last_grad_norm_ = 0;
+  double last_lr_ = 0, last_grad_norm_ = 0, last_step_flops_ = 0;
+  double micro_batch_flops() {
+    if constexpr (counts_realised_flops) return realised_training_flops(model_);
+    else return double(Instance::model_type::training_flops(cfg_.batch, cfg_.seq));
+  }
   double global_loss_sum_ = 0, comm_seconds_ = 0;  // several ranks: the step's summed losses, time reducing
   bool stop_agreed_ = false;
   std::vector<T> staging_;  // several ranks on a device backend: the gradients' host copy
