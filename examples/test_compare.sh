@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# scripts/compare.py end to end at a tiny budget (issue 32): three architectures (one dense, one routed, one
+# two-phase MoM) × seeds at equal training FLOPs on a small corpus; the table and the SVG are written, every run
+# trained for the steps its pilot measured, the FLOPs each run logged are those of its budget; then the
+# same sweep with one more seed keeps the finished runs (resumable) and trains only the new ones.
+set -u
+BIN="$1"
+HERE="$(cd "$(dirname "$0")" && pwd)"
+T="$(mktemp -d)"
+trap 'rm -rf "$T"' EXIT
+export OMP_NUM_THREADS=2
+for i in $(seq 1 200); do echo "In the beginning God created the heaven and the earth. And the earth was without form $i."; done >"$T/text.txt"
+args=(--mom-train "$BIN" --data "$T/text.txt" --out "$T/sweep" --archs tiny,mod8,mom8-e@dense8:0.5 --flops 3e10
+      --batch 2 --seq 16 --warmup 1 --evals 2 --pilot 2 --eval-batches 1 --checkpoints 1)
+python3 "$HERE/../scripts/compare.py" "${args[@]}" --seeds 1 >"$T/first.log" 2>&1 || { echo "FAIL: first sweep"; cat "$T/first.log"; exit 1; }
+python3 "$HERE/../scripts/compare.py" "${args[@]}" --seeds 1,2 >"$T/second.log" 2>&1 || { echo "FAIL: second sweep"; cat "$T/second.log"; exit 1; }
+cat "$T/second.log"
+fail=0
+# The second sweep trained seed 2 only (4 runs: tiny, mod8, dense8 phase 1, mom8-e), none of seed 1.
+n=$(grep -c "^  training" "$T/second.log")
+[ "$n" = 4 ] || { echo "FAIL: the second sweep trained $n runs, not the 4 of seed 2"; fail=1; }
+grep -q "training .* seed 1" "$T/second.log" && { echo "FAIL: seed 1 trained again"; fail=1; }
+python3 - "$T/sweep" <<'PY' || fail=1
+import json, os, sys
+out = sys.argv[1]
+plan = json.load(open(os.path.join(out, "plan.json")))["steps"]
+budget = 3e10
+bad = 0
+for folder, spec, phases in (("tiny", "tiny", ["seed-{s}"]), ("mod8", "mod8", ["seed-{s}"]),
+                             ("mom8-e_after_dense8_0.5", "mom8-e@dense8:0.5", ["seed-{s}-phase1", "seed-{s}"])):
+    for s in (1, 2):
+        flops, per_step = 0.0, []
+        for ph in phases:
+            rows = [json.loads(l) for l in open(os.path.join(out, folder, ph.format(s=s), "metrics.jsonl"))]
+            train = [r for r in rows if r["type"] == "train"]
+            flops += sum(r["flops"] for r in train)
+            per_step.append(max(r["flops"] for r in train))
+            assert any(r["type"] == "val" for r in rows), (folder, ph)
+        # each phase's steps are its share of the budget over the pilot's FLOPs per step: within a step of the budget
+        # where the cost does not depend on the routing (tiny, mod8), within 10% where it does (MoM_E picks Skip
+        # more or less often as it trains: the table reports the FLOPs each run actually logged)
+        slack = 0.10 * budget if spec.startswith("mom8") else 1.5 * sum(per_step)
+        ok = budget - slack <= flops <= budget + slack
+        print(f"{'ok' if ok else 'FAIL'}: {spec} seed {s}: {flops:.3g} training FLOPs for a budget of {budget:.3g}")
+        bad += not ok
+table = open(os.path.join(out, "results.md")).read()
+for spec in ("| tiny |", "| mod8 |", "| mom8-e (after dense8, 0.5) |"):
+    if spec not in table or "(n=2)" not in table.split(spec)[1].split("\n")[0]:
+        print(f"FAIL: results.md has no row {spec} over 2 seeds"); bad += 1
+svg = open(os.path.join(out, "val_vs_flops.svg")).read()
+if svg.count("<path") != 3:
+    print(f"FAIL: val_vs_flops.svg draws {svg.count('<path')} curves, not 3"); bad += 1
+sys.exit(1 if bad else 0)
+PY
+# A bad architecture name is one line, not a traceback.
+python3 "$HERE/../scripts/compare.py" --mom-train "$BIN" --data "$T/text.txt" --out "$T/bad" --archs mom8-e@dense8 --flops 1e9 >"$T/bad.log" 2>&1
+[ $? = 1 ] && grep -q "^compare: 'mom8-e@dense8': a two-phase architecture is A@B:fraction" "$T/bad.log" ||
+  { echo "FAIL: a malformed two-phase spec:"; cat "$T/bad.log"; fail=1; }
+[ "$fail" = 0 ] && echo "compare: ok"
+exit "$fail"
