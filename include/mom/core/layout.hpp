@@ -119,12 +119,9 @@ std::string_view first_duplicate_name(const std::array<ParamInfo, N>& layout) {
   return at == names.end() ? std::string_view{} : *at;
 }
 
-// Bump allocator over one workspace, usable at compile time (the cost model's activation
-// size) and at run time (carving the workspace) with the same code, so the two agree.
-// Every block starts on a 16-element boundary (64 bytes for float).
 // Workspace guards, in debug builds (no NDEBUG) and the library's test builds (MOM_WORKSPACE_GUARD=16): every
 // region an Arena hands out is followed by `workspace_guard` elements nobody owns, and every module's backward
-// scratch by as many (modules/module.hpp, guarded_scratch). ModelInstance fills them with a sentinel at
+// scratch by as many (modules/checked.hpp, guarded_scratch). ModelInstance fills them with a sentinel at
 // reserve, and each module call through mom::checked (modules/checked.hpp) verifies them afterwards on a
 // host-memory backend: a module that writes past its Saved activations or its declared scratch is reported by
 // name at the call that did it. 0 in release builds: no gaps, no checks, the same plans as without them.
@@ -142,6 +139,9 @@ static_assert(workspace_guard % 16 == 0, "MOM_WORKSPACE_GUARD must be a multiple
 template <class T>
 inline constexpr T guard_value = T(-9.87654321e29);
 
+// Bump allocator over one workspace, usable at compile time (the cost model's activation
+// size) and at run time (carving the workspace) with the same code, so the two agree.
+// Every block starts on a 16-element boundary (64 bytes for float), and is followed by the guard above.
 struct Arena {
   static constexpr index_t align = 16;
   index_t used = 0;

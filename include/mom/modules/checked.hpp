@@ -13,8 +13,9 @@
 //
 // Where workspace guards are on (debug and test builds, core/layout.hpp), each call also verifies them on a
 // host-memory backend: after forward, every guard gap of the model's workspace (a module that writes past its
-// Saved activations); around backward, the guard after the module's declared scratch (a scratch() that is too
-// small). An overrun is a mom::Error naming the module's type and the member.
+// Saved activations); around a token or sequence mixer's backward, the guard after the module's declared
+// scratch (a scratch() that is too small; a routed attention's grouped scratch, scratch_grouped<G, keys>, has no
+// guard of its own). An overrun is a mom::Error naming the module's type and the member.
 #include <span>
 #include <string_view>
 #include <type_traits>

@@ -31,7 +31,7 @@ namespace mom::testing {
 template <class T>
 struct GuardedBuffer {
   static constexpr index_t guard = 64;
-  static constexpr T sentinel = T(-1.2345678e30);  // no computation of a module writes exactly this (float or double)
+  static constexpr T sentinel = guard_value<T>;  // the workspace guards' (core/layout.hpp): no module computes it
   std::vector<T> data;
   explicit GuardedBuffer(index_t size) : data(std::size_t(size + 2 * guard), sentinel) {}
   T* get() { return data.data() + guard; }
