@@ -35,6 +35,9 @@ import statistics
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from plot_runs import read_records  # noqa: E402  (the metrics.jsonl reader, shared)
+
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
           "#7f7f7f", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"]
 
@@ -45,28 +48,11 @@ def fail(msg):
 
 
 def read_metrics(run_dir):
-    """The run's records: run records, train rows by step (the last write of a step wins after a resume), val rows."""
+    """The run's records (plot_runs.read_records), or none when it has not started."""
     path = os.path.join(run_dir, "metrics.jsonl")
-    runs, train, val = [], {}, {}
     if not os.path.exists(path):
-        return runs, train, val
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by a kill
-            kind = r.get("type")
-            if kind == "run":
-                runs.append(r)
-            elif kind == "train":
-                train[r["step"]] = r
-            elif kind == "val":
-                val[r["step"]] = r
-    return runs, train, val
+        return [], {}, {}
+    return read_records(path, warn=False)
 
 
 def finished(run_dir, steps):

@@ -18,10 +18,10 @@ import sys
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 
 
-def read_run(path):
-    if os.path.isdir(path):
-        path = os.path.join(path, "metrics.jsonl")
-    train, val, label = {}, {}, None
+def read_records(path, warn=True):
+    """A metrics.jsonl's records: the run records in order, and the train / val records by step (when a run was
+    resumed, later records for a step replace earlier ones). A line that is not JSON (cut by a kill) is skipped."""
+    runs, train, val = [], {}, {}
     with open(path) as f:
         for line_no, line in enumerate(f, 1):
             line = line.strip()
@@ -30,15 +30,26 @@ def read_run(path):
             try:
                 r = json.loads(line)
             except json.JSONDecodeError:
-                print(f"{path}:{line_no}: skipping a line that is not JSON", file=sys.stderr)
+                if warn:
+                    print(f"{path}:{line_no}: skipping a line that is not JSON", file=sys.stderr)
                 continue
             kind = r.get("type")
             if kind == "run":
-                label = r.get("arch") or label
+                runs.append(r)
             elif kind == "train":
                 train[r["step"]] = r
             elif kind == "val":
                 val[r["step"]] = r
+    return runs, train, val
+
+
+def read_run(path):
+    if os.path.isdir(path):
+        path = os.path.join(path, "metrics.jsonl")
+    runs, train, val = read_records(path)
+    label = None
+    for r in runs:
+        label = r.get("arch") or label
     name = os.path.basename(os.path.dirname(os.path.abspath(path))) or path
     return {"name": f"{name} ({label})" if label else name,
             "train": [train[s] for s in sorted(train)], "val": [val[s] for s in sorted(val)]}
