@@ -16,6 +16,7 @@
 #include <mom/train/tokenizer.hpp>
 
 #include "architectures.hpp"
+#include "train_session.hpp"
 
 namespace mom::examples {
 
@@ -70,7 +71,7 @@ class EvalData {
 // after each forward (routing statistics).
 template <class Instance, class OnForward>
 double validation_loss(Instance& m, const train::TokenFile& val, const EvalRequest& r, OnForward&& on_forward) {
-  constexpr Dims D = Instance::model_type::dims;
+  const Dims D = model_card(m).dims;
   MOM_CHECK(r.seq > 0 && r.seq <= D.context, "--seq ", r.seq, " must be in 1..", D.context, " (the context)");
   MOM_CHECK(val.vocab() <= D.vocab, "the data's vocabulary (", val.vocab(), ") exceeds the model's ", D.vocab);
   m.reserve(r.batch, r.seq);
@@ -85,16 +86,13 @@ double validation_loss(Instance& m, const train::TokenFile& val, const EvalReque
   return sum / double(r.batches);
 }
 
+// The architecture's part of `mom-train eval`: its model on the device (the rest: evaluate_checkpoint,
+// train_session.hpp, compiled once per backend).
 template <class Model, class Be>
 int evaluate_model(const EvalRequest& r) {
   ModelInstance<Model, Be> model(1, open_backend(BackendTag<Be>{}, r.device, nullptr));
-  const auto meta = train::Checkpointer<decltype(model)>::load_params(r.checkpoint, model);
-  const EvalData data(r, train::checkpoint_tokenizer(meta, Model::dims.vocab, "checkpoint '" + r.checkpoint.string() + "'"));
-  const double loss = validation_loss(model, data.file(), r, [](auto&) {});
-  std::printf("validation loss %.4f nats/token over %lld windows of %lld x %lld tokens of %s\n", loss,
-              static_cast<long long>(r.batches), static_cast<long long>(r.batch), static_cast<long long>(r.seq),
-              r.data.string().c_str());
-  return 0;
+  ErasedModel any(model);
+  return evaluate_checkpoint<Be>(r, any);
 }
 
 namespace detail {
@@ -122,7 +120,8 @@ index_t pruned_params(const PruneMask& mask) {
 template <class Model, class Compact, class Be>
 int prune_model(const PruneRequest& r, const std::string& compact_name) {
   ModelInstance<Model, Be> model(1, open_backend(BackendTag<Be>{}, r.eval.device, nullptr));
-  const auto meta = train::Checkpointer<decltype(model)>::load_params(r.eval.checkpoint, model);
+  ErasedModel any(model);
+  const auto meta = load_params<Be>(r.eval.checkpoint, any);
   const std::string tokenizer =
       train::checkpoint_tokenizer(meta, Model::dims.vocab, "checkpoint '" + r.eval.checkpoint.string() + "'");
   MOM_CHECK(r.into.empty() || r.into == compact_name, "--into '", r.into, "': this architecture compacts into '",

@@ -2,7 +2,9 @@
 // backend: the generated translation units arch_<family>_<backend>.cpp include one backend's header
 // (backend_cpu.hpp or backend_cuda.hpp: how that backend is opened for a Device), this file and a family's
 // list of entries, and instantiate Registrar<Backend> over that list, so each family's code compiles once per
-// backend, in parallel with the others and cached separately.
+// backend, in parallel with the others and cached separately. What is not the architecture's own (the run's
+// checks and data, the Trainer, the Checkpointer, evaluation) goes through mom::AnyModel and is compiled once per
+// backend instead (train_session.hpp).
 #pragma once
 
 #include "architectures.hpp"
@@ -13,6 +15,7 @@
 #include <mom/train/hf_gpt2.hpp>
 #include "evaluate.hpp"
 #include "sample.hpp"
+#include "train_session.hpp"
 
 #include <omp.h>
 #include <unistd.h>
@@ -129,34 +132,27 @@ inline std::string init_from_describe(const std::filesystem::path& file) {
 }
 
 // Also fine-tuning: a checkpoint of the architecture itself starts a new run from its parameters (fresh
-// optimizer, step 0; with --freeze, only some tensors train).
-template <class Model, class DenseTwin>
-void check_init_from(const ArchEntry& arch, const TrainRequest& r) {
+// optimizer, step 0; with --freeze, only some tensors train). twin_describe: describe<DenseTwin>() of the entry's
+// dense twin, empty for an entry without one.
+inline void check_init_from(const ArchEntry& arch, const TrainRequest& r, const std::string& twin_describe) {
   if (r.init_from.empty()) return;
   MOM_CHECK(!r.resume, "--init-from starts a new run from a checkpoint; --resume continues a run: pass one");
   const auto file = init_from_file(r.init_from);
   const std::string held = init_from_describe(file);
   if (held == arch.describe) return;  // fine-tuning
-  if constexpr (std::is_void_v<DenseTwin>) {
-    MOM_CHECK(false, "--init-from: '", file.string(), "' holds '", held, "': architecture '", arch.name,
-              "' starts only from its own checkpoints (fine-tuning); it is not a Mixture-of-Modules model with a "
-              "dense twin to warm-start from");
-  } else {
-    const std::string want = describe<DenseTwin>();
-    MOM_CHECK(held == "?" || held == want, "--init-from: '", file.string(), "' holds '", held, "' but --arch ",
-              arch.name, " warm-starts from its dense twin ", arch.dense_twin, " ('", want, "') or fine-tunes its own");
-  }
+  MOM_CHECK(!twin_describe.empty(), "--init-from: '", file.string(), "' holds '", held, "': architecture '", arch.name,
+            "' starts only from its own checkpoints (fine-tuning); it is not a Mixture-of-Modules model with a "
+            "dense twin to warm-start from");
+  MOM_CHECK(held == "?" || held == twin_describe, "--init-from: '", file.string(), "' holds '", held, "' but --arch ",
+            arch.name, " warm-starts from its dense twin ", arch.dense_twin, " ('", twin_describe,
+            "') or fine-tunes its own");
 }
 
+// Phase 2 from the dense twin's parameters (a mom checkpoint of DenseTwin or a Hugging Face GPT-2 file; a
+// checkpoint of the architecture itself is TrainSession::init_from_own's).
 template <class DenseTwin, class Instance>
 void warm_start_from(const ArchEntry& arch, const TrainRequest& r, Instance& model) {
   const auto file = init_from_file(r.init_from);
-  if (init_from_describe(file) == arch.describe) {
-    train::Checkpointer<Instance>::load_params(file.parent_path(), model);
-    std::printf("fine-tuning: parameters from %s (optimizer state fresh, step 0)\n", file.string().c_str());
-    std::fflush(stdout);
-    return;
-  }
   if constexpr (!std::is_void_v<DenseTwin>) {
     ModelInstance<DenseTwin, typename Instance::backend_type> dense(1, model.backend());
     const train::safetensors::File f(file);
@@ -208,11 +204,11 @@ inline void check_resume_data(const train::safetensors::File& f, const train::Tr
 
 // The memory a training run allocates up front (the workspace the cost model plans for batch x seq, plus
 // parameters, gradients and both AdamW moments), refused with the numbers when it exceeds this machine's.
-template <class Model>
-void check_memory(const train::TrainConfig& cfg, double available, const std::string& where) {
+inline void check_memory(const ModelCard& card, const train::TrainConfig& cfg, double available,
+                         const std::string& where) {
   const double gib = 1024.0 * 1024.0 * 1024.0;
-  const double activations = double(Model::template activation_bytes<float>(cfg.batch, cfg.seq));
-  const double state = 4.0 * double(Model::params) * sizeof(float);
+  const double activations = card.activation_bytes(cfg.batch, cfg.seq);
+  const double state = 4.0 * double(card.params) * sizeof(float);
   MOM_CHECK(available <= 0 || activations + state <= available, "--batch ", cfg.batch, " x --seq ", cfg.seq,
             " needs about ", activations / gib, " GiB of activations plus ", state / gib,
             " GiB of parameters, gradients and AdamW moments, more than ", where, "'s ", available / gib, " GiB");
@@ -228,144 +224,59 @@ ModelInstance<Sampling, typename Instance::backend_type> sampling_copy(Instance&
   return s;
 }
 
+// The architecture's part of a `mom-train` run: its model, warm start, routing and depth statistics, the causal
+// evaluation of Mixture-of-Depths and the end-of-training sample; the rest (checks, data, the Trainer) is
+// TrainSession's, compiled once per backend (train_session.hpp).
 template <class Model, class DenseTwin, class Be>
 int train_model(const ArchEntry& arch, const TrainRequest& r) {
-  namespace fs = std::filesystem;
   using Instance = ModelInstance<Model, Be>;
-  train::TrainConfig cfg = r.cfg;
-  MOM_CHECK(cfg.seq > 0 && cfg.seq <= Model::dims.context, "--seq ", cfg.seq, " exceeds the context ",
-            Model::dims.context, " of architecture '", arch.name, "'");
-  MOM_CHECK(!cfg.out_dir.empty(), "--out must name an output directory");
-  // Several ranks share --out (one file system): rank 0 alone creates it, prepares the data and writes.
-  const bool rank0 = !r.comm || r.comm->rank() == 0;
-  // Another process writing this run is refused first (naming its pid), before anything here reads or writes
-  // it; the lock is held to the end (train::DirLock).
-  train::DirLock lock;
-  if (rank0 && fs::is_directory(cfg.out_dir)) lock = train::DirLock(cfg.out_dir);
-  const bool existing = train::has_checkpoint(cfg.out_dir);
-  MOM_CHECK(!existing || r.resume, "output directory '", cfg.out_dir.string(),
-            "' already holds a checkpoint: pass --resume to continue it, or choose another --out");
-  MOM_CHECK(existing || !r.resume, "--resume: no checkpoint in '", cfg.out_dir.string(), "'");
-  check_init_from<Model, DenseTwin>(arch, r);
-  if (cfg.freeze) train::freeze_mask<Model>(*cfg.freeze);  // a pattern that matches nothing: refused before any work
-  Be be = open_backend(BackendTag<Be>{}, r.device, r.comm);  // no such device: refused before any work
-  cfg.device = device_name(BackendTag<Be>{}, be);  // cuda:N, the GPU this process opened
-  cfg.precision = r.device.precision;
-  const int ranks = r.comm ? r.comm->size() : 1;
-  if (rank0) {
-    train::ensure_writable_dir(cfg.out_dir);
-    if (!lock.locked()) lock = train::DirLock(cfg.out_dir);
-  }
-  cfg.data_name = data_identity(r.data);
-  if (r.resume) {  // refuse another architecture's checkpoint, or other data, before any work
-    const auto dir = train::resolve_checkpoint(cfg.out_dir);
-    const train::safetensors::File f(dir / "model.safetensors");
-    const auto it = f.metadata().find("mom.describe");
-    MOM_CHECK(it != f.metadata().end() && it->second == arch.describe, "checkpoint '", dir.string(),
-              "' is a different architecture: it holds '", it != f.metadata().end() ? it->second : "?",
-              "' but --arch ", arch.name, " is '", arch.describe, "'");
-    check_resume_data(f, cfg);
-    MOM_CHECK(!r.seed_given && !r.tokenizer_given && !r.val_fraction_given, "--resume continues the run's own ",
-              r.seed_given ? "seed (its data order is restored from the checkpoint): leave out --seed"
-                           : "prepared data: leave out --tokenizer and --val-fraction");
-    // The recorded seed, so that the run's configuration (metrics, the next checkpoint) keeps saying it.
-    if (const auto it = f.metadata().find("mom.config"); it != f.metadata().end()) {
-      const auto config = nlohmann::json::parse(it->second, nullptr, false);
-      if (config.is_object() && config.contains("seed") && config["seed"].is_number_unsigned())
-        cfg.seed = config["seed"].get<std::uint64_t>();
-    }
-  }
-  check_memory<Model>(cfg, backend_memory_bytes(BackendTag<Be>{}, be),
-                      r.device.kind == DeviceKind::cpu ? std::string("this machine") : r.device.name());
-  const std::string tokenizer_name = r.tokenizer.empty() ? arch.tokenizer : r.tokenizer;
-
-  DataFiles files;
-  if (rank0) files = resolve_data(r, tokenizer_name);
-  if (ranks > 1) {  // the others open what rank 0 prepared (the broadcast waits for it)
-    files.train = r.comm->broadcast_string(files.train.string(), 0);
-    files.val = r.comm->broadcast_string(files.val.string(), 0);
-  }
-  // From here on no rank waits for long work on another (data preparation is done): a collective that waits
-  // longer than the timeout means a stopped or hung rank, and ends the job.
-  if (ranks > 1) r.comm->set_collective_timeout(r.collective_timeout);
-  train::TokenFile train_data(files.train);
-  std::optional<train::TokenFile> val_data;
-  if (!files.val.empty()) val_data.emplace(files.val);
-  cfg.arch_name = arch.name;
-  cfg.tokenizer_name = train_data.tokenizer();
-  // The tokenizer the data names must exist before training (the final sample and mom-sample need it).
-  std::unique_ptr<train::Tokenizer> sample_tokenizer;
-  if (r.sample_tokens > 0)
-    sample_tokenizer = train::make_tokenizer(cfg.tokenizer_name, repo_root());
-  else
-    MOM_CHECK(train::known_tokenizer_vocab(cfg.tokenizer_name).has_value(), "data file '", files.train.string(),
-              "' names the tokenizer '", cfg.tokenizer_name, "' which this build does not know (known: byte, gpt2)");
-  const double entropy = train::unigram_entropy(train_data);
-  std::printf("data: %lld train tokens, %lld validation tokens, vocab %lld (%s); unigram entropy %.4f nats/token\n",
-              static_cast<long long>(train_data.size()), static_cast<long long>(val_data ? val_data->size() : 0),
-              static_cast<long long>(train_data.vocab()), cfg.tokenizer_name.c_str(), entropy);
-  std::printf("model: %s\n", arch.describe.c_str());
-  std::printf("train: %lld steps x %lld x %lld tokens x %lld accum, lr %.3g (warm-up %lld, cosine to %.3g), "
-              "weight decay %.3g, clip %.3g, %d threads, out %s\n"
-              "device: %s\n",
-              static_cast<long long>(cfg.steps), static_cast<long long>(cfg.batch), static_cast<long long>(cfg.seq),
-              static_cast<long long>(cfg.accum), cfg.lr, static_cast<long long>(cfg.warmup), cfg.lr * cfg.min_lr_ratio,
-              cfg.weight_decay, cfg.grad_clip, omp_get_max_threads(), cfg.out_dir.string().c_str(),
-              backend_summary(BackendTag<Be>{}, be).c_str());
-  std::fflush(stdout);
-
-  Instance model(cfg.seed, be);
-  if (!r.init_from.empty()) warm_start_from<DenseTwin>(arch, r, model);
-  // Several ranks on a device backend: its gradients summed in device memory where the build can (NCCL).
-  const auto device_comm = device_communicator(BackendTag<Be>{}, model.backend(), r.comm);
-  train::Communicator* comm = device_comm ? device_comm.get() : r.comm;
-  if (ranks > 1)
-    std::printf("data parallel: %s; each rank trains on %lld of the %lld sequences per micro-batch (%d threads each)\n",
-                comm->name().c_str(), static_cast<long long>(cfg.batch), static_cast<long long>(cfg.batch) * ranks,
-                omp_get_max_threads());
-  std::fflush(stdout);
-  train::Trainer<Instance> trainer(model, train_data, val_data ? &*val_data : nullptr, cfg, comm);
-  // With --freeze (or a model with buffers) trainer.run() starts with its freeze_summary() line.
+  std::string twin_describe;
+  if constexpr (!std::is_void_v<DenseTwin>) twin_describe = describe<DenseTwin>();
+  TrainSession<Be> session(arch, r, model_card<Model>(), twin_describe);
+  const train::TrainConfig& cfg = session.config();
+  const bool rank0 = session.rank0();
+  Instance model(cfg.seed, session.take_backend());
+  ErasedModel any(model);
+  if (!r.init_from.empty() && !session.init_from_own(any)) warm_start_from<DenseTwin>(arch, r, model);
+  EvalHooks hooks;
   // Routed models: routing statistics of each validation (issue 5, paper Fig. 6), next to metrics.jsonl.
   RoutingStats routing;
   constexpr bool routed = []<class... Es>(TypeList<Es...>) { return (ReportsRouting<Es> || ...); }(
       typename Model::core::executors{});
   if constexpr (routed) {
-    {
-      trainer.on_eval_forward = [&routing](Instance& m) { routing.accumulate(m); };
-      trainer.on_eval_done = [&routing, dir = cfg.out_dir, comm = r.comm, rank0](index_t step) {
-        reduce_stats(comm, routing);
-        if (!rank0) return routing.clear();
-        std::filesystem::create_directories(dir / "routing");
-        const std::string stem = (dir / "routing" / train::step_folder_name(step)).string();
-        routing.write_json(stem + ".json");
-        routing.write_csv(stem);
-        routing.write_json((dir / "routing.json").string());
-        // Expert usage in metrics.jsonl (issue 18): per router and round, each module's share, their
-        // coefficient of variation and the largest share (docs/training.md).
-        train::MetricsLog log(dir / "metrics.jsonl");
-        for (const auto& r : routing.routers) {
-          nlohmann::json rounds = nlohmann::json::array();
-          for (int h = 0; h < r.rounds; ++h) {
-            const RoutingStats::Load l = RoutingStats::load(r, h);
-            rounds.push_back({{"share", l.share}, {"cv", l.cv}, {"max_share", l.max_share}, {"skip_share", l.skip_share},
-                              {"idle_share", l.idle_share}});
-          }
-          log.write({{"type", "routing"}, {"step", step}, {"router", r.name}, {"k", r.k}, {"rounds", rounds}});
+    hooks.on_eval_forward = [&routing, &model] { routing.accumulate(model); };
+    hooks.on_eval_done = [&routing, dir = cfg.out_dir, comm = r.comm, rank0](index_t step) {
+      reduce_stats(comm, routing);
+      if (!rank0) return routing.clear();
+      std::filesystem::create_directories(dir / "routing");
+      const std::string stem = (dir / "routing" / train::step_folder_name(step)).string();
+      routing.write_json(stem + ".json");
+      routing.write_csv(stem);
+      routing.write_json((dir / "routing.json").string());
+      // Expert usage in metrics.jsonl (issue 18): per router and round, each module's share, their
+      // coefficient of variation and the largest share (docs/training.md).
+      train::MetricsLog log(dir / "metrics.jsonl");
+      for (const auto& r : routing.routers) {
+        nlohmann::json rounds = nlohmann::json::array();
+        for (int h = 0; h < r.rounds; ++h) {
+          const RoutingStats::Load l = RoutingStats::load(r, h);
+          rounds.push_back({{"share", l.share}, {"cv", l.cv}, {"max_share", l.max_share}, {"skip_share", l.skip_share},
+                            {"idle_share", l.idle_share}});
         }
-        routing.clear();
-      };
-    }
+        log.write({{"type", "routing"}, {"step", step}, {"router", r.name}, {"k", r.k}, {"rounds", rounds}});
+      }
+      routing.clear();
+    };
   }
   // Depth-routed models (issue 6): fraction of tokens run per routed layer and, for Mixture-of-Depths, the
   // accuracy of the causal routing decision (MoD §3.5) at each validation, in <out>/depth.jsonl.
   DepthStats depth;
   if constexpr (has_depth_routing<Model>) {
-    trainer.on_eval_forward = [&depth, prev = trainer.on_eval_forward](Instance& m) {
-      if (prev) prev(m);
-      depth.accumulate(m);
+    hooks.on_eval_forward = [&depth, &model, prev = hooks.on_eval_forward] {
+      if (prev) prev();
+      depth.accumulate(model);
     };
-    trainer.on_eval_done = [&depth, prev = trainer.on_eval_done, dir = cfg.out_dir, comm = r.comm, rank0](index_t step) {
+    hooks.on_eval_done = [&depth, prev = hooks.on_eval_done, dir = cfg.out_dir, comm = r.comm, rank0](index_t step) {
       if (prev) prev(step);
       reduce_stats(comm, depth);
       if (!rank0) return depth.clear();
@@ -379,30 +290,12 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
       depth.clear();
     };
   }
-  if (r.resume) {
-    const auto changes = trainer.resume(cfg.out_dir);
-    std::printf("resumed from step %lld of %s\n", static_cast<long long>(trainer.step()), cfg.out_dir.string().c_str());
-    for (const auto& c : changes) std::printf("resume: changed since the checkpoint: %s\n", c.c_str());
-    MOM_CHECK(trainer.step() < cfg.steps, "--resume: the checkpoint is at step ", trainer.step(),
-              ", nothing to do for --steps ", cfg.steps);
-  }
-  const auto result = trainer.run();
-  std::printf("done: steps %lld..%lld in %.1f s, %.0f tokens/s while training%s\n", static_cast<long long>(result.first_step),
-              static_cast<long long>(result.last_step), result.seconds, result.tokens_per_second,
-              result.interrupted ? " (interrupted; continue with --resume)" : "");
-  if (ranks > 1)
-    std::printf("communication: %.2f s reducing gradients and losses, %.1f%% of the training time\n",
-                result.comm_seconds, 100.0 * result.comm_seconds / std::max(result.train_seconds, 1e-9));
+  const train::TrainResult result = session.train(any, std::move(hooks));
   if (!rank0) return 0;  // rank 0 alone evaluates the causal routing and samples
-  if (result.skipped_steps > 0)
-    std::printf("warning: %lld steps had a non-finite loss or gradients and were skipped (not applied)\n",
-                static_cast<long long>(result.skipped_steps));
-  if (result.final_val_loss)
-    std::printf("final validation loss %.4f nats/token (perplexity %.3f) vs unigram entropy %.4f nats/token\n",
-                *result.final_val_loss, std::exp(*result.final_val_loss), entropy);
   // Mixture-of-Depths with a causal-sampling method: the same validation windows routed by the causal decision,
   // as autoregressive sampling routes (MoD §3.5, Fig. 6), beside the top-C figure; in <out>/depth.jsonl.
   using CausalModel = causal_sampling_model_t<Model>;
+  const train::TokenFile* val_data = session.validation();
   if constexpr (!std::is_same_v<CausalModel, Model>) {
     if (result.final_val_loss && val_data && !result.interrupted) {
       auto causal = sampling_copy<CausalModel>(model);
@@ -423,13 +316,13 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
     }
   }
   if (r.sample_tokens > 0 && !result.interrupted) {
-    auto& tok = sample_tokenizer;
-    std::vector<token_t> tokens = tok->encode(r.prompt);
+    train::Tokenizer& tok = *session.sample_tokenizer();
+    std::vector<token_t> tokens = tok.encode(r.prompt);
     if (tokens.empty()) tokens.push_back(0);
     std::printf("sample (temperature %.2f):\n%s", r.temperature, r.prompt.c_str());
     std::fflush(stdout);
     const auto print = [&](token_t t) {
-      const std::string s = tok->decode(std::span<const token_t>(&t, 1));
+      const std::string s = tok.decode(std::span<const token_t>(&t, 1));
       std::fwrite(s.data(), 1, s.size(), stdout);
       std::fflush(stdout);
     };
@@ -447,7 +340,8 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
 template <class Model, class Be>
 std::string sample_model(const SampleRequest& r) {
   ModelInstance<Model, Be> model(1, open_backend(BackendTag<Be>{}, r.device, nullptr));
-  const auto meta = train::Checkpointer<decltype(model)>::load_params(r.checkpoint, model);
+  ErasedModel any(model);
+  const auto meta = load_params<Be>(r.checkpoint, any);
   auto tok = train::make_tokenizer(
       train::checkpoint_tokenizer(meta, Model::dims.vocab, "checkpoint '" + r.checkpoint.string() + "'"), r.repo_root);
   std::vector<token_t> tokens = tok->encode(r.prompt);

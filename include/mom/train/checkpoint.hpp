@@ -37,7 +37,7 @@
 // that list).
 #pragma once
 
-#include <mom/models/describe.hpp>
+#include <mom/models/any_model.hpp>
 #include <mom/train/data.hpp>
 #include <mom/train/file_io.hpp>
 #include <mom/train/safetensors.hpp>
@@ -329,8 +329,10 @@ inline std::string checkpoint_tokenizer(const std::map<std::string, std::string>
 
 template <class Instance>
 class Checkpointer {
+  static_assert(TrainableModel<Instance>, "mom::train::Checkpointer<Instance>: Instance must be a ModelInstance or an "
+                "AnyModel (the members listed by mom::TrainableModel, models/any_model.hpp)");
+
  public:
-  using Model = typename Instance::model_type;
   using T = typename Instance::scalar;
 
   // Saves parameters, AdamW moments and the training state into <run_dir>/step-NNNNNN and points `latest` at it.
@@ -339,17 +341,18 @@ class Checkpointer {
                                     std::span<const T> adam_v, const TrainState& state,
                                     const std::map<std::string, std::string>& extra_metadata = {}) {
     namespace fs = std::filesystem;
-    MOM_CHECK(adam_m.size() == std::size_t(Model::params) && adam_v.size() == std::size_t(Model::params),
+    const ModelCard& card = model_card(model);
+    MOM_CHECK(adam_m.size() == std::size_t(card.params) && adam_v.size() == std::size_t(card.params),
               "Checkpointer::save: AdamW moments of ", adam_m.size(), " and ", adam_v.size(), " values, expected ",
-              Model::params);
+              card.params);
     MOM_CHECK(state.step >= 0, "Checkpointer::save: negative step ", state.step);
-    std::vector<T> params(Model::params), m(adam_m.size()), v(adam_v.size());
+    std::vector<T> params(std::size_t(card.params)), m(adam_m.size()), v(adam_v.size());
     model.backend().to_host(std::span<T>(params), std::span<const T>(model.params()));
     model.backend().to_host(std::span<T>(m), adam_m);
     model.backend().to_host(std::span<T>(v), adam_v);
     const std::string refuse = "Checkpointer::save: not saving step " + std::to_string(state.step) + " to '" +
                                run_dir.string() + "' (the previous checkpoint stays): ";
-    check_finite(refuse, params, m, v);
+    check_finite(card, refuse, params, m, v);
 
     ensure_writable_dir(run_dir);
     clean_run_dir(run_dir);
@@ -363,7 +366,7 @@ class Checkpointer {
     fs::create_directories(dir, ec);
     MOM_CHECK(!ec, "cannot create '", dir.string(), "': ", ec.message());
     try {
-      write_step_folder(dir, params, m, v, state, extra_metadata);
+      write_step_folder(card, dir, params, m, v, state, extra_metadata);
     } catch (...) {
       fs::remove_all(dir, ec);  // a half-written folder is never named by `latest`; drop it
       throw;
@@ -378,13 +381,14 @@ class Checkpointer {
   // validated before anything is written, so a refused checkpoint leaves the model untouched.
   static std::map<std::string, std::string> load(const std::filesystem::path& path, Instance& model,
                                                  std::span<T> adam_m, std::span<T> adam_v, TrainState& state) {
-    MOM_CHECK(adam_m.size() == std::size_t(Model::params) && adam_v.size() == std::size_t(Model::params),
+    const ModelCard& card = model_card(model);
+    MOM_CHECK(adam_m.size() == std::size_t(card.params) && adam_v.size() == std::size_t(card.params),
               "Checkpointer::load: AdamW moments of ", adam_m.size(), " and ", adam_v.size(), " values, expected ",
-              Model::params);
+              card.params);
     const std::filesystem::path dir = resolve_checkpoint(path);
     const std::string where = "checkpoint '" + dir.string() + "'";
-    std::vector<T> params(Model::params);
-    const safetensors::File mf = read_params(dir, params);
+    std::vector<T> params(std::size_t(card.params));
+    const safetensors::File mf = read_params(card, dir, params);
     const safetensors::File opt(dir / "optimizer.safetensors");
     MOM_CHECK(opt.meta("mom.checkpoint_id") == mf.meta("mom.checkpoint_id"), where,
               ": model.safetensors and optimizer.safetensors come from different saves");
@@ -409,11 +413,11 @@ class Checkpointer {
     for (const char* name : {"adam.m", "adam.v"}) {
       const safetensors::TensorInfo* t = opt.find(name);
       MOM_CHECK(t != nullptr, where, ": optimizer.safetensors lacks tensor '", name, "'");
-      MOM_CHECK(t->shape == std::vector<std::int64_t>{Model::params}, where, ": tensor '", name, "' has shape ",
-                shape_string(t->shape), ", expected [", Model::params, "]");
+      MOM_CHECK(t->shape == std::vector<std::int64_t>{card.params}, where, ": tensor '", name, "' has shape ",
+                shape_string(t->shape), ", expected [", card.params, "]");
       opt.read<T>(name, std::string_view(name) == "adam.m" ? std::span<T>(m) : std::span<T>(v));
     }
-    check_moments(where + ": ", m, v);
+    check_moments(card, where + ": ", m, v);
     s.sampler_state = opt.meta("mom.sampler_state");
     std::mt19937_64 probe;
     try {
@@ -421,7 +425,7 @@ class Checkpointer {
     } catch (const Error& e) {
       throw Error(where + ": optimizer metadata mom.sampler_state: " + e.what());
     }
-    s.freeze = freeze_of(opt, mf, where);
+    s.freeze = freeze_of(card, opt, mf, where);
     if (const auto it = opt.metadata().find("mom.ranks"); it != opt.metadata().end()) {
       const auto ranks = parse_int64(it->second);
       MOM_CHECK(ranks && *ranks >= 1, where, ": optimizer metadata mom.ranks '", it->second,
@@ -437,8 +441,9 @@ class Checkpointer {
 
   // Loads only the parameters (for sampling). Returns the model file's metadata.
   static std::map<std::string, std::string> load_params(const std::filesystem::path& path, Instance& model) {
-    std::vector<T> params(Model::params);
-    const safetensors::File f = read_params(resolve_checkpoint(path), params);
+    const ModelCard& card = model_card(model);
+    std::vector<T> params(std::size_t(card.params));
+    const safetensors::File f = read_params(card, resolve_checkpoint(path), params);
     model.backend().from_host(model.params(), std::span<const T>(params));
     return f.metadata();
   }
@@ -462,8 +467,8 @@ class Checkpointer {
   // that key (a checkpoint written before it), the "freeze" list of the model file's mom.config when it has
   // one (the first --freeze version recorded the patterns there only), else none: nothing frozen. Each
   // pattern must match a tensor of this model.
-  static std::vector<std::string> freeze_of(const safetensors::File& opt, const safetensors::File& mf,
-                                            const std::string& where) {
+  static std::vector<std::string> freeze_of(const ModelCard& card, const safetensors::File& opt,
+                                            const safetensors::File& mf, const std::string& where) {
     nlohmann::json list;
     std::string origin;
     if (const auto it = opt.metadata().find("mom.freeze"); it != opt.metadata().end()) {
@@ -484,7 +489,7 @@ class Checkpointer {
       patterns.push_back(p.get<std::string>());
     }
     try {
-      freeze_mask<Model>(patterns);
+      freeze_mask(card.layout, patterns);
     } catch (const Error& e) {
       throw Error(where + ": " + origin + ": " + e.what());
     }
@@ -492,25 +497,26 @@ class Checkpointer {
   }
 
   // The layout tensor holding flat parameter index i.
-  static const ParamInfo& param_at(std::size_t i) {
-    for (const auto& p : Model::layout)
+  static const ParamInfo& param_at(const ModelCard& card, std::size_t i) {
+    for (const auto& p : card.layout)
       if (i < std::size_t(p.offset + p.size())) return p;
-    return Model::layout.back();
+    return card.layout.back();
   }
 
-  static void check_finite(const std::string& where, std::span<const T> params, std::span<const T> m,
-                           std::span<const T> v) {
+  static void check_finite(const ModelCard& card, const std::string& where, std::span<const T> params,
+                           std::span<const T> m, std::span<const T> v) {
     if (const auto i = first_non_finite(params)) {
-      const ParamInfo& p = param_at(*i);
+      const ParamInfo& p = param_at(card, *i);
       throw Error(where + "tensor '" + std::string(p.name) + "' holds NaN/Inf at element " +
                   std::to_string(*i - std::size_t(p.offset)) + " (" + std::to_string(double(params[*i])) + ")");
     }
-    check_moments(where, m, v);
+    check_moments(card, where, m, v);
   }
-  static void check_moments(const std::string& where, std::span<const T> m, std::span<const T> v) {
+  static void check_moments(const ModelCard& card, const std::string& where, std::span<const T> m,
+                            std::span<const T> v) {
     for (const auto& [name, values] : {std::pair{"adam.m", m}, std::pair{"adam.v", v}})
       if (const auto i = first_non_finite(values)) {
-        const ParamInfo& p = param_at(*i);
+        const ParamInfo& p = param_at(card, *i);
         throw Error(where + "tensor '" + name + "' holds NaN/Inf at element " + std::to_string(*i) +
                     " (parameter '" + std::string(p.name) + "' element " + std::to_string(*i - std::size_t(p.offset)) +
                     ")");
@@ -519,15 +525,15 @@ class Checkpointer {
       MOM_CHECK(v[i] >= T(0), where, "tensor 'adam.v' holds a negative value at element ", i, " (", v[i], ")");
   }
 
-  static safetensors::File read_params(const std::filesystem::path& dir, std::vector<T>& params) {
+  static safetensors::File read_params(const ModelCard& card, const std::filesystem::path& dir, std::vector<T>& params) {
     safetensors::File f(dir / "model.safetensors");
     const std::string where = "checkpoint '" + dir.string() + "'";
-    const std::string ours = describe<Model>();
+    const std::string& ours = card.describe;
     const auto it = f.metadata().find("mom.describe");
     MOM_CHECK(it != f.metadata().end(), where, " has no mom.describe metadata (not saved by mom)");
     MOM_CHECK(it->second == ours, where, " is a different architecture: it holds '", it->second,
               "' but this model is '", ours, "'");
-    for (const auto& p : Model::layout) {
+    for (const auto& p : card.layout) {
       const safetensors::TensorInfo* t = f.find(p.name);
       MOM_CHECK(t != nullptr, where, " lacks tensor '", p.name, "'");
       const std::vector<std::int64_t> want = p.rows == 1 ? std::vector<std::int64_t>{p.cols}
@@ -536,25 +542,25 @@ class Checkpointer {
                 shape_string(want));
       f.read<T>(p.name, std::span<T>(params).subspan(p.offset, p.size()));
     }
-    MOM_CHECK(f.tensors().size() == Model::layout.size(), where, " holds ", f.tensors().size(),
-              " tensors, this model has ", Model::layout.size());
+    MOM_CHECK(f.tensors().size() == card.layout.size(), where, " holds ", f.tensors().size(),
+              " tensors, this model has ", card.layout.size());
     if (const auto i = first_non_finite(std::span<const T>(params))) {
-      const ParamInfo& p = param_at(*i);
+      const ParamInfo& p = param_at(card, *i);
       throw Error(where + ": tensor '" + std::string(p.name) + "' holds NaN/Inf at element " +
                   std::to_string(*i - std::size_t(p.offset)));
     }
     return f;
   }
 
-  static void write_step_folder(const std::filesystem::path& dir, std::span<const T> params, std::span<const T> m,
-                                std::span<const T> v, const TrainState& state,
+  static void write_step_folder(const ModelCard& card, const std::filesystem::path& dir, std::span<const T> params,
+                                std::span<const T> m, std::span<const T> v, const TrainState& state,
                                 const std::map<std::string, std::string>& extra_metadata) {
     std::random_device rd;
     const std::string id = std::to_string((std::uint64_t(rd()) << 32) | rd());
-    const std::string describe_line = describe<Model>();
+    const std::string& describe_line = card.describe;
 
     safetensors::Writer w;
-    for (const auto& p : Model::layout) {
+    for (const auto& p : card.layout) {
       std::vector<std::int64_t> shape = p.rows == 1 ? std::vector<std::int64_t>{p.cols}
                                                     : std::vector<std::int64_t>{p.rows, p.cols};
       w.add<T>(std::string(p.name), params.subspan(p.offset, p.size()), std::move(shape));

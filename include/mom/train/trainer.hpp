@@ -26,6 +26,7 @@
 #pragma once
 
 #include <mom/backend/backend_concept.hpp>
+#include <mom/models/any_model.hpp>
 #include <mom/models/describe.hpp>
 #include <mom/models/realised_flops.hpp>
 #include <mom/train/checkpoint.hpp>
@@ -171,19 +172,21 @@ inline nlohmann::json json_number(double x) {
 
 template <class Instance>
 class Trainer {
+  static_assert(TrainableModel<Instance>, "mom::train::Trainer<Instance>: Instance must be a ModelInstance or an AnyModel "
+                "(the members listed by mom::TrainableModel, models/any_model.hpp)");
+
  public:
-  using Model = typename Instance::model_type;
   using T = typename Instance::scalar;
 
   // comm: the data-parallel group this process trains in (train/distributed.hpp); null: a single process.
   Trainer(Instance& model, const TokenFile& train, const TokenFile* val, TrainConfig cfg, Communicator* comm = nullptr)
-      : model_(model), train_(train), val_(val), cfg_(std::move(cfg)), comm_(comm ? comm : &single_),
-        rank_(comm_->rank()), ranks_(comm_->size()),
-        sampler_(train, cfg_.batch, check_config(cfg_, train, val).seq, cfg_.seed, rank_, ranks_),
+      : model_(model), card_(model_card(model)), train_(train), val_(val), cfg_(std::move(cfg)),
+        comm_(comm ? comm : &single_), rank_(comm_->rank()), ranks_(comm_->size()),
+        sampler_(train, cfg_.batch, check_config(card_, cfg_, train, val).seq, cfg_.seed, rank_, ranks_),
         progress_(stdout, cfg_.log_interval) {
     auto& be = model_.backend();
-    m_ = be.template alloc<T>(Model::params);
-    v_ = be.template alloc<T>(Model::params);
+    m_ = be.template alloc<T>(card_.params);
+    v_ = be.template alloc<T>(card_.params);
     step_scalars_ = be.template alloc<T>(2);  // {gradient norm, summed micro-batch losses}, read once per step
     be.zero(m_.span());
     be.zero(v_.span());
@@ -253,16 +256,16 @@ class Trainer {
   const std::vector<bool>& frozen() const { return frozen_; }
   index_t frozen_params() const { return frozen_params_; }
   index_t frozen_tensors() const { return frozen_tensors_; }
-  index_t trainable_params() const { return Model::params - frozen_params_; }
+  index_t trainable_params() const { return card_.params - frozen_params_; }
   // "freeze: 3 patterns, 12 tensors (2 of them buffers), 1,234 of 5,678 parameters frozen, 4,444 trainable"
   std::string freeze_summary() const {
     auto count = [](std::size_t n, const char* what) { return std::to_string(n) + " " + what + (n == 1 ? "" : "s"); };
     std::size_t buffers = 0;
-    for (const auto& p : Model::layout) buffers += p.trainable ? 0 : 1;
+    for (const auto& p : card_.layout) buffers += p.trainable ? 0 : 1;
     std::string s = "freeze: " + count(cfg_.freeze ? cfg_.freeze->size() : 0, "pattern") + ", " +
                     count(std::size_t(frozen_tensors_), "tensor");
     if (buffers > 0) s += " (" + std::to_string(buffers) + (buffers == 1 ? " of them a buffer)" : " of them buffers)");
-    return s + ", " + mom::detail::with_commas(frozen_params_) + " of " + mom::detail::with_commas(Model::params) +
+    return s + ", " + mom::detail::with_commas(frozen_params_) + " of " + mom::detail::with_commas(card_.params) +
            " parameters frozen, " + mom::detail::with_commas(trainable_params()) + " trainable";
   }
 
@@ -375,7 +378,7 @@ class Trainer {
   // Forward + backward FLOPs of the last step over every micro-batch and rank ("flops" in metrics.jsonl): on a
   // host-memory backend as run (realised_training_flops: a routed model's realised routing, read back after each
   // forward; this rank's micro-batches counted for every rank), on a device backend the cost model's figure
-  // (Model::training_flops: reading the routing back would wait for the device inside the step).
+  // (ModelCard::training_flops: reading the routing back would wait for the device inside the step).
   double last_step_flops() const { return last_step_flops_; }
   static constexpr bool counts_realised_flops = host_memory<typename Instance::backend_type>;
   bool last_step_skipped() const { return last_skipped_; }
@@ -424,12 +427,12 @@ class Trainer {
       lock = DirLock(cfg_.out_dir);
       clean_run_dir(cfg_.out_dir);        // and half-written step folders
       metrics = MetricsLog(cfg_.out_dir / "metrics.jsonl");
-      metrics.write({{"type", "run"}, {"arch", cfg_.arch_name}, {"describe", describe<Model>()},
+      metrics.write({{"type", "run"}, {"arch", cfg_.arch_name}, {"describe", card_.describe},
                      {"config", cfg_.to_json()}, {"resumed_from", resumed_from_}, {"frozen_tensors", frozen_tensors_},
                      {"frozen_params", frozen_params_}, {"trainable_params", trainable_params()},
                      {"ranks", ranks_}, {"communicator", comm_->name()},
                      {"flops_counted", counts_realised_flops ? "realised" : "cost model"},
-                     {"params", double(Model::params)}, {"training_flops_per_token", double(Model::training_flops_per_token(cfg_.seq))}});
+                     {"params", double(card_.params)}, {"training_flops_per_token", card_.training_flops_per_token(cfg_.seq)}});
     }
     if (frozen_tensors_ > 0) progress_.message(freeze_summary());
     check_replicas_now();  // the same initialisation (seed) or checkpoint on every rank
@@ -517,7 +520,7 @@ class Trainer {
   // A finite blow-up is divergence too: a cross-entropy above twice that of guessing uniformly over the
   // vocabulary, 2 ln(vocab) (a fresh model starts near ln(vocab)), stops the run at a validation, and a save
   // refuses such parameters, so `latest` never names them and retention never deletes the last sane checkpoint.
-  static double divergence_bound() { return 2.0 * std::log(double(Model::dims.vocab)); }
+  double divergence_bound() const { return 2.0 * std::log(double(card_.dims.vocab)); }
 
   std::span<const T> adam_m() const { return m_.span(); }
   std::span<const T> adam_v() const { return v_.span(); }
@@ -558,11 +561,11 @@ class Trainer {
   // contiguous runs of layout tensors that share a weight-decay setting and frozen-ness, one AdamW pass each
   // (none for a frozen run). Called by the constructor and by resume(), never inside a step.
   void apply_freeze(const std::vector<std::string>& patterns) {
-    frozen_ = freeze_mask<Model>(patterns);
+    frozen_ = freeze_mask(card_.layout, patterns);
     groups_.clear();
     frozen_params_ = frozen_tensors_ = 0;
     for (std::size_t i = 0; i < frozen_.size(); ++i) {
-      const auto& p = Model::layout[i];
+      const auto& p = card_.layout[i];
       const bool decay = p.rows > 1 && p.cols > 1;
       if (frozen_[i]) frozen_params_ += p.size(), ++frozen_tensors_;
       if (!groups_.empty() && groups_.back().decay == decay && groups_.back().frozen == frozen_[i] &&
@@ -612,18 +615,19 @@ class Trainer {
     if (ranks_ == 1) return;
     std::vector<T> host(model_.params().size());
     model_.backend().to_host(std::span<T>(host), std::span<const T>(model_.params()));
-    check_replicas(*comm_, std::span<const ParamInfo>(Model::layout), std::span<const T>(host), step_);
+    check_replicas(*comm_, card_.layout, std::span<const T>(host), step_);
   }
 
   // Validates the configuration against the model and the data; returns it for the member initialisers.
-  static const TrainConfig& check_config(const TrainConfig& c, const TokenFile& train, const TokenFile* val) {
+  static const TrainConfig& check_config(const ModelCard& card, const TrainConfig& c, const TokenFile& train,
+                                         const TokenFile* val) {
     c.check();
-    MOM_CHECK(c.seq <= Model::dims.context, "seq ", c.seq, " exceeds the model's context ", Model::dims.context);
-    MOM_CHECK(train.vocab() <= Model::dims.vocab, "data file '", train.path().string(), "' has vocab ", train.vocab(),
-              " (", train.tokenizer(), ") but the model's vocab is ", Model::dims.vocab);
+    MOM_CHECK(c.seq <= card.dims.context, "seq ", c.seq, " exceeds the model's context ", card.dims.context);
+    MOM_CHECK(train.vocab() <= card.dims.vocab, "data file '", train.path().string(), "' has vocab ", train.vocab(),
+              " (", train.tokenizer(), ") but the model's vocab is ", card.dims.vocab);
     if (val) {
-      MOM_CHECK(val->vocab() <= Model::dims.vocab, "validation file '", val->path().string(), "' has vocab ",
-                val->vocab(), " but the model's vocab is ", Model::dims.vocab);
+      MOM_CHECK(val->vocab() <= card.dims.vocab, "validation file '", val->path().string(), "' has vocab ",
+                val->vocab(), " but the model's vocab is ", card.dims.vocab);
       MOM_CHECK(val->size() >= c.seq + 1, "validation file '", val->path().string(), "' has ", val->size(),
                 " tokens, fewer than seq + 1 = ", c.seq + 1);
     }
@@ -631,6 +635,7 @@ class Trainer {
   }
 
   Instance& model_;
+  const ModelCard& card_;
   const TokenFile& train_;
   const TokenFile* val_;
   TrainConfig cfg_;
@@ -655,7 +660,7 @@ class Trainer {
   double last_lr_ = 0, last_grad_norm_ = 0, last_step_flops_ = 0;
   double micro_batch_flops() {
     if constexpr (counts_realised_flops) return realised_training_flops(model_);
-    else return double(Instance::model_type::training_flops(cfg_.batch, cfg_.seq));
+    else return card_.training_flops(cfg_.batch, cfg_.seq);
   }
   double global_loss_sum_ = 0, comm_seconds_ = 0;  // several ranks: the step's summed losses, time reducing
   bool stop_agreed_ = false;
