@@ -146,9 +146,8 @@ struct Assembly {
                 "mom router policy: missing `static constexpr std::string_view name` (what describe<> and the "
                 "checkpoints print; routers/router.hpp)");
   static_assert(!is_router<R> || declares_policy || RouterPolicy<typename detail::policy_of<R>::type>,
-                "mom::Assembly: unknown router policy; known: Sequential, GRU, Share<P>, TopK<Softmax>, TopK<Sigmoid>, "
-                "TopC<Softmax>, ExpertChoice<...>, Skipping<...>, Recursion<...>, or a policy of your own that declares "
-                "is_router_policy (routers/router.hpp)");
+                "mom::Assembly: unknown router policy; known: " MOM_ROUTER_POLICY_NAMES
+                ", or a policy of your own that declares is_router_policy (routers/router.hpp)");
 
   // True when the router can drive this module set with this K and H (the static_asserts of
   // phi and of the router policy have fired otherwise).

@@ -35,3 +35,11 @@ concept RouterPolicy = requires {
 };
 
 }  // namespace mom
+
+// Every router policy of the library, by its name (P::name; a template's arguments as <P> or <...>), in one
+// place: Assembly's "unknown router policy" message prints it (assembly/assembly.hpp; a static_assert message
+// is a string literal, hence a macro), and lint.router_policies (scripts/check_router_policies.sh) fails when
+// a policy under include/mom is missing from it or it names one that no longer exists.
+#define MOM_ROUTER_POLICY_NAMES                                                                              \
+  "Sequential, GRU, Share<P>, TopK<Softmax>, TopK<Sigmoid>, TopC<Softmax>, ExpertChoice<...>, Skipping<...>, " \
+  "Recursion<...>"
