@@ -1,6 +1,6 @@
 #pragma once
 // Argument (shape) checks shared by the CPU ops (backend/cpu/*.hpp) and the CUDA backend
-// (backend/cuda/backend.hpp): one function per op, so both backends throw the same mom::Error with
+// (backend/cuda/ops.hpp, routed_ops.hpp): one function per op, so both backends throw the same mom::Error with
 // the same message for the same bad call. Host-only, no Eigen, no CUDA. Checks that only one backend
 // needs (the CPU's host-side index scans, the CUDA kernels' head-dimension limit, ...) stay with it.
 // T is given explicitly at every call (checks::layernorm_forward_shapes<T>(...)).

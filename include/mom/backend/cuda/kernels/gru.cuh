@@ -1,5 +1,5 @@
 #pragma once
-// The GRU cell's pointwise parts (cpu/gru.hpp; its GEMMs run through cuBLAS in backend.hpp).
+// The GRU cell's pointwise parts (cpu/gru.hpp; its GEMMs run through cuBLAS in ops.hpp).
 #include "mom/backend/cuda/kernels/common.cuh"
 
 namespace mom::cuda {

@@ -1,5 +1,5 @@
 #pragma once
-// Memory and linear-layer helpers (the GEMMs themselves run through cuBLAS in backend.hpp): fill,
+// Memory and linear-layer helpers (the GEMMs themselves run through cuBLAS in ops.hpp): fill,
 // the bias broadcast of linear_forward, the column sums of linear_backward's bias gradient, and the
 // bf16 staging of a GEMM operand under Precision::BF16 (to_bf16).
 #include "mom/backend/cuda/kernels/common.cuh"

@@ -1,0 +1,321 @@
+#pragma once
+// The CUDA backend's ops of a dense transformer, over device memory: GEMMs (cuBLAS), linear, embedding,
+// LayerNorm, activations, cross-entropy, the dense and stick-breaking attention with their decode ops,
+// rotary embedding, row gather / scatter, top-k and softmax over rows, the GRU cell, grad_norm and AdamW.
+// Each op checks shapes on the host with the CPU op's message (backend/shape_checks.hpp), then enqueues its
+// launcher (kernels.hpp) on the backend's stream and returns. cuda::Backend<T> (backend.hpp) is these ops,
+// the routed ones (routed_ops.hpp) and the backend's memory, stream and precision; the Context they share
+// is created and owned there.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <span>
+#include <type_traits>
+#include <utility>
+
+#include "mom/backend/cpu/optim.hpp"  // AdamWConfig (plain struct, no Eigen)
+#include "mom/backend/cuda/check.hpp"
+#include "mom/backend/cuda/kernels.hpp"
+#include "mom/backend/cuda/staging.hpp"
+#include "mom/backend/shape_checks.hpp"
+#include "mom/core/check.hpp"
+#include "mom/core/groups.hpp"
+#include "mom/core/tensor.hpp"
+
+namespace mom::cuda {
+
+enum class Trans : bool { N = false, T = true };
+
+namespace detail {
+
+template <class T>
+class DenseOps {
+ public:
+  using AdamWConfig = cpu::AdamWConfig;
+  using M = MatrixView<T>;
+  using CM = MatrixView<const T>;
+  using S = std::span<T>;
+  using CS = std::span<const T>;
+  using Tok = std::span<const token_t>;
+  using K = Kernels<T>;
+
+  explicit DenseOps(std::shared_ptr<Context> ctx) : ctx_(std::move(ctx)) {}
+
+  // C = alpha·op(A)·op(B) + beta·C on row-major views. cuBLAS is column-major, and a row-major
+  // [r×c] matrix with stride ld is the column-major [c×r] matrix with leading dimension ld, so
+  // C = op(A)·op(B) is computed as Cᵀ = op(B)ᵀ·op(A)ᵀ with the operands swapped.
+  void gemm(M C, CM A, Trans ta, CM B, Trans tb, T alpha = T(1), T beta = T(0)) const {
+    checks::gemm_shapes<T>(C, A, ta == Trans::T, B, tb == Trans::T);
+    const index_t m = ta == Trans::N ? A.rows : A.cols;
+    const index_t k = ta == Trans::N ? A.cols : A.rows;
+    const index_t n = tb == Trans::N ? B.cols : B.rows;
+    if (m == 0 || n == 0) return;
+    const auto op = [](Trans t) { return t == Trans::T ? CUBLAS_OP_T : CUBLAS_OP_N; };
+    const auto ld = [](index_t x) { return static_cast<int>(std::max<index_t>(x, 1)); };
+    if constexpr (std::is_same_v<T, float>) {
+      if (ctx_->precision == Precision::BF16 && k > 0) {
+        // Both operands staged densely as bf16 (one conversion pass each), then bf16 tensor cores with
+        // fp32 accumulation into the fp32 C (alpha, beta as usual).
+        cuda::reserve_bf16_staging(*ctx_, A.rows * A.cols + B.rows * B.cols);
+        std::uint16_t* a16 = ctx_->bf16_stage;
+        std::uint16_t* b16 = ctx_->bf16_stage + A.rows * A.cols;
+        to_bf16(*ctx_, a16, A);
+        to_bf16(*ctx_, b16, B);
+        MOM_CUBLAS_CHECK(cublasGemmEx(ctx_->blas, op(tb), op(ta), static_cast<int>(n), static_cast<int>(m),
+                                      static_cast<int>(k), &alpha, b16, CUDA_R_16BF, ld(B.cols), a16, CUDA_R_16BF,
+                                      ld(A.cols), &beta, C.data, CUDA_R_32F, ld(C.ld), CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT),
+                         "gemm (bf16)");
+        return;
+      }
+    }
+    constexpr cudaDataType_t type = std::is_same_v<T, float> ? CUDA_R_32F : CUDA_R_64F;
+    const cublasComputeType_t compute = std::is_same_v<T, double>               ? CUBLAS_COMPUTE_64F
+                                        : ctx_->precision == Precision::FP32 ? CUBLAS_COMPUTE_32F
+                                                                              : CUBLAS_COMPUTE_32F_FAST_TF32;
+    MOM_CUBLAS_CHECK(cublasGemmEx(ctx_->blas, op(tb), op(ta), static_cast<int>(n), static_cast<int>(m),
+                                  static_cast<int>(k), &alpha, B.data, type, ld(B.ld), A.data, type, ld(A.ld), &beta,
+                                  C.data, type, ld(C.ld), compute, CUBLAS_GEMM_DEFAULT),
+                     "gemm");
+  }
+
+  // y = x·wᵀ + b: the bias is broadcast into y, then y += x·wᵀ (cuBLAS, beta = 1).
+  void linear_forward(M y, CM x, CM w, CS b) const {
+    checks::linear_forward_shapes<T>(y, x, w, b);
+    if (b.empty()) return gemm(y, x, Trans::N, w, Trans::T);
+    K::broadcast_rows(*ctx_, y, b.data());
+    gemm(y, x, Trans::N, w, Trans::T, T(1), T(1));
+  }
+  // dx += dy·w, dw += dyᵀ·x, db += Σ_rows dy (each may be empty).
+  void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w) const {
+    checks::linear_backward_shapes<T>(dx, dw, db, dy, x, w);
+    if (!dx.empty()) gemm(dx, dy, Trans::N, w, Trans::N, T(1), T(1));
+    if (!dw.empty()) gemm(dw, dy, Trans::T, x, Trans::N, T(1), T(1));
+    if (!db.empty()) K::add_column_sums(*ctx_, db.data(), dy);
+  }
+
+  void embedding_forward(M out, Tok tokens, CM wte, CM wpe, index_t seq) const {
+    check_embedding_shapes("embedding_forward", out, tokens, wte, wpe, seq);
+    K::embedding_forward(*ctx_, out, tokens.data(), wte, wpe, seq);
+  }
+  // dwte[tokens[t]] += dout[t] (atomics: ids repeat), dwpe[t mod seq] += dout[t].
+  void embedding_backward(M dwte, M dwpe, CM dout, Tok tokens, index_t seq) const {
+    const CM wte = dwte.empty() ? CM(dout.data, std::numeric_limits<token_t>::max(), dout.cols) : CM(dwte);
+    const CM wpe = dwpe.empty() ? CM(dout.data, seq, dout.cols) : CM(dwpe);
+    check_embedding_shapes("embedding_backward", dout, tokens, wte, wpe, seq);
+    K::embedding_backward(*ctx_, dwte, dwpe, dout, tokens.data(), seq, wte.rows);
+  }
+
+  void layernorm_forward(M out, S mean, S rstd, CM x, CS gamma, CS beta, T eps = T(1e-5)) const {
+    checks::layernorm_forward_shapes<T>(out, mean, rstd, x, gamma, beta);
+    K::layernorm_forward(*ctx_, out, mean.data(), rstd.data(), x, gamma.data(), beta.data(), eps);
+  }
+  void layernorm_backward(M dx, S dgamma, S dbeta, CM dout, CM x, CS mean, CS rstd, CS gamma) const {
+    checks::layernorm_backward_shapes<T>(dx, dgamma, dbeta, dout, x, mean, rstd, gamma);
+    K::layernorm_backward(*ctx_, dx, dgamma.data(), dbeta.data(), dout, x, mean.data(), rstd.data(), gamma.data());
+  }
+
+  void gelu_forward(S out, CS x) const {
+    checks::activation_forward_shapes<T>("gelu_forward", out, x);
+    K::gelu_forward(*ctx_, out.data(), x.data(), ssize(x));
+  }
+  void gelu_backward(S dx, CS x, CS dout) const {
+    checks::activation_backward_shapes<T>("gelu_backward", dx, x, dout);
+    K::gelu_backward(*ctx_, dx.data(), x.data(), dout.data(), ssize(x));
+  }
+  void relu_forward(S out, CS x) const {
+    checks::activation_forward_shapes<T>("relu_forward", out, x);
+    K::relu_forward(*ctx_, out.data(), x.data(), ssize(x));
+  }
+  void relu_backward(S dx, CS x, CS dout) const {
+    checks::activation_backward_shapes<T>("relu_backward", dx, x, dout);
+    K::relu_backward(*ctx_, dx.data(), x.data(), dout.data(), ssize(x));
+  }
+  void add_forward(S out, CS a, CS b) const {
+    checks::add_forward_shapes<T>(out, a, b);
+    K::add_forward(*ctx_, out.data(), a.data(), b.data(), ssize(out));
+  }
+  void axpy(S y, T alpha, CS x) const {
+    checks::axpy_shapes<T>(y, x);
+    K::axpy(*ctx_, y.data(), alpha, x.data(), ssize(y));
+  }
+  void scale(S y, T alpha) const { K::scale(*ctx_, y.data(), alpha, ssize(y)); }
+
+  void cross_entropy_forward(S loss_out, S lse, CM logits, Tok targets, token_t ignore_index = -1) const {
+    checks::cross_entropy_forward_shapes<T>(loss_out, lse, logits, targets);
+    K::cross_entropy_forward(*ctx_, loss_out.data(), lse.data(), logits, targets.data(), ignore_index);
+  }
+  void cross_entropy_backward(M dlogits, CM logits, CS lse, Tok targets, T dloss, token_t ignore_index = -1) const {
+    checks::cross_entropy_backward_shapes<T>(dlogits, logits, lse, targets);
+    K::cross_entropy_backward(*ctx_, dlogits, logits, lse.data(), targets.data(), dloss, ignore_index);
+  }
+
+  void attention_forward(M out, S lse, CM qkv, index_t batch, index_t seq, index_t heads) const {
+    check_attention_shapes("attention_forward", qkv, out, lse, batch, seq, heads);
+    K::attention_forward(*ctx_, out, lse.data(), qkv, batch, seq, heads);
+  }
+  void attention_backward(M dqkv, CM dout, CM out, CS lse, CM qkv, index_t batch, index_t seq, index_t heads) const {
+    check_attention_shapes("attention_backward", qkv, out, lse, batch, seq, heads);
+    checks::attention_backward_grad_shapes<T>("attention_backward", dqkv, dout, out, qkv);
+    K::attention_backward(*ctx_, dqkv, dout, out, lse.data(), qkv, batch, seq, heads);
+  }
+  // Stick-breaking attention (ModuleFormer, arXiv 2306.04640; kernels/stick_breaking.cuh): forward saves
+  // nothing, backward reads out. Decode: slot and pos in device memory (checked there: a row outside the
+  // cache is skipped and reported at the next sync); keys and values written into the cache beforehand.
+  void stick_breaking_forward(M out, CM qkv, index_t batch, index_t seq, index_t heads, index_t kv_heads) const {
+    check_qkv_shapes("stick_breaking_forward", qkv, out, batch, seq, heads, kv_heads);
+    K::stick_breaking_forward(*ctx_, out, qkv, batch, seq, heads, kv_heads);
+  }
+  void stick_breaking_backward(M dqkv, CM dout, CM out, CM qkv, index_t batch, index_t seq, index_t heads,
+                               index_t kv_heads) const {
+    check_qkv_shapes("stick_breaking_backward", qkv, out, batch, seq, heads, kv_heads);
+    checks::attention_backward_grad_shapes<T>("stick_breaking_backward", dqkv, dout, out, qkv);
+    K::stick_breaking_backward(*ctx_, dqkv, dout, out, qkv, batch, seq, heads, kv_heads);
+  }
+  // Incremental decoding (cpu/decode.hpp, kernels/decode.cuh): slot and pos in device memory; a slot or
+  // position outside the cache is reported at the next sync (the row is skipped).
+  void kv_write(M k_cache, M v_cache, CM qkv, std::span<const index_t> slot, std::span<const index_t> pos,
+                index_t max_len) const {
+    checks::kv_write_shapes<T>(k_cache, v_cache, qkv, ssize(slot), ssize(pos), max_len);
+    K::kv_write(*ctx_, k_cache, v_cache, qkv, slot.data(), pos.data(), max_len);
+  }
+  void attention_decode(M out, CM qkv, CM k_cache, CM v_cache, std::span<const index_t> slot,
+                        std::span<const index_t> pos, index_t max_len, index_t heads) const {
+    checks::decode_shapes<T>("attention_decode", out, qkv, k_cache, v_cache, ssize(slot), ssize(pos), max_len, heads);
+    MOM_CHECK(k_cache.cols / heads <= 128, "attention_decode: head dimension ", k_cache.cols / heads,
+              " exceeds the CUDA kernels' maximum of 128");
+    K::attention_decode(*ctx_, out, qkv, k_cache, v_cache, slot.data(), pos.data(), max_len, heads);
+  }
+  void stick_breaking_decode(M out, CM qkv, CM k_cache, CM v_cache, std::span<const index_t> slot,
+                             std::span<const index_t> pos, index_t max_len, index_t heads, index_t kv_heads) const {
+    checks::decode_shapes<T>("stick_breaking_decode", out, qkv, k_cache, v_cache, ssize(slot), ssize(pos), max_len, heads,
+                             kv_heads);
+    MOM_CHECK(k_cache.cols / kv_heads <= 128, "stick_breaking_decode: head dimension ", k_cache.cols / kv_heads,
+              " exceeds the CUDA kernels' maximum of 128");
+    K::stick_breaking_decode(*ctx_, out, qkv, k_cache, v_cache, slot.data(), pos.data(), max_len, heads, kv_heads);
+  }
+
+  // Rotary position embedding, in place (cpu/rope.hpp, kernels/rope.cuh); pos and idx in device memory.
+  // Every row at pos[r] (or r mod seq when pos is empty), or the grouped rows at idx[r] mod seq.
+  void rope_forward(M x, std::span<const index_t> pos, index_t seq, index_t head_dim, T base) const {
+    rope("rope_forward", x, pos, seq, head_dim, base, false);
+  }
+  void rope_backward(M dx, std::span<const index_t> pos, index_t seq, index_t head_dim, T base) const {
+    rope("rope_backward", dx, pos, seq, head_dim, base, true);
+  }
+  void rope_forward(M x, Tok idx, index_t seq, index_t head_dim, T base, RowGroups g) const {
+    rope_grouped("rope_forward", x, idx, seq, head_dim, base, g, false);
+  }
+  void rope_backward(M dx, Tok idx, index_t seq, index_t head_dim, T base, RowGroups g) const {
+    rope_grouped("rope_backward", dx, idx, seq, head_dim, base, g, true);
+  }
+
+  void gather_rows(M out, CM in, Tok idx) const {
+    checks::gather_rows_shapes<T>(out, in, idx);
+    K::gather_rows(*ctx_, out, in, idx.data());
+  }
+  void scatter_add_rows(M out, CM in, Tok idx, CS weights = {}) const {
+    checks::scatter_add_rows_shapes<T>(out, in, idx, weights);
+    K::scatter_add_rows(*ctx_, out, in, idx.data(), weights.data());
+  }
+  void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights = {}) const {
+    checks::scatter_add_rows_backward_shapes<T>(din, dweights, dout, in, idx, weights);
+    K::scatter_add_rows_backward(*ctx_, din, dweights.data(), dout, in, idx.data(), weights.data());
+  }
+
+  void topk_rows(M values, MatrixView<token_t> indices, CM x) const {
+    checks::topk_rows_shapes<T>(values, indices, x);
+    K::topk_rows(*ctx_, values, indices, x);
+  }
+  void topk_rows_backward(M dx, CM dvalues, MatrixView<const token_t> indices) const {
+    checks::topk_rows_backward_shapes<T>(dx, dvalues, indices);
+    K::topk_rows_backward(*ctx_, dx, dvalues, indices);
+  }
+  void softmax_rows(M y, CM x, T scale = T(1)) const {
+    checks::softmax_rows_shapes<T>(y, x);
+    K::softmax_rows(*ctx_, y, x, scale);
+  }
+  void softmax_rows_backward(M dx, CM dy, CM y, T scale = T(1)) const {
+    checks::softmax_rows_backward_shapes<T>(dx, dy, y);
+    K::softmax_rows_backward(*ctx_, dx, dy, y, scale);
+  }
+
+  // GRU cell (PyTorch convention, gates r, z, n): gates = [x·w_ihᵀ + b_ih | h·w_hhᵀ + b_hh] by
+  // cuBLAS, then one pointwise kernel for h_out.
+  void gru_cell_forward(M h_out, M gates, CM x, CM h, CM w_ih, CM w_hh, CS b_ih, CS b_hh) const {
+    const index_t n = h_out.rows, H = h_out.cols;
+    check_gru_shapes("gru_cell_forward", n, H, gates, x, h, w_ih, w_hh, ssize(b_ih), ssize(b_hh));
+    linear_forward(gates.col_block(0, 3 * H), x, w_ih, b_ih);
+    linear_forward(gates.col_block(3 * H, 3 * H), h, w_hh, b_hh);
+    K::gru_pointwise_forward(*ctx_, h_out, gates, h);
+  }
+  void gru_cell_backward(M dx, M dh, M dw_ih, M dw_hh, S db_ih, S db_hh, M scratch, CM dh_out, CM gates, CM x, CM h,
+                         CM w_ih, CM w_hh) const {
+    const index_t n = dh_out.rows, H = dh_out.cols;
+    check_gru_shapes("gru_cell_backward", n, H, gates, x, h, w_ih, w_hh, db_ih.empty() ? 3 * H : ssize(db_ih),
+                     db_hh.empty() ? 3 * H : ssize(db_hh));
+    checks::gru_backward_extra_shapes<T>(n, H, scratch, dh, h);
+    K::gru_pointwise_backward(*ctx_, scratch, dh, dh_out, gates, h);
+    const CM dgi = scratch.col_block(0, 3 * H), dgh = scratch.col_block(3 * H, 3 * H);
+    linear_backward(dx, dw_ih, db_ih, dgi, x, w_ih);
+    linear_backward(dh, dw_hh, db_hh, dgh, h, w_hh);
+  }
+
+  // *norm_out = sqrt(Σ g²) (double accumulation), written to device memory: no host sync.
+  void grad_norm(CS grads, T* norm_out) const {
+    checks::grad_norm_args<T>(grads, norm_out);
+    K::grad_norm(*ctx_, grads.data(), ssize(grads), norm_out);
+  }
+  // AdamW; with grad_norm (device memory) and max_norm > 0 the gradient is scaled by
+  // min(1, max_norm / *grad_norm) inside the kernel (fused clipping, no host sync).
+  void adamw_step(S params, CS grads, S m, S v, const AdamWConfig& cfg, std::int64_t step,
+                  const T* grad_norm = nullptr, T max_norm = T(0)) const {
+    checks::adamw_step_args<T>(params, grads, m, v, step);
+    const T step_size = T(cfg.lr / (1.0 - std::pow(cfg.beta1, double(step))));
+    const T inv_sqrt_bc2 = T(1.0 / std::sqrt(1.0 - std::pow(cfg.beta2, double(step))));
+    K::adamw_step(*ctx_, params.data(), grads.data(), m.data(), v.data(), ssize(params), T(cfg.beta1), T(cfg.beta2),
+                  T(cfg.eps), T(cfg.lr * cfg.weight_decay), step_size, inv_sqrt_bc2, grad_norm, max_norm);
+  }
+
+ protected:
+  void rope(const char* op, M x, std::span<const index_t> pos, index_t seq, index_t head_dim, T base,
+            bool inverse) const {
+    checks::rope_shapes<T>(op, x, pos.empty() ? -1 : ssize(pos), seq, head_dim, base);
+    K::rope(*ctx_, x, pos.empty() ? nullptr : pos.data(), nullptr, RowGroups{}, false, seq, head_dim, double(base),
+            inverse);
+  }
+  void rope_grouped(const char* op, M x, Tok idx, index_t seq, index_t head_dim, T base, RowGroups g,
+                    bool inverse) const {
+    checks::rope_shapes<T>(op, x, ssize(idx), seq, head_dim, base);
+    checks::row_groups_shape(op, g);
+    K::rope(*ctx_, x, nullptr, idx.data(), g, true, seq, head_dim, double(base), inverse);
+  }
+
+  static void check_embedding_shapes(const char* op, CM rows, Tok tokens, CM wte, CM wpe, index_t seq) {
+    checks::embedding_shapes<T>(op, rows, tokens, wte, wpe, seq);
+  }
+  // A packed attention op's qkv and out, and the kernels' head-dimension bound; softmax attention adds its lse.
+  static void check_qkv_shapes(const char* op, CM qkv, CM out, index_t batch, index_t seq, index_t heads,
+                               std::optional<index_t> kv_heads = std::nullopt) {
+    checks::attention_qkv_shapes<T>(op, qkv, out, batch, seq, heads, kv_heads);
+    const index_t hd = qkv.cols / (heads + 2 * kv_heads.value_or(heads));
+    MOM_CHECK(hd <= 128, op, ": head dimension ", hd, " exceeds the CUDA kernels' maximum of 128");
+  }
+  static void check_attention_shapes(const char* op, CM qkv, CM out, CS lse, index_t batch, index_t seq,
+                                     index_t heads) {
+    check_qkv_shapes(op, qkv, out, batch, seq, heads);
+    checks::attention_lse_shapes<T>(op, lse, batch, seq, heads);
+  }
+  static void check_gru_shapes(const char* op, index_t n, index_t H, CM gates, CM x, CM h, CM w_ih, CM w_hh,
+                               index_t b_ih, index_t b_hh) {
+    checks::gru_shapes<T>(op, n, H, gates, x, h, w_ih, w_hh, b_ih, b_hh);
+  }
+
+  std::shared_ptr<Context> ctx_;  // shared by copies of the backend (docs/cuda.md, "Ownership")
+};
+
+}  // namespace detail
+}  // namespace mom::cuda
