@@ -279,6 +279,10 @@ int run_train(int argc, char** argv, const std::string& prog, train::Communicato
   app.add_option("--eval-batches", c.eval_batches, "Micro-batches per validation")->capture_default_str();
   app.add_option("--checkpoint-interval", c.checkpoint_interval, "Save every N steps (0: only at the end)")
       ->capture_default_str();
+  bool no_checkpoint = false;
+  app.add_flag("--no-checkpoint", no_checkpoint,
+               "Write no checkpoint (metrics.jsonl, statistics and the sample only): quick comparisons; such a run "
+               "cannot be resumed or sampled later");
   app.add_option("--log-interval", c.log_interval, "Progress line every N steps when not on a terminal")
       ->capture_default_str();
   app.add_option("--threads", threads, "OpenMP threads (default: OMP_NUM_THREADS or all cores)");
@@ -326,6 +330,7 @@ int run_train(int argc, char** argv, const std::string& prog, train::Communicato
       for (auto& pattern : train::split_patterns(list)) c.freeze->push_back(std::move(pattern));
   }
   c.out_dir = out;
+  c.save_checkpoints = !no_checkpoint;
   if (threads > 0) omp_set_num_threads(threads);
   r.comm = &comm;
   std::signal(SIGINT, on_interrupt);

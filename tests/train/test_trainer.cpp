@@ -646,3 +646,20 @@ TEST_CASE("the Trainer on an AnyModel trains bit for bit as on the instance; che
   CHECK_THROWS_WITH(Checkpointer<AnyModel<cpu::Backend<float>>>::load_params(dir / "concrete", any3),
                     Catch::Contains("is a different architecture"));
 }
+
+TEST_CASE("save_checkpoints = false: metrics.jsonl, no checkpoint", "[trainer][checkpoint]") {
+  mom_test::TempDir dir("no-checkpoint");
+  auto prep = make_data(dir);
+  TokenFile train(prep.train), val(prep.val);
+  auto cfg = small_config(dir / "run", 3);
+  cfg.checkpoint_interval = 1;
+  cfg.save_checkpoints = false;
+  auto model = Tiny::make<cpu::Backend<float>>(1);
+  Trainer trainer(model, train, &val, cfg);
+  const auto r = trainer.run();
+  CHECK(r.losses.size() == 3);
+  CHECK(std::filesystem::exists(dir / "run" / "metrics.jsonl"));
+  CHECK_FALSE(has_checkpoint(dir / "run"));
+  CHECK_FALSE(std::filesystem::exists(dir / "run" / "step-000001"));
+  CHECK(cfg.to_json()["save_checkpoints"] == false);
+}

@@ -70,6 +70,7 @@ struct TrainConfig {
   index_t eval_interval = 100; // validate every this many steps (and at the end); 0 = only at the end
   index_t eval_batches = 8;    // micro-batches per validation
   index_t checkpoint_interval = 0;  // save every this many steps (and at the end); 0 = only at the end
+  bool save_checkpoints = true;     // false: no checkpoint at all (metrics.jsonl only; the run cannot be resumed)
   index_t log_interval = 10;   // plain-text progress line every this many steps when not on a terminal
   index_t max_skipped_steps = 5;  // diverged steps in a row before stopping: non-finite loss or gradients (skipped),
                                   // or a loss above 2 ln(vocab) (Trainer::divergence_bound)
@@ -128,7 +129,7 @@ struct TrainConfig {
             {"min_lr_ratio", min_lr_ratio}, {"warmup", warmup}, {"weight_decay", weight_decay},
             {"beta1", beta1}, {"beta2", beta2}, {"eps", eps}, {"grad_clip", grad_clip},
             {"eval_interval", eval_interval}, {"eval_batches", eval_batches},
-            {"checkpoint_interval", checkpoint_interval}, {"log_interval", log_interval},
+            {"checkpoint_interval", checkpoint_interval}, {"save_checkpoints", save_checkpoints}, {"log_interval", log_interval},
             {"max_skipped_steps", max_skipped_steps}, {"seed", seed}, {"arch", arch_name},
             {"tokenizer", tokenizer_name}, {"data", data_name}, {"device", device}, {"precision", precision},
             {"freeze", freeze.value_or(std::vector<std::string>{})}};
@@ -497,7 +498,7 @@ class Trainer {
         result.interrupted = true;
         progress_.message("step " + std::to_string(step_) + " | interrupted");
       }
-      const bool checkpoint = !cfg_.out_dir.empty() &&
+      const bool checkpoint = !cfg_.out_dir.empty() && cfg_.save_checkpoints &&
           ((cfg_.checkpoint_interval > 0 && step_ % cfg_.checkpoint_interval == 0) || last || stop);
       if (checkpoint || last || stop || (replica_check_interval > 0 && step_ % replica_check_interval == 0))
         check_replicas_now();
