@@ -23,6 +23,9 @@ using ModuleFormer8Insert = LM<mom8_nope_dims, MF8Spec::inserted<2, 4>::type>;
 using ModuleFormer8InsertReg = LM<mom8_nope_dims, MF8Spec::inserted<2, 4, std::ratio<1, 100>>::type>;
 using ModuleFormer8Concentrate = LM<mom8_nope_dims, MF8Spec::with_loss<LoadConcentration<std::ratio<1, 100>>>::type>;
 using ModuleFormer8Compact = LM<mom8_nope_dims, MF8Spec::compacted<6, 12>::type>;
+// Its dense baseline at equal active compute (issue 32): the same layer with every module active (2 heads of 128,
+// 2 experts of 512, top-2 of 2), so the comparison keeps stick-breaking attention (positions) and the gates.
+using ModuleFormer8Dense = LM<mom8_nope_dims, ModuleFormerSpec<8, MoA<2, 2, 128, 64>, SMoE<2, 2, 512, 64>>::type>;
 
 template <class Reg>
 void moduleformer_architectures(Reg& reg) {
@@ -31,6 +34,7 @@ void moduleformer_architectures(Reg& reg) {
   reg.template add<ModuleFormer8Insert, ModuleFormer8>("moduleformer8-insert", "byte", "moduleformer8 + 2 heads + 4 experts per layer (§4.3 variant 1); --init-from a moduleformer8 run", "moduleformer8");
   reg.template add<ModuleFormer8InsertReg, ModuleFormer8>("moduleformer8-insert-reg", "byte", "moduleformer8-insert with routing regularisation 0.01·|A'|² (§4.3 variant 2); --init-from a moduleformer8 run", "moduleformer8");
   reg.template add<ModuleFormer8Concentrate, ModuleFormer8, ModuleFormer8Compact>("moduleformer8-concentrate", "byte", "moduleformer8 fine-tuned with the load-concentration loss H(m) (§4.2); --init-from a moduleformer8 run", "moduleformer8", "moduleformer8-c6-12");
+  reg.template add<ModuleFormer8Dense>("moduleformer8-dense", "byte", "moduleformer8 with every module active (2 heads of 128 + 2 experts of 512, top-2 of 2): its active compute and positions without sparsity");
   reg.template add<ModuleFormer8Compact>("moduleformer8-c6-12", "byte", "moduleformer8 compacted to 6 heads and 12 experts per layer (mom-train prune --into)");
 }
 

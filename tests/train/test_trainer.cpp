@@ -594,7 +594,7 @@ TEST_CASE("the Trainer counts each step's training FLOPs as run, and logs them",
   }
 }
 
-TEST_CASE("the Trainer on an AnyModel trains bit for bit as on the instance; checkpoints cross", "[trainer][any-model]") {
+TEST_CASE("the Trainer on an AnyModel trains bit for bit as on the instance, and checkpoints cross", "[trainer][any-model]") {
   // A routed model (MoM chunk with Skip: realised FLOPs vary per step) through ErasedModel, against itself.
   using Routed = LM<tiny, Chunked<Layer, Assembly<Router<GRU, Width<16>>, ModuleSet<MHA<2>, FFN<2>, Skip>, K<2>, H<2>>,
                                   Layer>>;
