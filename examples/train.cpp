@@ -279,6 +279,10 @@ int run_train(int argc, char** argv, const std::string& prog, train::Communicato
   app.add_option("--eval-batches", c.eval_batches, "Micro-batches per validation")->capture_default_str();
   app.add_option("--checkpoint-interval", c.checkpoint_interval, "Save every N steps (0: only at the end)")
       ->capture_default_str();
+  app.add_option("--flops-budget", c.flops_budget,
+                 "Stop once the steps' training FLOPs reach this (realised routing counted on the CPU; the cosine "
+                 "then runs over the FLOPs, --steps is the cap): equal-compute comparisons (scripts/compare.py)")
+      ->capture_default_str();
   bool no_checkpoint = false;
   app.add_flag("--no-checkpoint", no_checkpoint,
                "Write no checkpoint (metrics.jsonl, statistics and the sample only): quick comparisons; such a run "

@@ -166,8 +166,10 @@ train::TrainResult TrainSession<Be>::train(AnyModel<Be>& model, EvalHooks hooks)
     const auto changes = trainer.resume(cfg.out_dir);
     std::printf("resumed from step %lld of %s\n", static_cast<long long>(trainer.step()), cfg.out_dir.string().c_str());
     for (const auto& c : changes) std::printf("resume: changed since the checkpoint: %s\n", c.c_str());
-    MOM_CHECK(trainer.step() < cfg.steps, "--resume: the checkpoint is at step ", trainer.step(),
-              ", nothing to do for --steps ", cfg.steps);
+    MOM_CHECK(!trainer.finished(), "--resume: the checkpoint is at step ", trainer.step(),
+              cfg.flops_budget > 0 && trainer.step() < cfg.steps ? " and has spent the FLOP budget" : "",
+              ", nothing to do for --steps ", cfg.steps,
+              cfg.flops_budget > 0 ? " --flops-budget " + std::to_string(cfg.flops_budget) : std::string());
   }
   const auto result = trainer.run();
   std::printf("done: steps %lld..%lld in %.1f s, %.0f tokens/s while training%s\n", static_cast<long long>(result.first_step),

@@ -13,7 +13,9 @@ in the same order for a given seed, and validation always reads the same held-ou
 Budget:
   --flops F    training FLOPs per run (forward + backward), as mom-train counts them (metrics.jsonl "flops": on the
                CPU the products each step ran, a routed model by its realised routing). Each architecture's steps are
-               F / (its FLOPs per step), measured by a short pilot run (--pilot steps) with the same seed and shape.
+               F / (its FLOPs per step), measured by a short pilot run (--pilot steps) with the same seed and shape,
+               set its validation interval; it trains until its FLOPs reach F (mom-train --flops-budget: a model
+               whose cost changes while it trains, a layer-skip gate, spends F exactly; its cosine runs over F).
   --tokens N   training tokens per run (steps = N / (batch · seq)).
 An architecture written A@B:f is a two-phase run (the MoM recipe): B trains for the fraction f of the budget, then
 A starts from B's weights (--init-from; its routers fresh) for the rest; its FLOPs, time and curve include phase 1.
@@ -55,9 +57,18 @@ def read_metrics(run_dir):
     return read_records(path, warn=False)
 
 
-def finished(run_dir, steps):
-    _, train, val = read_metrics(run_dir)
-    return steps in val and steps in train
+def finished(run_dir, steps, budget=None):
+    """The run is complete: its last step validated, at `steps` or (a FLOP-budget run) once its FLOPs reached the
+    budget. A run trained without a budget (an older sweep's) is complete at `steps`."""
+    runs, train, val = read_metrics(run_dir)
+    if not train:
+        return False
+    last = max(train)
+    run_budget = runs[-1].get("config", {}).get("flops_budget", 0) if runs else 0
+    if not budget or not run_budget:
+        return steps in val and steps in train
+    spent = sum(train[s].get("flops", 0) for s in train)
+    return last in val and spent >= budget
 
 
 class Runner:
@@ -95,24 +106,30 @@ class Runner:
         shutil.rmtree(tmp)
         return data
 
-    def train(self, arch, seed, steps, run_dir, data, init_from=None, evals=None):
-        """Trains (or resumes, or keeps) one run of `steps` steps."""
-        if finished(run_dir, steps):
+    def train(self, arch, seed, steps, run_dir, data, init_from=None, evals=None, budget=None):
+        """Trains (or resumes, or keeps) one run of `steps` steps; with a FLOP budget, until its FLOPs reach the
+        budget (mom-train --flops-budget; `steps`, planned from the pilot, then sets the validation and checkpoint
+        intervals, and 3 × steps + 10 is the cap)."""
+        if finished(run_dir, steps, budget):
             return
         evals = evals or self.args.evals
-        extra = ["--data", data, "--arch", arch, "--seed", str(seed), "--steps", str(steps), "--out", run_dir,
+        cap = 3 * steps + 10 if budget else steps
+        extra = ["--data", data, "--arch", arch, "--seed", str(seed), "--steps", str(cap), "--out", run_dir,
                  "--eval-interval", str(max(1, steps // evals)), "--checkpoint-interval",
                  str(max(1, steps // self.args.checkpoints))]
+        if budget:
+            extra += ["--flops-budget", repr(float(budget))]
         resume = os.path.exists(os.path.join(run_dir, "latest"))
         if resume:
             extra.append("--resume")
         elif init_from:
             extra += ["--init-from", init_from]
-        print(f"  {'resuming' if resume else 'training'} {arch} seed {seed}: {steps} steps", flush=True)
+        what = f"{budget:.3g} FLOPs (about {steps} steps)" if budget else f"{steps} steps"
+        print(f"  {'resuming' if resume else 'training'} {arch} seed {seed}: {what}", flush=True)
         os.makedirs(run_dir, exist_ok=True)
         self.mom_train(os.path.join(run_dir, "compare.log"), extra)
-        if not finished(run_dir, steps):
-            fail(f"{run_dir}: mom-train ended before step {steps} (interrupted?); run compare.py again to continue")
+        if not finished(run_dir, cap, budget):
+            fail(f"{run_dir}: mom-train ended before {what} (interrupted?); run compare.py again to continue")
 
     def flops_per_step(self, arch, seed, data, pilot_dir):
         """Mean training FLOPs of a step of `arch`, from a pilot run of --pilot steps (kept as a cache)."""
@@ -341,10 +358,12 @@ def main():
             init = None
             if a.phase1:
                 first = os.path.join(args.out, a.folder, f"seed-{seed}-phase1")
-                runner.train(a.phase1, seed, plan[a.spec]["phase1"], first, data)
+                runner.train(a.phase1, seed, plan[a.spec]["phase1"], first, data,
+                             budget=args.flops * a.fraction if args.flops else None)
                 dirs.append(first)
                 init = first
-            runner.train(a.arch, seed, plan[a.spec]["phase2"], run_dir, data, init_from=init)
+            runner.train(a.arch, seed, plan[a.spec]["phase2"], run_dir, data, init_from=init,
+                         budget=args.flops * (1 - a.fraction) if args.flops and a.phase1 else args.flops)
             dirs.append(run_dir)
             results.setdefault(a.label, []).append(summarise(dirs))
     text = table(results, args)

@@ -663,3 +663,66 @@ TEST_CASE("save_checkpoints = false: metrics.jsonl, no checkpoint", "[trainer][c
   CHECK_FALSE(std::filesystem::exists(dir / "run" / "step-000001"));
   CHECK(cfg.to_json()["save_checkpoints"] == false);
 }
+
+TEST_CASE("a FLOP budget: the run ends when the steps' FLOPs reach it, the cosine runs over them, resume continues",
+          "[trainer][flops]") {
+  TrainConfig c;
+  c.lr = 1e-3;
+  c.warmup = 2;
+  c.steps = 1000;  // the cap
+  c.min_lr_ratio = 0.1;
+  c.flops_budget = 100;
+  CHECK(learning_rate(c, 1, 10, 10) == Approx(0.5e-3));  // warm-up by steps
+  CHECK(learning_rate(c, 3, 20, 20) == Approx(1e-3));
+  CHECK(learning_rate(c, 9, 60, 20) == Approx(0.55e-3));  // half of the budget after the warm-up's 20
+  CHECK(learning_rate(c, 20, 100, 20) == Approx(1e-4));
+  CHECK(learning_rate(c, 30, 150, 20) == Approx(1e-4));
+  c.flops_budget = -1;
+  CHECK_THROWS_WITH(c.check(), Catch::Contains("flops_budget -1 must be a finite number >= 0"));
+
+  mom_test::TempDir dir("flops-budget");
+  auto prep = make_data(dir);
+  TokenFile train(prep.train), val(prep.val);
+  {  // a routed model whose cost changes from step to step (Skip picks): the budget is spent, not the steps
+    using Routed = LM<tiny, Chunked<Layer, Assembly<Router<GRU, Width<16>>, ModuleSet<MHA<2>, FFN<2>, Skip>, K<2>, H<2>>,
+                                    Layer>>;
+    auto model = Routed::make<cpu::Backend<float>>(3);
+    std::mt19937_64 rng(3);
+    std::normal_distribution<float> normal(0.0f, 0.5f);
+    for (auto& p : model.params()) p = normal(rng);  // O(1) router weights: Skip picked often
+    auto cfg = small_config({}, 1000);
+    const double worst = double(Routed::training_flops(cfg.batch, cfg.seq));
+    cfg.flops_budget = 5.5 * worst;
+    Trainer trainer(model, train, nullptr, cfg);
+    const auto r = trainer.run();
+    CHECK(trainer.finished());
+    CHECK(r.training_flops >= cfg.flops_budget);
+    CHECK(r.training_flops - trainer.last_step_flops() < cfg.flops_budget);  // the step before had not reached it
+    CHECK(r.losses.size() >= 6);  // at the worst case, 6 steps; Skip makes steps cheaper
+    CHECK(trainer.flops_done() == r.training_flops);
+  }
+  // Resumed in the middle, the run continues to the same bits and stops at the same step.
+  auto cfg = small_config(dir / "full", 1000);
+  const double per_step = double(Tiny::training_flops(cfg.batch, cfg.seq));
+  cfg.flops_budget = 6.5 * per_step;
+  auto full_model = Tiny::make<cpu::Backend<float>>(3);
+  Trainer full(full_model, train, &val, cfg);
+  const auto rf = full.run();
+  REQUIRE(rf.losses.size() == 7);
+  auto half_cfg = cfg;
+  half_cfg.out_dir = dir / "half";
+  auto half_model = Tiny::make<cpu::Backend<float>>(3);
+  {
+    Trainer half(half_model, train, &val, half_cfg);
+    for (int i = 0; i < 3; ++i) half.train_step();
+    half.save();
+  }
+  auto resumed_model = Tiny::make<cpu::Backend<float>>(9);
+  Trainer resumed(resumed_model, train, &val, half_cfg);
+  resumed.resume(dir / "half");
+  CHECK(resumed.flops_done() == 3 * per_step);
+  const auto rr = resumed.run();
+  REQUIRE(rr.losses.size() == 4);
+  for (std::size_t i = 0; i < 4; ++i) CHECK(rr.losses[i] == rf.losses[3 + i]);  // exact
+  CHECK(std::memcmp(full_model.params().data(), resumed_model.params().data(), full_model.params().size_bytes()) == 0);
+}

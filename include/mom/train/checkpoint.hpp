@@ -9,7 +9,9 @@
 //                                         metadata: mom.step (AdamW steps done), mom.sampler_state
 //                                         (training-data RNG), mom.freeze (the freeze patterns in effect, a
 //                                         JSON array of strings), mom.ranks (the data-parallel ranks that
-//                                         trained it; absent in older files: 1), mom.checkpoint_id (equal
+//                                         trained it; absent in older files: 1), mom.flops ("done,warm-up":
+//                                         the training FLOPs so far and the warm-up's; absent: 0),
+//                                         mom.checkpoint_id (equal
 //                                         to the model file's), mom.describe, mom.model_checksum (the model
 //                                         file's mom.header_checksum: which model file it belongs with)
 // Both files also carry safetensors.hpp's checksums (mom.checksum.<tensor>, mom.header_checksum).
@@ -47,6 +49,7 @@
 #include <algorithm>
 #include <bit>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -66,6 +69,8 @@ struct TrainState {
   std::vector<std::string> freeze;  // the freeze patterns in effect (TrainConfig::freeze); empty: nothing frozen
   std::int64_t ranks = 1;     // data-parallel ranks (train/distributed.hpp): the sampler state means a data
                               // order only together with the rank count
+  double flops = 0;           // training FLOPs of the steps so far, and of the warm-up's (TrainConfig::flops_budget)
+  double flops_at_warmup = 0;
 };
 
 // Per-tensor freezing (TrainConfig::freeze, mom-train --freeze): glob patterns over the layout's tensor names
@@ -432,6 +437,15 @@ class Checkpointer {
                 "' is not a whole number >= 1");
       s.ranks = *ranks;
     }
+    if (const auto it = opt.metadata().find("mom.flops"); it != opt.metadata().end()) {  // absent before flops_budget
+      double f = -1, w = -1;
+      char end = 0;
+      MOM_CHECK(std::sscanf(it->second.c_str(), "%lf,%lf%c", &f, &w, &end) == 2 && std::isfinite(f) && f >= 0 &&
+                    std::isfinite(w) && w >= 0 && w <= f,
+                where, ": optimizer metadata mom.flops '", it->second, "' is not two FLOP counts 'done,warm-up'");
+      s.flops = f;
+      s.flops_at_warmup = w;
+    }
     model.backend().from_host(model.params(), std::span<const T>(params));
     model.backend().from_host(adam_m, std::span<const T>(m));
     model.backend().from_host(adam_v, std::span<const T>(v));
@@ -578,6 +592,9 @@ class Checkpointer {
     opt.metadata("mom.sampler_state", state.sampler_state);
     opt.metadata("mom.freeze", nlohmann::json(state.freeze).dump());
     opt.metadata("mom.ranks", std::to_string(state.ranks));
+    char flops[64];
+    std::snprintf(flops, sizeof flops, "%.17g,%.17g", state.flops, state.flops_at_warmup);
+    opt.metadata("mom.flops", flops);
     opt.metadata("mom.checkpoint_id", id);
     opt.metadata("mom.describe", describe_line);
     opt.metadata("mom.model_checksum", w.header_checksum());

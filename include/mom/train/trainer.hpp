@@ -71,6 +71,10 @@ struct TrainConfig {
   index_t eval_batches = 8;    // micro-batches per validation
   index_t checkpoint_interval = 0;  // save every this many steps (and at the end); 0 = only at the end
   bool save_checkpoints = true;     // false: no checkpoint at all (metrics.jsonl only; the run cannot be resumed)
+  double flops_budget = 0;     // > 0: training ends once the steps' training FLOPs (last_step_flops, summed) reach
+                               // it, `steps` being only the cap, and the cosine after the warm-up runs over the
+                               // budget's FLOPs instead of the steps (a model whose cost changes while it trains,
+                               // a layer-skip gate, spends the budget exactly; learning_rate)
   index_t log_interval = 10;   // plain-text progress line every this many steps when not on a terminal
   index_t max_skipped_steps = 5;  // diverged steps in a row before stopping: non-finite loss or gradients (skipped),
                                   // or a loss above 2 ln(vocab) (Trainer::divergence_bound)
@@ -119,6 +123,8 @@ struct TrainConfig {
     MOM_CHECK(std::isfinite(eps) && eps > 0, "AdamW eps ", eps, " must be > 0");
     MOM_CHECK(eval_interval >= 0, "eval_interval ", eval_interval, " must be >= 0 (0: only at the end)");
     MOM_CHECK(checkpoint_interval >= 0, "checkpoint_interval ", checkpoint_interval, " must be >= 0 (0: only at the end)");
+    MOM_CHECK(std::isfinite(flops_budget) && flops_budget >= 0, "flops_budget ", flops_budget,
+              " must be a finite number >= 0 (0: no budget, train `steps` steps)");
     MOM_CHECK(log_interval > 0, "log_interval ", log_interval, " must be > 0");
     MOM_CHECK(max_skipped_steps > 0 && max_skipped_steps <= max_count, "max_skipped_steps ", max_skipped_steps,
               " must be in [1, ", max_count, "]");
@@ -129,7 +135,7 @@ struct TrainConfig {
             {"min_lr_ratio", min_lr_ratio}, {"warmup", warmup}, {"weight_decay", weight_decay},
             {"beta1", beta1}, {"beta2", beta2}, {"eps", eps}, {"grad_clip", grad_clip},
             {"eval_interval", eval_interval}, {"eval_batches", eval_batches},
-            {"checkpoint_interval", checkpoint_interval}, {"save_checkpoints", save_checkpoints}, {"log_interval", log_interval},
+            {"checkpoint_interval", checkpoint_interval}, {"save_checkpoints", save_checkpoints}, {"flops_budget", flops_budget}, {"log_interval", log_interval},
             {"max_skipped_steps", max_skipped_steps}, {"seed", seed}, {"arch", arch_name},
             {"tokenizer", tokenizer_name}, {"data", data_name}, {"device", device}, {"precision", precision},
             {"freeze", freeze.value_or(std::vector<std::string>{})}};
@@ -141,12 +147,20 @@ struct TrainConfig {
 
 // Learning rate of optimizer step `step` (1-based): linear warm-up to lr over `warmup` steps, then cosine
 // decay to lr * min_lr_ratio at the last step.
-inline double learning_rate(const TrainConfig& c, index_t step) {
+// With a FLOP budget (TrainConfig::flops_budget) the cosine's progress is FLOPs instead of steps: `flops` the training
+// FLOPs up to and including this step, `flops_at_warmup` those of the warm-up's steps.
+inline double learning_rate(const TrainConfig& c, index_t step, double flops = 0, double flops_at_warmup = 0) {
   if (c.warmup > 0 && step <= c.warmup) return c.lr * double(step) / double(c.warmup);
   const double min_lr = c.lr * c.min_lr_ratio;
-  const index_t decay_steps = c.steps - c.warmup;
-  if (decay_steps <= 0) return c.lr;
-  const double progress = std::clamp(double(step - c.warmup) / double(decay_steps), 0.0, 1.0);
+  double progress = 0;
+  if (c.flops_budget > 0) {
+    const double span = c.flops_budget - flops_at_warmup;
+    progress = span > 0 ? std::clamp((flops - flops_at_warmup) / span, 0.0, 1.0) : 1.0;
+  } else {
+    const index_t decay_steps = c.steps - c.warmup;
+    if (decay_steps <= 0) return c.lr;
+    progress = std::clamp(double(step - c.warmup) / double(decay_steps), 0.0, 1.0);
+  }
   return min_lr + 0.5 * (c.lr - min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
 }
 
@@ -227,6 +241,8 @@ class Trainer {
     prefetched_ = false;  // a batch drawn before the resume is not the checkpoint's next one
     step_ = s.step;
     resumed_from_ = s.step;
+    flops_done_ = s.flops;
+    flops_at_warmup_ = s.flops_at_warmup;
     check_replicas_now();
     if (!cfg_.freeze) {  // restored; a configuration that sets its own keeps it (compared below)
       cfg_.freeze = s.freeze;
@@ -248,6 +264,10 @@ class Trainer {
   }
 
   index_t step() const { return step_; }
+  // The run is over: `steps` steps, or with a FLOP budget, that many training FLOPs.
+  bool finished() const { return step_ >= cfg_.steps || (cfg_.flops_budget > 0 && flops_done_ >= cfg_.flops_budget); }
+  // Training FLOPs of every step so far (resumed from the checkpoint), summed over micro-batches and ranks.
+  double flops_done() const { return flops_done_; }
   Communicator& communicator() const { return *comm_; }
   // With several ranks: parameters compared across ranks every this many steps (and at the start, at every
   // checkpoint and at the end; check_replicas); 0: only there.
@@ -330,7 +350,7 @@ class Trainer {
       model_.backward();
     }
     if (ranks_ > 1) {
-      reduce_step(loss_sum);  // gradients and losses summed over ranks
+      reduce_step(loss_sum, step_flops);  // gradients, losses and the step's FLOPs summed over ranks
       be.scale(model_.grads(), T(1) / T(cfg_.accum * ranks_));  // the mean over every rank's micro-batches
     } else if (cfg_.accum > 1) {
       be.scale(model_.grads(), T(1) / T(cfg_.accum));  // the mean over micro-batches
@@ -347,7 +367,10 @@ class Trainer {
     // whose loss diverged even where the gradients happen to stay finite, still without a host sync.
     be.axpy(step_scalars_.span().first(1), T(0), std::span<const T>(loss_sum));
     ++step_;
-    const double lr = learning_rate(cfg_, step_);
+    last_step_flops_ = step_flops;
+    flops_done_ += step_flops;
+    if (step_ <= cfg_.warmup) flops_at_warmup_ = flops_done_;
+    const double lr = learning_rate(cfg_, step_, flops_done_, flops_at_warmup_);
     for (const auto& g : groups_) {
       if (g.frozen) continue;  // no update, no weight decay, moments untouched
       const auto n = static_cast<std::size_t>(g.end - g.begin);
@@ -360,7 +383,7 @@ class Trainer {
     }
     // The next step's first micro-batch is drawn (and its host -> device copy can start) while the device
     // still runs this one; the host waits only in the read below.
-    if (step_ < cfg_.steps) prefetch();
+    if (!finished()) prefetch();
     T host[2];
     be.to_host(std::span<T>(host, 2), std::span<const T>(step_scalars_.span()));
     if (ranks_ > 1 && comm_->reduces_device_memory()) {  // the loss was summed on the device; agree on stopping
@@ -373,7 +396,6 @@ class Trainer {
     last_skipped_ = cpu::adamw_skips(host[0], T(cfg_.grad_clip));
     last_lr_ = lr;
     last_grad_norm_ = double(host[0]);
-    last_step_flops_ = step_flops * double(ranks_);
     return loss;
   }
   // Forward + backward FLOPs of the last step over every micro-batch and rank ("flops" in metrics.jsonl): on a
@@ -405,7 +427,7 @@ class Trainer {
     }
     // The sampler as it was before a prefetched batch was drawn: a resumed run draws that batch again.
     TrainState s{step_, prefetched_ ? state_before_prefetch_ : sampler_.state(),
-                 cfg_.freeze.value_or(std::vector<std::string>{}), ranks_};
+                 cfg_.freeze.value_or(std::vector<std::string>{}), ranks_, flops_done_, flops_at_warmup_};
     return Checkpointer<Instance>::save(cfg_.out_dir, model_, std::span<const T>(m_.span()),
                                         std::span<const T>(v_.span()), s,
                                         {{"mom.arch", cfg_.arch_name},
@@ -443,7 +465,8 @@ class Trainer {
     const index_t start_step = step_;
     double overhead = 0;  // seconds spent in validation and checkpoints
     index_t skipped_in_a_row = 0;
-    while (step_ < cfg_.steps) {
+    const double start_flops = flops_done_;
+    while (!finished()) {
       const double loss = train_step();
       result.losses.push_back(loss);
       // A step whose loss is finite but above divergence_bound() was applied (AdamW skips only non-finite ones),
@@ -465,18 +488,20 @@ class Trainer {
       const double secs = elapsed();
       const double done = double(step_ - start_step);
       const double tok_s = done * tokens_per_step / std::max(secs - overhead, 1e-9);  // training time only
-      const double eta = secs / done * double(cfg_.steps - step_);
+      const double eta = cfg_.flops_budget > 0 && flops_done_ > start_flops
+                             ? secs / (flops_done_ - start_flops) * std::max(cfg_.flops_budget - flops_done_, 0.0)
+                             : secs / done * double(cfg_.steps - step_);
       char line[256];
       std::snprintf(line, sizeof line, "step %6lld/%lld | loss %.4f | lr %.3e | grad %.3f | %.0f tok/s | %s elapsed, ETA %s",
                     static_cast<long long>(step_), static_cast<long long>(cfg_.steps), loss, last_lr_,
                     last_grad_norm_, tok_s, format_duration(secs).c_str(), format_duration(eta).c_str());
-      progress_.status(static_cast<long>(step_), line, step_ == cfg_.steps || step_ == start_step + 1);
+      progress_.status(static_cast<long>(step_), line, finished() || step_ == start_step + 1);
       metrics.write({{"type", "train"}, {"step", step_}, {"loss", json_number(loss)}, {"lr", last_lr_},
                      {"grad_norm", json_number(last_grad_norm_)}, {"skipped", last_skipped_},
                      {"tokens", double(step_) * tokens_per_step}, {"tok_per_s", tok_s}, {"elapsed_s", secs},
                      {"flops", last_step_flops_}});
       result.training_flops += last_step_flops_;
-      const bool last = step_ == cfg_.steps;
+      const bool last = finished();
       const double before_bookkeeping = elapsed();
       if (val_ && ((cfg_.eval_interval > 0 && step_ % cfg_.eval_interval == 0) || last)) {
         const double vl = evaluate();
@@ -580,12 +605,14 @@ class Trainer {
   // Several ranks: sums this rank's gradients and summed micro-batch losses with every other rank's (the
   // Communicator's rank-order sum: the same bits everywhere), and agrees on stopping. A backend whose buffers
   // are not host memory is reduced on the device by a communicator that can (NCCL), else staged through the host.
-  void reduce_step(std::span<T> loss_sum) {
+  // step_flops: this rank's FLOPs of the step in, every rank's out (the same on every rank, so is the schedule).
+  void reduce_step(std::span<T> loss_sum, double& step_flops) {
     using clock = std::chrono::steady_clock;
     const auto t0 = clock::now();
     auto& be = model_.backend();
     if constexpr (!host_memory<typename Instance::backend_type> && std::is_same_v<T, float>) {
       if (comm_->reduces_device_memory()) {  // NCCL: gradients and the loss summed on the device's stream, no wait
+        step_flops *= double(ranks_);  // a device backend counts the cost model's figure: the same on every rank
         comm_->allreduce_sum_device(model_.grads());
         comm_->allreduce_sum_device(loss_sum);  // AdamW skips a step whose loss diverged on any rank
         comm_seconds_ += std::chrono::duration<double>(clock::now() - t0).count();
@@ -594,10 +621,11 @@ class Trainer {
     }
     T local_loss;
     be.to_host(std::span<T>(&local_loss, 1), std::span<const T>(loss_sum));
-    double scalars[2] = {double(local_loss), stop_requested.load() ? 1.0 : 0.0};
-    comm_->allreduce_sum(std::span<double>(scalars, 2));
+    double scalars[3] = {double(local_loss), stop_requested.load() ? 1.0 : 0.0, step_flops};
+    comm_->allreduce_sum(std::span<double>(scalars, 3));
     global_loss_sum_ = scalars[0];
     stop_agreed_ = scalars[1] > 0;
+    step_flops = scalars[2];
     const T global_loss = T(scalars[0]);
     be.from_host(loss_sum, std::span<const T>(&global_loss, 1));  // AdamW skips a step whose loss diverged anywhere
     if constexpr (host_memory<typename Instance::backend_type>) {  // (backend/backend_concept.hpp)
@@ -659,6 +687,7 @@ class Trainer {
   index_t frozen_params_ = 0, frozen_tensors_ = 0;
   bool last_skipped_ = false;
   double last_lr_ = 0, last_grad_norm_ = 0, last_step_flops_ = 0;
+  double flops_done_ = 0, flops_at_warmup_ = 0;  // training FLOPs of every step so far, and of the warm-up's
   double micro_batch_flops() {
     if constexpr (counts_realised_flops) return realised_training_flops(model_);
     else return card_.training_flops(cfg_.batch, cfg_.seq);
