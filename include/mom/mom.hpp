@@ -24,7 +24,7 @@
 #include "mom/assembly/chunked.hpp"
 #include "mom/assembly/phi.hpp"
 #include "mom/assembly/sequential.hpp"
-#include "mom/assembly/mom.hpp"
+#include "mom/assembly/gru.hpp"
 #include "mom/assembly/share.hpp"
 #include "mom/assembly/moe.hpp"
 #include "mom/modules/block.hpp"

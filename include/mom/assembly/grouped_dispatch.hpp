@@ -1,5 +1,5 @@
 #pragma once
-// Grouped dispatch, shared by the routed executors (assembly/mom.hpp: MoM's routers and FFN
+// Grouped dispatch, shared by the routed executors (assembly/gru.hpp: MoM's routers and FFN
 // half-round; assembly/moe.hpp: the MoE FFN step). docs/design.md "Data and the hot path":
 //   select:   softmax / top-K of one router step's logits, the K picked weights (renormalised),
 //             the n×K (token, pick) slots grouped by class with a stable counting sort (causal

@@ -50,7 +50,7 @@ struct MoE {
 };
 
 // φ_MoM with each attention module's keys/values restricted to the tokens routed to it
-// (assembly/mom.hpp, KeySource::Routed).
+// (assembly/gru.hpp, KeySource::Routed).
 struct MoMRoutedKV : MoM {
   static constexpr const char* name = "phi::MoMRoutedKV";
 };

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "mom/assembly/chunked.hpp"
-#include "mom/assembly/mom.hpp"
+#include "mom/assembly/gru.hpp"
 #include "mom/models/gpt2.hpp"
 #include "mom/models/realised_flops.hpp"  // realised_forward_flops, kept reachable from here
 #include "mom/models/lm.hpp"

@@ -100,7 +100,7 @@ struct GRU {
     static constexpr bool ok = Set::n_attention >= 1 && Set::n_ffn >= 1 && !Set::experts_per_step;
   };
 
-  // The options are checked where the router is executed (assembly/mom.hpp instantiates this).
+  // The options are checked where the router is executed (assembly/gru.hpp instantiates this).
   template <class Options>
   struct VerifyOptions {
     using Cfg = GRUConfig<Options>;
