@@ -19,7 +19,7 @@
 #include "mom/routers/gru.hpp"
 #include "mom/routers/share.hpp"
 #include "mom/routers/topk.hpp"
-#include "mom/routers/affinity.hpp"  // TopK<Sigmoid>: DeepSeekMoE
+#include "mom/routers/affinity.hpp"  // DeepSeekMoE's affinity gate (TopK<Sigmoid> is in topk.hpp)
 #include "mom/assembly/assembly.hpp"
 #include "mom/assembly/chunked.hpp"
 #include "mom/assembly/phi.hpp"

@@ -27,7 +27,7 @@
 #include "mom/assembly/moe.hpp"
 #include "mom/models/lm.hpp"
 #include "mom/modules/ffn.hpp"
-#include "mom/routers/affinity.hpp"
+#include "mom/routers/topk.hpp"
 
 namespace mom {
 

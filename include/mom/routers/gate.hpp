@@ -22,7 +22,7 @@
 //   update_buffers(be, p, g)   p: its parameters (mutable), g: its gradient block as backward left it,
 //                              summed over the step's micro-batches (and ranks); called once per optimizer
 //                              step through Model::update_buffers (models/runtime.hpp)
-// TopK<Softmax> (routers/topk.hpp) is one; TopK<Sigmoid> (routers/affinity.hpp, DeepSeekMoE) another, with
+// TopK<Softmax> (routers/topk.hpp) is one; TopK<Sigmoid> (routers/topk.hpp, its gate routers/affinity.hpp) another, with
 // update_buffers; docs/extending.md writes two more (hash routing and a threshold router with a variable
 // number of experts per token).
 #include <concepts>

@@ -1,4 +1,10 @@
 #pragma once
+// The TopK family of router policies, the token-choice routers of phi::MoE (each token picks its top-K experts):
+//   TopK<Softmax>   softmax over the classes, top-K, renormalised (below; its gate SoftmaxTopKGate is here too)
+//   TopK<Sigmoid>   DeepSeekMoE's sigmoid affinities with a selection-only bias and shared experts (the policy at
+//                   the end of this file; its gate AffinityTopKGate and options: routers/affinity.hpp)
+// (Expert choice, where each expert picks its tokens, is TopC<Softmax>: routers/expert_topc.hpp.)
+//
 // Router<TopK<Softmax>, Options...>: the Mixture-of-Experts router (Shazeer et al. 2017; Mixtral),
 // one per assembly step h, stateless:
 //   z_h = LN_r(u_h)                        the router's own pre-norm of the residual stream
@@ -20,10 +26,12 @@
 //   Renormalise<b>      renormalise the K picked weights (default true, Mixtral); false: the raw
 //                       softmax probabilities (Switch / GShard top-1 style)
 #include <cstddef>
+#include <string>
 #include <string_view>
 
 #include "mom/core/meta.hpp"
 #include "mom/modules/module.hpp"
+#include "mom/routers/affinity.hpp"
 #include "mom/routers/gate.hpp"
 #include "mom/routers/options.hpp"
 #include "mom/routers/router.hpp"
@@ -31,8 +39,10 @@
 
 namespace mom {
 
-// The gate of a top-K router: softmax over the classes.
+// The gate of a top-K router: softmax over the classes (TopK<Softmax>; also TopC<Softmax>'s scores).
 struct Softmax {};
+// The gate of a top-K router: sigmoid affinities (DeepSeekMoE, TopK<Sigmoid>).
+struct Sigmoid {};
 
 template <class OptionList>
 struct TopKConfig;
@@ -60,7 +70,7 @@ struct SoftmaxTopKGate;
 template <class Gate>
 struct TopK {
   static_assert(std::is_same_v<Gate, Softmax>,
-                "mom::TopK<Gate>: the gate must be Softmax (TopK<Softmax>) or Sigmoid (TopK<Sigmoid>, routers/affinity.hpp)");
+                "mom::TopK<Gate>: the gate must be Softmax (TopK<Softmax>) or Sigmoid (TopK<Sigmoid>, DeepSeekMoE)");
   static constexpr bool is_router_policy = true;
   static constexpr bool gates_experts = true;  // an ExpertGate per step (routers/gate.hpp)
   static constexpr std::string_view name = "TopK<Softmax>";
@@ -151,6 +161,51 @@ struct SoftmaxTopKGate {
     dispatch::select_backward(be, ws, s.sel, rows, Kp, C, T(1.0 / Cfg::temperature), Cfg::renormalise, dwp,
                               std::span<T>(scratch + sc.dws, std::size_t(rows * Kp)), dlogits, T(Cfg::z_loss));
     Head::backward(be, p, g, ws, s.head, in, din, MatrixView<const T>(dlogits), scratch + sc.head);
+  }
+};
+
+// Router<TopK<Sigmoid>, Options...>: DeepSeekMoE's router (arXiv 2401.06066; DeepSeek-V3, arXiv 2412.19437 §2.1.2).
+// The gate, its options (SharedExperts<n>, BiasBalance<p, q>, GroupLimited<G, M>, SequenceBalance<p, q>,
+// RouteScale<p, q>) and the equations: routers/affinity.hpp.
+template <>
+struct TopK<Sigmoid> {
+  static constexpr bool is_router_policy = true;
+  static constexpr bool gates_experts = true;  // an ExpertGate per step (routers/gate.hpp)
+  static constexpr std::string_view name = "TopK<Sigmoid>";
+  template <Dims D, int E, int Kp, bool Skip, class Options>
+  using gate = AffinityTopKGate<D, E, Kp, Skip, Options>;
+
+  template <class Set, int k, int h>
+  struct Drives {
+    static_assert(Set::n_attention >= 1 && Set::ffn_choices >= 1,
+                  "mom::Router<TopK<Sigmoid>> routes each step's FFN experts after its attention module: the "
+                  "ModuleSet needs MHA<L> and Experts<FFN, E, PerStep> (or FFN<E>)");
+    static constexpr bool ok = Set::n_attention >= 1 && Set::ffn_choices >= 1;
+  };
+
+  template <class Options>
+  struct VerifyOptions : VerifyAffinityOptions<Options> {};
+
+  // Options that differ from the defaults, in the type's spelling (models/describe.hpp).
+  template <class Options>
+  static std::string describe_options() {
+    using Cfg = AffinityConfig<Options>;
+    using Default = AffinityConfig<TypeList<>>;
+    const auto ratio = [](const char* n, long long p, long long q) {
+      return std::string(", ") + n + "<" + std::to_string(p) + (q == 1 ? "" : ", " + std::to_string(q)) + ">";
+    };
+    std::string s;
+    if (Cfg::shared != 0) s += ", SharedExperts<" + std::to_string(Cfg::shared) + ">";
+    if (Cfg::bias_rate != Default::bias_rate)
+      s += ratio("BiasBalance", Cfg::bias_t::numerator, Cfg::bias_t::denominator);
+    if (Cfg::groups != 1)
+      s += ", GroupLimited<" + std::to_string(Cfg::groups) + ", " + std::to_string(Cfg::top_groups) + ">";
+    if (Cfg::balance_coef != 0) s += ratio("BalanceCoef", Cfg::balance_t::numerator, Cfg::balance_t::denominator);
+    if (Cfg::sequence_coef != 0)
+      s += ratio("SequenceBalance", Cfg::sequence_t::numerator, Cfg::sequence_t::denominator);
+    if (!Cfg::renormalise) s += ", Renormalise<false>";
+    if (Cfg::scale != 1) s += ratio("RouteScale", Cfg::scale_t::numerator, Cfg::scale_t::denominator);
+    return s;
   }
 };
 
