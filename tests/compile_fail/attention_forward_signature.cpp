@@ -11,7 +11,7 @@ struct MutableInput : modules::Attention<D> {
                       index_t, index_t) {}
 };
 constexpr Dims dims{.d_model = 64, .heads = 4, .d_ff = 256, .vocab = 256, .context = 64};
-using Bad = Assembly<Router<ExpertChoice<Capacity<1, 2>>>, ModuleSet<Block<2, MutableInput>, Skip>, K<1>, H<2>,
+using Bad = Assembly<Router<BlockChoice<Capacity<1, 2>>>, ModuleSet<Block<2, MutableInput>, Skip>, K<1>, H<2>,
                      phi::LayerSkip>;
 void step(std::span<const token_t> tokens) {
   auto m = LM<dims, Bad>::make<cpu::Backend<float>>(1);

@@ -1,5 +1,5 @@
 // Rejected at compile time: Mixture-of-Depths with Mixture-of-Recursions' sigmoid weighting.
-// EXPECT: mom::ExpertChoice: Weighting<RouterWeight::Sigmoid> is Mixture-of-Recursions'
+// EXPECT: mom::BlockChoice: Weighting<RouterWeight::Sigmoid> is Mixture-of-Recursions'
 #include <mom/mom.hpp>
 using namespace mom;
 constexpr Dims dims{.d_model = 64, .heads = 4, .d_ff = 256, .vocab = 256, .context = 64};

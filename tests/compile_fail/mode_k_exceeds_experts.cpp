@@ -3,6 +3,6 @@
 #include <mom/mom.hpp>
 using namespace mom;
 constexpr Dims dims{.d_model = 64, .heads = 4, .d_ff = 256, .vocab = 256, .context = 64};
-using Bad = Assembly<Router<ExpertChoice<>>, ModuleSet<MHA<4>, Experts<FFN, 2, PerStep>, Skip>, K<3>, H<4>,
+using Bad = Assembly<Router<BlockChoice<>>, ModuleSet<MHA<4>, Experts<FFN, 2, PerStep>, Skip>, K<3>, H<4>,
                      phi::LayerSkip>;
 static_assert(LM<dims, Bad>::params > 0);

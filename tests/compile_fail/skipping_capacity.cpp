@@ -1,5 +1,5 @@
 // Rejected at compile time: a capacity given to a skip criterion.
-// EXPECT: Capacity, Weighting and the causal-sampling options belong to ExpertChoice
+// EXPECT: Capacity, Weighting and the causal-sampling options belong to BlockChoice
 #include <mom/mom.hpp>
 using namespace mom;
 constexpr Dims dims{.d_model = 64, .heads = 4, .d_ff = 256, .vocab = 256, .context = 64};

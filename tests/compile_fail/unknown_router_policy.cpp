@@ -1,5 +1,5 @@
 // Rejected at compile time: a router policy the library does not know.
-// EXPECT: unknown router policy; known: Sequential, GRU, Share<P>, TopK<Softmax>, TopK<Sigmoid>, TopC<Softmax>, ExpertChoice<...>, Skipping<...>, Recursion<...>
+// EXPECT: unknown router policy; known: Sequential, GRU, Share<P>, TopK<Softmax>, TopK<Sigmoid>, TopC<Softmax>, BlockChoice<...>, Skipping<...>, Recursion<...>
 #include <mom/models/lm.hpp>
 using namespace mom;
 constexpr Dims dims{.d_model = 64, .heads = 4, .d_ff = 256, .vocab = 256, .context = 64};

@@ -119,7 +119,7 @@ TEST_CASE("MoD: a batch of two different sequences equals each sequence run alon
 }
 
 TEST_CASE("MoD with Capacity<1>, every block routed and unit weights computes the dense stack", "[depth][mod]") {
-  using Full = LM<tiny, Assembly<Router<ExpertChoice<Capacity<1>, Every<1>, Weighting<RouterWeight::Unit>>>,
+  using Full = LM<tiny, Assembly<Router<BlockChoice<Capacity<1>, Every<1>, Weighting<RouterWeight::Unit>>>,
                                  ModuleSet<Block<3>, Skip>, K<1>, H<3>, phi::LayerSkip>>;
   using Dense3 = LM<tiny, Dense<3>>;
   static_assert(Full::params == Dense3::params + 3 * tiny.d_model);  // + one router row per block
@@ -253,7 +253,7 @@ TEST_CASE("depth routing: FLOPs executed equal the cost model (MoD: exactly, lay
   check_flops<ModTiny>(30, true);
   check_flops<LM<tiny, MoD<4, 1, 4, 2, CausalPredictor<5>>>>(31, true);
   check_flops<LM<tiny, MoD<4, 1, 2, 1, CausalAux<>>>>(34, true);
-  check_flops<LM<tiny, Assembly<Router<ExpertChoice<Capacity<1, 2>, Weighting<RouterWeight::Unit>>>, ModuleSet<Block<4>, Skip>,
+  check_flops<LM<tiny, Assembly<Router<BlockChoice<Capacity<1, 2>, Weighting<RouterWeight::Unit>>>, ModuleSet<Block<4>, Skip>,
                                 K<1>, H<4>, phi::LayerSkip>>>(35, true);
   check_flops<LM<tiny, LayerSkipping<3>>>(32, false);
   check_flops<LM<tiny, EarlyExiting<3>>>(33, false);

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <string>
+#include <type_traits>
 
 #include "mom/models/mom_models.hpp"
 #include "mom/mom.hpp"
@@ -44,4 +45,18 @@ TEST_CASE("Router<GRU>'s default width follows the model: min(256, d_model)", "[
   constexpr index_t W = 64, d = 64;
   STATIC_REQUIRE(LM<dims, KaHbS<2, 3, 3, Router<GRU>>>::params - LM<dims, KaHbS<2, 3, 3, Router<GRU, Width<1>>>>::params ==
                  2 * (3 * (W - 1) * d + 3 * (W * W - 1) + 6 * (W - 1)) + (4 + 4) * (W - 1));
+}
+
+// BlockChoice (Mixture-of-Depths' router, routers/depth.hpp) was called ExpertChoice: describe<> keeps that
+// spelling (its describe_name), so checkpoints written before the rename still load; the old name is a
+// deprecated alias of the new one. The one use of the alias in the repository.
+TEST_CASE("BlockChoice is described as ExpertChoice, and the deprecated ExpertChoice names BlockChoice",
+          "[describe][mod]") {
+  CHECK_THAT(describe<LM<dims, MoD<4>>>(),
+             Catch::Contains("Assembly<Router<ExpertChoice<Capacity<1,8>, Every<2>>>, ModuleSet<Block<4>, Skip>, K<1>, "
+                             "H<4>, phi::LayerSkip>"));
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  STATIC_REQUIRE(std::is_same_v<ExpertChoice<Capacity<1, 4>, Every<1>>, BlockChoice<Capacity<1, 4>, Every<1>>>);
+#pragma GCC diagnostic pop
 }

@@ -1,12 +1,12 @@
 #pragma once
 // phi::LayerSkip (MoM paper eq. (9)) and the executor of the depth routers (routers/depth.hpp):
 //
-//   Mixture-of-Depths   Assembly<Router<ExpertChoice<Capacity<1,8>, Every<2>>>, ModuleSet<Block<L>, Skip>,
+//   Mixture-of-Depths   Assembly<Router<BlockChoice<Capacity<1,8>, Every<2>>>, ModuleSet<Block<L>, Skip>,
 //                                K<1>, H<L>, phi::LayerSkip>
 //   layer-skip          Assembly<Router<Skipping<LinearGate>>, ModuleSet<MHA<L>, FFN<L>, Skip>, K<1>, H<L>,
 //                                phi::LayerSkip>
 //   early-exit          Assembly<Router<Skipping<LinearGate, EarlyExit>>, ... the same>
-//   MoDE staged         Assembly<Router<ExpertChoice<Capacity<1,8>, Every<2>>>,
+//   MoDE staged         Assembly<Router<BlockChoice<Capacity<1,8>, Every<2>>>,
 //                                ModuleSet<MHA<L>, Experts<FFN, E, PerStep>, Skip>, K<k>, H<L>, phi::LayerSkip>
 //
 // MoDE staged (MoD paper §4.3: MoD routing before the MoE routing): with Experts<FFN, E, PerStep> in
@@ -26,7 +26,7 @@
 //   x_{h+1,i} = x_{h,i} + w_i · f_i(x̃)  for i ∈ S,   x_{h+1,i} = x_{h,i}  otherwise     (MoD eq. (1))
 // so the residual is counted once. Positions enter only through the input embedding (wpe), so the
 // selected tokens keep their original positions; nothing is re-indexed or re-embedded.
-//   ExpertChoice   S = the top-C of r_i = wᵀx_i in every sequence (C = ⌊capacity·seq⌋, exactly C per
+//   BlockChoice   S = the top-C of r_i = wᵀx_i in every sequence (C = ⌊capacity·seq⌋, exactly C per
 //                  sequence), w_i = r_i (or 1: Weighting<Unit>). Since every sequence gives C rows,
 //                  the gathered rows are `batch` sequences of C tokens and the block runs as a plain
 //                  dense block over (batch, C) (ordinary causal attention, no per-token work).
@@ -59,16 +59,16 @@ namespace mom {
 // MoD trains with exactly C tokens per sequence (SelectedBlocks); at inference with CausalRouting it
 // runs a variable number, as skip criteria do (PackedBlocks).
 template <class... Os, class A, Dims D>
-struct Executor<ExpertChoice<Os...>, A, D>
-    : std::conditional_t<ExpertChoice<Os...>::config::causal_routing, detail::PackedBlocks<ExpertChoice<Os...>, A, D>,
-                         detail::SelectedBlocks<ExpertChoice<Os...>, A, D>> {};
+struct Executor<BlockChoice<Os...>, A, D>
+    : std::conditional_t<BlockChoice<Os...>::config::causal_routing, detail::PackedBlocks<BlockChoice<Os...>, A, D>,
+                         detail::SelectedBlocks<BlockChoice<Os...>, A, D>> {};
 template <class... Os, class A, Dims D>
 struct Executor<Skipping<Os...>, A, D> : detail::PackedBlocks<Skipping<Os...>, A, D> {};
 
 // Mixture-of-Depths over L blocks: capacity p/q, every k-th block routed (the paper's best: 12.5%,
 // every other block), router options appended (e.g. CausalAux<>, CausalPredictor<>).
 template <int L, long long p = 1, long long q = 8, int k = 2, class... Options>
-using MoD = Assembly<Router<ExpertChoice<Capacity<p, q>, Every<k>, Options...>>, ModuleSet<Block<L>, Skip>, K<1>, H<L>,
+using MoD = Assembly<Router<BlockChoice<Capacity<p, q>, Every<k>, Options...>>, ModuleSet<Block<L>, Skip>, K<1>, H<L>,
                      phi::LayerSkip>;
 // The type autoregressive sampling runs for a model trained with a causal-sampling method (MoD §3.5): the
 // same parameters, routed by the causal decision (CausalRouting); every other architecture is itself.
@@ -77,10 +77,10 @@ struct causal_sampling_arch {
   using type = Arch;
 };
 template <class... Os, class M, class Kn, class Hn>
-  requires(ExpertChoice<Os...>::config::causal_aux || ExpertChoice<Os...>::config::predictor) &&
-          (!ExpertChoice<Os...>::config::causal_routing)
-struct causal_sampling_arch<Assembly<Router<ExpertChoice<Os...>>, M, Kn, Hn, phi::LayerSkip>> {
-  using type = Assembly<Router<ExpertChoice<Os..., CausalRouting>>, M, Kn, Hn, phi::LayerSkip>;
+  requires(BlockChoice<Os...>::config::causal_aux || BlockChoice<Os...>::config::predictor) &&
+          (!BlockChoice<Os...>::config::causal_routing)
+struct causal_sampling_arch<Assembly<Router<BlockChoice<Os...>>, M, Kn, Hn, phi::LayerSkip>> {
+  using type = Assembly<Router<BlockChoice<Os..., CausalRouting>>, M, Kn, Hn, phi::LayerSkip>;
 };
 template <class... Ps>
 struct causal_sampling_arch<Chunked<Ps...>> {

@@ -43,14 +43,14 @@ struct DepthExecutorBase : WorkspaceViews {
   using Set = typename A::module_set;
   using Ffn = typename Set::template ffn<D>;
   static_assert(std::is_same_v<typename A::phi_type, phi::LayerSkip>,
-                "mom::Router<ExpertChoice> and Router<Skipping> assemble with phi::LayerSkip (eq. (9)): "
+                "mom::Router<BlockChoice> and Router<Skipping> assemble with phi::LayerSkip (eq. (9)): "
                 "Assembly<R, M, K<1>, H<L>, phi::LayerSkip>");
   static constexpr int L = A::h;
   static constexpr index_t d = D.d_model;
-  static constexpr bool expert_choice = Cfg::expert_choice;
+  static constexpr bool block_choice = Cfg::block_choice;
   // Exactly C tokens per sequence (top-C): a dense block over (batch, C). Otherwise (a skip criterion,
   // or MoD's causal routing at inference) a variable number: packed attention over the running tokens.
-  static constexpr bool exact_c = expert_choice && !Cfg::causal_routing;
+  static constexpr bool exact_c = block_choice && !Cfg::causal_routing;
   // Layer-skip with AttendToSkipped: a layer's running tokens attend to every token (the skipped ones'
   // keys/values from their current state), so K/V run over all tokens, Q and the rest over the run rows.
   static constexpr bool attend_all = Cfg::attend_skipped;
@@ -63,18 +63,18 @@ struct DepthExecutorBase : WorkspaceViews {
   static_assert(!ModuleWithAuxLoss<typename Set::template attention<D>> && !ModuleWithAuxLoss<typename Set::template ffn<D>>,
                 "mom::phi::LayerSkip: modules with an auxiliary loss (SigmaMoE, SwitchHead) run in the dense stack, under "
                 "parameter sharing and as MoE's attention; the depth executors do not add their loss yet");
-  static_assert(!expert_choice || Cfg::capacity_tokens(D.context) >= 1,
-                "mom::ExpertChoice: Capacity<p, q> gives C = floor(p/q * context) = 0 tokens per sequence at the "
+  static_assert(!block_choice || Cfg::capacity_tokens(D.context) >= 1,
+                "mom::BlockChoice: Capacity<p, q> gives C = floor(p/q * context) = 0 tokens per sequence at the "
                 "model's context: no token would ever run a routed block");
   static constexpr index_t PW = Cfg::predictor_width;
   static constexpr bool unit_weight = Cfg::unit_weight;
   // MoDE staged: every layer's FFN is an MoE step over the rows it runs (see the header).
   static constexpr bool moe = Set::experts_per_step;
-  static_assert(!moe || expert_choice,
+  static_assert(!moe || block_choice,
                 "mom::Router<Skipping> with Experts<FFN, E, PerStep>: only Mixture-of-Depths routes before experts "
-                "(MoDE staged): use Router<ExpertChoice<...>>");
-  static_assert(!moe || !expert_choice || exact_c,  // (Skipping over experts: the message above alone)
-                "mom::ExpertChoice<..., CausalRouting> over per-layer experts (MoDE staged at inference) is not "
+                "(MoDE staged): use Router<BlockChoice<...>>");
+  static_assert(!moe || !block_choice || exact_c,  // (Skipping over experts: the message above alone)
+                "mom::BlockChoice<..., CausalRouting> over per-layer experts (MoDE staged at inference) is not "
                 "supported: its MoE step would run over a token count known only on the device");
   static_assert(moe || !Cfg::expert_router_given,
                 "mom::ExpertRouter<R> routes the experts of MoDE staged: it needs ModuleSet<MHA<L>, Experts<FFN, E, "
@@ -359,7 +359,7 @@ struct DepthExecutorBase : WorkspaceViews {
       if constexpr (!unit_weight)
         be.gather_rows(mv(ws + l.wsel, n, 1), MatrixView<const T>(logits), sp<const token_t>(toks(ws, l.idx), n),
                        run_groups(ws, l));
-    } else if constexpr (expert_choice) {
+    } else if constexpr (block_choice) {
       const index_t C = capacity_tokens(seq), m = batch * C;
       const auto idx = sp(toks(ws, l.idx), m);
       be.select_topc_per_sequence(idx, sp<const T>(logits.data, n), batch, seq);
@@ -430,7 +430,7 @@ struct DepthExecutorBase : WorkspaceViews {
   template <class Be, class T>
   static void backward(Be& be, const T* p, T* g, const T* ws, const Plan& plan, MatrixView<const T> x0,
                        MatrixView<T> dres, T* sc, index_t batch, index_t seq) {
-    MOM_CHECK(!Cfg::causal_routing, "Router<ExpertChoice<..., CausalRouting>> is an inference mode (autoregressive "
+    MOM_CHECK(!Cfg::causal_routing, "Router<BlockChoice<..., CausalRouting>> is an inference mode (autoregressive "
               "sampling): train the same type without CausalRouting");
     const index_t n = batch * seq;
     const Scratch s = scratch_plan(batch, seq);
@@ -446,7 +446,7 @@ struct DepthExecutorBase : WorkspaceViews {
       }
       const MatrixView<T> dlogits = mv(sc + s.dlogits, n, 1);
       be.zero(dlogits.flat());
-      if constexpr (!expert_choice) be.zero(sp(sc + s.dgate, n));
+      if constexpr (!block_choice) be.zero(sp(sc + s.dgate, n));
       Derived::block_backward(be, p, g, ws, l, h, x, dres, sc, s, batch, seq);
       route_backward(be, p, g, ws, l, h, x, dres, sc, s, n);
     }
@@ -459,7 +459,7 @@ struct DepthExecutorBase : WorkspaceViews {
     const RouterOffsets o = router_offsets(h);
     T* dlogits = sc + s.dlogits;
     const auto logits = sp<const T>(ws + l.logits, n);
-    if constexpr (expert_choice) {
+    if constexpr (block_choice) {
       if constexpr (Cfg::causal_aux)
         be.bce_logits_backward(sp(dlogits, n), logits, sp<const T>(ws + l.mask, n), T(Cfg::aux_coef / double(n)));
       if constexpr (PW > 0) {  // the predictor's own loss; its input is stop-gradient (no dx)

@@ -5,7 +5,7 @@
 //                                    layer-skip, early exit
 //   MoEBlockFfn<Set, D, Router, k>   MoDE staged (MoD paper §4.3): an MoE step of layer h's E experts
 //                                    (Experts<FFN, E, PerStep>) gated by Router's policy with Router's
-//                                    options (ExpertChoice's ExpertRouter<R> option; default
+//                                    options (BlockChoice's ExpertRouter<R> option; default
 //                                    Router<TopK<Softmax>>), top-k = the Assembly's K
 //
 // Both give, for layer h of the stack, with u = x̃ + Attn(x̃) the block's state after attention:

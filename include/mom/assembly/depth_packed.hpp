@@ -1,6 +1,6 @@
 #pragma once
 // The routed layers of layer-skip / early exit (Router<Skipping<...>>) and of Mixture-of-Depths at
-// inference (ExpertChoice<..., CausalRouting>): a layer runs a variable number of tokens per sequence,
+// inference (BlockChoice<..., CausalRouting>): a layer runs a variable number of tokens per sequence,
 // decided on the device, so its block runs over the run rows as one row group {0, count} (core/groups.hpp)
 // whose count the host never reads: grouped ops with host bounds of n rows. Attention is the module's
 // forward_grouped over those rows, its keys either the run rows themselves (KeySource::Routed, as MoD)

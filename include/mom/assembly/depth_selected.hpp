@@ -1,5 +1,5 @@
 #pragma once
-// Mixture-of-Depths' routed blocks during training (Router<ExpertChoice<...>> without CausalRouting):
+// Mixture-of-Depths' routed blocks during training (Router<BlockChoice<...>> without CausalRouting):
 // every sequence gives exactly C = ⌊capacity·seq⌋ tokens (the top-C of the router's scores, in causal
 // order), so the gathered rows are `batch` sequences of C tokens and the block runs as a plain dense
 // block over (batch, C): ordinary causal attention among the selected tokens, no per-token work.
@@ -16,7 +16,7 @@ struct SelectedBlocks : DepthExecutorBase<SelectedBlocks<Policy, A, D>, Policy, 
   // selected token by its rank among the selected, not by its position (and differently from inference,
   // where PackedBlocks uses the true positions).
   static_assert(!D.rope(),
-                "mom::Router<ExpertChoice> (Mixture-of-Depths) does not support RoPE positions yet: its routed blocks "
+                "mom::Router<BlockChoice> (Mixture-of-Depths) does not support RoPE positions yet: its routed blocks "
                 "run dense attention over the C selected tokens, which would rotate them by rank, not position");
   using Base = DepthExecutorBase<SelectedBlocks, Policy, A, D>;
   using typename Base::Attn;

@@ -116,7 +116,7 @@ class Decoder {
                 "mom::infer::Decoder: this architecture's routing is not causal (Mixture-of-Depths' top-C, "
                 "Mixture-of-Recursions' top-k per recursion and expert-choice MoE pick tokens by the later tokens too): for Mixture-of-Depths decode "
                 "mom::causal_sampling_arch<Arch>::type, the same parameters routed by a trained causal method "
-                "(ExpertChoice<..., CausalAux<> or CausalPredictor<>>); expert-choice MoE has no causal method");
+                "(BlockChoice<..., CausalAux<> or CausalPredictor<>>); expert-choice MoE has no causal method");
   static_assert(!DecodeBackend<Be> || !routes_causally<Model> || decodes<Model, Be> ||
                     detail::decode_refusal_named<Model, Be>,
                 "mom::infer::Decoder: a part of this architecture has no incremental decode yet (its executor does "

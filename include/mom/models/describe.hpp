@@ -94,7 +94,11 @@ std::string assembly_name() {
     return "Assembly<Router<Sequential>, " + module_set_name<Set, D>() + ", K<1>, H<" + std::to_string(A::h) + ">>";
   } else {
     using Policy = typename A::router::policy;
-    std::string router(Policy::name);
+    // A policy renamed since checkpoints recorded its name keeps the old spelling here (describe_name:
+    // BlockChoice is described as ExpertChoice), so that those checkpoints still load.
+    std::string router;
+    if constexpr (requires { Policy::describe_name; }) router = std::string(Policy::describe_name);
+    else router = std::string(Policy::name);
     if constexpr (requires { Policy::label(); }) router = Policy::label();  // e.g. Share<Cycle<2>>
     if constexpr (requires { Policy::options_name(); })
       router += "<" + Policy::options_name() + ">";  // e.g. ExpertChoice<Capacity<1,8>, Every<2>>

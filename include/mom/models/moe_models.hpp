@@ -12,7 +12,7 @@
 //   MoDEStaged<L, E, k>      MoDE, staged (MoD paper §4.3): MoD routing before MoE routing; each layer's FFN
 //                            is an MoE step (E experts, top-k), every 2nd layer runs only the top-C/seq
 //                            (12.5%) of each sequence (assembly/depth.hpp); the other layers run MoE densely
-//     = Assembly<Router<ExpertChoice<Capacity<1, 8>, Every<2>>>, ModuleSet<MHA<L>, Experts<FFN, E, PerStep>, Skip>,
+//     = Assembly<Router<BlockChoice<Capacity<1, 8>, Every<2>>>, ModuleSet<MHA<L>, Experts<FFN, E, PerStep>, Skip>,
 //                K<k>, H<L>, phi::LayerSkip>
 //   ExpertChoiceMoEStack<L, E, p, q>  expert-choice MoE (arXiv 2202.09368): each layer's E experts take their top-c
 //                            tokens of the batch (capacity factor p/q: experts per token on average)
@@ -39,7 +39,7 @@ template <int L, int E, int k = 2, class R = Router<TopK<Softmax>>>
 using MoDEIntegrated = Assembly<R, ModuleSet<MHA<L>, Experts<FFN, E, PerStep>, Skip>, K<k>, H<L>, phi::MoE>;
 
 template <int L, int E, int k = 2, long long p = 1, long long q = 8, int every = 2, class... Options>
-using MoDEStaged = Assembly<Router<ExpertChoice<Capacity<p, q>, Every<every>, Options...>>,
+using MoDEStaged = Assembly<Router<BlockChoice<Capacity<p, q>, Every<every>, Options...>>,
                             ModuleSet<MHA<L>, Experts<FFN, E, PerStep>, Skip>, K<k>, H<L>, phi::LayerSkip>;
 
 // Expert-choice MoE (arXiv 2202.09368): every layer's E experts each take their top-c tokens of the batch,

@@ -2,9 +2,14 @@
 // Depth routers: per-token decisions to run a layer or route around it (SKIP), assembled by
 // phi::LayerSkip (MoM paper eq. (9); assembly/depth.hpp executes them).
 //
-//   Router<ExpertChoice<Options...>>   Mixture-of-Depths (Raposo et al. 2024, §3.4): in every routed
-//       block a linear router r_i = wᵀx_i scores the tokens and the block keeps exactly
-//       C = ⌊capacity · S⌋ tokens of every sequence (expert choice: the top-C scores). Options:
+//   Router<BlockChoice<Options...>>   Mixture-of-Depths (Raposo et al. 2024, arXiv 2404.02258, §3.4): in every
+//       routed block a linear router r_i = wᵀx_i scores the tokens and the block keeps exactly
+//       C = ⌊capacity · S⌋ tokens of every sequence, the top-C scores; the others route around it (SKIP). The
+//       paper calls this expert-choice routing with the block as the one expert (§3.4); the policy is named
+//       BlockChoice (the block chooses its tokens) so that it does not share a name with expert-choice MoE,
+//       TopC<Softmax> (routers/expert_topc.hpp: E experts each choose their top-c tokens). BlockChoice was
+//       called ExpertChoice; that name is a deprecated alias below, and describe() (the architecture string
+//       checkpoints record, models/describe.hpp) still spells it ExpertChoice. Options:
 //         Capacity<p, q>        capacity p/q in (0, 1] (default 1/8 = 12.5%, the paper's best)
 //         Every<k>              route every k-th block: blocks k-1, 2k-1, ... (default 2: blocks 1, 3,
 //                               5, ...; every routed block follows a full-capacity one, the
@@ -87,7 +92,7 @@ struct RunTarget {
   static constexpr long long numerator = num, denominator = den, coef_numerator = coef_num, coef_denominator = coef_den;
 };
 
-// MoDE staged (ExpertChoice over ModuleSet<MHA<L>, Experts<FFN, E, PerStep>, Skip>): the router of every
+// MoDE staged (BlockChoice over ModuleSet<MHA<L>, Experts<FFN, E, PerStep>, Skip>): the router of every
 // block's MoE FFN step, any policy that gates experts with its options (default Router<TopK<Softmax>>).
 template <class R>
 struct ExpertRouter {
@@ -102,9 +107,9 @@ constexpr double ratio() {
 inline std::string ratio_name(long long p, long long q) { return std::to_string(p) + "," + std::to_string(q); }
 
 // What the executor needs to know about a depth router, from either policy.
-template <bool ec, class... Os>
+template <bool bc, class... Os>
 struct DepthConfig {
-  static constexpr bool expert_choice = ec;
+  static constexpr bool block_choice = bc;  // BlockChoice (Mixture-of-Depths), else Skipping
   static constexpr bool options_known =
       mom::options_known<TypeList<Capacity<1>, Every<1>, Weighting<RouterWeight::Raw>, CausalAux<>, CausalPredictor<>,
                                   LinearGate, Never, EarlyExit, SkipCost<>, CausalRouting, RunTarget<>, AttendToSkipped,
@@ -112,7 +117,7 @@ struct DepthConfig {
                          Os...>;
   static constexpr bool options_unique = mom::options_unique<Os...>;
   using capacity_t = option_t<Capacity<1, 8>, Os...>;
-  using every_t = option_t<std::conditional_t<ec, Every<2>, Every<1>>, Os...>;
+  using every_t = option_t<std::conditional_t<bc, Every<2>, Every<1>>, Os...>;
   using weighting_t = option_t<Weighting<RouterWeight::Raw>, Os...>;
   using aux_t = option_t<CausalAux<>, Os...>;
   using predictor_t = option_t<CausalPredictor<>, Os...>;
@@ -134,21 +139,21 @@ struct DepthConfig {
   static constexpr bool early_exit = has_option<EarlyExit, Os...>;
   static constexpr bool attend_skipped = has_option<AttendToSkipped, Os...>;
   // Layer-skip's compute cost applies to the learned gate only.
-  static constexpr double skip_cost = ec || never ? 0.0 : ratio<cost_t>();
+  static constexpr double skip_cost = bc || never ? 0.0 : ratio<cost_t>();
   static constexpr bool target_ok = target_t::denominator > 0 && target_t::numerator > 0 &&
                                     target_t::numerator <= target_t::denominator && target_t::coef_denominator > 0 &&
                                     target_t::coef_numerator >= 0;
   static constexpr double run_target = ratio<target_t>();
   static constexpr double run_target_coef =
-      ec || never || !target_ok ? 0.0 : double(target_t::coef_numerator) / double(target_t::coef_denominator);
+      bc || never || !target_ok ? 0.0 : double(target_t::coef_numerator) / double(target_t::coef_denominator);
   // The gates' mean is needed (forward: the losses; backward: their gradient).
   static constexpr bool gate_mean = skip_cost > 0 || run_target_coef > 0;
   // The weight of a selected token's block output: the raw score r (MoD), the gate σ(g) (LinearGate),
   // or 1 (Weighting<Unit>, Never).
-  static constexpr bool unit_weight = ec ? weighting_t::value == RouterWeight::Unit : never;
+  static constexpr bool unit_weight = bc ? weighting_t::value == RouterWeight::Unit : never;
   // Per routed block: the router's w (and the gate's bias b), none for Never.
   static constexpr bool has_router = !never;
-  static constexpr bool has_bias = !ec && !never;
+  static constexpr bool has_bias = !bc && !never;
 
   // The router tensors of one routed layer, named under its layer h.<layer> (declared here, once): the
   // score's w [1 × d] (MoDE staged: mod_router.w, beside the MoE gate's router.*), the gate's bias b, the
@@ -181,7 +186,7 @@ struct DepthConfig {
   static std::string options_name() {
     std::string s;
     auto add = [&s](const std::string& part) { s += (s.empty() ? "" : ", ") + part; };
-    if constexpr (ec) {
+    if constexpr (bc) {
       add("Capacity<" + ratio_name(cap_num, cap_den) + ">");
       add("Every<" + std::to_string(every) + ">");
       if (unit_weight) add("Weighting<Unit>");
@@ -218,9 +223,12 @@ struct VerifyDepthOptions {
 }  // namespace detail
 
 template <class... Options>
-struct ExpertChoice {
+struct BlockChoice {
   static constexpr bool is_router_policy = true;
-  static constexpr std::string_view name = "ExpertChoice";
+  static constexpr std::string_view name = "BlockChoice";
+  // The spelling in describe() (models/describe.hpp), which checkpoints record (mom.describe) and compare on
+  // load: the policy's name before the rename, kept so that older checkpoints still load.
+  static constexpr std::string_view describe_name = "ExpertChoice";
   using config = detail::DepthConfig<true, Options...>;
   static std::string options_name() { return config::options_name(); }
 
@@ -228,32 +236,32 @@ struct ExpertChoice {
   struct Drives {
     using Cfg = config;
     static_assert(Cfg::options_known,
-                  "mom::ExpertChoice<Options...>: unknown option; known: Capacity<p, q>, Every<k>, Weighting<w>, "
+                  "mom::BlockChoice<Options...>: unknown option; known: Capacity<p, q>, Every<k>, Weighting<w>, "
                   "CausalAux<p, q>, CausalPredictor<w, p, q>, CausalRouting, ExpertRouter<R>");
-    static_assert(Cfg::options_unique, "mom::ExpertChoice<Options...>: each option may be given at most once");
+    static_assert(Cfg::options_unique, "mom::BlockChoice<Options...>: each option may be given at most once");
     static_assert(!Cfg::options_known || Cfg::criteria == 0,
-                  "mom::ExpertChoice: LinearGate / Never are layer-skip criteria: use Router<Skipping<...>>");
+                  "mom::BlockChoice: LinearGate / Never are layer-skip criteria: use Router<Skipping<...>>");
     static_assert(Cfg::weighting_t::value != RouterWeight::Sigmoid,
-                  "mom::ExpertChoice: Weighting<RouterWeight::Sigmoid> is Mixture-of-Recursions' (Router<Recursion>); "
+                  "mom::BlockChoice: Weighting<RouterWeight::Sigmoid> is Mixture-of-Recursions' (Router<Recursion>); "
                   "Mixture-of-Depths weighs by the raw score (Raw) or 1 (Unit)");
     static_assert(!Cfg::attend_skipped,
-                  "mom::ExpertChoice: AttendToSkipped is a layer-skip option (in Mixture-of-Depths a routed block "
+                  "mom::BlockChoice: AttendToSkipped is a layer-skip option (in Mixture-of-Depths a routed block "
                   "attends among its selected tokens only)");
     static_assert(!Cfg::options_known || (Cfg::cap_den > 0 && Cfg::cap_num > 0 && Cfg::cap_num <= Cfg::cap_den),
-                  "mom::ExpertChoice: Capacity<p, q> must be in (0, 1] (the fraction of each sequence a routed block "
+                  "mom::BlockChoice: Capacity<p, q> must be in (0, 1] (the fraction of each sequence a routed block "
                   "processes)");
     static_assert(!(Cfg::causal_aux && Cfg::predictor),
-                  "mom::ExpertChoice: choose one causal-sampling method: CausalAux<p, q> or CausalPredictor<w, p, q>");
+                  "mom::BlockChoice: choose one causal-sampling method: CausalAux<p, q> or CausalPredictor<w, p, q>");
     static_assert(!Cfg::predictor || Cfg::predictor_width >= 1, "mom::CausalPredictor<w, p, q>: width w must be >= 1");
     static_assert(!Cfg::causal_aux || Cfg::aux_coef > 0,
                   "mom::CausalAux<p, q>: the loss coefficient p/q must be > 0");
     static_assert(!Cfg::predictor || Cfg::predictor_coef > 0,
                   "mom::CausalPredictor<w, p, q>: the loss coefficient p/q must be > 0");
     static_assert(!Cfg::causal_routing || Cfg::causal_aux || Cfg::predictor,
-                  "mom::ExpertChoice: CausalRouting decides by a trained causal predictor: add CausalAux<p, q> or "
+                  "mom::BlockChoice: CausalRouting decides by a trained causal predictor: add CausalAux<p, q> or "
                   "CausalPredictor<w, p, q>");
     static_assert(Set::has_block || Set::experts_per_step,
-                  "mom::Router<ExpertChoice> routes whole blocks: use ModuleSet<Block<L>, Skip> (or, MoDE staged, "
+                  "mom::Router<BlockChoice> routes whole blocks: use ModuleSet<Block<L>, Skip> (or, MoDE staged, "
                   "ModuleSet<MHA<L>, Experts<FFN, E, PerStep>, Skip>)");
     static constexpr bool ok = detail::VerifyDepthOptions<Cfg, h>::ok && Cfg::options_known && Cfg::options_unique &&
                                Cfg::criteria == 0 && !Cfg::attend_skipped && Cfg::capacity_ok &&
@@ -262,6 +270,11 @@ struct ExpertChoice {
                                (Set::has_block || Set::experts_per_step);
   };
 };
+
+// The Mixture-of-Depths router's old name (it borrowed expert-choice MoE's): deprecated, will be removed.
+template <class... Options>
+using ExpertChoice [[deprecated("mom::ExpertChoice is now mom::BlockChoice (Mixture-of-Depths' router; expert-choice "
+                                "MoE is TopC<Softmax>)")]] = BlockChoice<Options...>;
 
 template <class... Criteria>
 struct Skipping {
@@ -291,7 +304,7 @@ struct Skipping {
                        std::is_same_v<typename Cfg::capacity_t, Capacity<1, 8>> &&
                        std::is_same_v<typename Cfg::weighting_t, Weighting<RouterWeight::Raw>> &&
                        !Cfg::expert_router_given),
-                  "mom::Skipping: Capacity, Weighting and the causal-sampling options belong to ExpertChoice (as does "
+                  "mom::Skipping: Capacity, Weighting and the causal-sampling options belong to BlockChoice (as does "
                   "ExpertRouter; a skip criterion is causal already)");
     static constexpr bool ok = detail::VerifyDepthOptions<Cfg, h>::ok && Cfg::options_known && Cfg::options_unique &&
                                Cfg::criteria == 1 && Cfg::target_ok;

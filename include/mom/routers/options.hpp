@@ -40,7 +40,7 @@ struct ZLoss {
 // An option is identified by its template (Width<64> and Width<128> are both "Width"; Capacity<1, 8>
 // is "Capacity") or, when it has no parameters, by itself (EarlyExit). A policy looks its options up
 // by a default of the same kind, so an option list is read the same way everywhere (GRU, TopK,
-// ExpertChoice, Skipping, a user's policy):
+// BlockChoice, Skipping, a user's policy):
 //   option_t<Width<256>, Os...>        the Width among Os, or Width<256>
 //   has_option<EarlyExit, Os...>       whether Os holds an EarlyExit
 //   options_known<TypeList<Known...>, Os...>, options_unique<Os...>   for the policy's checks

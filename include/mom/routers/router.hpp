@@ -41,5 +41,5 @@ concept RouterPolicy = requires {
 // is a string literal, hence a macro), and lint.router_policies (scripts/check_router_policies.sh) fails when
 // a policy under include/mom is missing from it or it names one that no longer exists.
 #define MOM_ROUTER_POLICY_NAMES                                                                              \
-  "Sequential, GRU, Share<P>, TopK<Softmax>, TopK<Sigmoid>, TopC<Softmax>, ExpertChoice<...>, Skipping<...>, " \
+  "Sequential, GRU, Share<P>, TopK<Softmax>, TopK<Sigmoid>, TopC<Softmax>, BlockChoice<...>, Skipping<...>, " \
   "Recursion<...>"
