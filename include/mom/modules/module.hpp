@@ -10,19 +10,28 @@
 //   MHA<8, GroupedQuery<2>::type>  eight attention modules with two key/value heads each
 // (docs/extending.md walks through both.)
 //
-// The executors (assembly/) reach a module only through the members its role's concept lists:
+// The executors (assembly/) reach a module only through the members its role's concept lists. Every single
+// module meets one contract, ModuleCore (its tensors, cost and workspace); TokenMixer<M> and SequenceMixer<M>
+// are that one concept under the names of the two roles (below). The roles differ in what an executor may do
+// with the rows, and in the backend members that follow from it:
 //
-//   TokenMixer<M>     rows are independent (FFN-like). Used densely over (batch, seq) and over row
-//                     groups (routed rows: MoM, MoE, MoD, layer-skip).
-//   SequenceMixer<M>  sees the sequence (attention-like), used densely over (batch, seq): enough for the
-//                     dense stack, parameter sharing, MoE's attention and MoD's (batch, C) blocks.
-//   RoutedSequenceMixer<M>  also over row groups in the two key/value modes the routed executors use
-//                     (KeySource below): MoM and layer-skip / early-exit need it.
+//   token mixer       row i of f(x) depends on row i of x alone (FFN-like), so executors run it over any rows:
+//                     densely over (batch, seq), over row groups (routed rows: MoM, MoE, MoD, layer-skip), and
+//                     a decode step's new rows by its dense forward. Members: TokenMixerOn (dense + grouped).
+//   sequence mixer    row i also reads the earlier rows of its sequence (attention-like), so it runs densely
+//                     over whole (batch, seq) sequences: enough for the dense stack, parameter sharing, MoE's
+//                     attention and MoD's (batch, C) blocks. Members: SequenceMixerOn (dense only);
+//                     RoutedSequenceMixer<M> adds row groups in the two key/value modes the routed executors use
+//                     (KeySource below; MoM and layer-skip / early-exit need it), DecodingSequenceMixerOn a
+//                     key/value cache for decoding.
+// The promise about rows is declared, not checked (no requires-expression can see it): by the family a module
+// sits in (FFN<N, Impl> or MHA<N, Impl>) and, optionally, by the module's single_role (ModuleRole below), which
+// those families check.
 //
 // A single module m computes f(LN(x)) with its own LayerNorm (pre-norm, paper eq. (4)); the assembling
 // function phi adds the residual and the routing weights. Forward ops write, backward ops accumulate
 // (+=) into dx and into the gradient block g. The forward/backward members are templates over the
-// backend; `TokenMixerOn<M, Be>` / `SequenceMixerOn<M, Be>` check them for one backend type.
+// backend; `TokenMixerOn<M, Be>` / `SequenceMixerOn<M, Be>` (= `DenseModuleOn<M, Be>`) check them for one backend type.
 #include <concepts>
 #include <cstddef>
 #include <span>
@@ -140,14 +149,14 @@ struct ModuleSlice {
 template <class M>
 inline constexpr std::size_t module_tensor_count = std::tuple_size_v<decltype(M::tensors(0))>;
 
-// A token mixer: over row groups (group g's rows run module g, whose parameters start at p[g]),
-// Saved from plan(a, 1, rows) and scratch(1, rows) sized for all the packed rows.
+// TokenMixer<M> and SequenceMixer<M>: one concept, ModuleCore, under the two role names (a module that meets
+// one meets the other; what differs is the promise about rows and the backend members, in the header above).
+// For a token mixer run over row groups (group g's rows run module g, whose parameters start at p[g]), Saved
+// comes from plan(a, 1, rows) and scratch(1, rows), sized for all the packed rows.
 template <class M>
 concept TokenMixer = ModuleCore<M>;
-
-// A sequence mixer used densely.
 template <class M>
-concept SequenceMixer = ModuleCore<M>;
+concept SequenceMixer = ModuleCore<M>;  // the same concept as TokenMixer
 
 // A routed sequence mixer additionally gives its grouped workspace for G modules and a key source, and
 // its cost split as the routed executors count it:
@@ -171,40 +180,33 @@ concept RoutedSequenceMixer = SequenceMixer<M> && requires(Arena& a, index_t i) 
   { M::pair_backward_flops } -> std::convertible_to<index_t>;
 };
 
-// The forward / backward members of a token mixer on backend Be (T = Be::scalar):
+// The dense members every single module gives on backend Be (T = Be::scalar), over batch sequences of seq rows:
 //   forward(be, p, ws, saved, x, f_out, batch, seq)                     f_out = f(x)
 //   backward(be, p, g, ws, saved, x, dx, df, scratch, batch, seq)       dx += df·∂f/∂x, g += ∂L/∂p
-//   forward_grouped(be, PerGroup p, ws, saved, x, f_out, RowGroups)      the same per row group
-//   backward_grouped(be, PerGroup p, PerGroup g, ws, saved, x, dx, df, scratch, RowGroups)
+// A sequence mixer's members (SequenceMixerOn) and a token mixer's dense ones (DenseTokenMixerOn: what the dense
+// stack and parameter sharing call, and what decoding a step needs) are exactly these.
 template <class M, class Be, class T = typename Be::scalar>
-concept TokenMixerOn =
-    TokenMixer<M> && requires(Be& be, const T* p, T* g, T* ws, const typename M::Saved& s, MatrixView<const T> x,
-                              MatrixView<T> y, PerGroup<const T> pg, PerGroup<T> gg, RowGroups gr, index_t i) {
-      M::forward(be, p, ws, s, x, y, i, i);
-      M::backward(be, p, g, ws, s, x, y, x, g, i, i);
-      M::forward_grouped(be, pg, ws, s, x, y, gr);
-      M::backward_grouped(be, pg, gg, ws, s, x, y, x, g, gr);
-    };
-
-// A token mixer's dense members only (forward / backward over batch × seq): what the dense stack and
-// parameter sharing call, and what decoding a step needs (modules that route inside themselves, such as
-// σ-MoE, have no row-group members).
-template <class M, class Be, class T = typename Be::scalar>
-concept DenseTokenMixerOn =
-    TokenMixer<M> && requires(Be& be, const T* p, T* g, T* ws, const typename M::Saved& s, MatrixView<const T> x,
+concept DenseModuleOn =
+    ModuleCore<M> && requires(Be& be, const T* p, T* g, T* ws, const typename M::Saved& s, MatrixView<const T> x,
                               MatrixView<T> y, index_t i) {
       M::forward(be, p, ws, s, x, y, i, i);
       M::backward(be, p, g, ws, s, x, y, x, g, i, i);
     };
-
-// The forward / backward members of a sequence mixer on backend Be: dense, as a token mixer's (over
-// batch sequences of seq tokens).
 template <class M, class Be, class T = typename Be::scalar>
-concept SequenceMixerOn =
-    SequenceMixer<M> && requires(Be& be, const T* p, T* g, T* ws, const typename M::Saved& s, MatrixView<const T> x,
-                                 MatrixView<T> y, index_t i) {
-      M::forward(be, p, ws, s, x, y, i, i);
-      M::backward(be, p, g, ws, s, x, y, x, g, i, i);
+concept SequenceMixerOn = DenseModuleOn<M, Be, T>;
+template <class M, class Be, class T = typename Be::scalar>
+concept DenseTokenMixerOn = DenseModuleOn<M, Be, T>;
+
+// A token mixer on backend Be: the dense members and the same over row groups, which its rows' independence
+// allows (modules that route inside themselves, such as σ-MoE, have no row-group members: DenseTokenMixerOn):
+//   forward_grouped(be, PerGroup p, ws, saved, x, f_out, RowGroups)      f_out = f(x) per row group
+//   backward_grouped(be, PerGroup p, PerGroup g, ws, saved, x, dx, df, scratch, RowGroups)
+template <class M, class Be, class T = typename Be::scalar>
+concept TokenMixerOn =
+    DenseModuleOn<M, Be, T> && requires(Be& be, T* g, T* ws, const typename M::Saved& s, MatrixView<const T> x,
+                                        MatrixView<T> y, PerGroup<const T> pg, PerGroup<T> gg, RowGroups gr) {
+      M::forward_grouped(be, pg, ws, s, x, y, gr);
+      M::backward_grouped(be, pg, gg, ws, s, x, y, x, g, gr);
     };
 
 // A sequence mixer that decodes incrementally (infer/decoder.hpp) on backend Be: one new token per
