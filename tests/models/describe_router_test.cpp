@@ -52,7 +52,8 @@ TEST_CASE("Router<GRU>'s default width follows the model: min(256, d_model)", "[
 // deprecated alias of the new one. The one use of the alias in the repository.
 TEST_CASE("BlockChoice is described as ExpertChoice, and the deprecated ExpertChoice names BlockChoice",
           "[describe][mod]") {
-  CHECK_THAT(describe<LM<dims, MoD<4>>>(),
+  using MoD4 = LM<dims, MoD<4>>;
+  CHECK_THAT(describe<MoD4>(),
              Catch::Contains("Assembly<Router<ExpertChoice<Capacity<1,8>, Every<2>>>, ModuleSet<Block<4>, Skip>, K<1>, "
                              "H<4>, phi::LayerSkip>"));
 #pragma GCC diagnostic push
