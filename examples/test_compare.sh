@@ -54,5 +54,8 @@ PY
 python3 "$HERE/../scripts/compare.py" --mom-train "$BIN" --data "$T/text.txt" --out "$T/bad" --archs mom8-e@dense8 --flops 1e9 >"$T/bad.log" 2>&1
 [ $? = 1 ] && grep -q "^compare: 'mom8-e@dense8': a two-phase architecture is A@B:fraction" "$T/bad.log" ||
   { echo "FAIL: a malformed two-phase spec:"; cat "$T/bad.log"; fail=1; }
+python3 "$HERE/../scripts/compare.py" --mom-train "$BIN" --data "$T/text.txt" --out "$T/bad" --archs moeut8/lr=-1 --flops 1e9 >"$T/bad.log" 2>&1
+[ $? = 1 ] && grep -q "^compare: 'moeut8/lr=-1': a learning rate of its own is A/lr=X with X > 0" "$T/bad.log" ||
+  { echo "FAIL: a bad learning-rate suffix:"; cat "$T/bad.log"; fail=1; }
 [ "$fail" = 0 ] && echo "compare: ok"
 exit "$fail"

@@ -19,6 +19,8 @@ Budget:
   --tokens N   training tokens per run (steps = N / (batch · seq)).
 An architecture written A@B:f is a two-phase run (the MoM recipe): B trains for the fraction f of the budget, then
 A starts from B's weights (--init-from; its routers fresh) for the rest; its FLOPs, time and curve include phase 1.
+A suffix /lr=X gives an architecture a peak learning rate of its own (both phases), e.g. moeut8/lr=1e-3; the
+table names it.
 
 Writes into --out: one folder per run (<arch>/seed-<s>/, phase 1 in <arch>/seed-<s>-phase1/), plan.json (the
 steps chosen), results.md (the table: validation cross-entropy mean ± sample std over seeds, total parameters,
@@ -75,7 +77,7 @@ class Runner:
     def __init__(self, args):
         self.args = args
         self.binary = args.mom_train
-        self.common = ["--batch", str(args.batch), "--seq", str(args.seq), "--lr", str(args.lr),
+        self.common = ["--batch", str(args.batch), "--seq", str(args.seq),
                        "--warmup", str(args.warmup), "--eval-batches", str(args.eval_batches), "--sample-tokens", "0",
                        "--device", args.device, "--log-interval", "100000"]
         if args.threads:
@@ -106,7 +108,7 @@ class Runner:
         shutil.rmtree(tmp)
         return data
 
-    def train(self, arch, seed, steps, run_dir, data, init_from=None, evals=None, budget=None):
+    def train(self, arch, seed, steps, run_dir, data, init_from=None, evals=None, budget=None, lr=None):
         """Trains (or resumes, or keeps) one run of `steps` steps; with a FLOP budget, until its FLOPs reach the
         budget (mom-train --flops-budget; `steps`, planned from the pilot, then sets the validation and checkpoint
         intervals, and 3 × steps + 10 is the cap)."""
@@ -116,7 +118,7 @@ class Runner:
         cap = 3 * steps + 10 if budget else steps
         extra = ["--data", data, "--arch", arch, "--seed", str(seed), "--steps", str(cap), "--out", run_dir,
                  "--eval-interval", str(max(1, steps // evals)), "--checkpoint-interval",
-                 str(max(1, steps // self.args.checkpoints))]
+                 str(max(1, steps // self.args.checkpoints)), "--lr", repr(float(lr or self.args.lr))]
         if budget:
             extra += ["--flops-budget", repr(float(budget))]
         resume = os.path.exists(os.path.join(run_dir, "latest"))
@@ -147,8 +149,15 @@ class Runner:
 class Arch:
     def __init__(self, spec):
         self.spec = spec
-        if "@" in spec:
-            self.arch, rest = spec.split("@", 1)
+        base, _, lr = spec.partition("/lr=")
+        try:
+            self.lr = float(lr) if lr else None
+        except ValueError:
+            self.lr = None
+        if lr and not (self.lr and self.lr > 0 and math.isfinite(self.lr)):
+            fail(f"'{spec}': a learning rate of its own is A/lr=X with X > 0, e.g. moeut8/lr=1e-3")
+        if "@" in base:
+            self.arch, rest = base.split("@", 1)
             try:
                 self.phase1, fraction = rest.split(":")
                 self.fraction = float(fraction)
@@ -157,9 +166,11 @@ class Arch:
             if not 0 < self.fraction < 1:
                 fail(f"'{spec}': the phase-1 fraction must be in (0, 1)")
         else:
-            self.arch, self.phase1, self.fraction = spec, None, 0.0
-        self.label = spec if not self.phase1 else f"{self.arch} (after {self.phase1}, {self.fraction:g})"
-        self.folder = spec.replace("@", "_after_").replace(":", "_")
+            self.arch, self.phase1, self.fraction = base, None, 0.0
+        self.label = base if not self.phase1 else f"{self.arch} (after {self.phase1}, {self.fraction:g})"
+        if self.lr:
+            self.label += f" (lr {self.lr:g})"
+        self.folder = spec.replace("@", "_after_").replace(":", "_").replace("/lr=", "_lr")
 
 
 def plan_runs(runner, archs, seeds, data, out):
@@ -310,7 +321,7 @@ def svg(results, path, title):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--archs", required=True, help="comma-separated mom-train --arch names; A@B:f for two phases")
+    p.add_argument("--archs", required=True, help="comma-separated mom-train --arch names; A@B:f for two phases, A/lr=X for a learning rate of its own")
     budget = p.add_mutually_exclusive_group(required=True)
     budget.add_argument("--flops", type=float, help="training FLOPs per run")
     budget.add_argument("--tokens", type=float, help="training tokens per run")
@@ -359,11 +370,11 @@ def main():
             if a.phase1:
                 first = os.path.join(args.out, a.folder, f"seed-{seed}-phase1")
                 runner.train(a.phase1, seed, plan[a.spec]["phase1"], first, data,
-                             budget=args.flops * a.fraction if args.flops else None)
+                             budget=args.flops * a.fraction if args.flops else None, lr=a.lr)
                 dirs.append(first)
                 init = first
             runner.train(a.arch, seed, plan[a.spec]["phase2"], run_dir, data, init_from=init,
-                         budget=args.flops * (1 - a.fraction) if args.flops and a.phase1 else args.flops)
+                         budget=args.flops * (1 - a.fraction) if args.flops and a.phase1 else args.flops, lr=a.lr)
             dirs.append(run_dir)
             results.setdefault(a.label, []).append(summarise(dirs))
     text = table(results, args)
