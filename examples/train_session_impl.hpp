@@ -139,7 +139,7 @@ template <class Be>
 bool TrainSession<Be>::init_from_own(AnyModel<Be>& model) {
   const auto file = init_from_file(s_->r.init_from);
   if (init_from_describe(file) != s_->arch.describe) return false;
-  train::Checkpointer<AnyModel<Be>>::load_params(file.parent_path(), model);
+  load_params(file.parent_path(), model);
   std::printf("fine-tuning: parameters from %s (optimizer state fresh, step 0)\n", file.string().c_str());
   std::fflush(stdout);
   return true;
