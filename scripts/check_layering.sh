@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks the layering of include/mom (docs/design.md): dependencies point down only,
-#   core -> backend -> modules -> routers -> assembly -> models -> infer -> train -> testing
+#   core -> backend -> routing -> modules -> routers -> assembly -> models -> infer -> train -> testing
 # (a header may include headers of its own layer and of the layers to its left; both "mom/..." and <mom/...>
 # includes are read, in every .hpp, .cuh and .cu file under include/mom, train/ and the CUDA kernels included),
 # and no header outside modules/ and models/ names a concrete module type (modules::Attention,
@@ -12,7 +12,7 @@
 # Prints each violation as FILE:LINE: reason and exits 1 if there is any.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-layers=(core backend modules routers assembly models infer train testing)
+layers=(core backend routing modules routers assembly models infer train testing)
 rank() { local i; for i in "${!layers[@]}"; do [ "${layers[$i]}" = "$1" ] && { echo "$i"; return; }; done; echo -1; }
 fail=0
 while IFS= read -r f; do

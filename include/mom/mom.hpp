@@ -9,6 +9,9 @@
 #include "mom/core/dims.hpp"
 #include "mom/core/layout.hpp"
 #include "mom/core/meta.hpp"
+#include "mom/routing/dispatch.hpp"    // the routing layer: gather, weighted scatter, their backward
+#include "mom/routing/expert_mlp.hpp"  // the expert MLP of σ-MoE and SMoE
+#include "mom/routing/select.hpp"      // selections: softmax / sigmoid top-K, grouping
 #include "mom/modules/experts.hpp"
 #include "mom/modules/ffn.hpp"
 #include "mom/modules/mha.hpp"

@@ -18,6 +18,7 @@
 #include "gqa.hpp"
 #include "routers.hpp"
 #include "swiglu.hpp"
+#include "topk_experts.hpp"
 
 using namespace mom;
 
@@ -40,6 +41,11 @@ using DenseGQA = Assembly<Router<Sequential>, ModuleSet<MHA<2, GQA2>, FFN<2>>, K
 using HashMoE = Assembly<Router<ext::HashRouting>, ModuleSet<MHA<2>, Experts<FFN, 3, PerStep>>, K<1>, H<2>, phi::MoE>;
 using ThresholdMoE =
     Assembly<Router<ext::ThresholdRouting<1, 2>>, ModuleSet<MHA<2>, Experts<FFN, 4, PerStep>>, K<3>, H<2>, phi::MoE>;
+
+// (d) a module that routes rows itself, from the routing layer: 4 GELU experts of width 6, top-2
+template <Dims D>
+using TopKExperts4 = ext::TopKExperts<4, 2, 6>::type<D>;
+using DenseTopKExperts = Assembly<Router<Sequential>, ModuleSet<MHA<2>, FFN<2, ext::TopKExperts<4, 2, 6>::type>>, K<1>, H<2>>;
 
 static_assert(LM<tiny, DenseSwiGLU>::params == LM<tiny, Dense<2>>::params - 2 * (12 + 8) + 2 * 12 * 8);
 static_assert(LM<gqa_tiny, DenseGQA>::params < LM<gqa_tiny, Dense<2>>::params);
@@ -121,6 +127,19 @@ TEST_CASE("extending (a): SwiGLU inside a MoM chunk: gradient (routing fixed), c
   CHECK(testing::gradient_check<LM<tiny, MoMSwiGLU>>(12).max_router_grad > 1e-3);  // the router learns
   cost_matches<LM<small, MoMSwiGLU>>(true);
   trains<LM<small, MoMSwiGLU>>();
+}
+
+TEST_CASE("extending (d): a module that routes rows itself through the routing layer: gradient, cost, training",
+          "[extending][routing]") {
+  const testing::ModuleReport r = testing::module_gradient_check<TopKExperts4<tiny>>(24);
+  INFO(r.summary());
+  CHECK(r.ok());
+  CHECK(r.checked > int(TopKExperts4<tiny>::params) / 2);  // only perturbations that flip a pick are skipped
+  gradient_checked<LM<tiny, DenseTopKExperts>>(15, 2);
+  cost_matches<LM<small, DenseTopKExperts>>(true);
+  trains<LM<small, DenseTopKExperts>>();
+  const std::string line = describe<LM<small, DenseTopKExperts>>();
+  CHECK_THAT(line, Catch::Contains("FFN<2, TopKExperts>"));
 }
 
 TEST_CASE("extending (b): grouped-query attention in a dense model: gradient, cost, training", "[extending][gqa]") {

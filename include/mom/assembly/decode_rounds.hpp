@@ -10,6 +10,19 @@
 #include "mom/core/selection.hpp"
 #include "mom/core/tensor.hpp"
 
+namespace mom::dispatch {
+
+// A host list copied to base + off (backend memory, off in base's elements: an ordered host -> device copy on
+// a device backend), returned there: the decoder's slots, positions and tokens for the ops.
+template <class Be, class T, class U>
+std::span<const U> from_host_at(Be& be, T* base, index_t off, std::span<const U> host) {
+  const std::span<U> dev(reinterpret_cast<U*>(base + off), host.size());
+  be.from_host(dev, host);
+  return dev;
+}
+
+}  // namespace mom::dispatch
+
 namespace mom::detail {
 
 template <int H, index_t d>

@@ -4,7 +4,7 @@
 //   select:   softmax / top-K of one router step's logits, the K picked weights (renormalised),
 //             the n×K (token, pick) slots grouped by class with a stable counting sort (causal
 //             order kept inside a group), the weights in group order, the balance loss
-//   FFN:      one gather of the grouped rows, the grouped ops (core/groups.hpp) run module m
+//   FFN:      one gather of the grouped rows (routing/dispatch.hpp), the grouped ops (core/groups.hpp) run module m
 //             over exactly its group's rows, one weighted scatter-add into the output; a module no
 //             token picked costs nothing, the SKIP class (the last, >= the number of modules) is
 //             never touched, and the group offsets stay in backend memory: on a GPU the host
@@ -15,7 +15,8 @@
 #include <span>
 
 #include "mom/core/groups.hpp"
-#include "mom/core/selection.hpp"
+#include "mom/routing/dispatch.hpp"
+#include "mom/routing/select.hpp"
 #include "mom/core/layout.hpp"
 #include "mom/core/tensor.hpp"
 #include "mom/modules/module.hpp"
@@ -58,12 +59,10 @@ struct RoutedFfn {
     if constexpr (!TokenMixerOn<Ffn, Be, T>) return;
     else {
       const index_t rows = in.rows * k;
-      const RowGroups g = groups_of(ws, sel, modules);
-      const std::span<const token_t> idx(toks(ws, sel.row_token), std::size_t(rows));
-      const MatrixView<T> xg{ws + s.x, rows, d}, y{ws + s.y, rows, d};
-      be.gather_rows(xg, in, idx, g);
-      checked<Ffn>::forward_grouped(be, PerGroup<const T>(p, modules, offset), ws, s.ffn, MatrixView<const T>(xg), y, g);
-      be.scatter_add_rows(out, MatrixView<const T>(y), idx, std::span<const T>(ws + sel.wpacked, std::size_t(rows)), g);
+      routed_forward(be, routed_rows(static_cast<const T*>(ws), sel, modules, in.rows, k), in, MatrixView<T>{ws + s.x, rows, d},
+                     MatrixView<T>{ws + s.y, rows, d}, out, [&](MatrixView<const T> xg, MatrixView<T> y, RowGroups g) {
+                       checked<Ffn>::forward_grouped(be, PerGroup<const T>(p, modules, offset), ws, s.ffn, xg, y, g);
+                     });
     }
   }
 
@@ -74,14 +73,13 @@ struct RoutedFfn {
                        ParamOffset offset, const T* dy, MatrixView<T> din, T* scratch, index_t k) {
     if constexpr (TokenMixerOn<Ffn, Be, T>) {
       const index_t rows = din.rows * k;
-      const RowGroups g = groups_of(ws, sel, modules);
-      const std::span<const token_t> idx(toks(ws, sel.row_token), std::size_t(rows));
+      const auto rr = routed_rows(ws, sel, modules, din.rows, k);
       const MatrixView<T> dxg{scratch, rows, d};
-      be.zero_rows(dxg, g);
+      be.zero_rows(dxg, rr.groups);
       checked<Ffn>::backward_grouped(be, PerGroup<const T>(p, modules, offset), PerGroup<T>(grads, modules, offset), ws, s.ffn,
                             MatrixView<const T>{ws + s.x, rows, d}, dxg, MatrixView<const T>{dy, rows, d},
-                            scratch + rows * d, g);
-      be.scatter_add_rows(din, MatrixView<const T>(dxg), idx, std::span<const T>{}, g);
+                            scratch + rows * d, rr.groups);
+      gather_backward(be, rr, MatrixView<const T>(dxg), din);
     }
   }
 };

@@ -291,12 +291,12 @@ struct Executor<GRU, A, D> : WorkspaceViews {
   static void attention_forward(Be& be, const T* p, T* ws, const Round& r, MatrixView<const T> x, MatrixView<T> u,
                                 index_t n, index_t seq) {
     const index_t P = n * Kp;
-    const RowGroups g = dispatch::groups_of(ws, r.ra, NA);
-    const std::span<const token_t> idx = sp<const token_t>(toks(ws, r.ra.row_token), P);
+    const auto rr = dispatch::routed_rows(static_cast<const T*>(ws), r.ra, NA, n, Kp);
     const MatrixView<T> xg = mv(ws + r.xg, routed_kv ? P : 0, d), y = mv(ws + r.ya, P, d);
-    if constexpr (routed_kv) be.gather_rows(xg, x, idx, g);
-    checked<Attn>::template forward_routed<keys>(be, attention_params(p), ws, r.attn, x, MatrixView<const T>(xg), y, idx, g, seq);
-    be.scatter_add_rows(u, MatrixView<const T>(y), idx, sp<const T>(ws + r.ra.wpacked, P), g);  // eq. (5)
+    if constexpr (routed_kv) dispatch::gather(be, rr, x, xg);
+    checked<Attn>::template forward_routed<keys>(be, attention_params(p), ws, r.attn, x, MatrixView<const T>(xg), y,
+                                                 rr.token, rr.groups, seq);
+    dispatch::combine(be, rr, MatrixView<const T>(y), u);  // eq. (5)
   }
 
   // ---- backward ---------------------------------------------------------------------------
@@ -339,8 +339,9 @@ struct Executor<GRU, A, D> : WorkspaceViews {
   template <class Be, class T>
   static void weighted_scatter_backward(Be& be, const T* ws, const RouterSaved& r, index_t y_off, int modules,
                                         MatrixView<T> dres, const Scratch& s, T* sc, index_t n) {
-    dispatch::weighted_scatter_backward(be, ws, r, y_off, modules, MatrixView<const T>(dres), sc + s.dy, sc + s.dwp, n,
-                                        Kp);
+    const index_t P = n * Kp;
+    dispatch::combine_backward(be, dispatch::routed_rows(ws, r, modules, n, Kp), cmv(ws + y_off, P, d),
+                               MatrixView<const T>(dres), mv(sc + s.dy, P, d), sp(sc + s.dwp, P));
   }
 
   // Backward of attention_forward, after weighted_scatter_backward put dL/dy in scratch dy: the
@@ -349,14 +350,13 @@ struct Executor<GRU, A, D> : WorkspaceViews {
   static void attention_backward(Be& be, const T* p, T* g, const T* ws, const Round& r, MatrixView<const T> x,
                                  MatrixView<T> dres, index_t n, index_t seq, const Scratch& s, T* sc) {
     const index_t P = n * Kp;
-    const RowGroups gr = dispatch::groups_of(ws, r.ra, NA);
-    const std::span<const token_t> idx = sp<const token_t>(toks(ws, r.ra.row_token), P);
+    const auto rr = dispatch::routed_rows(ws, r.ra, NA, n, Kp);
     const MatrixView<T> dxg = mv(sc + s.dxg, routed_kv ? P : 0, d);
-    if constexpr (routed_kv) be.zero_rows(dxg, gr);
+    if constexpr (routed_kv) be.zero_rows(dxg, rr.groups);
     checked<Attn>::template backward_routed<keys>(be, attention_params(p), attention_params(g), ws, r.attn, x,
-                                          cmv(ws + r.xg, routed_kv ? P : 0, d), dres, dxg, cmv<T>(sc + s.dy, P, d), idx,
-                                          gr, seq, sc + s.attn);
-    if constexpr (routed_kv) be.scatter_add_rows(dres, MatrixView<const T>(dxg), idx, std::span<const T>{}, gr);
+                                          cmv(ws + r.xg, routed_kv ? P : 0, d), dres, dxg, cmv<T>(sc + s.dy, P, d),
+                                          rr.token, rr.groups, seq, sc + s.attn);
+    if constexpr (routed_kv) dispatch::gather_backward(be, rr, MatrixView<const T>(dxg), dres);
   }
 
   // ---- incremental decoding (infer/decoder.hpp; AssemblyDecoderOn) --------------------------------
@@ -451,13 +451,13 @@ struct Executor<GRU, A, D> : WorkspaceViews {
       for (int m = 0; m < NA; ++m)
         Attn::decode_keys(be, p + attention_offset(m), ws, plan.attn, x, cache(m, false), cache(m, true), slot, pos, pos,
                           max_len);
-    const RowGroups g = dispatch::groups_of(ws, r.ra, NA);
-    const std::span<const token_t> idx = sp<const token_t>(toks(ws, r.ra.row_token), P);
+    const auto rr = dispatch::routed_rows(static_cast<const T*>(ws), r.ra, NA, rows, Kp);
+    const std::span<const token_t> idx = rr.token;
     std::array<token_t, EA + 1> off{};
     be.to_host(std::span<token_t>(off), std::span<const token_t>(toks(ws, r.ra.offsets), off.size()));
     be.to_host(std::span<token_t>(host.idx.data(), std::size_t(P)), idx);
     const MatrixView<T> xg = mv(ws + r.xg, P, d), y = mv(ws + r.ya, P, d);
-    be.gather_rows(xg, x, idx, g);
+    dispatch::gather(be, rr, x, xg);
     for (int m = 0; m < NA; ++m) {
       const index_t o = off[std::size_t(m)], cnt = off[std::size_t(m) + 1] - o;
       if (cnt <= 0) continue;  // no token picked module m: its queries cost nothing
@@ -471,7 +471,7 @@ struct Executor<GRU, A, D> : WorkspaceViews {
                            MatrixView<const T>(cache(m, false)), MatrixView<const T>(cache(m, true)), rm.slot, rm.pos,
                            rm.at, max_len);
     }
-    be.scatter_add_rows(u, MatrixView<const T>(y), idx, sp<const T>(ws + r.ra.wpacked, P), g);  // eq. (5)
+    dispatch::combine(be, rr, MatrixView<const T>(y), u);  // eq. (5)
   }
 
  public:

@@ -135,8 +135,9 @@ struct MoEStep {
                        const T* ws, const Plan& s, MatrixView<const T> in, MatrixView<T> dres, T* scratch) {
     const index_t rows = in.rows;
     const Scratch sc = scratch_plan(rows);
-    dispatch::weighted_scatter_backward(be, ws, selection(s), s.ffn.y, E, MatrixView<const T>(dres), scratch + sc.dy,
-                                        scratch + sc.dwp, rows, Kp);
+    dispatch::combine_backward(be, dispatch::routed_rows(ws, selection(s), E, rows, Kp),
+                               MatrixView<const T>{ws + s.ffn.y, rows * Kp, d}, MatrixView<const T>(dres),
+                               MatrixView<T>{scratch + sc.dy, rows * Kp, d}, std::span<T>(scratch + sc.dwp, std::size_t(rows * Kp)));
     if constexpr (VerifyExpertGateOn<Gate, Be, T>::ok)
       Gate::backward(be, p + router_offset, g + router_offset, ws, s.gate, in, dres,
                      std::span<const T>(scratch + sc.dwp, std::size_t(rows * Kp)), scratch + sc.gate);

@@ -34,6 +34,7 @@
 #include "mom/core/check.hpp"
 #include "mom/core/layout.hpp"
 #include "mom/core/tensor.hpp"
+#include "mom/assembly/decode_rounds.hpp"
 #include "mom/models/runtime.hpp"
 
 namespace mom::infer {

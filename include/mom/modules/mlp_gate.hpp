@@ -23,7 +23,7 @@
 #include <span>
 #include <string_view>
 
-#include "mom/core/selection.hpp"
+#include "mom/routing/select.hpp"
 #include "mom/modules/module.hpp"
 
 namespace mom {

@@ -13,7 +13,7 @@
 // queries are laid out per (token, slot) — slot j of token t holds q_t^{e_j(t)} — and the backend's
 // stick_breaking op runs over [Q (k·D_att) | K | V] with k query heads and one key/value head. The query
 // and output projections run over exactly the n·k chosen (token, head) pairs, grouped by head
-// (core/selection.hpp), as σ-MoE's experts do.
+// (routing/dispatch.hpp: gather, to_pairs / from_pairs, combine), as σ-MoE's experts do.
 //
 //   MHA<L, MoA<8, 2, 64>::type>      L layers of 8 heads of 64, 2 active per token
 //   MoA<N_att, k, D_att, D_rtr = 64, Loss = MutualInformation<>, N_new = 0, RoutReg = std::ratio<0>>
@@ -26,6 +26,7 @@
 #include <span>
 
 #include "mom/modules/mlp_gate.hpp"
+#include "mom/routing/dispatch.hpp"
 
 namespace mom {
 
@@ -184,20 +185,17 @@ struct MoA {
       const auto og = mat(ws, s.og, rows, da), yg = mat(ws, s.yg, rows, d);
       be.layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
       Gate::forward(be, p + o_gate, ws, s.gate, MatrixView<const T>(ln));  // eqs. (1), (2), (7)
-      const RowGroups g = dispatch::groups_of(ws, s.gate.sel, C);
-      const std::span<const token_t> tok(dispatch::toks(ws, s.gate.sel.row_token), std::size_t(rows));
-      const std::span<const token_t> slot(dispatch::toks(ws, s.gate.sel.row_slot), std::size_t(rows));
-      be.gather_rows(xg, MatrixView<const T>(ln), tok, g);
-      be.grouped_linear_forward(qp, MatrixView<const T>(xg), w_q(p), PerGroup<const T>{}, g);  // q_t^e
-      be.zero(qc);
-      be.scatter_add_rows(qc, MatrixView<const T>(qp), slot, std::span<const T>{}, g);  // to pair order
+      const auto rr = dispatch::routed_rows(static_cast<const T*>(ws), s.gate.sel, C, n, K);
+      dispatch::gather(be, rr, MatrixView<const T>(ln), xg);
+      be.grouped_linear_forward(qp, MatrixView<const T>(xg), w_q(p), PerGroup<const T>{}, rr.groups);  // q_t^e
+      dispatch::to_pairs(be, rr, MatrixView<const T>(qp), qc);
       be.copy(qkv.col_block(0, qw), MatrixView<const T>(qc.data, n, qw));
       be.linear_forward(qkv.col_block(qw, 2 * da), MatrixView<const T>(ln), mat(p, o_kv, 2 * da, d), std::span<const T>{});
       attend(qkv, att);  // eqs. (3)-(4)
-      be.gather_rows(og, MatrixView<const T>(att.data, rows, da), slot, g);  // back to head order
-      be.grouped_linear_forward(yg, MatrixView<const T>(og), w_o(p), PerGroup<const T>{}, g);
+      dispatch::from_pairs(be, rr, MatrixView<const T>(att.data, rows, da), og);  // back to head order
+      be.grouped_linear_forward(yg, MatrixView<const T>(og), w_o(p), PerGroup<const T>{}, rr.groups);
       be.zero(f_out);
-      be.scatter_add_rows(f_out, MatrixView<const T>(yg), tok, vec(static_cast<const T*>(ws), s.gate.sel.wpacked, rows), g);
+      dispatch::combine(be, rr, MatrixView<const T>(yg), f_out);  // eq. (5)
     }
 
     // df may alias dx: df is read only by the first op, the weighted scatter's backward.
@@ -207,18 +205,16 @@ struct MoA {
       using detail::mat, detail::vec;
       const index_t n = batch * seq, rows = n * K;
       const Scratch c = scratch_plan(n);
-      const RowGroups gr = dispatch::groups_of(ws, s.gate.sel, C);
-      const std::span<const token_t> tok(dispatch::toks(ws, s.gate.sel.row_token), std::size_t(rows));
-      const std::span<const token_t> slot(dispatch::toks(ws, s.gate.sel.row_slot), std::size_t(rows));
+      const auto rr = dispatch::routed_rows(ws, s.gate.sel, C, n, K);
+      const RowGroups gr = rr.groups;
       const auto dy = mat(sc, c.dy, rows, d), dog = mat(sc, c.dog, rows, da), datt = mat(sc, c.datt, rows, da);
       const auto dqkv = mat(sc, c.dqkv, n, qw + 2 * da), dln = mat(sc, c.dln, n, d);
       const auto ln = mat(ws, s.ln, n, d);
       // eq. (5): the heads' outputs and gates.
-      dispatch::weighted_scatter_backward(be, ws, s.gate.sel, s.yg, C, df, dy.data, sc + c.dwp, n, K);
+      dispatch::combine_backward(be, rr, mat(ws, s.yg, rows, d), df, dy, vec(sc, c.dwp, rows));
       be.zero(dog);
       be.grouped_linear_backward(dog, w_o(g), PerGroup<T>{}, MatrixView<const T>(dy), mat(ws, s.og, rows, da), w_o(p), gr);
-      be.zero(datt);
-      be.scatter_add_rows(datt, MatrixView<const T>(dog), slot, std::span<const T>{}, gr);  // to pair order
+      dispatch::to_pairs(be, rr, MatrixView<const T>(dog), datt);
       // eqs. (3)-(4): the attention, then K and V.
       be.zero(dqkv);
       be.stick_breaking_backward(dqkv, MatrixView<const T>(datt.data, n, qw), mat(ws, s.att, n, qw),
@@ -228,10 +224,10 @@ struct MoA {
                          mat(p, o_kv, 2 * da, d));
       // The queries: pair order → head order → W_q.
       be.copy(MatrixView<T>(datt.data, n, qw), MatrixView<const T>(dqkv.col_block(0, qw)));
-      be.gather_rows(dog, MatrixView<const T>(datt), slot, gr);
+      dispatch::from_pairs(be, rr, MatrixView<const T>(datt), dog);
       be.zero(dy);
       be.grouped_linear_backward(dy, w_q(g), PerGroup<T>{}, MatrixView<const T>(dog), mat(ws, s.xg, rows, d), w_q(p), gr);
-      be.scatter_add_rows(dln, MatrixView<const T>(dy), tok, std::span<const T>{}, gr);
+      dispatch::gather_backward(be, rr, MatrixView<const T>(dy), dln);
       Gate::backward(be, p + o_gate, g + o_gate, ws, s.gate, ln, dln, vec(static_cast<const T*>(sc), c.dwp, rows),
                      sc + c.gate);
       be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),

@@ -12,8 +12,8 @@
 // once per use of the module; its gradient is added in backward. No expert dropout.
 //
 // The experts run over exactly the chosen (token, expert) pairs: the n·K pairs are grouped by expert
-// (core/selection.hpp, the same grouping as the MoE step), the grouped GEMMs run expert e over its group
-// only, one weighted scatter-add forms y. The group sizes stay in backend memory.
+// (routing/select.hpp, the same grouping as the MoE step), the expert MLP (routing/expert_mlp.hpp) runs
+// expert e over its group only, one weighted scatter-add forms y (routing/dispatch.hpp). The group sizes stay in backend memory.
 //
 //   FFN<L, SigmaMoE<32, 4>::type>                      L σ-MoE modules (32 experts of 128, top-4)
 //   SigmaMoE<N_E, K, d_expert, PeriNorm | PreNorm | PostNorm, std::ratio<γ>>
@@ -23,7 +23,9 @@
 #include <ratio>
 #include <span>
 
-#include "mom/core/selection.hpp"
+#include "mom/routing/dispatch.hpp"
+#include "mom/routing/expert_mlp.hpp"
+#include "mom/routing/select.hpp"
 #include "mom/modules/module.hpp"
 #include "mom/modules/norm_scheme.hpp"
 
@@ -46,9 +48,10 @@ struct SigmaMoE {
     static constexpr index_t d = D.d_model, de = DE;
     static constexpr double gamma = double(Gamma::num) / double(Gamma::den);
     static constexpr RoutedChoices routed{NE, K};  // ModuleWithRouting: read_picks below
+    using Mlp = dispatch::ExpertMlp<dispatch::Relu, NE, d, de>;  // eq. (3): the experts, routed
 
-    static constexpr index_t o_ln_w = 0, o_ln_b = d, o_sel = 2 * d, o_w1 = o_sel + NE * d, o_w2 = o_w1 + NE * de * d;
-    static constexpr index_t params = o_w2 + NE * d * de;
+    static constexpr index_t o_ln_w = 0, o_ln_b = d, o_sel = 2 * d, o_w1 = o_sel + NE * d, o_w2 = o_w1 + Mlp::w1_size;
+    static constexpr index_t params = o_w2 + Mlp::w2_size;
     static constexpr std::array<TensorSpec, 5> tensors(index_t layer) {
       return {{{"ln_2.w", layer, 1, d, Init::One},
                {"ln_2.b", layer, 1, d, Init::Zero},
@@ -66,7 +69,7 @@ struct SigmaMoE {
       index_t ln, mean, rstd;   // LN(x) [n × d] and its statistics (PostNorm: z = x + y and LN(z)'s)
       dispatch::Selection sel;  // logits (in sel.probs), sigmoid weights, picks, groups, the loss
       index_t dreg;             // d(regulariser)/d(logits) [n × N_E], written by forward
-      index_t xg, h, act, y;    // packed: x̂ [rows × d], W₁ output and ReLU [rows × d_expert], W₂ output
+      typename Mlp::Saved mlp;  // packed: x̂ [rows × d], W₁ output and ReLU [rows × d_expert], W₂ output
       index_t aux;              // = sel.loss: γ·L (ModuleWithAuxLoss)
     };
     static constexpr Saved plan(Arena& a, index_t batch, index_t seq) {
@@ -77,27 +80,22 @@ struct SigmaMoE {
       s.rstd = a.take(n);
       s.sel = dispatch::plan_selection(a, n, K, NE);
       s.dreg = a.take(n * NE);
-      s.xg = a.take(rows * d);
-      s.h = a.take(rows * de);
-      s.act = a.take(rows * de);
-      s.y = a.take(rows * d);
+      s.mlp = Mlp::plan(a, rows);
       s.aux = s.sel.loss;
       return s;
     }
     struct Scratch {
-      index_t dy, dwp, dws, dv, dact, dh, dxg, dlogits, dln, dz, total;
+      typename Mlp::Scratch mlp;
+      index_t dwp, dws, dv, dlogits, dln, dz, total;
     };
     static constexpr Scratch scratch_plan(index_t n) {
       const index_t rows = n * K;
       Arena a;
       Scratch s{};
-      s.dy = a.take(rows * d);
+      s.mlp = Mlp::scratch_plan(a, rows);
       s.dwp = a.take(rows);
       s.dws = a.take(rows);
       s.dv = a.take(rows);
-      s.dact = a.take(rows * de);
-      s.dh = a.take(rows * de);
-      s.dxg = a.take(rows * d);
       s.dlogits = a.take(n * NE);
       s.dln = a.take(n * d);
       s.dz = post ? a.take(n * d) : 0;
@@ -106,20 +104,11 @@ struct SigmaMoE {
     }
     static constexpr index_t scratch(index_t batch, index_t seq) { return scratch_plan(batch * seq).total; }
 
-    template <class T>
-    static PerGroup<T> w1(T* p) {
-      return uniform_groups(p + o_w1, NE, de * d);
-    }
-    template <class T>
-    static PerGroup<T> w2(T* p) {
-      return uniform_groups(p + o_w2, NE, d * de);
-    }
-
     template <class Be, class T>
     static void forward(Be& be, const T* p, T* ws, const Saved& s, MatrixView<const T> x, MatrixView<T> f_out,
                         index_t batch, index_t seq) {
       using detail::mat, detail::vec;
-      const index_t n = batch * seq, rows = n * K;
+      const index_t n = batch * seq;
       const auto ln = mat(ws, s.ln, n, d);
       const auto logits = mat(ws, s.sel.probs, n, NE);
       const MatrixView<const T> sel_in = post ? x : MatrixView<const T>(ln);  // what the selection reads
@@ -127,16 +116,9 @@ struct SigmaMoE {
         be.layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
       be.linear_forward(logits, sel_in, mat(p, o_sel, NE, d), std::span<const T>{});  // x·W_S
       dispatch::sigmoid_select_forward(be, ws, s.sel, ws + s.dreg, batch, seq, K, NE, T(gamma));  // eqs. (1), (2), (4)
-      const RowGroups g = dispatch::groups_of(ws, s.sel, NE);
-      const std::span<const token_t> idx(dispatch::toks(ws, s.sel.row_token), std::size_t(rows));
-      const auto xg = mat(ws, s.xg, rows, d), h = mat(ws, s.h, rows, de), act = mat(ws, s.act, rows, de);
-      const auto y = mat(ws, s.y, rows, d);
-      be.gather_rows(xg, peri || post ? x : MatrixView<const T>(ln), idx, g);
-      be.grouped_linear_forward(h, MatrixView<const T>(xg), w1(p), PerGroup<const T>{}, g);
-      be.relu_forward(act.flat(), std::span<const T>(h.flat()));
-      be.grouped_linear_forward(y, MatrixView<const T>(act), w2(p), PerGroup<const T>{}, g);
       be.zero(f_out);
-      be.scatter_add_rows(f_out, MatrixView<const T>(y), idx, vec(static_cast<const T*>(ws), s.sel.wpacked, rows), g);
+      Mlp::forward(be, p + o_w1, p + o_w2, ws, s.mlp, dispatch::routed_rows(static_cast<const T*>(ws), s.sel, NE, n, K),
+                   peri || post ? x : MatrixView<const T>(ln), f_out);  // eq. (3)
       if constexpr (post)
         detail::post_norm_forward(be, f_out, ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d),
                                   vec(p, o_ln_b, d));
@@ -151,10 +133,7 @@ struct SigmaMoE {
       using detail::mat, detail::vec;
       const index_t n = batch * seq, rows = n * K;
       const Scratch c = scratch_plan(n);
-      const RowGroups gr = dispatch::groups_of(ws, s.sel, NE);
-      const std::span<const token_t> idx(dispatch::toks(ws, s.sel.row_token), std::size_t(rows));
-      const auto dy = mat(scratch, c.dy, rows, d), dact = mat(scratch, c.dact, rows, de);
-      const auto dh = mat(scratch, c.dh, rows, de), dxg = mat(scratch, c.dxg, rows, d);
+      const auto rr = dispatch::routed_rows(ws, s.sel, NE, n, K);
       const auto dlogits = mat(scratch, c.dlogits, n, NE), dln = mat(scratch, c.dln, n, d);
       MatrixView<const T> dy_out = df;  // dL/dy
       if constexpr (post) {
@@ -163,15 +142,9 @@ struct SigmaMoE {
                                    vec(ws, s.mean, n), vec(ws, s.rstd, n), vec(p, o_ln_w, d), dx);
         dy_out = dz;
       }
-      dispatch::weighted_scatter_backward(be, ws, s.sel, s.y, NE, dy_out, dy.data, scratch + c.dwp, n, K);
-      // The experts: W₂, ReLU, W₁ over their groups.
-      be.zero(dact);
-      be.grouped_linear_backward(dact, w2(g), PerGroup<T>{}, MatrixView<const T>(dy), mat(ws, s.act, rows, de), w2(p),
-                                 gr);
-      be.zero(dh);
-      be.relu_backward(dh.flat(), vec(ws, s.h, rows * de), std::span<const T>(dact.flat()));
-      be.zero(dxg);
-      be.grouped_linear_backward(dxg, w1(g), PerGroup<T>{}, MatrixView<const T>(dh), mat(ws, s.xg, rows, d), w1(p), gr);
+      // The experts: the weighted scatter, W₂, ReLU, W₁ over their groups.
+      const auto dxg = Mlp::backward(be, p + o_w1, p + o_w2, g + o_w1, g + o_w2, ws, s.mlp, rr, dy_out, scratch, c.mlp,
+                                     vec(scratch, c.dwp, rows));
       // The selection: d weight → d σ → the picked logits, plus the regulariser's gradient.
       dispatch::sigmoid_select_backward(be, ws, s.sel, ws + s.dreg, n, K, NE, vec(static_cast<const T*>(scratch), c.dwp, rows),
                                         vec(scratch, c.dws, rows), vec(scratch, c.dv, rows), dlogits);
@@ -179,7 +152,7 @@ struct SigmaMoE {
       be.linear_backward(post ? dx : dln, mat(g, o_sel, NE, d), std::span<T>{}, MatrixView<const T>(dlogits),
                          post ? x : mat(ws, s.ln, n, d), mat(p, o_sel, NE, d));
       // The experts' input: x itself (peri, post) or LN(x) (pre).
-      be.scatter_add_rows(peri || post ? dx : dln, MatrixView<const T>(dxg), idx, std::span<const T>{}, gr);
+      dispatch::gather_backward(be, rr, MatrixView<const T>(dxg), peri || post ? dx : dln);
       if constexpr (!post)
         be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
                               vec(ws, s.rstd, n), vec(p, o_ln_w, d));

@@ -13,13 +13,16 @@
 // are separate tensors (smoe.w1_new, smoe.w2_new, smoe.router.w_a_new), so that a freeze pattern can
 // train them alone (models/module_surgery.hpp); RoutReg λ adds λ‖A'‖² (eq. (10)).
 //
-// The experts run over exactly the chosen (token, expert) pairs, grouped by expert as in σ-MoE. A token
+// The experts run over exactly the chosen (token, expert) pairs, grouped by expert as in σ-MoE: the same
+// expert MLP (routing/expert_mlp.hpp, here with GELU) and the same gather / weighted scatter (routing/dispatch.hpp). A token
 // mixer over (batch, seq) (the dense stack, parameter sharing, decoding); it has no row-group members.
 #include <array>
 #include <ratio>
 #include <span>
 
 #include "mom/modules/mlp_gate.hpp"
+#include "mom/routing/dispatch.hpp"
+#include "mom/routing/expert_mlp.hpp"
 
 namespace mom {
 
@@ -49,10 +52,11 @@ struct SMoE {
     static constexpr int C = N + NNew;
     using Gate = detail::MLPGate<D.d_model, N, NNew, K, Drtr, Loss, RoutReg>;
     static constexpr RoutedChoices routed{C, K};
+    using Mlp = dispatch::ExpertMlp<dispatch::Gelu, C, D.d_model, DF>;  // the experts, routed
 
     static constexpr index_t o_ln_w = 0, o_ln_b = d, o_gate = 2 * d, o_w1 = o_gate + Gate::params,
-                             o_w2 = o_w1 + C * df * d;
-    static constexpr index_t params = o_w2 + C * d * df;
+                             o_w2 = o_w1 + Mlp::w1_size;
+    static constexpr index_t params = o_w2 + Mlp::w2_size;
     // Expert e's own parameters, for moving an expert between module types (models/module_surgery.hpp): its
     // router row of [A; A'], its W₁ᵉ and its W₂ᵉ (each block holds the C experts back to back); the mask.
     static constexpr std::array<ModuleSlice, 3> module_slices{{{o_gate + Gate::o_a, Drtr}, {o_w1, df * d}, {o_w2, d * df}}};
@@ -83,7 +87,7 @@ struct SMoE {
     struct Saved {
       index_t ln, mean, rstd;   // LN(x) [n × d] and its statistics
       typename Gate::Saved gate;
-      index_t xg, h, act, y;    // packed: LN(x) rows [rows × d], W₁ output and GELU [rows × D_ffd], W₂ output
+      typename Mlp::Saved mlp;  // packed: LN(x) rows [rows × d], W₁ output and GELU [rows × D_ffd], W₂ output
       index_t aux;              // = the router's loss (ModuleWithAuxLoss)
     };
     static constexpr Saved plan(Arena& a, index_t batch, index_t seq) {
@@ -93,24 +97,20 @@ struct SMoE {
       s.mean = a.take(n);
       s.rstd = a.take(n);
       s.gate = Gate::plan(a, n);
-      s.xg = a.take(rows * d);
-      s.h = a.take(rows * df);
-      s.act = a.take(rows * df);
-      s.y = a.take(rows * d);
+      s.mlp = Mlp::plan(a, rows);
       s.aux = s.gate.sel.loss;
       return s;
     }
     struct Scratch {
-      index_t dy, dwp, dact, dh, dln, gate, total;  // dy also holds dL/d(gathered input)
+      typename Mlp::Scratch mlp;
+      index_t dwp, dln, gate, total;
     };
     static constexpr Scratch scratch_plan(index_t n) {
       const index_t rows = n * K;
       Arena a;
       Scratch s{};
-      s.dy = a.take(rows * d);
+      s.mlp = Mlp::scratch_plan(a, rows);
       s.dwp = a.take(rows);
-      s.dact = a.take(rows * df);
-      s.dh = a.take(rows * df);
       s.dln = a.take(n * d);
       s.gate = a.take(Gate::scratch_plan(n).total);
       s.total = a.used;
@@ -118,33 +118,17 @@ struct SMoE {
     }
     static constexpr index_t scratch(index_t batch, index_t seq) { return scratch_plan(batch * seq).total; }
 
-    template <class T>
-    static PerGroup<T> w1(T* p) {
-      return uniform_groups(p + o_w1, C, df * d);
-    }
-    template <class T>
-    static PerGroup<T> w2(T* p) {
-      return uniform_groups(p + o_w2, C, d * df);
-    }
-
     template <class Be, class T>
     static void forward(Be& be, const T* p, T* ws, const Saved& s, MatrixView<const T> x, MatrixView<T> f_out,
                         index_t batch, index_t seq) {
       using detail::mat, detail::vec;
-      const index_t n = batch * seq, rows = n * K;
+      const index_t n = batch * seq;
       const auto ln = mat(ws, s.ln, n, d);
       be.layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
       Gate::forward(be, p + o_gate, ws, s.gate, MatrixView<const T>(ln));  // eqs. (1), (2), (7)
-      const RowGroups g = dispatch::groups_of(ws, s.gate.sel, C);
-      const std::span<const token_t> idx(dispatch::toks(ws, s.gate.sel.row_token), std::size_t(rows));
-      const auto xg = mat(ws, s.xg, rows, d), h = mat(ws, s.h, rows, df), act = mat(ws, s.act, rows, df);
-      const auto y = mat(ws, s.y, rows, d);
-      be.gather_rows(xg, MatrixView<const T>(ln), idx, g);
-      be.grouped_linear_forward(h, MatrixView<const T>(xg), w1(p), PerGroup<const T>{}, g);
-      be.gelu_forward(act.flat(), std::span<const T>(h.flat()));
-      be.grouped_linear_forward(y, MatrixView<const T>(act), w2(p), PerGroup<const T>{}, g);
       be.zero(f_out);
-      be.scatter_add_rows(f_out, MatrixView<const T>(y), idx, vec(static_cast<const T*>(ws), s.gate.sel.wpacked, rows), g);
+      Mlp::forward(be, p + o_w1, p + o_w2, ws, s.mlp, dispatch::routed_rows(static_cast<const T*>(ws), s.gate.sel, C, n, K),
+                   MatrixView<const T>(ln), f_out);
     }
 
     // df may alias dx: df is read only by the first op, the weighted scatter's backward.
@@ -154,19 +138,12 @@ struct SMoE {
       using detail::mat, detail::vec;
       const index_t n = batch * seq, rows = n * K;
       const Scratch c = scratch_plan(n);
-      const RowGroups gr = dispatch::groups_of(ws, s.gate.sel, C);
-      const std::span<const token_t> idx(dispatch::toks(ws, s.gate.sel.row_token), std::size_t(rows));
-      const auto dy = mat(sc, c.dy, rows, d), dact = mat(sc, c.dact, rows, df), dh = mat(sc, c.dh, rows, df);
+      const auto rr = dispatch::routed_rows(ws, s.gate.sel, C, n, K);
       const auto dln = mat(sc, c.dln, n, d);
-      dispatch::weighted_scatter_backward(be, ws, s.gate.sel, s.y, C, df_, dy.data, sc + c.dwp, n, K);
-      be.zero(dact);
-      be.grouped_linear_backward(dact, w2(g), PerGroup<T>{}, MatrixView<const T>(dy), mat(ws, s.act, rows, df), w2(p), gr);
-      be.zero(dh);
-      be.gelu_backward(dh.flat(), vec(ws, s.h, rows * df), std::span<const T>(dact.flat()));
-      be.zero(dy);  // now dL/d(gathered LN(x))
-      be.grouped_linear_backward(dy, w1(g), PerGroup<T>{}, MatrixView<const T>(dh), mat(ws, s.xg, rows, d), w1(p), gr);
+      const auto dxg = Mlp::backward(be, p + o_w1, p + o_w2, g + o_w1, g + o_w2, ws, s.mlp, rr, df_, sc, c.mlp,
+                                     vec(sc, c.dwp, rows));
       be.zero(dln);
-      be.scatter_add_rows(dln, MatrixView<const T>(dy), idx, std::span<const T>{}, gr);
+      dispatch::gather_backward(be, rr, MatrixView<const T>(dxg), dln);
       Gate::backward(be, p + o_gate, g + o_gate, ws, s.gate, mat(ws, s.ln, n, d), dln,
                      vec(static_cast<const T*>(sc), c.dwp, rows), sc + c.gate);
       be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),

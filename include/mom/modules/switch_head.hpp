@@ -15,7 +15,7 @@
 // value and output selection, each weighted by δ, summed over heads and the two selections.
 //
 // Each head's value and output experts run over exactly their chosen (token, expert) pairs, grouped by
-// expert as in σ-MoE (core/selection.hpp); the attention itself is the library's fused causal op over
+// expert as in σ-MoE (routing/dispatch.hpp); the attention itself is the library's fused causal op over
 // a [Q | K | V] matrix of H heads of d_head.
 //
 //   MHA<L, SwitchHead<2, 5, 2, 64>::type>     L SwitchHead modules: 2 heads of 64, 5 experts, 2 active
@@ -26,7 +26,8 @@
 #include <ratio>
 #include <span>
 
-#include "mom/core/selection.hpp"
+#include "mom/routing/dispatch.hpp"
+#include "mom/routing/select.hpp"
 #include "mom/modules/module.hpp"
 #include "mom/modules/norm_scheme.hpp"
 
@@ -170,12 +171,11 @@ struct SwitchHead {
       const index_t rows = batch * seq * KA;
       select(be, w_sel, ws, side, ln, batch, seq);
       be.axpy(aux, T(1), vec(static_cast<const T*>(ws), side.sel.loss, 1));
-      const RowGroups g = dispatch::groups_of(ws, side.sel, NA);
-      const std::span<const token_t> idx(dispatch::toks(ws, side.sel.row_token), std::size_t(rows));
-      const auto xg = mat(ws, side.xg, rows, in.cols), yg = mat(ws, side.yg, rows, out.cols);
-      be.gather_rows(xg, in, idx, g);
-      be.grouped_linear_forward(yg, MatrixView<const T>(xg), w, PerGroup<const T>{}, g);
-      be.scatter_add_rows(out, MatrixView<const T>(yg), idx, vec(static_cast<const T*>(ws), side.sel.wpacked, rows), g);
+      const auto rr = dispatch::routed_rows(static_cast<const T*>(ws), side.sel, NA, batch * seq, KA);
+      dispatch::routed_forward(be, rr, in, mat(ws, side.xg, rows, in.cols), mat(ws, side.yg, rows, out.cols), out,
+                               [&](MatrixView<const T> xg, MatrixView<T> yg, RowGroups g) {
+                                 be.grouped_linear_forward(yg, xg, w, PerGroup<const T>{}, g);
+                               });
     }
     // Its backward: dout (read first) → the experts' dW (gw), din += the experts' input gradient, and the
     // selection's gradient into dln and dW_S (g_sel).
@@ -183,15 +183,15 @@ struct SwitchHead {
     static void experts_backward(Be& be, const T* w_sel, T* g_sel, PerGroup<const T> w, PerGroup<T> gw, const T* ws,
                                  const Side& side, MatrixView<const T> ln, MatrixView<T> dln, MatrixView<const T> dout,
                                  MatrixView<T> din, T* sc, const Scratch& c, index_t n) {
-      using detail::mat;
+      using detail::mat, detail::vec;
       const index_t rows = n * KA;
-      const RowGroups gr = dispatch::groups_of(ws, side.sel, NA);
-      const std::span<const token_t> idx(dispatch::toks(ws, side.sel.row_token), std::size_t(rows));
+      const auto rr = dispatch::routed_rows(ws, side.sel, NA, n, KA);
       const auto dy = mat(sc, c.dy, rows, dout.cols), dxg = mat(sc, c.dg, rows, din.cols);
-      dispatch::weighted_scatter_backward(be, ws, side.sel, side.yg, NA, dout, dy.data, sc + c.dwp, n, KA);
+      dispatch::combine_backward(be, rr, mat(ws, side.yg, rows, dout.cols), dout, dy, vec(sc, c.dwp, rows));
       be.zero(dxg);
-      be.grouped_linear_backward(dxg, gw, PerGroup<T>{}, MatrixView<const T>(dy), mat(ws, side.xg, rows, din.cols), w, gr);
-      be.scatter_add_rows(din, MatrixView<const T>(dxg), idx, std::span<const T>{}, gr);
+      be.grouped_linear_backward(dxg, gw, PerGroup<T>{}, MatrixView<const T>(dy), mat(ws, side.xg, rows, din.cols), w,
+                                 rr.groups);
+      dispatch::gather_backward(be, rr, MatrixView<const T>(dxg), din);
       select_backward(be, w_sel, g_sel, ws, side, ln, dln, sc, c, n);
     }
 

@@ -22,7 +22,7 @@
 #include <string_view>
 
 #include "mom/core/meta.hpp"
-#include "mom/core/selection.hpp"
+#include "mom/routing/select.hpp"
 #include "mom/modules/module.hpp"
 #include "mom/routers/gate.hpp"
 #include "mom/routers/options.hpp"

@@ -33,7 +33,7 @@
 #include "mom/core/layout.hpp"
 #include "mom/core/tensor.hpp"
 #include "mom/routers/router.hpp"
-#include "mom/core/selection.hpp"
+#include "mom/routing/select.hpp"
 
 namespace mom {
 

@@ -1,0 +1,110 @@
+#pragma once
+// Routing layer: the one "gather → run per group → weighted scatter" of every routed module
+// (docs/design.md, "routing is data"). A selection (core/selection.hpp, computed by routing/select.hpp)
+// lists the n·K (token, pick) pairs grouped by class; RoutedRows is that list as views:
+//   token[r]    the source row of packed row r (row_token), in group order (causal order inside a group)
+//   pair[r]     its (token, slot) pair t·K + j (row_slot): the position of its weight in weights [n × K]
+//   weight[r]   its routing weight (wpacked)
+//   groups      group m = the packed rows of class m (m < the number of modules; SKIP's group is left out,
+//               so its rows are never touched); the offsets stay in backend memory
+// and the ops over it are
+//   gather           xg[r] = in[token[r]]                    (the modules' inputs, group order)
+//   combine          out[token[r]] += weight[r] · y[r]       (paper eq. (5)/(6): out = in + Σ r_m · m(in))
+//   combine_backward dL/dy[r] = weight[r] · dout[token[r]],  dL/dweight[r] = dout[token[r]] · y[r]
+//   gather_backward  din[token[r]] += dxg[r]
+//   to_pairs / from_pairs   group order ↔ token-major pair order (t·K + j): MoA's query slots
+//   routed_forward   gather, the per-group body, combine
+// Every module that routes rows (the GRU executor's attention and FFN, MoE's experts, σ-MoE, SMoE, MoA,
+// SwitchHead) goes through these; the per-group body is the module's own (routing/expert_mlp.hpp for an
+// expert MLP). On the CUDA backend every op is a grouped kernel that reads the offsets on the device: the
+// host never waits for a routing decision.
+#include <span>
+#include <type_traits>
+
+#include "mom/core/groups.hpp"
+#include "mom/core/selection.hpp"
+#include "mom/core/tensor.hpp"
+
+namespace mom::dispatch {
+
+// Parameters other than the rows take what converts to them (MatrixView<T> for MatrixView<const T>).
+template <class U>
+using Id = std::type_identity_t<U>;
+
+template <class T>
+struct RoutedRows {
+  std::span<const token_t> token, pair;
+  std::span<const T> weight;
+  RowGroups groups;
+  index_t count() const { return index_t(token.size()); }
+};
+
+// The packed rows of a selection over n tokens with K picks, grouped over its first `modules` classes.
+template <class T>
+RoutedRows<T> routed_rows(const T* ws, const Selection& s, int modules, index_t n, index_t k) {
+  const auto rows = std::size_t(n * k);
+  return {{toks(ws, s.row_token), rows}, {toks(ws, s.row_slot), rows}, {ws + s.wpacked, rows}, groups_of(ws, s, modules)};
+}
+
+// xg [rows × cols] (group order) = the routed rows of in.
+template <class Be, class T>
+void gather(Be& be, const RoutedRows<T>& rr, Id<MatrixView<const T>> in, Id<MatrixView<T>> xg) {
+  be.gather_rows(xg, in, rr.token, rr.groups);
+}
+
+// out += Σ_r weight[r] · y[r] at row token[r] (out holds the residual, or zeros).
+template <class Be, class T>
+void combine(Be& be, const RoutedRows<T>& rr, Id<MatrixView<const T>> y, Id<MatrixView<T>> out) {
+  be.scatter_add_rows(out, y, rr.token, rr.weight, rr.groups);
+}
+
+// Backward of combine, read from dout before anything accumulates into it: dL/dy into dy [rows × cols]
+// (group order) and dL/d(weight) into dwp [rows] (zeroed here). y: the forward's module outputs.
+template <class Be, class T>
+void combine_backward(Be& be, const RoutedRows<T>& rr, Id<MatrixView<const T>> y, Id<MatrixView<const T>> dout, Id<MatrixView<T>> dy,
+                      Id<std::span<T>> dwp) {
+  be.zero(dwp);
+  be.zero_rows(dy, rr.groups);
+  be.scatter_add_rows_backward(dy, dwp, dout, y, rr.token, rr.weight, rr.groups);
+}
+
+// Backward of gather: din[token[r]] += dxg[r].
+template <class Be, class T>
+void gather_backward(Be& be, const RoutedRows<T>& rr, Id<MatrixView<const T>> dxg, Id<MatrixView<T>> din) {
+  be.scatter_add_rows(din, dxg, rr.token, std::span<const T>{}, rr.groups);
+}
+
+// Group order → pair order: pairs [n·K × cols] row t·K + j = packed [r] (zeroed first: a pair no group
+// holds stays zero).
+template <class Be, class T>
+void to_pairs(Be& be, const RoutedRows<T>& rr, Id<MatrixView<const T>> packed, Id<MatrixView<T>> pairs) {
+  be.zero(pairs);
+  be.scatter_add_rows(pairs, packed, rr.pair, std::span<const T>{}, rr.groups);
+}
+// Pair order → group order: packed [r] = pairs [pair[r]].
+template <class Be, class T>
+void from_pairs(Be& be, const RoutedRows<T>& rr, Id<MatrixView<const T>> pairs, Id<MatrixView<T>> packed) {
+  be.gather_rows(packed, pairs, rr.pair, rr.groups);
+}
+
+// out += Σ_m Σ_{r in group m} weight[r] · f_m(in[token[r]]): gather into xg, body(xg, y, groups) runs every
+// module over exactly its group's rows, combine. An unchosen module has an empty group and costs nothing.
+template <class Be, class T, class Body>
+void routed_forward(Be& be, const RoutedRows<T>& rr, Id<MatrixView<const T>> in, Id<MatrixView<T>> xg, Id<MatrixView<T>> y,
+                    Id<MatrixView<T>> out, Body&& body) {
+  gather(be, rr, in, xg);
+  body(MatrixView<const T>(xg), y, rr.groups);
+  combine(be, rr, MatrixView<const T>(y), out);
+}
+
+// The previous spelling of combine_backward (before the routing layer), kept for one release.
+template <class Be, class T>
+[[deprecated("use dispatch::combine_backward(be, dispatch::routed_rows(ws, sel, modules, n, k), y, dres, dy, dwp)")]]
+void weighted_scatter_backward(Be& be, const T* ws, const Selection& s, index_t y_off, int modules,
+                               MatrixView<const T> dres, T* dy, T* dwp, index_t n, index_t k) {
+  const index_t d = dres.cols, rows = n * k;
+  combine_backward(be, routed_rows(ws, s, modules, n, k), MatrixView<const T>{ws + y_off, rows, d}, dres,
+                   MatrixView<T>{dy, rows, d}, std::span<T>(dwp, std::size_t(rows)));
+}
+
+}  // namespace mom::dispatch

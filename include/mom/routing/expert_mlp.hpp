@@ -1,0 +1,114 @@
+#pragma once
+// Routing layer: the expert MLP, written once (σ-MoE with ReLU, arXiv 2310.10837 eq. (3); ModuleFormer's
+// SMoE with GELU, arXiv 2306.04640 §3.1): over the packed rows of its group, expert e computes
+//   h = x W₁ᵉᵀ,  a = Act(h),  y = a W₂ᵉᵀ          W₁ᵉ [width × d], W₂ᵉ [d × width], no biases
+// with the activation a parameter (Relu, Gelu), over the packed rows of routing/dispatch.hpp: gathered,
+// run per expert, combined with the routing weights. Every packed row is in some expert's group (these
+// selections have no SKIP class): the activation runs over all rows.
+#include <span>
+
+#include "mom/core/groups.hpp"
+#include "mom/core/layout.hpp"
+#include "mom/core/tensor.hpp"
+#include "mom/routing/dispatch.hpp"
+
+namespace mom::dispatch {
+
+struct Relu {
+  template <class Be, class T>
+  static void forward(Be& be, std::span<T> out, std::span<const T> in) {
+    be.relu_forward(out, in);
+  }
+  template <class Be, class T>
+  static void backward(Be& be, std::span<T> din, std::span<const T> in, std::span<const T> dout) {
+    be.relu_backward(din, in, dout);
+  }
+};
+struct Gelu {
+  template <class Be, class T>
+  static void forward(Be& be, std::span<T> out, std::span<const T> in) {
+    be.gelu_forward(out, in);
+  }
+  template <class Be, class T>
+  static void backward(Be& be, std::span<T> din, std::span<const T> in, std::span<const T> dout) {
+    be.gelu_backward(din, in, dout);
+  }
+};
+
+// E experts of hidden width `width` over d-wide rows. Their weights are two blocks in the module's
+// parameters: W₁ [E·width × d] (expert e: rows e·width ..) and W₂ [E·d × width] (expert e: rows e·d ..).
+template <class Act, int E, index_t d, index_t width>
+struct ExpertMlp {
+  static constexpr index_t w1_size = E * width * d, w2_size = E * d * width;
+  template <class T>
+  static PerGroup<T> w1(T* block) {
+    return uniform_groups(block, E, width * d);
+  }
+  template <class T>
+  static PerGroup<T> w2(T* block) {
+    return uniform_groups(block, E, d * width);
+  }
+
+  // Packed rows (group order): the gathered inputs xg [rows × d], W₁'s output h and Act(h) [rows × width],
+  // the experts' outputs y [rows × d].
+  struct Saved {
+    index_t xg = 0, h = 0, act = 0, y = 0;
+  };
+  static constexpr Saved plan(Arena& a, index_t rows) {
+    Saved s{};
+    s.xg = a.take(rows * d);
+    s.h = a.take(rows * width);
+    s.act = a.take(rows * width);
+    s.y = a.take(rows * d);
+    return s;
+  }
+  // Backward scratch: dy [rows × d] (dL/dy, then dL/d(gathered input)), dact and dh [rows × width].
+  struct Scratch {
+    index_t dy = 0, dact = 0, dh = 0;
+  };
+  static constexpr Scratch scratch_plan(Arena& a, index_t rows) {
+    Scratch s{};
+    s.dy = a.take(rows * d);
+    s.dact = a.take(rows * width);
+    s.dh = a.take(rows * width);
+    return s;
+  }
+
+  // out += Σ_r weight[r] · MLP_e(in[token[r]]) over every expert e's group (gather, the MLP, combine).
+  template <class Be, class T>
+  static void forward(Be& be, const T* pw1, const T* pw2, T* ws, const Saved& s, const RoutedRows<T>& rr,
+                      MatrixView<const T> in, MatrixView<T> out) {
+    const index_t rows = rr.count();
+    const MatrixView<T> h{ws + s.h, rows, width}, act{ws + s.act, rows, width};
+    routed_forward(be, rr, in, MatrixView<T>{ws + s.xg, rows, d}, MatrixView<T>{ws + s.y, rows, d}, out,
+                   [&](MatrixView<const T> x, MatrixView<T> y, RowGroups g) {
+                     be.grouped_linear_forward(h, x, w1(pw1), PerGroup<const T>{}, g);
+                     Act::forward(be, act.flat(), std::span<const T>(h.flat()));
+                     be.grouped_linear_forward(y, MatrixView<const T>(act), w2(pw2), PerGroup<const T>{}, g);
+                   });
+  }
+
+  // Backward, dout read first (combine_backward): dL/d(weight) into dwp [rows] (group order), the experts'
+  // gradients added into gw1 / gw2 (the gradient blocks), and dL/d(gathered input) returned (scratch dy):
+  // the module adds it to its input's gradient with gather_backward where its order of accumulation wants it.
+  template <class Be, class T>
+  static MatrixView<T> backward(Be& be, const T* pw1, const T* pw2, T* gw1, T* gw2, const T* ws, const Saved& s,
+                                const RoutedRows<T>& rr, MatrixView<const T> dout, T* sc, const Scratch& c,
+                                std::span<T> dwp) {
+    const index_t rows = rr.count();
+    const RowGroups g = rr.groups;
+    const MatrixView<T> dy{sc + c.dy, rows, d}, dact{sc + c.dact, rows, width}, dh{sc + c.dh, rows, width};
+    combine_backward(be, rr, MatrixView<const T>{ws + s.y, rows, d}, dout, dy, dwp);
+    be.zero(dact);
+    be.grouped_linear_backward(dact, w2(gw2), PerGroup<T>{}, MatrixView<const T>(dy),
+                               MatrixView<const T>{ws + s.act, rows, width}, w2(pw2), g);
+    be.zero(dh);
+    Act::backward(be, dh.flat(), std::span<const T>(ws + s.h, std::size_t(rows * width)), std::span<const T>(dact.flat()));
+    be.zero(dy);  // now dL/d(gathered input)
+    be.grouped_linear_backward(dy, w1(gw1), PerGroup<T>{}, MatrixView<const T>(dh), MatrixView<const T>{ws + s.xg, rows, d},
+                               w1(pw1), g);
+    return dy;
+  }
+};
+
+}  // namespace mom::dispatch
