@@ -13,6 +13,7 @@
 #include "mom/assembly/decode_rounds.hpp"
 #include "mom/assembly/depth_base.hpp"
 #include "mom/modules/checked.hpp"
+#include "mom/routing/dispatch.hpp"
 
 namespace mom::detail {
 
@@ -61,12 +62,12 @@ struct PackedBlocks : DepthExecutorBase<PackedBlocks<Policy, A, D>, Policy, A, D
     const auto idx = WorkspaceViews::sp<const token_t>(toks(ws, l.idx), n);
     const MatrixView<T> xg = mv(ws + l.xg, n, d), u = mv(ws + l.u, n, d), fo = mv(ws + l.fo, n, d);
     const MatrixView<T> fm = mv(fm_scratch, n, d);
-    be.gather_rows(xg, x, idx, g);
+    const auto rr = dispatch::picked_rows(idx, unit_weight ? std::span<const T>{} : WorkspaceViews::sp<const T>(ws + l.wsel, n), g);
+    dispatch::gather(be, rr, x, xg);
     checked<Attn>::template forward_routed<keys>(be, same_for_groups(pa), ws, l.gattn, x, MatrixView<const T>(xg), fo, idx, g, seq);
     be.add_forward(u, MatrixView<const T>(xg), MatrixView<const T>(fo), g);
     Block::forward_grouped(be, p, ws, l.ffn, h, MatrixView<const T>(u), fo, fm, g);
-    be.scatter_add_rows(x_next, MatrixView<const T>(fo), idx,
-                        unit_weight ? std::span<const T>{} : WorkspaceViews::sp<const T>(ws + l.wsel, n), g);
+    dispatch::combine(be, rr, MatrixView<const T>(fo), x_next);
   }
 
   template <class Be, class T>
@@ -78,17 +79,15 @@ struct PackedBlocks : DepthExecutorBase<PackedBlocks<Policy, A, D>, Policy, A, D
     const auto idx = WorkspaceViews::sp<const token_t>(toks(ws, l.idx), n);
     const MatrixView<T> df = mv(sc + s.df, n, d), du = mv(sc + s.g, n, d);
     const std::span<T> dwsel = sp(sc + s.dwsel, n);
-    be.zero_rows(df, gr);
-    be.zero(dwsel);
-    be.scatter_add_rows_backward(df, unit_weight ? std::span<T>{} : dwsel, MatrixView<const T>(dres),
-                                 WorkspaceViews::mv<const T>(ws + l.fo, n, d), idx,
-                                 unit_weight ? std::span<const T>{} : WorkspaceViews::sp<const T>(ws + l.wsel, n), gr);
+    const auto rr = dispatch::picked_rows(idx, unit_weight ? std::span<const T>{} : WorkspaceViews::sp<const T>(ws + l.wsel, n), gr);
+    dispatch::combine_backward(be, rr, WorkspaceViews::mv<const T>(ws + l.fo, n, d), MatrixView<const T>(dres), df,
+                               unit_weight ? std::span<T>{} : dwsel);
     Block::backward_grouped(be, p, g, ws, l.ffn, h, WorkspaceViews::mv<const T>(ws + l.u, n, d), df, du, sc + s.module, gr);
     // the run rows' input gradient into du (Routed keys); with AttendToSkipped every token's, into dres
     checked<Attn>::template backward_routed<keys>(be, same_for_groups(p + oa), same_for_groups(g + oa), ws, l.gattn, x,
                                           WorkspaceViews::mv<const T>(ws + l.xg, n, d), dres, du, MatrixView<const T>(df), idx, gr, seq,
                                           sc + s.module);
-    be.scatter_add_rows(dres, MatrixView<const T>(du), idx, std::span<const T>{}, gr);
+    dispatch::gather_backward(be, rr, MatrixView<const T>(du), dres);
     // dL/d(weight) back to the gate σ(g).
     if constexpr (!unit_weight)
       be.scatter_add_rows(mv(sc + s.dgate, n, 1), WorkspaceViews::mv<const T>(dwsel.data(), n, 1), idx, std::span<const T>{}, gr);

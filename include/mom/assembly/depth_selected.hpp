@@ -7,6 +7,7 @@
 // The router, the unrouted layers and everything else: DepthExecutorBase (assembly/depth_base.hpp).
 #include "mom/assembly/depth_base.hpp"
 #include "mom/modules/checked.hpp"
+#include "mom/routing/dispatch.hpp"
 
 namespace mom::detail {
 
@@ -54,12 +55,12 @@ struct SelectedBlocks : DepthExecutorBase<SelectedBlocks<Policy, A, D>, Policy, 
     const auto idx = WorkspaceViews::sp<const token_t>(toks(ws, l.idx), m);
     const MatrixView<T> xg = mv(ws + l.xg, m, d), u = mv(ws + l.u, m, d), fo = mv(ws + l.fo, m, d);
     const MatrixView<T> fm = mv(fm_scratch, m, d);
-    be.gather_rows(xg, x, idx);
+    const auto rr = dispatch::picked_rows(idx, unit_weight ? std::span<const T>{} : WorkspaceViews::sp<const T>(ws + l.wsel, m));
+    dispatch::gather(be, rr, x, xg);
     checked<Attn>::forward(be, pa, ws, l.attn, MatrixView<const T>(xg), fo, batch, m / batch);
     be.add_forward(u.flat(), WorkspaceViews::sp<const T>(xg.data, m * d), WorkspaceViews::sp<const T>(fo.data, m * d));
     Block::forward_block(be, p, ws, l.ffn, h, MatrixView<const T>(u), MatrixView<const T>(xg), fo, fm, aux);
-    be.scatter_add_rows(x_next, MatrixView<const T>(fo), idx,
-                        unit_weight ? std::span<const T>{} : WorkspaceViews::sp<const T>(ws + l.wsel, m));  // MoD eq. (1)
+    dispatch::combine(be, rr, MatrixView<const T>(fo), x_next);  // MoD eq. (1)
   }
 
   // dres: dL/dx_{h+1} on entry; the block's input gradient added for the selected rows, dL/d(weight)
@@ -74,18 +75,16 @@ struct SelectedBlocks : DepthExecutorBase<SelectedBlocks<Policy, A, D>, Policy, 
     const auto idx = WorkspaceViews::sp<const token_t>(toks(ws, l.idx), m);
     const MatrixView<T> df = mv(sc + s.df, m, d), du = mv(sc + s.g, m, d);
     const std::span<T> dwsel = sp(sc + s.dwsel, m);
-    be.zero(df.flat());
-    be.zero(dwsel);
+    const auto rr = dispatch::picked_rows(idx, unit_weight ? std::span<const T>{} : WorkspaceViews::sp<const T>(ws + l.wsel, m));
     // x' = x + scatter(w · f): df = w · dres[S], dw = dres[S] · f (read before dres changes).
-    be.scatter_add_rows_backward(df, unit_weight ? std::span<T>{} : dwsel, MatrixView<const T>(dres),
-                                 WorkspaceViews::mv<const T>(ws + l.fo, m, d), idx,
-                                 unit_weight ? std::span<const T>{} : WorkspaceViews::sp<const T>(ws + l.wsel, m));
+    dispatch::combine_backward(be, rr, WorkspaceViews::mv<const T>(ws + l.fo, m, d), MatrixView<const T>(dres), df,
+                               unit_weight ? std::span<T>{} : dwsel);
     // f = a + FFN(u), u = x̃ + a, a = Attn(x̃):  dL/du = FFNᵀ df;  dL/da = df + dL/du;
     // dL/dx̃ = dL/du + Attnᵀ dL/da.
     Block::backward_block(be, p, g, ws, l.ffn, h, WorkspaceViews::mv<const T>(ws + l.u, m, d), df, du, sc + s.module);
     checked<Attn>::backward(be, p + oa, g + oa, ws, l.attn, WorkspaceViews::mv<const T>(ws + l.xg, m, d), du, MatrixView<const T>(df),
                    sc + s.module, batch, m / batch);
-    be.scatter_add_rows(dres, MatrixView<const T>(du), idx);
+    dispatch::gather_backward(be, rr, MatrixView<const T>(du), dres);
     // dL/d(weight) back to the token's score (MoD: the weight is r).
     if constexpr (!unit_weight) be.scatter_add_rows(dlogits, WorkspaceViews::mv<const T>(dwsel.data(), m, 1), idx);
   }

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "mom/assembly/grouped_dispatch.hpp"
+#include "mom/routing/dispatch.hpp"
 #include "mom/core/groups.hpp"
 #include "mom/modules/checked.hpp"
 
@@ -42,7 +43,8 @@ struct RecursionBlocks : WorkspaceViews {
     const index_t m = batch * kr;
     const auto idx = sp<const token_t>(toks(ws, R.idx), m);
     const MatrixView<T> xg = mv(ws + R.xg, m, d), fo = mv(ws + R.fo, m, d), a = mv(fm_scratch, m, d);
-    be.gather_rows(xg, x, idx);
+    const auto rr = dispatch::picked_rows(idx, unit_weight ? std::span<const T>{} : sp<const T>(ws + R.wsel, m));
+    dispatch::gather(be, rr, x, xg);
     MatrixView<const T> y = xg;
     for (int j = 0; j < B; ++j) {
       const LayerWs& l = R.layer[std::size_t(j)];
@@ -53,8 +55,7 @@ struct RecursionBlocks : WorkspaceViews {
       y = out;
     }
     if constexpr (!Cfg::add_block_output) be.axpy(fo.flat(), T(-1), sp<const T>(xg.data, m * d));  // f = y_B − x̃
-    be.scatter_add_rows(x_next, MatrixView<const T>(fo), idx,
-                        unit_weight ? std::span<const T>{} : sp<const T>(ws + R.wsel, m));  // eq. (2)
+    dispatch::combine(be, rr, MatrixView<const T>(fo), x_next);  // eq. (2)
   }
 
   // df = g · dres[S_r], dw = dres[S_r] · f; back through the B layers; dres += scatter(dL/dx̃).
@@ -65,11 +66,9 @@ struct RecursionBlocks : WorkspaceViews {
     const auto idx = sp<const token_t>(toks(ws, R.idx), m);
     const MatrixView<T> df = mv(sc + s.df, m, d), dy = mv(sc + s.dy, m, d);
     const std::span<T> dw = sp(sc + s.dw, m);
-    be.zero(df.flat());
-    be.zero(dw);
-    be.scatter_add_rows_backward(df, unit_weight ? std::span<T>{} : dw, MatrixView<const T>(dres),
-                                 mv<const T>(ws + R.fo, m, d), idx,
-                                 unit_weight ? std::span<const T>{} : sp<const T>(ws + R.wsel, m));
+    const auto rr = dispatch::picked_rows(idx, unit_weight ? std::span<const T>{} : sp<const T>(ws + R.wsel, m));
+    dispatch::combine_backward(be, rr, mv<const T>(ws + R.fo, m, d), MatrixView<const T>(dres), df,
+                               unit_weight ? std::span<T>{} : dw);
     be.copy(dy.flat(), sp<const T>(df.data, m * d));
     for (int j = B - 1; j >= 0; --j) {  // dy: dL/dy_{j+1} on entry, dL/dy_j on exit
       const LayerWs& l = R.layer[std::size_t(j)];
@@ -81,7 +80,7 @@ struct RecursionBlocks : WorkspaceViews {
       if (dshared) be.axpy(dy.flat(), T(1), sp<const T>(dshared + j * m * d, m * d));
     }
     if constexpr (!Cfg::add_block_output) be.axpy(dy.flat(), T(-1), sp<const T>(df.data, m * d));  // f = y_B − x̃
-    be.scatter_add_rows(dres, MatrixView<const T>(dy), idx);
+    dispatch::gather_backward(be, rr, MatrixView<const T>(dy), dres);
   }
 
   // The packed layout's key source of layer j under KVShare: recursion 0's input to that layer, every token in
@@ -100,7 +99,8 @@ struct RecursionBlocks : WorkspaceViews {
     const index_t n = x.rows;
     const auto idx = sp<const token_t>(toks(ws, R.idx), rows);
     const MatrixView<T> xg = mv(ws + R.xg, rows, d), fo = mv(ws + R.fo, rows, d), a = mv(fm_scratch, rows, d);
-    be.gather_rows(xg, x, idx, g);
+    const auto rr = dispatch::picked_rows(idx, unit_weight && !token ? std::span<const T>{} : sp<const T>(ws + R.wsel, rows), g);
+    dispatch::gather(be, rr, x, xg);
     MatrixView<const T> y = xg;
     for (int j = 0; j < B; ++j) {
       const LayerWs& l = R.layer[std::size_t(j)];
@@ -117,8 +117,7 @@ struct RecursionBlocks : WorkspaceViews {
       y = out;
     }
     if constexpr (!Cfg::add_block_output) be.axpy(fo, T(-1), MatrixView<const T>(xg), g);  // f = y_B − x̃
-    be.scatter_add_rows(x_next, MatrixView<const T>(fo), idx,
-                        unit_weight && !token ? std::span<const T>{} : sp<const T>(ws + R.wsel, rows), g);
+    dispatch::combine(be, rr, MatrixView<const T>(fo), x_next);
   }
 
   // The packed block's backward: df = c · dres[S_r], dc = dres[S_r] · f (into s.dw); back through the B layers
@@ -135,10 +134,8 @@ struct RecursionBlocks : WorkspaceViews {
     const MatrixView<T> df = mv(sc + s.df, rows, d);
     MatrixView<T> dy = mv(sc + s.dy, rows, d), dz = mv(sc + s.dy2, rows, d);
     const std::span<T> dw = sp(sc + s.dw, rows);
-    be.zero_rows(df, gr);
-    be.zero(dw);
-    be.scatter_add_rows_backward(df, dw, MatrixView<const T>(dres), mv<const T>(ws + R.fo, rows, d), idx,
-                                 sp<const T>(ws + R.wsel, rows), gr);
+    const auto rr = dispatch::picked_rows(idx, sp<const T>(ws + R.wsel, rows), gr);
+    dispatch::combine_backward(be, rr, mv<const T>(ws + R.fo, rows, d), MatrixView<const T>(dres), df, dw);
     be.zero_rows(dy, gr);
     be.axpy(dy, T(1), MatrixView<const T>(df), gr);
     for (int j = B - 1; j >= 0; --j) {  // dy: dL/dy_{j+1} on entry, dL/dy_j on exit
@@ -164,7 +161,7 @@ struct RecursionBlocks : WorkspaceViews {
       if (!shared && dshared) be.axpy(dy, T(1), mv<const T>(dshared + j * n * d, rows, d), gr);
     }
     if constexpr (!Cfg::add_block_output) be.axpy(dy, T(-1), MatrixView<const T>(df), gr);  // f = y_B − x̃
-    be.scatter_add_rows(dres, MatrixView<const T>(dy), idx, std::span<const T>{}, gr);
+    dispatch::gather_backward(be, rr, MatrixView<const T>(dy), dres);
   }
 };
 

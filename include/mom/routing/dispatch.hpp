@@ -14,8 +14,8 @@
 //   gather_backward  din[token[r]] += dxg[r]
 //   to_pairs / from_pairs   group order ↔ token-major pair order (t·K + j): MoA's query slots
 //   routed_forward   gather, the per-group body, combine
-// Every module that routes rows (the GRU executor's attention and FFN, MoE's experts, σ-MoE, SMoE, MoA,
-// SwitchHead) goes through these; the per-group body is the module's own (routing/expert_mlp.hpp for an
+// Every module and executor that routes rows (the GRU executor's attention and FFN, MoE's experts, σ-MoE, SMoE,
+// MoA, SwitchHead; the depth executors' blocks: MoD, layer-skip, early exit, MoR) goes through these; the per-group body is the module's own (routing/expert_mlp.hpp for an
 // expert MLP). On the CUDA backend every op is a grouped kernel that reads the offsets on the device: the
 // host never waits for a routing decision.
 #include <span>
@@ -34,9 +34,10 @@ using Id = std::type_identity_t<U>;
 template <class T>
 struct RoutedRows {
   std::span<const token_t> token, pair;
-  std::span<const T> weight;
-  RowGroups groups;
+  std::span<const T> weight;  // empty: every weight is 1
+  RowGroups groups;           // no offsets: one run of all the rows, no groups (a depth router's top-C rows)
   index_t count() const { return index_t(token.size()); }
+  bool grouped() const { return groups.offsets != nullptr; }
 };
 
 // The packed rows of a selection over n tokens with K picks, grouped over its first `modules` classes.
@@ -46,32 +47,48 @@ RoutedRows<T> routed_rows(const T* ws, const Selection& s, int modules, index_t 
   return {{toks(ws, s.row_token), rows}, {toks(ws, s.row_slot), rows}, {ws + s.wpacked, rows}, groups_of(ws, s, modules)};
 }
 
+// The rows a depth router runs through its block (Mixture-of-Depths, layer-skip, Mixture-of-Recursions:
+// assembly/depth_*.hpp, recursion_blocks.hpp): token[r] the source rows, weight[r] their weights (empty: 1),
+// in one row group g (packed layouts) or, without g, all of them.
+template <class T>
+RoutedRows<T> picked_rows(std::span<const token_t> token, std::span<const T> weight, RowGroups g = {}) {
+  return {token, {}, weight, g};
+}
+
 // xg [rows × cols] (group order) = the routed rows of in.
 template <class Be, class T>
 void gather(Be& be, const RoutedRows<T>& rr, Id<MatrixView<const T>> in, Id<MatrixView<T>> xg) {
-  be.gather_rows(xg, in, rr.token, rr.groups);
+  if (rr.grouped()) be.gather_rows(xg, in, rr.token, rr.groups);
+  else be.gather_rows(xg, in, rr.token);
 }
 
 // out += Σ_r weight[r] · y[r] at row token[r] (out holds the residual, or zeros).
 template <class Be, class T>
 void combine(Be& be, const RoutedRows<T>& rr, Id<MatrixView<const T>> y, Id<MatrixView<T>> out) {
-  be.scatter_add_rows(out, y, rr.token, rr.weight, rr.groups);
+  if (rr.grouped()) be.scatter_add_rows(out, y, rr.token, rr.weight, rr.groups);
+  else be.scatter_add_rows(out, y, rr.token, rr.weight);
 }
 
 // Backward of combine, read from dout before anything accumulates into it: dL/dy into dy [rows × cols]
-// (group order) and dL/d(weight) into dwp [rows] (zeroed here). y: the forward's module outputs.
+// (group order) and dL/d(weight) into dwp [rows] (zeroed here; empty: not wanted). y: the forward's module outputs.
 template <class Be, class T>
 void combine_backward(Be& be, const RoutedRows<T>& rr, Id<MatrixView<const T>> y, Id<MatrixView<const T>> dout, Id<MatrixView<T>> dy,
                       Id<std::span<T>> dwp) {
   be.zero(dwp);
-  be.zero_rows(dy, rr.groups);
-  be.scatter_add_rows_backward(dy, dwp, dout, y, rr.token, rr.weight, rr.groups);
+  if (rr.grouped()) {
+    be.zero_rows(dy, rr.groups);
+    be.scatter_add_rows_backward(dy, dwp, dout, y, rr.token, rr.weight, rr.groups);
+  } else {
+    be.zero(dy);
+    be.scatter_add_rows_backward(dy, dwp, dout, y, rr.token, rr.weight);
+  }
 }
 
 // Backward of gather: din[token[r]] += dxg[r].
 template <class Be, class T>
 void gather_backward(Be& be, const RoutedRows<T>& rr, Id<MatrixView<const T>> dxg, Id<MatrixView<T>> din) {
-  be.scatter_add_rows(din, dxg, rr.token, std::span<const T>{}, rr.groups);
+  if (rr.grouped()) be.scatter_add_rows(din, dxg, rr.token, std::span<const T>{}, rr.groups);
+  else be.scatter_add_rows(din, dxg, rr.token);
 }
 
 // Group order → pair order: pairs [n·K × cols] row t·K + j = packed [r] (zeroed first: a pair no group
