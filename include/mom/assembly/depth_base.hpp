@@ -17,6 +17,7 @@
 #include "mom/core/check.hpp"
 #include "mom/routers/depth.hpp"
 #include "mom/modules/checked.hpp"
+#include "mom/routing/dispatch.hpp"
 
 namespace mom {
 
@@ -231,6 +232,14 @@ struct DepthExecutorBase : WorkspaceViews {
     index_t hid = 0, act = 0, pred = 0;                          // predictor [n×PW], [n×PW], [n]
     index_t idx = 0, groups = 0;  // token_t: [rows]; the run rows' offsets {0, count} (count on the device)
   };
+  // A routed layer's block rows as the routing layer sees them (routing/dispatch.hpp): the tokens its router
+  // picked (l.idx) and their weights (l.wsel; none under unit weights), in the run's row group g (the packed
+  // layout) or ungrouped (the top-C layout).
+  template <class T>
+  static dispatch::RoutedRows<T> picked(const T* ws, const Layer& l, index_t rows, RowGroups g = {}) {
+    return dispatch::picked_rows(std::span<const token_t>(toks(ws, l.idx), std::size_t(rows)),
+                                 unit_weight ? std::span<const T>{} : std::span<const T>(ws + l.wsel, std::size_t(rows)), g);
+  }
   struct Plan {
     std::array<Layer, L> layer{};
     index_t alive = 0;  // token_t [n]: early exit's "ran every routed layer so far"

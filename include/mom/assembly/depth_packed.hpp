@@ -13,7 +13,6 @@
 #include "mom/assembly/decode_rounds.hpp"
 #include "mom/assembly/depth_base.hpp"
 #include "mom/modules/checked.hpp"
-#include "mom/routing/dispatch.hpp"
 
 namespace mom::detail {
 
@@ -59,12 +58,12 @@ struct PackedBlocks : DepthExecutorBase<PackedBlocks<Policy, A, D>, Policy, A, D
     const index_t n = batch * seq;
     const T* pa = p + Set::template attention_offset<D>(h);
     const RowGroups g = run_groups(ws, l);
-    const auto idx = WorkspaceViews::sp<const token_t>(toks(ws, l.idx), n);
     const MatrixView<T> xg = mv(ws + l.xg, n, d), u = mv(ws + l.u, n, d), fo = mv(ws + l.fo, n, d);
     const MatrixView<T> fm = mv(fm_scratch, n, d);
-    const auto rr = dispatch::picked_rows(idx, unit_weight ? std::span<const T>{} : WorkspaceViews::sp<const T>(ws + l.wsel, n), g);
+    const auto rr = Base::picked(static_cast<const T*>(ws), l, n, g);
     dispatch::gather(be, rr, x, xg);
-    checked<Attn>::template forward_routed<keys>(be, same_for_groups(pa), ws, l.gattn, x, MatrixView<const T>(xg), fo, idx, g, seq);
+    checked<Attn>::template forward_routed<keys>(be, same_for_groups(pa), ws, l.gattn, x, MatrixView<const T>(xg), fo, rr.token,
+                                                 g, seq);
     be.add_forward(u, MatrixView<const T>(xg), MatrixView<const T>(fo), g);
     Block::forward_grouped(be, p, ws, l.ffn, h, MatrixView<const T>(u), fo, fm, g);
     dispatch::combine(be, rr, MatrixView<const T>(fo), x_next);
@@ -76,21 +75,20 @@ struct PackedBlocks : DepthExecutorBase<PackedBlocks<Policy, A, D>, Policy, A, D
     const index_t n = batch * seq;
     const index_t oa = Set::template attention_offset<D>(h);
     const RowGroups gr = run_groups(ws, l);
-    const auto idx = WorkspaceViews::sp<const token_t>(toks(ws, l.idx), n);
     const MatrixView<T> df = mv(sc + s.df, n, d), du = mv(sc + s.g, n, d);
     const std::span<T> dwsel = sp(sc + s.dwsel, n);
-    const auto rr = dispatch::picked_rows(idx, unit_weight ? std::span<const T>{} : WorkspaceViews::sp<const T>(ws + l.wsel, n), gr);
+    const auto rr = Base::picked(ws, l, n, gr);
     dispatch::combine_backward(be, rr, WorkspaceViews::mv<const T>(ws + l.fo, n, d), MatrixView<const T>(dres), df,
                                unit_weight ? std::span<T>{} : dwsel);
     Block::backward_grouped(be, p, g, ws, l.ffn, h, WorkspaceViews::mv<const T>(ws + l.u, n, d), df, du, sc + s.module, gr);
     // the run rows' input gradient into du (Routed keys); with AttendToSkipped every token's, into dres
     checked<Attn>::template backward_routed<keys>(be, same_for_groups(p + oa), same_for_groups(g + oa), ws, l.gattn, x,
-                                          WorkspaceViews::mv<const T>(ws + l.xg, n, d), dres, du, MatrixView<const T>(df), idx, gr, seq,
+                                          WorkspaceViews::mv<const T>(ws + l.xg, n, d), dres, du, MatrixView<const T>(df), rr.token, gr, seq,
                                           sc + s.module);
     dispatch::gather_backward(be, rr, MatrixView<const T>(du), dres);
     // dL/d(weight) back to the gate σ(g).
     if constexpr (!unit_weight)
-      be.scatter_add_rows(mv(sc + s.dgate, n, 1), WorkspaceViews::mv<const T>(dwsel.data(), n, 1), idx, std::span<const T>{}, gr);
+      be.scatter_add_rows(mv(sc + s.dgate, n, 1), WorkspaceViews::mv<const T>(dwsel.data(), n, 1), rr.token, std::span<const T>{}, gr);
   }
 
   // ---- incremental decoding (infer/decoder.hpp; AssemblyDecoderOn; docs/inference.md) -------------
@@ -156,13 +154,13 @@ struct PackedBlocks : DepthExecutorBase<PackedBlocks<Policy, A, D>, Policy, A, D
       Base::route_forward(be, p, ws, plan, l, h, x, aux, rows, 1);
       be.copy(x_next.flat(), sp(x.data, rows * d));  // x_{h+1} = x_h, then + w·f on the run rows
       const RowGroups g = run_groups(ws, l);
-      const auto idx = WorkspaceViews::sp<const token_t>(toks(ws, l.idx), rows);
+      const auto run_rows = Base::picked(static_cast<const T*>(ws), l, rows, g);
       const MatrixView<T> xg = mv(ws + l.xg, rows, d), u = mv(ws + l.u, rows, d), fo = mv(ws + l.fo, rows, d);
-      be.gather_rows(xg, x, idx, g);
+      dispatch::gather(be, run_rows, x, xg);
       if constexpr (attend_all) Attn::decode_keys(be, pa, ws, dp.attn, x, kc, vc, slot, pos, pos, max_len);
       const index_t run = rows_run(be, ws, l, rows, 1);
       if (run > 0) {  // the run rows' sequences, positions and cache rows (host), then their attention
-        be.to_host(std::span<token_t>(host.idx.data(), std::size_t(run)), idx.first(std::size_t(run)));
+        be.to_host(std::span<token_t>(host.idx.data(), std::size_t(run)), run_rows.token.first(std::size_t(run)));
         host.place(0, run, attend_all ? -1 : h, slots);
         const auto rr = host.stage(be, ws, dp.staged, run);
         const MatrixView<const T> xr(xg.row_block(0, run));
@@ -172,8 +170,7 @@ struct PackedBlocks : DepthExecutorBase<PackedBlocks<Policy, A, D>, Policy, A, D
       }
       be.add_forward(u, MatrixView<const T>(xg), MatrixView<const T>(fo), g);
       Block::forward_grouped(be, p, ws, l.ffn, h, MatrixView<const T>(u), fo, fm, g);
-      be.scatter_add_rows(x_next, MatrixView<const T>(fo), idx,
-                          unit_weight ? std::span<const T>{} : WorkspaceViews::sp<const T>(ws + l.wsel, rows), g);
+      dispatch::combine(be, run_rows, MatrixView<const T>(fo), x_next);
       x = x_next;
     }
     if constexpr (!attend_all) host.store_counts(be, ws, dp.counts);

@@ -7,7 +7,6 @@
 // The router, the unrouted layers and everything else: DepthExecutorBase (assembly/depth_base.hpp).
 #include "mom/assembly/depth_base.hpp"
 #include "mom/modules/checked.hpp"
-#include "mom/routing/dispatch.hpp"
 
 namespace mom::detail {
 
@@ -52,10 +51,9 @@ struct SelectedBlocks : DepthExecutorBase<SelectedBlocks<Policy, A, D>, Policy, 
     const index_t m = batch * capacity_tokens(seq);
     if (m == 0) return;  // C = ⌊capacity·seq⌋ is 0 for a short sequence: nobody runs the block
     const T* pa = p + Set::template attention_offset<D>(h);
-    const auto idx = WorkspaceViews::sp<const token_t>(toks(ws, l.idx), m);
     const MatrixView<T> xg = mv(ws + l.xg, m, d), u = mv(ws + l.u, m, d), fo = mv(ws + l.fo, m, d);
     const MatrixView<T> fm = mv(fm_scratch, m, d);
-    const auto rr = dispatch::picked_rows(idx, unit_weight ? std::span<const T>{} : WorkspaceViews::sp<const T>(ws + l.wsel, m));
+    const auto rr = Base::picked(static_cast<const T*>(ws), l, m);
     dispatch::gather(be, rr, x, xg);
     checked<Attn>::forward(be, pa, ws, l.attn, MatrixView<const T>(xg), fo, batch, m / batch);
     be.add_forward(u.flat(), WorkspaceViews::sp<const T>(xg.data, m * d), WorkspaceViews::sp<const T>(fo.data, m * d));
@@ -72,10 +70,9 @@ struct SelectedBlocks : DepthExecutorBase<SelectedBlocks<Policy, A, D>, Policy, 
     if (m == 0) return;  // nobody ran the block: only the router's own losses
     const index_t oa = Set::template attention_offset<D>(h);
     const MatrixView<T> dlogits = mv(sc + s.dlogits, n, 1);
-    const auto idx = WorkspaceViews::sp<const token_t>(toks(ws, l.idx), m);
     const MatrixView<T> df = mv(sc + s.df, m, d), du = mv(sc + s.g, m, d);
     const std::span<T> dwsel = sp(sc + s.dwsel, m);
-    const auto rr = dispatch::picked_rows(idx, unit_weight ? std::span<const T>{} : WorkspaceViews::sp<const T>(ws + l.wsel, m));
+    const auto rr = Base::picked(ws, l, m);
     // x' = x + scatter(w · f): df = w · dres[S], dw = dres[S] · f (read before dres changes).
     dispatch::combine_backward(be, rr, WorkspaceViews::mv<const T>(ws + l.fo, m, d), MatrixView<const T>(dres), df,
                                unit_weight ? std::span<T>{} : dwsel);
@@ -86,7 +83,7 @@ struct SelectedBlocks : DepthExecutorBase<SelectedBlocks<Policy, A, D>, Policy, 
                    sc + s.module, batch, m / batch);
     dispatch::gather_backward(be, rr, MatrixView<const T>(du), dres);
     // dL/d(weight) back to the token's score (MoD: the weight is r).
-    if constexpr (!unit_weight) be.scatter_add_rows(dlogits, WorkspaceViews::mv<const T>(dwsel.data(), m, 1), idx);
+    if constexpr (!unit_weight) be.scatter_add_rows(dlogits, WorkspaceViews::mv<const T>(dwsel.data(), m, 1), rr.token);
   }
 };
 

@@ -52,7 +52,7 @@ struct SMoE {
     static constexpr int C = N + NNew;
     using Gate = detail::MLPGate<D.d_model, N, NNew, K, Drtr, Loss, RoutReg>;
     static constexpr RoutedChoices routed{C, K};
-    using Mlp = dispatch::ExpertMlp<dispatch::Gelu, C, D.d_model, DF>;  // the experts, routed
+    using Mlp = dispatch::ExpertMlp<dispatch::Gelu, C, d, df>;  // the experts, routed
 
     static constexpr index_t o_ln_w = 0, o_ln_b = d, o_gate = 2 * d, o_w1 = o_gate + Gate::params,
                              o_w2 = o_w1 + Mlp::w1_size;
