@@ -7,10 +7,14 @@
 #   2. test_cuda: the cross-backend suite, the Trainer on CUDA against the CPU among it (tests/cuda/),
 #   3. mom-train on KJV (.gpu-deps/kjv.txt), dense8 and mom8-p, 300 steps of 16 x 128 bytes: on the GPU in tf32
 #      and bf16, and on the CPU (fp32; in the background, beside the GPU runs), validation every 50 steps,
+#      With MOM_GPU_CPU_RUNS=<folder> (dense8-cpu/ and mom8-p-cpu/, each with its metrics.jsonl, made by the same
+#      commands on the development machine: the CPU's curve does not need the GPU machine) no CPU run is started here.
 #   4. with MOM_GPU_BENCH=1 (issue 28's numbers): bench_gpu_train_step (GPT-2 small and MoM_P at 8 x 1024, TF32 and
-#      bf16) and bench/pytorch_gpu_train_step.py (PyTorch's GPT-2 small, bf16 autocast, eager and torch.compile)
-#      in the same call, one after the other on an otherwise idle GPU,
-#   5. a table last: per run the validation curve, tokens/s and wall time, and each GPU run's largest validation
+#      bf16; with MOM_GPU_BENCH_BEFORE=<binary>, that older build too, first, for a before / after in one call) and
+#      bench/pytorch_gpu_train_step.py (PyTorch's GPT-2 small, bf16 autocast, eager and torch.compile) in the same
+#      call, one after the other on an otherwise idle GPU, and an Nsight Compute summary of one dense bf16 step;
+#      with MOM_GPU_FAMILIES=1, every family's step time over dense8's beside the cost model's FLOP ratio,
+#   5. a table last (sections 3 and 5 are left out with MOM_GPU_KJV=0): per run the validation curve, tokens/s and wall time, and each GPU run's largest validation
 #      difference from the CPU run's curve.
 # Logs go to $OUT (or ./gpu-out). Record the table in bench/RESULTS.md with the device's name.
 source "$(dirname "$0")/gpu_common.sh"
@@ -47,11 +51,17 @@ grep -B3 -A12 "FAILED" "$out/test_cuda.txt" | head -80 >"$out/test_failures.txt"
 # 3. Training on KJV: the CPU runs in the background, the GPU runs one after another.
 kjv="$repo/.gpu-deps/kjv.txt"
 [ -s "$kjv" ] || { note "no $kjv (run scripts/gpu_prepare.sh on the development machine)"; exit 1; }
+if [ "${MOM_GPU_KJV:-1}" = 1 ]; then
 common=(--data "$kjv" --steps 300 --batch 16 --seq 128 --eval-interval 50 --eval-batches 8 --checkpoint-interval 0
         --lr 2e-3 --warmup 50)
 # Two CPU runs side by side, leaving 4 cores to the GPU runs' host thread (their launches are host-bound).
 cpu_threads=$(( jobs > 8 ? (jobs - 4) / 2 : 1 ))
 for arch in dense8 mom8-p; do
+  if [ -n "${MOM_GPU_CPU_RUNS:-}" ]; then
+    mkdir -p "$out/runs/$arch-cpu" && cp "$repo/$MOM_GPU_CPU_RUNS/$arch-cpu/metrics.jsonl" "$out/runs/$arch-cpu/" ||
+      note "no $MOM_GPU_CPU_RUNS/$arch-cpu/metrics.jsonl"
+    continue
+  fi
   timeout 420 "$bin" "${common[@]}" --arch "$arch" --out "$out/runs/$arch-cpu" --threads "$cpu_threads" --sample-tokens 0 >"$out/$arch-cpu.txt" 2>&1 &
 done
 for arch in dense8 mom8-p; do
@@ -63,9 +73,14 @@ for arch in dense8 mom8-p; do
 done
 wait
 note "wall time so far: $(( $(date +%s) - started )) s"
+fi
 
 # 4. Issue 28's step times, mom and PyTorch on the same GPU (nothing else running).
 if [ "${MOM_GPU_BENCH:-0}" = 1 ]; then
+  if [ -n "${MOM_GPU_BENCH_BEFORE:-}" ] && [ -x "$repo/$MOM_GPU_BENCH_BEFORE" ]; then
+    timeout 240 "$repo/$MOM_GPU_BENCH_BEFORE" --batch 8 --seq 1024 --reps 10 >"$out/bench-before.txt" 2>&1
+    note "bench_gpu_train_step (before: $MOM_GPU_BENCH_BEFORE): exit $?"; grep -E "^ |step /" "$out/bench-before.txt" | tee -a "$summary"
+  fi
   if [ -x "$bench" ]; then
     timeout 240 "$bench" --batch 8 --seq 1024 --reps 10 >"$out/bench.txt" 2>&1
     note "bench_gpu_train_step: exit $?"; grep -E "^ |step /" "$out/bench.txt" | tee -a "$summary"
@@ -74,6 +89,8 @@ if [ "${MOM_GPU_BENCH:-0}" = 1 ]; then
   timeout 240 python3 bench/pytorch_gpu_train_step.py ${fpt:+--flops-per-token $(python3 -c "print(3e6*$fpt)")} \
     >"$out/pytorch.txt" 2>&1
   note "pytorch_gpu_train_step: exit $?"; grep -E "^  pytorch|Error|error" "$out/pytorch.txt" | tail -4 | tee -a "$summary"
+fi
+if [ "${MOM_GPU_FAMILIES:-0}" = 1 ]; then
   # Every family's step on the GPU over dense8's (8 layers, d 256, bf16, 64 x 256 tokens), beside the cost model's
   # FLOP ratio: steps 20..60 of mom-train, no validation or checkpoint inside.
   "$bin" --help >"$out/archs.txt" 2>&1
@@ -100,6 +117,8 @@ for name in sorted(rate, key=lambda n: (n != "dense8", n)):
         sr, fr = d / rate[name], flops[name] / flops["dense8"]
         print(f"| {name} | {rate[name]:.0f} | {sr:.2f} | {fr:.2f} | {sr / fr:.2f} |")
 PY
+fi
+if [ "${MOM_GPU_BENCH:-0}" = 1 ]; then
   # Nsight Compute: every kernel's time in two dense bf16 steps (one warm-up, one timed), the top 15 per step.
   if command -v ncu >/dev/null && [ -x "$bench" ]; then
     timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
@@ -125,7 +144,7 @@ PY
 fi
 
 # 5. The table.
-python3 - "$out/runs" <<'PY' | tee -a "$summary"
+[ "${MOM_GPU_KJV:-1}" = 1 ] && python3 - "$out/runs" <<'PY' | tee -a "$summary"
 import json, os, sys
 root = sys.argv[1]
 runs = {}
