@@ -13,7 +13,8 @@
 #      bf16; with MOM_GPU_BENCH_BEFORE=<binary>, that older build too, first, for a before / after in one call) and
 #      bench/pytorch_gpu_train_step.py (PyTorch's GPT-2 small, bf16 autocast, eager and torch.compile) in the same
 #      call, one after the other on an otherwise idle GPU, and an Nsight Compute summary of one dense bf16 step;
-#      with MOM_GPU_FAMILIES=1, every family's step time over dense8's beside the cost model's FLOP ratio,
+#      with MOM_GPU_FAMILIES=1, every family's step time over dense8's beside the cost model's FLOP ratio; with
+#      MOM_GPU_PROFILE="arch ...", Nsight Compute's kernel times of two steps of each (scripts/ncu_summary.py),
 #   5. a table last (sections 3 and 5 are left out with MOM_GPU_KJV=0): per run the validation curve, tokens/s and wall time, and each GPU run's largest validation
 #      difference from the CPU run's curve.
 # Logs go to $OUT (or ./gpu-out). Record the table in bench/RESULTS.md with the device's name.
@@ -47,6 +48,7 @@ timeout 240 "$test_cuda" >"$out/test_cuda.txt" 2>&1
 rc=$?
 note "test_cuda: exit $rc, $(grep -E '^(All tests passed|test cases:)' "$out/test_cuda.txt" | tail -1), skipped $(grep -c "no CUDA device: skipped" "$out/test_cuda.txt"), $(( $(date +%s) - t )) s"
 grep -B3 -A12 "FAILED" "$out/test_cuda.txt" | head -80 >"$out/test_failures.txt"
+[ -s "$out/test_failures.txt" ] && { note "test_cuda failures (first 40 lines):"; head -40 "$out/test_failures.txt" | tee -a "$summary"; }
 
 # 3. Training on KJV: the CPU runs in the background, the GPU runs one after another.
 kjv="$repo/.gpu-deps/kjv.txt"
@@ -124,24 +126,20 @@ if [ "${MOM_GPU_BENCH:-0}" = 1 ]; then
     timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
       "$bench" --batch 8 --seq 1024 --warmup 1 --reps 1 --only dense-bf16 >"$out/ncu.csv" 2>"$out/ncu.err"
     note "ncu: exit $?"
-    python3 - "$out/ncu.csv" <<'PY' | tee -a "$summary"
-import csv, collections, sys
-rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"')) if r.get("Metric Name") == "gpu__time_duration.sum"]
-t, n = collections.Counter(), collections.Counter()
-for r in rows:
-    k = r["Kernel Name"].split("(")[0][:70]
-    t[k] += float(r["Metric Value"].replace(",", "")) / 2e6
-    n[k] += 0.5
-total = sum(t.values())
-print(f"ncu, dense GPT-2 small bf16, 8 x 1024: {len(rows) / 2:.0f} kernels per step, {total:.1f} ms of kernel time per step")
-print("| kernel | ms per step | share | launches per step |")
-print("|---|---:|---:|---:|")
-for k, v in t.most_common(15):
-    print(f"| `{k}` | {v:.2f} | {100 * v / total:.1f}% | {n[k]:.0f} |")
-PY
+    python3 scripts/ncu_summary.py "$out/ncu.csv" "dense GPT-2 small bf16, 8 x 1024" 2 | tee -a "$summary"
   fi
   note "wall time so far: $(( $(date +%s) - started )) s"
 fi
+
+# 4b. With MOM_GPU_PROFILE="arch ...": Nsight Compute's kernel times of two mom-train steps of each (bf16, 64 x 256).
+for arch in ${MOM_GPU_PROFILE:-}; do
+  timeout 150 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+    "$bin" --data "$kjv" --arch "$arch" --steps 2 --batch 64 --seq 256 --eval-interval 0 --eval-batches 1 \
+    --checkpoint-interval 0 --sample-tokens 0 --device cuda --precision bf16 --out "$out/profile/$arch" \
+    >"$out/ncu-$arch.csv" 2>"$out/ncu-$arch.err"
+  note "ncu $arch: exit $?"
+  python3 scripts/ncu_summary.py "$out/ncu-$arch.csv" "mom-train $arch bf16, 64 x 256" 2 10 | tee -a "$summary"
+done
 
 # 5. The table.
 [ "${MOM_GPU_KJV:-1}" = 1 ] && python3 - "$out/runs" <<'PY' | tee -a "$summary"
@@ -165,3 +163,14 @@ for name, (val, tps, secs) in runs.items():
     curve = ", ".join(f"{val[s]:.3f}" for s in sorted(val))
     print(f"| {name} | {curve} | {tps:.0f} | {secs:.0f} | {diff:.3f} |")
 PY
+
+# The device tool brings back at most 8 files: everything else (logs, metrics, ncu CSVs; not the checkpoints) goes
+# into one archive beside summary.txt.
+if [ -n "${OUT:-}" ] && [ "$out" = "$OUT" ]; then
+  cp "$summary" /tmp/gpu-summary.txt
+  (cd "$out" && find . -type f ! -name summary.txt ! -name '*.safetensors' -size -8M -print0 |
+     tar czf /tmp/gpu-logs.tgz --null -T -)
+  rm -rf "${out:?}"/*
+  mv /tmp/gpu-logs.tgz "$out/logs.tgz"
+  mv /tmp/gpu-summary.txt "$out/summary.txt"
+fi

@@ -123,7 +123,11 @@ TEST_CASE("MoM models: same loss and gradients as cpu (float with fp32 GEMMs)", 
     WARN("no CUDA device: skipped");
     return;
   }
-  compare_model<MoMP, float>(cuda::Precision::FP32, 1e-4, 2e-3);
+  // The width-256 router (small_models.hpp, MoMPWide): with the default width of 64 at this d_model, the first
+  // backward on an H100 differed from the CPU's by 4.6e-2 (2026-11-27, twelfth-session tree): a top-K routing
+  // decision near a tie taken the other way after float rounding, not an arithmetic difference (the double
+  // comparison above agrees to 1e-9; the emulation, which sums in the CPU's order, agrees here too).
+  compare_model<MoMPWide, float>(cuda::Precision::FP32, 1e-4, 2e-3);
   compare_model<MoMRoutedKV, float>(cuda::Precision::FP32, 1e-4, 2e-3);
 }
 

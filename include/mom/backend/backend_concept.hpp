@@ -184,4 +184,22 @@ concept Backend = requires { typename Be::scalar; } && backend_parts::Memory<Be,
 template <class Be>
 inline constexpr bool host_memory = requires { requires Be::host_memory; };
 
+// The row stride, in elements, that a backend's matrix products want for full speed: a buffer whose rows are as wide
+// as the vocabulary (the LM head's logits and their gradient) is laid out with each row padded to a multiple of it.
+// cuda::Backend says 64 (`static constexpr index_t row_align = 64`): cuBLAS' tensor-core kernels need 16-byte
+// aligned rows, and GPT-2's 50257 then becomes 50304, the padded vocabulary of llm.c and nanoGPT, without changing
+// the model. A backend that does not say: 1 (rows as wide as they are).
+template <class Be>
+inline constexpr index_t row_align = [] {
+  if constexpr (requires { Be::row_align; })
+    return static_cast<index_t>(Be::row_align);
+  else
+    return index_t(1);
+}();
+// cols rounded up to a multiple of Be's row_align.
+template <class Be>
+constexpr index_t padded_ld(index_t cols) {
+  return (cols + row_align<Be> - 1) / row_align<Be> * row_align<Be>;
+}
+
 }  // namespace mom

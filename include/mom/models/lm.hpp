@@ -178,14 +178,16 @@ struct LMCore<D, TypeList<Ps...>> {
     index_t res0 = 0;                            // x_0 = embedding output [n x d]
     std::tuple<typename exec<Ps>::Plan...> parts{};  // each part's saved activations
     index_t lnf = 0, mean_f = 0, rstd_f = 0;     // final LayerNorm
-    index_t logits = 0, lse = 0, loss = 0;       // [n x vocab], [n], [1]; dlogits overwrite logits
+    index_t logits = 0, lse = 0, loss = 0;       // [n x vocab] (rows logits_ld apart), [n], [1]; dlogits overwrite logits
+    index_t logits_ld = 0;                       // the logits' row stride: vocab, or the backend's padded width
     index_t objective = 0;                       // [1]: loss + the parts' auxiliary losses
     index_t dres = 0, dlnf = 0;                  // backward: dL/d(residual stream), dL/d(LN_f out)
     index_t scratch = 0;                         // shared by the parts (max over them)
     index_t total = 0;                           // elements of T
   };
-  // guards: where the workspace guard gaps start are appended there (core/layout.hpp), when given.
-  static constexpr Plan plan(index_t batch, index_t seq, std::vector<index_t>* guards = nullptr) {
+  // guards: where the workspace guard gaps start are appended there (core/layout.hpp), when given. logits_ld: the
+  // row stride of the logits (0: vocab; ModelInstance passes padded_ld<Be>(vocab), backend/backend_concept.hpp).
+  static constexpr Plan plan(index_t batch, index_t seq, std::vector<index_t>* guards = nullptr, index_t logits_ld = 0) {
     const index_t n = batch * seq;
     Arena a;
     a.guards = guards;
@@ -197,7 +199,8 @@ struct LMCore<D, TypeList<Ps...>> {
     p.lnf = a.take(n * d);
     p.mean_f = a.take(n);
     p.rstd_f = a.take(n);
-    p.logits = a.take(n * D.vocab);
+    p.logits_ld = logits_ld > D.vocab ? logits_ld : D.vocab;
+    p.logits = a.take(n * p.logits_ld);
     p.lse = a.take(n);
     p.loss = a.take(1);
     p.objective = a.take(1);

@@ -35,6 +35,9 @@ class ModelInstance {
   static constexpr Dims dims = Model::dims;
   static constexpr index_t d = dims.d_model;
   static constexpr index_t vocab = dims.vocab;
+  // The logits' row stride in the workspace: vocab rounded up to the backend's row_align (backend_concept.hpp; the
+  // CUDA backend's GEMMs want 16-byte aligned rows: GPT-2's 50257 is laid out 50304 wide there, 50257 on the CPU).
+  static constexpr index_t logits_ld = padded_ld<Be>(vocab);
 
   // An invalid model type has already failed its own check (each rule of LM, Assembly, phi, the router policy,
   // the module set and Executor is a static_assert that fires when the type is used), and the model then stands on
@@ -78,7 +81,7 @@ class ModelInstance {
     MOM_CHECK(batch > 0 && seq > 0, "reserve: batch ", batch, " and seq ", seq, " must be > 0");
     MOM_CHECK(seq <= dims.context, "reserve: seq ", seq, " exceeds the model's context ", dims.context);
     guards_.clear();
-    plan_ = Model::core::plan(batch, seq, &guards_);
+    plan_ = Model::core::plan(batch, seq, &guards_, logits_ld);
     ws_ = be_.template alloc<T>(plan_.total);
     for (const index_t at : guards_) be_.fill(std::span<T>(ws_.data() + at, std::size_t(workspace_guard)), guard_value<T>);
     tokens_ = be_.template alloc<token_t>(batch * seq);
@@ -206,10 +209,10 @@ class ModelInstance {
   std::span<const T> params() const { return params_.span(); }
   std::span<T> grads() { return grads_.span(); }
   std::span<const T> grads() const { return grads_.span(); }
-  // [batch * seq x vocab] logits of the last forward (valid until backward).
+  // [batch * seq x vocab] logits of the last forward (valid until backward); rows logits_ld apart.
   MatrixView<const T> logits() const {
     MOM_CHECK(state_ == State::Logits || state_ == State::Loss, "logits: no forward since the last backward");
-    return {ws_.data() + plan_.logits, batch_ * seq_, vocab};
+    return {ws_.data() + plan_.logits, batch_ * seq_, vocab, logits_ld};
   }
   // One tensor of the flat buffers, by layout entry (e.g. Model::find("h.0.attn.w_qkv")).
   MatrixView<T> param(const ParamInfo& p) { return {params_.data() + p.offset, p.rows, p.cols}; }
@@ -224,7 +227,8 @@ class ModelInstance {
   const typename Model::Plan& plan() const { return plan_; }
   index_t batch() const { return batch_; }
   index_t seq() const { return seq_; }
-  // Elements of T in the workspace: Model::activation_elements(reserved batch, reserved seq).
+  // Elements of T in the workspace: Model::activation_elements(reserved batch, reserved seq), plus the logits' row
+  // padding on a backend with a row_align (n × (logits_ld − vocab)).
   index_t workspace_size() const { return ws_.size(); }
   index_t reserved_batch() const { return plan_.batch; }
   index_t reserved_seq() const { return plan_.seq; }
@@ -246,7 +250,7 @@ class ModelInstance {
   using Executors = typename Model::core::executors;
   static constexpr std::size_t n_parts = Model::core::n_parts;
 
-  MatrixView<T> logits_view(index_t n) { return {ws_.data() + plan_.logits, n, vocab}; }
+  MatrixView<T> logits_view(index_t n) { return {ws_.data() + plan_.logits, n, vocab, logits_ld}; }
   std::span<T> span(index_t offset, index_t n) { return {ws_.data() + offset, static_cast<std::size_t>(n)}; }
   std::span<const T> cspan(index_t offset, index_t n) const { return {ws_.data() + offset, static_cast<std::size_t>(n)}; }
   std::span<const T> pvec(index_t offset, index_t n) const { return {params_.data() + offset, static_cast<std::size_t>(n)}; }

@@ -114,6 +114,10 @@ struct Backend : detail::RoutedOps<T> {
   static constexpr const char* name = "cuda";
   // Backend memory is the GPU's: the host reads it through to_host.
   static constexpr bool host_memory = false;
+  // Rows of vocabulary width (the logits) are laid out padded to a multiple of 64 elements (backend_concept.hpp,
+  // row_align): cuBLAS runs its tensor-core kernels only on 16-byte aligned rows, and at GPT-2's 50257 columns the
+  // LM head's three products otherwise fall back to Turing-era kernels (bench/RESULTS.md, tenth session's profile).
+  static constexpr index_t row_align = 64;
 
   // Creates the backend's context on `device` (detail::make_context): throws mom::Error without a usable GPU.
   explicit Backend(int device = 0) : Base(detail::make_context(device)) {}

@@ -49,34 +49,23 @@ class DenseOps {
   // C = op(A)·op(B) is computed as Cᵀ = op(B)ᵀ·op(A)ᵀ with the operands swapped.
   void gemm(M C, CM A, Trans ta, CM B, Trans tb, T alpha = T(1), T beta = T(0)) const {
     checks::gemm_shapes<T>(C, A, ta == Trans::T, B, tb == Trans::T);
-    const index_t m = ta == Trans::N ? A.rows : A.cols;
-    const index_t k = ta == Trans::N ? A.cols : A.rows;
-    const index_t n = tb == Trans::N ? B.cols : B.rows;
-    if (m == 0 || n == 0) return;
-    const auto op = [](Trans t) { return t == Trans::T ? CUBLAS_OP_T : CUBLAS_OP_N; };
-    const auto ld = [](index_t x) { return static_cast<int>(std::max<index_t>(x, 1)); };
+    if (C.rows == 0 || C.cols == 0) return;
     if constexpr (std::is_same_v<T, float>) {
-      if (ctx_->precision == Precision::BF16 && k > 0) {
-        // Both operands staged densely as bf16 (one conversion pass each), then bf16 tensor cores with
-        // fp32 accumulation into the fp32 C (alpha, beta as usual).
-        cuda::reserve_bf16_staging(*ctx_, A.rows * A.cols + B.rows * B.cols);
-        std::uint16_t* a16 = ctx_->bf16_stage;
-        std::uint16_t* b16 = ctx_->bf16_stage + A.rows * A.cols;
-        to_bf16(*ctx_, a16, A);
-        to_bf16(*ctx_, b16, B);
-        MOM_CUBLAS_CHECK(cublasGemmEx(ctx_->blas, op(tb), op(ta), static_cast<int>(n), static_cast<int>(m),
-                                      static_cast<int>(k), &alpha, b16, CUDA_R_16BF, ld(B.cols), a16, CUDA_R_16BF,
-                                      ld(A.cols), &beta, C.data, CUDA_R_32F, ld(C.ld), CUBLAS_COMPUTE_32F,
-                                      CUBLAS_GEMM_DEFAULT),
-                         "gemm (bf16)");
-        return;
+      if (bf16_products(A, ta)) {
+        // Both operands staged as bf16 (one conversion pass each), then bf16 tensor cores with fp32 accumulation
+        // into the fp32 C (alpha, beta as usual).
+        cuda::reserve_bf16_staging(*ctx_, staged_size(A) + staged_size(B));
+        const Staged a = stage(ctx_->bf16_stage, A);
+        const Staged b = stage(ctx_->bf16_stage + staged_size(A), B);
+        return gemm_staged(C, a, ta, b, tb, alpha, beta);
       }
     }
     constexpr cudaDataType_t type = std::is_same_v<T, float> ? CUDA_R_32F : CUDA_R_64F;
     const cublasComputeType_t compute = std::is_same_v<T, double>               ? CUBLAS_COMPUTE_64F
                                         : ctx_->precision == Precision::FP32 ? CUBLAS_COMPUTE_32F
                                                                               : CUBLAS_COMPUTE_32F_FAST_TF32;
-    MOM_CUBLAS_CHECK(cublasGemmEx(ctx_->blas, op(tb), op(ta), static_cast<int>(n), static_cast<int>(m),
+    const index_t k = ta == Trans::N ? A.cols : A.rows;
+    MOM_CUBLAS_CHECK(cublasGemmEx(ctx_->blas, op(tb), op(ta), static_cast<int>(C.cols), static_cast<int>(C.rows),
                                   static_cast<int>(k), &alpha, B.data, type, ld(B.ld), A.data, type, ld(A.ld), &beta,
                                   C.data, type, ld(C.ld), compute, CUBLAS_GEMM_DEFAULT),
                      "gemm");
@@ -89,9 +78,22 @@ class DenseOps {
     K::broadcast_rows(*ctx_, y, b.data());
     gemm(y, x, Trans::N, w, Trans::T, T(1), T(1));
   }
-  // dx += dy·w, dw += dyᵀ·x, db += Σ_rows dy (each may be empty).
+  // dx += dy·w, dw += dyᵀ·x, db += Σ_rows dy (each may be empty). Under BF16, dy is staged once for both products.
   void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w) const {
     checks::linear_backward_shapes<T>(dx, dw, db, dy, x, w);
+    if constexpr (std::is_same_v<T, float>) {
+      if (!dx.empty() && !dw.empty() && dy.rows > 0 && bf16_products(dy, Trans::N)) {
+        cuda::reserve_bf16_staging(*ctx_, staged_size(dy) + staged_size(w) + staged_size(x));
+        std::uint16_t* at = ctx_->bf16_stage;
+        const Staged sdy = stage(at, dy);
+        const Staged sw = stage(at += staged_size(dy), w);
+        const Staged sx = stage(at += staged_size(w), x);
+        gemm_staged(dx, sdy, Trans::N, sw, Trans::N, T(1), T(1));
+        gemm_staged(dw, sdy, Trans::T, sx, Trans::N, T(1), T(1));
+        if (!db.empty()) K::add_column_sums(*ctx_, db.data(), dy);
+        return;
+      }
+    }
     if (!dx.empty()) gemm(dx, dy, Trans::N, w, Trans::N, T(1), T(1));
     if (!dw.empty()) gemm(dw, dy, Trans::T, x, Trans::N, T(1), T(1));
     if (!db.empty()) K::add_column_sums(*ctx_, db.data(), dy);
@@ -312,6 +314,35 @@ class DenseOps {
   static void check_gru_shapes(const char* op, index_t n, index_t H, CM gates, CM x, CM h, CM w_ih, CM w_hh,
                                index_t b_ih, index_t b_hh) {
     checks::gru_shapes<T>(op, n, H, gates, x, h, w_ih, w_hh, b_ih, b_hh);
+  }
+
+  static cublasOperation_t op(Trans t) { return t == Trans::T ? CUBLAS_OP_T : CUBLAS_OP_N; }
+  static int ld(index_t x) { return static_cast<int>(std::max<index_t>(x, 1)); }
+
+  // Precision::BF16 products: a float GEMM with a nonempty inner dimension (A's columns under N, its rows under T).
+  bool bf16_products(CM A, Trans ta) const {
+    return ctx_->precision == Precision::BF16 && (ta == Trans::N ? A.cols : A.rows) > 0;
+  }
+  // The bf16 copy of an operand in the staging buffer: rows padded to a multiple of 8 elements (16 bytes, the
+  // alignment cuBLAS' tensor-core kernels want; docs/cuda.md, "Precision").
+  struct Staged {
+    const std::uint16_t* data;
+    index_t rows, cols, ld;
+  };
+  static index_t staged_ld(CM v) { return (std::max<index_t>(v.cols, 1) + 7) / 8 * 8; }
+  static index_t staged_size(CM v) { return v.rows * staged_ld(v); }
+  Staged stage(std::uint16_t* at, CM v) const {
+    to_bf16(*ctx_, at, staged_ld(v), v);
+    return {at, v.rows, v.cols, staged_ld(v)};
+  }
+  // C = alpha·op(A)·op(B) + beta·C from staged operands (bf16 tensor cores, fp32 accumulation and C); shapes
+  // checked by the caller.
+  void gemm_staged(M C, Staged A, Trans ta, Staged B, Trans tb, float alpha, float beta) const {
+    const index_t k = ta == Trans::N ? A.cols : A.rows;
+    MOM_CUBLAS_CHECK(cublasGemmEx(ctx_->blas, op(tb), op(ta), static_cast<int>(C.cols), static_cast<int>(C.rows),
+                                  static_cast<int>(k), &alpha, B.data, CUDA_R_16BF, ld(B.ld), A.data, CUDA_R_16BF,
+                                  ld(A.ld), &beta, C.data, CUDA_R_32F, ld(C.ld), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                     "gemm (bf16)");
   }
 
   std::shared_ptr<Context> ctx_;  // shared by copies of the backend (docs/cuda.md, "Ownership")

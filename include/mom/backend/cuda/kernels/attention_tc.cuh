@@ -41,31 +41,7 @@ namespace dev {
 inline constexpr int tc_tile = 64;      // rows per block, and per streamed tile
 inline constexpr int tc_threads = 128;  // 4 warps × 16 rows
 
-#if defined(MOM_CUDA_EMULATE)
-inline unsigned char* dynamic_smem() { return reinterpret_cast<unsigned char*>(emu_dynamic_smem.data()); }
-#else
-__device__ __forceinline__ unsigned char* dynamic_smem() {
-  extern __shared__ __align__(128) unsigned char mom_dynamic_smem[];
-  return mom_dynamic_smem;
-}
-#endif
-
-// launch() with dynamic shared memory (raising the kernel's limit above the default 48 KB).
-template <class... Params, class... Args>
-void launch_smem(const char* op, const Context& ctx, dim3 grid, dim3 block, std::size_t smem,
-                 void (*kernel)(Params...), Args&&... args) {
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
-#if defined(MOM_CUDA_EMULATE)
-  (void)ctx;
-  emulate_launch(grid, block, [&] { kernel(static_cast<Params>(args)...); }, smem);
-#else
-  MOM_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
-                 op);
-  kernel<<<grid, block, smem, ctx.stream>>>(static_cast<Params>(args)...);
-#endif
-  MOM_CUDA_CHECK(cudaGetLastError(), op);
-}
+// dynamic_smem() and launch_smem(): common.cuh.
 
 constexpr std::size_t round128(std::size_t n) { return (n + 127) / 128 * 128; }
 

@@ -61,6 +61,56 @@ void launch(const char* op, const Context& ctx, dim3 grid, dim3 block, void (*ke
   MOM_CUDA_CHECK(cudaGetLastError(), op);
 }
 
+#if defined(MOM_CUDA_EMULATE)
+inline unsigned char* dynamic_smem() { return reinterpret_cast<unsigned char*>(emu_dynamic_smem.data()); }
+#else
+__device__ __forceinline__ unsigned char* dynamic_smem() {
+  extern __shared__ __align__(128) unsigned char mom_dynamic_smem[];
+  return mom_dynamic_smem;
+}
+#endif
+
+// launch() with dynamic shared memory (raising the kernel's limit above the default 48 KB).
+template <class... Params, class... Args>
+void launch_smem(const char* op, const Context& ctx, dim3 grid, dim3 block, std::size_t smem,
+                 void (*kernel)(Params...), Args&&... args) {
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
+#if defined(MOM_CUDA_EMULATE)
+  (void)ctx;
+  emulate_launch(grid, block, [&] { kernel(static_cast<Params>(args)...); }, smem);
+#else
+  MOM_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+                 op);
+  kernel<<<grid, block, smem, ctx.stream>>>(static_cast<Params>(args)...);
+#endif
+  MOM_CUDA_CHECK(cudaGetLastError(), op);
+}
+
+// Whether `kernel` can be launched with `smem` bytes of dynamic shared memory on the context's device (its static
+// shared memory plus smem within the device's per-block opt-in limit). Cached per kernel: one process is assumed to
+// use GPUs of one architecture. The emulation has no limit.
+template <auto kernel>
+bool smem_fits(const Context& ctx, std::size_t smem) {
+#if defined(MOM_CUDA_EMULATE)
+  (void)ctx, (void)smem;
+  return true;
+#else
+  static const bool fits = [&] {
+    cudaFuncAttributes a{};
+    int limit = 0;
+    if (cudaFuncGetAttributes(&a, reinterpret_cast<const void*>(kernel)) != cudaSuccess ||
+        cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx.device) != cudaSuccess) {
+      (void)cudaGetLastError();  // not a launch error: the caller takes its smaller variant
+      return false;
+    }
+    return smem + a.sharedSizeBytes <= std::size_t(limit);
+  }();
+  return fits;
+#endif
+}
+
+
 // Math by overload (the CUDA math API names the float versions expf, tanhf, ...).
 __device__ __forceinline__ float exp_(float x) { return expf(x); }
 __device__ __forceinline__ double exp_(double x) { return exp(x); }

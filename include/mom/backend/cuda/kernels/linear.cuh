@@ -42,11 +42,11 @@ __device__ __forceinline__ std::uint16_t bf16_bits(float x) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<std::uint16_t>(u >> 16);
 }
-__global__ void to_bf16_kernel(std::uint16_t* out, MatrixView<const float> in) {
+__global__ void to_bf16_kernel(std::uint16_t* out, index_t out_ld, MatrixView<const float> in) {
   const index_t n = in.rows * in.cols;
   MOM_GRID_STRIDE(i, n) {
     const index_t r = i / in.cols, c = i - r * in.cols;
-    out[i] = bf16_bits(in.data[r * in.ld + c]);
+    out[r * out_ld + c] = bf16_bits(in.data[r * in.ld + c]);
   }
 }
 
@@ -54,12 +54,12 @@ __global__ void to_bf16_kernel(std::uint16_t* out, MatrixView<const float> in) {
 
 // ---- launchers --------------------------------------------------------------------------------
 
-void to_bf16(const Context& ctx, std::uint16_t* out, MatrixView<const float> in) {
+void to_bf16(const Context& ctx, std::uint16_t* out, index_t out_ld, MatrixView<const float> in) {
   const index_t n = in.rows * in.cols;
 #if defined(MOM_CUDA_EMULATE)
   if (n > 0) mom_emu_note_staging(static_cast<std::size_t>(n) * sizeof(float));  // a staging copy (budget tests)
 #endif
-  dev::launch("to_bf16", ctx, dev::blocks_for(n), dev::threads, dev::to_bf16_kernel, out, in);
+  dev::launch("to_bf16", ctx, dev::blocks_for(n), dev::threads, dev::to_bf16_kernel, out, out_ld, in);
 }
 
 template <class U>

@@ -12,13 +12,16 @@
 //   cutoff (every earlier weight is 0 in T), as on the CPU.
 // - backward: one block per (sequence, key/value head), so that the block owns its dK, dV columns (no
 //   atomics, deterministic): its query heads in turn, for each the query tiles in turn, per query tile the
-//   key tiles from the diagonal down. Each thread (a query row i) recomputes z, p and σ, and with
+//   key tiles from the diagonal down (tiles of 64 rows in float, sb_backward_tile_large). Each thread (a query row i) recomputes z, p and σ, and with
 //   D_i = dO_i·o_i = Σ_j g_j p_j (read from forward's out, as softmax attention's backward does) gets the
 //   prefix Σ_{j'<=j} g_j' p_j' = D_i − Σ_{j'>j} g_j' p_j' from the suffix it has walked:
 //   dz_j = g_j p_j − σ_j (D_i − G_{>j}), dq_i += scale dz_j k_j in registers. The tile's p and scale·dz go
 //   to shared memory; then thread t takes key j0 + t and adds Σ_i p_{j,i} dO_i and Σ_i scale·dz_{j,i} q_i
 //   to dV_j and dK_j (key j is always thread j % BT's, whichever query head: no race).
 // - decode: one thread per (row, query head), keys from the row's position down in the cache.
+#include <cstddef>
+#include <type_traits>
+
 #include "mom/backend/cuda/kernels/attention.cuh"  // HeadLayout, load_tile, attention_tile
 #include "mom/backend/cuda/kernels/common.cuh"
 #include "mom/backend/cuda/kernels/decode.cuh"  // decode_row: the decode ops' cache-row check
@@ -59,9 +62,15 @@ struct SbLayout {
   __host__ __device__ index_t v(index_t h) const { return head.d + (kv_heads + h / group()) * head.hd; }
 };
 
-// Backward's tile: rows of q, dO, k, v plus two [BT × BT] blocks in static shared memory under 48 KB.
+// Backward's tile of BT rows: q, dO, k, v rows plus two [BT × BT] blocks, in dynamic shared memory. Float takes
+// 64 rows (34 KB at head dim 32, 164 KB at 128) where the device allows it: each block's chain of dependent work
+// is about S²·HD / BT per thread, so BT sets its speed (the block count is batch · kv_heads, often below the SM
+// count). Double, or a device with less opt-in shared memory, takes the rows that fit the 48 KB every device gives.
 template <class T, int HD>
-inline constexpr int sb_backward_tile = std::min(32, 6144 / (HD * int(sizeof(T))));
+inline constexpr int sb_backward_tile_small = std::min(32, 6144 / (HD * int(sizeof(T))));
+inline constexpr int sb_backward_tile_large = 64;
+template <class T, int HD, int BT>
+inline constexpr std::size_t sb_backward_smem = sizeof(T) * (2 * BT * (HD + 1) + 2 * BT * HD + 2 * BT * (BT + 1));
 
 template <class T, int HD>
 __global__ void stick_breaking_forward_kernel(MatrixView<T> out, MatrixView<const T> qkv, SbLayout G, T scale) {
@@ -103,17 +112,17 @@ __global__ void stick_breaking_forward_kernel(MatrixView<T> out, MatrixView<cons
     if (c < L.hd) orow[c] = o[c];
 }
 
-template <class T, int HD>
+template <class T, int HD, int BT>
 __global__ void stick_breaking_backward_kernel(MatrixView<T> dqkv, MatrixView<const T> dout, MatrixView<const T> out,
                                                MatrixView<const T> qkv, SbLayout G, T scale) {
   const HeadLayout& L = G.head;
-  constexpr int BT = sb_backward_tile<T, HD>;
-  __shared__ T sq[BT][HD + 1];
-  __shared__ T sdo[BT][HD + 1];
-  __shared__ T sk[BT][HD];
-  __shared__ T sv[BT][HD];
-  __shared__ T sp[BT][BT + 1];  // p_{j0+jj, i0+ii} at [ii][jj]
-  __shared__ T sdz[BT][BT + 1];  // scale·dz, the same layout
+  T* const smem = reinterpret_cast<T*>(dynamic_smem());  // sb_backward_smem<T, HD, BT> bytes
+  const auto sq = reinterpret_cast<T(*)[HD + 1]>(smem);
+  const auto sdo = reinterpret_cast<T(*)[HD + 1]>(smem + BT * (HD + 1));
+  const auto sk = reinterpret_cast<T(*)[HD]>(smem + 2 * BT * (HD + 1));
+  const auto sv = reinterpret_cast<T(*)[HD]>(smem + 2 * BT * (HD + 1) + BT * HD);
+  const auto sp = reinterpret_cast<T(*)[BT + 1]>(smem + 2 * BT * (HD + 1) + 2 * BT * HD);  // p_{j0+jj, i0+ii} at [ii][jj]
+  const auto sdz = reinterpret_cast<T(*)[BT + 1]>(smem + 2 * BT * (HD + 1) + 2 * BT * HD + BT * (BT + 1));  // scale·dz
   const index_t bk = blockIdx.x, b = bk / G.kv_heads, kh = bk % G.kv_heads;
   const T* base = qkv.data + b * L.seq * L.qkv_ld;
   const T* dbase = dout.data + b * L.seq * dout.ld;
@@ -142,12 +151,15 @@ __global__ void stick_breaking_backward_kernel(MatrixView<T> dqkv, MatrixView<co
       for (int jj = BT - 1; jj >= 0; --jj) {
         T pv = T(0), dzv = T(0);
         if (i < L.seq && j0 + jj <= i && suffix <= sb_cutoff<T>) {
-          T z = T(0), g = T(0);
+          // Four partial sums each: independent chains of FMAs (the chain's latency, not the FMA rate, bounds
+          // a block of so few warps).
+          T z4[4] = {T(0), T(0), T(0), T(0)}, g4[4] = {T(0), T(0), T(0), T(0)};
 #pragma unroll
           for (int c = 0; c < HD; ++c) {
-            z += sq[threadIdx.x][c] * sk[jj][c];
-            g += sdo[threadIdx.x][c] * sv[jj][c];
+            z4[c % 4] += sq[threadIdx.x][c] * sk[jj][c];
+            g4[c % 4] += sdo[threadIdx.x][c] * sv[jj][c];
           }
+          const T z = (z4[0] + z4[1]) + (z4[2] + z4[3]), g = (g4[0] + g4[1]) + (g4[2] + g4[3]);
           const SbTerms<T> t = sb_terms(z * scale);
           pv = exp_(t.lsig - T(suffix));
           suffix += double(t.sp);
@@ -234,9 +246,20 @@ void stick_breaking_forward_hd(const Context& ctx, MatrixView<T> out, MatrixView
 template <class T, int HD>
 void stick_breaking_backward_hd(const Context& ctx, MatrixView<T> dqkv, MatrixView<const T> dout,
                                 MatrixView<const T> out, MatrixView<const T> qkv, SbLayout G, index_t batch) {
-  constexpr int BT = sb_backward_tile<T, HD>;
-  launch("stick_breaking_backward", ctx, dim3(static_cast<unsigned>(batch * G.kv_heads)), BT,
-         stick_breaking_backward_kernel<T, HD>, dqkv, dout, out, qkv, G, T(1) / std::sqrt(T(G.head.hd)));
+  const dim3 grid(static_cast<unsigned>(batch * G.kv_heads));
+  const T scale = T(1) / std::sqrt(T(G.head.hd));
+  if constexpr (std::is_same_v<T, float>) {
+    constexpr int BT = sb_backward_tile_large;
+    constexpr auto kernel = stick_breaking_backward_kernel<T, HD, BT>;
+    if (smem_fits<kernel>(ctx, sb_backward_smem<T, HD, BT>)) {
+      launch_smem("stick_breaking_backward", ctx, grid, BT, sb_backward_smem<T, HD, BT>, kernel, dqkv, dout, out, qkv,
+                  G, scale);
+      return;
+    }
+  }
+  constexpr int BT = sb_backward_tile_small<T, HD>;
+  launch_smem("stick_breaking_backward", ctx, grid, BT, sb_backward_smem<T, HD, BT>,
+              stick_breaking_backward_kernel<T, HD, BT>, dqkv, dout, out, qkv, G, scale);
 }
 template <class T, int HD>
 void stick_breaking_decode_hd(const Context& ctx, MatrixView<T> out, MatrixView<const T> qkv,
