@@ -13,7 +13,8 @@
 #      bf16; with MOM_GPU_BENCH_BEFORE=<binary>, that older build too, first, for a before / after in one call) and
 #      bench/pytorch_gpu_train_step.py (PyTorch's GPT-2 small, bf16 autocast, eager and torch.compile) in the same
 #      call, one after the other on an otherwise idle GPU, and an Nsight Compute summary of one dense bf16 step;
-#      with MOM_GPU_FAMILIES=1, every family's step time over dense8's beside the cost model's FLOP ratio; with
+#      with MOM_GPU_FAMILIES=1, every family's step time over dense8's beside the cost model's FLOP ratio (or those
+#      of MOM_GPU_FAMILY_ARCHS="dense8 ..."); with
 #      MOM_GPU_PROFILE="arch ...", Nsight Compute's kernel times of two steps of each (scripts/ncu_summary.py),
 #   5. a table last (sections 3 and 5 are left out with MOM_GPU_KJV=0): per run the validation curve, tokens/s and wall time, and each GPU run's largest validation
 #      difference from the CPU run's curve.
@@ -96,7 +97,7 @@ if [ "${MOM_GPU_FAMILIES:-0}" = 1 ]; then
   # Every family's step on the GPU over dense8's (8 layers, d 256, bf16, 64 x 256 tokens), beside the cost model's
   # FLOP ratio: steps 20..60 of mom-train, no validation or checkpoint inside.
   "$bin" --help >"$out/archs.txt" 2>&1
-  for arch in dense8 mom8-p moe8 dsmoe8 ec8 mod8 moeut8 moduleformer8 mor8 share8-all; do
+  for arch in ${MOM_GPU_FAMILY_ARCHS:-dense8 mom8-p moe8 dsmoe8 ec8 mod8 moeut8 moduleformer8 mor8 share8-all}; do
     timeout 60 "$bin" --data "$kjv" --arch "$arch" --steps 60 --batch 64 --seq 256 --eval-interval 0 --eval-batches 1 \
       --checkpoint-interval 0 --sample-tokens 0 --device cuda --precision bf16 --out "$out/steps/$arch" \
       >"$out/steps-$arch.txt" 2>&1 || note "mom-train --arch $arch (step time): exit $?"

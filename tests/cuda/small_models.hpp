@@ -23,6 +23,7 @@ using MoMP = LM<small_dims, Strategy_11411<MoM_P<>>>;
 // comparison of MoMP agrees to 1e-9.
 using MoMPWide = LM<small_dims, Strategy_11411<MoM_P<Router<GRU, Width<256>>>>>;
 using MoMRoutedKV = LM<small_dims, Chunked<Layer, KaHbS<2, 3, 3, Router<GRU>, phi::MoMRoutedKV>>>;
+using MoMRoutedKVWide = LM<small_dims, Chunked<Layer, KaHbS<2, 3, 3, Router<GRU, Width<256>>, phi::MoMRoutedKV>>>;
 // The special cases of issue 6: MoE (3 experts per layer, top-2),
 // MoE(share), MoDE integrated, Mixture-of-Depths (capacity 1/8 of seq 24: 3 tokens per sequence, every
 // other block), layer-skip and early-exit (learned gates), MoDE staged.

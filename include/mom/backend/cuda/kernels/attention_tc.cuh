@@ -488,27 +488,10 @@ __global__ void attention_tc_dkdv_kernel(MatrixView<float> dqkv, MatrixView<cons
 }
 
 // Whether kernel can run here with smem bytes of dynamic shared memory: compiled for sm_80 or later
-// (the empty pre-sm_80 body must never run) and within the device's per-block opt-in limit.
-// Cached per kernel: one process is assumed to use GPUs of one architecture.
+// (the empty pre-sm_80 body must never run) and within the device's per-block opt-in limit (common.cuh).
 template <auto kernel>
 bool tc_kernel_usable(const Context& ctx, std::size_t smem) {
-#if defined(MOM_CUDA_EMULATE)
-  (void)ctx, (void)smem;
-  return true;
-#else
-  static const bool usable = [&] {
-    cudaFuncAttributes a{};
-    int limit = 0;
-    if (cudaFuncGetAttributes(&a, reinterpret_cast<const void*>(kernel)) != cudaSuccess ||
-        cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx.device) != cudaSuccess) {
-      (void)cudaGetLastError();  // not a launch error: fall back to the SIMT kernels
-      return false;
-    }
-    // ptxVersion: the virtual architecture the code was compiled from (cub::PtxVersion reads it so).
-    return a.ptxVersion >= 80 && a.binaryVersion >= 80 && smem + a.sharedSizeBytes <= std::size_t(limit);
-  }();
-  return usable;
-#endif
+  return smem_fits<kernel>(ctx, smem, 80);
 }
 
 // Calls f(path, head dim) as integral constants when the tensor-core path applies: float,

@@ -88,12 +88,13 @@ void launch_smem(const char* op, const Context& ctx, dim3 grid, dim3 block, std:
 }
 
 // Whether `kernel` can be launched with `smem` bytes of dynamic shared memory on the context's device (its static
-// shared memory plus smem within the device's per-block opt-in limit). Cached per kernel: one process is assumed to
-// use GPUs of one architecture. The emulation has no limit.
+// shared memory plus smem within the device's per-block opt-in limit) and was compiled for min_arch or later (its
+// virtual and real architectures: 80 for a kernel whose body is empty below sm_80). Cached per kernel: one process
+// is assumed to use GPUs of one architecture. The emulation has no limit.
 template <auto kernel>
-bool smem_fits(const Context& ctx, std::size_t smem) {
+bool smem_fits(const Context& ctx, std::size_t smem, int min_arch = 0) {
 #if defined(MOM_CUDA_EMULATE)
-  (void)ctx, (void)smem;
+  (void)ctx, (void)smem, (void)min_arch;
   return true;
 #else
   static const bool fits = [&] {
@@ -104,7 +105,8 @@ bool smem_fits(const Context& ctx, std::size_t smem) {
       (void)cudaGetLastError();  // not a launch error: the caller takes its smaller variant
       return false;
     }
-    return smem + a.sharedSizeBytes <= std::size_t(limit);
+    // ptxVersion: the virtual architecture the code was compiled from (cub::PtxVersion reads it so).
+    return a.ptxVersion >= min_arch && a.binaryVersion >= min_arch && smem + a.sharedSizeBytes <= std::size_t(limit);
   }();
   return fits;
 #endif
