@@ -132,6 +132,54 @@ TEST_CASE("bf16 gemm: operands rounded to bf16 (nearest even), fp32 accumulation
   be.set_precision(cuda::Precision::TF32);
 }
 
+TEST_CASE("bf16 LM head over the padded vocabulary: linear_forward / linear_backward's results, zeros in the padding",
+          "[cuda]") {
+  MOM_REQUIRE_GPU();
+  test::Rng rng(12);
+  // A vocabulary of 61 rows laid out 64 wide (ops.hpp, padded_vocab): the head's forward and dx products run over
+  // 64 columns with zero rows staged below w; the columns [0, 61) must equal the unpadded products' (the extra terms
+  // are exact zeros: equal bits under the emulation, to the last place or so on a GPU, whose kernels for the two
+  // shapes may differ), and the forward writes zeros into the padding.
+  const index_t n = 19, d = 24, V = 61, ld = 64;
+  auto& be = gpu<float>();
+  be.set_precision(cuda::Precision::BF16);
+  auto x = rand_arr<float>(n * d, rng), w = rand_arr<float>(V * d, rng);
+  auto padded = rand_arr<float>(n * ld, rng, 5, 9), plain = rand_arr<float>(n * V, rng);  // padding poisoned
+  be.lm_head_forward(padded.dm(n, V, ld), x.dm(n, d), w.dm(V, d));
+  be.linear_forward(plain.dm(n, V), x.dm(n, d), w.dm(V, d), std::span<const float>{});
+  const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double err = 0, scale = 1e-30;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      err = std::max(err, std::abs(double(a[i]) - double(b[i])));  // NaN makes the check below fail
+      scale = std::max(scale, std::abs(double(b[i])));
+      if (std::isnan(a[i])) return false;
+    }
+    return err <= 1e-6 * scale;
+  };
+  const auto got = padded.fetch(), want = plain.fetch();
+  std::vector<float> head(std::size_t(n * V));
+  for (index_t i = 0; i < n; ++i) {
+    for (index_t j = 0; j < V; ++j) head[std::size_t(i * V + j)] = got[std::size_t(i * ld + j)];
+    for (index_t j = V; j < ld; ++j) CHECK(got[std::size_t(i * ld + j)] == 0.0f);
+  }
+  CHECK(same(head, want));
+  // Backward from a gradient whose padding columns hold garbage (they must be read as zeros).
+  auto dy_padded = rand_arr<float>(n * ld, rng), dy_plain = Arr<float>(std::vector<float>(std::size_t(n * V)));
+  for (index_t i = 0; i < n; ++i)
+    for (index_t j = 0; j < ld; ++j)
+      if (j < V) dy_plain.h[std::size_t(i * V + j)] = dy_padded.h[std::size_t(i * ld + j)];
+      else dy_padded.h[std::size_t(i * ld + j)] = std::numeric_limits<float>::quiet_NaN();
+  be.from_host(dy_padded.ds(), std::span<const float>(dy_padded.h));
+  be.from_host(dy_plain.ds(), std::span<const float>(dy_plain.h));
+  auto dx1 = rand_arr<float>(n * d, rng), dw1 = rand_arr<float>(V * d, rng);
+  auto dx2 = Arr<float>(dx1.h), dw2 = Arr<float>(dw1.h);
+  be.lm_head_backward(dx1.dm(n, d), dw1.dm(V, d), dy_padded.dm(n, V, ld), x.dm(n, d), w.dm(V, d));
+  be.linear_backward(dx2.dm(n, d), dw2.dm(V, d), std::span<float>{}, dy_plain.dm(n, V), x.dm(n, d), w.dm(V, d));
+  CHECK(same(dx1.fetch(), dx2.fetch()));
+  CHECK(same(dw1.fetch(), dw2.fetch()));
+  be.set_precision(cuda::Precision::TF32);
+}
+
 TEMPLATE_TEST_CASE("attention forward/backward match cpu (head dims 8 to 128 and ragged tiles)", "[cuda]", float,
                    double) {
   MOM_REQUIRE_GPU();

@@ -143,7 +143,13 @@ class ModelInstance {
     const MatrixView<T> lnf{ws + plan_.lnf, n, d};
     be_.layernorm_forward(lnf, span(plan_.mean_f, n), span(plan_.rstd_f, n), x, pvec(Model::core::ln_f_offset, d),
                           pvec(Model::core::ln_f_offset + d, d));
-    be_.linear_forward(logits_view(n), MatrixView<const T>(lnf), param(Model::layout[0]), std::span<const T>{});  // tied head
+    // The head, tied to the token embedding; a backend with its own LM-head ops uses the logits' padding
+    // (backend_concept.hpp, row_align; cuda::Backend's lm_head_forward).
+    const MatrixView<const T> wte = param(Model::layout[0]);
+    if constexpr (requires { be_.lm_head_forward(logits_view(n), MatrixView<const T>(lnf), wte); })
+      be_.lm_head_forward(logits_view(n), MatrixView<const T>(lnf), wte);
+    else
+      be_.linear_forward(logits_view(n), MatrixView<const T>(lnf), wte, std::span<const T>{});
 
     if (targets.empty()) {
       state_ = State::Logits;
@@ -179,8 +185,11 @@ class ModelInstance {
     be_.cross_entropy_backward(dlogits, MatrixView<const T>(dlogits), cspan(plan_.lse, n), targets, T(1));
     const MatrixView<T> dlnf{ws + plan_.dlnf, n, d}, dres{ws + plan_.dres, n, d};
     be_.zero(dlnf.flat());
-    be_.linear_backward(dlnf, grad(Model::layout[0]), std::span<T>{}, MatrixView<const T>(dlogits),
-                        MatrixView<const T>{ws + plan_.lnf, n, d}, param(Model::layout[0]));
+    const MatrixView<const T> lnf{ws + plan_.lnf, n, d}, wte = param(Model::layout[0]);
+    if constexpr (requires { be_.lm_head_backward(dlnf, grad(Model::layout[0]), MatrixView<const T>(dlogits), lnf, wte); })
+      be_.lm_head_backward(dlnf, grad(Model::layout[0]), MatrixView<const T>(dlogits), lnf, wte);
+    else
+      be_.linear_backward(dlnf, grad(Model::layout[0]), std::span<T>{}, MatrixView<const T>(dlogits), lnf, wte);
     be_.zero(dres.flat());
     be_.layernorm_backward(dres, gvec(Model::core::ln_f_offset, d), gvec(Model::core::ln_f_offset + d, d),
                            MatrixView<const T>(dlnf), part_input_[n_parts], cspan(plan_.mean_f, n), cspan(plan_.rstd_f, n),

@@ -99,6 +99,42 @@ class DenseOps {
     if (!db.empty()) K::add_column_sums(*ctx_, db.data(), dy);
   }
 
+  // The LM head tied to the token embedding (ModelInstance calls these where a backend has them): logits = x·wᵀ,
+  // and backward dx += dlogits·w, dw += dlogitsᵀ·x. The logits' rows own their padding columns [cols, ld)
+  // (ModelInstance lays them out padded_ld(vocab) wide: backend_concept.hpp, row_align). Under BF16 the forward and
+  // the dx product run over that padded width, with zero rows staged below w and zeros staged for dlogits' padding,
+  // so that their extent (the vocabulary: m of the forward, k of dx) is aligned like their rows: cuBLAS keeps an
+  // odd extent on Turing-era kernels with every leading dimension aligned (bench/RESULTS.md, fourteenth session).
+  // The forward writes the padding columns (zeros); the results in [0, cols) equal linear_forward / linear_backward's.
+  void lm_head_forward(M logits, CM x, CM w) const {
+    checks::linear_forward_shapes<T>(logits, x, w, CS{});
+    const index_t vp = padded_vocab(logits);
+    if (!std::is_same_v<T, float> || vp == logits.cols || !bf16_products(x, Trans::N))
+      return linear_forward(logits, x, w, CS{});
+    if constexpr (std::is_same_v<T, float>) {
+      cuda::reserve_bf16_staging(*ctx_, staged_size(x) + vp * staged_ld(w));
+      const Staged sx = stage(ctx_->bf16_stage, x);
+      const Staged sw = stage(ctx_->bf16_stage + staged_size(x), w, vp, w.cols);
+      gemm_staged(M(logits.data, logits.rows, vp, logits.ld), sx, Trans::N, sw, Trans::T, 1.0f, 0.0f);
+    }
+  }
+  void lm_head_backward(M dx, M dw, CM dlogits, CM x, CM w) const {
+    checks::linear_backward_shapes<T>(dx, dw, S{}, dlogits, x, w);
+    const index_t vp = padded_vocab(dlogits);
+    if (!std::is_same_v<T, float> || vp == dlogits.cols || dx.empty() || dw.empty() || dlogits.rows == 0 ||
+        !bf16_products(dlogits, Trans::N))
+      return linear_backward(dx, dw, S{}, dlogits, x, w);
+    if constexpr (std::is_same_v<T, float>) {
+      cuda::reserve_bf16_staging(*ctx_, dlogits.rows * vp + vp * staged_ld(w) + staged_size(x));
+      std::uint16_t* at = ctx_->bf16_stage;
+      const Staged sdy = stage(at, dlogits, dlogits.rows, vp);
+      const Staged sw = stage(at += dlogits.rows * vp, w, vp, w.cols);
+      const Staged sx = stage(at += vp * staged_ld(w), x);
+      gemm_staged(dx, sdy, Trans::N, sw, Trans::N, 1.0f, 1.0f);                                   // k = vp
+      gemm_staged(dw, {sdy.data, sdy.rows, dlogits.cols, sdy.ld}, Trans::T, sx, Trans::N, 1.0f, 1.0f);  // m = cols
+    }
+  }
+
   void embedding_forward(M out, Tok tokens, CM wte, CM wpe, index_t seq) const {
     check_embedding_shapes("embedding_forward", out, tokens, wte, wpe, seq);
     K::embedding_forward(*ctx_, out, tokens.data(), wte, wpe, seq);
@@ -334,6 +370,18 @@ class DenseOps {
   Staged stage(std::uint16_t* at, CM v) const {
     to_bf16(*ctx_, at, staged_ld(v), v);
     return {at, v.rows, v.cols, staged_ld(v)};
+  }
+  // v staged as a [rows × cols] block (zeros outside v; cols a multiple of 8 or v's staged width).
+  Staged stage(std::uint16_t* at, CM v, index_t rows, index_t cols) const {
+    const index_t ld = std::max(cols, staged_ld(v));
+    to_bf16(*ctx_, at, ld, v, rows, cols);
+    return {at, rows, cols, ld};
+  }
+  // The width an LM head's products may run over: the logits' row stride when it is a multiple of 8 and within 64 of
+  // the vocabulary (the padding ModelInstance lays out), else the vocabulary itself.
+  static index_t padded_vocab(CM logits) {
+    const index_t ld = logits.ld;
+    return ld > logits.cols && ld % 8 == 0 && ld - logits.cols < 64 ? ld : logits.cols;
   }
   // C = alpha·op(A)·op(B) + beta·C from staged operands (bf16 tensor cores, fp32 accumulation and C); shapes
   // checked by the caller.

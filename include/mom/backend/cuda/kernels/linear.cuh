@@ -43,22 +43,25 @@ __device__ __forceinline__ std::uint16_t bf16_bits(float x) {
   return static_cast<std::uint16_t>(u >> 16);
 }
 // Eight consecutive columns of a row per thread: with 16-byte aligned rows (vec) two 16-byte loads and one 16-byte
-// store, else (and at a row's ragged end) one element at a time.
+// store, else (and at a row's ragged end) one element at a time. The [rows × cols] block written may exceed `in`:
+// what lies outside it is written as zeros (an operand padded to an aligned extent).
 inline constexpr index_t bf16_chunk = 8;
-__global__ void to_bf16_kernel(std::uint16_t* out, index_t out_ld, MatrixView<const float> in, bool vec) {
-  const index_t chunks = (in.cols + bf16_chunk - 1) / bf16_chunk;
-  MOM_GRID_STRIDE(i, in.rows * chunks) {
+__global__ void to_bf16_kernel(std::uint16_t* out, index_t out_ld, index_t rows, index_t cols, MatrixView<const float> in,
+                               bool vec) {
+  const index_t chunks = (cols + bf16_chunk - 1) / bf16_chunk;
+  MOM_GRID_STRIDE(i, rows * chunks) {
     const index_t r = i / chunks, c0 = (i - r * chunks) * bf16_chunk;
     const float* src = in.data + r * in.ld + c0;
     std::uint16_t* dst = out + r * out_ld + c0;
-    if (vec && c0 + bf16_chunk <= in.cols) {
+    if (vec && r < in.rows && c0 + bf16_chunk <= in.cols) {
       const float4 a = *reinterpret_cast<const float4*>(src), b = *reinterpret_cast<const float4*>(src + 4);
       const auto pair = [](float lo, float hi) { return unsigned(bf16_bits(lo)) | (unsigned(bf16_bits(hi)) << 16); };
       uint4 o;
       o.x = pair(a.x, a.y), o.y = pair(a.z, a.w), o.z = pair(b.x, b.y), o.w = pair(b.z, b.w);
       *reinterpret_cast<uint4*>(dst) = o;
     } else {
-      for (index_t c = 0; c < bf16_chunk && c0 + c < in.cols; ++c) dst[c] = bf16_bits(src[c]);
+      for (index_t c = 0; c < bf16_chunk && c0 + c < cols; ++c)
+        dst[c] = r < in.rows && c0 + c < in.cols ? bf16_bits(src[c]) : std::uint16_t(0);
     }
   }
 }
@@ -67,15 +70,18 @@ __global__ void to_bf16_kernel(std::uint16_t* out, index_t out_ld, MatrixView<co
 
 // ---- launchers --------------------------------------------------------------------------------
 
-void to_bf16(const Context& ctx, std::uint16_t* out, index_t out_ld, MatrixView<const float> in) {
+void to_bf16(const Context& ctx, std::uint16_t* out, index_t out_ld, MatrixView<const float> in, index_t rows,
+             index_t cols) {
 #if defined(MOM_CUDA_EMULATE)
   const index_t n = in.rows * in.cols;
   if (n > 0) mom_emu_note_staging(static_cast<std::size_t>(n) * sizeof(float));  // a staging copy (budget tests)
 #endif
+  rows = std::max(rows, in.rows), cols = std::max(cols, in.cols);
   const auto aligned16 = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
   const bool vec = in.ld % 4 == 0 && out_ld % dev::bf16_chunk == 0 && aligned16(in.data) && aligned16(out);
-  const index_t chunks = in.rows * ((in.cols + dev::bf16_chunk - 1) / dev::bf16_chunk);
-  dev::launch("to_bf16", ctx, dev::blocks_for(chunks), dev::threads, dev::to_bf16_kernel, out, out_ld, in, vec);
+  const index_t chunks = rows * ((cols + dev::bf16_chunk - 1) / dev::bf16_chunk);
+  dev::launch("to_bf16", ctx, dev::blocks_for(chunks), dev::threads, dev::to_bf16_kernel, out, out_ld, rows, cols, in,
+              vec);
 }
 
 template <class U>
