@@ -9,6 +9,10 @@
 #      and bf16, and on the CPU (fp32; in the background, beside the GPU runs), validation every 50 steps,
 #      With MOM_GPU_CPU_RUNS=<folder> (dense8-cpu/ and mom8-p-cpu/, each with its metrics.jsonl, made by the same
 #      commands on the development machine: the CPU's curve does not need the GPU machine) no CPU run is started here.
+#      Made so in the fourteenth session (about 5 and 11 minutes on 2 cores), then carried with the call:
+#        for a in dense8 mom8-p; do build/examples/mom-train --data .gpu-deps/kjv.txt --steps 300 --batch 16 --seq 128 \
+#          --eval-interval 50 --eval-batches 8 --checkpoint-interval 0 --lr 2e-3 --warmup 50 --arch $a \
+#          --out .gpu-deps/cpu-runs/$a-cpu --threads 2 --sample-tokens 0; done
 #   4. with MOM_GPU_BENCH=1 (issue 28's numbers): bench_gpu_train_step (GPT-2 small and MoM_P at 8 x 1024, TF32 and
 #      bf16; with MOM_GPU_BENCH_BEFORE=<binary>, that older build too, first, for a before / after in one call) and
 #      bench/pytorch_gpu_train_step.py (PyTorch's GPT-2 small, bf16 autocast, eager and torch.compile) in the same
