@@ -14,7 +14,8 @@
 #                                                 emulated; small-bpe runs the GPT-2 vocabulary at the small size)
 #   test_device.sh <mom-train-emu> cli            checkpoints cross backends both ways (resume: the same validation
 #                                                 loss and parameters as an uninterrupted run), mom-sample / eval /
-#                                                 prune with --device cuda, bf16 and tf32 runs
+#                                                 prune with --device cuda, bf16 and tf32 runs (bf16 with the GPT-2
+#                                                 vocabulary too: the padded LM head)
 set -u
 BIN="$1"
 MODE="$2"
@@ -167,6 +168,15 @@ EOF
   run "$T/fp32.log" "$BIN" --data "$data" --out "$T/fp32" "${few[@]}" --steps 2 --sample-tokens 0 --arch tiny
   echo -n "bf16 vs fp32 (CPU): "; close "$T/bf16" "$T/fp32" 2e-2 || fail=1
   echo -n "tf32 vs fp32 (CPU): "; close "$T/tf32" "$T/fp32" 1e-2 || fail=1
+  # The GPT-2 vocabulary in bf16: the device lays the logits out 50304 wide and runs the LM head's forward and dx over
+  # the padded width (ops.hpp, lm_head_forward); 3 steps within 1e-4 of the CPU's losses (2e-5 measured).
+  bpe=(--arch small-bpe --batch 2 --seq 16 --warmup 1 --lr 1e-3 --eval-interval 0 --eval-batches 1 --sample-tokens 0)
+  if run "$T/bpe-prep.log" "$BIN" --data "$T/text.txt" --out "$T/bpe-prep" "${bpe[@]}" --steps 1 &&
+     run "$T/bpe-cpu.log" "$BIN" --data "$T/bpe-prep/data" --out "$T/bpe-cpu" "${bpe[@]}" --steps 3 &&
+     run "$T/bpe-bf16.log" "$BIN" --data "$T/bpe-prep/data" --out "$T/bpe-bf16" "${bpe[@]}" --steps 3 --device cuda \
+       --precision bf16; then
+    echo -n "GPT-2 vocabulary, bf16 vs fp32 (CPU): "; close "$T/bpe-bf16" "$T/bpe-cpu" 1e-4 || fail=1
+  fi
   ;;
 *)
   echo "usage: $0 <mom-train-emu> archs <i> <n> | cli"; exit 2 ;;
