@@ -199,6 +199,7 @@ inline constexpr index_t row_align = [] {
 // A backend with a row_align may also have the LM head's ops, lm_head_forward(logits, x, w) and
 // lm_head_backward(dx, dw, dlogits, x, w): linear_forward / linear_backward without a bias, allowed to run over (and
 // write) the logits' padding columns; ModelInstance calls them where they exist (cuda::Backend's, ops.hpp).
+
 // cols rounded up to a multiple of Be's row_align.
 template <class Be>
 constexpr index_t padded_ld(index_t cols) {

@@ -117,7 +117,7 @@ struct Backend : detail::RoutedOps<T> {
   // Rows of vocabulary width (the logits) are laid out padded to a multiple of 64 elements (backend_concept.hpp,
   // row_align): cuBLAS runs its tensor-core kernels only on 16-byte aligned rows, and at GPT-2's 50257 columns the
   // LM head's three products otherwise fall back to Turing-era kernels (bench/RESULTS.md, tenth session's profile).
-  static constexpr index_t row_align = 64;
+  static constexpr index_t row_align = logits_row_align;
 
   // Creates the backend's context on `device` (detail::make_context): throws mom::Error without a usable GPU.
   explicit Backend(int device = 0) : Base(detail::make_context(device)) {}

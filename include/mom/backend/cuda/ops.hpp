@@ -29,6 +29,9 @@ namespace mom::cuda {
 
 enum class Trans : bool { N = false, T = true };
 
+// cuda::Backend::row_align: rows of vocabulary width (the logits) are padded to a multiple of it (backend.hpp).
+inline constexpr index_t logits_row_align = 64;
+
 namespace detail {
 
 template <class T>
@@ -83,13 +86,7 @@ class DenseOps {
     checks::linear_backward_shapes<T>(dx, dw, db, dy, x, w);
     if constexpr (std::is_same_v<T, float>) {
       if (!dx.empty() && !dw.empty() && dy.rows > 0 && bf16_products(dy, Trans::N)) {
-        cuda::reserve_bf16_staging(*ctx_, staged_size(dy) + staged_size(w) + staged_size(x));
-        std::uint16_t* at = ctx_->bf16_stage;
-        const Staged sdy = stage(at, dy);
-        const Staged sw = stage(at += staged_size(dy), w);
-        const Staged sx = stage(at += staged_size(w), x);
-        gemm_staged(dx, sdy, Trans::N, sw, Trans::N, T(1), T(1));
-        gemm_staged(dw, sdy, Trans::T, sx, Trans::N, T(1), T(1));
+        backward_staged(dx, dw, dy, x, w, dy.cols);
         if (!db.empty()) K::add_column_sums(*ctx_, db.data(), dy);
         return;
       }
@@ -108,31 +105,25 @@ class DenseOps {
   // The forward writes the padding columns (zeros); the results in [0, cols) equal linear_forward / linear_backward's.
   void lm_head_forward(M logits, CM x, CM w) const {
     checks::linear_forward_shapes<T>(logits, x, w, CS{});
-    const index_t vp = padded_vocab(logits);
-    if (!std::is_same_v<T, float> || vp == logits.cols || !bf16_products(x, Trans::N))
-      return linear_forward(logits, x, w, CS{});
     if constexpr (std::is_same_v<T, float>) {
-      cuda::reserve_bf16_staging(*ctx_, staged_size(x) + vp * staged_ld(w));
-      const Staged sx = stage(ctx_->bf16_stage, x);
-      const Staged sw = stage(ctx_->bf16_stage + staged_size(x), w, vp, w.cols);
-      gemm_staged(M(logits.data, logits.rows, vp, logits.ld), sx, Trans::N, sw, Trans::T, 1.0f, 0.0f);
+      const index_t vp = padded_vocab(logits);
+      if (vp != logits.cols && bf16_products(x, Trans::N)) {
+        cuda::reserve_bf16_staging(*ctx_, staged_size(x) + vp * staged_ld(w));
+        const Staged sx = stage(ctx_->bf16_stage, x);
+        const Staged sw = stage(ctx_->bf16_stage + staged_size(x), w, vp, w.cols);
+        return gemm_staged(M(logits.data, logits.rows, vp, logits.ld), sx, Trans::N, sw, Trans::T, 1.0f, 0.0f);
+      }
     }
+    linear_forward(logits, x, w, CS{});
   }
   void lm_head_backward(M dx, M dw, CM dlogits, CM x, CM w) const {
     checks::linear_backward_shapes<T>(dx, dw, S{}, dlogits, x, w);
-    const index_t vp = padded_vocab(dlogits);
-    if (!std::is_same_v<T, float> || vp == dlogits.cols || dx.empty() || dw.empty() || dlogits.rows == 0 ||
-        !bf16_products(dlogits, Trans::N))
-      return linear_backward(dx, dw, S{}, dlogits, x, w);
     if constexpr (std::is_same_v<T, float>) {
-      cuda::reserve_bf16_staging(*ctx_, dlogits.rows * vp + vp * staged_ld(w) + staged_size(x));
-      std::uint16_t* at = ctx_->bf16_stage;
-      const Staged sdy = stage(at, dlogits, dlogits.rows, vp);
-      const Staged sw = stage(at += dlogits.rows * vp, w, vp, w.cols);
-      const Staged sx = stage(at += vp * staged_ld(w), x);
-      gemm_staged(dx, sdy, Trans::N, sw, Trans::N, 1.0f, 1.0f);                                   // k = vp
-      gemm_staged(dw, {sdy.data, sdy.rows, dlogits.cols, sdy.ld}, Trans::T, sx, Trans::N, 1.0f, 1.0f);  // m = cols
+      const index_t vp = padded_vocab(dlogits);
+      if (vp != dlogits.cols && !dx.empty() && !dw.empty() && dlogits.rows > 0 && bf16_products(dlogits, Trans::N))
+        return backward_staged(dx, dw, dlogits, x, w, vp);
     }
+    linear_backward(dx, dw, S{}, dlogits, x, w);
   }
 
   void embedding_forward(M out, Tok tokens, CM wte, CM wpe, index_t seq) const {
@@ -377,11 +368,23 @@ class DenseOps {
     to_bf16(*ctx_, at, ld, v, rows, cols);
     return {at, rows, cols, ld};
   }
-  // The width an LM head's products may run over: the logits' row stride when it is a multiple of 8 and within 64 of
-  // the vocabulary (the padding ModelInstance lays out), else the vocabulary itself.
+  // The width an LM head's products may run over: the logits' row stride when it is a multiple of 8 and within
+  // logits_row_align of the vocabulary (the padding ModelInstance lays out), else the vocabulary itself.
   static index_t padded_vocab(CM logits) {
     const index_t ld = logits.ld;
-    return ld > logits.cols && ld % 8 == 0 && ld - logits.cols < 64 ? ld : logits.cols;
+    return ld > logits.cols && ld % 8 == 0 && ld - logits.cols < logits_row_align ? ld : logits.cols;
+  }
+  // A linear's dx += dy·w and dw += dyᵀ·x from one staging of dy, w and x (bf16), dy staged k columns wide and w k
+  // rows tall (k >= dy.cols; zeros beyond them: the LM head's padded width), so that dx's inner dimension is k.
+  void backward_staged(M dx, M dw, CM dy, CM x, CM w, index_t k) const {
+    const index_t dy_ld = std::max(k, staged_ld(dy));
+    cuda::reserve_bf16_staging(*ctx_, dy.rows * dy_ld + k * staged_ld(w) + staged_size(x));
+    std::uint16_t* at = ctx_->bf16_stage;
+    const Staged sdy = stage(at, dy, dy.rows, k);
+    const Staged sw = stage(at += dy.rows * dy_ld, w, k, w.cols);
+    const Staged sx = stage(at += k * staged_ld(w), x);
+    gemm_staged(dx, sdy, Trans::N, sw, Trans::N, 1.0f, 1.0f);                                    // inner dimension k
+    gemm_staged(dw, {sdy.data, sdy.rows, dy.cols, sdy.ld}, Trans::T, sx, Trans::N, 1.0f, 1.0f);  // dw's rows: dy.cols
   }
   // C = alpha·op(A)·op(B) + beta·C from staged operands (bf16 tensor cores, fp32 accumulation and C); shapes
   // checked by the caller.

@@ -112,7 +112,6 @@ bool smem_fits(const Context& ctx, std::size_t smem, int min_arch = 0) {
 #endif
 }
 
-
 // Math by overload (the CUDA math API names the float versions expf, tanhf, ...).
 __device__ __forceinline__ float exp_(float x) { return expf(x); }
 __device__ __forceinline__ double exp_(double x) { return exp(x); }

@@ -12,10 +12,10 @@
 //   cutoff (every earlier weight is 0 in T), as on the CPU.
 // - backward: one block per (sequence, key/value head), so that the block owns its dK, dV columns (no
 //   atomics, deterministic): its query heads in turn, for each the query tiles in turn, per query tile the
-//   key tiles from the diagonal down (tiles of 64 rows in float, sb_backward_tile_large). Each thread (a query row i) recomputes z, p and σ, and with
-//   D_i = dO_i·o_i = Σ_j g_j p_j (read from forward's out, as softmax attention's backward does) gets the
-//   prefix Σ_{j'<=j} g_j' p_j' = D_i − Σ_{j'>j} g_j' p_j' from the suffix it has walked:
-//   dz_j = g_j p_j − σ_j (D_i − G_{>j}), dq_i += scale dz_j k_j in registers. The tile's p and scale·dz go
+//   key tiles from the diagonal down (tiles of 64 rows in float, sb_backward_tile_large). Each thread (a query
+//   row i) recomputes z, p and σ, and with D_i = dO_i·o_i = Σ_j g_j p_j (read from forward's out, as softmax
+//   attention's backward does) gets the prefix Σ_{j'<=j} g_j' p_j' = D_i − Σ_{j'>j} g_j' p_j' from the suffix
+//   it has walked: dz_j = g_j p_j − σ_j (D_i − G_{>j}), dq_i += scale dz_j k_j in registers. The tile's p and scale·dz go
 //   to shared memory; then thread t takes key j0 + t and adds Σ_i p_{j,i} dO_i and Σ_i scale·dz_{j,i} q_i
 //   to dV_j and dK_j (key j is always thread j % BT's, whichever query head: no race).
 // - decode: one thread per (row, query head), keys from the row's position down in the cache.
