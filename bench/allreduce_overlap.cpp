@@ -95,8 +95,8 @@ struct PollingBackend : cpu::Backend<float> {
                                  index_t seq, index_t heads) const {
     Base::attention_packed_backward(dq, dk, dv, dout, out, lse, q, k, v, q_tok, k_tok, seq, heads), hook();
   }
-  void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, CPG w, RowGroups g) const {
-    Base::grouped_linear_backward(dx, dw, db, dy, x, w, g), hook();
+  void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, CPG w, RowGroups g, Store dx_store = Store::add) const {
+    Base::grouped_linear_backward(dx, dw, db, dy, x, w, g, dx_store), hook();
   }
 };
 

@@ -55,10 +55,10 @@ namespace {
 constexpr double kSgemmPeak = 427.4;  // GFLOP/s, bench/RESULTS.md (OpenBLAS AVX-512 sgemm 3072³)
 
 enum Cat : int { kLinear, kAttention, kPackedAttention, kLayerNorm, kElementwise, kLoss, kEmbedding, kOptim,
-                 kRouter, kDispatch, kCats };
+                 kRouter, kDispatch, kSelect, kZeroCopy, kCats };
 constexpr std::array<const char*, kCats> kCatName = {"linear/gemm", "attention", "packed attn", "layernorm",
-                                                     "gelu/add", "x-entropy", "embedding", "optimizer",
-                                                     "router", "dispatch"};
+                                                     "gelu/relu/add", "x-entropy", "embedding", "optimizer",
+                                                     "router", "dispatch", "selection", "zero/copy"};
 
 using Clock = std::chrono::steady_clock;
 
@@ -118,8 +118,44 @@ struct TimingBackend : cpu::Backend<T> {
   void layernorm_backward(M dx, S dgamma, S dbeta, CM dout, CM x, CS mean, CS rstd, CS gamma) const {
     timed(kLayerNorm, [&] { Base::layernorm_backward(dx, dgamma, dbeta, dout, x, mean, rstd, gamma); });
   }
+  // Zeroing and copies ("zero/copy"): the accumulate-only ops' fresh buffers, the residual copies.
+  template <class U>
+  void zero(std::span<U> s) const {
+    timed(kZeroCopy, [&] { Base::zero(s); });
+  }
+  void zero(M m) const { timed(kZeroCopy, [&] { Base::zero(m); }); }
+  void zero_rows(M m, RowGroups g) const { timed(kZeroCopy, [&] { Base::zero_rows(m, g); }); }
+  template <class U>
+  void copy(std::span<U> dst, std::span<const U> src) const {
+    timed(kZeroCopy, [&] { Base::copy(dst, src); });
+  }
+  template <class U>
+  void copy(std::span<U> dst, std::span<U> src) const {
+    timed(kZeroCopy, [&] { Base::copy(dst, std::span<const U>(src)); });
+  }
+  void copy(M dst, CM src) const { timed(kZeroCopy, [&] { Base::copy(dst, src); }); }
+  // The sigmoid top-K selections of σ-MoE and SwitchHead ("selection"; their logits' GEMMs are "router" or
+  // "linear/gemm" by width): the entropy regulariser, the top-K, the sigmoid.
+  void selection_entropy_forward(S loss_out, M dlogits, CM logits, index_t batch, index_t seq, T coef,
+                                 T cond_coef = T(0)) const {
+    timed(kSelect, [&] { Base::selection_entropy_forward(loss_out, dlogits, logits, batch, seq, coef, cond_coef); });
+  }
+  void topk_rows(M values, MatrixView<token_t> indices, CM x) const {
+    timed(kSelect, [&] { Base::topk_rows(values, indices, x); });
+  }
+  void topk_rows_backward(M dx, CM dvalues, MatrixView<const token_t> indices) const {
+    timed(kSelect, [&] { Base::topk_rows_backward(dx, dvalues, indices); });
+  }
+  void sigmoid_forward(S out, CS x) const { timed(kSelect, [&] { Base::sigmoid_forward(out, x); }); }
+  void sigmoid_backward(S dx, CS out, CS dout) const { timed(kSelect, [&] { Base::sigmoid_backward(dx, out, dout); }); }
+  void relu_forward(S out, CS x) const { timed(kElementwise, [&] { Base::relu_forward(out, x); }); }
+  void relu_backward(S dx, CS x, CS dout, Store st = Store::add) const {
+    timed(kElementwise, [&] { Base::relu_backward(dx, x, dout, st); });
+  }
   void gelu_forward(S out, CS x) const { timed(kElementwise, [&] { Base::gelu_forward(out, x); }); }
-  void gelu_backward(S dx, CS x, CS dout) const { timed(kElementwise, [&] { Base::gelu_backward(dx, x, dout); }); }
+  void gelu_backward(S dx, CS x, CS dout, Store st = Store::add) const {
+    timed(kElementwise, [&] { Base::gelu_backward(dx, x, dout, st); });
+  }
   void add_forward(S out, CS a, CS b) const { timed(kElementwise, [&] { Base::add_forward(out, a, b); }); }
   void cross_entropy_forward(S loss_out, S lse, CM logits, Tok targets, token_t ignore_index = -1) const {
     timed(kLoss, [&] { Base::cross_entropy_forward(loss_out, lse, logits, targets, ignore_index); });
@@ -150,8 +186,8 @@ struct TimingBackend : cpu::Backend<T> {
   void scatter_add_rows(M out, CM in, Tok idx, CS weights = {}) const {
     timed(kDispatch, [&] { Base::scatter_add_rows(out, in, idx, weights); });
   }
-  void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights = {}) const {
-    timed(kDispatch, [&] { Base::scatter_add_rows_backward(din, dweights, dout, in, idx, weights); });
+  void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights = {}, Store st = Store::add) const {
+    timed(kDispatch, [&] { Base::scatter_add_rows_backward(din, dweights, dout, in, idx, weights, st); });
   }
   void gru_cell_forward(M h_out, M gates, CM x, CM h, CM w_ih, CM w_hh, CS b_ih, CS b_hh) const {
     count(kRouter, 2.0 * x.rows * w_ih.rows * (x.cols + h.cols));
@@ -232,9 +268,9 @@ struct TimingBackend : cpu::Backend<T> {
     count(grouped_cat(y.cols), 2.0 * grouped_rows(g) * x.cols * y.cols);
     timed(grouped_cat(y.cols), [&] { Base::grouped_linear_forward(y, x, w, b, g); });
   }
-  void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, CPG w, RowGroups g) const {
+  void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, CPG w, RowGroups g, Store dx_store = Store::add) const {
     count(grouped_cat(dy.cols), (dx.empty() ? 2.0 : 4.0) * grouped_rows(g) * x.cols * dy.cols);
-    timed(grouped_cat(dy.cols), [&] { Base::grouped_linear_backward(dx, dw, db, dy, x, w, g); });
+    timed(grouped_cat(dy.cols), [&] { Base::grouped_linear_backward(dx, dw, db, dy, x, w, g, dx_store); });
   }
   void grouped_layernorm_forward(M out, S mean, S rstd, CM x, CPG gamma, CPG beta, RowGroups g, T eps = T(1e-5)) const {
     timed(kLayerNorm, [&] { Base::grouped_layernorm_forward(out, mean, rstd, x, gamma, beta, g, eps); });
@@ -262,8 +298,9 @@ struct TimingBackend : cpu::Backend<T> {
   void scatter_add_rows(PG out, index_t out_rows, CM in, Tok idx, RowGroups g) const {
     timed(kDispatch, [&] { Base::scatter_add_rows(out, out_rows, in, idx, g); });
   }
-  void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights, RowGroups g) const {
-    timed(kDispatch, [&] { Base::scatter_add_rows_backward(din, dweights, dout, in, idx, weights, g); });
+  void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights, RowGroups g,
+                                 Store st = Store::add) const {
+    timed(kDispatch, [&] { Base::scatter_add_rows_backward(din, dweights, dout, in, idx, weights, g, st); });
   }
   // Visible (query, key) pairs of a grouped attention: each group's queries against its keys.
   static double grouped_pairs(Tok q_tok, Tok k_tok, RowGroups g, index_t seq) {
@@ -600,7 +637,7 @@ int main(int argc, char** argv) {
                 100 * (share_router + share_disp));
   }
 
-  std::printf("\nTime per op category, share of the instrumented steps (the rest: zero/copy, host glue):\n\n| model |");
+  std::printf("\nTime per op category, share of the instrumented steps (the rest: host glue and untimed ops):\n\n| model |");
   for (const char* c : kCatName) std::printf(" %s |", c);
   std::printf(" other |\n|---|");
   for (int c = 0; c < kCats + 1; ++c) std::printf("---:|");

@@ -168,6 +168,12 @@ TEMPLATE_TEST_CASE("grouped linear forward/backward match cpu (empty groups, SKI
         expect_close(dx2, "dx alone", in, L.lo(), L.hi());
         expect_close(dw2, "dw alone");
         expect_close(db2, "db alone");
+
+        // dx overwritten (Store::overwrite) on the groups' rows, the others untouched.
+        auto dx3 = rand_arr<T>(R * in, rng);
+        host<T>().grouped_linear_backward(dx3.hm(R, in), {}, {}, dy.hm(R, out), x.hm(R, in), wh, g.h(), Store::overwrite);
+        gpu<T>().grouped_linear_backward(dx3.dm(R, in), {}, {}, dy.dm(R, out), x.dm(R, in), wd, g.d(), Store::overwrite);
+        expect_close(dx3, "dx overwritten", in, L.lo(), L.hi());
       }
 }
 
@@ -400,6 +406,13 @@ TEMPLATE_TEST_CASE("grouped gelu, add, axpy, zero_rows, gather and scatter-add m
       host<T>().scatter_add_rows_backward(din2.hm(R, d), {}, acc.hm(Tn, d), src.hm(R, d), ih, wh, g.h());
       gpu<T>().scatter_add_rows_backward(din2.dm(R, d), {}, acc.dm(Tn, d), src.dm(R, d), id, wd, g.d());
       expect_close(din2, "scatter_add_rows_backward din alone", d, L.lo(), L.hi());
+      auto din3 = rand_arr<T>(R * d, rng), dwts3 = rand_arr<T>(R, rng);
+      host<T>().scatter_add_rows_backward(din3.hm(R, d), dwts3.hs(), acc.hm(Tn, d), src.hm(R, d), ih, wh, g.h(),
+                                          Store::overwrite);
+      gpu<T>().scatter_add_rows_backward(din3.dm(R, d), dwts3.ds(), acc.dm(Tn, d), src.dm(R, d), id, wd, g.d(),
+                                         Store::overwrite);
+      expect_close(din3, "scatter_add_rows_backward din overwritten", d, L.lo(), L.hi());
+      expect_close(dwts3, "scatter_add_rows_backward dweights overwritten", 1, L.lo(), L.hi());
     }
     auto accs = rand_arr<T>(G * pg_stride(Tn * d), rng);
     host<T>().scatter_add_rows(per_group(accs.h.data(), G, Tn * d), Tn, src.hm(R, d), ih, g.h());

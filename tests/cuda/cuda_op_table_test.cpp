@@ -262,6 +262,13 @@ TEMPLATE_TEST_CASE("elementwise ops match cpu (gelu relu add axpy scale)", "[cud
              {approx(out, 0.0, "relu")}),
       row<T>("relu_backward", shape, [&](auto& be, On<T> on) { be.relu_backward(on.s(dx), on.c(x), on.c(dout)); },
              {approx(dx, tol_kernel<T>, "relu dx")}),
+      // Store::overwrite: dx = dout · f'(x), whatever dx held (the rows above left it nonzero).
+      row<T>("gelu_backward (overwrite)", shape,
+             [&](auto& be, On<T> on) { be.gelu_backward(on.s(dx), on.c(x), on.c(dout), Store::overwrite); },
+             {approx(dx, tol_kernel<T>, "gelu dx overwritten")}),
+      row<T>("relu_backward (overwrite)", shape,
+             [&](auto& be, On<T> on) { be.relu_backward(on.s(dx), on.c(x), on.c(dout), Store::overwrite); },
+             {approx(dx, tol_kernel<T>, "relu dx overwritten")}),
       row<T>("add_forward", shape, [&](auto& be, On<T> on) { be.add_forward(on.s(out), on.c(x), on.c(a)); },
              {approx(out, 0.0, "add")}),
       row<T>("axpy", shape, [&](auto& be, On<T> on) { be.axpy(on.s(out), T(-0.25), on.c(a)); },
@@ -328,6 +335,12 @@ TEMPLATE_TEST_CASE("gather and scatter-add with backward match cpu (repeated ind
                                               on.s(idx), weights(on));
                },
                {approx(din, tol_kernel<T>, "din"), approx(dwts, tol_kernel<T>, "dweights")}),
+        row<T>("scatter_add_rows_backward (overwrite)", shape,
+               [&](auto& be, On<T> on) {
+                 be.scatter_add_rows_backward(on.m(din, n, d), on.s(dwts), on.m(out, Tn, d), on.m(packed, n, d),
+                                              on.s(idx), weights(on), Store::overwrite);
+               },
+               {approx(din, tol_kernel<T>, "din overwritten"), approx(dwts, tol_kernel<T>, "dweights overwritten")}),
     });
   }
 }

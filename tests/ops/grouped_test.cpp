@@ -3,6 +3,11 @@
 // rejected. The CUDA kernels are compared with these in tests/cuda/cuda_grouped_*_test.cpp.
 #include <catch2/catch.hpp>
 
+#include <omp.h>
+
+#include <array>
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include <mom/backend/cpu.hpp>
@@ -155,4 +160,140 @@ TEST_CASE("grouped ops: row ops stay inside the groups, bad offsets are rejected
   const std::vector<token_t> past{0, 12};
   CHECK_THROWS_WITH(be.gelu_forward(test::mat(out, R, d), test::cmat(a, R, d), RowGroups{past.data(), 1}),
                     Catch::Contains("offsets[1] = 12"));
+}
+
+// Many groups spread over the threads (backend/cpu/grouped.hpp, for_each_group_spread): each thread runs whole
+// groups on its own, and every group's result is the same bits as when the groups run one after another with
+// every thread on each product. Weight gradients that several groups share (same_for_groups) keep the sequential
+// order.
+TEST_CASE("grouped_linear: groups spread over the threads give the sequential results bit for bit", "[ops][grouped]") {
+  using F = cpu::Backend<float>;
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(2);
+  Rng rng(17);
+  constexpr int E = 24;
+  const index_t in = 96, out = 64;
+  std::vector<token_t> off{0};
+  for (int e = 0; e < E; ++e) off.push_back(off.back() + token_t(90 + 7 * (e % 5)));  // 90..118 rows each
+  const index_t rows = off.back();
+  const RowGroups g{off.data(), E};
+  std::array<int, max_row_groups> order{};
+  const int m = cpu::detail::groups_by_size(g, order);
+  REQUIRE(m == E);
+  CHECK(off[std::size_t(order[0]) + 1] - off[std::size_t(order[0])] == 118);  // largest first
+  CHECK(cpu::detail::spreads_evenly(g, order, m, 2));
+  CHECK_FALSE(cpu::detail::spreads_evenly(g, order, m, 1));
+  const std::vector<token_t> lopsided{0, 2000, 2010, 2020, 2030, 2040};  // one group holds 98% of the rows
+  const int ml = cpu::detail::groups_by_size(RowGroups{lopsided.data(), 5}, order);
+  CHECK_FALSE(cpu::detail::spreads_evenly(RowGroups{lopsided.data(), 5}, order, ml, 2));
+
+  auto to_float = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
+  const auto x = to_float(test::random_vec(std::size_t(rows * in), rng));
+  const auto w = to_float(test::random_vec(std::size_t(E * out * in), rng));
+  const auto dy = to_float(test::random_vec(std::size_t(rows * out), rng));
+  const auto wg = uniform_groups<const float>(w.data(), E, out * in);
+  F be;
+  const MatrixView<const float> X{x.data(), rows, in}, DY{dy.data(), rows, out};
+
+  // Forward: grouped against one plain linear per group.
+  std::vector<float> y(std::size_t(rows * out)), y_ref(y.size());
+  be.grouped_linear_forward(MatrixView<float>{y.data(), rows, out}, X, wg, PerGroup<const float>{}, g);
+  for (int e = 0; e < E; ++e) {
+    const index_t o = off[std::size_t(e)], n = off[std::size_t(e) + 1] - o;
+    be.linear_forward(MatrixView<float>{y_ref.data(), rows, out}.row_block(o, n), X.row_block(o, n), {wg[e], out, in},
+                      std::span<const float>{});
+  }
+  CHECK(y == y_ref);
+
+  // Backward, own weight gradients (spread) and one shared gradient (sequential), each against plain calls.
+  for (const bool shared : {false, true}) {
+    CAPTURE(shared);
+    std::vector<float> dx(std::size_t(rows * in), 0.5f), dx_ref(dx), dw(std::size_t(E * out * in), 0.25f), dw_ref(dw);
+    const auto dwg = shared ? same_for_groups(dw.data(), E) : uniform_groups(dw.data(), E, out * in);
+    be.grouped_linear_backward(MatrixView<float>{dx.data(), rows, in}, dwg, PerGroup<float>{}, DY, X, wg, g);
+    for (int e = 0; e < E; ++e) {
+      const index_t o = off[std::size_t(e)], n = off[std::size_t(e) + 1] - o;
+      be.linear_backward(MatrixView<float>{dx_ref.data(), rows, in}.row_block(o, n),
+                         {dw_ref.data() + (shared ? 0 : e * out * in), out, in}, std::span<float>{}, DY.row_block(o, n),
+                         X.row_block(o, n), {wg[e], out, in});
+    }
+    CHECK(dx == dx_ref);
+    CHECK(dw == dw_ref);
+  }
+  omp_set_num_threads(saved_threads);
+}
+
+// Store::overwrite (core/tensor.hpp): the backward ops write their gradient instead of adding it, so a fresh buffer
+// needs no zeroing pass. Written over NaN, the result equals the accumulating op's on a zeroed buffer, bit for bit;
+// grouped ops leave the rows outside the groups as they were.
+TEST_CASE("backward ops with Store::overwrite equal accumulation into zeros, rows outside the groups untouched",
+          "[ops][grouped]") {
+  Rng rng(23);
+  Be be;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const index_t n = 37;
+  const auto x = test::random_vec(std::size_t(n), rng), dout = test::random_vec(std::size_t(n), rng);
+  for (const bool gelu : {false, true}) {
+    CAPTURE(gelu);
+    std::vector<double> acc(std::size_t(n), 0.0), over(std::size_t(n), nan);
+    const auto run = [&](std::vector<double>& dx, Store st) {
+      if (gelu) be.gelu_backward(std::span<double>(dx), std::span<const double>(x), std::span<const double>(dout), st);
+      else be.relu_backward(std::span<double>(dx), std::span<const double>(x), std::span<const double>(dout), st);
+    };
+    run(acc, Store::add);
+    run(over, Store::overwrite);
+    CHECK(over == acc);
+  }
+
+  // Weighted scatter backward, plain (every row) and grouped (the rows of `groups`).
+  const index_t d = 3, Tn = 5;
+  const auto table = test::random_vec(std::size_t(Tn * d), rng), in = test::random_vec(std::size_t(R * d), rng);
+  const auto w = test::random_vec(std::size_t(R), rng);
+  std::vector<token_t> idx(static_cast<std::size_t>(R));
+  for (auto& i : idx) i = token_t(rng.integer(0, int(Tn) - 1));
+  for (const bool grouped_op : {false, true}) {
+    CAPTURE(grouped_op);
+    std::vector<double> din_acc(std::size_t(R * d), 0.0), dw_acc(std::size_t(R), 0.0);
+    std::vector<double> din(std::size_t(R * d), nan), dwts(std::size_t(R), nan);
+    const auto run = [&](std::vector<double>& a, std::vector<double>& b, Store st) {
+      if (grouped_op)
+        be.scatter_add_rows_backward(test::mat(a, R, d), std::span<double>(b), test::cmat(table, Tn, d), test::cmat(in, R, d),
+                                     idx, std::span<const double>(w), groups, st);
+      else
+        be.scatter_add_rows_backward(test::mat(a, R, d), std::span<double>(b), test::cmat(table, Tn, d), test::cmat(in, R, d),
+                                     idx, std::span<const double>(w), st);
+    };
+    run(din_acc, dw_acc, Store::add);
+    run(din, dwts, Store::overwrite);
+    for (index_t r = 0; r < R; ++r) {
+      const bool written = !grouped_op || grouped(r);
+      CHECK(std::isnan(dwts[std::size_t(r)]) == !written);
+      if (written) CHECK(dwts[std::size_t(r)] == dw_acc[std::size_t(r)]);
+      for (index_t c = 0; c < d; ++c) {
+        const double v = din[std::size_t(r * d + c)];
+        if (written) CHECK(v == din_acc[std::size_t(r * d + c)]);
+        else CHECK(std::isnan(v));
+      }
+    }
+  }
+
+  // Grouped linear backward: dx overwritten on the groups' rows, dW and db still accumulate.
+  const index_t fin = 4, fout = 3;
+  const auto xx = test::random_vec(std::size_t(R * fin), rng), dy = test::random_vec(std::size_t(R * fout), rng);
+  const auto ww = test::random_vec(std::size_t(G * (fout * fin + 3)), rng);
+  std::vector<double> dx_acc(std::size_t(R * fin), 0.0), dx(std::size_t(R * fin), nan);
+  std::vector<double> dw1(std::size_t(G * (fout * fin + 3)), 0.5), dw2(dw1);
+  be.grouped_linear_backward(test::mat(dx_acc, R, fin), per_group(dw1.data(), fout * fin), PerGroup<double>{},
+                             test::cmat(dy, R, fout), test::cmat(xx, R, fin), per_group<const double>(ww.data(), fout * fin),
+                             groups);
+  be.grouped_linear_backward(test::mat(dx, R, fin), per_group(dw2.data(), fout * fin), PerGroup<double>{},
+                             test::cmat(dy, R, fout), test::cmat(xx, R, fin), per_group<const double>(ww.data(), fout * fin),
+                             groups, Store::overwrite);
+  CHECK(dw2 == dw1);
+  for (index_t r = 0; r < R; ++r)
+    for (index_t c = 0; c < fin; ++c) {
+      const double v = dx[std::size_t(r * fin + c)];
+      if (grouped(r)) CHECK(v == dx_acc[std::size_t(r * fin + c)]);
+      else CHECK(std::isnan(v));
+    }
 }

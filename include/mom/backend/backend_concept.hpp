@@ -74,8 +74,10 @@ concept DenseOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std
   be.layernorm_backward(m, s, s, cm, cm, cs, cs, cs);
   be.gelu_forward(s, cs);
   be.gelu_backward(s, cs, cs);
+  be.gelu_backward(s, cs, cs, Store::overwrite);  // (core/tensor.hpp's Store: dx = ..., no zeroing first)
   be.relu_forward(s, cs);
   be.relu_backward(s, cs, cs);
+  be.relu_backward(s, cs, cs, Store::overwrite);
   be.add_forward(s, cs, cs);
   be.axpy(s, x, cs);
   be.scale(s, x);
@@ -93,6 +95,7 @@ concept DenseOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std
   be.scatter_add_rows(m, cm, tok);
   be.scatter_add_rows(m, cm, tok, cs);
   be.scatter_add_rows_backward(m, s, cm, cm, tok, cs);
+  be.scatter_add_rows_backward(m, s, cm, cm, tok, cs, Store::overwrite);
   be.gru_cell_forward(m, m, cm, cm, cm, cm, cs, cs);
   be.gru_cell_backward(m, m, m, m, s, s, m, cm, cm, cm, cm, cm, cm);
 };
@@ -130,6 +133,7 @@ concept GroupedOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, s
                               index_t i, T x) {
   be.grouped_linear_forward(m, cm, cpg, cpg, g);
   be.grouped_linear_backward(m, pg, pg, cm, cm, cpg, g);
+  be.grouped_linear_backward(m, pg, pg, cm, cm, cpg, g, Store::overwrite);  // dx overwritten, not added to
   be.grouped_layernorm_forward(m, s, s, cm, cpg, cpg, g);
   be.grouped_layernorm_backward(m, pg, pg, cm, cm, cs, cs, cpg, g);
   be.gelu_forward(m, cm, g);
@@ -142,6 +146,7 @@ concept GroupedOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, s
   be.scatter_add_rows(m, cm, tok, cs, g);
   be.scatter_add_rows(pg, i, cm, tok, g);
   be.scatter_add_rows_backward(m, s, cm, cm, tok, cs, g);
+  be.scatter_add_rows_backward(m, s, cm, cm, tok, cs, g, Store::overwrite);
   be.attention_grouped_forward(m, s, cm, cpg, cpg, i, i, tok, tok, g, i, i);
   be.attention_grouped_backward(m, pg, pg, cm, cm, cs, cm, cpg, cpg, i, i, tok, tok, g, i, i);
   be.rope_forward(m, tok, i, i, x, g);

@@ -47,6 +47,11 @@ MatrixView(T*, index_t, index_t) -> MatrixView<T>;
 template <class T>
 constexpr MatrixView<const T> as_const(MatrixView<T> m) { return m; }
 
+// How a backward op stores a gradient: add it to what the buffer holds (the default: gradients
+// accumulate), or overwrite the buffer (a fresh one: no zeroing pass before the op). Ops that take it say
+// which outputs it applies to.
+enum class Store : bool { add, overwrite };
+
 // Shapes print as [rows x cols] in error messages.
 struct Shape {
   index_t rows, cols;

@@ -212,8 +212,9 @@ struct MoA {
       const auto ln = mat(ws, s.ln, n, d);
       // eq. (5): the heads' outputs and gates.
       dispatch::combine_backward(be, rr, mat(ws, s.yg, rows, d), df, dy, vec(sc, c.dwp, rows));
-      be.zero(dog);
-      be.grouped_linear_backward(dog, w_o(g), PerGroup<T>{}, MatrixView<const T>(dy), mat(ws, s.og, rows, da), w_o(p), gr);
+      // dog's and (below) dy's group rows are overwritten; to_pairs and gather_backward read no others.
+      be.grouped_linear_backward(dog, w_o(g), PerGroup<T>{}, MatrixView<const T>(dy), mat(ws, s.og, rows, da), w_o(p), gr,
+                                 Store::overwrite);
       dispatch::to_pairs(be, rr, MatrixView<const T>(dog), datt);
       // eqs. (3)-(4): the attention, then K and V.
       be.zero(dqkv);
@@ -225,8 +226,8 @@ struct MoA {
       // The queries: pair order → head order → W_q.
       be.copy(MatrixView<T>(datt.data, n, qw), MatrixView<const T>(dqkv.col_block(0, qw)));
       dispatch::from_pairs(be, rr, MatrixView<const T>(datt), dog);
-      be.zero(dy);
-      be.grouped_linear_backward(dy, w_q(g), PerGroup<T>{}, MatrixView<const T>(dog), mat(ws, s.xg, rows, d), w_q(p), gr);
+      be.grouped_linear_backward(dy, w_q(g), PerGroup<T>{}, MatrixView<const T>(dog), mat(ws, s.xg, rows, d), w_q(p), gr,
+                                 Store::overwrite);
       dispatch::gather_backward(be, rr, MatrixView<const T>(dy), dln);
       Gate::backward(be, p + o_gate, g + o_gate, ws, s.gate, ln, dln, vec(static_cast<const T*>(sc), c.dwp, rows),
                      sc + c.gate);

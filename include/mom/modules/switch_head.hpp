@@ -188,9 +188,9 @@ struct SwitchHead {
       const auto rr = dispatch::routed_rows(ws, side.sel, NA, n, KA);
       const auto dy = mat(sc, c.dy, rows, dout.cols), dxg = mat(sc, c.dg, rows, din.cols);
       dispatch::combine_backward(be, rr, mat(ws, side.yg, rows, dout.cols), dout, dy, vec(sc, c.dwp, rows));
-      be.zero(dxg);
+      // dxg's group rows overwritten (gather_backward reads no others): no zeroing.
       be.grouped_linear_backward(dxg, gw, PerGroup<T>{}, MatrixView<const T>(dy), mat(ws, side.xg, rows, din.cols), w,
-                                 rr.groups);
+                                 rr.groups, Store::overwrite);
       dispatch::gather_backward(be, rr, MatrixView<const T>(dxg), din);
       select_backward(be, w_sel, g_sel, ws, side, ln, dln, sc, c, n);
     }

@@ -69,18 +69,17 @@ void combine(Be& be, const RoutedRows<T>& rr, Id<MatrixView<const T>> y, Id<Matr
   else be.scatter_add_rows(out, y, rr.token, rr.weight);
 }
 
-// Backward of combine, read from dout before anything accumulates into it: dL/dy into dy [rows × cols]
-// (group order) and dL/d(weight) into dwp [rows] (zeroed here; empty: not wanted). y: the forward's module outputs.
+// Backward of combine, read from dout before anything accumulates into it: dL/dy written into dy [rows × cols]
+// (group order; the groups' rows, the others untouched) and dL/d(weight) into dwp [rows] (zero outside the groups;
+// empty: not wanted). y: the forward's module outputs.
 template <class Be, class T>
 void combine_backward(Be& be, const RoutedRows<T>& rr, Id<MatrixView<const T>> y, Id<MatrixView<const T>> dout, Id<MatrixView<T>> dy,
                       Id<std::span<T>> dwp) {
-  be.zero(dwp);
   if (rr.grouped()) {
-    be.zero_rows(dy, rr.groups);
-    be.scatter_add_rows_backward(dy, dwp, dout, y, rr.token, rr.weight, rr.groups);
+    be.zero(dwp);  // n·K values: the rows no group holds (SKIP) read as zero
+    be.scatter_add_rows_backward(dy, dwp, dout, y, rr.token, rr.weight, rr.groups, Store::overwrite);
   } else {
-    be.zero(dy);
-    be.scatter_add_rows_backward(dy, dwp, dout, y, rr.token, rr.weight);
+    be.scatter_add_rows_backward(dy, dwp, dout, y, rr.token, rr.weight, Store::overwrite);
   }
 }
 

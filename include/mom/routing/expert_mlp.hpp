@@ -20,8 +20,8 @@ struct Relu {
     be.relu_forward(out, in);
   }
   template <class Be, class T>
-  static void backward(Be& be, std::span<T> din, std::span<const T> in, std::span<const T> dout) {
-    be.relu_backward(din, in, dout);
+  static void backward(Be& be, std::span<T> din, std::span<const T> in, std::span<const T> dout, Store st = Store::add) {
+    be.relu_backward(din, in, dout, st);
   }
 };
 struct Gelu {
@@ -30,8 +30,8 @@ struct Gelu {
     be.gelu_forward(out, in);
   }
   template <class Be, class T>
-  static void backward(Be& be, std::span<T> din, std::span<const T> in, std::span<const T> dout) {
-    be.gelu_backward(din, in, dout);
+  static void backward(Be& be, std::span<T> din, std::span<const T> in, std::span<const T> dout, Store st = Store::add) {
+    be.gelu_backward(din, in, dout, st);
   }
 };
 
@@ -98,15 +98,15 @@ struct ExpertMlp {
     const index_t rows = rr.count();
     const RowGroups g = rr.groups;
     const MatrixView<T> dy{sc + c.dy, rows, d}, dact{sc + c.dact, rows, width}, dh{sc + c.dh, rows, width};
+    // Every row is in a group (no SKIP class), so each op below overwrites its whole output: no zeroing.
     combine_backward(be, rr, MatrixView<const T>{ws + s.y, rows, d}, dout, dy, dwp);
-    be.zero(dact);
     be.grouped_linear_backward(dact, w2(gw2), PerGroup<T>{}, MatrixView<const T>(dy),
-                               MatrixView<const T>{ws + s.act, rows, width}, w2(pw2), g);
-    be.zero(dh);
-    Act::backward(be, dh.flat(), std::span<const T>(ws + s.h, std::size_t(rows * width)), std::span<const T>(dact.flat()));
-    be.zero(dy);  // now dL/d(gathered input)
+                               MatrixView<const T>{ws + s.act, rows, width}, w2(pw2), g, Store::overwrite);
+    Act::backward(be, dh.flat(), std::span<const T>(ws + s.h, std::size_t(rows * width)), std::span<const T>(dact.flat()),
+                  Store::overwrite);
+    // dy now becomes dL/d(gathered input)
     be.grouped_linear_backward(dy, w1(gw1), PerGroup<T>{}, MatrixView<const T>(dh), MatrixView<const T>{ws + s.xg, rows, d},
-                               w1(pw1), g);
+                               w1(pw1), g, Store::overwrite);
     return dy;
   }
 };

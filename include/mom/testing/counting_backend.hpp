@@ -104,9 +104,9 @@ struct CountingBackend : cpu::Backend<T> {
     });
     Base::grouped_linear_forward(y, x, w, b, g);
   }
-  void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, CPG w, RowGroups g) {
+  void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, CPG w, RowGroups g, Store dx_store = Store::add) {
     each_group(g, [&](int, index_t, index_t n) { flops += (dx.empty() ? 2 : 4) * n * x.cols * dy.cols; });
-    Base::grouped_linear_backward(dx, dw, db, dy, x, w, g);
+    Base::grouped_linear_backward(dx, dw, db, dy, x, w, g, dx_store);
   }
   void attention_grouped_forward(M out, S lse, CM q, CPG k, CPG v, index_t kv_rows, index_t kv_ld, Tok q_tok, Tok k_tok,
                                  RowGroups g, index_t seq, index_t heads) {

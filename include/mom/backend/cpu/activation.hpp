@@ -57,19 +57,21 @@ void gelu_forward(std::span<T> out, std::span<const T> x) {
   });
 }
 
-// dx += dout · gelu'(x),  gelu'(x) = 0.5(1 + t) + 0.5·x·(1 - t²)·√(2/π)·(1 + 3·0.044715·x²), t = tanh(...).
+// dx += dout · gelu'(x),  gelu'(x) = 0.5(1 + t) + 0.5·x·(1 - t²)·√(2/π)·(1 + 3·0.044715·x²), t = tanh(...)
+// (Store::overwrite: dx = dout · gelu'(x)).
 template <class T>
-void gelu_backward(std::span<T> dx, std::span<const T> x, std::span<const T> dout) {
+void gelu_backward(std::span<T> dx, std::span<const T> x, std::span<const T> dout, Store st = Store::add) {
   checks::activation_backward_shapes<T>("gelu_backward", dx, x, dout);
   constexpr T k = detail::gelu_k<T>, c = detail::gelu_c<T>;
   detail::for_chunks(ssize(x), [&](index_t o, index_t len) {
     if constexpr (std::is_same_v<T, float>) {
-      detail::vecmath::gelu_backward(dx.data() + o, x.data() + o, dout.data() + o, len);
+      detail::vecmath::gelu_backward(dx.data() + o, x.data() + o, dout.data() + o, len, st == Store::add);
     } else {
       const auto xv = detail::chunk(x, o, len);
       const auto t = (k * (xv + c * xv.cube())).tanh();
       const auto dgelu = T(0.5) * (T(1) + t) + T(0.5) * xv * (T(1) - t.square()) * k * (T(1) + T(3) * c * xv.square());
-      detail::chunk(dx, o, len) += detail::chunk(dout, o, len) * dgelu;
+      if (st == Store::add) detail::chunk(dx, o, len) += detail::chunk(dout, o, len) * dgelu;
+      else detail::chunk(dx, o, len) = detail::chunk(dout, o, len) * dgelu;
     }
   });
 }
@@ -83,12 +85,14 @@ void relu_forward(std::span<T> out, std::span<const T> x) {
   });
 }
 
-// dx += dout where x > 0 (the subgradient at 0 is taken as 0).
+// dx += dout where x > 0 (the subgradient at 0 is taken as 0); Store::overwrite: dx = that.
 template <class T>
-void relu_backward(std::span<T> dx, std::span<const T> x, std::span<const T> dout) {
+void relu_backward(std::span<T> dx, std::span<const T> x, std::span<const T> dout, Store st = Store::add) {
   checks::activation_backward_shapes<T>("relu_backward", dx, x, dout);
   detail::for_chunks(ssize(x), [&](index_t o, index_t len) {
-    detail::chunk(dx, o, len) += (detail::chunk(x, o, len) > T(0)).select(detail::chunk(dout, o, len), T(0));
+    const auto g = (detail::chunk(x, o, len) > T(0)).select(detail::chunk(dout, o, len), T(0));
+    if (st == Store::add) detail::chunk(dx, o, len) += g;
+    else detail::chunk(dx, o, len) = g;
   });
 }
 

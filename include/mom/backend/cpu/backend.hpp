@@ -193,9 +193,9 @@ struct Backend {
   }
 
   void gelu_forward(S out, CS x) const { cpu::gelu_forward<T>(out, x); }
-  void gelu_backward(S dx, CS x, CS dout) const { cpu::gelu_backward<T>(dx, x, dout); }
+  void gelu_backward(S dx, CS x, CS dout, Store st = Store::add) const { cpu::gelu_backward<T>(dx, x, dout, st); }
   void relu_forward(S out, CS x) const { cpu::relu_forward<T>(out, x); }
-  void relu_backward(S dx, CS x, CS dout) const { cpu::relu_backward<T>(dx, x, dout); }
+  void relu_backward(S dx, CS x, CS dout, Store st = Store::add) const { cpu::relu_backward<T>(dx, x, dout, st); }
   void add_forward(S out, CS a, CS b) const { cpu::add_forward<T>(out, a, b); }
   void axpy(S y, T alpha, CS x) const { cpu::axpy<T>(y, alpha, x); }
   void scale(S y, T alpha) const { cpu::scale<T>(y, alpha); }
@@ -240,8 +240,9 @@ struct Backend {
 
   void gather_rows(M out, CM in, Tok idx) const { cpu::gather_rows<T>(out, in, idx); }
   void scatter_add_rows(M out, CM in, Tok idx, CS weights = {}) const { cpu::scatter_add_rows<T>(out, in, idx, weights); }
-  void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights = {}) const {
-    cpu::scatter_add_rows_backward<T>(din, dweights, dout, in, idx, weights);
+  void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights = {},
+                                 Store st = Store::add) const {
+    cpu::scatter_add_rows_backward<T>(din, dweights, dout, in, idx, weights, st);
   }
 
   void topk_rows(M values, MatrixView<token_t> indices, CM x) const { cpu::topk_rows<T>(values, indices, x); }
@@ -312,8 +313,8 @@ struct Backend {
   // Grouped ops (core/groups.hpp, backend/cpu/grouped.hpp): rows split into groups by offsets in
   // backend memory, each group with its own parameters; the routed executors' hot path.
   void grouped_linear_forward(M y, CM x, CPG w, CPG b, RowGroups g) const { cpu::grouped_linear_forward<T>(y, x, w, b, g); }
-  void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, CPG w, RowGroups g) const {
-    cpu::grouped_linear_backward<T>(dx, dw, db, dy, x, w, g);
+  void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, CPG w, RowGroups g, Store dx_store = Store::add) const {
+    cpu::grouped_linear_backward<T>(dx, dw, db, dy, x, w, g, dx_store);
   }
   void grouped_layernorm_forward(M out, S mean, S rstd, CM x, CPG gamma, CPG beta, RowGroups g,
                                  T eps = T(1e-5)) const {
@@ -338,8 +339,9 @@ struct Backend {
   void scatter_add_rows(PG out, index_t out_rows, CM in, Tok idx, RowGroups g) const {
     cpu::scatter_add_rows<T>(out, out_rows, in, idx, g);
   }
-  void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights, RowGroups g) const {
-    cpu::scatter_add_rows_backward<T>(din, dweights, dout, in, idx, weights, g);
+  void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights, RowGroups g,
+                                 Store st = Store::add) const {
+    cpu::scatter_add_rows_backward<T>(din, dweights, dout, in, idx, weights, g, st);
   }
   void attention_grouped_forward(M out, S lse, CM q, CPG k, CPG v, index_t kv_rows, index_t kv_ld, Tok q_tok, Tok k_tok,
                                  RowGroups g, index_t seq, index_t heads) const {

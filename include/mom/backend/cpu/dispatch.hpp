@@ -56,11 +56,13 @@ void scatter_add_rows(MatrixView<T> out, MatrixView<const T> in, std::span<const
   }
 }
 
-// Backward of scatter_add_rows: din[i] += w[i] · dout[idx[i]], dweights[i] += dout[idx[i]] · in[i].
-// din and dweights may each be empty (not wanted); weights empty means all 1.
+// Backward of scatter_add_rows: din[i] += w[i] · dout[idx[i]], dweights[i] += dout[idx[i]] · in[i]
+// (Store::overwrite: = instead of +=, both). din and dweights may each be empty (not wanted); weights empty
+// means all 1.
 template <class T>
 void scatter_add_rows_backward(MatrixView<T> din, std::span<T> dweights, MatrixView<const T> dout,
-                               MatrixView<const T> in, std::span<const token_t> idx, std::span<const T> weights) {
+                               MatrixView<const T> in, std::span<const token_t> idx, std::span<const T> weights,
+                               Store st = Store::add) {
   checks::scatter_add_rows_backward_shapes<T>(din, dweights, dout, in, idx, weights);
   detail::check_row_indices("scatter_add_rows_backward", idx, dout.rows, shape(dout));
   const index_t d = in.cols;
@@ -70,15 +72,20 @@ void scatter_add_rows_backward(MatrixView<T> din, std::span<T> dweights, MatrixV
     if (!din.empty()) {
       const T w = weights.empty() ? T(1) : weights[i];
       T* dst = din.row(i);
+      if (st == Store::add) {
 #pragma omp simd
-      for (index_t c = 0; c < d; ++c) dst[c] += w * g[c];
+        for (index_t c = 0; c < d; ++c) dst[c] += w * g[c];
+      } else {
+#pragma omp simd
+        for (index_t c = 0; c < d; ++c) dst[c] = w * g[c];
+      }
     }
     if (!dweights.empty()) {
       const T* src = in.row(i);
       T acc = T(0);
 #pragma omp simd reduction(+ : acc)
       for (index_t c = 0; c < d; ++c) acc += g[c] * src[c];
-      dweights[i] += acc;
+      dweights[i] = (st == Store::add ? dweights[i] : T(0)) + acc;
     }
   }
 }

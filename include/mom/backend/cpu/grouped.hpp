@@ -4,6 +4,10 @@
 // The CUDA backend reads the same offsets inside its kernels instead (no host-device sync); the
 // cross-backend tests compare the two. Forward ops write their rows, backward ops accumulate, and
 // rows outside [offsets[0], offsets[count]) are untouched, as the plain ops' contracts say.
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
 #include <span>
 
 #include "mom/backend/cpu/activation.hpp"
@@ -30,6 +34,77 @@ void for_each_group(const char* op, RowGroups g, index_t rows, F&& f) {
     if (n > 0) f(i, o, n);
   }
 }
+// Groups over threads. A routed layer has many small groups (moeut8: ~40 experts of ~400 rows): one
+// GEMM per group with every thread on it pays a fork, a cooperative B packing and a barrier per call,
+// and each thread gets a sliver of an already small product (161 GFLOP/s on this shape where the dense
+// GEMM runs 264). for_each_group_spread instead gives each thread whole groups, largest first (a
+// dynamic schedule over the groups sorted by size: greedy LPT), and every op inside runs on its
+// thread alone (cpu::gemm inside a parallel region is gemm_serial): 227 GFLOP/s on that shape. It does
+// so only when the greedy spread keeps every thread within 15% of an even share of the rows and the
+// groups' outputs are disjoint (`disjoint`: the caller's guarantee, e.g. distinct weight gradients);
+// otherwise the groups run one after another, each op using every thread, as for_each_group does.
+// Either way a group's result is the same bits: the GEMM's arithmetic (its k order, its tiles) does
+// not depend on the thread count.
+inline constexpr double spread_max_imbalance = 1.15;
+inline constexpr double spread_min_macs = 96.0 * 96.0 * 96.0;  // below it the GEMM runs on one thread anyway
+
+// The non-empty groups of g, largest first, into order; returns their count. Whether they spread over
+// nt threads within spread_max_imbalance: greedy LPT (each group to the least loaded thread).
+inline int groups_by_size(RowGroups g, std::array<int, max_row_groups>& order) {
+  int m = 0;
+  for (int i = 0; i < g.count; ++i)
+    if (g.offsets[i + 1] > g.offsets[i]) order[std::size_t(m++)] = i;
+  const auto size = [&](int i) { return g.offsets[i + 1] - g.offsets[i]; };
+  std::stable_sort(order.begin(), order.begin() + m, [&](int a, int b) { return size(a) > size(b); });
+  return m;
+}
+inline bool spreads_evenly(RowGroups g, const std::array<int, max_row_groups>& order, int m, int nt) {
+  if (nt < 2 || m < 2 * nt) return false;
+  constexpr int max_threads = 256;
+  std::array<index_t, max_threads> load{};
+  nt = std::min(nt, max_threads);
+  index_t total = 0;
+  for (int j = 0; j < m; ++j) {
+    const int i = order[std::size_t(j)];
+    const index_t n = g.offsets[i + 1] - g.offsets[i];
+    *std::min_element(load.begin(), load.begin() + nt) += n;
+    total += n;
+  }
+  const index_t most = *std::max_element(load.begin(), load.begin() + nt);
+  return double(most) * nt <= spread_max_imbalance * double(total);
+}
+// f(g, first_row, rows) for every non-empty group, spread over the threads as above when that pays;
+// macs_per_row: the multiply-adds of one row's work (to leave small problems alone).
+template <class F>
+void for_each_group_spread(const char* op, RowGroups g, index_t rows, double macs_per_row, bool disjoint, F&& f) {
+  for_each_group(op, g, rows, [](int, index_t, index_t) {});  // validates the offsets
+  const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+  std::array<int, max_row_groups> order;
+  const int m = groups_by_size(g, order);
+  const double macs = macs_per_row * double(g.offsets[g.count] - g.offsets[0]);
+  if (!disjoint || macs < spread_min_macs * nt || !spreads_evenly(g, order, m, nt)) {
+    for_each_group(op, g, rows, f);
+    return;
+  }
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int j = 0; j < m; ++j) {
+    const int i = order[std::size_t(j)];
+    f(i, index_t(g.offsets[i]), index_t(g.offsets[i + 1] - g.offsets[i]));
+  }
+}
+// Whether the per-group tensors of p (each `size` elements) are pairwise disjoint over the groups of g
+// (an expert's own weight gradient: yes; one tensor every group reads, same_for_groups: no).
+template <class T>
+bool per_group_disjoint(const PerGroup<T>& p, int count, index_t size) {
+  if (p.empty()) return true;
+  std::array<index_t, max_row_groups> at;
+  std::copy_n(p.at.begin(), count, at.begin());
+  std::sort(at.begin(), at.begin() + count);
+  for (int i = 1; i < count; ++i)
+    if (at[std::size_t(i)] - at[std::size_t(i - 1)] < size) return false;
+  return true;
+}
+
 // The union of the groups' rows, [offsets[0], offsets[count]) (validated as for_each_group does), for
 // the ops whose work does not depend on the group (gather, scatter into one matrix): one call of the plain
 // op over all the rows instead of one per group.
@@ -63,22 +138,27 @@ template <class T>
 void grouped_linear_forward(MatrixView<T> y, MatrixView<const T> x, PerGroup<const T> w, PerGroup<const T> b,
                             RowGroups g) {
   checks::grouped_linear_shapes<T>("grouped_linear_forward", y, x, !w.empty());
-  detail::for_each_group("grouped_linear_forward", g, x.rows, [&](int i, index_t o, index_t n) {
+  const double macs = double(y.cols) * double(x.cols);
+  detail::for_each_group_spread("grouped_linear_forward", g, x.rows, macs, true, [&](int i, index_t o, index_t n) {
     linear_forward<T>(y.row_block(o, n), x.row_block(o, n), {w[i], y.cols, x.cols},
                       detail::group_vector(b, i, y.cols));
   });
 }
 // dx[r] += W_gᵀ dy[r], dW_g += Σ_r dy[r] x[r]ᵀ, db_g += Σ_r dy[r]; dx, dw, db may each be empty.
+// dx_store = Store::overwrite: dx[r] = W_gᵀ dy[r] on the groups' rows (the others untouched).
 template <class T>
 void grouped_linear_backward(MatrixView<T> dx, PerGroup<T> dw, PerGroup<T> db, MatrixView<const T> dy,
-                             MatrixView<const T> x, PerGroup<const T> w, RowGroups g) {
+                             MatrixView<const T> x, PerGroup<const T> w, RowGroups g, Store dx_store = Store::add) {
   checks::grouped_linear_shapes<T>("grouped_linear_backward", dy, x, !w.empty());
   MOM_CHECK(dx.empty() || (dx.rows == x.rows && dx.cols == x.cols), "grouped_linear_backward: dx ", shape(dx),
             " must match x ", shape(x));
-  detail::for_each_group("grouped_linear_backward", g, x.rows, [&](int i, index_t o, index_t n) {
+  const index_t wsize = dy.cols * x.cols;
+  const bool disjoint = detail::per_group_disjoint(dw, g.count, wsize) && detail::per_group_disjoint(db, g.count, dy.cols);
+  const double macs = double(dx.empty() ? 1 : 2) * double(dy.cols) * double(x.cols);
+  detail::for_each_group_spread("grouped_linear_backward", g, x.rows, macs, disjoint, [&](int i, index_t o, index_t n) {
     linear_backward<T>(detail::rows_of(dx, o, n), detail::group_matrix(dw, i, dy.cols, x.cols, x.cols),
                        detail::group_vector(db, i, dy.cols), dy.row_block(o, n), x.row_block(o, n),
-                       {w[i], dy.cols, x.cols});
+                       {w[i], dy.cols, x.cols}, dx_store);
   });
 }
 
@@ -174,12 +254,12 @@ void scatter_add_rows(PerGroup<T> out, index_t out_rows, MatrixView<const T> in,
 template <class T>
 void scatter_add_rows_backward(MatrixView<T> din, std::span<T> dweights, MatrixView<const T> dout,
                                MatrixView<const T> in, std::span<const token_t> idx, std::span<const T> weights,
-                               RowGroups g) {
+                               RowGroups g, Store st = Store::add) {
   checks::scatter_add_rows_backward_shapes<T>(din, dweights, dout, in, idx, weights);
   const auto [o, n] = detail::group_rows("scatter_add_rows_backward", g, in.rows);
   if (n > 0)
     scatter_add_rows_backward<T>(detail::rows_of(din, o, n), detail::part(dweights, o, n), dout, in.row_block(o, n),
-                                 idx.subspan(std::size_t(o), std::size_t(n)), detail::part(weights, o, n));
+                                 idx.subspan(std::size_t(o), std::size_t(n)), detail::part(weights, o, n), st);
 }
 
 // Causal attention of every group's queries over that group's keys (core/groups.hpp's attention):

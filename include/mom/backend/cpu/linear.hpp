@@ -45,13 +45,13 @@ void linear_forward(MatrixView<T> y, MatrixView<const T> x, MatrixView<const T> 
   gemm<T>(y, x, Trans::N, w, Trans::T, T(1), T(1));
 }
 
-// Backward of linear_forward. Accumulates: dx += dy·w, dw += dyᵀ·x, db += Σ_rows dy.
-// dx and db may be empty (not wanted); dw may be empty too (frozen weight).
+// Backward of linear_forward. Accumulates: dx += dy·w, dw += dyᵀ·x, db += Σ_rows dy (dx_store =
+// Store::overwrite: dx = dy·w). dx and db may be empty (not wanted); dw may be empty too (frozen weight).
 template <class T>
 void linear_backward(MatrixView<T> dx, MatrixView<T> dw, std::span<T> db, MatrixView<const T> dy, MatrixView<const T> x,
-                     MatrixView<const T> w) {
+                     MatrixView<const T> w, Store dx_store = Store::add) {
   checks::linear_backward_shapes<T>(dx, dw, db, dy, x, w);
-  if (!dx.empty()) gemm<T>(dx, dy, Trans::N, w, Trans::N, T(1), T(1));
+  if (!dx.empty()) gemm<T>(dx, dy, Trans::N, w, Trans::N, T(1), dx_store == Store::add ? T(1) : T(0));
   if (!dw.empty()) gemm<T>(dw, dy, Trans::T, x, Trans::N, T(1), T(1));
   if (!db.empty()) detail::add_column_sums<T>(db, dy);
 }

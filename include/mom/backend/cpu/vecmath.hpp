@@ -57,9 +57,9 @@ inline float exp_affine(float* s, index_t n, float scale, float shift) {
 }
 // out[i] = gelu(x[i]) (tanh approximation); out may alias x.
 inline void gelu_forward(float* out, const float* x, index_t n) { MOM_VECMATH_DISPATCH(gelu_forward(out, x, n)) }
-// dx[i] += dout[i] · gelu'(x[i]).
-inline void gelu_backward(float* dx, const float* x, const float* dout, index_t n) {
-  MOM_VECMATH_DISPATCH(gelu_backward(dx, x, dout, n))
+// dx[i] += dout[i] · gelu'(x[i]) (add), or dx[i] = dout[i] · gelu'(x[i]).
+inline void gelu_backward(float* dx, const float* x, const float* dout, index_t n, bool add = true) {
+  MOM_VECMATH_DISPATCH(gelu_backward(dx, x, dout, n, add))
 }
 #undef MOM_VECMATH_DISPATCH
 

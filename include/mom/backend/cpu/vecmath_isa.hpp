@@ -105,13 +105,16 @@ inline void gelu_forward(float* out, const float* x, index_t n) {
 }
 
 // dx += dout · gelu'(x)
-inline void gelu_backward(float* dx, const float* x, const float* dout, index_t n) {
+inline void gelu_backward(float* dx, const float* x, const float* dout, index_t n, bool add) {
   index_t i = 0;
-  for (; i + W <= n; i += W) store(dx + i, load(dx + i) + load(dout + i) * gelu_grad(load(x + i)));
+  if (add)
+    for (; i + W <= n; i += W) store(dx + i, load(dx + i) + load(dout + i) * gelu_grad(load(x + i)));
+  else
+    for (; i + W <= n; i += W) store(dx + i, load(dout + i) * gelu_grad(load(x + i)));
   if (i < n) {  // the tail as in gelu_forward
     float xb[W] = {}, gb[W];
     std::memcpy(xb, x + i, std::size_t(n - i) * sizeof(float));
     store(gb, gelu_grad(load(xb)));
-    for (index_t j = 0; j < n - i; ++j) dx[i + j] += dout[i + j] * gb[j];
+    for (index_t j = 0; j < n - i; ++j) dx[i + j] = (add ? dx[i + j] : 0.0f) + dout[i + j] * gb[j];
   }
 }

@@ -30,7 +30,8 @@ struct GroupedKernels {
   // (column tiles); each block finds its (group, row tile) from the device offsets.
   static void linear_forward(const Context& ctx, M y, CM x, CPG w, CPG b, RowGroups g);
   // dx[r] += dy[r] W_g (same geometry as linear_forward).
-  static void linear_backward_dx(const Context& ctx, M dx, CM dy, CPG w, RowGroups g);
+  // dx[r] += W_gᵀ dy[r] (add), or = (the groups' rows only).
+  static void linear_backward_dx(const Context& ctx, M dx, CM dy, CPG w, RowGroups g, bool add);
   // dW_g += Σ_r dy[r]ᵀ x[r], db_g += Σ_r dy[r] over the rows r of group g (either may be empty):
   // grid (output tiles) × groups, each block looping over its group's rows.
   static void linear_backward_dw(const Context& ctx, PG dw, PG db, CM dy, CM x, RowGroups g);
@@ -55,7 +56,7 @@ struct GroupedKernels {
   // out_g[idx[r]] += in[r], out_g = [out_rows × in.cols] dense at out[g].
   static void scatter_add_rows(const Context& ctx, PG out, index_t out_rows, CM in, const token_t* idx, RowGroups g);
   static void scatter_add_rows_backward(const Context& ctx, M din, T* dweights, CM dout, CM in, const token_t* idx,
-                                        const T* weights, RowGroups g);
+                                        const T* weights, RowGroups g, bool add);
 };
 
 extern template struct GroupedKernels<float>;

@@ -126,9 +126,10 @@ struct Kernels {
                                  const T* rstd, const T* gamma);
 
   static void gelu_forward(const Context& ctx, T* out, const T* x, index_t n);
-  static void gelu_backward(const Context& ctx, T* dx, const T* x, const T* dout, index_t n);
+  // dx += dout · act'(x) (add), or dx = dout · act'(x).
+  static void gelu_backward(const Context& ctx, T* dx, const T* x, const T* dout, index_t n, bool add);
   static void relu_forward(const Context& ctx, T* out, const T* x, index_t n);
-  static void relu_backward(const Context& ctx, T* dx, const T* x, const T* dout, index_t n);
+  static void relu_backward(const Context& ctx, T* dx, const T* x, const T* dout, index_t n, bool add);
   static void add_forward(const Context& ctx, T* out, const T* a, const T* b, index_t n);
   static void axpy(const Context& ctx, T* y, T alpha, const T* x, index_t n);
   static void scale(const Context& ctx, T* y, T alpha, index_t n);
@@ -166,7 +167,7 @@ struct Kernels {
   static void gather_rows(const Context& ctx, M out, CM in, const token_t* idx);
   static void scatter_add_rows(const Context& ctx, M out, CM in, const token_t* idx, const T* weights);
   static void scatter_add_rows_backward(const Context& ctx, M din, T* dweights, CM dout, CM in, const token_t* idx,
-                                        const T* weights);
+                                        const T* weights, bool add);
 
   static void topk_rows(const Context& ctx, M values, MatrixView<token_t> indices, CM x);
   static void topk_rows_backward(const Context& ctx, M dx, CM dvalues, MatrixView<const token_t> indices);

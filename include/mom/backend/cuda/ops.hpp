@@ -151,17 +151,17 @@ class DenseOps {
     checks::activation_forward_shapes<T>("gelu_forward", out, x);
     K::gelu_forward(*ctx_, out.data(), x.data(), ssize(x));
   }
-  void gelu_backward(S dx, CS x, CS dout) const {
+  void gelu_backward(S dx, CS x, CS dout, Store st = Store::add) const {
     checks::activation_backward_shapes<T>("gelu_backward", dx, x, dout);
-    K::gelu_backward(*ctx_, dx.data(), x.data(), dout.data(), ssize(x));
+    K::gelu_backward(*ctx_, dx.data(), x.data(), dout.data(), ssize(x), st == Store::add);
   }
   void relu_forward(S out, CS x) const {
     checks::activation_forward_shapes<T>("relu_forward", out, x);
     K::relu_forward(*ctx_, out.data(), x.data(), ssize(x));
   }
-  void relu_backward(S dx, CS x, CS dout) const {
+  void relu_backward(S dx, CS x, CS dout, Store st = Store::add) const {
     checks::activation_backward_shapes<T>("relu_backward", dx, x, dout);
-    K::relu_backward(*ctx_, dx.data(), x.data(), dout.data(), ssize(x));
+    K::relu_backward(*ctx_, dx.data(), x.data(), dout.data(), ssize(x), st == Store::add);
   }
   void add_forward(S out, CS a, CS b) const {
     checks::add_forward_shapes<T>(out, a, b);
@@ -250,9 +250,10 @@ class DenseOps {
     checks::scatter_add_rows_shapes<T>(out, in, idx, weights);
     K::scatter_add_rows(*ctx_, out, in, idx.data(), weights.data());
   }
-  void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights = {}) const {
+  void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights = {},
+                                 Store st = Store::add) const {
     checks::scatter_add_rows_backward_shapes<T>(din, dweights, dout, in, idx, weights);
-    K::scatter_add_rows_backward(*ctx_, din, dweights.data(), dout, in, idx.data(), weights.data());
+    K::scatter_add_rows_backward(*ctx_, din, dweights.data(), dout, in, idx.data(), weights.data(), st == Store::add);
   }
 
   void topk_rows(M values, MatrixView<token_t> indices, CM x) const {

@@ -232,12 +232,12 @@ class RoutedOps : public DenseOps<T> {
     checks::row_groups_shape("grouped_linear_forward", g);
     GK::linear_forward(*ctx_, y, x, w, b, g);
   }
-  void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, CPG w, RowGroups g) const {
+  void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, CPG w, RowGroups g, Store dx_store = Store::add) const {
     checks::grouped_linear_shapes<T>("grouped_linear_backward", dy, x, !w.empty());
     MOM_CHECK(dx.empty() || (dx.rows == x.rows && dx.cols == x.cols), "grouped_linear_backward: dx ", shape(dx),
               " must match x ", shape(x));
     checks::row_groups_shape("grouped_linear_backward", g);
-    if (!dx.empty()) GK::linear_backward_dx(*ctx_, dx, dy, w, g);
+    if (!dx.empty()) GK::linear_backward_dx(*ctx_, dx, dy, w, g, dx_store == Store::add);
     GK::linear_backward_dw(*ctx_, dw, db, dy, x, g);
   }
   // mean, rstd [x.rows] and every group's gamma / beta are required, as on the CPU (whose
@@ -303,11 +303,12 @@ class RoutedOps : public DenseOps<T> {
     MOM_CHECK(!out.empty() || g.count == 0, "scatter_add_rows: no per-group outputs");
     GK::scatter_add_rows(*ctx_, out, out_rows, in, idx.data(), g);
   }
-  void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights, RowGroups g) const {
+  void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights, RowGroups g,
+                                 Store st = Store::add) const {
     checks::scatter_add_rows_backward_shapes<T>(din, dweights, dout, in, idx, weights);
     checks::row_groups_shape("scatter_add_rows_backward", g);
     GK::scatter_add_rows_backward(*ctx_, din, dweights.empty() ? nullptr : dweights.data(), dout, in, idx.data(),
-                                  weights.empty() ? nullptr : weights.data(), g);
+                                  weights.empty() ? nullptr : weights.data(), g, st == Store::add);
   }
 
   // Groups (token, module) pairs by module: modules[p] is the module of pair p (e.g. p = token·K + j

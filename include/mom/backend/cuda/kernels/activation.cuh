@@ -21,12 +21,12 @@ __global__ void gelu_forward_kernel(T* out, const T* x, index_t n) {
   }
 }
 template <class T>
-__global__ void gelu_backward_kernel(T* dx, const T* x, const T* dout, index_t n) {
+__global__ void gelu_backward_kernel(T* dx, const T* x, const T* dout, index_t n, bool add) {
   MOM_GRID_STRIDE(i, n) {
     const T v = x[i];
     const T t = tanh_(gelu_k<T> * (v + gelu_c<T> * v * v * v));
     const T dgelu = T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * gelu_k<T> * (T(1) + T(3) * gelu_c<T> * v * v);
-    dx[i] += dout[i] * dgelu;
+    dx[i] = (add ? dx[i] : T(0)) + dout[i] * dgelu;
   }
 }
 template <class T>
@@ -34,8 +34,8 @@ __global__ void relu_forward_kernel(T* out, const T* x, index_t n) {
   MOM_GRID_STRIDE(i, n) out[i] = x[i] > T(0) ? x[i] : T(0);
 }
 template <class T>
-__global__ void relu_backward_kernel(T* dx, const T* x, const T* dout, index_t n) {
-  MOM_GRID_STRIDE(i, n) if (x[i] > T(0)) dx[i] += dout[i];
+__global__ void relu_backward_kernel(T* dx, const T* x, const T* dout, index_t n, bool add) {
+  MOM_GRID_STRIDE(i, n) dx[i] = (add ? dx[i] : T(0)) + (x[i] > T(0) ? dout[i] : T(0));
 }
 template <class T>
 __global__ void add_kernel(T* out, const T* a, const T* b, index_t n) {
@@ -59,16 +59,16 @@ void Kernels<T>::gelu_forward(const Context& ctx, T* out, const T* x, index_t n)
   dev::launch("gelu_forward", ctx, dev::blocks_for(n), dev::threads, dev::gelu_forward_kernel<T>, out, x, n);
 }
 template <class T>
-void Kernels<T>::gelu_backward(const Context& ctx, T* dx, const T* x, const T* dout, index_t n) {
-  dev::launch("gelu_backward", ctx, dev::blocks_for(n), dev::threads, dev::gelu_backward_kernel<T>, dx, x, dout, n);
+void Kernels<T>::gelu_backward(const Context& ctx, T* dx, const T* x, const T* dout, index_t n, bool add) {
+  dev::launch("gelu_backward", ctx, dev::blocks_for(n), dev::threads, dev::gelu_backward_kernel<T>, dx, x, dout, n, add);
 }
 template <class T>
 void Kernels<T>::relu_forward(const Context& ctx, T* out, const T* x, index_t n) {
   dev::launch("relu_forward", ctx, dev::blocks_for(n), dev::threads, dev::relu_forward_kernel<T>, out, x, n);
 }
 template <class T>
-void Kernels<T>::relu_backward(const Context& ctx, T* dx, const T* x, const T* dout, index_t n) {
-  dev::launch("relu_backward", ctx, dev::blocks_for(n), dev::threads, dev::relu_backward_kernel<T>, dx, x, dout, n);
+void Kernels<T>::relu_backward(const Context& ctx, T* dx, const T* x, const T* dout, index_t n, bool add) {
+  dev::launch("relu_backward", ctx, dev::blocks_for(n), dev::threads, dev::relu_backward_kernel<T>, dx, x, dout, n, add);
 }
 template <class T>
 void Kernels<T>::add_forward(const Context& ctx, T* out, const T* a, const T* b, index_t n) {

@@ -319,13 +319,19 @@ void GroupedKernels<T>::linear_forward(const Context& ctx, M y, CM x, CPG w, CPG
   });
 }
 template <class T>
-void GroupedKernels<T>::linear_backward_dx(const Context& ctx, M dx, CM dy, CPG w, RowGroups g) {
+void GroupedKernels<T>::linear_backward_dx(const Context& ctx, M dx, CM dy, CPG w, RowGroups g, bool add) {
   if (g.count == 0 || dy.rows == 0 || dx.cols == 0) return;
   const dim3 grid(dev::row_tile_slots(dy.rows, g.count, dev::gemm_bm), dev::blocks_exact(dx.cols, dev::gemm_bn));
   dev::with_gemm_path<T>(ctx, [&](auto path) {
-    dev::launch("grouped_linear_backward", ctx, grid, dev::gemm_threads,
-                dev::grouped_rows_gemm_kernel<T, false, true, decltype(path)::value>, dx, dy, w, dx.cols, CPG{}, g,
-                ctx.error);
+    // Accumulate = false with no bias stores the product: the overwrite.
+    if (add)
+      dev::launch("grouped_linear_backward", ctx, grid, dev::gemm_threads,
+                  dev::grouped_rows_gemm_kernel<T, false, true, decltype(path)::value>, dx, dy, w, dx.cols, CPG{}, g,
+                  ctx.error);
+    else
+      dev::launch("grouped_linear_backward", ctx, grid, dev::gemm_threads,
+                  dev::grouped_rows_gemm_kernel<T, false, false, decltype(path)::value>, dx, dy, w, dx.cols, CPG{}, g,
+                  ctx.error);
   });
 }
 template <class T>

@@ -216,7 +216,7 @@ __global__ void grouped_scatter_add_rows_per_group_kernel(PerGroup<T> out, index
 template <class T>
 __global__ void grouped_scatter_add_rows_backward_kernel(MatrixView<T> din, T* dweights, MatrixView<const T> dout,
                                                          MatrixView<const T> in, const token_t* idx, const T* w,
-                                                         RowGroups g, int* error) {
+                                                         RowGroups g, bool add, int* error) {
   check_offsets(g, in.rows, error);
   const RowRange all = grouped_rows(g, in.rows);
   const index_t i = all.lo + index_t(blockIdx.x) * warps_per_block + (threadIdx.x >> 5);
@@ -231,12 +231,12 @@ __global__ void grouped_scatter_add_rows_backward_kernel(MatrixView<T> din, T* d
   const T wi = w ? w[i] : T(1);
   T acc = T(0);
   for (index_t c = lane; c < in.cols; c += 32) {
-    if (din.data) din.data[i * din.ld + c] += wi * gr[c];
+    if (din.data) din.data[i * din.ld + c] = (add ? din.data[i * din.ld + c] : T(0)) + wi * gr[c];
     if (dweights) acc += gr[c] * in.data[i * in.ld + c];
   }
   if (dweights) {
     acc = warp_sum(acc);
-    if (lane == 0) dweights[i] += acc;
+    if (lane == 0) dweights[i] = (add ? dweights[i] : T(0)) + acc;
   }
 }
 
@@ -318,10 +318,11 @@ void GroupedKernels<T>::scatter_add_rows(const Context& ctx, PG out, index_t out
 }
 template <class T>
 void GroupedKernels<T>::scatter_add_rows_backward(const Context& ctx, M din, T* dweights, CM dout, CM in,
-                                                  const token_t* idx, const T* weights, RowGroups g) {
+                                                  const token_t* idx, const T* weights, RowGroups g, bool add) {
   if (g.count == 0 || (din.empty() && !dweights)) return;
   dev::launch("scatter_add_rows_backward", ctx, dev::warp_rows_blocks(in.rows), dev::threads,
-              dev::grouped_scatter_add_rows_backward_kernel<T>, din, dweights, dout, in, idx, weights, g, ctx.error);
+              dev::grouped_scatter_add_rows_backward_kernel<T>, din, dweights, dout, in, idx, weights, g, add,
+              ctx.error);
 }
 
 }  // namespace mom::cuda

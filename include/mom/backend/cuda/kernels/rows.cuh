@@ -38,10 +38,11 @@ __global__ void scatter_add_rows_kernel(MatrixView<T> out, MatrixView<const T> i
   }
 }
 
-// Warp per row i: din[i] += w_i dout[idx_i], dweights[i] += dout[idx_i]·in[i].
+// Warp per row i: din[i] += w_i dout[idx_i], dweights[i] += dout[idx_i]·in[i] (add; otherwise =).
 template <class T>
 __global__ void scatter_add_rows_backward_kernel(MatrixView<T> din, T* dweights, MatrixView<const T> dout,
-                                                 MatrixView<const T> in, const token_t* idx, const T* w, int* error) {
+                                                 MatrixView<const T> in, const token_t* idx, const T* w, bool add,
+                                                 int* error) {
   const index_t i = index_t(blockIdx.x) * warps_per_block + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (i >= in.rows) return;
@@ -54,12 +55,12 @@ __global__ void scatter_add_rows_backward_kernel(MatrixView<T> din, T* dweights,
   const T wi = w ? w[i] : T(1);
   T acc = T(0);
   for (index_t c = lane; c < in.cols; c += 32) {
-    if (din.data) din.data[i * din.ld + c] += wi * g[c];
+    if (din.data) din.data[i * din.ld + c] = (add ? din.data[i * din.ld + c] : T(0)) + wi * g[c];
     if (dweights) acc += g[c] * in.data[i * in.ld + c];
   }
   if (dweights) {
     acc = warp_sum(acc);
-    if (lane == 0) dweights[i] += acc;
+    if (lane == 0) dweights[i] = (add ? dweights[i] : T(0)) + acc;
   }
 }
 
@@ -163,10 +164,10 @@ void Kernels<T>::scatter_add_rows(const Context& ctx, M out, CM in, const token_
 }
 template <class T>
 void Kernels<T>::scatter_add_rows_backward(const Context& ctx, M din, T* dweights, CM dout, CM in, const token_t* idx,
-                                           const T* weights) {
+                                           const T* weights, bool add) {
   if (din.empty() && !dweights) return;
   dev::launch("scatter_add_rows_backward", ctx, dev::blocks_exact(in.rows, dev::warps_per_block), dev::threads,
-              dev::scatter_add_rows_backward_kernel<T>, din, dweights, dout, in, idx, weights, ctx.error);
+              dev::scatter_add_rows_backward_kernel<T>, din, dweights, dout, in, idx, weights, add, ctx.error);
 }
 
 template <class T>
