@@ -98,6 +98,10 @@ struct PollingBackend : cpu::Backend<float> {
   void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, CPG w, RowGroups g, Store dx_store = Store::add) const {
     Base::grouped_linear_backward(dx, dw, db, dy, x, w, g, dx_store), hook();
   }
+  void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, Tok idx, CPG w, RowGroups g,
+                               Store dx_store = Store::add) const {
+    Base::grouped_linear_backward(dx, dw, db, dy, x, idx, w, g, dx_store), hook();
+  }
 };
 
 constexpr Dims dims{.d_model = 256, .heads = 8, .d_ff = 1024, .vocab = 256, .context = 256};  // mom8_dims

@@ -272,6 +272,16 @@ struct TimingBackend : cpu::Backend<T> {
     count(grouped_cat(dy.cols), (dx.empty() ? 2.0 : 4.0) * grouped_rows(g) * x.cols * dy.cols);
     timed(grouped_cat(dy.cols), [&] { Base::grouped_linear_backward(dx, dw, db, dy, x, w, g, dx_store); });
   }
+  // The gathered forms (x's rows read through idx inside the GEMM): the same products.
+  void grouped_linear_forward(M y, CM x, Tok idx, CPG w, CPG b, RowGroups g) const {
+    count(grouped_cat(y.cols), 2.0 * grouped_rows(g) * x.cols * y.cols);
+    timed(grouped_cat(y.cols), [&] { Base::grouped_linear_forward(y, x, idx, w, b, g); });
+  }
+  void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, Tok idx, CPG w, RowGroups g,
+                               Store dx_store = Store::add) const {
+    count(grouped_cat(dy.cols), (dx.empty() ? 2.0 : 4.0) * grouped_rows(g) * x.cols * dy.cols);
+    timed(grouped_cat(dy.cols), [&] { Base::grouped_linear_backward(dx, dw, db, dy, x, idx, w, g, dx_store); });
+  }
   void grouped_layernorm_forward(M out, S mean, S rstd, CM x, CPG gamma, CPG beta, RowGroups g, T eps = T(1e-5)) const {
     timed(kLayerNorm, [&] { Base::grouped_layernorm_forward(out, mean, rstd, x, gamma, beta, g, eps); });
   }

@@ -297,3 +297,88 @@ TEST_CASE("backward ops with Store::overwrite equal accumulation into zeros, row
       else CHECK(std::isnan(v));
     }
 }
+
+// The gathered grouped linear (grouped_linear_forward / _backward with a row list): packed row r reads x's row idx[r]
+// inside the GEMM's packing. It equals the gather followed by the plain grouped op, bit for bit, in double (Eigen)
+// and in float (mom's GEMM, groups spread over the threads); an index out of range is one clear error.
+TEST_CASE("grouped_linear over gathered rows equals gather + grouped_linear, bit for bit", "[ops][grouped]") {
+  Rng rng(29);
+  const index_t in = 6, out = 5, Tn = 7;
+  auto table = test::random_vec(std::size_t(Tn * in), rng), w = test::random_vec(std::size_t(G * (out * in + 3)), rng);
+  auto b = test::random_vec(std::size_t(G * (out + 3)), rng), dy = test::random_vec(std::size_t(R * out), rng);
+  std::vector<token_t> idx(static_cast<std::size_t>(R), -1);  // -1 outside the groups: never read
+  for (index_t r = 1; r < 9; ++r) idx[std::size_t(r)] = token_t(rng.integer(0, int(Tn) - 1));
+  Be be;
+  std::vector<double> xg(std::size_t(R * in), 0.0);
+  for (index_t r = 1; r < 9; ++r)
+    std::copy_n(table.data() + idx[std::size_t(r)] * in, in, xg.data() + r * in);
+  const auto wg = per_group<const double>(w.data(), out * in);
+  const auto bg = per_group<const double>(b.data(), out);
+  std::vector<double> y_ref(std::size_t(R * out), -7.25), y(y_ref);
+  be.grouped_linear_forward(test::mat(y_ref, R, out), test::cmat(xg, R, in), wg, bg, groups);
+  be.grouped_linear_forward(test::mat(y, R, out), test::cmat(table, Tn, in), idx, wg, bg, groups);
+  CHECK(y == y_ref);
+  std::vector<double> dx_ref(std::size_t(R * in), 0.25), dx(dx_ref), dw_ref(w.size(), 0.5), dw(dw_ref),
+      db_ref(b.size(), 0.75), db(db_ref);
+  be.grouped_linear_backward(test::mat(dx_ref, R, in), per_group(dw_ref.data(), out * in), per_group(db_ref.data(), out),
+                             test::cmat(dy, R, out), test::cmat(xg, R, in), wg, groups);
+  be.grouped_linear_backward(test::mat(dx, R, in), per_group(dw.data(), out * in), per_group(db.data(), out),
+                             test::cmat(dy, R, out), test::cmat(table, Tn, in), idx, wg, groups);
+  CHECK(dx == dx_ref);
+  CHECK(dw == dw_ref);
+  CHECK(db == db_ref);
+  idx[4] = token_t(Tn);
+  CHECK_THROWS_WITH(be.grouped_linear_forward(test::mat(y, R, out), test::cmat(table, Tn, in), idx, wg, bg, groups),
+                    Catch::Contains("grouped_linear_forward: idx[4] = 7 is out of range [0, 7) for x [7x6]"));
+  CHECK_THROWS_WITH(be.grouped_linear_forward(test::mat(y, R, out), test::cmat(table, Tn, in),
+                                              std::span<const token_t>(idx).first(5), wg, bg, groups),
+                    Catch::Contains("grouped_linear_forward: 5 row indices for y [11x5]"));
+
+  // Float: mom's GEMM with the row list in its packing, 24 groups spread over 2 threads.
+  using F = cpu::Backend<float>;
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(2);
+  constexpr int E = 24;
+  const index_t fin = 96, fout = 64, n = 512;
+  std::vector<token_t> off{0};
+  for (int e = 0; e < E; ++e) off.push_back(off.back() + token_t(90 + 7 * (e % 5)));
+  const index_t rows = off.back();
+  const RowGroups fg{off.data(), E};
+  std::vector<token_t> fidx(static_cast<std::size_t>(rows));
+  for (auto& i : fidx) i = token_t(rng.integer(0, int(n) - 1));
+  auto to_float = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
+  const auto fx = to_float(test::random_vec(std::size_t(n * fin), rng));
+  const auto fw = to_float(test::random_vec(std::size_t(E * fout * fin), rng));
+  const auto fdy = to_float(test::random_vec(std::size_t(rows * fout), rng));
+  std::vector<float> fxg(std::size_t(rows * fin));
+  for (index_t r = 0; r < rows; ++r) std::copy_n(fx.data() + fidx[std::size_t(r)] * fin, fin, fxg.data() + r * fin);
+  F fbe;
+  const auto fwg = uniform_groups<const float>(fw.data(), E, fout * fin);
+  std::vector<float> fy_ref(std::size_t(rows * fout)), fy(fy_ref.size());
+  fbe.grouped_linear_forward(MatrixView<float>{fy_ref.data(), rows, fout}, MatrixView<const float>{fxg.data(), rows, fin},
+                             fwg, PerGroup<const float>{}, fg);
+  fbe.grouped_linear_forward(MatrixView<float>{fy.data(), rows, fout}, MatrixView<const float>{fx.data(), n, fin}, fidx,
+                             fwg, PerGroup<const float>{}, fg);
+  CHECK(fy == fy_ref);
+  std::vector<float> fdx_ref(std::size_t(rows * fin)), fdx(fdx_ref.size()), fdw_ref(fw.size(), 0.5f), fdw(fdw_ref);
+  fbe.grouped_linear_backward(MatrixView<float>{fdx_ref.data(), rows, fin}, uniform_groups(fdw_ref.data(), E, fout * fin),
+                              PerGroup<float>{}, MatrixView<const float>{fdy.data(), rows, fout},
+                              MatrixView<const float>{fxg.data(), rows, fin}, fwg, fg, Store::overwrite);
+  fbe.grouped_linear_backward(MatrixView<float>{fdx.data(), rows, fin}, uniform_groups(fdw.data(), E, fout * fin),
+                              PerGroup<float>{}, MatrixView<const float>{fdy.data(), rows, fout},
+                              MatrixView<const float>{fx.data(), n, fin}, fidx, fwg, fg, Store::overwrite);
+  CHECK(fdx == fdx_ref);
+  CHECK(fdw == fdw_ref);
+
+  // Groups of at most 8 rows: their products take the GEMM's few-rows path (gemv), rows read through the list too.
+  const std::vector<token_t> small_off{0, 1, 4, 12, 12, 17};
+  const RowGroups sg{small_off.data(), 5};
+  const index_t srows = small_off.back();
+  std::vector<float> sy_ref(std::size_t(srows * fout)), sy(sy_ref.size());
+  fbe.grouped_linear_forward(MatrixView<float>{sy_ref.data(), srows, fout}, MatrixView<const float>{fxg.data(), srows, fin},
+                             fwg, PerGroup<const float>{}, sg);
+  fbe.grouped_linear_forward(MatrixView<float>{sy.data(), srows, fout}, MatrixView<const float>{fx.data(), n, fin},
+                             std::span<const token_t>(fidx).first(std::size_t(srows)), fwg, PerGroup<const float>{}, sg);
+  CHECK(sy == sy_ref);
+  omp_set_num_threads(saved_threads);
+}

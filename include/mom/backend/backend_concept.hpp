@@ -134,6 +134,8 @@ concept GroupedOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, s
   be.grouped_linear_forward(m, cm, cpg, cpg, g);
   be.grouped_linear_backward(m, pg, pg, cm, cm, cpg, g);
   be.grouped_linear_backward(m, pg, pg, cm, cm, cpg, g, Store::overwrite);  // dx overwritten, not added to
+  be.grouped_linear_forward(m, cm, tok, cpg, cpg, g);  // gathered: row r reads x[tok[r]]
+  be.grouped_linear_backward(m, pg, pg, cm, cm, tok, cpg, g, Store::overwrite);
   be.grouped_layernorm_forward(m, s, s, cm, cpg, cpg, g);
   be.grouped_layernorm_backward(m, pg, pg, cm, cm, cs, cs, cpg, g);
   be.gelu_forward(m, cm, g);

@@ -95,7 +95,7 @@ struct MoA {
     struct Saved {
       index_t ln, mean, rstd;  // LN(x) [n × d] and its statistics
       typename Gate::Saved gate;
-      index_t xg, qp;          // packed LN(x) rows [rows × d] and queries [rows × D_att]
+      index_t qp;              // packed queries [rows × D_att] (W_q reads LN(x)'s rows through the picks)
       index_t qkv, att;        // [Q (k·D_att) | K | V] [n × (k+2)·D_att]; attention output [n × k·D_att]
       index_t og, yg;          // packed attention outputs [rows × D_att] and head outputs [rows × d]
       index_t aux;             // = the router's loss (ModuleWithAuxLoss)
@@ -107,7 +107,6 @@ struct MoA {
       s.mean = a.take(n);
       s.rstd = a.take(n);
       s.gate = Gate::plan(a, n);
-      s.xg = a.take(rows * d);
       s.qp = a.take(rows * da);
       s.qkv = a.take(n * (qw + 2 * da));
       s.att = a.take(n * qw);
@@ -180,14 +179,13 @@ struct MoA {
       const index_t rows = n * K;
       const auto ln = mat(ws, s.ln, n, d);
       const auto qkv = mat(ws, s.qkv, n, qw + 2 * da), att = mat(ws, s.att, n, qw);
-      const auto xg = mat(ws, s.xg, rows, d), qp = mat(ws, s.qp, rows, da);
+      const auto qp = mat(ws, s.qp, rows, da);
       const auto qc = mat(ws, s.att, rows, da);  // the queries in pair order, staged in att before attend writes it
       const auto og = mat(ws, s.og, rows, da), yg = mat(ws, s.yg, rows, d);
       be.layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
       Gate::forward(be, p + o_gate, ws, s.gate, MatrixView<const T>(ln));  // eqs. (1), (2), (7)
       const auto rr = dispatch::routed_rows(static_cast<const T*>(ws), s.gate.sel, C, n, K);
-      dispatch::gather(be, rr, MatrixView<const T>(ln), xg);
-      be.grouped_linear_forward(qp, MatrixView<const T>(xg), w_q(p), PerGroup<const T>{}, rr.groups);  // q_t^e
+      be.grouped_linear_forward(qp, MatrixView<const T>(ln), rr.token, w_q(p), PerGroup<const T>{}, rr.groups);  // q_t^e
       dispatch::to_pairs(be, rr, MatrixView<const T>(qp), qc);
       be.copy(qkv.col_block(0, qw), MatrixView<const T>(qc.data, n, qw));
       be.linear_forward(qkv.col_block(qw, 2 * da), MatrixView<const T>(ln), mat(p, o_kv, 2 * da, d), std::span<const T>{});
@@ -226,7 +224,7 @@ struct MoA {
       // The queries: pair order → head order → W_q.
       be.copy(MatrixView<T>(datt.data, n, qw), MatrixView<const T>(dqkv.col_block(0, qw)));
       dispatch::from_pairs(be, rr, MatrixView<const T>(datt), dog);
-      be.grouped_linear_backward(dy, w_q(g), PerGroup<T>{}, MatrixView<const T>(dog), mat(ws, s.xg, rows, d), w_q(p), gr,
+      be.grouped_linear_backward(dy, w_q(g), PerGroup<T>{}, MatrixView<const T>(dog), ln, rr.token, w_q(p), gr,
                                  Store::overwrite);
       dispatch::gather_backward(be, rr, MatrixView<const T>(dy), dln);
       Gate::backward(be, p + o_gate, g + o_gate, ws, s.gate, ln, dln, vec(static_cast<const T*>(sc), c.dwp, rows),

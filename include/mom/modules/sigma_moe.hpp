@@ -143,7 +143,8 @@ struct SigmaMoE {
         dy_out = dz;
       }
       // The experts: the weighted scatter, W₂, ReLU, W₁ over their groups.
-      const auto dxg = Mlp::backward(be, p + o_w1, p + o_w2, g + o_w1, g + o_w2, ws, s.mlp, rr, dy_out, scratch, c.mlp,
+      const MatrixView<const T> mlp_in = peri || post ? x : mat(ws, s.ln, n, d);  // what the forward's experts read
+      const auto dxg = Mlp::backward(be, p + o_w1, p + o_w2, g + o_w1, g + o_w2, ws, s.mlp, rr, mlp_in, dy_out, scratch, c.mlp,
                                      vec(scratch, c.dwp, rows));
       // The selection: d weight → d σ → the picked logits, plus the regulariser's gradient.
       dispatch::sigmoid_select_backward(be, ws, s.sel, ws + s.dreg, n, K, NE, vec(static_cast<const T*>(scratch), c.dwp, rows),

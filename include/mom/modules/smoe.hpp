@@ -140,7 +140,8 @@ struct SMoE {
       const Scratch c = scratch_plan(n);
       const auto rr = dispatch::routed_rows(ws, s.gate.sel, C, n, K);
       const auto dln = mat(sc, c.dln, n, d);
-      const auto dxg = Mlp::backward(be, p + o_w1, p + o_w2, g + o_w1, g + o_w2, ws, s.mlp, rr, df_, sc, c.mlp,
+      const auto dxg = Mlp::backward(be, p + o_w1, p + o_w2, g + o_w1, g + o_w2, ws, s.mlp, rr, mat(ws, s.ln, n, d), df_,
+                                     sc, c.mlp,
                                      vec(sc, c.dwp, rows));
       be.zero(dln);
       dispatch::gather_backward(be, rr, MatrixView<const T>(dxg), dln);

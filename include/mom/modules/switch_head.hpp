@@ -75,8 +75,8 @@ struct SwitchHead {
     struct Side {
       dispatch::Selection sel;  // logits in sel.probs [n × N_A], sigmoid weights, picks, groups, γ·L in sel.loss
       index_t dreg = 0;         // d(regulariser)/d(logits) [n × N_A]
-      index_t xg = 0, yg = 0;   // value: x̂ gathered [rows × d], expert outputs [rows × d_head];
-                                // output: a^h V^h gathered [rows × d_head], expert outputs [rows × d]
+      index_t yg = 0;           // expert outputs, packed: [rows × d_head] (value), [rows × d] (output); their
+                                // inputs (x̂, a^h V^h) are read through the picks inside the GEMMs, not copied
     };
     struct Saved {
       index_t ln = 0, mean = 0, rstd = 0;  // LN(x) [n × d] (PostNorm: z = x + y and LN(z)'s statistics)
@@ -98,9 +98,7 @@ struct SwitchHead {
           side->sel = dispatch::plan_selection(a, n, KA, NA);
           side->dreg = a.take(n * NA);
         }
-        s.v[h].xg = a.take(rows * d);
         s.v[h].yg = a.take(rows * dh);
-        s.o[h].xg = a.take(rows * dh);
         s.o[h].yg = a.take(rows * d);
       }
       s.aux = a.take(1);
@@ -172,25 +170,24 @@ struct SwitchHead {
       select(be, w_sel, ws, side, ln, batch, seq);
       be.axpy(aux, T(1), vec(static_cast<const T*>(ws), side.sel.loss, 1));
       const auto rr = dispatch::routed_rows(static_cast<const T*>(ws), side.sel, NA, batch * seq, KA);
-      dispatch::routed_forward(be, rr, in, mat(ws, side.xg, rows, in.cols), mat(ws, side.yg, rows, out.cols), out,
-                               [&](MatrixView<const T> xg, MatrixView<T> yg, RowGroups g) {
-                                 be.grouped_linear_forward(yg, xg, w, PerGroup<const T>{}, g);
-                               });
+      const auto yg = mat(ws, side.yg, rows, out.cols);
+      be.grouped_linear_forward(yg, in, rr.token, w, PerGroup<const T>{}, rr.groups);  // in's rows read via the picks
+      dispatch::combine(be, rr, MatrixView<const T>(yg), out);
     }
     // Its backward: dout (read first) → the experts' dW (gw), din += the experts' input gradient, and the
     // selection's gradient into dln and dW_S (g_sel).
     template <class Be, class T>
     static void experts_backward(Be& be, const T* w_sel, T* g_sel, PerGroup<const T> w, PerGroup<T> gw, const T* ws,
-                                 const Side& side, MatrixView<const T> ln, MatrixView<T> dln, MatrixView<const T> dout,
-                                 MatrixView<T> din, T* sc, const Scratch& c, index_t n) {
+                                 const Side& side, MatrixView<const T> ln, MatrixView<T> dln, MatrixView<const T> in,
+                                 MatrixView<const T> dout, MatrixView<T> din, T* sc, const Scratch& c, index_t n) {
       using detail::mat, detail::vec;
       const index_t rows = n * KA;
       const auto rr = dispatch::routed_rows(ws, side.sel, NA, n, KA);
       const auto dy = mat(sc, c.dy, rows, dout.cols), dxg = mat(sc, c.dg, rows, din.cols);
       dispatch::combine_backward(be, rr, mat(ws, side.yg, rows, dout.cols), dout, dy, vec(sc, c.dwp, rows));
       // dxg's group rows overwritten (gather_backward reads no others): no zeroing.
-      be.grouped_linear_backward(dxg, gw, PerGroup<T>{}, MatrixView<const T>(dy), mat(ws, side.xg, rows, din.cols), w,
-                                 rr.groups, Store::overwrite);
+      be.grouped_linear_backward(dxg, gw, PerGroup<T>{}, MatrixView<const T>(dy), in, rr.token, w, rr.groups,
+                                 Store::overwrite);
       dispatch::gather_backward(be, rr, MatrixView<const T>(dxg), din);
       select_backward(be, w_sel, g_sel, ws, side, ln, dln, sc, c, n);
     }
@@ -280,15 +277,16 @@ struct SwitchHead {
       be.zero(dqkv);
       for (int h = 0; h < Heads; ++h)  // eq. (9) backward: dL/d(a^h V^h), dW_O, the output selection
         experts_backward(be, p + o_so + h * NA * d, g + o_so + h * NA * d, w_o(p, h), w_o(g, h), ws, s.o[h], ln, dln,
-                         dy_out, datt.col_block(h * dh, dh), sc, c, n);
+                         mat(ws, s.att, n, hd).col_block(h * dh, dh), dy_out, datt.col_block(h * dh, dh), sc, c, n);
       be.attention_backward(dqkv, MatrixView<const T>(datt), mat(ws, s.att, n, hd), vec(ws, s.lse, batch * H * seq),
                             mat(ws, s.qkv, n, 3 * hd), batch, seq, H);
       rope(be, dqkv, batch, seq, true);
       be.linear_backward(dln, mat(g, o_qk, 2 * hd, d), std::span<T>{}, MatrixView<const T>(dqkv.col_block(0, 2 * hd)), ln,
                          mat(p, o_qk, 2 * hd, d));
       const MatrixView<T> dxin = peri || post ? dx : dln;
+      const MatrixView<const T> xin = peri || post ? x : ln;  // the value experts' input, as in forward
       for (int h = 0; h < Heads; ++h)  // eq. (7) backward: dW_V, dx̂, the value selection
-        experts_backward(be, p + o_sv + h * NA * d, g + o_sv + h * NA * d, w_v(p, h), w_v(g, h), ws, s.v[h], ln, dln,
+        experts_backward(be, p + o_sv + h * NA * d, g + o_sv + h * NA * d, w_v(p, h), w_v(g, h), ws, s.v[h], ln, dln, xin,
                          MatrixView<const T>(dqkv.col_block(2 * hd + h * dh, dh)), dxin, sc, c, n);
       if constexpr (!post)
         be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),

@@ -2,9 +2,10 @@
 // Routing layer: the expert MLP, written once (σ-MoE with ReLU, arXiv 2310.10837 eq. (3); ModuleFormer's
 // SMoE with GELU, arXiv 2306.04640 §3.1): over the packed rows of its group, expert e computes
 //   h = x W₁ᵉᵀ,  a = Act(h),  y = a W₂ᵉᵀ          W₁ᵉ [width × d], W₂ᵉ [d × width], no biases
-// with the activation a parameter (Relu, Gelu), over the packed rows of routing/dispatch.hpp: gathered,
-// run per expert, combined with the routing weights. Every packed row is in some expert's group (these
-// selections have no SKIP class): the activation runs over all rows.
+// with the activation a parameter (Relu, Gelu), over the packed rows of routing/dispatch.hpp: each expert's
+// rows read from the input through the index list inside W₁'s GEMM (the gathered grouped_linear_*: no gathered
+// copy, forward or backward), combined with the routing weights. Every packed row is in some expert's group
+// (these selections have no SKIP class): the activation runs over all rows.
 #include <span>
 
 #include "mom/core/groups.hpp"
@@ -49,14 +50,12 @@ struct ExpertMlp {
     return uniform_groups(block, E, d * width);
   }
 
-  // Packed rows (group order): the gathered inputs xg [rows × d], W₁'s output h and Act(h) [rows × width],
-  // the experts' outputs y [rows × d].
+  // Packed rows (group order): W₁'s output h and Act(h) [rows × width], the experts' outputs y [rows × d].
   struct Saved {
-    index_t xg = 0, h = 0, act = 0, y = 0;
+    index_t h = 0, act = 0, y = 0;
   };
   static constexpr Saved plan(Arena& a, index_t rows) {
     Saved s{};
-    s.xg = a.take(rows * d);
     s.h = a.take(rows * width);
     s.act = a.take(rows * width);
     s.y = a.take(rows * d);
@@ -74,27 +73,27 @@ struct ExpertMlp {
     return s;
   }
 
-  // out += Σ_r weight[r] · MLP_e(in[token[r]]) over every expert e's group (gather, the MLP, combine).
+  // out += Σ_r weight[r] · MLP_e(in[token[r]]) over every expert e's group (W₁ over the gathered rows, the
+  // activation, W₂, combine).
   template <class Be, class T>
   static void forward(Be& be, const T* pw1, const T* pw2, T* ws, const Saved& s, const RoutedRows<T>& rr,
                       MatrixView<const T> in, MatrixView<T> out) {
     const index_t rows = rr.count();
-    const MatrixView<T> h{ws + s.h, rows, width}, act{ws + s.act, rows, width};
-    routed_forward(be, rr, in, MatrixView<T>{ws + s.xg, rows, d}, MatrixView<T>{ws + s.y, rows, d}, out,
-                   [&](MatrixView<const T> x, MatrixView<T> y, RowGroups g) {
-                     be.grouped_linear_forward(h, x, w1(pw1), PerGroup<const T>{}, g);
-                     Act::forward(be, act.flat(), std::span<const T>(h.flat()));
-                     be.grouped_linear_forward(y, MatrixView<const T>(act), w2(pw2), PerGroup<const T>{}, g);
-                   });
+    const MatrixView<T> h{ws + s.h, rows, width}, act{ws + s.act, rows, width}, y{ws + s.y, rows, d};
+    be.grouped_linear_forward(h, in, rr.token, w1(pw1), PerGroup<const T>{}, rr.groups);
+    Act::forward(be, act.flat(), std::span<const T>(h.flat()));
+    be.grouped_linear_forward(y, MatrixView<const T>(act), w2(pw2), PerGroup<const T>{}, rr.groups);
+    combine(be, rr, MatrixView<const T>(y), out);
   }
 
   // Backward, dout read first (combine_backward): dL/d(weight) into dwp [rows] (group order), the experts'
   // gradients added into gw1 / gw2 (the gradient blocks), and dL/d(gathered input) returned (scratch dy):
   // the module adds it to its input's gradient with gather_backward where its order of accumulation wants it.
+  // in: the forward's input (W₁'s gradient reads its rows through the index list again).
   template <class Be, class T>
   static MatrixView<T> backward(Be& be, const T* pw1, const T* pw2, T* gw1, T* gw2, const T* ws, const Saved& s,
-                                const RoutedRows<T>& rr, MatrixView<const T> dout, T* sc, const Scratch& c,
-                                std::span<T> dwp) {
+                                const RoutedRows<T>& rr, MatrixView<const T> in, MatrixView<const T> dout, T* sc,
+                                const Scratch& c, std::span<T> dwp) {
     const index_t rows = rr.count();
     const RowGroups g = rr.groups;
     const MatrixView<T> dy{sc + c.dy, rows, d}, dact{sc + c.dact, rows, width}, dh{sc + c.dh, rows, width};
@@ -105,8 +104,8 @@ struct ExpertMlp {
     Act::backward(be, dh.flat(), std::span<const T>(ws + s.h, std::size_t(rows * width)), std::span<const T>(dact.flat()),
                   Store::overwrite);
     // dy now becomes dL/d(gathered input)
-    be.grouped_linear_backward(dy, w1(gw1), PerGroup<T>{}, MatrixView<const T>(dh), MatrixView<const T>{ws + s.xg, rows, d},
-                               w1(pw1), g, Store::overwrite);
+    be.grouped_linear_backward(dy, w1(gw1), PerGroup<T>{}, MatrixView<const T>(dh), in, rr.token, w1(pw1), g,
+                               Store::overwrite);
     return dy;
   }
 };

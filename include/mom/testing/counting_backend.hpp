@@ -108,6 +108,18 @@ struct CountingBackend : cpu::Backend<T> {
     each_group(g, [&](int, index_t, index_t n) { flops += (dx.empty() ? 2 : 4) * n * x.cols * dy.cols; });
     Base::grouped_linear_backward(dx, dw, db, dy, x, w, g, dx_store);
   }
+  // The gathered forms count as the plain ones (the same products).
+  void grouped_linear_forward(M y, CM x, Tok idx, CPG w, CPG b, RowGroups g) {
+    each_group(g, [&](int i, index_t, index_t n) {
+      flops += 2 * n * x.cols * y.cols;
+      weights.push_back(w[i]);
+    });
+    Base::grouped_linear_forward(y, x, idx, w, b, g);
+  }
+  void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, Tok idx, CPG w, RowGroups g, Store dx_store = Store::add) {
+    each_group(g, [&](int, index_t, index_t n) { flops += (dx.empty() ? 2 : 4) * n * x.cols * dy.cols; });
+    Base::grouped_linear_backward(dx, dw, db, dy, x, idx, w, g, dx_store);
+  }
   void attention_grouped_forward(M out, S lse, CM q, CPG k, CPG v, index_t kv_rows, index_t kv_ld, Tok q_tok, Tok k_tok,
                                  RowGroups g, index_t seq, index_t heads) {
     each_group(g, [&](int, index_t o, index_t n) { flops += 4 * q.cols * group_pairs(q_tok, k_tok, o, n, seq); });

@@ -313,6 +313,14 @@ struct Backend {
   // Grouped ops (core/groups.hpp, backend/cpu/grouped.hpp): rows split into groups by offsets in
   // backend memory, each group with its own parameters; the routed executors' hot path.
   void grouped_linear_forward(M y, CM x, CPG w, CPG b, RowGroups g) const { cpu::grouped_linear_forward<T>(y, x, w, b, g); }
+  // The gathered forms: packed row r reads x's row idx[r] inside the GEMM (no gathered copy).
+  void grouped_linear_forward(M y, CM x, Tok idx, CPG w, CPG b, RowGroups g) const {
+    cpu::grouped_linear_forward<T>(y, x, idx, w, b, g);
+  }
+  void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, Tok idx, CPG w, RowGroups g,
+                               Store dx_store = Store::add) const {
+    cpu::grouped_linear_backward<T>(dx, dw, db, dy, x, idx, w, g, dx_store);
+  }
   void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, CPG w, RowGroups g, Store dx_store = Store::add) const {
     cpu::grouped_linear_backward<T>(dx, dw, db, dy, x, w, g, dx_store);
   }

@@ -7,9 +7,11 @@
 //        (gemm_kernel() says which). Define MOM_GEMM_EIGEN (CMake MOM_GEMM=EIGEN or BLAS) to
 //        use Eigen's product instead (and, with EIGEN_USE_BLAS, the BLAS it forwards to).
 // double, or a CPU with neither AVX-512 nor AVX2+FMA: Eigen's product.
+#include <span>
 #include <string_view>
 
 #include "mom/backend/cpu/eigen_map.hpp"
+#include "mom/backend/cpu/parallel.hpp"
 #include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
@@ -84,6 +86,50 @@ void gemm_serial(MatrixView<T> C, MatrixView<const T> A, Trans ta, MatrixView<co
   }
 #endif
   detail::gemm_eigen(C, A, ta, B, tb, alpha, beta);
+}
+
+namespace detail {
+// The rows `rows` of table, checked against its row count; as a view of the table itself when rows is empty.
+template <class T>
+void check_gathered_rows(const char* what, std::span<const token_t> rows, MatrixView<const T> table) {
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    MOM_CHECK(rows[i] >= 0 && rows[i] < table.rows, "gemm_gathered: ", what, " row index ", i, " = ", rows[i],
+              " is out of range [0, ", table.rows, ")");
+}
+// The gathered rows copied into this thread's scratch (the Eigen path, e.g. double).
+template <class T, int Slot>
+MatrixView<const T> gathered_copy(std::span<const token_t> rows, MatrixView<const T> table) {
+  T* buf = thread_scratch<T, MatrixView<const T>, Slot>(rows.size() * std::size_t(table.cols));
+  for (std::size_t i = 0; i < rows.size(); ++i) std::copy_n(table.row(rows[i]), table.cols, buf + i * std::size_t(table.cols));
+  return {buf, index_t(rows.size()), table.cols};
+}
+}  // namespace detail
+
+// C = alpha·op(A)·op(B) + beta·C with rows read through index lists, the gather fused into the packing (no
+// gathered copy): with a_rows given (ta = N), op(A)'s row i is A's row a_rows[i]; with b_rows given (tb = N),
+// op(B)'s row k is B's row b_rows[k]. Empty lists: A or B itself. The routed modules' experts read their
+// tokens' rows this way (grouped_linear_forward / _backward with a row list). Threads as gemm.
+template <class T>
+void gemm_gathered(MatrixView<T> C, MatrixView<const T> A, Trans ta, std::span<const token_t> a_rows,
+                   MatrixView<const T> B, Trans tb, std::span<const token_t> b_rows, T alpha = T(1), T beta = T(0)) {
+  MOM_CHECK((a_rows.empty() || ta == Trans::N) && (b_rows.empty() || tb == Trans::N),
+            "gemm_gathered: row lists index an untransposed operand's rows");
+  detail::check_gathered_rows("A", a_rows, A);
+  detail::check_gathered_rows("B", b_rows, B);
+  const MatrixView<const T> Av = a_rows.empty() ? A : MatrixView<const T>{A.data, ssize(a_rows), A.cols, A.ld};
+  const MatrixView<const T> Bv = b_rows.empty() ? B : MatrixView<const T>{B.data, ssize(b_rows), B.cols, B.ld};
+  detail::gemm_check(C, Av, ta, Bv, tb);
+  if (C.rows == 0 || C.cols == 0) return;
+#if defined(MOM_HAVE_NATIVE_GEMM)
+  if constexpr (std::is_same_v<T, float>) {
+    auto p = detail::native_problem(C, Av, ta, Bv, tb, alpha, beta);
+    p.a.rows = a_rows.empty() ? nullptr : a_rows.data();
+    p.b.rows = b_rows.empty() ? nullptr : b_rows.data();
+    if (detail::native::gemm_parallel(p)) return;
+  }
+#endif
+  detail::gemm_eigen(C, a_rows.empty() ? A : detail::gathered_copy<T, 0>(a_rows, A), ta,
+                     b_rows.empty() ? B : detail::gathered_copy<T, 1>(b_rows, B), tb, alpha, beta);
 }
 
 // The float GEMM kernel this process runs: "avx512" or "avx2" (mom's own, picked at run time from

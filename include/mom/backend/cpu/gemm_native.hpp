@@ -84,11 +84,19 @@ inline PackBuffers& thread_buffers() {
   return buffers;
 }
 
-// An operand as the kernel sees it: element (i, j) of op(X) is data[i*rs + j*cs].
+// An operand as the kernel sees it: element (i, j) of op(X) is data[i*rs + j*cs], or, with a row list,
+// data[rows[i]*rs + j*cs]: op(X)'s rows read through an index list (a gather fused into the packing; only
+// for an operand whose rows are its memory rows, cs == 1).
 struct Operand {
   const float* data;
   index_t rs, cs;
-  float operator()(index_t i, index_t j) const { return data[i * rs + j * cs]; }
+  const token_t* rows = nullptr;
+  const float* row(index_t i) const { return data + (rows ? index_t(rows[i]) : i) * rs; }
+  float operator()(index_t i, index_t j) const { return row(i)[j * cs]; }
+  // The operand from element (i, j) on.
+  Operand from(index_t i, index_t j) const {
+    return rows ? Operand{data + j * cs, rs, cs, rows + i} : Operand{data + i * rs + j * cs, rs, cs, nullptr};
+  }
 };
 
 struct Problem {

@@ -51,7 +51,7 @@ inline void pack_a_panel(float* dst, Operand a, index_t rows, index_t kc) {
     // op(A) row-major in k (A not transposed): read each row contiguously, write strided.
     index_t i = 0;
     for (; i < rows; ++i) {
-      const float* src = a.data + i * a.rs;
+      const float* src = a.row(i);
       for (index_t k = 0; k < kc; ++k) dst[k * MR + i] = src[k];
     }
     for (; i < MR; ++i)
@@ -76,7 +76,7 @@ inline void pack_b_panel(float* dst, Operand b, index_t cols, index_t kc) {
   if (b.cs == 1) {
     // op(B) row-major (B not transposed): each k row holds the NR values contiguously.
     for (index_t k = 0; k < kc; ++k) {
-      const float* src = b.data + k * b.rs;
+      const float* src = b.row(k);
       float* d = dst + k * NR;
       if (cols == NR) {
         for (index_t j = 0; j < NR; ++j) d[j] = src[j];
@@ -244,7 +244,7 @@ inline void pack_a_panel_fast(float* dst, Operand a, index_t rows, index_t kc) {
   if (a.cs != 1 || rows != MR || kc % 16 != 0) return pack_a_panel(dst, a, rows, kc);
   for (index_t k0 = 0; k0 < kc; k0 += 16) {
     __m512 r[16];
-    for (int i = 0; i < MR; ++i) r[i] = _mm512_loadu_ps(a.data + i * a.rs + k0);
+    for (int i = 0; i < MR; ++i) r[i] = _mm512_loadu_ps(a.row(i) + k0);
     for (int i = MR; i < 16; ++i) r[i] = _mm512_setzero_ps();
     transpose16x16(r);  // r[k] = op(A)(0..15, k0 + k)
     for (int k = 0; k < 16; ++k) _mm512_mask_storeu_ps(dst + (k0 + k) * MR, __mmask16((1u << MR) - 1u), r[k]);
@@ -252,7 +252,7 @@ inline void pack_a_panel_fast(float* dst, Operand a, index_t rows, index_t kc) {
 }
 inline void pack_b_panel_fast(float* dst, Operand b, index_t cols, index_t kc) {
   // op(B) = Bᵀ, full panel: column j of op(B) is contiguous in k; transpose 16×16 blocks.
-  if (b.rs != 1 || cols != NR || kc % 16 != 0) return pack_b_panel(dst, b, cols, kc);
+  if (b.rs != 1 || b.rows || cols != NR || kc % 16 != 0) return pack_b_panel(dst, b, cols, kc);
   for (index_t k0 = 0; k0 < kc; k0 += 16) {
     for (int j0 = 0; j0 < NR; j0 += 16) {
       __m512 r[16];
@@ -273,8 +273,7 @@ inline void pack_b_panels(const Problem& p, float* bpack, index_t jc, index_t pc
                           index_t jp_end) {
   for (index_t jp = jp_begin; jp < jp_end; ++jp) {
     const index_t j0 = jc + jp * NR;
-    const Operand src{p.b.data + pc * p.b.rs + j0 * p.b.cs, p.b.rs, p.b.cs};
-    pack_b_panel_fast(bpack + jp * NR * kc, src, std::min(NR, p.n - j0), kc);
+    pack_b_panel_fast(bpack + jp * NR * kc, p.b.from(pc, j0), std::min(NR, p.n - j0), kc);
   }
 }
 
@@ -285,7 +284,7 @@ inline constexpr index_t kPrefetchRows = MOM_PF_ROWS;
 
 inline void pack_a_block(const Problem& p, float* apack, index_t ic, index_t mc, index_t pc, index_t kc) {
 #if MOM_NATIVE_ISA == 512
-  if (p.a.rs == 1) {
+  if (p.a.rs == 1 && !p.a.rows) {
     // op(A) = Aᵀ: row k of A holds the block's mc values contiguously. Walk A row by row
     // (one sequential read per row, each page touched once per block) and deal each
     // row's values out to the panels, instead of reading MR-wide strips panel by panel.
@@ -306,8 +305,7 @@ inline void pack_a_block(const Problem& p, float* apack, index_t ic, index_t mc,
 #endif
   for (index_t ip = 0; ip * MR < mc; ++ip) {
     const index_t i0 = ic + ip * MR;
-    const Operand src{p.a.data + i0 * p.a.rs + pc * p.a.cs, p.a.rs, p.a.cs};
-    pack_a_panel_fast(apack + ip * MR * kc, src, std::min(MR, p.m - i0), kc);
+    pack_a_panel_fast(apack + ip * MR * kc, p.a.from(i0, pc), std::min(MR, p.m - i0), kc);
   }
 }
 
@@ -465,7 +463,7 @@ template <int M, int J>
 inline void gemv_columns(const Problem& p, index_t j0, index_t j1) {
   const index_t k = p.k, kv = k / kVL * kVL;
   const float* x[M];
-  for (int i = 0; i < M; ++i) x[i] = p.a.data + i * p.a.rs;
+  for (int i = 0; i < M; ++i) x[i] = p.a.row(i);
   index_t j = j0;
   for (; j + J <= j1; j += J) {
     const float* w[J];
@@ -521,7 +519,7 @@ inline void gemv_any_rows(const Problem& p, index_t j0, index_t j1) {
     default: return gemv_columns<8, gemv_j(8)>(p, j0, j1);
   }
 }
-inline bool gemv_fits(const Problem& p) { return p.m <= kGemvRows && p.a.cs == 1 && p.b.rs == 1; }
+inline bool gemv_fits(const Problem& p) { return p.m <= kGemvRows && p.a.cs == 1 && p.b.rs == 1 && !p.b.rows; }
 // The columns shared among nt threads (each a multiple of kGemvJ wide).
 inline void gemv(const Problem& p, int nt) {
   const index_t units = (p.n + kGemvJ - 1) / kGemvJ;

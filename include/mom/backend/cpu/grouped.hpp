@@ -133,33 +133,88 @@ std::span<T> group_vector(const PerGroup<T>& p, int g, index_t n) {
 }
 }  // namespace detail
 
+namespace detail {
+// The grouped linear's packed input rows: x's rows themselves (idx empty), or the rows of the table x that idx
+// lists (x[idx[r]]: the gather fused into the products). `rows` packed rows either way.
+template <class T>
+struct LinearInput {
+  MatrixView<const T> x;
+  std::span<const token_t> idx;
+  index_t rows() const { return idx.empty() ? x.rows : ssize(idx); }
+  MatrixView<const T> shape() const { return {x.data, rows(), x.cols, x.ld}; }  // for the shape checks
+  // The indices of the grouped rows (the others, e.g. SKIP rows, are never read) within x's rows.
+  void check(const char* op, RowGroups g) const {
+    if (idx.empty()) return;
+    const auto [lo, n] = group_rows(op, g, rows());
+    for (index_t r = lo; r < lo + n; ++r)
+      MOM_CHECK(idx[std::size_t(r)] >= 0 && idx[std::size_t(r)] < x.rows, op, ": idx[", r, "] = ", idx[std::size_t(r)],
+                " is out of range [0, ", x.rows, ") for x ", mom::shape(x));
+  }
+};
+template <class T>
+void grouped_linear_forward(const char* op, MatrixView<T> y, LinearInput<T> in, PerGroup<const T> w,
+                            PerGroup<const T> b, RowGroups g) {
+  checks::grouped_linear_shapes<T>(op, y, in.shape(), !w.empty());
+  in.check(op, g);
+  const index_t k = in.x.cols;
+  for_each_group_spread(op, g, in.rows(), double(y.cols) * double(k), true, [&](int i, index_t o, index_t n) {
+    const MatrixView<const T> wi{w[i], y.cols, k};
+    if (in.idx.empty()) linear_forward<T>(y.row_block(o, n), in.x.row_block(o, n), wi, group_vector(b, i, y.cols));
+    else linear_forward<T>(y.row_block(o, n), in.x, part(in.idx, o, n), wi, group_vector(b, i, y.cols));
+  });
+}
+template <class T>
+void grouped_linear_backward(const char* op, MatrixView<T> dx, PerGroup<T> dw, PerGroup<T> db, MatrixView<const T> dy,
+                             LinearInput<T> in, PerGroup<const T> w, RowGroups g, Store dx_store) {
+  checks::grouped_linear_shapes<T>(op, dy, in.shape(), !w.empty());
+  const index_t k = in.x.cols;
+  MOM_CHECK(dx.empty() || (dx.rows == in.rows() && dx.cols == k), op, ": dx ", shape(dx), " must match x ",
+            shape(in.shape()));
+  in.check(op, g);
+  const bool disjoint = per_group_disjoint(dw, g.count, dy.cols * k) && per_group_disjoint(db, g.count, dy.cols);
+  const double macs = double(dx.empty() ? 1 : 2) * double(dy.cols) * double(k);
+  for_each_group_spread(op, g, in.rows(), macs, disjoint, [&](int i, index_t o, index_t n) {
+    const MatrixView<const T> wi{w[i], dy.cols, k};
+    const auto dwi = group_matrix(dw, i, dy.cols, k, k);
+    if (in.idx.empty())
+      linear_backward<T>(rows_of(dx, o, n), dwi, group_vector(db, i, dy.cols), dy.row_block(o, n), in.x.row_block(o, n),
+                         wi, dx_store);
+    else
+      linear_backward<T>(rows_of(dx, o, n), dwi, group_vector(db, i, dy.cols), dy.row_block(o, n), in.x,
+                         part(in.idx, o, n), wi, dx_store);
+  });
+}
+}  // namespace detail
+
 // y[r] = W_g x[r] + b_g for the rows r of group g; W_g [y.cols × x.cols] at w[g], b_g at b[g].
 template <class T>
 void grouped_linear_forward(MatrixView<T> y, MatrixView<const T> x, PerGroup<const T> w, PerGroup<const T> b,
                             RowGroups g) {
-  checks::grouped_linear_shapes<T>("grouped_linear_forward", y, x, !w.empty());
-  const double macs = double(y.cols) * double(x.cols);
-  detail::for_each_group_spread("grouped_linear_forward", g, x.rows, macs, true, [&](int i, index_t o, index_t n) {
-    linear_forward<T>(y.row_block(o, n), x.row_block(o, n), {w[i], y.cols, x.cols},
-                      detail::group_vector(b, i, y.cols));
-  });
+  detail::grouped_linear_forward<T>("grouped_linear_forward", y, {x, {}}, w, b, g);
+}
+// The same over gathered rows: y[r] = W_g x[idx[r]] + b_g (x the table, idx [y.rows]), the gather read inside the
+// GEMM's packing instead of copied first (routing/expert_mlp.hpp).
+template <class T>
+void grouped_linear_forward(MatrixView<T> y, MatrixView<const T> x, std::span<const token_t> idx, PerGroup<const T> w,
+                            PerGroup<const T> b, RowGroups g) {
+  MOM_CHECK(ssize(idx) == y.rows, "grouped_linear_forward: ", idx.size(), " row indices for y ", shape(y));
+  detail::grouped_linear_forward<T>("grouped_linear_forward", y, {x, idx}, w, b, g);
 }
 // dx[r] += W_gᵀ dy[r], dW_g += Σ_r dy[r] x[r]ᵀ, db_g += Σ_r dy[r]; dx, dw, db may each be empty.
 // dx_store = Store::overwrite: dx[r] = W_gᵀ dy[r] on the groups' rows (the others untouched).
 template <class T>
 void grouped_linear_backward(MatrixView<T> dx, PerGroup<T> dw, PerGroup<T> db, MatrixView<const T> dy,
                              MatrixView<const T> x, PerGroup<const T> w, RowGroups g, Store dx_store = Store::add) {
-  checks::grouped_linear_shapes<T>("grouped_linear_backward", dy, x, !w.empty());
-  MOM_CHECK(dx.empty() || (dx.rows == x.rows && dx.cols == x.cols), "grouped_linear_backward: dx ", shape(dx),
-            " must match x ", shape(x));
-  const index_t wsize = dy.cols * x.cols;
-  const bool disjoint = detail::per_group_disjoint(dw, g.count, wsize) && detail::per_group_disjoint(db, g.count, dy.cols);
-  const double macs = double(dx.empty() ? 1 : 2) * double(dy.cols) * double(x.cols);
-  detail::for_each_group_spread("grouped_linear_backward", g, x.rows, macs, disjoint, [&](int i, index_t o, index_t n) {
-    linear_backward<T>(detail::rows_of(dx, o, n), detail::group_matrix(dw, i, dy.cols, x.cols, x.cols),
-                       detail::group_vector(db, i, dy.cols), dy.row_block(o, n), x.row_block(o, n),
-                       {w[i], dy.cols, x.cols}, dx_store);
-  });
+  detail::grouped_linear_backward<T>("grouped_linear_backward", dx, dw, db, dy, {x, {}}, w, g, dx_store);
+}
+// Backward of the gathered forward: dW_g += Σ_r dy[r] x[idx[r]]ᵀ, db_g as above, and dx [dy.rows × x.cols] the
+// gathered rows' gradient, packed (dx[r] for x[idx[r]]; routing/dispatch.hpp's gather_backward adds it to x's).
+template <class T>
+void grouped_linear_backward(MatrixView<T> dx, PerGroup<T> dw, PerGroup<T> db, MatrixView<const T> dy,
+                             MatrixView<const T> x, std::span<const token_t> idx, PerGroup<const T> w, RowGroups g,
+                             Store dx_store = Store::add) {
+  MOM_CHECK(ssize(idx) == dy.rows, "grouped_linear_backward: ", idx.size(), " row indices for dy ", shape(dy));
+  detail::grouped_linear_backward<T>("grouped_linear_backward", dx, dw, db, dy, {x, idx}, w, g, dx_store);
 }
 
 template <class T>

@@ -45,6 +45,18 @@ void linear_forward(MatrixView<T> y, MatrixView<const T> x, MatrixView<const T> 
   gemm<T>(y, x, Trans::N, w, Trans::T, T(1), T(1));
 }
 
+// y[n×out] = x[rows]·wᵀ + b: the rows of x that `rows` lists (n of them), the gather fused into the product.
+template <class T>
+void linear_forward(MatrixView<T> y, MatrixView<const T> x, std::span<const token_t> rows, MatrixView<const T> w,
+                    std::span<const T> b) {
+  checks::linear_forward_shapes<T>(y, {x.data, ssize(rows), x.cols, x.ld}, w, b);
+  if (!b.empty()) {
+#pragma omp parallel for schedule(static) if (y.rows * y.cols > (1 << 16))
+    for (index_t r = 0; r < y.rows; ++r) std::copy(b.begin(), b.end(), y.row(r));
+  }
+  gemm_gathered<T>(y, x, Trans::N, rows, w, Trans::T, {}, T(1), b.empty() ? T(0) : T(1));
+}
+
 // Backward of linear_forward. Accumulates: dx += dy·w, dw += dyᵀ·x, db += Σ_rows dy (dx_store =
 // Store::overwrite: dx = dy·w). dx and db may be empty (not wanted); dw may be empty too (frozen weight).
 template <class T>
@@ -53,6 +65,17 @@ void linear_backward(MatrixView<T> dx, MatrixView<T> dw, std::span<T> db, Matrix
   checks::linear_backward_shapes<T>(dx, dw, db, dy, x, w);
   if (!dx.empty()) gemm<T>(dx, dy, Trans::N, w, Trans::N, T(1), dx_store == Store::add ? T(1) : T(0));
   if (!dw.empty()) gemm<T>(dw, dy, Trans::T, x, Trans::N, T(1), T(1));
+  if (!db.empty()) detail::add_column_sums<T>(db, dy);
+}
+
+// Backward of the gathered linear_forward (y = x[rows]·wᵀ + b): dxg [n × in] += dy·w (the gathered rows'
+// gradient, packed; dx_store = Store::overwrite: =), dw += dyᵀ·x[rows], db += Σ_rows dy.
+template <class T>
+void linear_backward(MatrixView<T> dxg, MatrixView<T> dw, std::span<T> db, MatrixView<const T> dy, MatrixView<const T> x,
+                     std::span<const token_t> rows, MatrixView<const T> w, Store dx_store = Store::add) {
+  checks::linear_backward_shapes<T>(dxg, dw, db, dy, {x.data, ssize(rows), x.cols, x.ld}, w);
+  if (!dxg.empty()) gemm<T>(dxg, dy, Trans::N, w, Trans::N, T(1), dx_store == Store::add ? T(1) : T(0));
+  if (!dw.empty()) gemm_gathered<T>(dw, dy, Trans::T, {}, x, Trans::N, rows, T(1), T(1));
   if (!db.empty()) detail::add_column_sums<T>(db, dy);
 }
 

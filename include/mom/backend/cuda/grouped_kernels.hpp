@@ -28,13 +28,13 @@ struct GroupedKernels {
   // Float follows ctx.precision: TF32 / BF16 on tensor cores (wmma), FP32 on the CUDA cores.
   // y[r] = W_g x[r] + b_g (b may be empty): grid (row-tile slots: ceil(rows / 64) + count) ×
   // (column tiles); each block finds its (group, row tile) from the device offsets.
-  static void linear_forward(const Context& ctx, M y, CM x, CPG w, CPG b, RowGroups g);
-  // dx[r] += dy[r] W_g (same geometry as linear_forward).
-  // dx[r] += W_gᵀ dy[r] (add), or = (the groups' rows only).
+  // With idx (not null), y[r] = W_g x[idx[r]] + b_g: x is the table, the gather fused into the tile loads.
+  static void linear_forward(const Context& ctx, M y, CM x, const token_t* idx, CPG w, CPG b, RowGroups g);
+  // dx[r] += W_gᵀ dy[r] (add), or = (the groups' rows only); same geometry as linear_forward.
   static void linear_backward_dx(const Context& ctx, M dx, CM dy, CPG w, RowGroups g, bool add);
   // dW_g += Σ_r dy[r]ᵀ x[r], db_g += Σ_r dy[r] over the rows r of group g (either may be empty):
-  // grid (output tiles) × groups, each block looping over its group's rows.
-  static void linear_backward_dw(const Context& ctx, PG dw, PG db, CM dy, CM x, RowGroups g);
+  // grid (output tiles) × groups, each block looping over its group's rows. With idx, x[r] is x's row idx[r].
+  static void linear_backward_dw(const Context& ctx, PG dw, PG db, CM dy, CM x, const token_t* idx, RowGroups g);
 
   // LayerNorm with group g's gamma_g / beta_g on its rows (warp per row; binary search for g).
   static void layernorm_forward(const Context& ctx, M out, T* mean, T* rstd, CM x, CPG gamma, CPG beta, RowGroups g,

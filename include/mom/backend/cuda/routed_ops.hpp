@@ -230,15 +230,32 @@ class RoutedOps : public DenseOps<T> {
   void grouped_linear_forward(M y, CM x, CPG w, CPG b, RowGroups g) const {
     checks::grouped_linear_shapes<T>("grouped_linear_forward", y, x, !w.empty());
     checks::row_groups_shape("grouped_linear_forward", g);
-    GK::linear_forward(*ctx_, y, x, w, b, g);
+    GK::linear_forward(*ctx_, y, x, nullptr, w, b, g);
+  }
+  // The gathered form (y[r] = W_g x[idx[r]] + b_g): bad indices are reported at the next sync.
+  void grouped_linear_forward(M y, CM x, Tok idx, CPG w, CPG b, RowGroups g) const {
+    MOM_CHECK(ssize(idx) == y.rows, "grouped_linear_forward: ", idx.size(), " row indices for y ", shape(y));
+    checks::grouped_linear_shapes<T>("grouped_linear_forward", y, CM{x.data, y.rows, x.cols, x.ld}, !w.empty());
+    checks::row_groups_shape("grouped_linear_forward", g);
+    GK::linear_forward(*ctx_, y, x, idx.data(), w, b, g);
   }
   void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, CPG w, RowGroups g, Store dx_store = Store::add) const {
-    checks::grouped_linear_shapes<T>("grouped_linear_backward", dy, x, !w.empty());
-    MOM_CHECK(dx.empty() || (dx.rows == x.rows && dx.cols == x.cols), "grouped_linear_backward: dx ", shape(dx),
-              " must match x ", shape(x));
+    grouped_linear_backward_impl(dx, dw, db, dy, x, x.rows, nullptr, w, g, dx_store);
+  }
+  void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, Tok idx, CPG w, RowGroups g,
+                               Store dx_store = Store::add) const {
+    MOM_CHECK(ssize(idx) == dy.rows, "grouped_linear_backward: ", idx.size(), " row indices for dy ", shape(dy));
+    grouped_linear_backward_impl(dx, dw, db, dy, x, dy.rows, idx.data(), w, g, dx_store);
+  }
+  // rows: the packed rows (x's own, or idx's count).
+  void grouped_linear_backward_impl(M dx, PG dw, PG db, CM dy, CM x, index_t rows, const token_t* idx, CPG w, RowGroups g,
+                                    Store dx_store) const {
+    checks::grouped_linear_shapes<T>("grouped_linear_backward", dy, CM{x.data, rows, x.cols, x.ld}, !w.empty());
+    MOM_CHECK(dx.empty() || (dx.rows == rows && dx.cols == x.cols), "grouped_linear_backward: dx ", shape(dx),
+              " must match x ", Shape{rows, x.cols});
     checks::row_groups_shape("grouped_linear_backward", g);
     if (!dx.empty()) GK::linear_backward_dx(*ctx_, dx, dy, w, g, dx_store == Store::add);
-    GK::linear_backward_dw(*ctx_, dw, db, dy, x, g);
+    GK::linear_backward_dw(*ctx_, dw, db, dy, x, idx, g);
   }
   // mean, rstd [x.rows] and every group's gamma / beta are required, as on the CPU (whose
   // per-group checks cannot run here: the group sizes live on the device).

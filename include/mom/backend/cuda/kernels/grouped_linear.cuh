@@ -93,16 +93,29 @@ struct AccFragments<true, Kf> {
   nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, Kf, float> f[2];
 };
 
+// An operand's memory rows read through an index list (a gather fused into the tile loads, as the CPU's
+// gemm_gathered): memory row r is the table's row rows[r]; rows == nullptr: row r itself. Indices outside
+// [0, bound) read as zero (the forward kernel reports them).
+struct RowList {
+  const token_t* rows = nullptr;
+  index_t bound = 0;
+};
+
 template <class T, bool KC>
 __device__ __forceinline__ void gemm_load(T (&r)[4], const T* p, index_t ld, index_t ni, index_t nk, index_t i0,
-                                          index_t k0) {
+                                          index_t k0, RowList rl) {
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     const int e = int(threadIdx.x) + q * gemm_threads;
     const int i = KC ? e / gemm_bk : e % gemm_bm;
     const int k = KC ? e % gemm_bk : e / gemm_bm;
     const index_t gi = i0 + i, gk = k0 + k;
-    r[q] = (gi < ni && gk < nk) ? p[KC ? gi * ld + gk : gk * ld + gi] : T(0);
+    r[q] = T(0);
+    if (gi < ni && gk < nk) {
+      index_t row = KC ? gi : gk;  // the memory row (KC: i, else k)
+      if (rl.rows) row = rl.rows[row];
+      if (!rl.rows || (row >= 0 && row < rl.bound)) r[q] = p[row * ld + (KC ? gk : gi)];
+    }
   }
 }
 template <class T, bool KC, int Path>
@@ -125,7 +138,8 @@ __device__ __forceinline__ void gemm_store(typename GemmStage<T, Path>::type (*s
 // Every thread of the block must call it (barriers).
 template <class T, bool AKC, bool BKC, bool Product, int Path>
 __device__ void gemm_tile(T (&acc)[4][4], T& asum, bool want_asum, const T* A, index_t lda, const T* B, index_t ldb,
-                          index_t M, index_t N, index_t K, index_t m0, index_t n0) {
+                          index_t M, index_t N, index_t K, index_t m0, index_t n0, RowList arows = {},
+                          RowList brows = {}) {
   using S = typename GemmStage<T, Path>::type;
   constexpr int ld = GemmStage<T, Path>::ld;
   alignas(32) __shared__ S As[2][gemm_bk][ld];
@@ -134,11 +148,11 @@ __device__ void gemm_tile(T (&acc)[4][4], T& asum, bool want_asum, const T* A, i
   const index_t steps = (K + gemm_bk - 1) / gemm_bk;
   if (steps == 0) return;
   T ra[4], rb[4], part = T(0);
-  gemm_load<T, AKC>(ra, A, lda, M, K, m0, 0);
+  gemm_load<T, AKC>(ra, A, lda, M, K, m0, 0, arows);
   if (!AKC && want_asum) part += (ra[0] + ra[1]) + (ra[2] + ra[3]);
   gemm_store<T, AKC, Path>(As[0], ra);
   if constexpr (Product) {
-    gemm_load<T, BKC>(rb, B, ldb, N, K, n0, 0);
+    gemm_load<T, BKC>(rb, B, ldb, N, K, n0, 0, brows);
     gemm_store<T, BKC, Path>(Bs[0], rb);
   }
   __syncthreads();
@@ -157,9 +171,9 @@ __device__ void gemm_tile(T (&acc)[4][4], T& asum, bool want_asum, const T* A, i
     const int cur = int(s & 1);
     const bool next = s + 1 < steps;
     if (next) {
-      gemm_load<T, AKC>(ra, A, lda, M, K, m0, (s + 1) * gemm_bk);
+      gemm_load<T, AKC>(ra, A, lda, M, K, m0, (s + 1) * gemm_bk, arows);
       if (!AKC && want_asum) part += (ra[0] + ra[1]) + (ra[2] + ra[3]);
-      if constexpr (Product) gemm_load<T, BKC>(rb, B, ldb, N, K, n0, (s + 1) * gemm_bk);
+      if constexpr (Product) gemm_load<T, BKC>(rb, B, ldb, N, K, n0, (s + 1) * gemm_bk, brows);
     }
     if constexpr (Product && tensor_cores) {
 #pragma unroll
@@ -229,25 +243,32 @@ void with_gemm_path(const Context& ctx, F&& f) {
 // Row-grouped GEMM (linear forward, dx): blockIdx.x enumerates every group's 64-row tiles
 // (find_row_tile), blockIdx.y the 64-column tiles of C. C rows are group g's rows of c.
 // Forward (Accumulate = false): c = a · W_gᵀ + bias_g, W_g [N × K] (KC). dx (Accumulate = true):
-// c += a · W_g, W_g [K × N] (not KC). ldw is W_g's row stride.
+// c += a · W_g, W_g [K × N] (not KC). ldw is W_g's row stride. With a_idx, c's row r reads a's row a_idx[r]
+// (a the table: the gather fused into the loads); the groups index c's rows.
 template <class T, bool BKC, bool Accumulate, int Path>
-__global__ void grouped_rows_gemm_kernel(MatrixView<T> c, MatrixView<const T> a, PerGroup<const T> w, index_t ldw,
-                                         PerGroup<const T> bias, RowGroups g, int* error) {
-  check_offsets(g, a.rows, error);
+__global__ void grouped_rows_gemm_kernel(MatrixView<T> c, MatrixView<const T> a, const token_t* a_idx,
+                                         PerGroup<const T> w, index_t ldw, PerGroup<const T> bias, RowGroups g,
+                                         int* error) {
+  check_offsets(g, c.rows, error);
   int gi = 0;
   index_t tile = 0;
-  if (!find_row_tile(g, a.rows, gemm_bm, blockIdx.x, &gi, &tile)) return;
-  const RowRange rr = group_rows(g, gi, a.rows);
+  if (!find_row_tile(g, c.rows, gemm_bm, blockIdx.x, &gi, &tile)) return;
+  const RowRange rr = group_rows(g, gi, c.rows);
   const index_t M = rr.hi - rr.lo, N = c.cols, K = a.cols;
   const index_t m0 = tile * gemm_bm, n0 = index_t(blockIdx.y) * gemm_bn;
+  const RowList arows = a_idx ? RowList{a_idx + rr.lo, a.rows} : RowList{};
+  if (a_idx && blockIdx.y == 0 && threadIdx.x < gemm_bm && m0 + threadIdx.x < M) {
+    const index_t r = rr.lo + m0 + threadIdx.x;
+    if (a_idx[r] < 0 || a_idx[r] >= a.rows) report(error, DeviceError::gather_index, r, a_idx[r], a.rows);
+  }
   T acc[4][4];
 #pragma unroll
   for (int i = 0; i < 4; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j) acc[i][j] = T(0);
   T unused = T(0);
-  gemm_tile<T, true, BKC, true, Path>(acc, unused, false, a.data + rr.lo * a.ld, a.ld, w.base + w.at[gi], ldw, M, N,
-                                      K, m0, n0);
+  gemm_tile<T, true, BKC, true, Path>(acc, unused, false, a_idx ? a.data : a.data + rr.lo * a.ld, a.ld,
+                                      w.base + w.at[gi], ldw, M, N, K, m0, n0, arows);
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   const T* b = bias.base ? bias.base + bias.at[gi] : nullptr;
 #pragma unroll
@@ -270,12 +291,13 @@ __global__ void grouped_rows_gemm_kernel(MatrixView<T> c, MatrixView<const T> a,
 // each block loops over its group's rows (the k dimension, a device-side length). The blocks of
 // column tile 0 also sum dy's columns for db (each db element has exactly one writer: no atomics,
 // deterministic). With dw empty the launch has one column tile and only db is computed.
+// With x_idx, packed row r is x's row x_idx[r] (x the table).
 template <class T, bool WithDw, int Path>
 __global__ void grouped_dw_kernel(PerGroup<T> dw, PerGroup<T> db, MatrixView<const T> dy, MatrixView<const T> x,
-                                  RowGroups g, index_t n_tiles, int* error) {
-  check_offsets(g, x.rows, error);
+                                  const token_t* x_idx, RowGroups g, index_t n_tiles, int* error) {
+  check_offsets(g, dy.rows, error);
   const int gi = int(blockIdx.y);
-  const RowRange rr = group_rows(g, gi, x.rows);
+  const RowRange rr = group_rows(g, gi, dy.rows);
   if (rr.hi == rr.lo) return;
   const index_t M = dy.cols, N = x.cols, K = rr.hi - rr.lo;
   const index_t m0 = (index_t(blockIdx.x) / n_tiles) * gemm_bm, n0 = (index_t(blockIdx.x) % n_tiles) * gemm_bn;
@@ -286,8 +308,9 @@ __global__ void grouped_dw_kernel(PerGroup<T> dw, PerGroup<T> db, MatrixView<con
 #pragma unroll
     for (int j = 0; j < 4; ++j) acc[i][j] = T(0);
   T asum = T(0);
-  gemm_tile<T, false, false, WithDw, Path>(acc, asum, want_db, dy.data + rr.lo * dy.ld, dy.ld, x.data + rr.lo * x.ld,
-                                           x.ld, M, N, K, m0, n0);
+  gemm_tile<T, false, false, WithDw, Path>(acc, asum, want_db, dy.data + rr.lo * dy.ld, dy.ld,
+                                           x_idx ? x.data : x.data + rr.lo * x.ld, x.ld, M, N, K, m0, n0, RowList{},
+                                           x_idx ? RowList{x_idx + rr.lo, x.rows} : RowList{});
   const int t = threadIdx.x, tx = t % 16, ty = t / 16;
   if constexpr (WithDw) {
     T* d = dw.base + dw.at[gi];
@@ -310,12 +333,13 @@ __global__ void grouped_dw_kernel(PerGroup<T> dw, PerGroup<T> db, MatrixView<con
 // ---- launchers --------------------------------------------------------------------------------
 
 template <class T>
-void GroupedKernels<T>::linear_forward(const Context& ctx, M y, CM x, CPG w, CPG b, RowGroups g) {
-  if (g.count == 0 || x.rows == 0 || y.cols == 0) return;
-  const dim3 grid(dev::row_tile_slots(x.rows, g.count, dev::gemm_bm), dev::blocks_exact(y.cols, dev::gemm_bn));
+void GroupedKernels<T>::linear_forward(const Context& ctx, M y, CM x, const token_t* idx, CPG w, CPG b, RowGroups g) {
+  if (g.count == 0 || y.rows == 0 || y.cols == 0) return;
+  const dim3 grid(dev::row_tile_slots(y.rows, g.count, dev::gemm_bm), dev::blocks_exact(y.cols, dev::gemm_bn));
   dev::with_gemm_path<T>(ctx, [&](auto path) {
     dev::launch("grouped_linear_forward", ctx, grid, dev::gemm_threads,
-                dev::grouped_rows_gemm_kernel<T, true, false, decltype(path)::value>, y, x, w, x.cols, b, g, ctx.error);
+                dev::grouped_rows_gemm_kernel<T, true, false, decltype(path)::value>, y, x, idx, w, x.cols, b, g,
+                ctx.error);
   });
 }
 template <class T>
@@ -326,16 +350,17 @@ void GroupedKernels<T>::linear_backward_dx(const Context& ctx, M dx, CM dy, CPG 
     // Accumulate = false with no bias stores the product: the overwrite.
     if (add)
       dev::launch("grouped_linear_backward", ctx, grid, dev::gemm_threads,
-                  dev::grouped_rows_gemm_kernel<T, false, true, decltype(path)::value>, dx, dy, w, dx.cols, CPG{}, g,
-                  ctx.error);
+                  dev::grouped_rows_gemm_kernel<T, false, true, decltype(path)::value>, dx, dy, nullptr, w, dx.cols,
+                  CPG{}, g, ctx.error);
     else
       dev::launch("grouped_linear_backward", ctx, grid, dev::gemm_threads,
-                  dev::grouped_rows_gemm_kernel<T, false, false, decltype(path)::value>, dx, dy, w, dx.cols, CPG{}, g,
-                  ctx.error);
+                  dev::grouped_rows_gemm_kernel<T, false, false, decltype(path)::value>, dx, dy, nullptr, w, dx.cols,
+                  CPG{}, g, ctx.error);
   });
 }
 template <class T>
-void GroupedKernels<T>::linear_backward_dw(const Context& ctx, PG dw, PG db, CM dy, CM x, RowGroups g) {
+void GroupedKernels<T>::linear_backward_dw(const Context& ctx, PG dw, PG db, CM dy, CM x, const token_t* idx,
+                                           RowGroups g) {
   if (g.count == 0 || dy.cols == 0 || (dw.empty() && db.empty())) return;
   const index_t m_tiles = (dy.cols + dev::gemm_bm - 1) / dev::gemm_bm;
   if (!dw.empty()) {
@@ -345,14 +370,14 @@ void GroupedKernels<T>::linear_backward_dw(const Context& ctx, PG dw, PG db, CM 
       const index_t n_tiles = (x.cols + dev::gemm_bn - 1) / dev::gemm_bn;
       dev::with_gemm_path<T>(ctx, [&](auto path) {
         dev::launch("grouped_linear_backward", ctx, dim3(unsigned(m_tiles * n_tiles), unsigned(g.count)),
-                    dev::gemm_threads, dev::grouped_dw_kernel<T, true, decltype(path)::value>, dw, db, dy, x, g,
+                    dev::gemm_threads, dev::grouped_dw_kernel<T, true, decltype(path)::value>, dw, db, dy, x, idx, g,
                     n_tiles, ctx.error);
       });
       return;
     }
   }
   dev::launch("grouped_linear_backward", ctx, dim3(unsigned(m_tiles), unsigned(g.count)), dev::gemm_threads,
-              dev::grouped_dw_kernel<T, false, dev::gemm_simt>, dw, db, dy, x, g, index_t(1), ctx.error);
+              dev::grouped_dw_kernel<T, false, dev::gemm_simt>, dw, db, dy, x, idx, g, index_t(1), ctx.error);
 }
 
 }  // namespace mom::cuda
