@@ -95,8 +95,8 @@ struct TopKExperts {
       const auto rr = mom::dispatch::routed_rows(ws, s.sel, E, n, K);
       const MatrixView<T> dln{sc + c.dln, n, d}, dlogits{sc + c.dlogits, n, E};
       const MatrixView<const T> ln{ws + s.ln, n, d};
-      // The experts (dout read first), then their input gradient into dLN(x).
-      const MatrixView<T> dxg = Mlp::backward(be, p + o_w1, p + o_w2, g + o_w1, g + o_w2, ws, s.mlp, rr, dout, sc,
+      // The experts (dout read first; ln: the rows W₁'s gradient reads again), then their input gradient into dLN(x).
+      const MatrixView<T> dxg = Mlp::backward(be, p + o_w1, p + o_w2, g + o_w1, g + o_w2, ws, s.mlp, rr, ln, dout, sc,
                                               c.mlp, sp(sc + c.dwp, rows));
       be.zero(dln);
       mom::dispatch::gather_backward(be, rr, MatrixView<const T>(dxg), dln);
