@@ -89,7 +89,8 @@ void gemm_serial(MatrixView<T> C, MatrixView<const T> A, Trans ta, MatrixView<co
 }
 
 namespace detail {
-// The rows `rows` of table, checked against its row count; as a view of the table itself when rows is empty.
+// Every index of `rows` within table's rows (the gathered operand's own check: callers may check earlier with
+// their own names, as the grouped linear does).
 template <class T>
 void check_gathered_rows(const char* what, std::span<const token_t> rows, MatrixView<const T> table) {
   for (std::size_t i = 0; i < rows.size(); ++i)

@@ -48,8 +48,7 @@ void for_each_group(const char* op, RowGroups g, index_t rows, F&& f) {
 inline constexpr double spread_max_imbalance = 1.15;
 inline constexpr double spread_min_macs = 96.0 * 96.0 * 96.0;  // below it the GEMM runs on one thread anyway
 
-// The non-empty groups of g, largest first, into order; returns their count. Whether they spread over
-// nt threads within spread_max_imbalance: greedy LPT (each group to the least loaded thread).
+// The non-empty groups of g, largest first, into order; returns their count.
 inline int groups_by_size(RowGroups g, std::array<int, max_row_groups>& order) {
   int m = 0;
   for (int i = 0; i < g.count; ++i)
@@ -58,6 +57,8 @@ inline int groups_by_size(RowGroups g, std::array<int, max_row_groups>& order) {
   std::stable_sort(order.begin(), order.begin() + m, [&](int a, int b) { return size(a) > size(b); });
   return m;
 }
+// Whether they spread over nt threads within spread_max_imbalance: greedy LPT (each group to the least loaded
+// thread), at least 2 groups per thread.
 inline bool spreads_evenly(RowGroups g, const std::array<int, max_row_groups>& order, int m, int nt) {
   if (nt < 2 || m < 2 * nt) return false;
   constexpr int max_threads = 256;
@@ -142,6 +143,8 @@ struct LinearInput {
   std::span<const token_t> idx;
   index_t rows() const { return idx.empty() ? x.rows : ssize(idx); }
   MatrixView<const T> shape() const { return {x.data, rows(), x.cols, x.ld}; }  // for the shape checks
+  // What a group's product reads for its packed rows [o, o + n): those rows of x, or (gathered) the table.
+  MatrixView<const T> rows_of_group(index_t o, index_t n) const { return idx.empty() ? x.row_block(o, n) : x; }
   // The indices of the grouped rows (the others, e.g. SKIP rows, are never read) within x's rows.
   void check(const char* op, RowGroups g) const {
     if (idx.empty()) return;
@@ -158,9 +161,8 @@ void grouped_linear_forward(const char* op, MatrixView<T> y, LinearInput<T> in, 
   in.check(op, g);
   const index_t k = in.x.cols;
   for_each_group_spread(op, g, in.rows(), double(y.cols) * double(k), true, [&](int i, index_t o, index_t n) {
-    const MatrixView<const T> wi{w[i], y.cols, k};
-    if (in.idx.empty()) linear_forward<T>(y.row_block(o, n), in.x.row_block(o, n), wi, group_vector(b, i, y.cols));
-    else linear_forward<T>(y.row_block(o, n), in.x, part(in.idx, o, n), wi, group_vector(b, i, y.cols));
+    linear_forward<T>(y.row_block(o, n), in.rows_of_group(o, n), part(in.idx, o, n), {w[i], y.cols, k},
+                      group_vector(b, i, y.cols));
   });
 }
 template <class T>
@@ -174,14 +176,8 @@ void grouped_linear_backward(const char* op, MatrixView<T> dx, PerGroup<T> dw, P
   const bool disjoint = per_group_disjoint(dw, g.count, dy.cols * k) && per_group_disjoint(db, g.count, dy.cols);
   const double macs = double(dx.empty() ? 1 : 2) * double(dy.cols) * double(k);
   for_each_group_spread(op, g, in.rows(), macs, disjoint, [&](int i, index_t o, index_t n) {
-    const MatrixView<const T> wi{w[i], dy.cols, k};
-    const auto dwi = group_matrix(dw, i, dy.cols, k, k);
-    if (in.idx.empty())
-      linear_backward<T>(rows_of(dx, o, n), dwi, group_vector(db, i, dy.cols), dy.row_block(o, n), in.x.row_block(o, n),
-                         wi, dx_store);
-    else
-      linear_backward<T>(rows_of(dx, o, n), dwi, group_vector(db, i, dy.cols), dy.row_block(o, n), in.x,
-                         part(in.idx, o, n), wi, dx_store);
+    linear_backward<T>(rows_of(dx, o, n), group_matrix(dw, i, dy.cols, k, k), group_vector(db, i, dy.cols),
+                       dy.row_block(o, n), in.rows_of_group(o, n), part(in.idx, o, n), {w[i], dy.cols, k}, dx_store);
   });
 }
 }  // namespace detail

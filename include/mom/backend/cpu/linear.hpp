@@ -31,52 +31,41 @@ void add_column_sums(std::span<T> acc, MatrixView<const T> m) {
 }
 }  // namespace detail
 
-// y[n×out] = x[n×in] · w[out×in]ᵀ + b[out]   (b may be empty: no bias). Writes y.
-template <class T>
-void linear_forward(MatrixView<T> y, MatrixView<const T> x, MatrixView<const T> w, std::span<const T> b) {
-  checks::linear_forward_shapes<T>(y, x, w, b);
-  if (b.empty()) {
-    gemm<T>(y, x, Trans::N, w, Trans::T);
-    return;
-  }
-  // Broadcast the bias into y, then y += x·wᵀ (one extra pass over y, no temporary).
-#pragma omp parallel for schedule(static) if (y.rows * y.cols > (1 << 16))
-  for (index_t r = 0; r < y.rows; ++r) std::copy(b.begin(), b.end(), y.row(r));
-  gemm<T>(y, x, Trans::N, w, Trans::T, T(1), T(1));
-}
-
-// y[n×out] = x[rows]·wᵀ + b: the rows of x that `rows` lists (n of them), the gather fused into the product.
+// y[n×out] = x[n×in] · w[out×in]ᵀ + b[out]   (b may be empty: no bias). Writes y. With `rows` given, x is a
+// table and y = x[rows]·wᵀ + b (n = rows.size(): the gather read inside the GEMM's packing, no copy).
 template <class T>
 void linear_forward(MatrixView<T> y, MatrixView<const T> x, std::span<const token_t> rows, MatrixView<const T> w,
                     std::span<const T> b) {
-  checks::linear_forward_shapes<T>(y, {x.data, ssize(rows), x.cols, x.ld}, w, b);
+  checks::linear_forward_shapes<T>(y, rows.empty() ? x : MatrixView<const T>{x.data, ssize(rows), x.cols, x.ld}, w, b);
   if (!b.empty()) {
+    // Broadcast the bias into y, then y += x·wᵀ (one extra pass over y, no temporary).
 #pragma omp parallel for schedule(static) if (y.rows * y.cols > (1 << 16))
     for (index_t r = 0; r < y.rows; ++r) std::copy(b.begin(), b.end(), y.row(r));
   }
   gemm_gathered<T>(y, x, Trans::N, rows, w, Trans::T, {}, T(1), b.empty() ? T(0) : T(1));
 }
+template <class T>
+void linear_forward(MatrixView<T> y, MatrixView<const T> x, MatrixView<const T> w, std::span<const T> b) {
+  linear_forward<T>(y, x, {}, w, b);
+}
 
 // Backward of linear_forward. Accumulates: dx += dy·w, dw += dyᵀ·x, db += Σ_rows dy (dx_store =
 // Store::overwrite: dx = dy·w). dx and db may be empty (not wanted); dw may be empty too (frozen weight).
+// With `rows` given (the gathered forward): dw += dyᵀ·x[rows], and dx [n × in] is the gathered rows' gradient,
+// packed.
+template <class T>
+void linear_backward(MatrixView<T> dx, MatrixView<T> dw, std::span<T> db, MatrixView<const T> dy, MatrixView<const T> x,
+                     std::span<const token_t> rows, MatrixView<const T> w, Store dx_store = Store::add) {
+  checks::linear_backward_shapes<T>(dx, dw, db, dy,
+                                    rows.empty() ? x : MatrixView<const T>{x.data, ssize(rows), x.cols, x.ld}, w);
+  if (!dx.empty()) gemm<T>(dx, dy, Trans::N, w, Trans::N, T(1), dx_store == Store::add ? T(1) : T(0));
+  if (!dw.empty()) gemm_gathered<T>(dw, dy, Trans::T, {}, x, Trans::N, rows, T(1), T(1));
+  if (!db.empty()) detail::add_column_sums<T>(db, dy);
+}
 template <class T>
 void linear_backward(MatrixView<T> dx, MatrixView<T> dw, std::span<T> db, MatrixView<const T> dy, MatrixView<const T> x,
                      MatrixView<const T> w, Store dx_store = Store::add) {
-  checks::linear_backward_shapes<T>(dx, dw, db, dy, x, w);
-  if (!dx.empty()) gemm<T>(dx, dy, Trans::N, w, Trans::N, T(1), dx_store == Store::add ? T(1) : T(0));
-  if (!dw.empty()) gemm<T>(dw, dy, Trans::T, x, Trans::N, T(1), T(1));
-  if (!db.empty()) detail::add_column_sums<T>(db, dy);
-}
-
-// Backward of the gathered linear_forward (y = x[rows]·wᵀ + b): dxg [n × in] += dy·w (the gathered rows'
-// gradient, packed; dx_store = Store::overwrite: =), dw += dyᵀ·x[rows], db += Σ_rows dy.
-template <class T>
-void linear_backward(MatrixView<T> dxg, MatrixView<T> dw, std::span<T> db, MatrixView<const T> dy, MatrixView<const T> x,
-                     std::span<const token_t> rows, MatrixView<const T> w, Store dx_store = Store::add) {
-  checks::linear_backward_shapes<T>(dxg, dw, db, dy, {x.data, ssize(rows), x.cols, x.ld}, w);
-  if (!dxg.empty()) gemm<T>(dxg, dy, Trans::N, w, Trans::N, T(1), dx_store == Store::add ? T(1) : T(0));
-  if (!dw.empty()) gemm_gathered<T>(dw, dy, Trans::T, {}, x, Trans::N, rows, T(1), T(1));
-  if (!db.empty()) detail::add_column_sums<T>(db, dy);
+  linear_backward<T>(dx, dw, db, dy, x, {}, w, dx_store);
 }
 
 }  // namespace mom::cpu
