@@ -103,7 +103,7 @@ struct TimingBackend : cpu::Backend<T> {
     timed(linear_cat(w), [&] { Base::linear_forward(y, x, w, b); });
   }
   void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w) const {
-    count(linear_cat(w), (dx.empty() ? 2.0 : 4.0) * x.rows * x.cols * w.rows);
+    count(linear_cat(w), ((dx.empty() ? 0.0 : 2.0) + (dw.empty() ? 0.0 : 2.0)) * x.rows * x.cols * w.rows);
     timed(linear_cat(w), [&] { Base::linear_backward(dx, dw, db, dy, x, w); });
   }
   void embedding_forward(M out, Tok tokens, CM wte, CM wpe, index_t seq) const {
@@ -368,7 +368,12 @@ struct Result {
   double exec_flops = 0;   // executed products, forward + backward, per step
   double router_flops = 0; // of which GRU cells and router heads
   double instrumented_s = 0;
+  int reps = 1;
   std::array<double, kCats> seconds{};
+  // Per step: the optimizer's time (grad_norm + AdamW, measured) and the bytes it moves (grad_norm reads the
+  // gradients, AdamW reads parameters, gradients and both moments and writes parameters and moments: 8 floats).
+  double optim_s() const { return seconds[kOptim] / reps; }
+  double optim_bytes() const { return 8.0 * sizeof(float) * double(params); }
 };
 
 double median(std::vector<double> v) {
@@ -454,6 +459,7 @@ Result run(const char* name, index_t batch, index_t seq, int reps) {
   double total = 0;
   for (double t : inst) total += t;
   r.instrumented_s = total;
+  r.reps = reps;
   r.seconds = stats.seconds;
   return r;
 }
@@ -657,6 +663,21 @@ int main(int argc, char** argv) {
     double sum = 0;
     for (int c = 0; c < kCats; ++c) sum += r.seconds[c], std::printf(" %.1f%% |", 100 * r.seconds[c] / r.instrumented_s);
     std::printf(" %.1f%% |\n", 100 * (1 - sum / r.instrumented_s));
+  }
+
+  // Issue 29's roofline for a model whose optimizer traffic is a visible share of its step (ModuleFormer has 6×
+  // dense8's parameters): the dense step's time outside the optimizer scaled by the FLOP ratio, plus this model's
+  // optimizer at its measured bandwidth. For a model with dense's parameter count it is the FLOP ratio's target.
+  if (dense) {
+    std::printf("\nRoofline: (dense step - dense optimizer) x FLOP ratio + the model's optimizer (grad_norm + AdamW: "
+                "8 floats per parameter, measured):\n\n| model | optimizer ms | optimizer GB/s | roofline ms | step / "
+                "roofline |\n|---|---:|---:|---:|---:|\n");
+    for (const Result& r : res) {
+      const double fr = r.fwd_flops / dense->fwd_flops;
+      const double roof = (dense->step_s - dense->optim_s()) * fr + r.optim_s();
+      std::printf("| %s | %.1f | %.1f | %.1f | %+.0f%% |\n", r.name.c_str(), r.optim_s() * 1e3,
+                  r.optim_bytes() / r.optim_s() * 1e-9, roof * 1e3, 100.0 * (r.step_s / roof - 1.0));
+    }
   }
 
   std::printf("\nExecuted FLOPs per step (forward + backward products):\n");

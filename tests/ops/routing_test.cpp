@@ -2,6 +2,8 @@
 // finite-difference gradients (double), float vs naive loops, duplicates and ties.
 #include <catch2/catch.hpp>
 
+#include <omp.h>
+
 #include <cmath>
 
 #include <mom/backend/cpu.hpp>
@@ -67,6 +69,34 @@ TEST_CASE("gather / scatter_add: float vs naive loops, duplicate indices accumul
   CHECK(rel_error(out, want) < float_tol);
   // Row 7 holds at least the three forced contributions.
   CHECK(out[7 * d] == Approx(want[7 * d]).epsilon(1e-5));
+}
+
+// Large calls list each output row's entries (a counting sort) and give threads whole rows; the additions
+// into a row must still be the entries' order, so the result is the literal in-order loop's, bit for bit, on
+// 1 and 2 threads (float sums are order-dependent: a row's entries taken in another order differ in the last bits).
+TEST_CASE("scatter_add_rows: the entries' order into each row, bit for bit, on 1 and 2 threads", "[ops][dispatch]") {
+  Rng rng(43);
+  const index_t T = 512, n = 2048, d = 96;  // above the parallel size; ~4 entries per row, some rows none
+  const auto in = random_vec<float>(n * d, rng), w = random_vec<float>(n, rng), table = random_vec<float>(T * d, rng);
+  std::vector<token_t> idx(n);
+  for (auto& i : idx) i = rng.integer(0, int(T) - 2);  // row T - 1 gets no entry
+  std::vector<float> want = table;
+  for (index_t i = 0; i < n; ++i)
+    for (index_t c = 0; c < d; ++c) want[idx[i] * d + c] += w[i] * in[i * d + c];
+  const int saved_threads = omp_get_max_threads();
+  for (const int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    std::vector<float> out = table;
+    cpu::scatter_add_rows<float>(mat(out, T, d), cmat(in, n, d), idx, w);
+    CHECK(out == want);
+    out = table;
+    cpu::scatter_add_rows<float>(mat(out, T, d), cmat(in, n, d), idx, std::span<const float>{});
+    std::vector<float> plain = table;
+    for (index_t i = 0; i < n; ++i)
+      for (index_t c = 0; c < d; ++c) plain[idx[i] * d + c] += in[i * d + c];
+    CHECK(out == plain);
+  }
+  omp_set_num_threads(saved_threads);
 }
 
 TEST_CASE("scatter_add_rows: exact values with duplicate indices and weights", "[ops][dispatch]") {

@@ -3,8 +3,11 @@
 // bound Σ_i p <= 1 (its closed form 1 − Π(1 − β)), stability at seq 4096 with |z| ~ 50 against a long
 // double reference, float vs double, decode through the KV cache equal to the forward's rows, grouped and
 // shared (multi-query) key/value heads against the literal product, finite differences and decode, and the
-// one-line shape and kv_heads errors.
+// one-line shape and kv_heads errors; in the denormal range (long rows, small gradients): the caller's
+// floating-point state kept, the same bits on 1 and 2 threads, float against double.
 #include <catch2/catch.hpp>
+
+#include <omp.h>
 
 #include <cmath>
 #include <limits>
@@ -275,6 +278,66 @@ TEST_CASE("stick_breaking: float agrees with double (forward and backward)", "[o
   forward(out64, qkv64, B, S, heads, d);
   CHECK(rel_error(out, out64) < float_tol);
   CHECK(rel_error(backward(dout, qkv, B, S, heads, d), backward(dout64, qkv64, B, S, heads, d)) < float_tol);
+}
+
+#if defined(__SSE2__)
+#include <xmmintrin.h>
+#endif
+
+// Near initialisation z ~ 0 and every key costs log 2 of the stick, so a row of 256 keys reaches
+// weights of 2^-256: float's denormal range is crossed on every long row, and gradients of 1e-5 push the
+// backward's products further in. The ops run these under FlushDenormals (cpu/denormals.hpp); it must not
+// leak into the caller's thread, nor make the bits depend on how many threads ran.
+TEST_CASE("stick_breaking in the denormal range: caller's MXCSR kept, same bits on 1 and 2 threads, float ~ double",
+          "[ops][stick_breaking]") {
+  Rng rng(157);
+  const index_t B = 2, S = 256, heads = 2, kv = 1, d = 64, W = qkv_width(heads, d, kv);
+  auto qkv = random_vec<float>(std::size_t(B * S * W), rng, -0.3f, 0.3f);
+  auto dout = random_vec<float>(std::size_t(B * S * d), rng);
+  for (auto& g : dout) g *= 1e-5f;
+  {  // the premise: the last query's weight on key 0 (head 0, sequence 0), in double, is below float's normals
+    const index_t hd = d / heads, t = S - 1;
+    double p0 = 1;
+    for (index_t i = 0; i <= t; ++i) {
+      double z = 0;
+      for (index_t c = 0; c < hd; ++c) z += double(qkv[std::size_t(t * W + c)]) * double(qkv[std::size_t(i * W + d + c)]);
+      const double beta = 1 / (1 + std::exp(-z / std::sqrt(double(hd))));
+      p0 *= i == 0 ? beta : 1 - beta;
+    }
+    CHECK(p0 > 0);
+    CHECK(p0 < double(std::numeric_limits<float>::min()));
+  }
+#if defined(__SSE2__)
+  const unsigned csr = _mm_getcsr();
+#endif
+  // The gradient into zeros (the file's backward() adds onto 0.5, which would round gradients of 1e-6 in float).
+  auto grads = [&](const auto& g_out, const auto& x) {
+    using T = typename std::decay_t<decltype(x)>::value_type;
+    std::vector<T> out, dx(x.size(), T(0));
+    forward(out, x, B, S, heads, d, kv);
+    cpu::stick_breaking_backward<T>(mat(dx, B * S, W), cmat(g_out, B * S, d), cmat(out, B * S, d), cmat(x, B * S, W), B,
+                                    S, heads, kv);
+    return dx;
+  };
+  const int saved_threads = omp_get_max_threads();
+  std::vector<float> out1, out2;
+  omp_set_num_threads(1);
+  forward(out1, qkv, B, S, heads, d, kv);
+  const auto d1 = grads(dout, qkv);
+  omp_set_num_threads(2);
+  forward(out2, qkv, B, S, heads, d, kv);
+  const auto d2 = grads(dout, qkv);
+  omp_set_num_threads(saved_threads);
+#if defined(__SSE2__)
+  CHECK(_mm_getcsr() == csr);
+#endif
+  CHECK(out1 == out2);
+  CHECK(d1 == d2);
+  const std::vector<double> qkv64(qkv.begin(), qkv.end()), dout64(dout.begin(), dout.end());
+  std::vector<double> out64;
+  forward(out64, qkv64, B, S, heads, d, kv);
+  CHECK(rel_error(out2, out64) < float_tol);
+  CHECK(rel_error(d2, grads(dout64, qkv64)) < float_tol);
 }
 
 TEST_CASE("stick_breaking_decode + kv_write: token by token through the cache equals the forward (float, double)",

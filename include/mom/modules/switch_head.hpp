@@ -16,7 +16,10 @@
 //
 // Each head's value and output experts run over exactly their chosen (token, expert) pairs, grouped by
 // expert as in σ-MoE (routing/dispatch.hpp); the attention itself is the library's fused causal op over
-// a [Q | K | V] matrix of H heads of d_head.
+// a [Q | K | V] matrix of H heads of d_head. The 2·H selections all read LN(x) and their weights W_SV, W_SO
+// are one [2·H·N_A × d] block, so their logits are one product in forward and their weight gradient one
+// product in backward (instead of 2·H products of N_A columns, each packing all of LN(x)); the input
+// gradient stays one product per selection, in the order the selections are taken back.
 //
 //   MHA<L, SwitchHead<2, 5, 2, 64>::type>     L SwitchHead modules: 2 heads of 64, 5 experts, 2 active
 // A sequence mixer over (batch, seq): the dense stack, parameter sharing, MoE's attention, and incremental
@@ -78,8 +81,10 @@ struct SwitchHead {
       index_t yg = 0;           // expert outputs, packed: [rows × d_head] (value), [rows × d] (output); their
                                 // inputs (x̂, a^h V^h) are read through the picks inside the GEMMs, not copied
     };
+    static constexpr index_t n_sel = 2 * H * NA;  // the selections' logit columns: V^0 .. V^{H-1}, O^0 .. O^{H-1}
     struct Saved {
       index_t ln = 0, mean = 0, rstd = 0;  // LN(x) [n × d] (PostNorm: z = x + y and LN(z)'s statistics)
+      index_t logits = 0;                  // every selection's logits [n × 2·H·N_A] (side j: columns j·N_A ..)
       index_t qkv = 0, att = 0, lse = 0;   // [Q|K|V] [n × 3·H·d_head], attention output [n × H·d_head], lse
       std::array<Side, Heads> v{}, o{};
       index_t aux = 0;                     // δ·Σ L over the 2·H selections (ModuleWithAuxLoss)
@@ -93,6 +98,7 @@ struct SwitchHead {
       s.qkv = a.take(n * 3 * hd);
       s.att = a.take(n * hd);
       s.lse = a.take(batch * H * seq);
+      s.logits = a.take(n * n_sel);
       for (int h = 0; h < Heads; ++h) {
         for (Side* side : {&s.v[h], &s.o[h]}) {
           side->sel = dispatch::plan_selection(a, n, KA, NA);
@@ -105,7 +111,7 @@ struct SwitchHead {
       return s;
     }
     struct Scratch {
-      index_t datt, dqkv, dln, dy, dwp, dws, dv, dg, dlogits, dz, total;
+      index_t datt, dqkv, dln, dy, dwp, dws, dv, dg, dlogits, dlogits_all, dz, total;
     };
     static constexpr Scratch scratch_plan(index_t n) {
       const index_t rows = n * KA;
@@ -120,6 +126,7 @@ struct SwitchHead {
       s.dv = a.take(rows);
       s.dg = a.take(rows * d);   // dL/d(expert input), group order
       s.dlogits = a.take(n * NA);
+      s.dlogits_all = a.take(n * n_sel);  // every selection's dL/dlogits, for the one weight-gradient product
       s.dz = post ? a.take(n * d) : 0;
       s.total = a.used;
       return s;
@@ -136,38 +143,43 @@ struct SwitchHead {
       return uniform_groups(p + o_o + index_t(h) * NA * d * dh, NA, d * dh);
     }
 
-    // A head's selection (eqs. (5)-(6)): logits = LN(x) W_S^hᵀ, the regulariser, top-K_A, σ, the groups.
+    // Selection j's logit columns (j < H: the value selection of head j; else the output selection of head j − H).
+    template <class T>
+    static MatrixView<T> sel_columns(T* base, index_t at, index_t n, int j) {
+      return detail::mat(base, at, n, n_sel).col_block(index_t(j) * NA, NA);
+    }
+    // Side j's selection (eqs. (5)-(6)): its logits LN(x) W_Sᵀ (computed for all sides in run), the
+    // regulariser, top-K_A, σ, the groups.
     template <class Be, class T>
-    static void select(Be& be, const T* w_sel, T* ws, const Side& side, MatrixView<const T> ln, index_t batch,
-                       index_t seq) {
-      using detail::mat, detail::vec;
+    static void select(Be& be, T* ws, const Saved& s, const Side& side, int j, index_t batch, index_t seq) {
       const index_t n = batch * seq;
-      be.linear_forward(mat(ws, side.sel.probs, n, NA), ln, MatrixView<const T>{w_sel, NA, d}, std::span<const T>{});
+      be.copy(detail::mat(ws, side.sel.probs, n, NA), MatrixView<const T>(sel_columns(ws, s.logits, n, j)));
       dispatch::sigmoid_select_forward(be, ws, side.sel, ws + side.dreg, batch, seq, KA, NA, T(delta));
     }
-    // Backward of select: dL/d(weight) in group order (dwp) → dL/dLN(x) (+= into dln) and dW_S^h.
+    // Backward of select: dL/d(weight) in group order (dwp) → dL/dLN(x) (+= into dln, with side j's W_S) and
+    // dL/dlogits kept in side j's columns of dlogits_all (backward turns them into dW_S in one product).
     template <class Be, class T>
-    static void select_backward(Be& be, const T* w_sel, T* g_sel, const T* ws, const Side& side,
-                                MatrixView<const T> ln, MatrixView<T> dln, T* sc, const Scratch& c, index_t n) {
+    static void select_backward(Be& be, const T* w_sel, const T* ws, const Side& side, int j, MatrixView<const T> ln,
+                                MatrixView<T> dln, T* sc, const Scratch& c, index_t n) {
       using detail::mat, detail::vec;
       const index_t rows = n * KA;
       const auto dlogits = mat(sc, c.dlogits, n, NA);
       dispatch::sigmoid_select_backward(be, ws, side.sel, ws + side.dreg, n, KA, NA, vec(static_cast<const T*>(sc), c.dwp, rows),
                                         vec(sc, c.dws, rows), vec(sc, c.dv, rows), dlogits);
-      be.linear_backward(dln, MatrixView<T>{g_sel, NA, d}, std::span<T>{}, MatrixView<const T>(dlogits), ln,
+      be.linear_backward(dln, MatrixView<T>{}, std::span<T>{}, MatrixView<const T>(dlogits), ln,
                          MatrixView<const T>{w_sel, NA, d});
+      be.copy(sel_columns(sc, c.dlogits_all, n, j), MatrixView<const T>(dlogits));
     }
 
-    // One selection's experts (eq. (7): a head's values, in = x̂, out = its V columns; eq. (9): its
-    // outputs, in = a^h V^h, out = y): the selection from LN(x) (its regulariser added to aux), then
+    // Selection j's experts (eq. (7): a head's values, in = x̂, out = its V columns; eq. (9): its
+    // outputs, in = a^h V^h, out = y): the selection from its logits (its regulariser added to aux), then
     // out += Σ_{e picked} s[e] · in_t W^{h,e}ᵀ over exactly the (token, expert) pairs.
     template <class Be, class T>
-    static void experts_forward(Be& be, const T* w_sel, PerGroup<const T> w, T* ws, const Side& side,
-                                MatrixView<const T> ln, MatrixView<const T> in, MatrixView<T> out, std::span<T> aux,
-                                index_t batch, index_t seq) {
+    static void experts_forward(Be& be, PerGroup<const T> w, T* ws, const Saved& s, const Side& side, int j,
+                                MatrixView<const T> in, MatrixView<T> out, std::span<T> aux, index_t batch, index_t seq) {
       using detail::mat, detail::vec;
       const index_t rows = batch * seq * KA;
-      select(be, w_sel, ws, side, ln, batch, seq);
+      select(be, ws, s, side, j, batch, seq);
       be.axpy(aux, T(1), vec(static_cast<const T*>(ws), side.sel.loss, 1));
       const auto rr = dispatch::routed_rows(static_cast<const T*>(ws), side.sel, NA, batch * seq, KA);
       const auto yg = mat(ws, side.yg, rows, out.cols);
@@ -175,10 +187,10 @@ struct SwitchHead {
       dispatch::combine(be, rr, MatrixView<const T>(yg), out);
     }
     // Its backward: dout (read first) → the experts' dW (gw), din += the experts' input gradient, and the
-    // selection's gradient into dln and dW_S (g_sel).
+    // selection's gradient into dln (with its weights w_sel) and its columns of dlogits_all.
     template <class Be, class T>
-    static void experts_backward(Be& be, const T* w_sel, T* g_sel, PerGroup<const T> w, PerGroup<T> gw, const T* ws,
-                                 const Side& side, MatrixView<const T> ln, MatrixView<T> dln, MatrixView<const T> in,
+    static void experts_backward(Be& be, const T* w_sel, PerGroup<const T> w, PerGroup<T> gw, const T* ws,
+                                 const Side& side, int j, MatrixView<const T> ln, MatrixView<T> dln, MatrixView<const T> in,
                                  MatrixView<const T> dout, MatrixView<T> din, T* sc, const Scratch& c, index_t n) {
       using detail::mat, detail::vec;
       const index_t rows = n * KA;
@@ -189,7 +201,7 @@ struct SwitchHead {
       be.grouped_linear_backward(dxg, gw, PerGroup<T>{}, MatrixView<const T>(dy), in, rr.token, w, rr.groups,
                                  Store::overwrite);
       dispatch::gather_backward(be, rr, MatrixView<const T>(dxg), din);
-      select_backward(be, w_sel, g_sel, ws, side, ln, dln, sc, c, n);
+      select_backward(be, w_sel, ws, side, j, ln, dln, sc, c, n);
     }
 
     template <class Be, class T>
@@ -237,17 +249,17 @@ struct SwitchHead {
       if constexpr (!post)
         be.layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
       be.linear_forward(qkv.col_block(0, 2 * hd), cln, mat(p, o_qk, 2 * hd, d), std::span<const T>{});  // q, k
+      be.linear_forward(mat(ws, s.logits, n, n_sel), cln, mat(p, o_sv, n_sel, d), std::span<const T>{});  // eqs. (5)-(6)
       const std::span<T> aux = vec(ws, s.aux, 1);
       be.zero(aux);
       be.zero(qkv.col_block(2 * hd, hd));
       for (int h = 0; h < Heads; ++h)  // v^h, eq. (7)
-        experts_forward(be, p + o_sv + h * NA * d, w_v(p, h), ws, s.v[h], cln, xin, qkv.col_block(2 * hd + h * dh, dh),
-                        aux, batch, seq);
+        experts_forward(be, w_v(p, h), ws, s, s.v[h], h, xin, qkv.col_block(2 * hd + h * dh, dh), aux, batch, seq);
       attend(qkv, att);  // eq. (8)
       be.zero(f_out);
       for (int h = 0; h < Heads; ++h)  // y, eq. (9)
-        experts_forward(be, p + o_so + h * NA * d, w_o(p, h), ws, s.o[h], cln, MatrixView<const T>(att.col_block(h * dh, dh)),
-                        f_out, aux, batch, seq);
+        experts_forward(be, w_o(p, h), ws, s, s.o[h], Heads + h, MatrixView<const T>(att.col_block(h * dh, dh)), f_out,
+                        aux, batch, seq);
       if constexpr (post)
         detail::post_norm_forward(be, f_out, ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d),
                                   vec(p, o_ln_b, d));
@@ -276,7 +288,7 @@ struct SwitchHead {
       be.zero(datt);
       be.zero(dqkv);
       for (int h = 0; h < Heads; ++h)  // eq. (9) backward: dL/d(a^h V^h), dW_O, the output selection
-        experts_backward(be, p + o_so + h * NA * d, g + o_so + h * NA * d, w_o(p, h), w_o(g, h), ws, s.o[h], ln, dln,
+        experts_backward(be, p + o_so + h * NA * d, w_o(p, h), w_o(g, h), ws, s.o[h], Heads + h, ln, dln,
                          mat(ws, s.att, n, hd).col_block(h * dh, dh), dy_out, datt.col_block(h * dh, dh), sc, c, n);
       be.attention_backward(dqkv, MatrixView<const T>(datt), mat(ws, s.att, n, hd), vec(ws, s.lse, batch * H * seq),
                             mat(ws, s.qkv, n, 3 * hd), batch, seq, H);
@@ -286,8 +298,11 @@ struct SwitchHead {
       const MatrixView<T> dxin = peri || post ? dx : dln;
       const MatrixView<const T> xin = peri || post ? x : ln;  // the value experts' input, as in forward
       for (int h = 0; h < Heads; ++h)  // eq. (7) backward: dW_V, dx̂, the value selection
-        experts_backward(be, p + o_sv + h * NA * d, g + o_sv + h * NA * d, w_v(p, h), w_v(g, h), ws, s.v[h], ln, dln, xin,
+        experts_backward(be, p + o_sv + h * NA * d, w_v(p, h), w_v(g, h), ws, s.v[h], h, ln, dln, xin,
                          MatrixView<const T>(dqkv.col_block(2 * hd + h * dh, dh)), dxin, sc, c, n);
+      // dW_S of all 2·H selections in one product (eqs. (5)-(6) backward).
+      be.linear_backward(MatrixView<T>{}, mat(g, o_sv, n_sel, d), std::span<T>{}, MatrixView<const T>(mat(sc, c.dlogits_all, n, n_sel)), ln,
+                         mat(p, o_sv, n_sel, d));
       if constexpr (!post)
         be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
                               vec(ws, s.rstd, n), vec(p, o_ln_w, d));

@@ -75,7 +75,7 @@ struct CountingBackend : cpu::Backend<T> {
     Base::attention_packed_forward(out, lse, q, k, v, q_tok, k_tok, seq, heads);
   }
   void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w) {
-    flops += (dx.empty() ? 2 : 4) * x.rows * x.cols * w.rows;
+    flops += ((dx.empty() ? 0 : 2) + (dw.empty() ? 0 : 2)) * x.rows * x.cols * w.rows;  // dx = dy·w, dw = dyᵀ·x
     Base::linear_backward(dx, dw, db, dy, x, w);
   }
   void attention_backward(M dqkv, CM dout, CM out, CS lse, CM qkv, index_t batch, index_t seq, index_t heads) {

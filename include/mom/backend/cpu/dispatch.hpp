@@ -14,6 +14,7 @@
 namespace mom::cpu {
 
 namespace detail {
+struct ScatterScratch;  // scatter_add_rows' row lists (thread_scratch's owner tag)
 inline void check_row_indices(const char* op, std::span<const token_t> idx, index_t bound, Shape table) {
   for (index_t i = 0; i < ssize(idx); ++i)
     MOM_CHECK(idx[i] >= 0 && idx[i] < bound, op, ": idx[", i, "] = ", idx[i], " is out of range [0, ", bound,
@@ -32,27 +33,39 @@ void gather_rows(MatrixView<T> out, MatrixView<const T> in, std::span<const toke
 }
 
 // out[idx[i]] += w[i] · in[i] (w empty: all 1). Accumulates into out [T×d]; in is [n×d].
-// Indices may repeat (their contributions add up), so no two threads may own the same output row: thread
-// t of nt adds the entries whose output row is ≡ t (mod nt) — every thread reads the index list, writes
-// only its rows, and the order of the additions into a row is the entries' order, whatever nt.
+// Indices may repeat (their contributions add up; a routed layer's token appears once per module it picked),
+// and the additions into a row are made in the entries' order, whatever the thread count. Large calls first
+// list each output row's entries in order (a counting sort by row, O(n + T) indices in this thread's
+// scratch) and then give each thread whole output rows: a row is read and written once while all its entries
+// add into it, instead of once per entry (K times for a top-K layer, from anywhere in the last-level cache).
 // The backward of gather_rows(out, in, idx) is scatter_add_rows(din, dout, idx, {}).
 template <class T>
 void scatter_add_rows(MatrixView<T> out, MatrixView<const T> in, std::span<const token_t> idx,
                       std::span<const T> weights) {
   checks::scatter_add_rows_shapes<T>(out, in, idx, weights);
   detail::check_row_indices("scatter_add_rows", idx, out.rows, shape(out));
-  const index_t d = in.cols;
-#pragma omp parallel if (in.rows * d > (1 << 16))
-  {
-    const index_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-    for (index_t i = 0; i < in.rows; ++i) {
-      if (idx[i] % nt != t) continue;
-      const T w = weights.empty() ? T(1) : weights[i];
-      const T* src = in.row(i);
-      T* dst = out.row(idx[i]);
+  const index_t d = in.cols, n = in.rows;
+  auto add = [&](index_t i) {
+    const T w = weights.empty() ? T(1) : weights[i];
+    const T* src = in.row(i);
+    T* dst = out.row(idx[i]);
 #pragma omp simd
-      for (index_t c = 0; c < d; ++c) dst[c] += w * src[c];
-    }
+    for (index_t c = 0; c < d; ++c) dst[c] += w * src[c];
+  };
+  if (n * d <= (1 << 16)) {
+    for (index_t i = 0; i < n; ++i) add(i);
+    return;
+  }
+  index_t* end = detail::thread_scratch<index_t, detail::ScatterScratch, 0>(std::size_t(out.rows));
+  index_t* order = detail::thread_scratch<index_t, detail::ScatterScratch, 1>(std::size_t(n));
+  std::fill(end, end + out.rows, index_t(0));
+  for (index_t i = 0; i < n; ++i) ++end[idx[i]];
+  for (index_t r = 1; r < out.rows; ++r) end[r] += end[r - 1];  // end[r]: one past row r's last entry
+  for (index_t i = n - 1; i >= 0; --i) order[--end[idx[i]]] = i;  // end[r] is now row r's first entry
+#pragma omp parallel for schedule(static)
+  for (index_t r = 0; r < out.rows; ++r) {
+    const index_t stop = r + 1 < out.rows ? end[r + 1] : n;
+    for (index_t j = end[r]; j < stop; ++j) add(order[j]);
   }
 }
 

@@ -34,6 +34,11 @@
 // kAttentionBlock whose scores against keys [0, i1) are one cpu::gemm on strided views; scratch is
 // thread_local, grown once to the largest S seen ([kAttentionBlock × S] once in forward, twice in
 // backward, plus rows of S): no allocation after the first call.
+//
+// Denormals: the weights fall geometrically with the distance to the query and pass through float's
+// denormal range (and the backward multiplies them by small gradients), which costs ~5× in time on x86.
+// Each thread runs its rows and their products (gemm_serial) under FlushDenormals (cpu/denormals.hpp):
+// values below 2^-126 are 0 here, whatever the thread count.
 #include <algorithm>
 #include <cmath>
 #include <span>
@@ -41,6 +46,7 @@
 
 #include "mom/backend/cpu/attention.hpp"  // kAttentionBlock, detail::head_block
 #include "mom/backend/cpu/decode.hpp"     // detail::check_decode_rows
+#include "mom/backend/cpu/denormals.hpp"
 #include "mom/backend/cpu/eigen_map.hpp"
 #include "mom/backend/cpu/gemm.hpp"
 #include "mom/backend/cpu/parallel.hpp"
@@ -124,6 +130,7 @@ void stick_breaking_forward(MatrixView<T> out, MatrixView<const T> qkv, index_t 
   const T scale = T(1) / std::sqrt(T(hd));
 #pragma omp parallel if (batch * heads > 1 && seq * seq * hd > (1 << 14))
   {
+  const FlushDenormals flush;
   // Every thread of the team sizes its scratch, also one that gets no pair this time (see attention.hpp).
   T* scratch = detail::stick_breaking_scratch<T, 0>(kAttentionBlock * seq);
   T* sp = detail::stick_breaking_scratch<T, 1>(seq);
@@ -137,13 +144,13 @@ void stick_breaking_forward(MatrixView<T> out, MatrixView<const T> qkv, index_t 
     for (index_t i0 = 0; i0 < seq; i0 += kAttentionBlock) {
       const index_t i1 = std::min(seq, i0 + kAttentionBlock), rows = i1 - i0;
       const MatrixView<T> p(scratch, rows, i1);  // z of queries [i0, i1) against keys [0, i1), then p
-      gemm<T>(p, q.row_block(i0, rows), Trans::N, k.row_block(0, i1), Trans::T, scale);
+      gemm_serial<T>(p, q.row_block(i0, rows), Trans::N, k.row_block(0, i1), Trans::T, scale);
       for (index_t r = 0; r < rows; ++r) {
         const index_t i = i0 + r;
         detail::stick_breaking_row<T>(p.row(r), sp, nullptr, i + 1);
         std::fill(p.row(r) + i + 1, p.row(r) + i1, T(0));  // causal: keys after i
       }
-      gemm<T>(o.row_block(i0, rows), p, Trans::N, v.row_block(0, i1), Trans::N);
+      gemm_serial<T>(o.row_block(i0, rows), p, Trans::N, v.row_block(0, i1), Trans::N);
     }
   }
   }
@@ -164,6 +171,7 @@ void stick_breaking_backward(MatrixView<T> dqkv, MatrixView<const T> dout, Matri
   const T scale = T(1) / std::sqrt(T(hd));
 #pragma omp parallel if (batch * kv > 1 && seq * seq * hd > (1 << 14))
   {
+  const FlushDenormals flush;
   T* scratch_p = detail::stick_breaking_scratch<T, 0>(kAttentionBlock * seq);  // sized on every thread
   T* sp = detail::stick_breaking_scratch<T, 1>(seq);
   T* scratch_g = detail::stick_breaking_scratch<T, 2>(kAttentionBlock * seq);
@@ -182,8 +190,8 @@ void stick_breaking_backward(MatrixView<T> dqkv, MatrixView<const T> dout, Matri
       for (index_t i0 = 0; i0 < seq; i0 += kAttentionBlock) {
         const index_t i1 = std::min(seq, i0 + kAttentionBlock), rows = i1 - i0;
         const MatrixView<T> p(scratch_p, rows, i1), g(scratch_g, rows, i1);
-        gemm<T>(p, q.row_block(i0, rows), Trans::N, k.row_block(0, i1), Trans::T, scale);
-        gemm<T>(g, dO.row_block(i0, rows), Trans::N, v.row_block(0, i1), Trans::T);
+        gemm_serial<T>(p, q.row_block(i0, rows), Trans::N, k.row_block(0, i1), Trans::T, scale);
+        gemm_serial<T>(g, dO.row_block(i0, rows), Trans::N, v.row_block(0, i1), Trans::T);
         for (index_t r = 0; r < rows; ++r) {
           const index_t i = i0 + r;
           T* pr = p.row(r);
@@ -199,9 +207,9 @@ void stick_breaking_backward(MatrixView<T> dqkv, MatrixView<const T> dout, Matri
           std::fill(pr + i + 1, pr + i1, T(0));
           std::fill(gr + i + 1, gr + i1, T(0));
         }
-        gemm<T>(dv.row_block(0, i1), p, Trans::T, dO.row_block(i0, rows), Trans::N, T(1), T(1));
-        gemm<T>(dq.row_block(i0, rows), g, Trans::N, k.row_block(0, i1), Trans::N, T(1), T(1));
-        gemm<T>(dk.row_block(0, i1), g, Trans::T, q.row_block(i0, rows), Trans::N, T(1), T(1));
+        gemm_serial<T>(dv.row_block(0, i1), p, Trans::T, dO.row_block(i0, rows), Trans::N, T(1), T(1));
+        gemm_serial<T>(dq.row_block(i0, rows), g, Trans::N, k.row_block(0, i1), Trans::N, T(1), T(1));
+        gemm_serial<T>(dk.row_block(0, i1), g, Trans::T, q.row_block(i0, rows), Trans::N, T(1), T(1));
       }
     }
   }
@@ -225,6 +233,7 @@ void stick_breaking_decode(MatrixView<T> out, MatrixView<const T> qkv, MatrixVie
   const T scale = T(1) / std::sqrt(T(hd));
 #pragma omp parallel if (rows * heads > 1 && rows * max_len * heads * hd > (1 << 15))
   {
+    const FlushDenormals flush;
     T* z = detail::stick_breaking_scratch<T, 4>(max_len);
     T* sp = detail::stick_breaking_scratch<T, 5>(max_len);
 #pragma omp for schedule(static)
