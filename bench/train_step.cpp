@@ -67,6 +67,9 @@ using Clock = std::chrono::steady_clock;
 template <class T>
 struct TimingBackend : cpu::Backend<T> {
   using Base = cpu::Backend<T>;
+  // A linear's backward: 2 FLOPs per multiply-add for each product that runs (dx = dy·w, dw = dyᵀ·x), as
+  // testing/counting_backend.hpp counts them.
+  static constexpr double backward_products(bool dx, bool dw) { return (dx ? 2.0 : 0.0) + (dw ? 2.0 : 0.0); }
   using typename Base::CM;
   using typename Base::CS;
   using typename Base::M;
@@ -103,7 +106,7 @@ struct TimingBackend : cpu::Backend<T> {
     timed(linear_cat(w), [&] { Base::linear_forward(y, x, w, b); });
   }
   void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w) const {
-    count(linear_cat(w), ((dx.empty() ? 0.0 : 2.0) + (dw.empty() ? 0.0 : 2.0)) * x.rows * x.cols * w.rows);
+    count(linear_cat(w), backward_products(!dx.empty(), !dw.empty()) * x.rows * x.cols * w.rows);
     timed(linear_cat(w), [&] { Base::linear_backward(dx, dw, db, dy, x, w); });
   }
   void embedding_forward(M out, Tok tokens, CM wte, CM wpe, index_t seq) const {
@@ -269,7 +272,7 @@ struct TimingBackend : cpu::Backend<T> {
     timed(grouped_cat(y.cols), [&] { Base::grouped_linear_forward(y, x, w, b, g); });
   }
   void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, CPG w, RowGroups g, Store dx_store = Store::add) const {
-    count(grouped_cat(dy.cols), (dx.empty() ? 2.0 : 4.0) * grouped_rows(g) * x.cols * dy.cols);
+    count(grouped_cat(dy.cols), backward_products(!dx.empty(), dw.base != nullptr) * grouped_rows(g) * x.cols * dy.cols);
     timed(grouped_cat(dy.cols), [&] { Base::grouped_linear_backward(dx, dw, db, dy, x, w, g, dx_store); });
   }
   // The gathered forms (x's rows read through idx inside the GEMM): the same products.
@@ -279,7 +282,7 @@ struct TimingBackend : cpu::Backend<T> {
   }
   void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, Tok idx, CPG w, RowGroups g,
                                Store dx_store = Store::add) const {
-    count(grouped_cat(dy.cols), (dx.empty() ? 2.0 : 4.0) * grouped_rows(g) * x.cols * dy.cols);
+    count(grouped_cat(dy.cols), backward_products(!dx.empty(), dw.base != nullptr) * grouped_rows(g) * x.cols * dy.cols);
     timed(grouped_cat(dy.cols), [&] { Base::grouped_linear_backward(dx, dw, db, dy, x, idx, w, g, dx_store); });
   }
   void grouped_layernorm_forward(M out, S mean, S rstd, CM x, CPG gamma, CPG beta, RowGroups g, T eps = T(1e-5)) const {

@@ -25,6 +25,8 @@ namespace mom::testing {
 template <class T>
 struct CountingBackend : cpu::Backend<T> {
   using Base = cpu::Backend<T>;
+  // A linear's backward: 2 FLOPs per multiply-add for each product that runs (dx = dy·w, dw = dyᵀ·x).
+  static constexpr index_t backward_products(bool dx, bool dw) { return (dx ? 2 : 0) + (dw ? 2 : 0); }
   using typename Base::CM;
   using typename Base::CS;
   using typename Base::M;
@@ -75,7 +77,7 @@ struct CountingBackend : cpu::Backend<T> {
     Base::attention_packed_forward(out, lse, q, k, v, q_tok, k_tok, seq, heads);
   }
   void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w) {
-    flops += ((dx.empty() ? 0 : 2) + (dw.empty() ? 0 : 2)) * x.rows * x.cols * w.rows;  // dx = dy·w, dw = dyᵀ·x
+    flops += backward_products(!dx.empty(), !dw.empty()) * x.rows * x.cols * w.rows;
     Base::linear_backward(dx, dw, db, dy, x, w);
   }
   void attention_backward(M dqkv, CM dout, CM out, CS lse, CM qkv, index_t batch, index_t seq, index_t heads) {
@@ -105,7 +107,8 @@ struct CountingBackend : cpu::Backend<T> {
     Base::grouped_linear_forward(y, x, w, b, g);
   }
   void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, CPG w, RowGroups g, Store dx_store = Store::add) {
-    each_group(g, [&](int, index_t, index_t n) { flops += (dx.empty() ? 2 : 4) * n * x.cols * dy.cols; });
+    each_group(g, [&](int, index_t, index_t n) { flops += backward_products(!dx.empty(), dw.base != nullptr) * n * x.cols * dy.cols;
+    });
     Base::grouped_linear_backward(dx, dw, db, dy, x, w, g, dx_store);
   }
   // The gathered forms count as the plain ones (the same products).
@@ -117,7 +120,8 @@ struct CountingBackend : cpu::Backend<T> {
     Base::grouped_linear_forward(y, x, idx, w, b, g);
   }
   void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, Tok idx, CPG w, RowGroups g, Store dx_store = Store::add) {
-    each_group(g, [&](int, index_t, index_t n) { flops += (dx.empty() ? 2 : 4) * n * x.cols * dy.cols; });
+    each_group(g, [&](int, index_t, index_t n) { flops += backward_products(!dx.empty(), dw.base != nullptr) * n * x.cols * dy.cols;
+    });
     Base::grouped_linear_backward(dx, dw, db, dy, x, idx, w, g, dx_store);
   }
   void attention_grouped_forward(M out, S lse, CM q, CPG k, CPG v, index_t kv_rows, index_t kv_ld, Tok q_tok, Tok k_tok,

@@ -31,7 +31,7 @@
 // heads and H_kv key/value heads (H_kv divides H; query head h reads key/value head h / (H / H_kv); H_kv = H
 // is the usual [q | k | v] of 3d columns), out [B·S × H·hd]; one OpenMP task per (sequence, query head) in
 // forward, per (sequence, key/value head) in backward (its query heads in order); query rows in blocks of
-// kAttentionBlock whose scores against keys [0, i1) are one cpu::gemm on strided views; scratch is
+// kAttentionBlock whose scores against keys [0, i1) are one cpu::gemm_serial on strided views; scratch is
 // thread_local, grown once to the largest S seen ([kAttentionBlock × S] once in forward, twice in
 // backward, plus rows of S): no allocation after the first call.
 //
