@@ -74,7 +74,7 @@ struct PollingBackend : cpu::Backend<float> {
   using Base::gru_cell_backward;
   using Base::layernorm_backward;
   using Base::linear_backward;
-  void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w) const { Base::linear_backward(dx, dw, db, dy, x, w), hook(); }
+  void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w, Store dx_store = Store::add) const { Base::linear_backward(dx, dw, db, dy, x, w, dx_store), hook(); }
   void embedding_backward(M dwte, M dwpe, CM dout, Tok tokens, index_t seq) const {
     Base::embedding_backward(dwte, dwpe, dout, tokens, seq), hook();
   }
@@ -101,6 +101,10 @@ struct PollingBackend : cpu::Backend<float> {
   void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, Tok idx, CPG w, RowGroups g,
                                Store dx_store = Store::add) const {
     Base::grouped_linear_backward(dx, dw, db, dy, x, idx, w, g, dx_store), hook();
+  }
+  void grouped_linear_backward(M dx, PG dw, ScaledRows<float> dy, CM x, Tok idx, CPG w, RowGroups g,
+                               Store dx_store = Store::add) const {
+    Base::grouped_linear_backward(dx, dw, dy, x, idx, w, g, dx_store), hook();
   }
 };
 

@@ -2,8 +2,10 @@
 // of the dense 8-layer model and of MoM_E / MoM_I / MoM_P on its [1-1-4-1-1] chunking (issue 5,
 // item 9), float, on cpu::Backend<float> wrapped in a timing backend.
 //
-//   bench_train_step [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,moeut,moduleformer,dsmoe,ec,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide]
+//   bench_train_step [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,moeut,moduleformer,dsmoe,ec,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide] [--paired]
 //   bench_train_step --under-load   the dense step at 1 and 2 threads, quiet and with one core kept busy
+//   bench_train_step --paired [--only moeut,moduleformer,moe,dsmoe,ec,P]   each routed step against its dense
+//                    reference step by step (the ratio robust to a drifting machine; see paired below)
 //
 // Issue 6 adds Mixture-of-Experts at the same dims: MoE (8 layers x 8 experts, top-2) and
 // MoE(share) (8 experts shared by the 8 layers, top-2); their "router" share is the top-K
@@ -105,9 +107,9 @@ struct TimingBackend : cpu::Backend<T> {
     count(linear_cat(w), 2.0 * x.rows * x.cols * w.rows);
     timed(linear_cat(w), [&] { Base::linear_forward(y, x, w, b); });
   }
-  void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w) const {
+  void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w, Store dx_store = Store::add) const {
     count(linear_cat(w), backward_products(!dx.empty(), !dw.empty()) * x.rows * x.cols * w.rows);
-    timed(linear_cat(w), [&] { Base::linear_backward(dx, dw, db, dy, x, w); });
+    timed(linear_cat(w), [&] { Base::linear_backward(dx, dw, db, dy, x, w, dx_store); });
   }
   void embedding_forward(M out, Tok tokens, CM wte, CM wpe, index_t seq) const {
     timed(kEmbedding, [&] { Base::embedding_forward(out, tokens, wte, wpe, seq); });
@@ -186,8 +188,8 @@ struct TimingBackend : cpu::Backend<T> {
     timed(kAttention, [&] { Base::stick_breaking_backward(dqkv, dout, out, qkv, batch, seq, heads, kv_heads); });
   }
   void gather_rows(M out, CM in, Tok idx) const { timed(kDispatch, [&] { Base::gather_rows(out, in, idx); }); }
-  void scatter_add_rows(M out, CM in, Tok idx, CS weights = {}) const {
-    timed(kDispatch, [&] { Base::scatter_add_rows(out, in, idx, weights); });
+  void scatter_add_rows(M out, CM in, Tok idx, CS weights = {}, Store st = Store::add) const {
+    timed(kDispatch, [&] { Base::scatter_add_rows(out, in, idx, weights, st); });
   }
   void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights = {}, Store st = Store::add) const {
     timed(kDispatch, [&] { Base::scatter_add_rows_backward(din, dweights, dout, in, idx, weights, st); });
@@ -285,6 +287,13 @@ struct TimingBackend : cpu::Backend<T> {
     count(grouped_cat(dy.cols), backward_products(!dx.empty(), dw.base != nullptr) * grouped_rows(g) * x.cols * dy.cols);
     timed(grouped_cat(dy.cols), [&] { Base::grouped_linear_backward(dx, dw, db, dy, x, idx, w, g, dx_store); });
   }
+  // dy read as scaled rows of a table (the routed experts' W₂ / output products): the same products.
+  void grouped_linear_backward(M dx, PG dw, ScaledRows<T> dy, CM x, Tok idx, CPG w, RowGroups g,
+                               Store dx_store = Store::add) const {
+    const index_t out = dy.table.cols;
+    count(grouped_cat(out), backward_products(!dx.empty(), dw.base != nullptr) * grouped_rows(g) * x.cols * out);
+    timed(grouped_cat(out), [&] { Base::grouped_linear_backward(dx, dw, dy, x, idx, w, g, dx_store); });
+  }
   void grouped_layernorm_forward(M out, S mean, S rstd, CM x, CPG gamma, CPG beta, RowGroups g, T eps = T(1e-5)) const {
     timed(kLayerNorm, [&] { Base::grouped_layernorm_forward(out, mean, rstd, x, gamma, beta, g, eps); });
   }
@@ -305,8 +314,8 @@ struct TimingBackend : cpu::Backend<T> {
   void gather_rows(M out, CPG in, index_t in_rows, Tok idx, RowGroups g) const {
     timed(kDispatch, [&] { Base::gather_rows(out, in, in_rows, idx, g); });
   }
-  void scatter_add_rows(M out, CM in, Tok idx, CS weights, RowGroups g) const {
-    timed(kDispatch, [&] { Base::scatter_add_rows(out, in, idx, weights, g); });
+  void scatter_add_rows(M out, CM in, Tok idx, CS weights, RowGroups g, Store st = Store::add) const {
+    timed(kDispatch, [&] { Base::scatter_add_rows(out, in, idx, weights, g, st); });
   }
   void scatter_add_rows(PG out, index_t out_rows, CM in, Tok idx, RowGroups g) const {
     timed(kDispatch, [&] { Base::scatter_add_rows(out, out_rows, in, idx, g); });
@@ -393,49 +402,71 @@ struct HalfGates {
   static constexpr bool zero_gate_bias = true;
 };
 
+// One model's training step on fixed random tokens (embedding to AdamW), with its state; timed steps report their
+// seconds. Lives where it was made (the backend points at its own stats).
 template <class Model, class Gates = OpenGates>
-Result run(const char* name, index_t batch, index_t seq, int reps) {
+struct Stepper {
   Be::Stats stats;
   Be be;
-  be.st = &stats;
-  ModelInstance<Model, Be> m(1, be);
-  m.reserve(batch, seq);
-  if constexpr (Gates::zero_gate_bias)
-    for (const ParamInfo& p : Model::layout)
-      if (p.name.ends_with("router.b")) m.backend().zero(m.param(p).flat());
-  const index_t n = batch * seq;
-  std::mt19937_64 rng(7);
-  std::uniform_int_distribution<token_t> dist(0, token_t(Model::dims.vocab - 1));
-  std::vector<token_t> tokens(std::size_t(n + 1));
-  for (auto& t : tokens) t = dist(rng);
-  const std::span<const token_t> x(tokens.data(), std::size_t(n)), y(tokens.data() + 1, std::size_t(n));
-
-  auto& mb = m.backend();
-  auto opt_m = mb.alloc(Model::params), opt_v = mb.alloc(Model::params);
-  auto norm = mb.alloc(1);
+  ModelInstance<Model, Be> m;
+  index_t batch, seq;
+  std::vector<token_t> tokens;
+  cpu::Buffer<float> opt_m, opt_v, norm;
   const cpu::AdamWConfig cfg{.lr = 1e-4f, .weight_decay = 0.1f};
   std::int64_t step = 0;
-  double fwd_flops_sum = 0;
-  int fwd_count = 0;
-  auto train_step = [&] {
+
+  static Be with_stats(Be::Stats* s) {
+    Be b;
+    b.st = s;
+    return b;
+  }
+  Stepper(index_t b, index_t s)
+      : be(with_stats(&stats)), m(1, be), batch(b), seq(s), opt_m(m.backend().template alloc<float>(Model::params)),
+        opt_v(m.backend().template alloc<float>(Model::params)), norm(m.backend().template alloc<float>(1)) {
+    m.reserve(batch, seq);
+    if constexpr (Gates::zero_gate_bias)
+      for (const ParamInfo& p : Model::layout)
+        if (p.name.ends_with("router.b")) m.backend().zero(m.param(p).flat());
+    std::mt19937_64 rng(7);
+    std::uniform_int_distribution<token_t> dist(0, token_t(Model::dims.vocab - 1));
+    tokens.resize(std::size_t(batch * seq + 1));
+    for (auto& t : tokens) t = dist(rng);
+  }
+  Stepper(const Stepper&) = delete;
+  void operator()() {
+    const index_t n = batch * seq;
+    const std::span<const token_t> x(tokens.data(), std::size_t(n)), y(tokens.data() + 1, std::size_t(n));
+    auto& mb = m.backend();
     m.zero_grad();
     m.forward(x, y, batch, seq);
     m.backward();
     mb.grad_norm(m.grads(), norm.data());
     mb.adamw_step(m.params(), m.grads(), opt_m.span(), opt_v.span(), cfg, ++step, norm.data(), 1.0f);
-  };
-  // The cost model's forward FLOPs of the last forward's routing (picks survive backward; for the
-  // dense model this is Model::forward_flops).
-  auto realised = [&] { return double(realised_forward_flops(m)); };
+  }
+  double timed() {
+    const auto t0 = Clock::now();
+    (*this)();
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  // The cost model's forward FLOPs of the last forward's routing (picks survive backward; for the dense model
+  // this is Model::forward_flops).
+  double realised() { return double(realised_forward_flops(m)); }
+};
 
+template <class Model, class Gates = OpenGates>
+Result run(const char* name, index_t batch, index_t seq, int reps) {
+  auto sp = std::make_unique<Stepper<Model, Gates>>(batch, seq);
+  auto& train_step = *sp;
+  auto& stats = sp->stats;
+  auto realised = [&] { return sp->realised(); };
+  double fwd_flops_sum = 0;
+  int fwd_count = 0;
   for (int i = 0; i < 2; ++i) train_step();
   std::vector<double> times;
   for (int i = 0; i < reps; ++i) {
     stats.flops = 0;
     stats.cat_flops = {};
-    const auto t0 = Clock::now();
-    train_step();
-    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    times.push_back(train_step.timed());
     fwd_flops_sum += realised();
     ++fwd_count;
   }
@@ -452,19 +483,40 @@ Result run(const char* name, index_t batch, index_t seq, int reps) {
   if constexpr (std::is_same_v<Model, DenseLM> || std::is_same_v<Model, WideDenseLM>) r.model_train_flops = double(Model::training_flops(batch, seq));
 
   stats.on = true;
-  std::vector<double> inst;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = Clock::now();
-    train_step();
-    inst.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  stats.on = false;
   double total = 0;
-  for (double t : inst) total += t;
+  for (int i = 0; i < reps; ++i) total += train_step.timed();
+  stats.on = false;
   r.instrumented_s = total;
   r.reps = reps;
   r.seconds = stats.seconds;
   return r;
+}
+
+// --paired: the model's step and its reference's (dense8, or dense8-rope for MoEUT) taken in turn, `reps` pairs
+// after two warm-up pairs, and the ratio of each pair's two steps: on a machine whose speed drifts between and
+// within runs (bench/RESULTS.md: dense medians 925-1417 ms in one session) the ratio of neighbouring steps holds
+// where the ratio of two runs' medians does not. Prints the median ratio, its quartiles, the FLOP ratio and the
+// median over the FLOP ratio.
+template <class Ref, class Model, class Gates = OpenGates>
+void paired(const char* name, index_t batch, index_t seq, int reps) {
+  auto ref = std::make_unique<Stepper<Ref>>(batch, seq);
+  auto mod = std::make_unique<Stepper<Model, Gates>>(batch, seq);
+  for (int i = 0; i < 2; ++i) (*ref)(), (*mod)();
+  std::vector<double> ratio, t_ref, t_mod;
+  double fwd = 0;
+  for (int i = 0; i < reps; ++i) {
+    // alternate which goes first, so that neither always follows the other's cache state
+    const double a = i % 2 ? ref->timed() : 0, b = mod->timed(), c = i % 2 ? 0 : ref->timed();
+    t_ref.push_back(a + c), t_mod.push_back(b), ratio.push_back(b / (a + c));
+    fwd += mod->realised();
+  }
+  std::sort(ratio.begin(), ratio.end());
+  const double fr = fwd / reps / ref->realised(), med = median(ratio);
+  const auto q = [&](double f) { return ratio[std::size_t(f * double(ratio.size() - 1) + 0.5)]; };
+  std::printf("| %s | %.1f | %.1f | %.3f (%.3f-%.3f) | %.3f | %+.1f%% (%+.1f..%+.1f%%) |\n", name, 1e3 * median(t_ref),
+              1e3 * median(t_mod), med, q(0.25), q(0.75), fr, 100.0 * (med / fr - 1.0), 100.0 * (q(0.25) / fr - 1.0),
+              100.0 * (q(0.75) / fr - 1.0));
+  std::fflush(stdout);
 }
 
 // Issue 6, Mixture-of-Depths: 12.5% capacity on blocks 1, 3, 5, 7 (every other block), the dense model's dims;
@@ -554,7 +606,7 @@ int main(int argc, char** argv) {
   index_t batch = 16, seq = 256;
   int reps = 7;
   std::string only;
-  bool routed_kv = false, wide = false, load = false;
+  bool routed_kv = false, wide = false, load = false, pairs = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--batch" && i + 1 < argc) batch = std::atoll(argv[++i]);
@@ -563,13 +615,32 @@ int main(int argc, char** argv) {
     else if (a == "--routed-kv") routed_kv = true;
     else if (a == "--wide") wide = true;
     else if (a == "--under-load") load = true;
+    else if (a == "--paired") pairs = true;
     else {
-      std::fprintf(stderr, "usage: %s [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,moeut,moduleformer,dsmoe,ec,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide] [--under-load]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,moeut,moduleformer,dsmoe,ec,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide] [--under-load] [--paired]\n", argv[0]);
       return 2;
     }
   }
   if (!std::getenv("OMP_NUM_THREADS")) omp_set_num_threads(2);
   if (load) return under_load(batch, seq, reps);
+  if (pairs) {
+    auto want = [&](const char* k) { return only.empty() || ("," + only + ",").find("," + std::string(k) + ",") != std::string::npos; };
+    std::printf("bench_train_step --paired: each routed model's step and its reference's in turn, %d pairs after 2 warm-up "
+                "pairs, batch %lld x seq %lld, %d OpenMP threads\n\n", reps, (long long)batch, (long long)seq,
+                omp_get_max_threads());
+    std::printf("| model | reference step ms (median) | model step ms (median) | step ratio, median of pairs (quartiles) | "
+                "FLOP ratio (cost model, realised fwd) | over the FLOP ratio (quartiles) |\n|---|---:|---:|---:|---:|---:|\n");
+    if (want("moeut")) {
+      paired<DenseRope_LM, MoEUT_LM>("MoEUT G=2 (moeut8) / dense8-rope", batch, seq, reps);
+      paired<DenseRope_LM, MoEUTG8_LM>("sigma-MoE non-shared G=8 (moeut8-g8) / dense8-rope", batch, seq, reps);
+    }
+    if (want("moduleformer")) paired<DenseLM, ModuleFormer_LM>("ModuleFormer (moduleformer8) / dense8", batch, seq, reps);
+    if (want("moe")) paired<DenseLM, MoE_LM>("MoE 8 x 8 experts, top-2 / dense8", batch, seq, reps);
+    if (want("dsmoe")) paired<DenseLM, DSMoE_LM>("DeepSeekMoE (dsmoe8) / dense8", batch, seq, reps);
+    if (want("ec")) paired<DenseLM, EC_LM>("expert-choice MoE (ec8) / dense8", batch, seq, reps);
+    if (want("P")) paired<DenseLM, P_LM<phi::MoM>>("MoM_P (K2H6S) / dense8", batch, seq, reps);
+    return 0;
+  }
 
   std::printf("bench_train_step: d_model %lld, heads %lld, d_ff %lld, vocab %lld, seq %lld, batch %lld (%lld tokens/step), "
               "float, %d OpenMP threads, median of %d steps after 2 warm-up steps\n",

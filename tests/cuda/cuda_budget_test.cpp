@@ -65,11 +65,11 @@ struct GemmTally : mom::testing::CountingBackend<float> {
     product(x.rows, w.rows, x.cols, x, w, y);
     Base::linear_forward(y, x, w, b);
   }
-  void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w) {
+  void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w, Store dx_store = Store::add) {
     if (!dx.empty() && !dw.empty()) staged_once += dy.rows * dy.cols;
     if (!dx.empty()) product(dy.rows, w.cols, dy.cols, dy, w, dx);
     if (!dw.empty()) product(dy.cols, x.cols, dy.rows, dy, x, dw);
-    Base::linear_backward(dx, dw, db, dy, x, w);
+    Base::linear_backward(dx, dw, db, dy, x, w, dx_store);
   }
   void gru_cell_forward(M h_out, M gates, CM x, CM h, CM w_ih, CM w_hh, CS b_ih, CS b_hh) {
     const index_t H3 = 3 * h_out.cols;

@@ -87,11 +87,11 @@ struct CountingBackend : cpu::Backend<T> {
     ++matmul_calls;
     Base::gemm(C, A, ta, B, tb, alpha, beta);
   }
-  void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w) {
+  void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w, Store dx_store = Store::add) {
     const index_t products = (dx.empty() ? 0 : 1) + (dw.empty() ? 0 : 1);
     flops += products * 2 * x.rows * x.cols * w.rows;
     matmul_calls += products;
-    Base::linear_backward(dx, dw, db, dy, x, w);
+    Base::linear_backward(dx, dw, db, dy, x, w, dx_store);
   }
   // Backward recomputes QK^T, then dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q.
   void attention_backward(M dqkv, CM dout, CM out, CS lse, CM qkv, index_t batch, index_t seq, index_t heads) {

@@ -382,3 +382,69 @@ TEST_CASE("grouped_linear over gathered rows equals gather + grouped_linear, bit
   CHECK(sy == sy_ref);
   omp_set_num_threads(saved_threads);
 }
+
+// dy as scaled rows of a table (ScaledRows: dy[r] = scale[r] · table[index[r]], the routed experts' dL/dy read inside
+// W₂'s products): equal, bit for bit, to writing dy out and calling the stored form, in float (mom's GEMM: the
+// scale in both packings, a group above one k block of the weight-gradient product, groups of 1 and 3 rows at the
+// tile edges, on 1 and 2 threads) and in double (Eigen), with x's own rows and with x gathered, with and without
+// scales; an index outside the table is one clear error.
+template <class T>
+void check_scaled_rows_backward(Rng& rng, int threads) {
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  constexpr int E = 6;
+  const index_t fin = 40, fout = 64, n = 300;
+  const std::vector<token_t> off{0, 1, 4, 100, 900, 990, 1000};  // group 3: 800 rows (> one k block of 768)
+  const index_t rows = off.back();
+  const RowGroups g{off.data(), E};
+  std::vector<token_t> idx(static_cast<std::size_t>(rows)), xidx(static_cast<std::size_t>(rows));
+  for (auto& i : idx) i = token_t(rng.integer(0, int(n) - 1));
+  for (auto& i : xidx) i = token_t(rng.integer(0, int(n) - 1));
+  auto cast = [](const std::vector<double>& v) { return std::vector<T>(v.begin(), v.end()); };
+  const auto table = cast(test::random_vec(std::size_t(n * fout), rng)), scale = cast(test::random_vec(std::size_t(rows), rng));
+  const auto x = cast(test::random_vec(std::size_t(n * fin), rng)), w = cast(test::random_vec(std::size_t(E * fout * fin), rng));
+  const auto wg = uniform_groups<const T>(w.data(), E, fout * fin);
+  cpu::Backend<T> be;
+  for (const bool scaled : {true, false}) {
+    std::vector<T> dy(std::size_t(rows * fout));
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t c = 0; c < fout; ++c)
+        dy[std::size_t(r * fout + c)] = scaled ? table[std::size_t(idx[r] * fout + c)] * scale[std::size_t(r)]
+                                               : table[std::size_t(idx[r] * fout + c)];
+    const ScaledRows<T> sr{{table.data(), n, fout}, idx, scaled ? std::span<const T>(scale) : std::span<const T>{}};
+    for (const bool gathered : {false, true}) {
+      INFO("scaled " << scaled << ", x gathered " << gathered << ", threads " << threads);
+      const MatrixView<const T> xv{x.data(), gathered ? n : rows, fin};
+      std::vector<T> xs;
+      if (!gathered) {  // x's own rows: a [rows × fin] matrix
+        xs = cast(test::random_vec(std::size_t(rows * fin), rng));
+      }
+      const MatrixView<const T> xm = gathered ? xv : MatrixView<const T>{xs.data(), rows, fin};
+      const std::span<const token_t> xi = gathered ? std::span<const token_t>(xidx) : std::span<const token_t>{};
+      std::vector<T> dx_ref(std::size_t(rows * fin), T(-3)), dx(dx_ref), dw_ref(w.size(), T(0.5)), dw(dw_ref);
+      if (gathered)
+        be.grouped_linear_backward(MatrixView<T>{dx_ref.data(), rows, fin}, uniform_groups(dw_ref.data(), E, fout * fin),
+                                   PerGroup<T>{}, MatrixView<const T>{dy.data(), rows, fout}, xm, xi, wg, g, Store::overwrite);
+      else
+        be.grouped_linear_backward(MatrixView<T>{dx_ref.data(), rows, fin}, uniform_groups(dw_ref.data(), E, fout * fin),
+                                   PerGroup<T>{}, MatrixView<const T>{dy.data(), rows, fout}, xm, wg, g, Store::overwrite);
+      be.grouped_linear_backward(MatrixView<T>{dx.data(), rows, fin}, uniform_groups(dw.data(), E, fout * fin), sr, xm, xi,
+                                 wg, g, Store::overwrite);
+      CHECK(dx == dx_ref);
+      CHECK(dw == dw_ref);
+    }
+  }
+  std::vector<token_t> bad = idx;
+  bad[5] = token_t(n);
+  std::vector<T> dx(std::size_t(rows * fin));
+  CHECK_THROWS_WITH(be.grouped_linear_backward(MatrixView<T>{dx.data(), rows, fin}, PerGroup<T>{},
+                                               ScaledRows<T>{{table.data(), n, fout}, bad, {}},
+                                               MatrixView<const T>{x.data(), n, fin}, xidx, wg, g, Store::overwrite),
+                    Catch::Contains("grouped_linear_backward: idx[5] = 300 is out of range [0, 300)"));
+  omp_set_num_threads(saved_threads);
+}
+TEST_CASE("grouped_linear_backward reads dy as scaled rows of a table, bit for bit as the stored dy", "[ops][grouped]") {
+  Rng rng(31);
+  for (const int threads : {1, 2}) check_scaled_rows_backward<float>(rng, threads);
+  check_scaled_rows_backward<double>(rng, 2);
+}

@@ -4,6 +4,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include <mom/backend/cpu.hpp>
@@ -74,15 +75,19 @@ TEST_CASE("gather / scatter_add: float vs naive loops, duplicate indices accumul
 // Large calls list each output row's entries (a counting sort) and give threads whole rows; the additions
 // into a row must still be the entries' order, so the result is the literal in-order loop's, bit for bit, on
 // 1 and 2 threads (float sums are order-dependent: a row's entries taken in another order differ in the last bits).
-TEST_CASE("scatter_add_rows: the entries' order into each row, bit for bit, on 1 and 2 threads", "[ops][dispatch]") {
+TEST_CASE("scatter_add_rows: the entries' order into each row, bit for bit, on 1 and 2 threads, and Store::overwrite", "[ops][dispatch]") {
   Rng rng(43);
   const index_t T = 512, n = 2048, d = 96;  // above the parallel size; ~4 entries per row, some rows none
   const auto in = random_vec<float>(n * d, rng), w = random_vec<float>(n, rng), table = random_vec<float>(T * d, rng);
   std::vector<token_t> idx(n);
   for (auto& i : idx) i = rng.integer(0, int(T) - 2);  // row T - 1 gets no entry
-  std::vector<float> want = table, plain = table;
+  std::vector<float> want = table, plain = table, want_fresh(std::size_t(T * d), 0.0f), small_fresh = want_fresh;
   for (index_t i = 0; i < n; ++i)
-    for (index_t c = 0; c < d; ++c) want[idx[i] * d + c] += w[i] * in[i * d + c], plain[idx[i] * d + c] += in[i * d + c];
+    for (index_t c = 0; c < d; ++c) {
+      want[idx[i] * d + c] += w[i] * in[i * d + c], plain[idx[i] * d + c] += in[i * d + c];
+      want_fresh[idx[i] * d + c] += w[i] * in[i * d + c];
+      if (i < 8) small_fresh[idx[i] * d + c] += w[i] * in[i * d + c];
+    }
   const int saved_threads = omp_get_max_threads();
   for (const int threads : {1, 2}) {
     omp_set_num_threads(threads);
@@ -92,6 +97,20 @@ TEST_CASE("scatter_add_rows: the entries' order into each row, bit for bit, on 1
     out = table;
     cpu::scatter_add_rows<float>(mat(out, T, d), cmat(in, n, d), idx, std::span<const float>{});
     CHECK(out == plain);
+    // Store::overwrite: the same sums onto zeros, whatever out held (NaN here), and row T - 1 zero. Below the
+    // parallel size too (the first 8 entries, 768 values), into a column block of a wider matrix.
+    out.assign(std::size_t(T * d), std::nanf(""));
+    cpu::scatter_add_rows<float>(mat(out, T, d), cmat(in, n, d), idx, w, Store::overwrite);
+    CHECK(out == want_fresh);
+    std::vector<float> wide(std::size_t(T * 2 * d), std::nanf(""));
+    const MatrixView<float> block{wide.data() + d, T, d, 2 * d};
+    cpu::scatter_add_rows<float>(block, cmat(in, 8, d), std::span<const token_t>(idx).first(8),
+                                 std::span<const float>(w).first(8), Store::overwrite);
+    for (index_t r = 0; r < T; ++r)
+      for (index_t c = 0; c < d; ++c) {
+        REQUIRE(std::isnan(wide[std::size_t(r * 2 * d + c)]));  // outside the block: untouched
+        REQUIRE(block(r, c) == small_fresh[std::size_t(r * d + c)]);
+      }
   }
   omp_set_num_threads(saved_threads);
 }
@@ -139,6 +158,39 @@ TEST_CASE("topk_rows: float vs naive selection, small and large k, ties go to th
         taken[best] = true;
         REQUIRE(ind[r * k + j] == best);
         REQUIRE(vals[r * k + j] == x[r * N + best]);
+      }
+    }
+  }
+  // The routers' widths (SwitchHead's N_A = 4, σ-MoE's 43) and a wide row, ±0 as equal, and a row holding a NaN
+  // (whatever is kept: k distinct columns in range).
+  for (index_t N2 : {4, 43, 100}) {
+    for (index_t k : {1, 2, 4}) {
+      std::vector<float> y(n * N2), vals(n * k);
+      std::vector<token_t> ind(n * k);
+      for (auto& v : y) v = float(rng.integer(-3, 3)) * 0.5f;
+      y[0] = -0.0f;
+      y[1] = 0.0f;
+      y[std::size_t(N2 + 1)] = std::nanf("");  // row 1
+      cpu::topk_rows<float>(mat(vals, n, k), mat(ind, n, k), cmat(y, n, N2));
+      for (index_t r = 0; r < n; ++r) {
+        INFO("N = " << N2 << ", k = " << k << ", row " << r);
+        if (r == 1) {  // the NaN row: whatever is kept, k distinct columns in range
+          std::vector<token_t> got(ind.begin() + r * k, ind.begin() + (r + 1) * k);
+          std::sort(got.begin(), got.end());
+          CHECK(std::adjacent_find(got.begin(), got.end()) == got.end());
+          CHECK(got.front() >= 0);
+          CHECK(got.back() < N2);
+          continue;
+        }
+        std::vector<bool> taken(N2, false);
+        for (index_t j = 0; j < k; ++j) {
+          index_t best = -1;
+          for (index_t c = 0; c < N2; ++c)
+            if (!taken[c] && (best < 0 || y[r * N2 + c] > y[r * N2 + best])) best = c;
+          taken[best] = true;
+          REQUIRE(ind[r * k + j] == best);
+          REQUIRE(vals[r * k + j] == y[r * N2 + best]);
+        }
       }
     }
   }

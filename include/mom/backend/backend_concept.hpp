@@ -15,7 +15,9 @@
 //
 // Not listed: ops that only tests call (softmax_rows, attention_packed_* and their
 // backwards), and each backend's own extras (cuda::Backend's sync, precision, reserve_dispatch,
-// group_by_module, ...).
+// group_by_module, ...). Optional capabilities the library uses where a backend has them are their own
+// concepts beside their users: dispatch::ReadsScaledRows (routing/dispatch.hpp; the CPU's grouped linear
+// backward over dy = scale · table[index], not stored).
 #include <concepts>
 #include <cstdint>
 #include <span>
@@ -67,6 +69,7 @@ concept DenseOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std
   be.gemm(m, cm, Be::Trans::N, cm, Be::Trans::N, x, x);
   be.linear_forward(m, cm, cm, cs);
   be.linear_backward(m, m, s, cm, cm, cm);
+  be.linear_backward(m, m, s, cm, cm, cm, Store::overwrite);  // dx = dy·w instead of +=
   be.embedding_forward(m, tok, cm, cm, i);
   be.embedding_backward(m, m, cm, tok, i);
   be.layernorm_forward(m, s, s, cm, cs, cs);
@@ -94,6 +97,7 @@ concept DenseOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std
   be.gather_rows(m, cm, tok);
   be.scatter_add_rows(m, cm, tok);
   be.scatter_add_rows(m, cm, tok, cs);
+  be.scatter_add_rows(m, cm, tok, cs, Store::overwrite);  // out = the sum (not read; rows no entry names: 0)
   be.scatter_add_rows_backward(m, s, cm, cm, tok, cs);
   be.scatter_add_rows_backward(m, s, cm, cm, tok, cs, Store::overwrite);
   be.gru_cell_forward(m, m, cm, cm, cm, cm, cs, cs);
@@ -146,6 +150,7 @@ concept GroupedOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, s
   be.gather_rows(m, cm, tok, g);
   be.gather_rows(m, cpg, i, tok, g);
   be.scatter_add_rows(m, cm, tok, cs, g);
+  be.scatter_add_rows(m, cm, tok, cs, g, Store::overwrite);
   be.scatter_add_rows(pg, i, cm, tok, g);
   be.scatter_add_rows_backward(m, s, cm, cm, tok, cs, g);
   be.scatter_add_rows_backward(m, s, cm, cm, tok, cs, g, Store::overwrite);

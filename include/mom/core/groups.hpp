@@ -15,7 +15,10 @@
 //   PerGroup<T> one tensor per group (module g's weight, bias, LayerNorm gain, key matrix...):
 //               group g's tensor starts at base + at[g]; the offsets table is a host value
 //               (parameter layout, known at compile time), passed to kernels by value.
+//   ScaledRows<T>  a packed matrix that is not stored: its row r is scale[r] · table[index[r]] (a routed
+//               layer's dL/d(module output), the routing weight times its token's output gradient).
 #include <array>
+#include <span>
 
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
@@ -28,6 +31,16 @@ inline constexpr int max_row_groups = 256;
 struct RowGroups {
   const token_t* offsets = nullptr;  // count + 1 entries, backend memory
   int count = 0;
+};
+
+// Packed row r = scale[r] · table[index[r]] (scale empty: 1), in backend memory. A backend that reads such rows
+// inside its products (the CPU's grouped_linear_backward) saves writing them out and reading them back.
+template <class T>
+struct ScaledRows {
+  MatrixView<const T> table;
+  std::span<const token_t> index;
+  std::span<const T> scale;
+  index_t rows() const { return index_t(index.size()); }
 };
 
 template <class T>

@@ -192,8 +192,7 @@ struct MoA {
       attend(qkv, att);  // eqs. (3)-(4)
       dispatch::from_pairs(be, rr, MatrixView<const T>(att.data, rows, da), og);  // back to head order
       be.grouped_linear_forward(yg, MatrixView<const T>(og), w_o(p), PerGroup<const T>{}, rr.groups);
-      be.zero(f_out);
-      dispatch::combine(be, rr, MatrixView<const T>(yg), f_out);  // eq. (5)
+      dispatch::combine(be, rr, MatrixView<const T>(yg), f_out, Store::overwrite);  // eq. (5)
     }
 
     // df may alias dx: df is read only by the first op, the weighted scatter's backward.
@@ -209,18 +208,16 @@ struct MoA {
       const auto dqkv = mat(sc, c.dqkv, n, qw + 2 * da), dln = mat(sc, c.dln, n, d);
       const auto ln = mat(ws, s.ln, n, d);
       // eq. (5): the heads' outputs and gates.
-      dispatch::combine_backward(be, rr, mat(ws, s.yg, rows, d), df, dy, vec(sc, c.dwp, rows));
       // dog's and (below) dy's group rows are overwritten; to_pairs and gather_backward read no others.
-      be.grouped_linear_backward(dog, w_o(g), PerGroup<T>{}, MatrixView<const T>(dy), mat(ws, s.og, rows, da), w_o(p), gr,
-                                 Store::overwrite);
+      dispatch::combine_linear_backward(be, rr, mat(ws, s.yg, rows, d), df, dy, vec(sc, c.dwp, rows), dog, w_o(g),
+                                        mat(ws, s.og, rows, da), std::span<const token_t>{}, w_o(p), Store::overwrite);
       dispatch::to_pairs(be, rr, MatrixView<const T>(dog), datt);
       // eqs. (3)-(4): the attention, then K and V.
       be.zero(dqkv);
       be.stick_breaking_backward(dqkv, MatrixView<const T>(datt.data, n, qw), mat(ws, s.att, n, qw),
                                  mat(ws, s.qkv, n, qw + 2 * da), batch, seq, K, 1);
-      be.zero(dln);
       be.linear_backward(dln, mat(g, o_kv, 2 * da, d), std::span<T>{}, MatrixView<const T>(dqkv.col_block(qw, 2 * da)), ln,
-                         mat(p, o_kv, 2 * da, d));
+                         mat(p, o_kv, 2 * da, d), Store::overwrite);
       // The queries: pair order → head order → W_q.
       be.copy(MatrixView<T>(datt.data, n, qw), MatrixView<const T>(dqkv.col_block(0, qw)));
       dispatch::from_pairs(be, rr, MatrixView<const T>(datt), dog);

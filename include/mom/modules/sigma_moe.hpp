@@ -116,9 +116,8 @@ struct SigmaMoE {
         be.layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
       be.linear_forward(logits, sel_in, mat(p, o_sel, NE, d), std::span<const T>{});  // x·W_S
       dispatch::sigmoid_select_forward(be, ws, s.sel, ws + s.dreg, batch, seq, K, NE, T(gamma));  // eqs. (1), (2), (4)
-      be.zero(f_out);
       Mlp::forward(be, p + o_w1, p + o_w2, ws, s.mlp, dispatch::routed_rows(static_cast<const T*>(ws), s.sel, NE, n, K),
-                   peri || post ? x : MatrixView<const T>(ln), f_out);  // eq. (3)
+                   peri || post ? x : MatrixView<const T>(ln), f_out, Store::overwrite);  // eq. (3)
       if constexpr (post)
         detail::post_norm_forward(be, f_out, ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d),
                                   vec(p, o_ln_b, d));
@@ -149,9 +148,9 @@ struct SigmaMoE {
       // The selection: d weight → d σ → the picked logits, plus the regulariser's gradient.
       dispatch::sigmoid_select_backward(be, ws, s.sel, ws + s.dreg, n, K, NE, vec(static_cast<const T*>(scratch), c.dwp, rows),
                                         vec(scratch, c.dws, rows), vec(scratch, c.dv, rows), dlogits);
-      be.zero(dln);
+      // dL/dLN(x) starts here (written, not added); PostNorm: added to dx, which holds the post-norm's gradient.
       be.linear_backward(post ? dx : dln, mat(g, o_sel, NE, d), std::span<T>{}, MatrixView<const T>(dlogits),
-                         post ? x : mat(ws, s.ln, n, d), mat(p, o_sel, NE, d));
+                         post ? x : mat(ws, s.ln, n, d), mat(p, o_sel, NE, d), post ? Store::add : Store::overwrite);
       // The experts' input: x itself (peri, post) or LN(x) (pre).
       dispatch::gather_backward(be, rr, MatrixView<const T>(dxg), peri || post ? dx : dln);
       if constexpr (!post)

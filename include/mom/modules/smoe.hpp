@@ -126,9 +126,8 @@ struct SMoE {
       const auto ln = mat(ws, s.ln, n, d);
       be.layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
       Gate::forward(be, p + o_gate, ws, s.gate, MatrixView<const T>(ln));  // eqs. (1), (2), (7)
-      be.zero(f_out);
       Mlp::forward(be, p + o_w1, p + o_w2, ws, s.mlp, dispatch::routed_rows(static_cast<const T*>(ws), s.gate.sel, C, n, K),
-                   MatrixView<const T>(ln), f_out);
+                   MatrixView<const T>(ln), f_out, Store::overwrite);
     }
 
     // df may alias dx: df is read only by the first op, the weighted scatter's backward.
@@ -143,8 +142,7 @@ struct SMoE {
       const auto dxg = Mlp::backward(be, p + o_w1, p + o_w2, g + o_w1, g + o_w2, ws, s.mlp, rr, mat(ws, s.ln, n, d), df_,
                                      sc, c.mlp,
                                      vec(sc, c.dwp, rows));
-      be.zero(dln);
-      dispatch::gather_backward(be, rr, MatrixView<const T>(dxg), dln);
+      dispatch::gather_backward(be, rr, MatrixView<const T>(dxg), dln, Store::overwrite);
       Gate::backward(be, p + o_gate, g + o_gate, ws, s.gate, mat(ws, s.ln, n, d), dln,
                      vec(static_cast<const T*>(sc), c.dwp, rows), sc + c.gate);
       be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),

@@ -156,27 +156,29 @@ struct SwitchHead {
       be.copy(detail::mat(ws, side.sel.probs, n, NA), MatrixView<const T>(sel_columns(ws, s.logits, n, j)));
       dispatch::sigmoid_select_forward(be, ws, side.sel, ws + side.dreg, batch, seq, KA, NA, T(delta));
     }
-    // Backward of select: dL/d(weight) in group order (dwp) → dL/dLN(x) (+= into dln, with side j's W_S) and
-    // dL/dlogits kept in side j's columns of dlogits_all (backward turns them into dW_S in one product).
+    // Backward of select: dL/d(weight) in group order (dwp) → dL/dLN(x) (+= into dln, with side j's W_S; = under
+    // Store::overwrite) and dL/dlogits kept in side j's columns of dlogits_all (backward turns them into dW_S in one
+    // product).
     template <class Be, class T>
     static void select_backward(Be& be, const T* w_sel, const T* ws, const Side& side, int j, MatrixView<const T> ln,
-                                MatrixView<T> dln, T* sc, const Scratch& c, index_t n) {
+                                MatrixView<T> dln, Store dln_store, T* sc, const Scratch& c, index_t n) {
       using detail::mat, detail::vec;
       const index_t rows = n * KA;
       const auto dlogits = mat(sc, c.dlogits, n, NA);
       dispatch::sigmoid_select_backward(be, ws, side.sel, ws + side.dreg, n, KA, NA, vec(static_cast<const T*>(sc), c.dwp, rows),
                                         vec(sc, c.dws, rows), vec(sc, c.dv, rows), dlogits);
       be.linear_backward(dln, MatrixView<T>{}, std::span<T>{}, MatrixView<const T>(dlogits), ln,
-                         MatrixView<const T>{w_sel, NA, d});
+                         MatrixView<const T>{w_sel, NA, d}, dln_store);
       be.copy(sel_columns(sc, c.dlogits_all, n, j), MatrixView<const T>(dlogits));
     }
 
     // Selection j's experts (eq. (7): a head's values, in = x̂, out = its V columns; eq. (9): its
     // outputs, in = a^h V^h, out = y): the selection from its logits (its regulariser added to aux), then
-    // out += Σ_{e picked} s[e] · in_t W^{h,e}ᵀ over exactly the (token, expert) pairs.
+    // out += Σ_{e picked} s[e] · in_t W^{h,e}ᵀ over exactly the (token, expert) pairs (st = Store::overwrite: out =).
     template <class Be, class T>
     static void experts_forward(Be& be, PerGroup<const T> w, T* ws, const Saved& s, const Side& side, int j,
-                                MatrixView<const T> in, MatrixView<T> out, std::span<T> aux, index_t batch, index_t seq) {
+                                MatrixView<const T> in, MatrixView<T> out, Store st, std::span<T> aux, index_t batch,
+                                index_t seq) {
       using detail::mat, detail::vec;
       const index_t rows = batch * seq * KA;
       select(be, ws, s, side, j, batch, seq);
@@ -184,24 +186,25 @@ struct SwitchHead {
       const auto rr = dispatch::routed_rows(static_cast<const T*>(ws), side.sel, NA, batch * seq, KA);
       const auto yg = mat(ws, side.yg, rows, out.cols);
       be.grouped_linear_forward(yg, in, rr.token, w, PerGroup<const T>{}, rr.groups);  // in's rows read via the picks
-      dispatch::combine(be, rr, MatrixView<const T>(yg), out);
+      dispatch::combine(be, rr, MatrixView<const T>(yg), out, st);
     }
     // Its backward: dout (read first) → the experts' dW (gw), din += the experts' input gradient, and the
-    // selection's gradient into dln (with its weights w_sel) and its columns of dlogits_all.
+    // selection's gradient into dln (with its weights w_sel) and its columns of dlogits_all. The Stores say which
+    // of din and dln this writes first (Store::overwrite: =, not +=).
     template <class Be, class T>
     static void experts_backward(Be& be, const T* w_sel, PerGroup<const T> w, PerGroup<T> gw, const T* ws,
-                                 const Side& side, int j, MatrixView<const T> ln, MatrixView<T> dln, MatrixView<const T> in,
-                                 MatrixView<const T> dout, MatrixView<T> din, T* sc, const Scratch& c, index_t n) {
+                                 const Side& side, int j, MatrixView<const T> ln, MatrixView<T> dln, Store dln_store,
+                                 MatrixView<const T> in, MatrixView<const T> dout, MatrixView<T> din, Store din_store, T* sc,
+                                 const Scratch& c, index_t n) {
       using detail::mat, detail::vec;
       const index_t rows = n * KA;
       const auto rr = dispatch::routed_rows(ws, side.sel, NA, n, KA);
       const auto dy = mat(sc, c.dy, rows, dout.cols), dxg = mat(sc, c.dg, rows, din.cols);
-      dispatch::combine_backward(be, rr, mat(ws, side.yg, rows, dout.cols), dout, dy, vec(sc, c.dwp, rows));
       // dxg's group rows overwritten (gather_backward reads no others): no zeroing.
-      be.grouped_linear_backward(dxg, gw, PerGroup<T>{}, MatrixView<const T>(dy), in, rr.token, w, rr.groups,
-                                 Store::overwrite);
-      dispatch::gather_backward(be, rr, MatrixView<const T>(dxg), din);
-      select_backward(be, w_sel, ws, side, j, ln, dln, sc, c, n);
+      dispatch::combine_linear_backward(be, rr, mat(ws, side.yg, rows, dout.cols), dout, dy, vec(sc, c.dwp, rows), dxg, gw,
+                                        in, rr.token, w, Store::overwrite);
+      dispatch::gather_backward(be, rr, MatrixView<const T>(dxg), din, din_store);
+      select_backward(be, w_sel, ws, side, j, ln, dln, dln_store, sc, c, n);
     }
 
     template <class Be, class T>
@@ -252,14 +255,13 @@ struct SwitchHead {
       be.linear_forward(mat(ws, s.logits, n, n_sel), cln, mat(p, o_sv, n_sel, d), std::span<const T>{});  // eqs. (5)-(6)
       const std::span<T> aux = vec(ws, s.aux, 1);
       be.zero(aux);
-      be.zero(qkv.col_block(2 * hd, hd));
-      for (int h = 0; h < Heads; ++h)  // v^h, eq. (7)
-        experts_forward(be, w_v(p, h), ws, s, s.v[h], h, xin, qkv.col_block(2 * hd + h * dh, dh), aux, batch, seq);
+      for (int h = 0; h < Heads; ++h)  // v^h, eq. (7): each head writes its own V columns
+        experts_forward(be, w_v(p, h), ws, s, s.v[h], h, xin, qkv.col_block(2 * hd + h * dh, dh), Store::overwrite, aux,
+                        batch, seq);
       attend(qkv, att);  // eq. (8)
-      be.zero(f_out);
-      for (int h = 0; h < Heads; ++h)  // y, eq. (9)
+      for (int h = 0; h < Heads; ++h)  // y, eq. (9): the first head writes f_out, the others add
         experts_forward(be, w_o(p, h), ws, s, s.o[h], Heads + h, MatrixView<const T>(att.col_block(h * dh, dh)), f_out,
-                        aux, batch, seq);
+                        h == 0 ? Store::overwrite : Store::add, aux, batch, seq);
       if constexpr (post)
         detail::post_norm_forward(be, f_out, ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d),
                                   vec(p, o_ln_b, d));
@@ -282,14 +284,14 @@ struct SwitchHead {
         detail::post_norm_backward(be, dz, vec(g, o_ln_w, d), vec(g, o_ln_b, d), df, mat(ws, s.ln, n, d),
                                    vec(ws, s.mean, n), vec(ws, s.rstd, n), vec(p, o_ln_w, d), dx);
         dy_out = dz;
-      } else {
-        be.zero(dln);
       }
-      be.zero(datt);
       be.zero(dqkv);
-      for (int h = 0; h < Heads; ++h)  // eq. (9) backward: dL/d(a^h V^h), dW_O, the output selection
+      // eq. (9) backward: dL/d(a^h V^h) (each head writes its own columns of datt), dW_O, the output selection
+      // (the first head's writes dL/dLN(x); PostNorm: it adds to dx, which holds the post-norm's gradient).
+      for (int h = 0; h < Heads; ++h)
         experts_backward(be, p + o_so + h * NA * d, w_o(p, h), w_o(g, h), ws, s.o[h], Heads + h, ln, dln,
-                         mat(ws, s.att, n, hd).col_block(h * dh, dh), dy_out, datt.col_block(h * dh, dh), sc, c, n);
+                         h == 0 && !post ? Store::overwrite : Store::add, mat(ws, s.att, n, hd).col_block(h * dh, dh),
+                         dy_out, datt.col_block(h * dh, dh), Store::overwrite, sc, c, n);
       be.attention_backward(dqkv, MatrixView<const T>(datt), mat(ws, s.att, n, hd), vec(ws, s.lse, batch * H * seq),
                             mat(ws, s.qkv, n, 3 * hd), batch, seq, H);
       rope(be, dqkv, batch, seq, true);
@@ -298,8 +300,8 @@ struct SwitchHead {
       const MatrixView<T> dxin = peri || post ? dx : dln;
       const MatrixView<const T> xin = peri || post ? x : ln;  // the value experts' input, as in forward
       for (int h = 0; h < Heads; ++h)  // eq. (7) backward: dW_V, dx̂, the value selection
-        experts_backward(be, p + o_sv + h * NA * d, w_v(p, h), w_v(g, h), ws, s.v[h], h, ln, dln, xin,
-                         MatrixView<const T>(dqkv.col_block(2 * hd + h * dh, dh)), dxin, sc, c, n);
+        experts_backward(be, p + o_sv + h * NA * d, w_v(p, h), w_v(g, h), ws, s.v[h], h, ln, dln, Store::add, xin,
+                         MatrixView<const T>(dqkv.col_block(2 * hd + h * dh, dh)), dxin, Store::add, sc, c, n);
       // dW_S of all 2·H selections in one product (eqs. (5)-(6) backward).
       be.linear_backward(MatrixView<T>{}, mat(g, o_sv, n_sel, d), std::span<T>{}, MatrixView<const T>(mat(sc, c.dlogits_all, n, n_sel)), ln,
                          mat(p, o_sv, n_sel, d));

@@ -9,8 +9,11 @@
 //               so its rows are never touched); the offsets stay in backend memory
 // and the ops over it are
 //   gather           xg[r] = in[token[r]]                    (the modules' inputs, group order)
-//   combine          out[token[r]] += weight[r] · y[r]       (paper eq. (5)/(6): out = in + Σ r_m · m(in))
+//   combine          out[token[r]] += weight[r] · y[r]       (paper eq. (5)/(6): out = in + Σ r_m · m(in));
+//                    Store::overwrite: out = Σ weight[r] · y[r] (a fresh output, not zeroed first)
 //   combine_backward dL/dy[r] = weight[r] · dout[token[r]],  dL/dweight[r] = dout[token[r]] · y[r]
+//   combine_linear_backward  the same and the modules' first backward product over dL/dy, which reads it inside
+//                    its GEMM on the CPU (never written: ScaledRows, core/groups.hpp)
 //   gather_backward  din[token[r]] += dxg[r]
 //   to_pairs / from_pairs   group order ↔ token-major pair order (t·K + j): MoA's query slots
 //   routed_forward   gather, the per-group body, combine
@@ -62,11 +65,12 @@ void gather(Be& be, const RoutedRows<T>& rr, Id<MatrixView<const T>> in, Id<Matr
   else be.gather_rows(xg, in, rr.token);
 }
 
-// out += Σ_r weight[r] · y[r] at row token[r] (out holds the residual, or zeros).
+// out += Σ_r weight[r] · y[r] at row token[r] (out holds the residual); st = Store::overwrite: out = that sum
+// (a fresh output: rows no routed row names are zero, nothing needs zeroing first).
 template <class Be, class T>
-void combine(Be& be, const RoutedRows<T>& rr, Id<MatrixView<const T>> y, Id<MatrixView<T>> out) {
-  if (rr.grouped()) be.scatter_add_rows(out, y, rr.token, rr.weight, rr.groups);
-  else be.scatter_add_rows(out, y, rr.token, rr.weight);
+void combine(Be& be, const RoutedRows<T>& rr, Id<MatrixView<const T>> y, Id<MatrixView<T>> out, Store st = Store::add) {
+  if (rr.grouped()) be.scatter_add_rows(out, y, rr.token, rr.weight, rr.groups, st);
+  else be.scatter_add_rows(out, y, rr.token, rr.weight, st);
 }
 
 // Backward of combine, read from dout before anything accumulates into it: dL/dy written into dy [rows × cols]
@@ -83,19 +87,48 @@ void combine_backward(Be& be, const RoutedRows<T>& rr, Id<MatrixView<const T>> y
   }
 }
 
-// Backward of gather: din[token[r]] += dxg[r].
+// A backend whose grouped linear backward reads dL/dy as scaled rows of a table (core/groups.hpp's ScaledRows: the
+// CPU's, inside its GEMM's packing) instead of a stored matrix. Optional: combine_linear_backward writes dL/dy
+// out for the others (the CUDA backend).
 template <class Be, class T>
-void gather_backward(Be& be, const RoutedRows<T>& rr, Id<MatrixView<const T>> dxg, Id<MatrixView<T>> din) {
-  if (rr.grouped()) be.scatter_add_rows(din, dxg, rr.token, std::span<const T>{}, rr.groups);
-  else be.scatter_add_rows(din, dxg, rr.token);
+concept ReadsScaledRows = requires(const Be& be, MatrixView<T> m, PerGroup<T> pg, ScaledRows<T> dy, MatrixView<const T> cm,
+                                   std::span<const token_t> tok, PerGroup<const T> cpg, RowGroups g) {
+  be.grouped_linear_backward(m, pg, dy, cm, tok, cpg, g, Store::overwrite);
+};
+
+// combine_backward and the first product of the routed modules' backward, which reads its result:
+// dL/d(weight) into dwp (as combine_backward), and with dL/dy[r] = weight[r] · dout[token[r]]
+//   dx = dL/dy · W_g (dx_store),  dW_g += dL/dyᵀ · x   (x's rows through x_idx when given: the gathered input)
+// over every group g. A backend that ReadsScaledRows reads dL/dy inside both products and it is never written
+// (the same bits: each value is the same one product); otherwise it is written into dy first.
+template <class Be, class T>
+void combine_linear_backward(Be& be, const RoutedRows<T>& rr, Id<MatrixView<const T>> y, Id<MatrixView<const T>> dout,
+                             Id<MatrixView<T>> dy, Id<std::span<T>> dwp, Id<MatrixView<T>> dx, Id<PerGroup<T>> dw,
+                             Id<MatrixView<const T>> x, Id<std::span<const token_t>> x_idx, Id<PerGroup<const T>> w,
+                             Store dx_store) {
+  if constexpr (ReadsScaledRows<Be, T>) {
+    combine_backward(be, rr, y, dout, MatrixView<T>{}, dwp);
+    be.grouped_linear_backward(dx, dw, ScaledRows<T>{dout, rr.token, rr.weight}, x, x_idx, w, rr.groups, dx_store);
+  } else {
+    combine_backward(be, rr, y, dout, dy, dwp);
+    const MatrixView<const T> cdy(dy);
+    if (x_idx.empty()) be.grouped_linear_backward(dx, dw, PerGroup<T>{}, cdy, x, w, rr.groups, dx_store);
+    else be.grouped_linear_backward(dx, dw, PerGroup<T>{}, cdy, x, x_idx, w, rr.groups, dx_store);
+  }
 }
 
-// Group order → pair order: pairs [n·K × cols] row t·K + j = packed [r] (zeroed first: a pair no group
-// holds stays zero).
+// Backward of gather: din[token[r]] += dxg[r] (st = Store::overwrite: din = that sum, as combine).
+template <class Be, class T>
+void gather_backward(Be& be, const RoutedRows<T>& rr, Id<MatrixView<const T>> dxg, Id<MatrixView<T>> din,
+                     Store st = Store::add) {
+  if (rr.grouped()) be.scatter_add_rows(din, dxg, rr.token, std::span<const T>{}, rr.groups, st);
+  else be.scatter_add_rows(din, dxg, rr.token, std::span<const T>{}, st);
+}
+
+// Group order → pair order: pairs [n·K × cols] row t·K + j = packed [r] (a pair no group holds is zero).
 template <class Be, class T>
 void to_pairs(Be& be, const RoutedRows<T>& rr, Id<MatrixView<const T>> packed, Id<MatrixView<T>> pairs) {
-  be.zero(pairs);
-  be.scatter_add_rows(pairs, packed, rr.pair, std::span<const T>{}, rr.groups);
+  be.scatter_add_rows(pairs, packed, rr.pair, std::span<const T>{}, rr.groups, Store::overwrite);
 }
 // Pair order → group order: packed [r] = pairs [pair[r]].
 template <class Be, class T>

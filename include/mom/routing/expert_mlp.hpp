@@ -74,16 +74,16 @@ struct ExpertMlp {
   }
 
   // out += Σ_r weight[r] · MLP_e(in[token[r]]) over every expert e's group (W₁ over the gathered rows, the
-  // activation, W₂, combine).
+  // activation, W₂, combine; st = Store::overwrite: out = that sum).
   template <class Be, class T>
   static void forward(Be& be, const T* pw1, const T* pw2, T* ws, const Saved& s, const RoutedRows<T>& rr,
-                      MatrixView<const T> in, MatrixView<T> out) {
+                      MatrixView<const T> in, MatrixView<T> out, Store st = Store::add) {
     const index_t rows = rr.count();
     const MatrixView<T> h{ws + s.h, rows, width}, act{ws + s.act, rows, width}, y{ws + s.y, rows, d};
     be.grouped_linear_forward(h, in, rr.token, w1(pw1), PerGroup<const T>{}, rr.groups);
     Act::forward(be, act.flat(), std::span<const T>(h.flat()));
     be.grouped_linear_forward(y, MatrixView<const T>(act), w2(pw2), PerGroup<const T>{}, rr.groups);
-    combine(be, rr, MatrixView<const T>(y), out);
+    combine(be, rr, MatrixView<const T>(y), out, st);
   }
 
   // Backward, dout read first (combine_backward): dL/d(weight) into dwp [rows] (group order), the experts'
@@ -97,10 +97,11 @@ struct ExpertMlp {
     const index_t rows = rr.count();
     const RowGroups g = rr.groups;
     const MatrixView<T> dy{sc + c.dy, rows, d}, dact{sc + c.dact, rows, width}, dh{sc + c.dh, rows, width};
-    // Every row is in a group (no SKIP class), so each op below overwrites its whole output: no zeroing.
-    combine_backward(be, rr, MatrixView<const T>{ws + s.y, rows, d}, dout, dy, dwp);
-    be.grouped_linear_backward(dact, w2(gw2), PerGroup<T>{}, MatrixView<const T>(dy),
-                               MatrixView<const T>{ws + s.act, rows, width}, w2(pw2), g, Store::overwrite);
+    // Every row is in a group (no SKIP class), so each op below overwrites its whole output: no zeroing. W₂'s
+    // products read dL/dy = weight · dout[token] (combine_linear_backward: not written where the backend can).
+    combine_linear_backward(be, rr, MatrixView<const T>{ws + s.y, rows, d}, dout, dy, dwp, dact, w2(gw2),
+                            MatrixView<const T>{ws + s.act, rows, width}, std::span<const token_t>{}, w2(pw2),
+                            Store::overwrite);
     Act::backward(be, dh.flat(), std::span<const T>(ws + s.h, std::size_t(rows * width)), std::span<const T>(dact.flat()),
                   Store::overwrite);
     // dy now becomes dL/d(gathered input)

@@ -76,9 +76,9 @@ struct CountingBackend : cpu::Backend<T> {
     flops += 4 * q.cols * visible_pairs(q_tok, k_tok, seq);
     Base::attention_packed_forward(out, lse, q, k, v, q_tok, k_tok, seq, heads);
   }
-  void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w) {
+  void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w, Store dx_store = Store::add) {
     flops += backward_products(!dx.empty(), !dw.empty()) * x.rows * x.cols * w.rows;
-    Base::linear_backward(dx, dw, db, dy, x, w);
+    Base::linear_backward(dx, dw, db, dy, x, w, dx_store);
   }
   void attention_backward(M dqkv, CM dout, CM out, CS lse, CM qkv, index_t batch, index_t seq, index_t heads) {
     flops += batch * 5 * (qkv.cols / 3) * seq * (seq + 1);
@@ -123,6 +123,11 @@ struct CountingBackend : cpu::Backend<T> {
     each_group(g, [&](int, index_t, index_t n) { flops += backward_products(!dx.empty(), dw.base != nullptr) * n * x.cols * dy.cols;
     });
     Base::grouped_linear_backward(dx, dw, db, dy, x, idx, w, g, dx_store);
+  }
+  void grouped_linear_backward(M dx, PG dw, ScaledRows<T> dy, CM x, Tok idx, CPG w, RowGroups g, Store dx_store = Store::add) {
+    each_group(g, [&](int, index_t, index_t n) { flops += backward_products(!dx.empty(), dw.base != nullptr) * n * x.cols * dy.table.cols;
+    });
+    Base::grouped_linear_backward(dx, dw, dy, x, idx, w, g, dx_store);
   }
   void attention_grouped_forward(M out, S lse, CM q, CPG k, CPG v, index_t kv_rows, index_t kv_ld, Tok q_tok, Tok k_tok,
                                  RowGroups g, index_t seq, index_t heads) {

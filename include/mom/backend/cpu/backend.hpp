@@ -162,7 +162,9 @@ struct Backend {
     cpu::gemm<T>(C, A, ta, B, tb, alpha, beta);
   }
   void linear_forward(M y, CM x, CM w, CS b) const { cpu::linear_forward<T>(y, x, w, b); }
-  void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w) const { cpu::linear_backward<T>(dx, dw, db, dy, x, w); }
+  void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w, Store dx_store = Store::add) const {
+    cpu::linear_backward<T>(dx, dw, db, dy, x, w, dx_store);
+  }
 
   void embedding_forward(M out, Tok tokens, CM wte, CM wpe, index_t seq) const {
     cpu::embedding_forward<T>(out, tokens, wte, wpe, seq);
@@ -239,7 +241,9 @@ struct Backend {
   }
 
   void gather_rows(M out, CM in, Tok idx) const { cpu::gather_rows<T>(out, in, idx); }
-  void scatter_add_rows(M out, CM in, Tok idx, CS weights = {}) const { cpu::scatter_add_rows<T>(out, in, idx, weights); }
+  void scatter_add_rows(M out, CM in, Tok idx, CS weights = {}, Store st = Store::add) const {
+    cpu::scatter_add_rows<T>(out, in, idx, weights, st);
+  }
   void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights = {},
                                  Store st = Store::add) const {
     cpu::scatter_add_rows_backward<T>(din, dweights, dout, in, idx, weights, st);
@@ -324,6 +328,12 @@ struct Backend {
   void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, CPG w, RowGroups g, Store dx_store = Store::add) const {
     cpu::grouped_linear_backward<T>(dx, dw, db, dy, x, w, g, dx_store);
   }
+  // dy not stored (ScaledRows, core/groups.hpp: scale[r] · table[index[r]]), read inside the products; x's rows
+  // through idx (empty: x's own). An optional capability (routing/dispatch.hpp, ReadsScaledRows).
+  void grouped_linear_backward(M dx, PG dw, ScaledRows<T> dy, CM x, Tok idx, CPG w, RowGroups g,
+                               Store dx_store = Store::add) const {
+    cpu::grouped_linear_backward<T>(dx, dw, dy, x, idx, w, g, dx_store);
+  }
   void grouped_layernorm_forward(M out, S mean, S rstd, CM x, CPG gamma, CPG beta, RowGroups g,
                                  T eps = T(1e-5)) const {
     cpu::grouped_layernorm_forward<T>(out, mean, rstd, x, gamma, beta, g, eps);
@@ -341,8 +351,8 @@ struct Backend {
   void gather_rows(M out, CPG in, index_t in_rows, Tok idx, RowGroups g) const {
     cpu::gather_rows<T>(out, in, in_rows, idx, g);
   }
-  void scatter_add_rows(M out, CM in, Tok idx, CS weights, RowGroups g) const {
-    cpu::scatter_add_rows<T>(out, in, idx, weights, g);
+  void scatter_add_rows(M out, CM in, Tok idx, CS weights, RowGroups g, Store st = Store::add) const {
+    cpu::scatter_add_rows<T>(out, in, idx, weights, g, st);
   }
   void scatter_add_rows(PG out, index_t out_rows, CM in, Tok idx, RowGroups g) const {
     cpu::scatter_add_rows<T>(out, out_rows, in, idx, g);

@@ -32,7 +32,8 @@ void gather_rows(MatrixView<T> out, MatrixView<const T> in, std::span<const toke
   for (index_t i = 0; i < out.rows; ++i) std::memcpy(out.row(i), in.row(idx[i]), static_cast<std::size_t>(d) * sizeof(T));
 }
 
-// out[idx[i]] += w[i] · in[i] (w empty: all 1). Accumulates into out [T×d]; in is [n×d].
+// out[idx[i]] += w[i] · in[i] (w empty: all 1). Accumulates into out [T×d]; in is [n×d]. Store::overwrite:
+// out = the sum instead (rows no entry names are zero: out need not be zeroed first, and it is not read).
 // Indices may repeat (their contributions add up; a routed layer's token appears once per module it picked),
 // and the additions into a row are made in the entries' order, whatever the thread count. Large calls first
 // list each output row's entries in order (a counting sort by row, O(n + T) indices in this thread's
@@ -41,19 +42,28 @@ void gather_rows(MatrixView<T> out, MatrixView<const T> in, std::span<const toke
 // The backward of gather_rows(out, in, idx) is scatter_add_rows(din, dout, idx, {}).
 template <class T>
 void scatter_add_rows(MatrixView<T> out, MatrixView<const T> in, std::span<const token_t> idx,
-                      std::span<const T> weights) {
+                      std::span<const T> weights, Store st = Store::add) {
   checks::scatter_add_rows_shapes<T>(out, in, idx, weights);
   detail::check_row_indices("scatter_add_rows", idx, out.rows, shape(out));
   const index_t d = in.cols, n = in.rows;
-  auto add = [&](index_t i) {
+  // Entry i into its row: added, or (the row's first entry under overwrite) stored, = 0 + w·x's value.
+  auto add = [&](index_t i, bool first) {
     const T w = weights.empty() ? T(1) : weights[i];
     const T* src = in.row(i);
     T* dst = out.row(idx[i]);
+    if (first) {
 #pragma omp simd
-    for (index_t c = 0; c < d; ++c) dst[c] += w * src[c];
+      for (index_t c = 0; c < d; ++c) dst[c] = w * src[c];
+    } else {
+#pragma omp simd
+      for (index_t c = 0; c < d; ++c) dst[c] += w * src[c];
+    }
   };
+  const bool overwrite = st == Store::overwrite;
   if (n * d <= (1 << 16)) {
-    for (index_t i = 0; i < n; ++i) add(i);
+    if (overwrite)
+      for (index_t r = 0; r < out.rows; ++r) std::fill_n(out.row(r), d, T(0));
+    for (index_t i = 0; i < n; ++i) add(i, false);
     return;
   }
   index_t* end = detail::thread_scratch<index_t, detail::ScatterScratch, 0>(std::size_t(out.rows));
@@ -64,8 +74,9 @@ void scatter_add_rows(MatrixView<T> out, MatrixView<const T> in, std::span<const
   for (index_t i = n - 1; i >= 0; --i) order[--end[idx[i]]] = i;  // end[r] is now row r's first entry
 #pragma omp parallel for schedule(static)
   for (index_t r = 0; r < out.rows; ++r) {
-    const index_t stop = r + 1 < out.rows ? end[r + 1] : n;
-    for (index_t j = end[r]; j < stop; ++j) add(order[j]);
+    const index_t start = end[r], stop = r + 1 < out.rows ? end[r + 1] : n;
+    if (overwrite && start == stop) std::fill_n(out.row(r), d, T(0));
+    for (index_t j = start; j < stop; ++j) add(order[j], overwrite && j == start);
   }
 }
 

@@ -97,24 +97,34 @@ void check_gathered_rows(const char* what, std::span<const token_t> rows, Matrix
     MOM_CHECK(rows[i] >= 0 && rows[i] < table.rows, "gemm_gathered: ", what, " row index ", i, " = ", rows[i],
               " is out of range [0, ", table.rows, ")");
 }
-// The gathered rows copied into this thread's scratch (the Eigen path, e.g. double).
+// The gathered rows (each times scale[i], if given) copied into this thread's scratch (the Eigen path, e.g.
+// double).
 template <class T, int Slot>
-MatrixView<const T> gathered_copy(std::span<const token_t> rows, MatrixView<const T> table) {
+MatrixView<const T> gathered_copy(std::span<const token_t> rows, MatrixView<const T> table, std::span<const T> scale = {}) {
   T* buf = thread_scratch<T, MatrixView<const T>, Slot>(rows.size() * std::size_t(table.cols));
-  for (std::size_t i = 0; i < rows.size(); ++i) std::copy_n(table.row(rows[i]), table.cols, buf + i * std::size_t(table.cols));
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    T* dst = buf + i * std::size_t(table.cols);
+    if (scale.empty()) std::copy_n(table.row(rows[i]), table.cols, dst);
+    else
+      for (index_t c = 0; c < table.cols; ++c) dst[c] = table.row(rows[i])[c] * scale[i];
+  }
   return {buf, index_t(rows.size()), table.cols};
 }
 }  // namespace detail
 
-// C = alpha·op(A)·op(B) + beta·C with rows read through index lists, the gather fused into the packing (no
-// gathered copy): with a_rows given (ta = N), op(A)'s row i is A's row a_rows[i]; with b_rows given (tb = N),
-// op(B)'s row k is B's row b_rows[k]. Empty lists: A or B itself. The routed modules' experts read their
-// tokens' rows this way (grouped_linear_forward / _backward with a row list). Threads as gemm.
+// C = alpha·op(A)·op(B) + beta·C with A's and B's memory rows read through index lists, the gather fused into
+// the packing (no gathered copy): with a_rows given, A is the matrix whose row i is A's row a_rows[i] (op(A)'s
+// row i for ta = N, its column i for ta = T), each times a_scale[i] if a_scale is given; with b_rows given
+// (tb = N), op(B)'s row k is B's row b_rows[k]. Empty lists: A or B itself. The routed modules' experts read
+// their tokens' rows this way (grouped_linear_forward / _backward with a row list), and W₂'s backward reads
+// dL/dy = weight · dout[token] (a_scale) instead of a written copy. Threads as gemm.
 template <class T>
 void gemm_gathered(MatrixView<T> C, MatrixView<const T> A, Trans ta, std::span<const token_t> a_rows,
-                   MatrixView<const T> B, Trans tb, std::span<const token_t> b_rows, T alpha = T(1), T beta = T(0)) {
-  MOM_CHECK((a_rows.empty() || ta == Trans::N) && (b_rows.empty() || tb == Trans::N),
-            "gemm_gathered: row lists index an untransposed operand's rows");
+                   std::span<const T> a_scale, MatrixView<const T> B, Trans tb, std::span<const token_t> b_rows,
+                   T alpha = T(1), T beta = T(0)) {
+  MOM_CHECK(b_rows.empty() || tb == Trans::N, "gemm_gathered: a row list of B indexes an untransposed B's rows");
+  MOM_CHECK(a_scale.empty() || a_scale.size() == a_rows.size(), "gemm_gathered: ", a_scale.size(), " scales for ",
+            a_rows.size(), " rows of A");
   detail::check_gathered_rows("A", a_rows, A);
   detail::check_gathered_rows("B", b_rows, B);
   const MatrixView<const T> Av = a_rows.empty() ? A : MatrixView<const T>{A.data, ssize(a_rows), A.cols, A.ld};
@@ -125,12 +135,19 @@ void gemm_gathered(MatrixView<T> C, MatrixView<const T> A, Trans ta, std::span<c
   if constexpr (std::is_same_v<T, float>) {
     auto p = detail::native_problem(C, Av, ta, Bv, tb, alpha, beta);
     p.a.rows = a_rows.empty() ? nullptr : a_rows.data();
+    p.a.scale = a_scale.empty() ? nullptr : a_scale.data();
+    p.a.transposed = ta == Trans::T;
     p.b.rows = b_rows.empty() ? nullptr : b_rows.data();
     if (detail::native::gemm_parallel(p)) return;
   }
 #endif
-  detail::gemm_eigen(C, a_rows.empty() ? A : detail::gathered_copy<T, 0>(a_rows, A), ta,
+  detail::gemm_eigen(C, a_rows.empty() ? A : detail::gathered_copy<T, 0>(a_rows, A, a_scale), ta,
                      b_rows.empty() ? B : detail::gathered_copy<T, 1>(b_rows, B), tb, alpha, beta);
+}
+template <class T>
+void gemm_gathered(MatrixView<T> C, MatrixView<const T> A, Trans ta, std::span<const token_t> a_rows,
+                   MatrixView<const T> B, Trans tb, std::span<const token_t> b_rows, T alpha = T(1), T beta = T(0)) {
+  gemm_gathered<T>(C, A, ta, a_rows, std::span<const T>{}, B, tb, b_rows, alpha, beta);
 }
 
 // The float GEMM kernel this process runs: "avx512" or "avx2" (mom's own, picked at run time from

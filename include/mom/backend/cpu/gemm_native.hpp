@@ -84,18 +84,30 @@ inline PackBuffers& thread_buffers() {
   return buffers;
 }
 
-// An operand as the kernel sees it: element (i, j) of op(X) is data[i*rs + j*cs], or, with a row list,
-// data[rows[i]*rs + j*cs]: op(X)'s rows read through an index list (a gather fused into the packing; only
-// for an operand whose rows are its memory rows, cs == 1).
+// An operand as the kernel sees it: element (i, j) of op(X) is data[i*rs + j*cs], or, with a list of memory
+// rows (a gather fused into the packing), data[rows[i]*rs + j] (op(X) = X, cs == 1: its rows read through the
+// list) or data[i + rows[j]*cs] (op(X) = Xᵀ, rs == 1: its columns are X's rows, read through the list;
+// `transposed`). With `scale` (A only, with a list), the list's entry l is multiplied by scale[l] as it is packed:
+// a routed layer's dL/dy = weight · dout[token] read inside W₂'s backward products (routing/dispatch.hpp).
 struct Operand {
   const float* data;
   index_t rs, cs;
   const token_t* rows = nullptr;
-  const float* row(index_t i) const { return data + (rows ? index_t(rows[i]) : i) * rs; }
-  float operator()(index_t i, index_t j) const { return row(i)[j * cs]; }
+  const float* scale = nullptr;
+  bool transposed = false;  // rows indexes op(X)'s columns
+  const float* row(index_t i) const { return data + (rows && !transposed ? index_t(rows[i]) : i) * rs; }
+  // Memory row of op(X)'s column j (transposed lists), and the list entries' scales.
+  const float* col(index_t j) const { return data + (rows && transposed ? index_t(rows[j]) : j) * cs; }
+  float scale_of(index_t l) const { return scale ? scale[l] : 1.0f; }
+  float operator()(index_t i, index_t j) const {
+    if (!rows) return data[i * rs + j * cs];
+    return transposed ? col(j)[i * rs] * scale_of(j) : row(i)[j * cs] * scale_of(i);
+  }
   // The operand from element (i, j) on.
   Operand from(index_t i, index_t j) const {
-    return rows ? Operand{data + j * cs, rs, cs, rows + i} : Operand{data + i * rs + j * cs, rs, cs, nullptr};
+    if (!rows) return Operand{data + i * rs + j * cs, rs, cs};
+    const index_t l = transposed ? j : i;  // the list's first entry from here
+    return Operand{data + (transposed ? i * rs : j * cs), rs, cs, rows + l, scale ? scale + l : nullptr, transposed};
   }
 };
 

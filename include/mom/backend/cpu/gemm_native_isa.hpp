@@ -47,22 +47,30 @@ inline constexpr index_t NC = 4096;
 // Pack rows [0, mc) × k-columns [0, kc) of op(A) (already offset to the block) into
 // MR-row panels: panel p holds, for each k, op(A)(p*MR + 0..MR-1, k); rows past mc are 0.
 inline void pack_a_panel(float* dst, Operand a, index_t rows, index_t kc) {
-  if (a.cs == 1) {
+  if (a.cs == 1 && !a.transposed) {
     // op(A) row-major in k (A not transposed): read each row contiguously, write strided.
     index_t i = 0;
     for (; i < rows; ++i) {
       const float* src = a.row(i);
-      for (index_t k = 0; k < kc; ++k) dst[k * MR + i] = src[k];
+      if (a.scale) {
+        const float s = a.scale[i];
+        for (index_t k = 0; k < kc; ++k) dst[k * MR + i] = src[k] * s;
+      } else {
+        for (index_t k = 0; k < kc; ++k) dst[k * MR + i] = src[k];
+      }
     }
     for (; i < MR; ++i)
       for (index_t k = 0; k < kc; ++k) dst[k * MR + i] = 0.0f;
   } else {
-    // op(A) = Aᵀ: the MR values of one k are contiguous in A.
+    // op(A) = Aᵀ: the MR values of one k are contiguous in A (row col(k) of A, with a list).
     for (index_t k = 0; k < kc; ++k) {
-      const float* src = a.data + k * a.cs;
+      const float* src = a.col(k);
+      const float s = a.scale_of(k);
       float* d = dst + k * MR;
       index_t i = 0;
-      if (a.rs == 1)
+      if (a.scale)
+        for (; i < rows; ++i) d[i] = src[i * a.rs] * s;
+      else if (a.rs == 1)
         for (; i < rows; ++i) d[i] = src[i];
       else
         for (; i < rows; ++i) d[i] = src[i * a.rs];
@@ -241,10 +249,13 @@ inline void micro_kernel(index_t kc, const float* a, const float* b, float* c, i
 // scalar pack_*_panel handle the rest and the edges.
 inline void pack_a_panel_fast(float* dst, Operand a, index_t rows, index_t kc) {
   // op(A) not transposed, full panel: rows are contiguous in k; transpose 16-k chunks.
-  if (a.cs != 1 || rows != MR || kc % 16 != 0) return pack_a_panel(dst, a, rows, kc);
+  if (a.cs != 1 || a.transposed || rows != MR || kc % 16 != 0) return pack_a_panel(dst, a, rows, kc);
   for (index_t k0 = 0; k0 < kc; k0 += 16) {
     __m512 r[16];
-    for (int i = 0; i < MR; ++i) r[i] = _mm512_loadu_ps(a.row(i) + k0);
+    if (a.scale)
+      for (int i = 0; i < MR; ++i) r[i] = _mm512_mul_ps(_mm512_loadu_ps(a.row(i) + k0), _mm512_set1_ps(a.scale[i]));
+    else
+      for (int i = 0; i < MR; ++i) r[i] = _mm512_loadu_ps(a.row(i) + k0);
     for (int i = MR; i < 16; ++i) r[i] = _mm512_setzero_ps();
     transpose16x16(r);  // r[k] = op(A)(0..15, k0 + k)
     for (int k = 0; k < 16; ++k) _mm512_mask_storeu_ps(dst + (k0 + k) * MR, __mmask16((1u << MR) - 1u), r[k]);
@@ -284,19 +295,23 @@ inline constexpr index_t kPrefetchRows = MOM_PF_ROWS;
 
 inline void pack_a_block(const Problem& p, float* apack, index_t ic, index_t mc, index_t pc, index_t kc) {
 #if MOM_NATIVE_ISA == 512
-  if (p.a.rs == 1 && !p.a.rows) {
-    // op(A) = Aᵀ: row k of A holds the block's mc values contiguously. Walk A row by row
-    // (one sequential read per row, each page touched once per block) and deal each
-    // row's values out to the panels, instead of reading MR-wide strips panel by panel.
+  if (p.a.rs == 1 && (!p.a.rows || p.a.transposed)) {
+    // op(A) = Aᵀ: row k of A (row col(k), with a list) holds the block's mc values contiguously. Walk A row
+    // by row (one sequential read per row, each page touched once per block) and deal each row's values out
+    // to the panels, instead of reading MR-wide strips panel by panel.
     const index_t panels = (mc + MR - 1) / MR;
     for (index_t k = 0; k < kc; ++k) {
-      const float* src = p.a.data + (pc + k) * p.a.cs + ic;
-      if (k + kPrefetchRows < kc)  // the rows are far apart: help the hardware prefetcher
-        for (index_t j = 0; j < mc; j += 16) _mm_prefetch(reinterpret_cast<const char*>(src + kPrefetchRows * p.a.cs + j), _MM_HINT_T0);
+      const float* src = p.a.col(pc + k) + ic;
+      if (k + kPrefetchRows < kc) {  // the rows are far apart: help the hardware prefetcher
+        const float* ahead = p.a.col(pc + k + kPrefetchRows) + ic;
+        for (index_t j = 0; j < mc; j += 16) _mm_prefetch(reinterpret_cast<const char*>(ahead + j), _MM_HINT_T0);
+      }
+      const __m512 s = _mm512_set1_ps(p.a.scale_of(pc + k));
       for (index_t ip = 0; ip < panels; ++ip) {
         const index_t rows = std::min(MR, mc - ip * MR);
         const __mmask16 mask = __mmask16((1u << rows) - 1u);
-        const __m512 v = _mm512_maskz_loadu_ps(mask, src + ip * MR);
+        __m512 v = _mm512_maskz_loadu_ps(mask, src + ip * MR);
+        if (p.a.scale) v = _mm512_mul_ps(v, s);
         _mm512_mask_storeu_ps(apack + ip * MR * kc + k * MR, __mmask16((1u << MR) - 1u), v);
       }
     }
@@ -519,7 +534,9 @@ inline void gemv_any_rows(const Problem& p, index_t j0, index_t j1) {
     default: return gemv_columns<8, gemv_j(8)>(p, j0, j1);
   }
 }
-inline bool gemv_fits(const Problem& p) { return p.m <= kGemvRows && p.a.cs == 1 && p.b.rs == 1 && !p.b.rows; }
+inline bool gemv_fits(const Problem& p) {
+  return p.m <= kGemvRows && p.a.cs == 1 && !p.a.scale && !p.a.transposed && p.b.rs == 1 && !p.b.rows;
+}
 // The columns shared among nt threads (each a multiple of kGemvJ wide).
 inline void gemv(const Problem& p, int nt) {
   const index_t units = (p.n + kGemvJ - 1) / kGemvJ;

@@ -212,6 +212,32 @@ void grouped_linear_backward(MatrixView<T> dx, PerGroup<T> dw, PerGroup<T> db, M
   MOM_CHECK(ssize(idx) == dy.rows, "grouped_linear_backward: ", idx.size(), " row indices for dy ", shape(dy));
   detail::grouped_linear_backward<T>("grouped_linear_backward", dx, dw, db, dy, {x, idx}, w, g, dx_store);
 }
+// The same with dy not stored (core/groups.hpp's ScaledRows: dy[r] = scale[r] · table[index[r]], a routed
+// layer's weight times its token's output gradient), read inside the products' packing: the same bits as
+// writing dy out and calling the forms above, without its write and two reads. x's rows through idx when idx is
+// given (empty: x's own rows). No bias gradient (the routed experts have none).
+template <class T>
+void grouped_linear_backward(MatrixView<T> dx, PerGroup<T> dw, ScaledRows<T> dy, MatrixView<const T> x,
+                             std::span<const token_t> idx, PerGroup<const T> w, RowGroups g, Store dx_store = Store::add) {
+  const char* op = "grouped_linear_backward";
+  const index_t rows = dy.rows(), out = dy.table.cols;
+  const detail::LinearInput<T> in{x, idx};
+  MOM_CHECK(in.rows() == rows, op, ": ", rows, " rows of dy for x ", shape(in.shape()));
+  MOM_CHECK(dy.scale.empty() || ssize(dy.scale) == rows, op, ": ", dy.scale.size(), " scales for ", rows, " rows of dy");
+  checks::grouped_linear_shapes<T>(op, MatrixView<const T>{dy.table.data, rows, out}, in.shape(), !w.empty());
+  const index_t k = x.cols;
+  MOM_CHECK(dx.empty() || (dx.rows == rows && dx.cols == k), op, ": dx ", shape(dx), " must match x ", shape(in.shape()));
+  in.check(op, g);
+  const auto [lo, n] = detail::group_rows(op, g, rows);
+  detail::check_row_indices(op, dy.index.subspan(std::size_t(lo), std::size_t(n)), dy.table.rows, shape(dy.table));
+  const bool disjoint = detail::per_group_disjoint(dw, g.count, out * k);
+  const double macs = double(dx.empty() ? 1 : 2) * double(out) * double(k);
+  detail::for_each_group_spread(op, g, rows, macs, disjoint, [&](int i, index_t o, index_t n) {
+    linear_backward<T>(detail::rows_of(dx, o, n), detail::group_matrix(dw, i, out, k, k), dy.table,
+                       detail::part(dy.index, o, n), detail::part(dy.scale, o, n), in.rows_of_group(o, n),
+                       detail::part(in.idx, o, n), {w[i], out, k}, dx_store);
+  });
+}
 
 template <class T>
 void grouped_layernorm_forward(MatrixView<T> out, std::span<T> mean, std::span<T> rstd, MatrixView<const T> x,
@@ -284,13 +310,14 @@ void gather_rows(MatrixView<T> out, PerGroup<const T> in, index_t in_rows, std::
     gather_rows<T>(out.row_block(o, n), {in[i], in_rows, out.cols}, idx.subspan(std::size_t(o), std::size_t(n)));
   });
 }
+// out[idx[r]] += w[r] · in[r] for the groups' rows r (Store::overwrite: out = that sum, rows no grouped entry
+// names zero).
 template <class T>
 void scatter_add_rows(MatrixView<T> out, MatrixView<const T> in, std::span<const token_t> idx,
-                      std::span<const T> weights, RowGroups g) {
+                      std::span<const T> weights, RowGroups g, Store st = Store::add) {
   checks::scatter_add_rows_shapes<T>(out, in, idx, weights);
   const auto [o, n] = detail::group_rows("scatter_add_rows", g, in.rows);
-  if (n > 0)
-    scatter_add_rows<T>(out, in.row_block(o, n), idx.subspan(std::size_t(o), std::size_t(n)), detail::part(weights, o, n));
+  scatter_add_rows<T>(out, in.row_block(o, n), idx.subspan(std::size_t(o), std::size_t(n)), detail::part(weights, o, n), st);
 }
 // out_g[idx[r]] += in[r] for the rows r of group g (the backward of the per-group gather).
 template <class T>

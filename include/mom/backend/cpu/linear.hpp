@@ -67,5 +67,19 @@ void linear_backward(MatrixView<T> dx, MatrixView<T> dw, std::span<T> db, Matrix
                      MatrixView<const T> w, Store dx_store = Store::add) {
   linear_backward<T>(dx, dw, db, dy, x, {}, w, dx_store);
 }
+// The same with dy not stored: row r of dy is dy_scale[r] · dy_table[dy_rows[r]], read inside both products'
+// packing (gemm_gathered's a_scale). The same bits as writing dy out first and calling the form above. No db
+// (the routed experts that read their gradient this way have no biases).
+template <class T>
+void linear_backward(MatrixView<T> dx, MatrixView<T> dw, MatrixView<const T> dy_table, std::span<const token_t> dy_rows,
+                     std::span<const T> dy_scale, MatrixView<const T> x, std::span<const token_t> rows,
+                     MatrixView<const T> w, Store dx_store = Store::add) {
+  const MatrixView<const T> dy_shape{dy_table.data, ssize(dy_rows), dy_table.cols, dy_table.ld};
+  checks::linear_backward_shapes<T>(dx, dw, {}, dy_shape,
+                                    rows.empty() ? x : MatrixView<const T>{x.data, ssize(rows), x.cols, x.ld}, w);
+  if (!dx.empty())
+    gemm_gathered<T>(dx, dy_table, Trans::N, dy_rows, dy_scale, w, Trans::N, {}, T(1), dx_store == Store::add ? T(1) : T(0));
+  if (!dw.empty()) gemm_gathered<T>(dw, dy_table, Trans::T, dy_rows, dy_scale, x, Trans::N, rows, T(1), T(1));
+}
 
 }  // namespace mom::cpu

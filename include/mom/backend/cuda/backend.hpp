@@ -155,13 +155,7 @@ struct Backend : detail::RoutedOps<T> {
   void zero(std::span<U> s) const {
     if (!s.empty()) MOM_CUDA_CHECK(cudaMemsetAsync(s.data(), 0, s.size_bytes(), ctx_->stream), "zero");
   }
-  void zero(M m) const {
-    if (m.rows == 0 || m.cols == 0) return;
-    MOM_CUDA_CHECK(cudaMemset2DAsync(m.data, static_cast<std::size_t>(m.ld) * sizeof(T), 0,
-                                     static_cast<std::size_t>(m.cols) * sizeof(T), static_cast<std::size_t>(m.rows),
-                                     ctx_->stream),
-                   "zero");
-  }
+  void zero(M m) const { this->clear(m); }
   template <class U>
   void fill(std::span<U> s, U value) const {
     if (!s.empty()) cuda::fill<U>(*ctx_, s.data(), ssize(s), value);

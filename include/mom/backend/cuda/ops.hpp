@@ -47,6 +47,15 @@ class DenseOps {
 
   explicit DenseOps(std::shared_ptr<Context> ctx) : ctx_(std::move(ctx)) {}
 
+  // m = 0 on the stream (the ops' Store::overwrite where the kernel itself only adds).
+  void clear(M m) const {
+    if (m.rows == 0 || m.cols == 0) return;
+    MOM_CUDA_CHECK(cudaMemset2DAsync(m.data, static_cast<std::size_t>(m.ld) * sizeof(T), 0,
+                                     static_cast<std::size_t>(m.cols) * sizeof(T), static_cast<std::size_t>(m.rows),
+                                     ctx_->stream),
+                   "clear");
+  }
+
   // C = alpha·op(A)·op(B) + beta·C on row-major views. cuBLAS is column-major, and a row-major
   // [r×c] matrix with stride ld is the column-major [c×r] matrix with leading dimension ld, so
   // C = op(A)·op(B) is computed as Cᵀ = op(B)ᵀ·op(A)ᵀ with the operands swapped.
@@ -81,17 +90,19 @@ class DenseOps {
     K::broadcast_rows(*ctx_, y, b.data());
     gemm(y, x, Trans::N, w, Trans::T, T(1), T(1));
   }
-  // dx += dy·w, dw += dyᵀ·x, db += Σ_rows dy (each may be empty). Under BF16, dy is staged once for both products.
-  void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w) const {
+  // dx += dy·w (dx_store = Store::overwrite: dx = dy·w), dw += dyᵀ·x, db += Σ_rows dy (each may be empty). Under
+  // BF16, dy is staged once for both products.
+  void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w, Store dx_store = Store::add) const {
     checks::linear_backward_shapes<T>(dx, dw, db, dy, x, w);
+    const T dx_beta = dx_store == Store::add ? T(1) : T(0);
     if constexpr (std::is_same_v<T, float>) {
       if (!dx.empty() && !dw.empty() && dy.rows > 0 && bf16_products(dy, Trans::N)) {
-        backward_staged(dx, dw, dy, x, w, dy.cols);
+        backward_staged(dx, dw, dy, x, w, dy.cols, dx_beta);
         if (!db.empty()) K::add_column_sums(*ctx_, db.data(), dy);
         return;
       }
     }
-    if (!dx.empty()) gemm(dx, dy, Trans::N, w, Trans::N, T(1), T(1));
+    if (!dx.empty()) gemm(dx, dy, Trans::N, w, Trans::N, T(1), dx_beta);
     if (!dw.empty()) gemm(dw, dy, Trans::T, x, Trans::N, T(1), T(1));
     if (!db.empty()) K::add_column_sums(*ctx_, db.data(), dy);
   }
@@ -246,8 +257,10 @@ class DenseOps {
     checks::gather_rows_shapes<T>(out, in, idx);
     K::gather_rows(*ctx_, out, in, idx.data());
   }
-  void scatter_add_rows(M out, CM in, Tok idx, CS weights = {}) const {
+  // Store::overwrite: out cleared first (an async memset), then the same additions.
+  void scatter_add_rows(M out, CM in, Tok idx, CS weights = {}, Store st = Store::add) const {
     checks::scatter_add_rows_shapes<T>(out, in, idx, weights);
+    if (st == Store::overwrite) clear(out);
     K::scatter_add_rows(*ctx_, out, in, idx.data(), weights.data());
   }
   void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights = {},
@@ -377,14 +390,14 @@ class DenseOps {
   }
   // A linear's dx += dy·w and dw += dyᵀ·x from one staging of dy, w and x (bf16), dy staged k columns wide and w k
   // rows tall (k >= dy.cols; zeros beyond them: the LM head's padded width), so that dx's inner dimension is k.
-  void backward_staged(M dx, M dw, CM dy, CM x, CM w, index_t k) const {
+  void backward_staged(M dx, M dw, CM dy, CM x, CM w, index_t k, float dx_beta = 1.0f) const {
     const index_t dy_ld = std::max(k, staged_ld(dy));
     cuda::reserve_bf16_staging(*ctx_, dy.rows * dy_ld + k * staged_ld(w) + staged_size(x));
     std::uint16_t* at = ctx_->bf16_stage;
     const Staged sdy = stage(at, dy, dy.rows, k);
     const Staged sw = stage(at += dy.rows * dy_ld, w, k, w.cols);
     const Staged sx = stage(at += k * staged_ld(w), x);
-    gemm_staged(dx, sdy, Trans::N, sw, Trans::N, 1.0f, 1.0f);                                    // inner dimension k
+    gemm_staged(dx, sdy, Trans::N, sw, Trans::N, 1.0f, dx_beta);                                 // inner dimension k
     gemm_staged(dw, {sdy.data, sdy.rows, dy.cols, sdy.ld}, Trans::T, sx, Trans::N, 1.0f, 1.0f);  // dw's rows: dy.cols
   }
   // C = alpha·op(A)·op(B) + beta·C from staged operands (bf16 tensor cores, fp32 accumulation and C); shapes

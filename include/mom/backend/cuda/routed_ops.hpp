@@ -309,9 +309,10 @@ class RoutedOps : public DenseOps<T> {
     MOM_CHECK(!in.empty() || g.count == 0, "gather_rows: no per-group inputs");
     GK::gather_rows(*ctx_, out, in, in_rows, idx.data(), g);
   }
-  void scatter_add_rows(M out, CM in, Tok idx, CS weights, RowGroups g) const {
+  void scatter_add_rows(M out, CM in, Tok idx, CS weights, RowGroups g, Store st = Store::add) const {
     checks::scatter_add_rows_shapes<T>(out, in, idx, weights);
     checks::row_groups_shape("scatter_add_rows", g);
+    if (st == Store::overwrite) this->clear(out);
     GK::scatter_add_rows(*ctx_, out, in, idx.data(), weights.empty() ? nullptr : weights.data(), g);
   }
   void scatter_add_rows(PG out, index_t out_rows, CM in, Tok idx, RowGroups g) const {
