@@ -139,6 +139,20 @@ TEST_CASE("topk_rows: gradient matches finite differences (double)", "[ops][topk
   CHECK(rel_error(dx, numeric_grad(x, loss)) < fd_tol);
 }
 
+// The naive top-k of one row: k times the largest entry not yet taken, scanning from index 0 (strict > keeps the
+// first of equal values); topk_rows' (vals, ind) must be it.
+static void check_naive_topk(const float* row, index_t N, index_t k, const float* vals, const token_t* ind) {
+  std::vector<bool> taken(std::size_t(N), false);
+  for (index_t j = 0; j < k; ++j) {
+    index_t best = -1;
+    for (index_t c = 0; c < N; ++c)
+      if (!taken[std::size_t(c)] && (best < 0 || row[c] > row[best])) best = c;
+    taken[std::size_t(best)] = true;
+    REQUIRE(ind[j] == best);
+    REQUIRE(vals[j] == row[best]);
+  }
+}
+
 TEST_CASE("topk_rows: float vs naive selection, small and large k, ties go to the lower index", "[ops][topk]") {
   Rng rng(44);
   const index_t n = 50, N = 64;
@@ -148,18 +162,7 @@ TEST_CASE("topk_rows: float vs naive selection, small and large k, ties go to th
     std::vector<float> vals(n * k);
     std::vector<token_t> ind(n * k);
     cpu::topk_rows<float>(mat(vals, n, k), mat(ind, n, k), cmat(x, n, N));
-    for (index_t r = 0; r < n; ++r) {
-      // Naive: k times pick the largest not yet taken, scanning from index 0 (strict > keeps the first).
-      std::vector<bool> taken(N, false);
-      for (index_t j = 0; j < k; ++j) {
-        index_t best = -1;
-        for (index_t c = 0; c < N; ++c)
-          if (!taken[c] && (best < 0 || x[r * N + c] > x[r * N + best])) best = c;
-        taken[best] = true;
-        REQUIRE(ind[r * k + j] == best);
-        REQUIRE(vals[r * k + j] == x[r * N + best]);
-      }
-    }
+    for (index_t r = 0; r < n; ++r) check_naive_topk(x.data() + r * N, N, k, vals.data() + r * k, ind.data() + r * k);
   }
   // The routers' widths (SwitchHead's N_A = 4, σ-MoE's 43) and a wide row, ±0 as equal, and a row holding a NaN
   // (whatever is kept: k distinct columns in range).
@@ -182,15 +185,7 @@ TEST_CASE("topk_rows: float vs naive selection, small and large k, ties go to th
           CHECK(got.back() < N2);
           continue;
         }
-        std::vector<bool> taken(N2, false);
-        for (index_t j = 0; j < k; ++j) {
-          index_t best = -1;
-          for (index_t c = 0; c < N2; ++c)
-            if (!taken[c] && (best < 0 || y[r * N2 + c] > y[r * N2 + best])) best = c;
-          taken[best] = true;
-          REQUIRE(ind[r * k + j] == best);
-          REQUIRE(vals[r * k + j] == y[r * N2 + best]);
-        }
+        check_naive_topk(y.data() + r * N2, N2, k, vals.data() + r * k, ind.data() + r * k);
       }
     }
   }
