@@ -91,7 +91,7 @@ void combine_backward(Be& be, const RoutedRows<T>& rr, Id<MatrixView<const T>> y
 // CPU's, inside its GEMM's packing) instead of a stored matrix. Optional: combine_linear_backward writes dL/dy
 // out for the others (the CUDA backend).
 template <class Be, class T>
-concept ReadsScaledRows = requires(const Be& be, MatrixView<T> m, PerGroup<T> pg, ScaledRows<T> dy, MatrixView<const T> cm,
+concept ReadsScaledRows = requires(Be& be, MatrixView<T> m, PerGroup<T> pg, ScaledRows<T> dy, MatrixView<const T> cm,
                                    std::span<const token_t> tok, PerGroup<const T> cpg, RowGroups g) {
   be.grouped_linear_backward(m, pg, dy, cm, tok, cpg, g, Store::overwrite);
 };
