@@ -1,6 +1,8 @@
 // linear and embedding: finite-difference gradients (double), float forward vs naive loops.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include <mom/backend/cpu.hpp>
 
 #include "ops/grad_check.hpp"
@@ -80,6 +82,22 @@ TEST_CASE("linear: float forward matches a naive loop, strided output", "[ops][l
     CHECK(rel_error(dw, rdw) < float_tol);
     CHECK(rel_error(db, rdb) < float_tol);
   }
+}
+
+// Store::overwrite on the backend's linear_backward: dx = dy·w whatever dx held (NaN here, never read), the same
+// values as += onto zeros; dw still accumulates.
+TEST_CASE("linear_backward: Store::overwrite writes dx without reading it, dw still accumulates", "[ops][linear]") {
+  Rng rng(47);
+  const index_t n = 5, in = 4, out = 3;
+  const auto x = random_vec(n * in, rng), w = random_vec(out * in, rng), dy = random_vec(n * out, rng);
+  const cpu::Backend<double> be;
+  std::vector<double> dx_ref(n * in, 0.0), dw_ref(out * in, 0.25), dx(n * in, std::nan("")), dw(dw_ref);
+  be.linear_backward(mat(dx_ref, n, in), mat(dw_ref, out, in), {}, cmat(dy, n, out), cmat(x, n, in), cmat(w, out, in));
+  be.linear_backward(mat(dx, n, in), mat(dw, out, in), {}, cmat(dy, n, out), cmat(x, n, in), cmat(w, out, in),
+                     Store::overwrite);
+  CHECK(dx == dx_ref);
+  CHECK(dw == dw_ref);
+  CHECK(dw[0] != 0.25);  // accumulated onto its 0.25
 }
 
 TEST_CASE("embedding: gradients match finite differences (double)", "[ops][embedding]") {
