@@ -441,6 +441,10 @@ void check_scaled_rows_backward(Rng& rng, int threads) {
                                                ScaledRows<T>{{table.data(), n, fout}, bad, {}},
                                                MatrixView<const T>{x.data(), n, fin}, xidx, wg, g, Store::overwrite),
                     Catch::Contains("grouped_linear_backward: idx[5] = 300 is out of range [0, 300)"));
+  CHECK_THROWS_WITH(be.grouped_linear_backward(MatrixView<T>{dx.data(), rows, fin}, PerGroup<T>{},
+                                               ScaledRows<T>{{table.data(), n, fout}, idx, std::span<const T>(scale).first(9)},
+                                               MatrixView<const T>{x.data(), n, fin}, xidx, wg, g, Store::overwrite),
+                    Catch::Contains("grouped_linear_backward: 9 scales for 1000 rows of dy"));
   omp_set_num_threads(saved_threads);
 }
 TEST_CASE("grouped_linear_backward reads dy as scaled rows of a table, bit for bit as the stored dy", "[ops][grouped]") {
