@@ -25,6 +25,16 @@ TEST_CASE("checked errors: shape mismatches name the op and the shapes", "[ops][
     REQUIRE_THROWS_WITH(cpu::linear_backward<float>(mat(a, 4, 2), mat(b, 5, 3), {}, cmat(c, 4, 5), cmat(c, 4, 3),
                                                     cmat(c, 5, 3)),
                         Contains("linear_backward: dx [4x2] must match x [4x3]"));
+    // dy read through a row list (a routed expert's weight · dout[token]) has no stored rows to sum for a bias.
+    const std::vector<token_t> rows{0, 2, 1, 1};
+    REQUIRE_THROWS_WITH(cpu::linear_backward<float>({}, mat(b, 5, 3), std::span(c).first(5),
+                                                    ScaledRows<float>{cmat(c, 3, 5), rows, {}},
+                                                    ScaledRows<float>{cmat(a, 4, 3), {}, {}}, cmat(c, 5, 3)),
+                        Contains("linear_backward: a bias gradient needs dy stored, not read through rows"));
+    REQUIRE_THROWS_WITH(cpu::linear_backward<float>({}, mat(b, 5, 3), {}, ScaledRows<float>{cmat(c, 3, 5), rows, {}},
+                                                    ScaledRows<float>{cmat(a, 4, 3), {}, std::span<const float>(c).first(4)},
+                                                    cmat(c, 5, 3)),
+                        Contains("linear_backward: x's rows carry no scale"));
   }
   SECTION("embedding") {
     REQUIRE_THROWS_WITH(cpu::embedding_forward<float>(mat(a, 6, 4), std::vector<token_t>(6, 0), cmat(b, 8, 4),

@@ -15,8 +15,9 @@
 //   PerGroup<T> one tensor per group (module g's weight, bias, LayerNorm gain, key matrix...):
 //               group g's tensor starts at base + at[g]; the offsets table is a host value
 //               (parameter layout, known at compile time), passed to kernels by value.
-//   ScaledRows<T>  a packed matrix that is not stored: its row r is scale[r] · table[index[r]] (a routed
-//               layer's dL/d(module output), the routing weight times its token's output gradient).
+//   ScaledRows<T>  a packed matrix read through a table: its row r is scale[r] · table[index[r]] (a routed
+//               layer's dL/d(module output), the routing weight times its token's output gradient, never
+//               stored; or an expert's input rows, x[token]); index empty: the table itself.
 #include <array>
 #include <span>
 
@@ -33,14 +34,17 @@ struct RowGroups {
   int count = 0;
 };
 
-// Packed row r = scale[r] · table[index[r]] (scale empty: 1), in backend memory. A backend that reads such rows
-// inside its products (the CPU's grouped_linear_backward) saves writing them out and reading them back.
+// Packed row r = scale[r] · table[index[r]] (scale empty: 1; index empty: the table's own row r, and no scale), in
+// backend memory. A backend that reads such rows inside its products (the CPU's grouped_linear_backward) saves
+// writing them out and reading them back; the CPU's linear ops take their stored operands in the same form.
 template <class T>
 struct ScaledRows {
   MatrixView<const T> table;
   std::span<const token_t> index;
   std::span<const T> scale;
-  index_t rows() const { return index_t(index.size()); }
+  index_t rows() const { return index.empty() ? table.rows : index_t(index.size()); }
+  // The packed matrix's shape (for shape checks; its data pointer is the table's).
+  MatrixView<const T> shape() const { return {table.data, rows(), table.cols, table.ld}; }
 };
 
 template <class T>

@@ -135,49 +135,51 @@ std::span<T> group_vector(const PerGroup<T>& p, int g, index_t n) {
 }  // namespace detail
 
 namespace detail {
-// The grouped linear's packed input rows: x's rows themselves (idx empty), or the rows of the table x that idx
-// lists (x[idx[r]]: the gather fused into the products). `rows` packed rows either way.
+// A grouped linear's packed operand (x, dy: core/groups.hpp's ScaledRows): what group rows [o, o + n) read — those
+// rows of the table, or (read through the index) the whole table with that part of the index and scales.
 template <class T>
-struct LinearInput {
-  MatrixView<const T> x;
-  std::span<const token_t> idx;
-  index_t rows() const { return idx.empty() ? x.rows : ssize(idx); }
-  MatrixView<const T> shape() const { return {x.data, rows(), x.cols, x.ld}; }  // for the shape checks
-  // What a group's product reads for its packed rows [o, o + n): those rows of x, or (gathered) the table.
-  MatrixView<const T> rows_of_group(index_t o, index_t n) const { return idx.empty() ? x.row_block(o, n) : x; }
-  // The indices of the grouped rows (the others, e.g. SKIP rows, are never read) within x's rows.
-  void check(const char* op, RowGroups g) const {
-    if (idx.empty()) return;
-    const auto [lo, n] = group_rows(op, g, rows());
-    for (index_t r = lo; r < lo + n; ++r)
-      MOM_CHECK(idx[std::size_t(r)] >= 0 && idx[std::size_t(r)] < x.rows, op, ": idx[", r, "] = ", idx[std::size_t(r)],
-                " is out of range [0, ", x.rows, ") for x ", mom::shape(x));
-  }
-};
+ScaledRows<T> group_part(ScaledRows<T> m, index_t o, index_t n) {
+  if (m.index.empty()) return {m.table.row_block(o, n), {}, {}};
+  return {m.table, part(m.index, o, n), part(m.scale, o, n)};
+}
+// The index entries of the grouped rows (the others, e.g. SKIP rows, are never read) within the table's rows,
+// and one scale per row.
 template <class T>
-void grouped_linear_forward(const char* op, MatrixView<T> y, LinearInput<T> in, PerGroup<const T> w,
-                            PerGroup<const T> b, RowGroups g) {
-  checks::grouped_linear_shapes<T>(op, y, in.shape(), !w.empty());
-  in.check(op, g);
-  const index_t k = in.x.cols;
-  for_each_group_spread(op, g, in.rows(), double(y.cols) * double(k), true, [&](int i, index_t o, index_t n) {
-    linear_forward<T>(y.row_block(o, n), in.rows_of_group(o, n), part(in.idx, o, n), {w[i], y.cols, k},
-                      group_vector(b, i, y.cols));
-  });
+void check_rows(const char* op, const char* what, ScaledRows<T> m, RowGroups g) {
+  MOM_CHECK(m.scale.empty() || ssize(m.scale) == m.rows(), op, ": ", m.scale.size(), " scales for ", m.rows(),
+            " rows of ", what);
+  if (m.index.empty()) return;
+  const auto [lo, n] = group_rows(op, g, m.rows());
+  for (index_t r = lo; r < lo + n; ++r)
+    MOM_CHECK(m.index[std::size_t(r)] >= 0 && m.index[std::size_t(r)] < m.table.rows, op, ": idx[", r, "] = ",
+              m.index[std::size_t(r)], " is out of range [0, ", m.table.rows, ") for ", what, " ", mom::shape(m.table));
 }
 template <class T>
-void grouped_linear_backward(const char* op, MatrixView<T> dx, PerGroup<T> dw, PerGroup<T> db, MatrixView<const T> dy,
-                             LinearInput<T> in, PerGroup<const T> w, RowGroups g, Store dx_store) {
-  checks::grouped_linear_shapes<T>(op, dy, in.shape(), !w.empty());
-  const index_t k = in.x.cols;
-  MOM_CHECK(dx.empty() || (dx.rows == in.rows() && dx.cols == k), op, ": dx ", shape(dx), " must match x ",
-            shape(in.shape()));
-  in.check(op, g);
-  const bool disjoint = per_group_disjoint(dw, g.count, dy.cols * k) && per_group_disjoint(db, g.count, dy.cols);
-  const double macs = double(dx.empty() ? 1 : 2) * double(dy.cols) * double(k);
-  for_each_group_spread(op, g, in.rows(), macs, disjoint, [&](int i, index_t o, index_t n) {
-    linear_backward<T>(rows_of(dx, o, n), group_matrix(dw, i, dy.cols, k, k), group_vector(db, i, dy.cols),
-                       dy.row_block(o, n), in.rows_of_group(o, n), part(in.idx, o, n), {w[i], dy.cols, k}, dx_store);
+void grouped_linear_forward(const char* op, MatrixView<T> y, ScaledRows<T> x, PerGroup<const T> w,
+                            PerGroup<const T> b, RowGroups g) {
+  checks::grouped_linear_shapes<T>(op, y, x.shape(), !w.empty());
+  check_rows(op, "x", x, g);
+  const index_t k = x.table.cols;
+  for_each_group_spread(op, g, x.rows(), double(y.cols) * double(k), true, [&](int i, index_t o, index_t n) {
+    const ScaledRows<T> xg = group_part(x, o, n);
+    linear_forward<T>(y.row_block(o, n), xg.table, xg.index, {w[i], y.cols, k}, group_vector(b, i, y.cols));
+  });
+}
+// dy and x each stored or read through an index (dy's rows scaled): one body for every public form below.
+template <class T>
+void grouped_linear_backward(const char* op, MatrixView<T> dx, PerGroup<T> dw, PerGroup<T> db, ScaledRows<T> dy,
+                             ScaledRows<T> x, PerGroup<const T> w, RowGroups g, Store dx_store) {
+  checks::grouped_linear_shapes<T>(op, dy.shape(), x.shape(), !w.empty());
+  const index_t k = x.table.cols, out = dy.table.cols;
+  MOM_CHECK(dx.empty() || (dx.rows == x.rows() && dx.cols == k), op, ": dx ", shape(dx), " must match x ",
+            shape(x.shape()));
+  check_rows(op, "x", x, g);
+  check_rows(op, "dy", dy, g);
+  const bool disjoint = per_group_disjoint(dw, g.count, out * k) && per_group_disjoint(db, g.count, out);
+  const double macs = double(dx.empty() ? 1 : 2) * double(out) * double(k);
+  for_each_group_spread(op, g, x.rows(), macs, disjoint, [&](int i, index_t o, index_t n) {
+    linear_backward<T>(rows_of(dx, o, n), group_matrix(dw, i, out, k, k), group_vector(db, i, out), group_part(dy, o, n),
+                       group_part(x, o, n), {w[i], out, k}, dx_store);
   });
 }
 }  // namespace detail
@@ -186,7 +188,7 @@ void grouped_linear_backward(const char* op, MatrixView<T> dx, PerGroup<T> dw, P
 template <class T>
 void grouped_linear_forward(MatrixView<T> y, MatrixView<const T> x, PerGroup<const T> w, PerGroup<const T> b,
                             RowGroups g) {
-  detail::grouped_linear_forward<T>("grouped_linear_forward", y, {x, {}}, w, b, g);
+  detail::grouped_linear_forward<T>("grouped_linear_forward", y, {x, {}, {}}, w, b, g);
 }
 // The same over gathered rows: y[r] = W_g x[idx[r]] + b_g (x the table, idx [y.rows]), the gather read inside the
 // GEMM's packing instead of copied first (routing/expert_mlp.hpp).
@@ -194,14 +196,14 @@ template <class T>
 void grouped_linear_forward(MatrixView<T> y, MatrixView<const T> x, std::span<const token_t> idx, PerGroup<const T> w,
                             PerGroup<const T> b, RowGroups g) {
   MOM_CHECK(ssize(idx) == y.rows, "grouped_linear_forward: ", idx.size(), " row indices for y ", shape(y));
-  detail::grouped_linear_forward<T>("grouped_linear_forward", y, {x, idx}, w, b, g);
+  detail::grouped_linear_forward<T>("grouped_linear_forward", y, {x, idx, {}}, w, b, g);
 }
 // dx[r] += W_gᵀ dy[r], dW_g += Σ_r dy[r] x[r]ᵀ, db_g += Σ_r dy[r]; dx, dw, db may each be empty.
 // dx_store = Store::overwrite: dx[r] = W_gᵀ dy[r] on the groups' rows (the others untouched).
 template <class T>
 void grouped_linear_backward(MatrixView<T> dx, PerGroup<T> dw, PerGroup<T> db, MatrixView<const T> dy,
                              MatrixView<const T> x, PerGroup<const T> w, RowGroups g, Store dx_store = Store::add) {
-  detail::grouped_linear_backward<T>("grouped_linear_backward", dx, dw, db, dy, {x, {}}, w, g, dx_store);
+  detail::grouped_linear_backward<T>("grouped_linear_backward", dx, dw, db, {dy, {}, {}}, {x, {}, {}}, w, g, dx_store);
 }
 // Backward of the gathered forward: dW_g += Σ_r dy[r] x[idx[r]]ᵀ, db_g as above, and dx [dy.rows × x.cols] the
 // gathered rows' gradient, packed (dx[r] for x[idx[r]]; routing/dispatch.hpp's gather_backward adds it to x's).
@@ -210,7 +212,7 @@ void grouped_linear_backward(MatrixView<T> dx, PerGroup<T> dw, PerGroup<T> db, M
                              MatrixView<const T> x, std::span<const token_t> idx, PerGroup<const T> w, RowGroups g,
                              Store dx_store = Store::add) {
   MOM_CHECK(ssize(idx) == dy.rows, "grouped_linear_backward: ", idx.size(), " row indices for dy ", shape(dy));
-  detail::grouped_linear_backward<T>("grouped_linear_backward", dx, dw, db, dy, {x, idx}, w, g, dx_store);
+  detail::grouped_linear_backward<T>("grouped_linear_backward", dx, dw, db, {dy, {}, {}}, {x, idx, {}}, w, g, dx_store);
 }
 // The same with dy not stored (core/groups.hpp's ScaledRows: dy[r] = scale[r] · table[index[r]], a routed
 // layer's weight times its token's output gradient), read inside the products' packing: the same bits as
@@ -219,24 +221,7 @@ void grouped_linear_backward(MatrixView<T> dx, PerGroup<T> dw, PerGroup<T> db, M
 template <class T>
 void grouped_linear_backward(MatrixView<T> dx, PerGroup<T> dw, ScaledRows<T> dy, MatrixView<const T> x,
                              std::span<const token_t> idx, PerGroup<const T> w, RowGroups g, Store dx_store = Store::add) {
-  const char* op = "grouped_linear_backward";
-  const index_t rows = dy.rows(), out = dy.table.cols;
-  const detail::LinearInput<T> in{x, idx};
-  MOM_CHECK(in.rows() == rows, op, ": ", rows, " rows of dy for x ", shape(in.shape()));
-  MOM_CHECK(dy.scale.empty() || ssize(dy.scale) == rows, op, ": ", dy.scale.size(), " scales for ", rows, " rows of dy");
-  checks::grouped_linear_shapes<T>(op, MatrixView<const T>{dy.table.data, rows, out}, in.shape(), !w.empty());
-  const index_t k = x.cols;
-  MOM_CHECK(dx.empty() || (dx.rows == rows && dx.cols == k), op, ": dx ", shape(dx), " must match x ", shape(in.shape()));
-  in.check(op, g);
-  const auto [lo, n] = detail::group_rows(op, g, rows);
-  detail::check_row_indices(op, dy.index.subspan(std::size_t(lo), std::size_t(n)), dy.table.rows, shape(dy.table));
-  const bool disjoint = detail::per_group_disjoint(dw, g.count, out * k);
-  const double macs = double(dx.empty() ? 1 : 2) * double(out) * double(k);
-  detail::for_each_group_spread(op, g, rows, macs, disjoint, [&](int i, index_t o, index_t n) {
-    linear_backward<T>(detail::rows_of(dx, o, n), detail::group_matrix(dw, i, out, k, k), dy.table,
-                       detail::part(dy.index, o, n), detail::part(dy.scale, o, n), in.rows_of_group(o, n),
-                       detail::part(in.idx, o, n), {w[i], out, k}, dx_store);
-  });
+  detail::grouped_linear_backward<T>("grouped_linear_backward", dx, dw, {}, dy, {x, idx, {}}, w, g, dx_store);
 }
 
 template <class T>

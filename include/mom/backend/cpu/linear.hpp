@@ -7,6 +7,7 @@
 #include "mom/backend/cpu/gemm.hpp"
 #include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
+#include "mom/core/groups.hpp"
 #include "mom/core/tensor.hpp"
 
 namespace mom::cpu {
@@ -51,35 +52,31 @@ void linear_forward(MatrixView<T> y, MatrixView<const T> x, MatrixView<const T> 
 
 // Backward of linear_forward. Accumulates: dx += dy·w, dw += dyᵀ·x, db += Σ_rows dy (dx_store =
 // Store::overwrite: dx = dy·w). dx and db may be empty (not wanted); dw may be empty too (frozen weight).
-// With `rows` given (the gathered forward): dw += dyᵀ·x[rows], and dx [n × in] is the gathered rows' gradient,
-// packed.
+// dy and x are packed rows of tables (core/groups.hpp's ScaledRows): with x's row list (the gathered forward),
+// dw += dyᵀ·x[rows] and dx [n × in] is the gathered rows' gradient, packed; with dy's, its rows (each times its
+// scale) are read inside both products' packing, the same bits as writing them out first (a routed expert's
+// dL/dy = weight · dout[token]). A bias gradient needs dy stored (the routed experts have no biases).
+template <class T>
+void linear_backward(MatrixView<T> dx, MatrixView<T> dw, std::span<T> db, ScaledRows<T> dy, ScaledRows<T> x,
+                     MatrixView<const T> w, Store dx_store = Store::add) {
+  checks::linear_backward_shapes<T>(dx, dw, db, dy.shape(), x.shape(), w);
+  MOM_CHECK(x.scale.empty(), "linear_backward: x's rows carry no scale");
+  MOM_CHECK(db.empty() || dy.index.empty(), "linear_backward: a bias gradient needs dy stored, not read through rows");
+  if (!dx.empty())
+    gemm_gathered<T>(dx, dy.table, Trans::N, dy.index, dy.scale, w, Trans::N, {}, T(1),
+                     dx_store == Store::add ? T(1) : T(0));
+  if (!dw.empty()) gemm_gathered<T>(dw, dy.table, Trans::T, dy.index, dy.scale, x.table, Trans::N, x.index, T(1), T(1));
+  if (!db.empty()) detail::add_column_sums<T>(db, dy.table);
+}
 template <class T>
 void linear_backward(MatrixView<T> dx, MatrixView<T> dw, std::span<T> db, MatrixView<const T> dy, MatrixView<const T> x,
                      std::span<const token_t> rows, MatrixView<const T> w, Store dx_store = Store::add) {
-  checks::linear_backward_shapes<T>(dx, dw, db, dy,
-                                    rows.empty() ? x : MatrixView<const T>{x.data, ssize(rows), x.cols, x.ld}, w);
-  if (!dx.empty()) gemm<T>(dx, dy, Trans::N, w, Trans::N, T(1), dx_store == Store::add ? T(1) : T(0));
-  if (!dw.empty()) gemm_gathered<T>(dw, dy, Trans::T, {}, x, Trans::N, rows, T(1), T(1));
-  if (!db.empty()) detail::add_column_sums<T>(db, dy);
+  linear_backward<T>(dx, dw, db, ScaledRows<T>{dy, {}, {}}, ScaledRows<T>{x, rows, {}}, w, dx_store);
 }
 template <class T>
 void linear_backward(MatrixView<T> dx, MatrixView<T> dw, std::span<T> db, MatrixView<const T> dy, MatrixView<const T> x,
                      MatrixView<const T> w, Store dx_store = Store::add) {
-  linear_backward<T>(dx, dw, db, dy, x, {}, w, dx_store);
-}
-// The same with dy not stored: row r of dy is dy_scale[r] · dy_table[dy_rows[r]], read inside both products'
-// packing (gemm_gathered's a_scale). The same bits as writing dy out first and calling the form above. No db
-// (the routed experts that read their gradient this way have no biases).
-template <class T>
-void linear_backward(MatrixView<T> dx, MatrixView<T> dw, MatrixView<const T> dy_table, std::span<const token_t> dy_rows,
-                     std::span<const T> dy_scale, MatrixView<const T> x, std::span<const token_t> rows,
-                     MatrixView<const T> w, Store dx_store = Store::add) {
-  const MatrixView<const T> dy_shape{dy_table.data, ssize(dy_rows), dy_table.cols, dy_table.ld};
-  checks::linear_backward_shapes<T>(dx, dw, {}, dy_shape,
-                                    rows.empty() ? x : MatrixView<const T>{x.data, ssize(rows), x.cols, x.ld}, w);
-  if (!dx.empty())
-    gemm_gathered<T>(dx, dy_table, Trans::N, dy_rows, dy_scale, w, Trans::N, {}, T(1), dx_store == Store::add ? T(1) : T(0));
-  if (!dw.empty()) gemm_gathered<T>(dw, dy_table, Trans::T, dy_rows, dy_scale, x, Trans::N, rows, T(1), T(1));
+  linear_backward<T>(dx, dw, db, ScaledRows<T>{dy, {}, {}}, ScaledRows<T>{x, {}, {}}, w, dx_store);
 }
 
 }  // namespace mom::cpu
