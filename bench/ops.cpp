@@ -274,6 +274,13 @@ int main(int argc, char** argv) {
       {4096, 3072, 768, Trans::N, Trans::T, "linear fwd 4096x768->3072 (NT)"},
       {4096, 768, 3072, Trans::N, Trans::N, "linear dX (NN)"},
       {3072, 768, 4096, Trans::T, Trans::N, "linear dW (TN)"},
+      // moeut8's routed shapes (d 256, 4096 tokens): few columns (A read in place), an expert's few hundred rows
+      // (edge tiles), a 43-row weight gradient
+      {4096, 43, 256, Trans::N, Trans::T, "sigma-MoE selection logits, 43 experts (NT)"},
+      {4096, 16, 256, Trans::N, Trans::T, "SwitchHead selection logits, 16 columns (NT)"},
+      {43, 256, 4096, Trans::T, Trans::N, "sigma-MoE selection dW (TN)"},
+      {381, 128, 256, Trans::N, Trans::T, "one expert's W1, 381 rows (NT)"},
+      {128, 256, 381, Trans::T, Trans::N, "one expert's dW1 (TN)"},
   };
   std::printf("## single GEMMs, GFLOP/s\n\n| product (m x n x k) |");
   for (const auto& im : impls) std::printf(" %s |", im.name);

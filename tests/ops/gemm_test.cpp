@@ -7,8 +7,10 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -155,6 +157,77 @@ TEST_CASE("gemm float: up to 8 rows against a row-major weight (the decoder's GE
   std::vector<float> x(2 * 30, 1.0f), w(50 * 30, 2.0f), y(2 * 50, nan);
   cpu::gemm<float>({y.data(), 2, 50}, {x.data(), 2, 30}, Trans::N, {w.data(), 50, 30}, Trans::T, 1.0f, 0.0f);
   for (float v : y) REQUIRE(v == 60.0f);
+}
+
+TEST_CASE("gemm float: a product's bits do not depend on its size (edge tiles, the few-column path), every kernel",
+          "[ops][gemm]") {
+  // Row i of C reads row i of op(A) only, column j column j of op(B) only, and each element is one k-ordered chain
+  // of fused multiply-adds in the same k blocks: the corner [m × n] of a product on a large block of its operands
+  // equals the large product's corner bit for bit, whichever path and tiles each took (the large one: full 14 × 32
+  // tiles; the corner: an edge tile of its last rows, a last panel of ≤ 16 columns, or, at most 64 columns of a
+  // row-stored op(A), A's values read in place instead of packed). Gathered rows of A, scaled ones, k over several
+  // KC blocks, alpha / beta, both entries.
+  const std::string best = cpu::gemm_kernel();
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  constexpr index_t M = 400, N = 100, K = 1100, table_rows = 450;
+  std::vector<float> a(std::size_t(K * K)), b(std::size_t(K * N)), c0(std::size_t(M * N)), scale(M);
+  for (auto* v : {&a, &b, &c0, &scale})
+    for (float& x : *v) x = u(rng);
+  std::vector<token_t> rows(M);
+  for (auto& r : rows) r = token_t(rng() % table_rows);
+  int compared = 0;
+  for (const char* kernel : {"avx512", "avx2"}) {
+    if (!cpu::set_gemm_kernel(kernel)) continue;
+    for (Trans ta : kTrans)
+      for (Trans tb : kTrans)
+        for (index_t k : {17, 256, 1100})
+          for (int list = 0; list < 3; ++list) {  // A itself, a row list, a row list with scales
+            if (list > 0 && ta == Trans::T) continue;
+            const MatrixView<const float> A{a.data(), ta == Trans::N ? table_rows : k, ta == Trans::N ? k : M, K};
+            const MatrixView<const float> B{b.data(), tb == Trans::N ? k : N, tb == Trans::N ? N : k,
+                                            tb == Trans::N ? N : K};
+            const auto a_rows = [&](index_t m) { return list ? std::span<const token_t>(rows).first(m) : std::span<const token_t>{}; };
+            const auto a_scale = [&](index_t m) { return list == 2 ? std::span<const float>(scale).first(m) : std::span<const float>{}; };
+            const auto op_a = [&](index_t m) {  // op(A)'s first m rows (with a list: the table)
+              return list || ta == Trans::T ? A : MatrixView<const float>{A.data, m, A.cols, A.ld};
+            };
+            const auto op_b = [&](index_t n) {  // op(B)'s first n columns
+              return tb == Trans::N ? MatrixView<const float>{B.data, k, n, B.ld} : MatrixView<const float>{B.data, n, k, B.ld};
+            };
+            const auto run = [&](index_t m, index_t n, float alpha, float beta, bool serial) {
+              std::vector<float> c(c0);
+              const MatrixView<float> C{c.data(), m, n, N};
+              MatrixView<const float> Am = op_a(m);
+              if (ta == Trans::T) Am = {A.data, k, m, A.ld};
+              if (serial) {
+                REQUIRE(!list);  // gemm_serial has no row list
+                cpu::gemm_serial<float>(C, Am, ta, op_b(n), tb, alpha, beta);
+              } else {
+                cpu::gemm_gathered<float>(C, Am, ta, a_rows(m), a_scale(m), op_b(n), tb, {}, alpha, beta);
+              }
+              return c;
+            };
+            for (float beta : {0.0f, 0.5f}) {
+              const std::vector<float> whole = run(M, N, 1.5f, beta, false);
+              for (index_t m : {9, 15, 43, 381})
+                for (index_t n : {1, 16, 17, 43, 64, 65})
+                  for (bool serial : {false, true}) {
+                    if (serial && list) continue;
+                    const std::vector<float> part = run(m, n, 1.5f, beta, serial);
+                    index_t differ = 0;
+                    for (index_t i = 0; i < m; ++i)
+                      for (index_t j = 0; j < n; ++j) differ += std::memcmp(&part[i * N + j], &whole[i * N + j], 4) != 0;
+                    INFO(kernel << " ta=" << int(ta) << " tb=" << int(tb) << " k=" << k << " list=" << list
+                                << " beta=" << beta << " m=" << m << " n=" << n << " serial=" << serial);
+                    CHECK(differ == 0);
+                    ++compared;
+                  }
+            }
+          }
+  }
+  REQUIRE(cpu::set_gemm_kernel(best.c_str()));
+  CHECK(compared > 0);
 }
 
 TEST_CASE("gemm double (Eigen path): all transposes, odd sizes, alpha/beta", "[ops][gemm]") {

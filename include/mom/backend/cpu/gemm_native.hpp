@@ -15,8 +15,12 @@
 //                              stays in L1 while the A panels stream from L2
 // Packing reads op(A) / op(B) through their strides, so transposes and leading
 // dimensions cost nothing in the kernel and one micro-kernel serves NN, NT, TN, TT.
-// Panels are zero-padded to MR / NR, so the kernel always runs a full tile; partial
-// tiles are stored with masks (AVX-512) or through a small stack tile (AVX2).
+// Panels are zero-padded to MR / NR. AVX-512 runs an edge tile (the last rows of m, a
+// last panel of ≤ 16 columns) at its own size, stored with masks; AVX2 runs the full
+// tile into a small stack tile. With at most 64 columns and op(A) stored by rows (a
+// router's logits), AVX-512 skips packing A and reads its rows in place. Each element of
+// C is one k-ordered chain of fused multiply-adds in the same k blocks on every path and
+// tile size, so none of these choices changes a bit (tests/ops/gemm_test.cpp).
 //
 // Threads: gemm_parallel packs each B block cooperatively (one barrier per KC step)
 // and hands out (MC block of A) × (share of the B panels) work units through a shared
@@ -28,11 +32,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <new>
+#include <utility>
 
 #include "mom/core/tensor.hpp"
 

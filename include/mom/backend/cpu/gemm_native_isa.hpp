@@ -140,59 +140,81 @@ inline void transpose16x16(__m512 r[16]) {
 
 // ---- micro-kernels ----------------------------------------------------------------
 #if MOM_NATIVE_ISA == 512
-// C[0:rows, 0:cols] = alpha · (Apanel · Bpanel) + beta · C  (beta == 0: C not read).
-[[gnu::always_inline]] inline void micro_kernel(index_t kc, const float* __restrict a, const float* __restrict b,
-                                                float* c, index_t ldc, float alpha, float beta, index_t rows,
-                                                index_t cols) {
-  __m512 acc[MR][2];
+// Where a tile's values of op(A) come from: a packed panel (MR values per k), or rows of op(A) read in place (the
+// few-column path below).
+struct PanelA {
+  const float* p;
+  float operator()(int i, index_t k) const { return p[k * MR + i]; }
+};
+struct RowsA {
+  const float* const* rows;  // R row pointers
+  float operator()(int i, index_t k) const { return rows[i][k]; }
+};
+// One tile of C, R ≤ MR rows × 16·V columns (V = 1 or 2 vectors), from R rows of op(A) and a B panel (NR values
+// per k, the first 16·V read): C = alpha · (A·B) + beta · C on the tile's first `cols` columns (beta == 0: C not
+// read). Every element is the same k-ordered chain of fused multiply-adds from zero whatever R, V and A's source,
+// so neither changes a bit: the edge tiles of C (the last rows of an m that is not a multiple of MR, a last panel
+// of at most 16 columns) run only the rows and vectors they hold instead of a full MR × NR tile (a routed
+// expert's few hundred rows, a 43- or 16-column selection product).
+template <int R, int V, class A>
+[[gnu::always_inline]] inline void tile_kernel(index_t kc, A a, const float* __restrict b, float* c, index_t ldc,
+                                               float alpha, float beta, index_t cols) {
+  __m512 acc[R][V];
 #pragma GCC unroll 14
-  for (int i = 0; i < MR; ++i) {
-    acc[i][0] = _mm512_setzero_ps();
-    acc[i][1] = _mm512_setzero_ps();
-  }
+  for (int i = 0; i < R; ++i)
+    for (int v = 0; v < V; ++v) acc[i][v] = _mm512_setzero_ps();
   // Pull this tile of C towards L1 while the k loop runs (it is read at the end).
-  for (index_t i = 0; i < rows; ++i) {
+#pragma GCC unroll 14
+  for (int i = 0; i < R; ++i) {
     _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + cols - 1), _MM_HINT_T0);
   }
-
 #pragma GCC unroll 2
   for (index_t k = 0; k < kc; ++k) {
-    const __m512 b0 = _mm512_load_ps(b);
-    const __m512 b1 = _mm512_load_ps(b + 16);
+    __m512 bv[V];
+    for (int v = 0; v < V; ++v) bv[v] = _mm512_load_ps(b + 16 * v);
 #pragma GCC unroll 14
-    for (int i = 0; i < MR; ++i) {
-      const __m512 ai = _mm512_set1_ps(a[i]);
-      acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
-      acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
+    for (int i = 0; i < R; ++i) {
+      const __m512 ai = _mm512_set1_ps(a(i, k));
+      for (int v = 0; v < V; ++v) acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
     }
-    a += MR;
     b += NR;
   }
   const __m512 va = _mm512_set1_ps(alpha);
   const __m512 vb = _mm512_set1_ps(beta);
-  const __mmask16 m0 = cols >= 16 ? __mmask16(0xffff) : __mmask16((1u << cols) - 1u);
-  const __mmask16 m1 = cols >= 32 ? __mmask16(0xffff) : cols <= 16 ? __mmask16(0) : __mmask16((1u << (cols - 16)) - 1u);
-  if (beta == 0.0f) {
+  __mmask16 m[V];
+  for (int v = 0; v < V; ++v) {
+    const index_t left = cols - 16 * v;  // columns of this vector
+    m[v] = left >= 16 ? __mmask16(0xffff) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1u);
+  }
 #pragma GCC unroll 14
-    for (int i = 0; i < MR; ++i) {
-      if (i < rows) {
-        _mm512_mask_storeu_ps(c + i * ldc, m0, _mm512_mul_ps(va, acc[i][0]));
-        _mm512_mask_storeu_ps(c + i * ldc + 16, m1, _mm512_mul_ps(va, acc[i][1]));
-      }
-    }
-  } else {
-#pragma GCC unroll 14
-    for (int i = 0; i < MR; ++i) {
-      if (i < rows) {
-        float* ci = c + i * ldc;
-        const __m512 c0 = _mm512_maskz_loadu_ps(m0, ci);
-        const __m512 c1 = _mm512_maskz_loadu_ps(m1, ci + 16);
-        _mm512_mask_storeu_ps(ci, m0, _mm512_fmadd_ps(va, acc[i][0], _mm512_mul_ps(vb, c0)));
-        _mm512_mask_storeu_ps(ci + 16, m1, _mm512_fmadd_ps(va, acc[i][1], _mm512_mul_ps(vb, c1)));
-      }
+  for (int i = 0; i < R; ++i) {
+    float* ci = c + i * ldc;
+    for (int v = 0; v < V; ++v) {
+      if (beta == 0.0f)
+        _mm512_mask_storeu_ps(ci + 16 * v, m[v], _mm512_mul_ps(va, acc[i][v]));
+      else
+        _mm512_mask_storeu_ps(ci + 16 * v, m[v],
+                              _mm512_fmadd_ps(va, acc[i][v], _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(m[v], ci + 16 * v))));
     }
   }
+}
+// A tile of any size up to Rmax × NR (out of line: the edges), by its rows and columns.
+template <class A, int Rmax>
+inline void edge_tile(index_t rows, index_t cols, index_t kc, A a, const float* b, float* c, index_t ldc, float alpha,
+                      float beta) {
+  using Tile = void (*)(index_t, A, const float*, float*, index_t, float, float, index_t);
+  static constexpr auto table = []<int... I>(std::integer_sequence<int, I...>) {
+    return std::array<Tile, 2 * Rmax>{&tile_kernel<I + 1, 1, A>..., &tile_kernel<I + 1, 2, A>...};  // [V - 1][R - 1]
+  }(std::make_integer_sequence<int, Rmax>{});
+  table[std::size_t((cols > 16 ? Rmax : 0) + rows - 1)](kc, a, b, c, ldc, alpha, beta, cols);
+}
+// C[0:rows, 0:cols] = alpha · (Apanel · Bpanel) + beta · C: the full tile inline, an edge tile by its size.
+[[gnu::always_inline]] inline void micro_kernel(index_t kc, const float* __restrict a, const float* __restrict b,
+                                                float* c, index_t ldc, float alpha, float beta, index_t rows,
+                                                index_t cols) {
+  if (rows == MR && cols > 16) return tile_kernel<MR, 2>(kc, PanelA{a}, b, c, ldc, alpha, beta, cols);
+  edge_tile<PanelA, MR>(rows, cols, kc, PanelA{a}, b, c, ldc, alpha, beta);
 }
 #else
 [[gnu::always_inline]] inline void micro_kernel_full(index_t kc, const float* __restrict a, const float* __restrict b,
@@ -435,6 +457,50 @@ inline std::size_t b_pack_floats(index_t n, index_t k) {
   return static_cast<std::size_t>((std::min(NC, n) + NR - 1) / NR * NR * std::min(KC, k));
 }
 
+// ---- few columns: A read in place -------------------------------------------------------------
+// A product with at most kDirectCols columns of C and op(A) stored by rows (a router's logits, 43 or 16 experts;
+// a row list allowed, no scale) spends more time packing A — a transpose of every element — than multiplying:
+// each value of A meets only n columns. Here the B block is packed as usual (it is small) and the kernel
+// broadcasts A's values straight from its rows, kDirectRows rows at a time. The k blocks, each element's k-ordered
+// chain of fused multiply-adds and the store are the blocked path's, so the bits are the same.
+inline constexpr index_t kDirectCols = 2 * NR;
+inline constexpr index_t kDirectRows = 8;
+inline bool direct_fits(const Problem& p) {
+  return p.n <= kDirectCols && p.m > kDirectRows && p.a.cs == 1 && !p.a.transposed && !p.a.scale;
+}
+#if MOM_NATIVE_ISA == 512
+// Rows [r0, r1) of C, on the calling thread, bpack: this thread's buffer for the packed B block.
+inline void run_direct(const Problem& p, float* bpack, index_t r0, index_t r1) {
+  const index_t kstep = k_step(p.k), b_panels = (p.n + NR - 1) / NR;
+  for (index_t pc = 0; pc < p.k; pc += kstep) {
+    const index_t kc = std::min(kstep, p.k - pc);
+    const float beta = pc == 0 ? p.beta : 1.0f;
+    pack_b_panels(p, bpack, 0, pc, kc, 0, b_panels);
+    for (index_t i0 = r0; i0 < r1; i0 += kDirectRows) {
+      const index_t rows = std::min(kDirectRows, r1 - i0);
+      const float* arow[kDirectRows];
+      for (index_t i = 0; i < rows; ++i) arow[i] = p.a.row(i0 + i) + pc;
+      for (index_t jp = 0; jp < b_panels; ++jp)
+        edge_tile<RowsA, kDirectRows>(rows, std::min(NR, p.n - jp * NR), kc, RowsA{arow}, bpack + jp * NR * kc,
+                                      p.c + i0 * p.ldc + jp * NR, p.ldc, p.alpha, beta);
+    }
+  }
+}
+inline void direct(const Problem& p, int nt) {
+  const index_t blocks = (p.m + kDirectRows - 1) / kDirectRows;
+  if (nt <= 1 || blocks < 2) {
+    return run_direct(p, thread_buffers().b.reserve(b_pack_floats(p.n, p.k)), 0, p.m);
+  }
+#pragma omp parallel num_threads(nt)
+  {
+    index_t b = 0, e = 0;
+    share(blocks, omp_get_thread_num(), omp_get_num_threads(), b, e);
+    run_direct(p, thread_buffers().b.reserve(b_pack_floats(p.n, p.k)), std::min(p.m, b * kDirectRows),
+               std::min(p.m, e * kDirectRows));
+  }
+}
+#endif
+
 // ---- a few rows against a row-major weight: y = alpha·x·Wᵀ + beta·y -----------------------
 // The decoder's linear layers (infer::Decoder: one row per sequence) and any product of at most
 // kGemvRows rows of op(A) whose op(B) columns are contiguous (W [n × k] row-major read as Wᵀ): the
@@ -554,6 +620,9 @@ inline void gemm_serial(const Problem& p) {
   if (p.m <= 0 || p.n <= 0) return;
   if (p.k <= 0 || p.alpha == 0.0f) return scale_c(p.c, p.m, p.n, p.ldc, p.beta);
   if (gemv_fits(p)) return gemv(p, 1);
+#if MOM_NATIVE_ISA == 512
+  if (direct_fits(p)) return direct(p, 1);
+#endif
   PackBuffers& buf = thread_buffers();
   float* a = buf.a.reserve(a_pack_floats(p.m, p.k));
   float* b = buf.b.reserve(b_pack_floats(p.n, p.k));
@@ -568,6 +637,9 @@ inline void gemm_parallel(const Problem& p) {
   const double macs = double(p.m) * double(p.n) * double(p.k);
   const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
   if (gemv_fits(p)) return gemv(p, macs < kGemvParallelMinMacs ? 1 : nt);
+#if MOM_NATIVE_ISA == 512
+  if (direct_fits(p)) return direct(p, macs < kParallelMinMacs ? 1 : nt);
+#endif
   if (nt <= 1 || macs < kParallelMinMacs) return gemm_serial(p);
   // The caller's B buffer (two blocks) is shared by the team; each thread packs A
   // into its own thread_local buffer.
