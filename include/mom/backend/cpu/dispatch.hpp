@@ -15,10 +15,13 @@ namespace mom::cpu {
 
 namespace detail {
 struct ScatterScratch;  // scatter_add_rows' row lists (thread_scratch's owner tag)
-inline void check_row_indices(const char* op, std::span<const token_t> idx, index_t bound, Shape table) {
+// Every idx[i] in [0, bound). The message names entry first + i (idx may be a part of a longer list) and the
+// table, after its name when one is given ("for x [7x6]").
+inline void check_row_indices(const char* op, std::span<const token_t> idx, index_t bound, Shape table,
+                              index_t first = 0, const char* name = nullptr) {
   for (index_t i = 0; i < ssize(idx); ++i)
-    MOM_CHECK(idx[i] >= 0 && idx[i] < bound, op, ": idx[", i, "] = ", idx[i], " is out of range [0, ", bound,
-              ") for ", table);
+    MOM_CHECK(idx[i] >= 0 && idx[i] < bound, op, ": idx[", first + i, "] = ", idx[i], " is out of range [0, ", bound,
+              ") for ", name ? name : "", name ? " " : "", table);
 }
 }  // namespace detail
 

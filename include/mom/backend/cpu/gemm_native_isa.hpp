@@ -457,6 +457,7 @@ inline std::size_t b_pack_floats(index_t n, index_t k) {
   return static_cast<std::size_t>((std::min(NC, n) + NR - 1) / NR * NR * std::min(KC, k));
 }
 
+#if MOM_NATIVE_ISA == 512
 // ---- few columns: A read in place -------------------------------------------------------------
 // A product with at most kDirectCols columns of C and op(A) stored by rows (a router's logits, 43 or 16 experts;
 // a row list allowed, no scale) spends more time packing A — a transpose of every element — than multiplying:
@@ -468,7 +469,6 @@ inline constexpr index_t kDirectRows = 8;
 inline bool direct_fits(const Problem& p) {
   return p.n <= kDirectCols && p.m > kDirectRows && p.a.cs == 1 && !p.a.transposed && !p.a.scale;
 }
-#if MOM_NATIVE_ISA == 512
 // Rows [r0, r1) of C, on the calling thread, bpack: this thread's buffer for the packed B block.
 inline void run_direct(const Problem& p, float* bpack, index_t r0, index_t r1) {
   const index_t kstep = k_step(p.k), b_panels = (p.n + NR - 1) / NR;

@@ -150,9 +150,7 @@ void check_rows(const char* op, const char* what, ScaledRows<T> m, RowGroups g) 
             " rows of ", what);
   if (m.index.empty()) return;
   const auto [lo, n] = group_rows(op, g, m.rows());
-  for (index_t r = lo; r < lo + n; ++r)
-    MOM_CHECK(m.index[std::size_t(r)] >= 0 && m.index[std::size_t(r)] < m.table.rows, op, ": idx[", r, "] = ",
-              m.index[std::size_t(r)], " is out of range [0, ", m.table.rows, ") for ", what, " ", mom::shape(m.table));
+  check_row_indices(op, m.index.subspan(std::size_t(lo), std::size_t(n)), m.table.rows, mom::shape(m.table), lo, what);
 }
 template <class T>
 void grouped_linear_forward(const char* op, MatrixView<T> y, ScaledRows<T> x, PerGroup<const T> w,
