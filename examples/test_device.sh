@@ -2,16 +2,17 @@
 # mom-train --device cuda, run by mom-train-emu: mom-train's own objects linked with the CUDA backend's CPU
 # emulation (kernels and runtime; tests/cuda/emu/), so that the GPU path of the command-line tools runs on a
 # machine without a GPU (CTest examples.device_*). Usage:
-#   test_device.sh <mom-train-emu> archs <i> <n>  the registered architectures i, i + n, i + 2n, ... of --help's list:
-#                                                 one training step on the CPU and on emulated CUDA (fp32 matrix
-#                                                 products), the same data: the step's loss and the validation loss
-#                                                 after its update within 1e-5 (relative; 3e-7 measured), then a
-#                                                 4-token sample through the device's Decoder (at the 8-layer
-#                                                 sizes). Left out: gpt2-medium and gpt2-large (GPT-2 small's code at
-#                                                 3x / 6x its parameters: 5.7 / 12.4 GB of training state per run),
-#                                                 and unless MOM_TEST_ALL_ARCHS=1, gpt2-small and gpt2-small-* (the
-#                                                 8-layer architectures' code at GPT-2 small's size; 36-120 s each
-#                                                 emulated; small-bpe runs the GPT-2 vocabulary at the small size)
+#   test_device.sh <mom-train-emu> archs <i> <n>  the registered architectures i, i + n, i + 2n, ... of --help's list
+#                                                 but the GPT-2-sized (gpt2-*: mode gpt2): one training step on the
+#                                                 CPU and on emulated CUDA (fp32 matrix products), the same data: the
+#                                                 step's loss and the validation loss after its update within 1e-5
+#                                                 (relative; 3e-7 measured), then a 4-token sample through the
+#                                                 device's Decoder (at the 8-layer sizes; small-bpe runs the GPT-2
+#                                                 vocabulary at the small size)
+#   test_device.sh <mom-train-emu> gpt2           the same for the GPT-2-sized architectures (gpt2-small and the
+#                                                 8-layer families' code at its size, gpt2-medium, gpt2-large), one
+#                                                 after another in one test: gpt2-large's run holds 13 GB, medium's
+#                                                 6.5 GB; 5-60 s each emulated
 #   test_device.sh <mom-train-emu> cli            checkpoints cross backends both ways (resume: the same validation
 #                                                 loss and parameters as an uninterrupted run), mom-sample / eval /
 #                                                 prune with --device cuda, bf16 and tf32 runs (bf16 with the GPT-2
@@ -52,22 +53,22 @@ for i in $(seq 1 300); do echo "In the beginning God created the heaven and the 
 few=(--batch 1 --seq 16 --warmup 1 --lr 1e-3 --eval-interval 0 --eval-batches 1)
 
 case "$MODE" in
-archs)
-  I="$3"
-  N="$4"
+archs | gpt2)
   mapfile -t archs < <("$BIN" --help | sed -n 's/^  \([a-z0-9-]*\) (.*/\1/p')
   [ "${#archs[@]}" -gt 40 ] || { echo "FAIL: --help lists ${#archs[@]} architectures"; exit 1; }
+  if [ "$MODE" = archs ]; then
+    I="$3"
+    N="$4"
+  else
+    I=0
+    N=1
+  fi
   run "$T/prep-byte.log" "$BIN" --data "$T/text.txt" --arch tiny --out "$T/prep-byte" "${few[@]}" --steps 1 --sample-tokens 0 || exit 1
+  ran=0
   for ((k = I; k < ${#archs[@]}; k += N)); do
     a="${archs[$k]}"
-    case "$a" in
-      gpt2-medium | gpt2-large)
-        echo "skipped: $a (GPT-2 small's code at 3x / 6x its parameters)"; continue ;;
-      gpt2-small*)
-        # dense / mom8-p / mom8-i / mom8-e / moeut8's code at GPT-2 small's size (small-bpe runs the 50257-token
-        # vocabulary at the 8-layer size): 36-120 s each emulated, the suite's time
-        [ -n "${MOM_TEST_ALL_ARCHS:-}" ] || { echo "skipped: $a (MOM_TEST_ALL_ARCHS=1 runs it)"; continue; } ;;
-    esac
+    case "$a" in gpt2-*) [ "$MODE" = gpt2 ] || continue ;; *) [ "$MODE" = archs ] || continue ;; esac
+    ran=$((ran + 1))
     data="$T/prep-byte/data"
     sample=4
     if "$BIN" --help | grep -A1 "^  $a (" | tail -1 | grep -q "vocab=50257"; then
@@ -76,7 +77,7 @@ archs)
       data="$T/prep-bpe/data"
     fi
     start=$SECONDS
-    # No checkpoints (metrics.jsonl is what is compared): the 36-39M-parameter architectures would write 0.4 GB each.
+    # No checkpoints (metrics.jsonl is what is compared): the GPT-2-sized architectures would write up to 3 GB each.
     run "$T/$a-cpu.log" "$BIN" --data "$data" --arch "$a" --out "$T/$a-cpu" "${few[@]}" --steps 1 --sample-tokens 0 \
       --no-checkpoint || continue
     run "$T/$a-cuda.log" "$BIN" --data "$data" --arch "$a" --out "$T/$a-cuda" "${few[@]}" --steps 1 --device cuda --precision fp32 \
@@ -87,8 +88,9 @@ archs)
       { echo "FAIL: $a sampled nothing on cuda"; tail -3 "$T/$a-cuda.log"; fail=1; }
     echo -n "$a ($((SECONDS - start)) s): "
     close "$T/$a-cuda" "$T/$a-cpu" 1e-5 || fail=1
-    rm -rf "$T/$a-cpu" "$T/$a-cuda"  # GPT-2-sized checkpoints are 1.5 GB each
+    rm -rf "$T/$a-cpu" "$T/$a-cuda"
   done
+  [ "$ran" -gt 0 ] || { echo "FAIL: no architecture ran"; fail=1; }
   ;;
 cli)
   cpu=(--arch mom8-p --batch 2 --seq 16 --warmup 1 --lr 1e-3 --eval-interval 0 --eval-batches 2 --sample-tokens 0

@@ -1,6 +1,6 @@
 // Host stand-ins for the CUDA runtime and cuBLAS entry points that mom::cuda::Backend calls, for
 // test_cuda_emu (no libcudart, no libcublas linked): "device" memory is host memory, streams are
-// synchronous, and cublasGemmEx is a plain column-major loop that follows the cuBLAS definition
+// synchronous, and cublasGemmEx follows the cuBLAS definition on column-major operands (in double)
 // (so the backend's row-major-as-transposed-column-major trick is exercised, not bypassed).
 #include <cstdint>
 #include <cstdio>
@@ -14,6 +14,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <driver_types.h>
+
+#include "mom/backend/cpu/gemm.hpp"
 
 namespace {
 // What a real runtime would make the host wait for, or allocate: counted so that the tests can check
@@ -162,8 +164,10 @@ cublasStatus_t cublasSetStream_v2(cublasHandle_t, cudaStream_t) { return CUBLAS_
 
 namespace {
 // C[m×n] = alpha·op(A)·op(B) + beta·C, all column-major (cuBLAS' definition), double accumulation.
-// op(A) rows and op(B) columns are first copied out contiguously, so the dot products stream.
-// Element loads: T itself, or a bf16 (its 16 bits are the top half of the fp32 pattern).
+// A column-major matrix is its transpose stored by rows, so C's rows-major view is Cᵀ = op(B)ᵀ·op(A)ᵀ: the
+// operands are copied as doubles in their own layout (a contiguous pass each) and multiplied by the CPU
+// backend's double product (Eigen's), with the transposes as flags. The sums are exact to ~1e-16 before C's
+// rounding. Element loads: T itself, or a bf16 (its 16 bits are the top half of the fp32 pattern).
 inline double load(const float* p, long i) { return p[i]; }
 inline double load(const double* p, long i) { return p[i]; }
 inline double load(const std::uint16_t* p, long i) {
@@ -172,26 +176,39 @@ inline double load(const std::uint16_t* p, long i) {
   std::memcpy(&f, &u, sizeof f);
   return f;
 }
+// Column-major [rows × cols] (leading dimension ld) as doubles, by rows: [cols × rows].
+template <class In>
+std::vector<double> by_rows(const In* x, int rows, int cols, int ld) {
+  std::vector<double> out(static_cast<std::size_t>(rows) * cols);
+  for (int c = 0; c < cols; ++c)
+    for (int r = 0; r < rows; ++r) out[static_cast<std::size_t>(c) * rows + r] = load(x, r + static_cast<long>(c) * ld);
+  return out;
+}
 
 template <class T, class In = T>
 void gemm_col_major(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, T alpha, const In* A, int lda,
                     const In* B, int ldb, T beta, T* C, int ldc) {
-  std::vector<double> a(static_cast<std::size_t>(m) * k), b(static_cast<std::size_t>(n) * k);
-  for (int i = 0; i < m; ++i)
-    for (int l = 0; l < k; ++l)
-      a[static_cast<std::size_t>(i) * k + l] = ta == CUBLAS_OP_N ? load(A, i + static_cast<long>(l) * lda) : load(A, l + static_cast<long>(i) * lda);
-  for (int j = 0; j < n; ++j)
-    for (int l = 0; l < k; ++l)
-      b[static_cast<std::size_t>(j) * k + l] = tb == CUBLAS_OP_N ? load(B, l + static_cast<long>(j) * ldb) : load(B, j + static_cast<long>(l) * ldb);
+  using mom::index_t;
+  using mom::cpu::Trans;
+  const bool at = ta != CUBLAS_OP_N, bt = tb != CUBLAS_OP_N;
+  const int rows_a = at ? k : m, cols_a = at ? m : k, rows_b = bt ? n : k, cols_b = bt ? k : n;
+  const std::vector<double> a = by_rows(A, rows_a, cols_a, lda), b = by_rows(B, rows_b, cols_b, ldb);
+  std::vector<double> s(static_cast<std::size_t>(n) * m);  // Cᵀ [n × m] by rows: s(j, i) = C(i, j) before alpha, beta
+  // On one thread, as every emulated kernel runs (Eigen's threads would spin against the suite's other test
+  // processes: 4x slower on 2 busy cores), then Eigen's thread count back to its default (nothing else in the
+  // library sets it).
+  if (m > 0 && n > 0 && k > 0) {
+    Eigen::setNbThreads(1);
+    mom::cpu::detail::gemm_eigen<double>({s.data(), index_t(n), index_t(m)}, {b.data(), index_t(cols_b), index_t(rows_b)},
+                                         bt ? Trans::T : Trans::N, {a.data(), index_t(cols_a), index_t(rows_a)},
+                                         at ? Trans::T : Trans::N, 1.0, 0.0);
+    Eigen::setNbThreads(-1);
+  }
   for (int j = 0; j < n; ++j)
     for (int i = 0; i < m; ++i) {
-      const double* ar = a.data() + static_cast<std::size_t>(i) * k;
-      const double* bc = b.data() + static_cast<std::size_t>(j) * k;
-      double s = 0;
-#pragma omp simd reduction(+ : s)  // vectorised (the sum's order changes; double accumulation keeps it exact to ~1e-16)
-      for (int l = 0; l < k; ++l) s += ar[l] * bc[l];
+      const double sum = s[static_cast<std::size_t>(j) * m + i];
       T& c = C[i + static_cast<long>(j) * ldc];
-      c = beta == T(0) ? T(alpha * s) : T(alpha * s + double(beta) * double(c));
+      c = beta == T(0) ? T(alpha * sum) : T(alpha * sum + double(beta) * double(c));
     }
 }
 }  // namespace

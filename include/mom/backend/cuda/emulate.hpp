@@ -8,6 +8,10 @@
 // Model: a launch runs its blocks one after another on the calling thread; the blockDim threads of
 // a block are fibers (own stacks, switched at barriers), so __syncthreads and the warp shuffles (a
 // per-warp slot array between two warp barriers) cost a context switch, not an OS thread wake-up.
+// The fibers run round-robin in thread order, each until its next barrier or its end. A block starts on
+// one runner fiber that plays its threads in that order, one after another, for as long as none reaches a
+// barrier (an element-wise kernel: no switch per thread); at the first barrier the others get fibers of
+// their own and the round-robin goes on from there. The order of execution is the same either way.
 // __shared__ variables are function statics (one block at a time uses them). A thread that
 // returns stops counting at barriers, as on a GPU; threads waiting at different barriers forever
 // (divergent __syncthreads) abort the run with a message. What it cannot show: races that only a
@@ -125,6 +129,10 @@ struct EmuScheduler {
   ucontext_t main{};
 #endif
   std::vector<EmuFiber> fibers;  // grown to the largest block; each fiber lives for the process
+  EmuFiber runner;               // plays a block's threads in order until one reaches a barrier
+  unsigned runner_thread = 0;    // the thread it plays now
+  bool in_order = true;          // no barrier reached yet in this block: the runner goes on to the next thread
+  unsigned block_threads = 0;
   EmuFiber* current = nullptr;
   EmuBlock block;
   const std::function<void()>* body = nullptr;
@@ -141,8 +149,8 @@ struct EmuScheduler {
     swapcontext(&current->context, &main);
 #endif
   }
-  // Scheduler -> fiber f (starting it on first use).
-  void resume(EmuFiber& f) {
+  // Scheduler -> fiber f (starting it at entry on first use).
+  void resume(EmuFiber& f, void (*entry)() = &EmuScheduler::entry) {
     current = &f;
     if (!f.started) {
       f.started = true;
@@ -153,7 +161,7 @@ struct EmuScheduler {
       auto* top = reinterpret_cast<void**>(
           (reinterpret_cast<std::uintptr_t>(f.stack.get()) + stack_bytes) & ~std::uintptr_t(15));
       top[-1] = nullptr;
-      top[-2] = reinterpret_cast<void*>(&EmuScheduler::entry);
+      top[-2] = reinterpret_cast<void*>(entry);
       for (int r = 3; r <= 8; ++r) top[-r] = nullptr;
       f.sp = top - 8;
 #else
@@ -161,7 +169,7 @@ struct EmuScheduler {
       f.context.uc_stack.ss_sp = f.stack.get();
       f.context.uc_stack.ss_size = stack_bytes;
       f.context.uc_link = nullptr;
-      makecontext(&f.context, &EmuScheduler::entry, 0);
+      makecontext(&f.context, entry, 0);
 #endif
     }
 #if defined(MOM_EMU_FAST_SWITCH)
@@ -183,21 +191,48 @@ struct EmuScheduler {
     }
   }
 
-  // Runs body on n fibers (one block) until all return.
+  // The runner: threads 0, 1, ... of each block in turn, each to its end, while in_order holds; once a
+  // barrier has stopped it (run_block then clears in_order), it finishes only the thread it plays.
+  static void runner_entry() {
+    EmuScheduler& s = get();
+    for (;;) {
+      for (unsigned t = 0; t < s.block_threads; ++t) {
+        threadIdx = uint3{t, 0, 0};
+        s.runner_thread = t;
+        (*s.body)();
+        s.block.warps[t / 32].drop();
+        s.block.block.drop();
+        if (!s.in_order) break;
+      }
+      s.runner.done = true;
+      s.yield();
+    }
+  }
+
+  // Runs body on n threads (one block) until all return: on the runner while no thread reaches a barrier,
+  // then on fibers, round-robin, from the thread after the one the barrier stopped.
   void run_block(unsigned n) {
-    if (fibers.size() < n) fibers.resize(n);
     block.block = EmuBarrier{n};
     block.warps.assign((n + 31) / 32, EmuBarrier{});
     for (unsigned w = 0; w * 32 < n; ++w) block.warps[w].expected = std::min(32u, n - w * 32);
     block.slots.assign(n, 0);
-    for (unsigned t = 0; t < n; ++t) {
+    block_threads = n;
+    in_order = true;
+    runner.done = false;
+    runner.waiting_on = nullptr;
+    resume(runner, &EmuScheduler::runner_entry);
+    if (runner.done) return;  // no thread reached a barrier
+    in_order = false;
+    const unsigned first = runner_thread;  // waits at a barrier on the runner; 0 .. first - 1 have ended
+    if (fibers.size() < n) fibers.resize(n);
+    for (unsigned t = first + 1; t < n; ++t) {
       fibers[t].done = false;
       fibers[t].waiting_on = nullptr;
     }
-    for (;;) {
+    for (unsigned from = first + 1;; from = first) {
       bool all_done = true, progress = false;
-      for (unsigned t = 0; t < n; ++t) {
-        EmuFiber& f = fibers[t];
+      for (unsigned t = from; t < n; ++t) {
+        EmuFiber& f = t == first ? runner : fibers[t];
         if (f.done) continue;
         all_done = false;
         if (f.waiting_on && f.waiting_on->phase == f.wait_phase) continue;  // still blocked
@@ -206,8 +241,8 @@ struct EmuScheduler {
         resume(f);
         progress = true;
       }
-      if (all_done) return;
-      if (!progress) {
+      if (all_done && from == first) return;
+      if (!progress && from == first) {
         std::fprintf(stderr, "mom CUDA emulation: deadlock in block (%u, %u): threads wait at different barriers\n",
                      blockIdx.x, blockIdx.y);
         std::abort();

@@ -191,8 +191,24 @@ __device__ __forceinline__ void report(int* error, DeviceError code, index_t pos
   }
 }
 
+// A grid-stride loop: thread t of the grid's T threads takes items t, t + T, t + 2T, ... of [0, n) (coalesced).
+// Emulated (blocks one after another, a block's threads in turn: emulate.hpp), thread t takes the t-th of T
+// contiguous chunks instead, so that the CPU streams through memory rather than touching one item per page
+// (an emulated AdamW over GPT-2 small: 4.0 -> 0.36 s). Which thread takes an item changes only the order of the
+// terms of a reduction or of atomics; with n <= T (the error tests' sizes) both give thread t item t.
+#if defined(MOM_CUDA_EMULATE)
+inline index_t emu_chunk_start(index_t n, index_t t) {
+  const index_t threads = index_t(gridDim.x) * blockDim.x, chunk = (n + threads - 1) / threads;
+  return std::min(n, t * chunk);
+}
+#define MOM_GRID_STRIDE(i, n)                                                                           \
+  for (index_t i = ::mom::cuda::dev::emu_chunk_start((n), index_t(blockIdx.x) * blockDim.x + threadIdx.x), \
+               i##_end = ::mom::cuda::dev::emu_chunk_start((n), index_t(blockIdx.x) * blockDim.x + threadIdx.x + 1); \
+       i < i##_end; ++i)
+#else
 #define MOM_GRID_STRIDE(i, n) \
   for (index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += index_t(gridDim.x) * blockDim.x)
+#endif
 
 // Column sums (bias gradients, LayerNorm's dgamma / dbeta): thread = column, blockIdx.y strides over
 // chunks of column_chunk rows; chunks meet in atomics.
