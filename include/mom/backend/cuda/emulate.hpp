@@ -67,13 +67,14 @@ struct EmuBarrier {
 
 // Context switch between fibers. On x86-64 a 12-instruction switch of the callee-saved registers
 // (glibc's swapcontext also saves the signal mask: a system call per switch, 3x slower overall);
-// elsewhere ucontext.
+// elsewhere ucontext. The switch is a weak symbol: every translation unit that includes this header emits it
+// (the kernels' one, and a test of the scheduler itself), and the linker keeps one.
 #if defined(__x86_64__) && defined(__linux__) && !defined(__SANITIZE_ADDRESS__)  // ASan follows ucontext switches
 #define MOM_EMU_FAST_SWITCH 1
 extern "C" void mom_emu_switch(void** save_sp, void* load_sp);
 asm(R"(
 .text
-.globl mom_emu_switch
+.weak mom_emu_switch
 .type mom_emu_switch,@function
 mom_emu_switch:
   pushq %rbp
