@@ -12,7 +12,7 @@
 #   test_device.sh <mom-train-emu> gpt2           the same for the GPT-2-sized architectures (gpt2-small and the
 #                                                 8-layer families' code at its size, gpt2-medium, gpt2-large), one
 #                                                 after another in one test: gpt2-large's run holds 13 GB, medium's
-#                                                 6.5 GB; 5-60 s each emulated
+#                                                 6.5 GB; 12-87 s each, both runs (about 5 minutes in all)
 #   test_device.sh <mom-train-emu> cli            checkpoints cross backends both ways (resume: the same validation
 #                                                 loss and parameters as an uninterrupted run), mom-sample / eval /
 #                                                 prune with --device cuda, bf16 and tf32 runs (bf16 with the GPT-2
