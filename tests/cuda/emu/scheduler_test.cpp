@@ -63,7 +63,6 @@ TEST_CASE("emulation: a block sum by warp shuffles and barriers (block_reduce), 
   std::vector<double> sums(4, 0);
   emulate_launch(dim3(4), dim3(n), [&] {
     const double v = double(blockIdx.x * 1000 + threadIdx.x);
-    sums[blockIdx.x] = 0;
     const double total = block_reduce<double>(v);
     if (threadIdx.x == 0) sums[blockIdx.x] = total;
   });

@@ -115,6 +115,11 @@ struct EmuBlock {
   EmuBarrier block;
   std::vector<EmuBarrier> warps;
   std::vector<unsigned long long> slots;  // one 8-byte shuffle slot per thread
+  // Thread t has returned: its warp's and the block's barriers wait for one fewer.
+  void drop_thread(unsigned t) {
+    warps[t / 32].drop();
+    block.drop();
+  }
 };
 
 inline thread_local uint3 threadIdx{};
@@ -186,8 +191,7 @@ struct EmuScheduler {
     for (;;) {
       (*s.body)();
       s.current->done = true;
-      s.block.warps[threadIdx.x / 32].drop();
-      s.block.block.drop();
+      s.block.drop_thread(threadIdx.x);
       s.yield();
     }
   }
@@ -201,8 +205,7 @@ struct EmuScheduler {
         threadIdx = uint3{t, 0, 0};
         s.runner_thread = t;
         (*s.body)();
-        s.block.warps[t / 32].drop();
-        s.block.block.drop();
+        s.block.drop_thread(t);
         if (!s.in_order) break;
       }
       s.runner.done = true;
