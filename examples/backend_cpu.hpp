@@ -12,6 +12,10 @@
 
 #include "architectures.hpp"
 
+// The CPU backend's ops on float are compiled once, in cpu_ops.cpp, not again in each unit that trains on the CPU
+// (mom/backend/cpu/backend_impl.hpp).
+extern template struct mom::cpu::Backend<float>;
+
 namespace mom::examples {
 
 inline cpu::Backend<float> open_backend(BackendTag<cpu::Backend<float>>, const Device& d, const train::Communicator*) {

@@ -16,6 +16,7 @@
 #include <mom/train/tokenizer.hpp>
 
 #include "architectures.hpp"
+#include "run_records.hpp"
 #include "train_session.hpp"
 
 namespace mom::examples {
@@ -36,28 +37,8 @@ struct PruneRequest {
 // The validation token file of r.data, tokenized with `tokenizer` when it is a text.
 class EvalData {
  public:
-  EvalData(const EvalRequest& r, const std::string& tokenizer) {
-    namespace fs = std::filesystem;
-    MOM_CHECK(fs::exists(r.data), "--data '", r.data.string(), "' does not exist");
-    fs::path val;
-    if (fs::is_directory(r.data)) {
-      val = r.data / "val.bin";
-      MOM_CHECK(fs::exists(val), "data folder '", r.data.string(), "' has no val.bin");
-    } else if (train::is_token_file(r.data)) {
-      val = r.data;
-    } else {
-      tmp_ = fs::temp_directory_path() / ("mom-eval-" + std::to_string(::getpid()));
-      auto tok = train::make_tokenizer(tokenizer, r.repo_root);
-      val = train::prepare_text(r.data, tmp_, *tok, r.val_fraction).val;
-    }
-    file_.emplace(val);
-    MOM_CHECK(file_->tokenizer() == tokenizer, "--data '", val.string(), "' was tokenized by '", file_->tokenizer(),
-              "' but the checkpoint's tokenizer is '", tokenizer, "'");
-  }
-  ~EvalData() {
-    std::error_code ec;
-    if (!tmp_.empty()) std::filesystem::remove_all(tmp_, ec);
-  }
+  EvalData(const EvalRequest& r, const std::string& tokenizer);  // run_records.cpp
+  ~EvalData();
   EvalData(const EvalData&) = delete;
   EvalData& operator=(const EvalData&) = delete;
   const train::TokenFile& file() const { return *file_; }
@@ -122,8 +103,7 @@ int prune_model(const PruneRequest& r, const std::string& compact_name) {
   ModelInstance<Model, Be> model(1, open_backend(BackendTag<Be>{}, r.eval.device, nullptr));
   ErasedModel any(model);
   const auto meta = load_params<Be>(r.eval.checkpoint, any);
-  const std::string tokenizer =
-      train::checkpoint_tokenizer(meta, Model::dims.vocab, "checkpoint '" + r.eval.checkpoint.string() + "'");
+  const std::string tokenizer = checkpoint_tokenizer_name(meta, Model::dims.vocab, r.eval.checkpoint);
   MOM_CHECK(r.into.empty() || r.into == compact_name, "--into '", r.into, "': this architecture compacts into '",
             compact_name, "' (registered in examples/arch_moduleformer.hpp)");
   const EvalData data(r.eval, tokenizer);

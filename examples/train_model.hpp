@@ -14,6 +14,7 @@
 #include <mom/models/warm_start.hpp>
 #include <mom/train/hf_gpt2.hpp>
 #include "evaluate.hpp"
+#include "run_records.hpp"
 #include "sample.hpp"
 #include "train_session.hpp"
 
@@ -48,38 +49,6 @@ struct TrainRequest {
 };
 
 
-
-// Several ranks validate different batches: the routing and depth statistics each gathered are summed over
-// the ranks before rank 0 writes them (counts as doubles: exact below 2^53).
-inline void reduce_stats(train::Communicator* comm, RoutingStats& routing) {
-  if (!comm || comm->size() == 1) return;
-  std::vector<double> flat;
-  for (const auto& r : routing.routers) {
-    flat.push_back(double(r.tokens));
-    for (const long long c : r.usage) flat.push_back(double(c));
-    for (const long long c : r.transitions) flat.push_back(double(c));
-    for (const long long c : r.idle) flat.push_back(double(c));
-  }
-  comm->allreduce_sum(std::span<double>(flat));
-  std::size_t at = 0;
-  for (auto& r : routing.routers) {
-    r.tokens = static_cast<long long>(flat[at++]);
-    for (long long& c : r.usage) c = static_cast<long long>(flat[at++]);
-    for (long long& c : r.transitions) c = static_cast<long long>(flat[at++]);
-    for (long long& c : r.idle) c = static_cast<long long>(flat[at++]);
-  }
-}
-inline void reduce_stats(train::Communicator* comm, DepthStats& depth) {
-  if (!comm || comm->size() == 1) return;
-  std::vector<double> flat{depth.aux_sum, depth.forwards};
-  for (const auto& l : depth.layers) flat.insert(flat.end(), {l.run, l.tokens, l.correct, l.bce, l.forwards});
-  comm->allreduce_sum(std::span<double>(flat));
-  depth.aux_sum = flat[0];
-  depth.forwards = flat[1];
-  std::size_t at = 2;
-  for (auto& l : depth.layers)
-    for (double* v : {&l.run, &l.tokens, &l.correct, &l.bce, &l.forwards}) *v = flat[at++];
-}
 
 inline std::filesystem::path repo_root() {
   namespace fs = std::filesystem;
@@ -155,16 +124,8 @@ void warm_start_from(const ArchEntry& arch, const TrainRequest& r, Instance& mod
   const auto file = init_from_file(r.init_from);
   if constexpr (!std::is_void_v<DenseTwin>) {
     ModelInstance<DenseTwin, typename Instance::backend_type> dense(1, model.backend());
-    const train::safetensors::File f(file);
-    if (f.metadata().count("mom.describe")) {  // our layout (describe line already checked)
-      std::vector<float> params(std::size_t(DenseTwin::params));
-      for (const auto& p : DenseTwin::layout) {
-        const train::safetensors::TensorInfo* t = f.find(p.name);
-        MOM_CHECK(t != nullptr && t->shape == (p.rows == 1 ? std::vector<std::int64_t>{p.cols}
-                                                            : std::vector<std::int64_t>{p.rows, p.cols}),
-                  "--init-from: '", file.string(), "': tensor '", p.name, "' is missing or has the wrong shape");
-        f.read<float>(p.name, std::span<float>(params).subspan(std::size_t(p.offset), std::size_t(p.size())));
-      }
+    std::vector<float> params(std::size_t(DenseTwin::params));
+    if (read_checkpoint_params(file, DenseTwin::layout, params)) {  // our layout (describe line already checked)
       dense.backend().from_host(dense.params(), std::span<const float>(params));
     } else if constexpr (train::hf::is_hf_gpt2_compatible<DenseTwin>()) {
       train::hf::import_hf_gpt2(dense, file);
@@ -246,26 +207,7 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
   if constexpr (routed) {
     hooks.on_eval_forward = [&routing, &model] { routing.accumulate(model); };
     hooks.on_eval_done = [&routing, dir = cfg.out_dir, comm = r.comm, rank0](index_t step) {
-      reduce_stats(comm, routing);
-      if (!rank0) return routing.clear();
-      std::filesystem::create_directories(dir / "routing");
-      const std::string stem = (dir / "routing" / train::step_folder_name(step)).string();
-      routing.write_json(stem + ".json");
-      routing.write_csv(stem);
-      routing.write_json((dir / "routing.json").string());
-      // Expert usage in metrics.jsonl (issue 18): per router and round, each module's share, their
-      // coefficient of variation and the largest share (docs/training.md).
-      train::MetricsLog log(dir / "metrics.jsonl");
-      for (const auto& r : routing.routers) {
-        nlohmann::json rounds = nlohmann::json::array();
-        for (int h = 0; h < r.rounds; ++h) {
-          const RoutingStats::Load l = RoutingStats::load(r, h);
-          rounds.push_back({{"share", l.share}, {"cv", l.cv}, {"max_share", l.max_share}, {"skip_share", l.skip_share},
-                            {"idle_share", l.idle_share}});
-        }
-        log.write({{"type", "routing"}, {"step", step}, {"router", r.name}, {"k", r.k}, {"rounds", rounds}});
-      }
-      routing.clear();
+      write_routing_stats(routing, dir, comm, rank0, step);
     };
   }
   // Depth-routed models (issue 6): fraction of tokens run per routed layer and, for Mixture-of-Depths, the
@@ -278,16 +220,7 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
     };
     hooks.on_eval_done = [&depth, prev = hooks.on_eval_done, dir = cfg.out_dir, comm = r.comm, rank0](index_t step) {
       if (prev) prev(step);
-      reduce_stats(comm, depth);
-      if (!rank0) return depth.clear();
-      // Also in metrics.jsonl (issue 18's usage metrics for every routed family): the same record, "type": "depth".
-      const auto record = nlohmann::json::parse(depth.json(step));
-      train::MetricsLog(dir / "depth.jsonl").write(record);
-      train::MetricsLog(dir / "metrics.jsonl").write(record);
-      if (depth.causal_accuracy() >= 0)
-        std::printf("step %6lld | causal routing accuracy %.4f (top-C membership)\n", static_cast<long long>(step),
-                    depth.causal_accuracy());
-      depth.clear();
+      write_depth_stats(depth, dir, comm, rank0, step);
     };
   }
   const train::TrainResult result = session.train(any, std::move(hooks));
@@ -307,12 +240,7 @@ int train_model(const ArchEntry& arch, const TrainRequest& r) {
         causal.forward_async(in, tg, cfg.batch, cfg.seq);
         sum += double(causal.cross_entropy());
       }
-      const double causal_loss = sum / double(cfg.eval_batches);
-      std::printf("validation loss with causal routing (autoregressive sampling's routing) %.4f vs top-C %.4f\n",
-                  causal_loss, *result.final_val_loss);
-      train::MetricsLog(cfg.out_dir / "depth.jsonl")
-          .write({{"type", "depth_causal_eval"}, {"step", result.last_step}, {"val_loss_causal_routing", causal_loss},
-                  {"val_loss_top_c", *result.final_val_loss}});
+      write_causal_eval(cfg.out_dir, result.last_step, sum / double(cfg.eval_batches), *result.final_val_loss);
     }
   }
   if (r.sample_tokens > 0 && !result.interrupted) {
@@ -342,8 +270,7 @@ std::string sample_model(const SampleRequest& r) {
   ModelInstance<Model, Be> model(1, open_backend(BackendTag<Be>{}, r.device, nullptr));
   ErasedModel any(model);
   const auto meta = load_params<Be>(r.checkpoint, any);
-  auto tok = train::make_tokenizer(
-      train::checkpoint_tokenizer(meta, Model::dims.vocab, "checkpoint '" + r.checkpoint.string() + "'"), r.repo_root);
+  const auto tok = checkpoint_tokenizer_for(meta, Model::dims.vocab, r.checkpoint, r.repo_root);
   std::vector<token_t> tokens = tok->encode(r.prompt);
   MOM_CHECK(!tokens.empty(), "--prompt must not be empty");
   const std::size_t prompt_len = tokens.size();

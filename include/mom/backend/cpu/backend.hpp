@@ -1,8 +1,10 @@
 #pragma once
 // mom::cpu::Backend<T>: the object module code calls every op through. It owns nothing but the
 // buffers it hands out; each member forwards to the op of the same name in mom::cpu with the
-// scalar fixed to T (so MatrixView<T> arguments bind to MatrixView<const T> parameters).
-// A CUDA backend offers the same members over device memory.
+// scalar fixed to T (so MatrixView<T> arguments bind to MatrixView<const T> parameters). The ops are
+// declared here and defined outside the class (backend_impl.hpp), so that a program can compile them
+// once: `template struct mom::cpu::Backend<float>;` in one translation unit, `extern template` in the
+// others. A CUDA backend offers the same members over device memory.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -158,247 +160,139 @@ struct Backend {
   U read(const U* p) const { return *p; }
 
   // ---- ops -----------------------------------------------------------------
-  void gemm(M C, CM A, Trans ta, CM B, Trans tb, T alpha = T(1), T beta = T(0)) const {
-    cpu::gemm<T>(C, A, ta, B, tb, alpha, beta);
-  }
-  void linear_forward(M y, CM x, CM w, CS b) const { cpu::linear_forward<T>(y, x, w, b); }
-  void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w, Store dx_store = Store::add) const {
-    cpu::linear_backward<T>(dx, dw, db, dy, x, w, dx_store);
-  }
+  void gemm(M C, CM A, Trans ta, CM B, Trans tb, T alpha = T(1), T beta = T(0)) const;
+  void linear_forward(M y, CM x, CM w, CS b) const;
+  void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w, Store dx_store = Store::add) const;
 
-  void embedding_forward(M out, Tok tokens, CM wte, CM wpe, index_t seq) const {
-    cpu::embedding_forward<T>(out, tokens, wte, wpe, seq);
-  }
-  void embedding_backward(M dwte, M dwpe, CM dout, Tok tokens, index_t seq) const {
-    cpu::embedding_backward<T>(dwte, dwpe, dout, tokens, seq);
-  }
+  void embedding_forward(M out, Tok tokens, CM wte, CM wpe, index_t seq) const;
+  void embedding_backward(M dwte, M dwpe, CM dout, Tok tokens, index_t seq) const;
 
   // Incremental decoding (cpu/decode.hpp): the key/value cache of one attention use.
   void kv_write(M k_cache, M v_cache, CM qkv, std::span<const index_t> slot, std::span<const index_t> pos,
-                index_t max_len) const {
-    cpu::kv_write<T>(k_cache, v_cache, qkv, slot, pos, max_len);
-  }
+                index_t max_len) const;
   void attention_decode(M out, CM qkv, CM k_cache, CM v_cache, std::span<const index_t> slot,
-                        std::span<const index_t> pos, index_t max_len, index_t heads) const {
-    cpu::attention_decode<T>(out, qkv, k_cache, v_cache, slot, pos, max_len, heads);
-  }
+                        std::span<const index_t> pos, index_t max_len, index_t heads) const;
   void stick_breaking_decode(M out, CM qkv, CM k_cache, CM v_cache, std::span<const index_t> slot,
-                             std::span<const index_t> pos, index_t max_len, index_t heads, index_t kv_heads) const {
-    cpu::stick_breaking_decode<T>(out, qkv, k_cache, v_cache, slot, pos, max_len, heads, kv_heads);
-  }
+                             std::span<const index_t> pos, index_t max_len, index_t heads, index_t kv_heads) const;
 
-  void layernorm_forward(M out, S mean, S rstd, CM x, CS gamma, CS beta, T eps = T(1e-5)) const {
-    cpu::layernorm_forward<T>(out, mean, rstd, x, gamma, beta, eps);
-  }
-  void layernorm_backward(M dx, S dgamma, S dbeta, CM dout, CM x, CS mean, CS rstd, CS gamma) const {
-    cpu::layernorm_backward<T>(dx, dgamma, dbeta, dout, x, mean, rstd, gamma);
-  }
+  void layernorm_forward(M out, S mean, S rstd, CM x, CS gamma, CS beta, T eps = T(1e-5)) const;
+  void layernorm_backward(M dx, S dgamma, S dbeta, CM dout, CM x, CS mean, CS rstd, CS gamma) const;
 
-  void gelu_forward(S out, CS x) const { cpu::gelu_forward<T>(out, x); }
-  void gelu_backward(S dx, CS x, CS dout, Store st = Store::add) const { cpu::gelu_backward<T>(dx, x, dout, st); }
-  void relu_forward(S out, CS x) const { cpu::relu_forward<T>(out, x); }
-  void relu_backward(S dx, CS x, CS dout, Store st = Store::add) const { cpu::relu_backward<T>(dx, x, dout, st); }
-  void add_forward(S out, CS a, CS b) const { cpu::add_forward<T>(out, a, b); }
-  void axpy(S y, T alpha, CS x) const { cpu::axpy<T>(y, alpha, x); }
-  void scale(S y, T alpha) const { cpu::scale<T>(y, alpha); }
+  void gelu_forward(S out, CS x) const;
+  void gelu_backward(S dx, CS x, CS dout, Store st = Store::add) const;
+  void relu_forward(S out, CS x) const;
+  void relu_backward(S dx, CS x, CS dout, Store st = Store::add) const;
+  void add_forward(S out, CS a, CS b) const;
+  void axpy(S y, T alpha, CS x) const;
+  void scale(S y, T alpha) const;
 
-  void cross_entropy_forward(S loss_out, S lse, CM logits, Tok targets, token_t ignore_index = -1) const {
-    cpu::cross_entropy_forward<T>(loss_out, lse, logits, targets, ignore_index);
-  }
-  void cross_entropy_backward(M dlogits, CM logits, CS lse, Tok targets, T dloss, token_t ignore_index = -1) const {
-    cpu::cross_entropy_backward<T>(dlogits, logits, lse, targets, dloss, ignore_index);
-  }
+  void cross_entropy_forward(S loss_out, S lse, CM logits, Tok targets, token_t ignore_index = -1) const;
+  void cross_entropy_backward(M dlogits, CM logits, CS lse, Tok targets, T dloss, token_t ignore_index = -1) const;
 
-  void attention_forward(M out, S lse, CM qkv, index_t batch, index_t seq, index_t heads) const {
-    cpu::attention_forward<T>(out, lse, qkv, batch, seq, heads);
-  }
-  void attention_backward(M dqkv, CM dout, CM out, CS lse, CM qkv, index_t batch, index_t seq, index_t heads) const {
-    cpu::attention_backward<T>(dqkv, dout, out, lse, qkv, batch, seq, heads);
-  }
+  void attention_forward(M out, S lse, CM qkv, index_t batch, index_t seq, index_t heads) const;
+  void attention_backward(M dqkv, CM dout, CM out, CS lse, CM qkv, index_t batch, index_t seq, index_t heads) const;
   // Stick-breaking attention (ModuleFormer, arXiv 2306.04640; cpu/stick_breaking.hpp): saves nothing.
   // kv_heads key/value heads shared by heads / kv_heads query heads each (= heads: one per query head).
-  void stick_breaking_forward(M out, CM qkv, index_t batch, index_t seq, index_t heads, index_t kv_heads) const {
-    cpu::stick_breaking_forward<T>(out, qkv, batch, seq, heads, kv_heads);
-  }
+  void stick_breaking_forward(M out, CM qkv, index_t batch, index_t seq, index_t heads, index_t kv_heads) const;
   void stick_breaking_backward(M dqkv, CM dout, CM out, CM qkv, index_t batch, index_t seq, index_t heads,
-                               index_t kv_heads) const {
-    cpu::stick_breaking_backward<T>(dqkv, dout, out, qkv, batch, seq, heads, kv_heads);
-  }
+                               index_t kv_heads) const;
 
   // Rotary position embedding, in place (cpu/rope.hpp): every row at pos[r] (or r mod seq when pos is
   // empty), or the grouped rows at idx[r] mod seq.
-  void rope_forward(M x, std::span<const index_t> pos, index_t seq, index_t head_dim, T base) const {
-    cpu::rope_forward<T>(x, pos, seq, head_dim, base);
-  }
-  void rope_backward(M dx, std::span<const index_t> pos, index_t seq, index_t head_dim, T base) const {
-    cpu::rope_backward<T>(dx, pos, seq, head_dim, base);
-  }
-  void rope_forward(M x, Tok idx, index_t seq, index_t head_dim, T base, RowGroups g) const {
-    cpu::rope_forward<T>(x, idx, seq, head_dim, base, g);
-  }
-  void rope_backward(M dx, Tok idx, index_t seq, index_t head_dim, T base, RowGroups g) const {
-    cpu::rope_backward<T>(dx, idx, seq, head_dim, base, g);
-  }
+  void rope_forward(M x, std::span<const index_t> pos, index_t seq, index_t head_dim, T base) const;
+  void rope_backward(M dx, std::span<const index_t> pos, index_t seq, index_t head_dim, T base) const;
+  void rope_forward(M x, Tok idx, index_t seq, index_t head_dim, T base, RowGroups g) const;
+  void rope_backward(M dx, Tok idx, index_t seq, index_t head_dim, T base, RowGroups g) const;
 
-  void gather_rows(M out, CM in, Tok idx) const { cpu::gather_rows<T>(out, in, idx); }
-  void scatter_add_rows(M out, CM in, Tok idx, CS weights = {}, Store st = Store::add) const {
-    cpu::scatter_add_rows<T>(out, in, idx, weights, st);
-  }
+  void gather_rows(M out, CM in, Tok idx) const;
+  void scatter_add_rows(M out, CM in, Tok idx, CS weights = {}, Store st = Store::add) const;
   void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights = {},
-                                 Store st = Store::add) const {
-    cpu::scatter_add_rows_backward<T>(din, dweights, dout, in, idx, weights, st);
-  }
+                                 Store st = Store::add) const;
 
-  void topk_rows(M values, MatrixView<token_t> indices, CM x) const { cpu::topk_rows<T>(values, indices, x); }
-  void topk_rows_backward(M dx, CM dvalues, MatrixView<const token_t> indices) const {
-    cpu::topk_rows_backward<T>(dx, dvalues, indices);
-  }
-  void softmax_rows(M y, CM x, T scale = T(1)) const { cpu::softmax_rows<T>(y, x, scale); }
-  void softmax_rows_backward(M dx, CM dy, CM y, T scale = T(1)) const { cpu::softmax_rows_backward<T>(dx, dy, y, scale); }
+  void topk_rows(M values, MatrixView<token_t> indices, CM x) const;
+  void topk_rows_backward(M dx, CM dvalues, MatrixView<const token_t> indices) const;
+  void softmax_rows(M y, CM x, T scale = T(1)) const;
+  void softmax_rows_backward(M dx, CM dy, CM y, T scale = T(1)) const;
 
-  void gru_cell_forward(M h_out, M gates, CM x, CM h, CM w_ih, CM w_hh, CS b_ih, CS b_hh) const {
-    cpu::gru_cell_forward<T>(h_out, gates, x, h, w_ih, w_hh, b_ih, b_hh);
-  }
+  void gru_cell_forward(M h_out, M gates, CM x, CM h, CM w_ih, CM w_hh, CS b_ih, CS b_hh) const;
   void gru_cell_backward(M dx, M dh, M dw_ih, M dw_hh, S db_ih, S db_hh, M scratch, CM dh_out, CM gates, CM x, CM h,
-                         CM w_ih, CM w_hh) const {
-    cpu::gru_cell_backward<T>(dx, dh, dw_ih, dw_hh, db_ih, db_hh, scratch, dh_out, gates, x, h, w_ih, w_hh);
-  }
+                         CM w_ih, CM w_hh) const;
 
   // Routed assembly (Mixture-of-Modules): router top-K, balance loss, grouping, packed attention.
-  void route_topk_forward(M weights, MatrixView<token_t> picks, M probs, CM logits, T inv_temp, bool renormalise) const {
-    cpu::route_topk_forward<T>(weights, picks, probs, logits, inv_temp, renormalise);
-  }
+  void route_topk_forward(M weights, MatrixView<token_t> picks, M probs, CM logits, T inv_temp, bool renormalise) const;
   void route_topk_backward(M dlogits, CM dweights, CM weights, CM probs, MatrixView<const token_t> picks, T inv_temp,
-                           bool renormalise, CS dprobs_col) const {
-    cpu::route_topk_backward<T>(dlogits, dweights, weights, probs, picks, inv_temp, renormalise, dprobs_col);
-  }
+                           bool renormalise, CS dprobs_col) const;
   void group_by_choice(std::span<token_t> row_token, std::span<token_t> row_slot, std::span<token_t> offsets,
-                       MatrixView<const token_t> picks, index_t classes) const {
-    cpu::group_by_choice(row_token, row_slot, offsets, picks, classes);
-  }
+                       MatrixView<const token_t> picks, index_t classes) const;
   void affinity_topk_forward(M weights, MatrixView<token_t> picks, M probs, CM scores, CS bias, index_t shared,
-                             index_t groups, index_t top_groups, bool renormalise, T scale) const {
-    cpu::affinity_topk_forward<T>(weights, picks, probs, scores, bias, shared, groups, top_groups, renormalise, scale);
-  }
+                             index_t groups, index_t top_groups, bool renormalise, T scale) const;
   void affinity_topk_backward(M dscores, CM dweights, CM scores, MatrixView<const token_t> picks, index_t shared,
-                              bool renormalise, T scale, CS dprobs_col) const {
-    cpu::affinity_topk_backward<T>(dscores, dweights, scores, picks, shared, renormalise, scale, dprobs_col);
-  }
-  void expert_load_add(S load, Tok offsets) const { cpu::expert_load_add<T>(load, offsets); }
-  void bias_balance_update(S bias, CS load, T rate) const { cpu::bias_balance_update<T>(bias, load, rate); }
+                              bool renormalise, T scale, CS dprobs_col) const;
+  void expert_load_add(S load, Tok offsets) const;
+  void bias_balance_update(S bias, CS load, T rate) const;
   void sequence_balance_forward(S loss_out, M dscores, M freq, CM scores, MatrixView<const token_t> picks, index_t shared,
-                                index_t seq, T coef) const {
-    cpu::sequence_balance_forward<T>(loss_out, dscores, freq, scores, picks, shared, seq, coef);
-  }
-  void expert_choice_forward(M weights, MatrixView<token_t> picks, CM probs, index_t capacity) const {
-    cpu::expert_choice_forward<T>(weights, picks, probs, capacity);
-  }
-  void expert_choice_backward(M dprobs, CM dweights, MatrixView<const token_t> picks) const {
-    cpu::expert_choice_backward<T>(dprobs, dweights, picks);
-  }
-  void balance_loss_forward(S loss_out, S dprobs_col, CM probs, Tok offsets, index_t k, T coef) const {
-    cpu::balance_loss_forward<T>(loss_out, dprobs_col, probs, offsets, k, coef);
-  }
-  void router_z_loss_forward(S loss_out, M dlogits, CM logits, T inv_temp, T coef) const {
-    cpu::router_z_loss_forward<T>(loss_out, dlogits, logits, inv_temp, coef);
-  }
+                                index_t seq, T coef) const;
+  void expert_choice_forward(M weights, MatrixView<token_t> picks, CM probs, index_t capacity) const;
+  void expert_choice_backward(M dprobs, CM dweights, MatrixView<const token_t> picks) const;
+  void balance_loss_forward(S loss_out, S dprobs_col, CM probs, Tok offsets, index_t k, T coef) const;
+  void router_z_loss_forward(S loss_out, M dlogits, CM logits, T inv_temp, T coef) const;
   void selection_entropy_forward(S loss_out, M dlogits, CM logits, index_t batch, index_t seq, T coef,
-                                 T cond_coef = T(0)) const {
-    cpu::selection_entropy_forward<T>(loss_out, dlogits, logits, batch, seq, coef, cond_coef);
-  }
-  void attention_packed_forward(M out, S lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok, index_t seq, index_t heads) const {
-    cpu::attention_packed_forward<T>(out, lse, q, k, v, q_tok, k_tok, seq, heads);
-  }
+                                 T cond_coef = T(0)) const;
+  void attention_packed_forward(M out, S lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok, index_t seq, index_t heads) const;
   void attention_packed_backward(M dq, M dk, M dv, CM dout, CM out, CS lse, CM q, CM k, CM v, Tok q_tok, Tok k_tok,
-                                 index_t seq, index_t heads) const {
-    cpu::attention_packed_backward<T>(dq, dk, dv, dout, out, lse, q, k, v, q_tok, k_tok, seq, heads);
-  }
+                                 index_t seq, index_t heads) const;
 
   // Grouped ops (core/groups.hpp, backend/cpu/grouped.hpp): rows split into groups by offsets in
   // backend memory, each group with its own parameters; the routed executors' hot path.
-  void grouped_linear_forward(M y, CM x, CPG w, CPG b, RowGroups g) const { cpu::grouped_linear_forward<T>(y, x, w, b, g); }
+  void grouped_linear_forward(M y, CM x, CPG w, CPG b, RowGroups g) const;
   // The gathered forms: packed row r reads x's row idx[r] inside the GEMM (no gathered copy).
-  void grouped_linear_forward(M y, CM x, Tok idx, CPG w, CPG b, RowGroups g) const {
-    cpu::grouped_linear_forward<T>(y, x, idx, w, b, g);
-  }
+  void grouped_linear_forward(M y, CM x, Tok idx, CPG w, CPG b, RowGroups g) const;
   void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, Tok idx, CPG w, RowGroups g,
-                               Store dx_store = Store::add) const {
-    cpu::grouped_linear_backward<T>(dx, dw, db, dy, x, idx, w, g, dx_store);
-  }
-  void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, CPG w, RowGroups g, Store dx_store = Store::add) const {
-    cpu::grouped_linear_backward<T>(dx, dw, db, dy, x, w, g, dx_store);
-  }
+                               Store dx_store = Store::add) const;
+  void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, CPG w, RowGroups g, Store dx_store = Store::add) const;
   // dy not stored (ScaledRows, core/groups.hpp: scale[r] · table[index[r]]), read inside the products; x's rows
   // through idx (empty: x's own). An optional capability (routing/dispatch.hpp, ReadsScaledRows).
   void grouped_linear_backward(M dx, PG dw, ScaledRows<T> dy, CM x, Tok idx, CPG w, RowGroups g,
-                               Store dx_store = Store::add) const {
-    cpu::grouped_linear_backward<T>(dx, dw, dy, x, idx, w, g, dx_store);
-  }
+                               Store dx_store = Store::add) const;
   void grouped_layernorm_forward(M out, S mean, S rstd, CM x, CPG gamma, CPG beta, RowGroups g,
-                                 T eps = T(1e-5)) const {
-    cpu::grouped_layernorm_forward<T>(out, mean, rstd, x, gamma, beta, g, eps);
-  }
+                                 T eps = T(1e-5)) const;
   void grouped_layernorm_backward(M dx, PG dgamma, PG dbeta, CM dout, CM x, CS mean, CS rstd, CPG gamma,
-                                  RowGroups g) const {
-    cpu::grouped_layernorm_backward<T>(dx, dgamma, dbeta, dout, x, mean, rstd, gamma, g);
-  }
-  void gelu_forward(M out, CM x, RowGroups g) const { cpu::gelu_forward<T>(out, x, g); }
-  void gelu_backward(M dx, CM x, CM dout, RowGroups g) const { cpu::gelu_backward<T>(dx, x, dout, g); }
-  void add_forward(M out, CM a, CM b, RowGroups g) const { cpu::add_forward<T>(out, a, b, g); }
-  void axpy(M y, T alpha, CM x, RowGroups g) const { cpu::axpy<T>(y, alpha, x, g); }
-  void zero_rows(M m, RowGroups g) const { cpu::zero_rows<T>(m, g); }
-  void gather_rows(M out, CM in, Tok idx, RowGroups g) const { cpu::gather_rows<T>(out, in, idx, g); }
-  void gather_rows(M out, CPG in, index_t in_rows, Tok idx, RowGroups g) const {
-    cpu::gather_rows<T>(out, in, in_rows, idx, g);
-  }
-  void scatter_add_rows(M out, CM in, Tok idx, CS weights, RowGroups g, Store st = Store::add) const {
-    cpu::scatter_add_rows<T>(out, in, idx, weights, g, st);
-  }
-  void scatter_add_rows(PG out, index_t out_rows, CM in, Tok idx, RowGroups g) const {
-    cpu::scatter_add_rows<T>(out, out_rows, in, idx, g);
-  }
+                                  RowGroups g) const;
+  void gelu_forward(M out, CM x, RowGroups g) const;
+  void gelu_backward(M dx, CM x, CM dout, RowGroups g) const;
+  void add_forward(M out, CM a, CM b, RowGroups g) const;
+  void axpy(M y, T alpha, CM x, RowGroups g) const;
+  void zero_rows(M m, RowGroups g) const;
+  void gather_rows(M out, CM in, Tok idx, RowGroups g) const;
+  void gather_rows(M out, CPG in, index_t in_rows, Tok idx, RowGroups g) const;
+  void scatter_add_rows(M out, CM in, Tok idx, CS weights, RowGroups g, Store st = Store::add) const;
+  void scatter_add_rows(PG out, index_t out_rows, CM in, Tok idx, RowGroups g) const;
   void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights, RowGroups g,
-                                 Store st = Store::add) const {
-    cpu::scatter_add_rows_backward<T>(din, dweights, dout, in, idx, weights, g, st);
-  }
+                                 Store st = Store::add) const;
   void attention_grouped_forward(M out, S lse, CM q, CPG k, CPG v, index_t kv_rows, index_t kv_ld, Tok q_tok, Tok k_tok,
-                                 RowGroups g, index_t seq, index_t heads) const {
-    cpu::attention_grouped_forward<T>(out, lse, q, k, v, kv_rows, kv_ld, q_tok, k_tok, g, seq, heads);
-  }
+                                 RowGroups g, index_t seq, index_t heads) const;
   void attention_grouped_backward(M dq, PG dk, PG dv, CM dout, CM out, CS lse, CM q, CPG k, CPG v, index_t kv_rows,
-                                  index_t kv_ld, Tok q_tok, Tok k_tok, RowGroups g, index_t seq, index_t heads) const {
-    cpu::attention_grouped_backward<T>(dq, dk, dv, dout, out, lse, q, k, v, kv_rows, kv_ld, q_tok, k_tok, g, seq, heads);
-  }
+                                  index_t kv_ld, Tok q_tok, Tok k_tok, RowGroups g, index_t seq, index_t heads) const;
 
   // Depth routing (Mixture-of-Depths, layer-skip, early-exit; backend/cpu/depth.hpp).
-  void select_topc_per_sequence(std::span<token_t> idx, CS scores, index_t batch, index_t seq) const {
-    cpu::select_topc_per_sequence<T>(idx, scores, batch, seq);
-  }
-  void selection_mask(S mask, Tok idx) const { cpu::selection_mask<T>(mask, idx); }
-  void skip_select(std::span<token_t> idx, std::span<token_t> count, std::span<token_t> alive, CS logits) const {
-    cpu::skip_select<T>(idx, count, alive, logits);
-  }
-  void depth_choice_rows(S decision, S coef, Tok picks, CS weights, index_t r) const {
-    cpu::depth_choice_rows<T>(decision, coef, picks, weights, r);
-  }
-  void depth_choice_rows_backward(S dweights, CS dcoef, Tok picks, index_t r) const {
-    cpu::depth_choice_rows_backward<T>(dweights, dcoef, picks, r);
-  }
-  void sigmoid_forward(S out, CS x) const { cpu::sigmoid_forward<T>(out, x); }
-  void sigmoid_backward(S dx, CS out, CS dout) const { cpu::sigmoid_backward<T>(dx, out, dout); }
-  void bce_logits_forward(S out, CS logits, CS targets) const { cpu::bce_logits_forward<T>(out, logits, targets); }
-  void bce_logits_backward(S dlogits, CS logits, CS targets, T scale) const {
-    cpu::bce_logits_backward<T>(dlogits, logits, targets, scale);
-  }
+  void select_topc_per_sequence(std::span<token_t> idx, CS scores, index_t batch, index_t seq) const;
+  void selection_mask(S mask, Tok idx) const;
+  void skip_select(std::span<token_t> idx, std::span<token_t> count, std::span<token_t> alive, CS logits) const;
+  void depth_choice_rows(S decision, S coef, Tok picks, CS weights, index_t r) const;
+  void depth_choice_rows_backward(S dweights, CS dcoef, Tok picks, index_t r) const;
+  void sigmoid_forward(S out, CS x) const;
+  void sigmoid_backward(S dx, CS out, CS dout) const;
+  void bce_logits_forward(S out, CS logits, CS targets) const;
+  void bce_logits_backward(S dlogits, CS logits, CS targets, T scale) const;
 
-  void grad_norm(CS grads, T* norm_out) const { cpu::grad_norm<T>(grads, norm_out); }
+  void grad_norm(CS grads, T* norm_out) const;
   void adamw_step(S params, CS grads, S m, S v, const AdamWConfig& cfg, std::int64_t step,
-                  const T* grad_norm = nullptr, T max_norm = T(0)) const {
-    cpu::adamw_step<T>(params, grads, m, v, cfg, step, grad_norm, max_norm);
-  }
+                  const T* grad_norm = nullptr, T max_norm = T(0)) const;
 };
 
 }  // namespace mom::cpu
+
+#include "mom/backend/cpu/backend_impl.hpp"
 
 static_assert(mom::Backend<mom::cpu::Backend<float>> && mom::Backend<mom::cpu::Backend<double>>,
               "cpu::Backend must satisfy mom::Backend (backend/backend_concept.hpp)");
