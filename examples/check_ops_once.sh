@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # mom-train compiles the CPU backend's ops on float once, in cpu_ops.cpp: the other units declare
 # mom::cpu::Backend<float> extern (backend_cpu.hpp; mom/backend/cpu/backend_impl.hpp). An op defined inside the class
-# again would be inline, and every family unit would compile it again (about a third of the build's CPU time). This
+# again would be inline, and every family unit would compile it again (a fifth of the build's CPU time: 763 s against 604 s, bench/RESULTS.md). This
 # fails when an object other than cpu_ops.cpp's defines an op (a Backend<float> member other than the memory helpers,
 # or a mom::cpu function on float), and when cpu_ops.cpp's defines none (the pattern no longer sees them).
 #   check_ops_once.sh <folder of mom_train_objects' object files>

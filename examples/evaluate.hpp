@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <optional>
 #include <string>
-#include <unistd.h>
 
 #include <mom/models/module_surgery.hpp>
 #include <mom/train/checkpoint.hpp>

@@ -1,4 +1,5 @@
-// The architecture-independent part of a family unit's work (run_records.hpp), compiled once for mom-train.
+// The architecture-independent part of a family unit's work (run_records.hpp) and EvalData's members (evaluate.hpp),
+// compiled once for mom-train.
 #include "run_records.hpp"
 
 #include "evaluate.hpp"

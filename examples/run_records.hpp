@@ -1,7 +1,7 @@
 // What a family unit (arch_<family>_<backend>.cpp) reads and writes that does not depend on the architecture:
 // the routing and depth statistics of a validation, the causal-routing evaluation's record, a checkpoint's
 // tokenizer, a checkpoint's tensors by a model's layout. Declared here, compiled once (run_records.cpp), so the
-// fourteen family units do not each compile the JSON, file and tokenizer code behind them.
+// family units (one per family and backend) do not each compile the JSON, file and tokenizer code behind them.
 #pragma once
 
 #include <mom/core/layout.hpp>
