@@ -19,7 +19,9 @@
 #      call, one after the other on an otherwise idle GPU, and an Nsight Compute summary of one dense bf16 step;
 #      with MOM_GPU_FAMILIES=1, every family's step time over dense8's beside the cost model's FLOP ratio (or those
 #      of MOM_GPU_FAMILY_ARCHS="dense8 ..."); with
-#      MOM_GPU_PROFILE="arch ...", Nsight Compute's kernel times of two steps of each (scripts/ncu_summary.py),
+#      MOM_GPU_PROFILE="arch ...", Nsight Compute's kernel times of two steps of each (scripts/ncu_summary.py);
+#      bench_gpu_decode and bench/pytorch_decode.py at batch 1 (MOM_GPU_DECODE=0 leaves them out, MOM_GPU_PYTORCH=0
+#      PyTorch's training step),
 #   5. a table last (sections 3 and 5 are left out with MOM_GPU_KJV=0): per run the validation curve, tokens/s and wall time, and each GPU run's largest validation
 #      difference from the CPU run's curve.
 # Logs go to $OUT (or ./gpu-out). Record the table in bench/RESULTS.md with the device's name.
@@ -93,9 +95,19 @@ if [ "${MOM_GPU_BENCH:-0}" = 1 ]; then
     note "bench_gpu_train_step: exit $?"; grep -E "^ |step /" "$out/bench.txt" | tee -a "$summary"
   fi
   fpt=$(sed -n 's/.*params, \([0-9.]*\) MFLOP\/token.*/\1/p' "$out/bench.txt" 2>/dev/null | head -1)
-  timeout 240 python3 bench/pytorch_gpu_train_step.py ${fpt:+--flops-per-token $(python3 -c "print(3e6*$fpt)")} \
-    >"$out/pytorch.txt" 2>&1
-  note "pytorch_gpu_train_step: exit $?"; grep -E "^  pytorch|Error|error" "$out/pytorch.txt" | tail -4 | tee -a "$summary"
+  if [ "${MOM_GPU_PYTORCH:-1}" = 1 ]; then
+    timeout 240 python3 bench/pytorch_gpu_train_step.py ${fpt:+--flops-per-token $(python3 -c "print(3e6*$fpt)")} \
+      >"$out/pytorch.txt" 2>&1
+    note "pytorch_gpu_train_step: exit $?"; grep -E "^  pytorch|Error|error" "$out/pytorch.txt" | tail -4 | tee -a "$summary"
+  fi
+  # Batch-1 decoding against one read of the weights (issue 28's decode target), and PyTorch's KV cache beside it.
+  decode="$(dirname "$bench")/bench_gpu_decode"
+  if [ -x "$decode" ] && [ "${MOM_GPU_DECODE:-1}" = 1 ]; then
+    timeout 120 "$decode" --tokens 64 >"$out/decode.txt" 2>&1
+    note "bench_gpu_decode: exit $?"; grep -E "weights|gpt2-small|bandwidth" "$out/decode.txt" | head -12 | tee -a "$summary"
+    timeout 120 python3 bench/pytorch_decode.py --device cuda --tokens 64 >"$out/pytorch_decode.txt" 2>&1
+    note "pytorch_decode: exit $?"; grep -E "gpt2-small|Error" "$out/pytorch_decode.txt" | head -6 | tee -a "$summary"
+  fi
 fi
 if [ "${MOM_GPU_FAMILIES:-0}" = 1 ]; then
   # Every family's step on the GPU over dense8's (8 layers, d 256, bf16, 64 x 256 tokens), beside the cost model's

@@ -180,7 +180,13 @@ TEST_CASE("tensor-core attention (TF32, BF16): forward and backward match a refe
       const index_t d = s.heads * s.hd, n = s.batch * s.seq, qld = 3 * d + s.pad;
       const float scale = 1.0f / std::sqrt(float(s.hd));
       auto qkv = rand_arr<float>(n * qld, rng, -2, 2), out = rand_arr<float>(n * d, rng);
-      auto lse = rand_arr<float>(s.batch * s.heads * s.seq, rng), dout = rand_arr<float>(n * d, rng);
+      // dO padded like qkv: with pad > 0 its rows are not 16-byte aligned, so the backward stages dO and D through
+      // its scalar fallback (tc_stage_dout), the aligned cases through the float4 path.
+      const index_t dld = d + s.pad;
+      auto lse = rand_arr<float>(s.batch * s.heads * s.seq, rng), dout = rand_arr<float>(n * dld, rng);
+      std::vector<float> dout_c(std::size_t(n * d));  // dO without the padding, for the references
+      for (index_t r = 0; r < n; ++r)
+        for (index_t c = 0; c < d; ++c) dout_c[std::size_t(r * d + c)] = dout.h[std::size_t(r * dld + c)];
       auto dqkv = rand_arr<float>(n * qld, rng);
       const Reference rounded{s, scale, k.round};
       const Reference exact{s, scale, [](double x) { return x; }};
@@ -198,7 +204,7 @@ TEST_CASE("tensor-core attention (TF32, BF16): forward and backward match a refe
       CHECK(fl.max <= 1e-5);  // fp32 statistics: the rounding of P does not enter lse
       CHECK(fx.rms >= k.floor);
 
-      gpu<float>().attention_backward(dqkv.dm(n, 3 * d, qld), MatrixView<const float>(dout.dm(n, d)),
+      gpu<float>().attention_backward(dqkv.dm(n, 3 * d, qld), MatrixView<const float>(dout.dm(n, d, dld)),
                                       MatrixView<const float>(out.dm(n, d)), std::span<const float>(lse.ds()),
                                       MatrixView<const float>(qkv.dm(n, 3 * d, qld)), s.batch, s.seq, s.heads);
       const std::vector<float> got_dqkv = dqkv.fetch();
@@ -213,8 +219,8 @@ TEST_CASE("tensor-core attention (TF32, BF16): forward and backward match a refe
       }
       CHECK(pad_untouched);
       std::vector<double> want_d, exact_d;
-      rounded.backward(want_d, dout.h, got_out, got_lse, qkv.h);
-      exact.backward(exact_d, dout.h, got_out, got_lse, qkv.h);
+      rounded.backward(want_d, dout_c, got_out, got_lse, qkv.h);
+      exact.backward(exact_d, dout_c, got_out, got_lse, qkv.h);
       const Errors bo = errors(inc, want_d), bx = errors(inc, exact_d);
       INFO("backward: dqkv rms " << bo.rms << " max " << bo.max << "; unrounded rms " << bx.rms);
       CHECK(bo.rms <= k.rms_tol);

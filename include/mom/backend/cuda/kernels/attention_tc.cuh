@@ -109,13 +109,52 @@ __device__ __forceinline__ void tc_stage(typename TcLayout<Path, HD>::S* dst, co
 }
 
 // Stages rows r0 .. r0 + 63 of dO (rounded) and, per row i, D_i = Σ_c dO_ic O_ic (fp32, from the
-// unrounded values) and lse_i; rows past seq get zeros. Warp w does rows 16w .. 16w + 15 (one row
-// at a time, lanes across the columns, a warp sum).
+// unrounded values) and lse_i; rows past seq get zeros. When every row of dO and O starts 16-byte
+// aligned (the usual layouts), 16 consecutive threads share a row, each loading float4s of dO and O
+// (HD / 64 of each), and the row's D is a sum over those 16 lanes: the block's 64 rows in 8 passes
+// whose loads are independent of each other. (One warp per 16 rows, a row at a time with a warp sum,
+// as the fallback below does, is a chain of 16 dependent load-and-reduce steps per warp; the dK / dV
+// kernel runs it once per (key tile, query tile) pair.)
 template <int Path, int HD>
 __device__ __forceinline__ void tc_stage_dout(typename TcLayout<Path, HD>::S* sdo, float* sd, float* slse,
                                               const float* dbase, index_t dld, const float* obase, index_t old_,
                                               const float* lse_bh, index_t r0, index_t seq, index_t col0) {
   constexpr int LD = TcLayout<Path, HD>::ld;
+  if (dld % 4 == 0 && old_ % 4 == 0 && reinterpret_cast<std::uintptr_t>(dbase + col0) % 16 == 0 &&
+      reinterpret_cast<std::uintptr_t>(obase + col0) % 16 == 0) {
+    constexpr int tpr = 16;                    // threads per row (a half warp)
+    constexpr int per = HD / 4 / tpr;          // float4s of a row per thread: 1 or 2
+    constexpr int rows = tc_threads / tpr;     // rows per pass: 8
+    const int t = threadIdx.x % tpr, rp = threadIdx.x / tpr;
+#pragma unroll
+    for (int pass = 0; pass < tc_tile / rows; ++pass) {
+      const int rr = pass * rows + rp;
+      const index_t r = r0 + rr;
+      float di = 0.0f;
+#pragma unroll
+      for (int v = 0; v < per; ++v) {
+        const int c = 4 * (t + tpr * v);
+        float4 g{0.0f, 0.0f, 0.0f, 0.0f}, o{0.0f, 0.0f, 0.0f, 0.0f};
+        if (r < seq) {
+          g = *reinterpret_cast<const float4*>(dbase + r * dld + col0 + c);
+          o = *reinterpret_cast<const float4*>(obase + r * old_ + col0 + c);
+        }
+        di += g.x * o.x + g.y * o.y + g.z * o.z + g.w * o.w;
+        auto* d = sdo + rr * LD + c;
+        d[0] = stage_value<float, Path>(g.x);
+        d[1] = stage_value<float, Path>(g.y);
+        d[2] = stage_value<float, Path>(g.z);
+        d[3] = stage_value<float, Path>(g.w);
+      }
+#pragma unroll
+      for (int off = tpr / 2; off > 0; off /= 2) di += __shfl_xor_sync(0xffffffffu, di, off);
+      if (t == 0) {
+        sd[rr] = di;
+        slse[rr] = r < seq ? lse_bh[r] : 0.0f;
+      }
+    }
+    return;
+  }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int rr = 16 * warp; rr < 16 * warp + 16; ++rr) {
     const index_t r = r0 + rr;
