@@ -3,7 +3,7 @@
 // mom::AnyModel<Be> (models/any_model.hpp), so the family units (arch_<family>_<backend>.cpp) instantiate only
 // what is the architecture's own (its forward and backward, its warm start, statistics and decoding), and the
 // Trainer, the Checkpointer and everything here are compiled once per backend, in the generated unit
-// session_<backend>.cpp (train_session_impl.hpp; examples/CMakeLists.txt). This file only declares them.
+// session.cpp (train_session_impl.hpp; examples/CMakeLists.txt). This file only declares them.
 #pragma once
 
 #include <mom/models/any_model.hpp>

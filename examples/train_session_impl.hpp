@@ -1,6 +1,6 @@
-// The definitions of train_session.hpp, included only by the generated unit session_<backend>.cpp (one per backend,
-// examples/CMakeLists.txt), which instantiates them for its backend: the Trainer and the Checkpointer on
-// AnyModel<Be> are compiled there, once, rather than once per architecture.
+// The definitions of train_session.hpp, included only by the generated unit session.cpp (examples/CMakeLists.txt),
+// which instantiates them for each backend of the build: the Trainer and the Checkpointer on AnyModel<Be> are
+// compiled there, once per backend, rather than once per architecture.
 #pragma once
 
 #include "train_model.hpp"
@@ -207,7 +207,7 @@ int evaluate_checkpoint(const EvalRequest& r, AnyModel<Be>& model) {
 
 }  // namespace mom::examples
 
-// The body of a generated session_<backend>.cpp: this backend's instantiation of the code above.
+// A line of the generated session.cpp: one backend's instantiation of the code above.
 #define MOM_TRAIN_SESSION(Be)                                                                                 \
   template class mom::examples::TrainSession<Be>;                                                             \
   template std::map<std::string, std::string> mom::examples::load_params<Be>(const std::filesystem::path&,   \
