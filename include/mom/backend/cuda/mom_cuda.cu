@@ -5,6 +5,9 @@
 // mom::cuda_float and both into mom::cuda; a project that uses the installed headers without CMake compiles one or
 // both with nvcc (-std=c++20) and links them with cudart, cublas and cublasLt (docs/cuda.md). The host-side
 // declarations are kernels.hpp (Kernels<T>, Context), depth_kernels.hpp and grouped_kernels.hpp.
+// The non-template definitions (the bf16 staging, the dispatch's launchers on token ids, and the kernels only they
+// launch) are compiled here alone: the double unit would define them a second time.
+#define MOM_CUDA_FLOAT_UNIT 1
 #include "mom/backend/cuda/kernels/all.cuh"
 
 namespace mom::cuda {

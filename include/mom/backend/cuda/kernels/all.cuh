@@ -1,7 +1,10 @@
 #pragma once
 // Every kernel family of the CUDA backend (one file per op family, each with its kernels and their launchers): what
 // the compiled units mom_cuda.cu (float) and mom_cuda_double.cu (double) include before their explicit
-// instantiations. Only nvcc (or the host compiler under MOM_CUDA_EMULATE, tests/cuda/emu/) reads it.
+// instantiations. Only nvcc (or the host compiler under MOM_CUDA_EMULATE, tests/cuda/emu/) reads it. A non-template
+// function or kernel defined in these files is wrapped in #if defined(MOM_CUDA_FLOAT_UNIT), which mom_cuda.cu alone
+// defines (else the two units would both define it: a link error), or made a template of nothing where both units
+// launch it (dev::count_targets_kernel<>).
 #include "mom/backend/cuda/kernels/common.cuh"  // launch, reductions, error report
 
 #include "mom/backend/cuda/kernels/linear.cuh"  // fill, bias broadcast and column sums, bf16 staging

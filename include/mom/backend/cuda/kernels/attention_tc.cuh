@@ -87,17 +87,29 @@ __device__ __forceinline__ void tc_stage(typename TcLayout<Path, HD>::S* dst, co
                                          index_t r0, index_t seq, index_t col0) {
   constexpr int LD = TcLayout<Path, HD>::ld;
   if (ld % 4 == 0 && reinterpret_cast<std::uintptr_t>(base + col0) % 16 == 0) {
-    constexpr int H4 = HD / 4;
-    for (int e = threadIdx.x; e < tc_tile * H4; e += tc_threads) {
-      const int rr = e / H4, c = (e % H4) * 4;
-      const index_t r = r0 + rr;
-      float4 v{0.0f, 0.0f, 0.0f, 0.0f};
-      if (r < seq) v = *reinterpret_cast<const float4*>(base + r * ld + col0 + c);
-      auto* d = dst + rr * LD + c;
-      d[0] = stage_value<float, Path>(v.x);
-      d[1] = stage_value<float, Path>(v.y);
-      d[2] = stage_value<float, Path>(v.z);
-      d[3] = stage_value<float, Path>(v.w);
+    // Each thread's float4s (8 at head dim 64, 16 at 128) in batches of 8: a batch's loads are all issued before
+    // its first shared store. Interleaved (load, store, load, ...), the compiler may not move a global load above
+    // a store through the generic shared pointer, and each load's latency is paid in turn.
+    constexpr int H4 = HD / 4, per = tc_tile * H4 / tc_threads, batch = 8;
+    static_assert(per % batch == 0);
+#pragma unroll
+    for (int b0 = 0; b0 < per; b0 += batch) {
+      float4 v[batch];
+#pragma unroll
+      for (int k = 0; k < batch; ++k) {
+        const int e = threadIdx.x + (b0 + k) * tc_threads, rr = e / H4, c = (e % H4) * 4;
+        v[k] = r0 + rr < seq ? *reinterpret_cast<const float4*>(base + (r0 + rr) * ld + col0 + c)
+                             : float4{0.0f, 0.0f, 0.0f, 0.0f};
+      }
+#pragma unroll
+      for (int k = 0; k < batch; ++k) {
+        const int e = threadIdx.x + (b0 + k) * tc_threads, rr = e / H4, c = (e % H4) * 4;
+        auto* d = dst + rr * LD + c;
+        d[0] = stage_value<float, Path>(v[k].x);
+        d[1] = stage_value<float, Path>(v[k].y);
+        d[2] = stage_value<float, Path>(v[k].z);
+        d[3] = stage_value<float, Path>(v[k].w);
+      }
     }
     return;
   }
@@ -111,10 +123,10 @@ __device__ __forceinline__ void tc_stage(typename TcLayout<Path, HD>::S* dst, co
 // Stages rows r0 .. r0 + 63 of dO (rounded) and, per row i, D_i = Σ_c dO_ic O_ic (fp32, from the
 // unrounded values) and lse_i; rows past seq get zeros. When every row of dO and O starts 16-byte
 // aligned (the usual layouts), 16 consecutive threads share a row, each loading float4s of dO and O
-// (HD / 64 of each), and the row's D is a sum over those 16 lanes: the block's 64 rows in 8 passes
-// whose loads are independent of each other. (One warp per 16 rows, a row at a time with a warp sum,
-// as the fallback below does, is a chain of 16 dependent load-and-reduce steps per warp; the dK / dV
-// kernel runs it once per (key tile, query tile) pair.)
+// (HD / 64 of each), and the row's D is a sum over those 16 lanes: the block's 64 rows in 8 passes,
+// the loads of 4 passes issued before their first store (as in tc_stage). (One warp per 16 rows, a
+// row at a time with a warp sum, as the fallback below does, is a chain of 16 dependent
+// load-and-reduce steps per warp; the dK / dV kernel runs it once per (key tile, query tile) pair.)
 template <int Path, int HD>
 __device__ __forceinline__ void tc_stage_dout(typename TcLayout<Path, HD>::S* sdo, float* sd, float* slse,
                                               const float* dbase, index_t dld, const float* obase, index_t old_,
@@ -125,32 +137,45 @@ __device__ __forceinline__ void tc_stage_dout(typename TcLayout<Path, HD>::S* sd
     constexpr int tpr = 16;                    // threads per row (a half warp)
     constexpr int per = HD / 4 / tpr;          // float4s of a row per thread: 1 or 2
     constexpr int rows = tc_threads / tpr;     // rows per pass: 8
+    constexpr int batch = 4;                   // passes whose loads are issued before their stores (see tc_stage)
     const int t = threadIdx.x % tpr, rp = threadIdx.x / tpr;
 #pragma unroll
-    for (int pass = 0; pass < tc_tile / rows; ++pass) {
-      const int rr = pass * rows + rp;
-      const index_t r = r0 + rr;
-      float di = 0.0f;
+    for (int p0 = 0; p0 < tc_tile / rows; p0 += batch) {
+      float4 g[batch][per], o[batch][per];
 #pragma unroll
-      for (int v = 0; v < per; ++v) {
-        const int c = 4 * (t + tpr * v);
-        float4 g{0.0f, 0.0f, 0.0f, 0.0f}, o{0.0f, 0.0f, 0.0f, 0.0f};
-        if (r < seq) {
-          g = *reinterpret_cast<const float4*>(dbase + r * dld + col0 + c);
-          o = *reinterpret_cast<const float4*>(obase + r * old_ + col0 + c);
+      for (int p = 0; p < batch; ++p) {
+        const index_t r = r0 + (p0 + p) * rows + rp;
+#pragma unroll
+        for (int v = 0; v < per; ++v) {
+          const int c = 4 * (t + tpr * v);
+          g[p][v] = o[p][v] = float4{0.0f, 0.0f, 0.0f, 0.0f};
+          if (r < seq) {
+            g[p][v] = *reinterpret_cast<const float4*>(dbase + r * dld + col0 + c);
+            o[p][v] = *reinterpret_cast<const float4*>(obase + r * old_ + col0 + c);
+          }
         }
-        di += g.x * o.x + g.y * o.y + g.z * o.z + g.w * o.w;
-        auto* d = sdo + rr * LD + c;
-        d[0] = stage_value<float, Path>(g.x);
-        d[1] = stage_value<float, Path>(g.y);
-        d[2] = stage_value<float, Path>(g.z);
-        d[3] = stage_value<float, Path>(g.w);
       }
 #pragma unroll
-      for (int off = tpr / 2; off > 0; off /= 2) di += __shfl_xor_sync(0xffffffffu, di, off);
-      if (t == 0) {
-        sd[rr] = di;
-        slse[rr] = r < seq ? lse_bh[r] : 0.0f;
+      for (int p = 0; p < batch; ++p) {
+        const int rr = (p0 + p) * rows + rp;
+        float di = 0.0f;
+#pragma unroll
+        for (int v = 0; v < per; ++v) {
+          const float4 a = g[p][v], b = o[p][v];
+          di += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+          auto* d = sdo + rr * LD + 4 * (t + tpr * v);
+          d[0] = stage_value<float, Path>(a.x);
+          d[1] = stage_value<float, Path>(a.y);
+          d[2] = stage_value<float, Path>(a.z);
+          d[3] = stage_value<float, Path>(a.w);
+        }
+#pragma unroll
+        for (int off = tpr / 2; off > 0; off /= 2) di += __shfl_xor_sync(0xffffffffu, di, off);
+        if (t == 0) {
+          const index_t r = r0 + rr;
+          sd[rr] = di;
+          slse[rr] = r < seq ? lse_bh[r] : 0.0f;
+        }
       }
     }
     return;

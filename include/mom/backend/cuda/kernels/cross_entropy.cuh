@@ -51,7 +51,9 @@ __global__ void cross_entropy_loss_kernel(T* loss_out, const T* lse, MatrixView<
   if (threadIdx.x == 0) loss_out[0] = count > 0 ? T(total / count) : T(0);
 }
 
-// *count = rows with a valid, non-ignored target (one block).
+// *count = rows with a valid, non-ignored target (one block). A template (of nothing) so that each unit that launches
+// it, the float and the double one (kernels/all.cuh), has its own copy without a second definition.
+template <class = void>
 __global__ void count_targets_kernel(int* count, const token_t* targets, index_t n, index_t vocab,
                                      token_t ignore_index) {
   double c = 0;
@@ -104,7 +106,7 @@ void Kernels<T>::cross_entropy_forward(const Context& ctx, T* loss_out, T* lse, 
 template <class T>
 void Kernels<T>::cross_entropy_backward(const Context& ctx, M dlogits, CM logits, const T* lse, const token_t* targets,
                                         T dloss, token_t ignore_index) {
-  dev::launch("cross_entropy_backward", ctx, 1, 1024, dev::count_targets_kernel, ctx.count, targets, logits.rows,
+  dev::launch("cross_entropy_backward", ctx, 1, 1024, dev::count_targets_kernel<>, ctx.count, targets, logits.rows,
               logits.cols, ignore_index);
   dev::launch("cross_entropy_backward", ctx, static_cast<unsigned>(logits.rows), dev::threads,
               dev::cross_entropy_backward_kernel<T>, dlogits, logits, lse, targets, dloss, ignore_index,

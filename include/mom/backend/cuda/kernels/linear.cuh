@@ -46,6 +46,7 @@ __device__ __forceinline__ std::uint16_t bf16_bits(float x) {
 // store, else (and at a row's ragged end) one element at a time. The [rows × cols] block written may exceed `in`:
 // what lies outside it is written as zeros (an operand padded to an aligned extent).
 inline constexpr index_t bf16_chunk = 8;
+#if defined(MOM_CUDA_FLOAT_UNIT)  // non-template: defined in mom_cuda.cu alone (kernels/all.cuh)
 __global__ void to_bf16_kernel(std::uint16_t* out, index_t out_ld, index_t rows, index_t cols, MatrixView<const float> in,
                                bool vec) {
   const index_t chunks = (cols + bf16_chunk - 1) / bf16_chunk;
@@ -65,11 +66,13 @@ __global__ void to_bf16_kernel(std::uint16_t* out, index_t out_ld, index_t rows,
     }
   }
 }
+#endif  // MOM_CUDA_FLOAT_UNIT
 
 }  // namespace dev
 
 // ---- launchers --------------------------------------------------------------------------------
 
+#if defined(MOM_CUDA_FLOAT_UNIT)
 void to_bf16(const Context& ctx, std::uint16_t* out, index_t out_ld, MatrixView<const float> in, index_t rows,
              index_t cols) {
 #if defined(MOM_CUDA_EMULATE)
@@ -83,6 +86,7 @@ void to_bf16(const Context& ctx, std::uint16_t* out, index_t out_ld, MatrixView<
   dev::launch("to_bf16", ctx, dev::blocks_for(chunks), dev::threads, dev::to_bf16_kernel, out, out_ld, rows, cols, in,
               vec);
 }
+#endif  // MOM_CUDA_FLOAT_UNIT
 
 template <class U>
 void fill(const Context& ctx, U* dst, index_t n, U value) {

@@ -181,6 +181,7 @@ __global__ void router_z_loss_kernel(double* partials, MatrixView<T> dlogits, Ma
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
+#if defined(MOM_CUDA_FLOAT_UNIT)  // non-template: defined in mom_cuda.cu alone (kernels/all.cuh), as the launchers below
 __global__ void slots_to_rows_kernel(token_t* rows, const token_t* slots, index_t n, index_t k) {
   MOM_GRID_STRIDE(i, n) rows[i] = static_cast<token_t>(slots[i] / k);
 }
@@ -197,6 +198,7 @@ __global__ void module_histogram_kernel(token_t* ids, int* counts, const token_t
     else atomicAdd(counts + m, 1);
   }
 }
+#endif  // MOM_CUDA_FLOAT_UNIT
 
 }  // namespace dev
 
@@ -242,6 +244,7 @@ void Kernels<T>::router_z_loss_forward(const Context& ctx, T* loss_out, M dlogit
               static_cast<const double*>(ctx.partials), index_t(blocks), logits.rows, coef);
 }
 
+#if defined(MOM_CUDA_FLOAT_UNIT)
 void slots_to_rows(const Context& ctx, token_t* rows, const token_t* slots, index_t n, index_t k) {
   dev::launch("group_by_choice", ctx, dev::blocks_for(n), dev::threads, dev::slots_to_rows_kernel, rows, slots, n, k);
 }
@@ -264,7 +267,7 @@ void group_by_module(const Context& ctx, token_t* sorted_ids, token_t* sorted_mo
   std::exclusive_scan(counts, counts + n_modules + 1, offsets, 0);
 }
 #else
-// Not inline: this header is compiled once, into mom_cuda.cu.
+// Not inline: defined in mom_cuda.cu alone.
 std::size_t group_by_module_temp_bytes(index_t n_pairs, index_t n_modules) {
   std::size_t sort_bytes = 0, scan_bytes = 0;
   MOM_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const token_t*>(nullptr),
@@ -297,5 +300,6 @@ void group_by_module(const Context& ctx, token_t* sorted_ids, token_t* sorted_mo
 }
 
 #endif  // MOM_CUDA_EMULATE
+#endif  // MOM_CUDA_FLOAT_UNIT
 
 }  // namespace mom::cuda
