@@ -81,16 +81,18 @@ struct TcLayout {
 
 // dst[rr][c] = rounded base[(r0 + rr)·ld + col0 + c] for rr < 64, c < HD; rows past seq are 0.
 // 16-byte loads when every row of the slice starts 16-byte aligned (the usual qkv / dout layouts);
-// the condition is the same for the whole block.
-template <int Path, int HD>
+// the condition is the same for the whole block. Batch: each thread's float4s (8 at head dim 64, 16 at 128)
+// in batches of that many, a batch's loads all issued before its first shared store (interleaved, the
+// compiler may not move a global load above a store through the generic shared pointer, and each load's
+// latency is paid in turn). Measured on an H200 (bench/RESULTS.md, "Issues 27 and 28 on an H200"): batches
+// of 8 took dQ 7.27 → 6.31 ms and dK/dV 10.59 → 9.49 ms a GPT-2-small step, but the forward 3.86 → 4.84 ms
+// (its accumulators and Q fragments stay live across the staging), so the forward stages one at a time.
+template <int Path, int HD, int Batch = 8>
 __device__ __forceinline__ void tc_stage(typename TcLayout<Path, HD>::S* dst, const float* base, index_t ld,
                                          index_t r0, index_t seq, index_t col0) {
   constexpr int LD = TcLayout<Path, HD>::ld;
   if (ld % 4 == 0 && reinterpret_cast<std::uintptr_t>(base + col0) % 16 == 0) {
-    // Each thread's float4s (8 at head dim 64, 16 at 128) in batches of 8: a batch's loads are all issued before
-    // its first shared store. Interleaved (load, store, load, ...), the compiler may not move a global load above
-    // a store through the generic shared pointer, and each load's latency is paid in turn.
-    constexpr int H4 = HD / 4, per = tc_tile * H4 / tc_threads, batch = 8;
+    constexpr int H4 = HD / 4, per = tc_tile * H4 / tc_threads, batch = Batch;
     static_assert(per % batch == 0);
 #pragma unroll
     for (int b0 = 0; b0 < per; b0 += batch) {
@@ -224,7 +226,7 @@ __global__ void attention_tc_forward_kernel(MatrixView<float> out, float* lse, M
   const index_t wlast = min(L.seq, w0 + 16) - 1;      // the warp's last query
   const bool active = w0 < L.seq;                      // the same for the whole warp
 
-  tc_stage<Path, HD>(sK, base, L.qkv_ld, i0, L.seq, h * L.hd);  // Q, through K's buffer
+  tc_stage<Path, HD, 1>(sK, base, L.qkv_ld, i0, L.seq, h * L.hd);  // Q, through K's buffer
   for (int e = threadIdx.x; e < 256; e += tc_threads) sRows[e] = float(e / 16);
   __syncthreads();
   wm::fragment<wm::matrix_a, 16, 16, KF, FT, wm::row_major> qf[NK];
@@ -243,8 +245,8 @@ __global__ void attention_tc_forward_kernel(MatrixView<float> out, float* lse, M
   float m = neg_inf<float>(), l = 0.0f;
   for (index_t j0 = 0; j0 <= last; j0 += tc_tile) {
     __syncthreads();  // Q (first tile) or the previous K, V consumed
-    tc_stage<Path, HD>(sK, base, L.qkv_ld, j0, L.seq, L.d + h * L.hd);
-    tc_stage<Path, HD>(sV, base, L.qkv_ld, j0, L.seq, 2 * L.d + h * L.hd);
+    tc_stage<Path, HD, 1>(sK, base, L.qkv_ld, j0, L.seq, L.d + h * L.hd);
+    tc_stage<Path, HD, 1>(sV, base, L.qkv_ld, j0, L.seq, 2 * L.d + h * L.hd);
     __syncthreads();
     if (!active) continue;
     // 16-key column blocks holding a key <= the warp's last query (j0 <= i0 <= w0: at least one).
