@@ -79,6 +79,15 @@ struct TcLayout {
 #define MOM_TC_ATTENTION_BODY 1
 #endif
 
+// d[0..3] = the four values of v, rounded for the path (the staged operand's type).
+template <int Path>
+__device__ __forceinline__ void tc_store4(typename GemmStage<float, Path>::type* d, float4 v) {
+  d[0] = stage_value<float, Path>(v.x);
+  d[1] = stage_value<float, Path>(v.y);
+  d[2] = stage_value<float, Path>(v.z);
+  d[3] = stage_value<float, Path>(v.w);
+}
+
 // dst[rr][c] = rounded base[(r0 + rr)·ld + col0 + c] for rr < 64, c < HD; rows past seq are 0.
 // 16-byte loads when every row of the slice starts 16-byte aligned (the usual qkv / dout layouts);
 // the condition is the same for the whole block. Batch: each thread's float4s (8 at head dim 64, 16 at 128)
@@ -106,11 +115,7 @@ __device__ __forceinline__ void tc_stage(typename TcLayout<Path, HD>::S* dst, co
 #pragma unroll
       for (int k = 0; k < batch; ++k) {
         const int e = threadIdx.x + (b0 + k) * tc_threads, rr = e / H4, c = (e % H4) * 4;
-        auto* d = dst + rr * LD + c;
-        d[0] = stage_value<float, Path>(v[k].x);
-        d[1] = stage_value<float, Path>(v[k].y);
-        d[2] = stage_value<float, Path>(v[k].z);
-        d[3] = stage_value<float, Path>(v[k].w);
+        tc_store4<Path>(dst + rr * LD + c, v[k]);
       }
     }
     return;
@@ -165,11 +170,7 @@ __device__ __forceinline__ void tc_stage_dout(typename TcLayout<Path, HD>::S* sd
         for (int v = 0; v < per; ++v) {
           const float4 a = g[p][v], b = o[p][v];
           di += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
-          auto* d = sdo + rr * LD + 4 * (t + tpr * v);
-          d[0] = stage_value<float, Path>(a.x);
-          d[1] = stage_value<float, Path>(a.y);
-          d[2] = stage_value<float, Path>(a.z);
-          d[3] = stage_value<float, Path>(a.w);
+          tc_store4<Path>(sdo + rr * LD + 4 * (t + tpr * v), a);
         }
 #pragma unroll
         for (int off = tpr / 2; off > 0; off /= 2) di += __shfl_xor_sync(0xffffffffu, di, off);
