@@ -298,12 +298,13 @@ struct TimingBackend : cpu::Backend<T> {
     timed(kLayerNorm, [&] { Base::grouped_layernorm_forward(out, mean, rstd, x, gamma, beta, g, eps); });
   }
   void grouped_layernorm_backward(M dx, PG dgamma, PG dbeta, CM dout, CM x, CS mean, CS rstd, CPG gamma,
-                                  RowGroups g) const {
-    timed(kLayerNorm, [&] { Base::grouped_layernorm_backward(dx, dgamma, dbeta, dout, x, mean, rstd, gamma, g); });
+                                  RowGroups g, Store dx_store = Store::add) const {
+    timed(kLayerNorm,
+          [&] { Base::grouped_layernorm_backward(dx, dgamma, dbeta, dout, x, mean, rstd, gamma, g, dx_store); });
   }
   void gelu_forward(M out, CM x, RowGroups g) const { timed(kElementwise, [&] { Base::gelu_forward(out, x, g); }); }
-  void gelu_backward(M dx, CM x, CM dout, RowGroups g) const {
-    timed(kElementwise, [&] { Base::gelu_backward(dx, x, dout, g); });
+  void gelu_backward(M dx, CM x, CM dout, RowGroups g, Store st = Store::add) const {
+    timed(kElementwise, [&] { Base::gelu_backward(dx, x, dout, g, st); });
   }
   void add_forward(M out, CM a, CM b, RowGroups g) const {
     timed(kElementwise, [&] { Base::add_forward(out, a, b, g); });

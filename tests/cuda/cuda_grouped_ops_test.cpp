@@ -377,6 +377,15 @@ TEMPLATE_TEST_CASE("grouped layernorm forward/backward match cpu", "[cuda][group
                                           std::span<const T>(r2.ds()), per_group<const T>(ga.d.data(), G, d), g.d());
       expect_close(dg2, "dgamma alone");
       expect_close(dx2, "dx alone", d, L.lo(), L.hi());
+      // dx overwritten (Store::overwrite): its old values unread, the rows outside the groups untouched.
+      auto dx3 = rand_arr<T>(R * d, rng);
+      host<T>().grouped_layernorm_backward(dx3.hm(R, d), {}, {}, dout.hm(R, d), x.hm(R, d), std::span<const T>(m2.hs()),
+                                           std::span<const T>(r2.hs()), per_group<const T>(ga.h.data(), G, d), g.h(),
+                                           Store::overwrite);
+      gpu<T>().grouped_layernorm_backward(dx3.dm(R, d), {}, {}, dout.dm(R, d), x.dm(R, d), std::span<const T>(m2.ds()),
+                                          std::span<const T>(r2.ds()), per_group<const T>(ga.d.data(), G, d), g.d(),
+                                          Store::overwrite);
+      expect_close(dx3, "dx overwritten", d, L.lo(), L.hi());
     }
 }
 
@@ -398,6 +407,10 @@ TEMPLATE_TEST_CASE("grouped gelu, add, axpy, zero_rows, gather and scatter-add m
     host<T>().gelu_backward(dx.hm(R, d), x.hm(R, d), dout.hm(R, d), g.h());
     gpu<T>().gelu_backward(dx.dm(R, d), x.dm(R, d), dout.dm(R, d), g.d());
     expect_close(dx, "gelu backward", d, L.lo(), L.hi());
+    auto dx_over = rand_arr<T>(R * d, rng);  // Store::overwrite: the old values unread
+    host<T>().gelu_backward(dx_over.hm(R, d), x.hm(R, d), dout.hm(R, d), g.h(), Store::overwrite);
+    gpu<T>().gelu_backward(dx_over.dm(R, d), x.dm(R, d), dout.dm(R, d), g.d(), Store::overwrite);
+    expect_close(dx_over, "gelu backward, overwritten", d, L.lo(), L.hi());
     auto sum = const_arr<T>(R * d, T(-3.25));  // add_forward, then axpy into the sum (aliasing y)
     host<T>().add_forward(sum.hm(R, d), x.hm(R, d), dout.hm(R, d), g.h());
     gpu<T>().add_forward(sum.dm(R, d), x.dm(R, d), dout.dm(R, d), g.d());

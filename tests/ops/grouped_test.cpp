@@ -296,6 +296,38 @@ TEST_CASE("backward ops with Store::overwrite equal accumulation into zeros, row
       if (grouped(r)) CHECK(v == dx_acc[std::size_t(r * fin + c)]);
       else CHECK(std::isnan(v));
     }
+
+  // Grouped GELU backward and grouped LayerNorm backward (dx; dgamma and dbeta still accumulate).
+  const auto check_rows = [&](const std::vector<double>& over, const std::vector<double>& acc, index_t cols) {
+    for (index_t r = 0; r < R; ++r)
+      for (index_t c = 0; c < cols; ++c) {
+        const double v = over[std::size_t(r * cols + c)];
+        if (grouped(r)) CHECK(v == acc[std::size_t(r * cols + c)]);
+        else CHECK(std::isnan(v));
+      }
+  };
+  {
+    std::vector<double> acc(std::size_t(R * fin), 0.0), over(std::size_t(R * fin), nan);
+    be.gelu_backward(test::mat(acc, R, fin), test::cmat(xx, R, fin), test::cmat(xx, R, fin), groups);
+    be.gelu_backward(test::mat(over, R, fin), test::cmat(xx, R, fin), test::cmat(xx, R, fin), groups, Store::overwrite);
+    check_rows(over, acc, fin);
+  }
+  {
+    std::vector<double> mean(R), rstd(R), ln(std::size_t{R * fin});
+    be.grouped_layernorm_forward(test::mat(ln, R, fin), std::span<double>(mean), std::span<double>(rstd),
+                                 test::cmat(xx, R, fin), per_group<const double>(ww.data(), fin),
+                                 per_group<const double>(ww.data() + 1, fin), groups);
+    std::vector<double> acc(std::size_t(R * fin), 0.0), over(std::size_t(R * fin), nan);
+    std::vector<double> dg1(std::size_t(G * (fout * fin + 3)), 0.25), dg2(dg1);
+    for (const bool overwrite : {false, true})
+      be.grouped_layernorm_backward(test::mat(overwrite ? over : acc, R, fin), per_group((overwrite ? dg2 : dg1).data(), fin),
+                                    PerGroup<double>{}, test::cmat(ln, R, fin), test::cmat(xx, R, fin),
+                                    std::span<const double>(mean), std::span<const double>(rstd),
+                                    per_group<const double>(ww.data(), fin), groups,
+                                    overwrite ? Store::overwrite : Store::add);
+    CHECK(dg2 == dg1);
+    check_rows(over, acc, fin);
+  }
 }
 
 // The gathered grouped linear (grouped_linear_forward / _backward with a row list): packed row r reads x's row idx[r]

@@ -80,10 +80,8 @@ struct PlainBlockFfn {
   template <class Be, class T>
   static void backward_grouped(Be& be, const T* p, T* g, const T* ws, const Saved& s, int h, MatrixView<const T> u,
                                MatrixView<T> df, MatrixView<T> du, T* scratch, RowGroups gr) {
-    be.zero_rows(du, gr);
-    checked<Ffn>::backward_grouped(be, same_for_groups(p + offset(h)),
-                          same_for_groups(g + offset(h)), ws, s, u, du, MatrixView<const T>(df),
-                          scratch, gr);
+    checked<Ffn>::backward_grouped(be, same_for_groups(p + offset(h)), same_for_groups(g + offset(h)), ws, s, u, du,
+                                   MatrixView<const T>(df), scratch, gr, Store::overwrite);
     be.axpy(df, T(1), MatrixView<const T>(du), gr);  // df := dL/da
   }
 };

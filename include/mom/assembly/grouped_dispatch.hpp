@@ -75,10 +75,9 @@ struct RoutedFfn {
       const index_t rows = din.rows * k;
       const auto rr = routed_rows(ws, sel, modules, din.rows, k);
       const MatrixView<T> dxg{scratch, rows, d};
-      be.zero_rows(dxg, rr.groups);
       checked<Ffn>::backward_grouped(be, PerGroup<const T>(p, modules, offset), PerGroup<T>(grads, modules, offset), ws, s.ffn,
                             MatrixView<const T>{ws + s.x, rows, d}, dxg, MatrixView<const T>{dy, rows, d},
-                            scratch + rows * d, rr.groups);
+                            scratch + rows * d, rr.groups, Store::overwrite);
       gather_backward(be, rr, MatrixView<const T>(dxg), din);
     }
   }

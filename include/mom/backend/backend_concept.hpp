@@ -142,8 +142,10 @@ concept GroupedOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, s
   be.grouped_linear_backward(m, pg, pg, cm, cm, tok, cpg, g, Store::overwrite);
   be.grouped_layernorm_forward(m, s, s, cm, cpg, cpg, g);
   be.grouped_layernorm_backward(m, pg, pg, cm, cm, cs, cs, cpg, g);
+  be.grouped_layernorm_backward(m, pg, pg, cm, cm, cs, cs, cpg, g, Store::overwrite);  // dx overwritten
   be.gelu_forward(m, cm, g);
   be.gelu_backward(m, cm, cm, g);
+  be.gelu_backward(m, cm, cm, g, Store::overwrite);
   be.add_forward(m, cm, cm, g);
   be.axpy(m, x, cm, g);
   be.zero_rows(m, g);

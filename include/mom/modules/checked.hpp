@@ -138,6 +138,22 @@ struct checked {
                     "scratch, RowGroups)` that takes these arguments on this backend: this architecture runs the "
                     "module over row groups (modules/module.hpp)");
   }
+  // The same with dx's store chosen: Store::overwrite writes dL/dx over the groups' rows of dx (their old values
+  // unread). A module that takes a trailing Store (the optional member in modules/module.hpp) writes it itself;
+  // for one that only accumulates, the rows are zeroed first.
+  template <class Be, class T, class S>
+  static void backward_grouped(Be& be, PerGroup<const T> p, std::type_identity_t<PerGroup<T>> g, CPtr<T> ws,
+                               const S& saved, CMV<T> x, MV<T> dx, CMV<T> df, Ptr<T> scratch, RowGroups groups,
+                               Store dx_store) {
+    if constexpr (requires { M::backward_grouped(be, p, g, ws, saved, x, dx, df, scratch, groups, dx_store); }) {
+      detail::arm_scratch_guard<Be>(scratch, M::scratch(1, x.rows));
+      M::backward_grouped(be, p, g, ws, saved, x, dx, df, scratch, groups, dx_store);
+      detail::verify_scratch_guard<M, Be>(scratch, M::scratch(1, x.rows), "backward_grouped");
+    } else {
+      if (dx_store == Store::overwrite) be.zero_rows(dx, groups);
+      backward_grouped(be, p, g, ws, saved, x, dx, df, scratch, groups);
+    }
+  }
 
   // ---- a routed sequence mixer over row groups, keys from `keys` (RoutedSequenceMixerOn) ----
   template <KeySource keys, class Be, class T, class S>

@@ -77,12 +77,12 @@ struct FeedForward {
     const auto dact = mat(scratch, 0, n, f);
     const auto dpre = mat(scratch, n * f, n, f);
     const auto dln = mat(scratch, 2 * n * f, n, d);
-    be.zero(vec(scratch, 0, n * (2 * f + d)));
+    // The scratch gradients are written (Store::overwrite), not accumulated: nothing to zero first.
     be.linear_backward(dact, mat(g, o_w_proj, d, f), vec(g, o_b_proj, d), df, mat(ws, s.act, n, f),
-                       mat(p, o_w_proj, d, f));
-    be.gelu_backward(dpre.flat(), vec(ws, s.pre, n * f), std::span<const T>(dact.flat()));
+                       mat(p, o_w_proj, d, f), Store::overwrite);
+    be.gelu_backward(dpre.flat(), vec(ws, s.pre, n * f), std::span<const T>(dact.flat()), Store::overwrite);
     be.linear_backward(dln, mat(g, o_w_fc, f, d), vec(g, o_b_fc, f), MatrixView<const T>(dpre), mat(ws, s.ln, n, d),
-                       mat(p, o_w_fc, f, d));
+                       mat(p, o_w_fc, f, d), Store::overwrite);
     be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
                           vec(ws, s.rstd, n), vec(p, o_ln_w, d));
   }
@@ -104,24 +104,24 @@ struct FeedForward {
     be.grouped_linear_forward(f_out, MatrixView<const T>(act), p.plus(o_w_proj), p.plus(o_b_proj), gr);
   }
 
+  // dx += dL/dx over the groups' rows (Store::overwrite: dx = it). The scratch gradients are written, not
+  // accumulated, so nothing is zeroed first.
   template <class Be, class T>
   static void backward_grouped(Be& be, PerGroup<const T> p, PerGroup<T> g, const T* ws, const Saved& s,
                                MatrixView<const T> x, MatrixView<T> dx, MatrixView<const T> df, T* scratch,
-                               RowGroups gr) {
+                               RowGroups gr, Store dx_store = Store::add) {
     using detail::mat, detail::vec;
     const index_t n = x.rows;
     const auto dact = mat(scratch, 0, n, f);
     const auto dpre = mat(scratch, n * f, n, f);
     const auto dln = mat(scratch, 2 * n * f, n, d);
-    be.zero_rows(dact, gr);
-    be.zero_rows(dpre, gr);
-    be.zero_rows(dln, gr);
-    be.grouped_linear_backward(dact, g.plus(o_w_proj), g.plus(o_b_proj), df, mat(ws, s.act, n, f), p.plus(o_w_proj), gr);
-    be.gelu_backward(dpre, mat(ws, s.pre, n, f), MatrixView<const T>(dact), gr);
+    be.grouped_linear_backward(dact, g.plus(o_w_proj), g.plus(o_b_proj), df, mat(ws, s.act, n, f), p.plus(o_w_proj), gr,
+                               Store::overwrite);
+    be.gelu_backward(dpre, mat(ws, s.pre, n, f), MatrixView<const T>(dact), gr, Store::overwrite);
     be.grouped_linear_backward(dln, g.plus(o_w_fc), g.plus(o_b_fc), MatrixView<const T>(dpre), mat(ws, s.ln, n, d),
-                               p.plus(o_w_fc), gr);
+                               p.plus(o_w_fc), gr, Store::overwrite);
     be.grouped_layernorm_backward(dx, g.plus(o_ln_w), g.plus(o_ln_b), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
-                                  vec(ws, s.rstd, n), p.plus(o_ln_w), gr);
+                                  vec(ws, s.rstd, n), p.plus(o_ln_w), gr, dx_store);
   }
 };
 

@@ -104,14 +104,14 @@ struct Attention {
     const auto datt = mat(scratch, 0, n, d);
     const auto dqkv = mat(scratch, n * d, n, 3 * d);
     const auto dln = mat(scratch, 4 * n * d, n, d);
-    be.zero(vec(scratch, 0, 5 * n * d));
+    be.zero(dqkv);  // attention_backward accumulates; datt and dln are written (Store::overwrite)
     be.linear_backward(datt, mat(g, o_w_proj, d, d), vec(g, o_b_proj, d), df, mat(ws, s.att, n, d),
-                       mat(p, o_w_proj, d, d));
+                       mat(p, o_w_proj, d, d), Store::overwrite);
     be.attention_backward(dqkv, MatrixView<const T>(datt), mat(ws, s.att, n, d), vec(ws, s.lse, batch * D.heads * seq),
                           mat(ws, s.qkv, n, 3 * d), batch, seq, index_t{D.heads});
     if constexpr (rope) be.rope_backward(dqkv.col_block(0, 2 * d), std::span<const index_t>{}, seq, hd, rope_base<T>);
     be.linear_backward(dln, mat(g, o_w_qkv, 3 * d, d), vec(g, o_b_qkv, 3 * d), MatrixView<const T>(dqkv),
-                       mat(ws, s.ln, n, d), mat(p, o_w_qkv, 3 * d, d));
+                       mat(ws, s.ln, n, d), mat(p, o_w_qkv, 3 * d, d), Store::overwrite);
     be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
                           vec(ws, s.rstd, n), vec(p, o_ln_w, d));
   }

@@ -200,7 +200,9 @@ concept DenseTokenMixerOn = DenseModuleOn<M, Be, T>;
 // A token mixer on backend Be: the dense members and the same over row groups, which its rows' independence
 // allows (modules that route inside themselves, such as σ-MoE, have no row-group members: DenseTokenMixerOn):
 //   forward_grouped(be, PerGroup p, ws, saved, x, f_out, RowGroups)      f_out = f(x) per row group
-//   backward_grouped(be, PerGroup p, PerGroup g, ws, saved, x, dx, df, scratch, RowGroups)
+//   backward_grouped(be, PerGroup p, PerGroup g, ws, saved, x, dx, df, scratch, RowGroups)   dx += per row group
+// and optionally the same with a trailing Store: Store::overwrite writes dx over the groups' rows, so the routed
+// executors need not zero them first (modules/checked.hpp zeroes them for a module without it).
 template <class M, class Be, class T = typename Be::scalar>
 concept TokenMixerOn =
     DenseModuleOn<M, Be, T> && requires(Be& be, T* g, T* ws, const typename M::Saved& s, MatrixView<const T> x,

@@ -257,9 +257,9 @@ struct Backend {
   void grouped_layernorm_forward(M out, S mean, S rstd, CM x, CPG gamma, CPG beta, RowGroups g,
                                  T eps = T(1e-5)) const;
   void grouped_layernorm_backward(M dx, PG dgamma, PG dbeta, CM dout, CM x, CS mean, CS rstd, CPG gamma,
-                                  RowGroups g) const;
+                                  RowGroups g, Store dx_store = Store::add) const;
   void gelu_forward(M out, CM x, RowGroups g) const;
-  void gelu_backward(M dx, CM x, CM dout, RowGroups g) const;
+  void gelu_backward(M dx, CM x, CM dout, RowGroups g, Store st = Store::add) const;
   void add_forward(M out, CM a, CM b, RowGroups g) const;
   void axpy(M y, T alpha, CM x, RowGroups g) const;
   void zero_rows(M m, RowGroups g) const;

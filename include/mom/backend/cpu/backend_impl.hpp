@@ -316,8 +316,8 @@ void Backend<T>::grouped_layernorm_forward(M out, S mean, S rstd, CM x, CPG gamm
 
 template <class T>
 void Backend<T>::grouped_layernorm_backward(M dx, PG dgamma, PG dbeta, CM dout, CM x, CS mean, CS rstd, CPG gamma,
-                                            RowGroups g) const {
-  cpu::grouped_layernorm_backward<T>(dx, dgamma, dbeta, dout, x, mean, rstd, gamma, g);
+                                            RowGroups g, Store dx_store) const {
+  cpu::grouped_layernorm_backward<T>(dx, dgamma, dbeta, dout, x, mean, rstd, gamma, g, dx_store);
 }
 
 template <class T>
@@ -326,8 +326,8 @@ void Backend<T>::gelu_forward(M out, CM x, RowGroups g) const {
 }
 
 template <class T>
-void Backend<T>::gelu_backward(M dx, CM x, CM dout, RowGroups g) const {
-  cpu::gelu_backward<T>(dx, x, dout, g);
+void Backend<T>::gelu_backward(M dx, CM x, CM dout, RowGroups g, Store st) const {
+  cpu::gelu_backward<T>(dx, x, dout, g, st);
 }
 
 template <class T>

@@ -233,11 +233,12 @@ void grouped_layernorm_forward(MatrixView<T> out, std::span<T> mean, std::span<T
 template <class T>
 void grouped_layernorm_backward(MatrixView<T> dx, PerGroup<T> dgamma, PerGroup<T> dbeta, MatrixView<const T> dout,
                                 MatrixView<const T> x, std::span<const T> mean, std::span<const T> rstd,
-                                PerGroup<const T> gamma, RowGroups g) {
+                                PerGroup<const T> gamma, RowGroups g, Store dx_store = Store::add) {
   detail::for_each_group("grouped_layernorm_backward", g, x.rows, [&](int i, index_t o, index_t n) {
     layernorm_backward<T>(detail::rows_of(dx, o, n), detail::group_vector(dgamma, i, x.cols),
                           detail::group_vector(dbeta, i, x.cols), dout.row_block(o, n), x.row_block(o, n),
-                          detail::part(mean, o, n), detail::part(rstd, o, n), detail::group_vector(gamma, i, x.cols));
+                          detail::part(mean, o, n), detail::part(rstd, o, n), detail::group_vector(gamma, i, x.cols),
+                          dx_store);
   });
 }
 
@@ -250,11 +251,12 @@ void gelu_forward(MatrixView<T> out, MatrixView<const T> x, RowGroups g) {
   });
 }
 template <class T>
-void gelu_backward(MatrixView<T> dx, MatrixView<const T> x, MatrixView<const T> dout, RowGroups g) {
+void gelu_backward(MatrixView<T> dx, MatrixView<const T> x, MatrixView<const T> dout, RowGroups g,
+                   Store st = Store::add) {
   checks::same_shape<T>("gelu_backward", dx, x);
   checks::same_shape<T>("gelu_backward", dout, x);
   detail::for_each_group("gelu_backward", g, x.rows, [&](int, index_t o, index_t n) {
-    gelu_backward<T>(dx.row_block(o, n).flat(), x.row_block(o, n).flat(), dout.row_block(o, n).flat());
+    gelu_backward<T>(dx.row_block(o, n).flat(), x.row_block(o, n).flat(), dout.row_block(o, n).flat(), st);
   });
 }
 template <class T>

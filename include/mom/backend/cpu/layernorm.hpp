@@ -35,14 +35,15 @@ void layernorm_forward(MatrixView<T> out, std::span<T> mean, std::span<T> rstd, 
   }
 }
 
-// Accumulates dx += rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat ∘ xhat)) with dxhat = dout ∘ gamma,
-// dgamma += Σ_rows dout ∘ xhat, dbeta += Σ_rows dout. dx, dgamma, dbeta may each be empty.
+// Accumulates dx += rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat ∘ xhat)) with dxhat = dout ∘ gamma
+// (Store::overwrite: dx = that, its old values never read), dgamma += Σ_rows dout ∘ xhat, dbeta += Σ_rows dout.
+// dx, dgamma, dbeta may each be empty.
 // The column sums are reduced through one thread_local partial per thread (grown once, reused by
 // every later call), so the step allocates nothing after warm-up.
 template <class T>
 void layernorm_backward(MatrixView<T> dx, std::span<T> dgamma, std::span<T> dbeta, MatrixView<const T> dout,
                         MatrixView<const T> x, std::span<const T> mean, std::span<const T> rstd,
-                        std::span<const T> gamma) {
+                        std::span<const T> gamma, Store dx_store = Store::add) {
   checks::layernorm_backward_shapes<T>(dx, dgamma, dbeta, dout, x, mean, rstd, gamma);
   const index_t d = x.cols;
   const bool want_params = !dgamma.empty() || !dbeta.empty();
@@ -71,7 +72,9 @@ void layernorm_backward(MatrixView<T> dx, std::span<T> dgamma, std::span<T> dbet
         // xhat and dxhat are recomputed on the fly: two reductions, then one fused write.
         const T mean_dxhat = (dr * g).sum() / T(d);
         const T mean_dxhat_xhat = (dr * g * (xr - mu)).sum() * rs / T(d);
-        map_vec(std::span<T>(dx.row(r), d)).array() += rs * (dr * g - mean_dxhat - (xr - mu) * rs * mean_dxhat_xhat);
+        auto out = map_vec(std::span<T>(dx.row(r), d)).array();
+        if (dx_store == Store::add) out += rs * (dr * g - mean_dxhat - (xr - mu) * rs * mean_dxhat_xhat);
+        else out = rs * (dr * g - mean_dxhat - (xr - mu) * rs * mean_dxhat_xhat);
       }
     }
   }

@@ -39,13 +39,13 @@ struct GroupedKernels {
   // LayerNorm with group g's gamma_g / beta_g on its rows (warp per row; binary search for g).
   static void layernorm_forward(const Context& ctx, M out, T* mean, T* rstd, CM x, CPG gamma, CPG beta, RowGroups g,
                                 T eps);
-  // dx may be empty; dgamma / dbeta may each be empty (column sums per group).
+  // dx may be empty (add: dx += the gradient; else dx = it); dgamma / dbeta may each be empty (column sums per group).
   static void layernorm_backward(const Context& ctx, M dx, PG dgamma, PG dbeta, CM dout, CM x, const T* mean,
-                                 const T* rstd, CPG gamma, RowGroups g);
+                                 const T* rstd, CPG gamma, RowGroups g, bool add);
 
   // The plain row ops restricted to the rows [offsets[0], offsets[count]).
   static void gelu_forward(const Context& ctx, M out, CM x, RowGroups g);
-  static void gelu_backward(const Context& ctx, M dx, CM x, CM dout, RowGroups g);
+  static void gelu_backward(const Context& ctx, M dx, CM x, CM dout, RowGroups g, bool add);
   static void zero_rows(const Context& ctx, M m, RowGroups g);
   // out = alpha·a + beta·b (add_forward, axpy); out may alias a or b.
   static void axpby(const Context& ctx, M out, T alpha, CM a, T beta, CM b, RowGroups g);

@@ -266,22 +266,23 @@ class RoutedOps : public DenseOps<T> {
     GK::layernorm_forward(*ctx_, out, mean.data(), rstd.data(), x, gamma, beta, g, eps);
   }
   void grouped_layernorm_backward(M dx, PG dgamma, PG dbeta, CM dout, CM x, CS mean, CS rstd, CPG gamma,
-                                  RowGroups g) const {
+                                  RowGroups g, Store dx_store = Store::add) const {
     checks::layernorm_backward_shapes<T>(dx, group_span(CPG(dgamma), x.cols), group_span(CPG(dbeta), x.cols), dout, x,
                                          mean, rstd, group_span(gamma, x.cols));
     checks::row_groups_shape("grouped_layernorm_backward", g);
-    GK::layernorm_backward(*ctx_, dx, dgamma, dbeta, dout, x, mean.data(), rstd.data(), gamma, g);
+    GK::layernorm_backward(*ctx_, dx, dgamma, dbeta, dout, x, mean.data(), rstd.data(), gamma, g,
+                           dx_store == Store::add);
   }
   void gelu_forward(M out, CM x, RowGroups g) const {
     checks::same_shape<T>("gelu_forward", out, x);
     checks::row_groups_shape("gelu_forward", g);
     GK::gelu_forward(*ctx_, out, x, g);
   }
-  void gelu_backward(M dx, CM x, CM dout, RowGroups g) const {
+  void gelu_backward(M dx, CM x, CM dout, RowGroups g, Store st = Store::add) const {
     checks::same_shape<T>("gelu_backward", dx, x);
     checks::same_shape<T>("gelu_backward", dout, x);
     checks::row_groups_shape("gelu_backward", g);
-    GK::gelu_backward(*ctx_, dx, x, dout, g);
+    GK::gelu_backward(*ctx_, dx, x, dout, g, st == Store::add);
   }
   void add_forward(M out, CM a, CM b, RowGroups g) const {
     checks::same_shape<T>("add_forward", out, a);

@@ -44,7 +44,7 @@ __global__ void grouped_layernorm_forward_kernel(MatrixView<T> out, T* mean, T* 
 template <class T>
 __global__ void grouped_layernorm_backward_dx_kernel(MatrixView<T> dx, MatrixView<const T> dout, MatrixView<const T> x,
                                                      const T* mean, const T* rstd, PerGroup<const T> gamma,
-                                                     RowGroups g, int* error) {
+                                                     RowGroups g, bool add, int* error) {
   check_offsets(g, x.rows, error);
   const RowRange all = grouped_rows(g, x.rows);
   const index_t r = all.lo + index_t(blockIdx.x) * warps_per_block + (threadIdx.x >> 5);
@@ -64,8 +64,10 @@ __global__ void grouped_layernorm_backward_dx_kernel(MatrixView<T> dx, MatrixVie
   const T mean_dxhat = warp_sum(a) / T(d);
   const T mean_dxhat_xhat = warp_sum(b) * rs / T(d);
   T* o = dx.data + r * dx.ld;
-  for (index_t c = lane; c < d; c += 32)
-    o[c] += rs * (gr[c] * ga[c] - mean_dxhat - (xr[c] - mu) * rs * mean_dxhat_xhat);
+  for (index_t c = lane; c < d; c += 32) {
+    const T v = rs * (gr[c] * ga[c] - mean_dxhat - (xr[c] - mu) * rs * mean_dxhat_xhat);
+    o[c] = add ? o[c] + v : v;
+  }
 }
 
 // dgamma_g += Σ dout∘xhat, dbeta_g += Σ dout over group g's rows: blockIdx.x enumerates every
@@ -114,7 +116,7 @@ __global__ void grouped_gelu_forward_kernel(MatrixView<T> out, MatrixView<const 
 }
 template <class T>
 __global__ void grouped_gelu_backward_kernel(MatrixView<T> dx, MatrixView<const T> x, MatrixView<const T> dout,
-                                             RowGroups g, int* error) {
+                                             RowGroups g, bool add, int* error) {
   check_offsets(g, x.rows, error);
   const RowRange all = grouped_rows(g, x.rows);
   MOM_GROUPED_ELEMENTS(e, all, x.cols) {
@@ -122,7 +124,8 @@ __global__ void grouped_gelu_backward_kernel(MatrixView<T> dx, MatrixView<const 
     const T v = x.data[r * x.ld + c];
     const T t = tanh_(gelu_k<T> * (v + gelu_c<T> * v * v * v));
     const T dgelu = T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * gelu_k<T> * (T(1) + T(3) * gelu_c<T> * v * v);
-    dx.data[r * dx.ld + c] += dout.data[r * dout.ld + c] * dgelu;
+    T& o = dx.data[r * dx.ld + c];
+    o = add ? o + dout.data[r * dout.ld + c] * dgelu : dout.data[r * dout.ld + c] * dgelu;
   }
 }
 // out = alpha·a + beta·b over the grouped rows (out may alias a or b: each element is read once,
@@ -253,11 +256,11 @@ void GroupedKernels<T>::layernorm_forward(const Context& ctx, M out, T* mean, T*
 }
 template <class T>
 void GroupedKernels<T>::layernorm_backward(const Context& ctx, M dx, PG dgamma, PG dbeta, CM dout, CM x, const T* mean,
-                                           const T* rstd, CPG gamma, RowGroups g) {
+                                           const T* rstd, CPG gamma, RowGroups g, bool add) {
   if (g.count == 0) return;
   if (!dx.empty())
     dev::launch("grouped_layernorm_backward", ctx, dev::warp_rows_blocks(x.rows), dev::threads,
-                dev::grouped_layernorm_backward_dx_kernel<T>, dx, dout, x, mean, rstd, gamma, g, ctx.error);
+                dev::grouped_layernorm_backward_dx_kernel<T>, dx, dout, x, mean, rstd, gamma, g, add, ctx.error);
   if (!dgamma.empty() || !dbeta.empty())
     dev::launch("grouped_layernorm_backward", ctx,
                 dim3(dev::row_tile_slots(x.rows, g.count, dev::column_chunk), dev::blocks_exact(x.cols, dev::threads)),
@@ -272,10 +275,10 @@ void GroupedKernels<T>::gelu_forward(const Context& ctx, M out, CM x, RowGroups 
               out, x, g, ctx.error);
 }
 template <class T>
-void GroupedKernels<T>::gelu_backward(const Context& ctx, M dx, CM x, CM dout, RowGroups g) {
+void GroupedKernels<T>::gelu_backward(const Context& ctx, M dx, CM x, CM dout, RowGroups g, bool add) {
   if (g.count == 0) return;
   dev::launch("gelu_backward", ctx, dev::blocks_for(x.rows * x.cols), dev::threads,
-              dev::grouped_gelu_backward_kernel<T>, dx, x, dout, g, ctx.error);
+              dev::grouped_gelu_backward_kernel<T>, dx, x, dout, g, add, ctx.error);
 }
 template <class T>
 void GroupedKernels<T>::axpby(const Context& ctx, M out, T alpha, CM a, T beta, CM b, RowGroups g) {
