@@ -2,7 +2,8 @@
 # scripts/compare.py end to end at a tiny budget (issue 32): three architectures (one dense, one routed, one
 # two-phase MoM) × seeds at equal training FLOPs on a small corpus; the table and the SVG are written, every run
 # trained until its FLOPs reached its budget (the pilot's measure sets its intervals); then the
-# same sweep with one more seed keeps the finished runs (resumable) and trains only the new ones.
+# same sweep with one more seed keeps the finished runs (resumable) and trains only the new ones; a run stopped
+# part-way continues from its checkpoint to the numbers of an uninterrupted one.
 set -u
 BIN="$1"
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -49,6 +50,35 @@ svg = open(os.path.join(out, "val_vs_flops.svg")).read()
 if svg.count("<path") != 3:
     print(f"FAIL: val_vs_flops.svg draws {svg.count('<path')} curves, not 3"); bad += 1
 sys.exit(1 if bad else 0)
+PY
+# A run stopped part-way continues from its checkpoint when the sweep runs again, to the same numbers as the
+# uninterrupted run of the first sweep (the same plan: one pilot per architecture). The stop: a mom-train that ends
+# at step 2, leaving its last checkpoint as a killed run does (only the pilot's 2 steps get through whole).
+cat >"$T/stops_early.sh" <<EOF
+#!/usr/bin/env bash
+a=(); while (( \$# )); do if [ "\$1" = --steps ]; then a+=(--steps 2); shift 2; else a+=("\$1"); shift; fi; done
+exec "$BIN" "\${a[@]}"
+EOF
+chmod +x "$T/stops_early.sh"
+rargs=(--data "$T/text.txt" --out "$T/resumed" --archs tiny --flops 3e10 --batch 2 --seq 16 --warmup 1 --evals 2
+       --pilot 2 --eval-batches 1 --checkpoints 1 --seeds 1)
+if python3 "$HERE/../scripts/compare.py" --mom-train "$T/stops_early.sh" "${rargs[@]}" >"$T/stopped.log" 2>&1; then
+  echo "FAIL: a run stopped at step 2 counted as finished"; cat "$T/stopped.log"; fail=1
+fi
+python3 "$HERE/../scripts/compare.py" --mom-train "$BIN" "${rargs[@]}" >"$T/resumed.log" 2>&1 ||
+  { echo "FAIL: the sweep after the stop"; cat "$T/resumed.log"; fail=1; }
+grep -q "^  resuming tiny seed 1" "$T/resumed.log" || { echo "FAIL: the stopped run was not resumed"; fail=1; }
+python3 - "$T/sweep/tiny/seed-1/metrics.jsonl" "$T/resumed/tiny/seed-1/metrics.jsonl" <<'PY' || fail=1
+import json, sys
+def read(path):
+    rows = [json.loads(l) for l in open(path)]
+    train = {r["step"]: r["loss"] for r in rows if r["type"] == "train"}
+    return train, [r["loss"] for r in rows if r["type"] == "val"][-1]
+(whole, whole_val), (resumed, resumed_val) = read(sys.argv[1]), read(sys.argv[2])
+ok = whole == resumed and whole_val == resumed_val
+print(f"{'ok' if ok else 'FAIL'}: resumed run: {len(resumed)} steps, validation {resumed_val} "
+      f"(uninterrupted: {len(whole)} steps, {whole_val})")
+sys.exit(0 if ok else 1)
 PY
 # A bad architecture name is one line, not a traceback.
 python3 "$HERE/../scripts/compare.py" --mom-train "$BIN" --data "$T/text.txt" --out "$T/bad" --archs mom8-e@dense8 --flops 1e9 >"$T/bad.log" 2>&1

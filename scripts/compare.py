@@ -116,16 +116,19 @@ class Runner:
             return
         evals = evals or self.args.evals
         cap = 3 * steps + 10 if budget else steps
-        extra = ["--data", data, "--arch", arch, "--seed", str(seed), "--steps", str(cap), "--out", run_dir,
+        extra = ["--data", data, "--arch", arch, "--steps", str(cap), "--out", run_dir,
                  "--eval-interval", str(max(1, steps // evals)), "--checkpoint-interval",
                  str(max(1, steps // self.args.checkpoints)), "--lr", repr(float(lr or self.args.lr))]
         if budget:
             extra += ["--flops-budget", repr(float(budget))]
         resume = os.path.exists(os.path.join(run_dir, "latest"))
         if resume:
+            # The checkpoint holds the run's seed and data order; mom-train refuses --seed beside --resume.
             extra.append("--resume")
-        elif init_from:
-            extra += ["--init-from", init_from]
+        else:
+            extra += ["--seed", str(seed)]
+            if init_from:
+                extra += ["--init-from", init_from]
         what = f"{budget:.3g} FLOPs (about {steps} steps)" if budget else f"{steps} steps"
         print(f"  {'resuming' if resume else 'training'} {arch} seed {seed}: {what}", flush=True)
         os.makedirs(run_dir, exist_ok=True)
