@@ -73,8 +73,9 @@ void layernorm_backward(MatrixView<T> dx, std::span<T> dgamma, std::span<T> dbet
         const T mean_dxhat = (dr * g).sum() / T(d);
         const T mean_dxhat_xhat = (dr * g * (xr - mu)).sum() * rs / T(d);
         auto out = map_vec(std::span<T>(dx.row(r), d)).array();
-        if (dx_store == Store::add) out += rs * (dr * g - mean_dxhat - (xr - mu) * rs * mean_dxhat_xhat);
-        else out = rs * (dr * g - mean_dxhat - (xr - mu) * rs * mean_dxhat_xhat);
+        const auto v = rs * (dr * g - mean_dxhat - (xr - mu) * rs * mean_dxhat_xhat);  // evaluated by the store
+        if (dx_store == Store::add) out += v;
+        else out = v;
       }
     }
   }

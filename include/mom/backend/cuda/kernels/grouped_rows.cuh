@@ -124,8 +124,9 @@ __global__ void grouped_gelu_backward_kernel(MatrixView<T> dx, MatrixView<const 
     const T v = x.data[r * x.ld + c];
     const T t = tanh_(gelu_k<T> * (v + gelu_c<T> * v * v * v));
     const T dgelu = T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * gelu_k<T> * (T(1) + T(3) * gelu_c<T> * v * v);
+    const T grad = dout.data[r * dout.ld + c] * dgelu;
     T& o = dx.data[r * dx.ld + c];
-    o = add ? o + dout.data[r * dout.ld + c] * dgelu : dout.data[r * dout.ld + c] * dgelu;
+    o = add ? o + grad : grad;
   }
 }
 // out = alpha·a + beta·b over the grouped rows (out may alias a or b: each element is read once,
