@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -19,11 +20,16 @@ using namespace mom::test;
 
 namespace {
 
-
+// Precision::FP32 on the float backend for one case (the exact SIMT kernels), TF32 again after it.
+template <class T>
+struct Fp32Attention {
+  Fp32Attention() { gpu<T>().set_precision(cuda::Precision::FP32); }
+  ~Fp32Attention() { gpu<T>().set_precision(cuda::Precision::TF32); }
+};
 
 // max |got - want| / max |want| over the finite entries; -inf must sit at the same places in both.
 template <class T>
-void expect_close(Arr<T>& a, double tol, const std::string& what) {
+double expect_close(Arr<T>& a, double tol, const std::string& what) {
   auto got = a.fetch();
   auto want = a.h;
   std::size_t inf_mismatch = 0;
@@ -36,6 +42,7 @@ void expect_close(Arr<T>& a, double tol, const std::string& what) {
   INFO(what << ": relative error " << err << " (tolerance " << tol << "), " << inf_mismatch << " -inf mismatches");
   CHECK(inf_mismatch == 0);
   CHECK(err <= tol);
+  return err;
 }
 // Rows outside [offsets[0], offsets[count]) of a [rows × width] array must hold their initial values, bit for bit.
 template <class T>
@@ -103,64 +110,111 @@ PerGroup<U> group_table(U* base, int count, bool routed, index_t kv_rows, index_
 
 }  // namespace
 
+// One random routing round through the device's grouped attention against cpu::Backend's: tol for out and lse,
+// tol_grad for the gradients (relative to the largest entry). Returns the forward's and the gradients' relative
+// errors (the tensor-core cases check that they are not fp32's).
+struct GroupedErrors {
+  double out = 0, grads = 0;
+};
+template <class T>
+GroupedErrors grouped_round(test::Rng& rng, index_t hd, Keys keys, double tol, double tol_grad) {
+  const index_t batch = 2, seq = 37, heads = 2, tokens = batch * seq;
+  const std::vector<index_t> sizes = {23, 0, 41, 0, 0, 9, 30};  // tiles of 16, 32, 64 rows straddle groups
+  const int count = static_cast<int>(sizes.size());
+  GroupedErrors errs;
+  const index_t d = heads * hd;
+  const bool routed = keys != Keys::all_tokens;
+  INFO("hd " << hd << " keys " << int(keys));
+  const Round r = make_round(rng, sizes, 5, 11, tokens, seq);
+  const index_t nq = r.rows, kv_rows = routed ? nq : tokens, kv_ld = 2 * d;
+  const int n_kv = routed ? 1 : count;
+  Arr<T, token_t> offsets(r.offsets), q_tok(r.q_tok);
+  Arr<T, token_t> k_tok(routed ? (keys == Keys::routed_same ? r.q_tok : r.k_other) : std::vector<token_t>{});
+  const std::span<const token_t> hkt = routed ? std::span<const token_t>(k_tok.hs()) : std::span<const token_t>();
+  const std::span<const token_t> dkt = routed ? std::span<const token_t>(k_tok.ds()) : std::span<const token_t>();
+  const RowGroups hg{offsets.h.data(), count}, dg{offsets.d.data(), count};
+  // q and dq as column blocks of wider matrices (strided views); out, lse, dout, gradients random.
+  auto q = rand_arr<T>(nq * 2 * d, rng, -1.5, 1.5), kv = rand_arr<T>(n_kv * kv_rows * 2 * d, rng, -1.5, 1.5);
+  auto out = rand_arr<T>(nq * d, rng), lse = rand_arr<T>(nq * heads, rng), dout = rand_arr<T>(nq * d, rng);
+  auto dq = rand_arr<T>(nq * 2 * d, rng), dkv = rand_arr<T>(n_kv * kv_rows * 2 * d, rng);
+  const MatrixView<const T> hq{q.h.data(), nq, d, 2 * d}, gq{q.d.data(), nq, d, 2 * d};
+  const auto hk = group_table<const T>(kv.h.data(), count, routed, kv_rows, d), hv = hk.plus(d);
+  const auto gk = group_table<const T>(kv.d.data(), count, routed, kv_rows, d), gv = gk.plus(d);
+
+  host<T>().attention_grouped_forward(MatrixView<T>{out.h.data(), nq, d}, lse.hs(), hq, hk, hv, kv_rows, kv_ld,
+                                      q_tok.hs(), hkt, hg, seq, heads);
+  gpu<T>().attention_grouped_forward(MatrixView<T>{out.d.data(), nq, d}, lse.ds(), gq, gk, gv, kv_rows, kv_ld,
+                                     q_tok.ds(), dkt, dg, seq, heads);
+  errs.out = expect_close(out, tol, "out");
+  expect_close(lse, tol, "lse");
+  expect_untouched(out, d, r.first, r.last, "out");
+  expect_untouched(lse, heads, r.first, r.last, "lse");
+  if (keys == Keys::routed_other) {  // the no-key case (lse -inf, zero row) is exercised
+    const auto got = lse.fetch();
+    CHECK(std::count_if(got.begin() + r.first * heads, got.begin() + r.last * heads,
+                        [](T x) { return std::isinf(x); }) > 0);
+  }
+
+  const auto hdk = group_table<T>(dkv.h.data(), count, routed, kv_rows, d), hdv = hdk.plus(d);
+  const auto gdk = group_table<T>(dkv.d.data(), count, routed, kv_rows, d), gdv = gdk.plus(d);
+  host<T>().attention_grouped_backward(MatrixView<T>{dq.h.data(), nq, d, 2 * d}, hdk, hdv,
+                                       MatrixView<const T>{dout.h.data(), nq, d},
+                                       MatrixView<const T>{out.h.data(), nq, d}, std::span<const T>(lse.hs()), hq,
+                                       hk, hv, kv_rows, kv_ld, q_tok.hs(), hkt, hg, seq, heads);
+  gpu<T>().attention_grouped_backward(MatrixView<T>{dq.d.data(), nq, d, 2 * d}, gdk, gdv,
+                                      MatrixView<const T>{dout.d.data(), nq, d},
+                                      MatrixView<const T>{out.d.data(), nq, d}, std::span<const T>(lse.ds()), gq,
+                                      gk, gv, kv_rows, kv_ld, q_tok.ds(), dkt, dg, seq, heads);
+  errs.grads = expect_close(dq, tol_grad, "dq");
+  errs.grads = std::max(errs.grads, expect_close(dkv, tol_grad, "dk and dv"));
+  expect_untouched(dq, 2 * d, r.first, r.last, "dq");
+  if (routed) expect_untouched(dkv, 2 * d, r.first, r.last, "dk and dv (routed rows)");
+  return errs;
+}
+
 TEMPLATE_TEST_CASE("grouped attention forward and backward match cpu (empty groups, lead and SKIP rows untouched)",
                    "[cuda][grouped]", float, double) {
   MOM_REQUIRE_GPU();
   using T = TestType;
   test::Rng rng(71);
-  const index_t batch = 2, seq = 37, heads = 2, tokens = batch * seq;
-  const std::vector<index_t> sizes = {23, 0, 41, 0, 0, 9, 30};  // tiles of 16, 32, 64 rows straddle groups
-  const int count = static_cast<int>(sizes.size());
+  // Precision::FP32: the SIMT kernels, exact to fp32 (float at head dim 64 takes the tensor cores otherwise).
+  const Fp32Attention<T> exact;
   for (const index_t hd : {index_t(16), index_t(64)})
     for (const Keys keys : {Keys::all_tokens, Keys::routed_same, Keys::routed_other}) {
-      const index_t d = heads * hd;
-      const bool routed = keys != Keys::all_tokens;
       INFO("hd " << hd << " keys " << int(keys));
-      const Round r = make_round(rng, sizes, 5, 11, tokens, seq);
-      const index_t nq = r.rows, kv_rows = routed ? nq : tokens, kv_ld = 2 * d;
-      const int n_kv = routed ? 1 : count;
-      Arr<T, token_t> offsets(r.offsets), q_tok(r.q_tok);
-      Arr<T, token_t> k_tok(routed ? (keys == Keys::routed_same ? r.q_tok : r.k_other) : std::vector<token_t>{});
-      const std::span<const token_t> hkt = routed ? std::span<const token_t>(k_tok.hs()) : std::span<const token_t>();
-      const std::span<const token_t> dkt = routed ? std::span<const token_t>(k_tok.ds()) : std::span<const token_t>();
-      const RowGroups hg{offsets.h.data(), count}, dg{offsets.d.data(), count};
-      // q and dq as column blocks of wider matrices (strided views); out, lse, dout, gradients random.
-      auto q = rand_arr<T>(nq * 2 * d, rng, -1.5, 1.5), kv = rand_arr<T>(n_kv * kv_rows * 2 * d, rng, -1.5, 1.5);
-      auto out = rand_arr<T>(nq * d, rng), lse = rand_arr<T>(nq * heads, rng), dout = rand_arr<T>(nq * d, rng);
-      auto dq = rand_arr<T>(nq * 2 * d, rng), dkv = rand_arr<T>(n_kv * kv_rows * 2 * d, rng);
-      const MatrixView<const T> hq{q.h.data(), nq, d, 2 * d}, gq{q.d.data(), nq, d, 2 * d};
-      const auto hk = group_table<const T>(kv.h.data(), count, routed, kv_rows, d), hv = hk.plus(d);
-      const auto gk = group_table<const T>(kv.d.data(), count, routed, kv_rows, d), gv = gk.plus(d);
-
-      host<T>().attention_grouped_forward(MatrixView<T>{out.h.data(), nq, d}, lse.hs(), hq, hk, hv, kv_rows, kv_ld,
-                                          q_tok.hs(), hkt, hg, seq, heads);
-      gpu<T>().attention_grouped_forward(MatrixView<T>{out.d.data(), nq, d}, lse.ds(), gq, gk, gv, kv_rows, kv_ld,
-                                         q_tok.ds(), dkt, dg, seq, heads);
-      expect_close(out, tol_attention<T>, "out");
-      expect_close(lse, tol_attention<T>, "lse");
-      expect_untouched(out, d, r.first, r.last, "out");
-      expect_untouched(lse, heads, r.first, r.last, "lse");
-      if (keys == Keys::routed_other) {  // the no-key case (lse -inf, zero row) is exercised
-        const auto got = lse.fetch();
-        CHECK(std::count_if(got.begin() + r.first * heads, got.begin() + r.last * heads,
-                            [](T x) { return std::isinf(x); }) > 0);
-      }
-
-      const auto hdk = group_table<T>(dkv.h.data(), count, routed, kv_rows, d), hdv = hdk.plus(d);
-      const auto gdk = group_table<T>(dkv.d.data(), count, routed, kv_rows, d), gdv = gdk.plus(d);
-      host<T>().attention_grouped_backward(MatrixView<T>{dq.h.data(), nq, d, 2 * d}, hdk, hdv,
-                                           MatrixView<const T>{dout.h.data(), nq, d},
-                                           MatrixView<const T>{out.h.data(), nq, d}, std::span<const T>(lse.hs()), hq,
-                                           hk, hv, kv_rows, kv_ld, q_tok.hs(), hkt, hg, seq, heads);
-      gpu<T>().attention_grouped_backward(MatrixView<T>{dq.d.data(), nq, d, 2 * d}, gdk, gdv,
-                                          MatrixView<const T>{dout.d.data(), nq, d},
-                                          MatrixView<const T>{out.d.data(), nq, d}, std::span<const T>(lse.ds()), gq,
-                                          gk, gv, kv_rows, kv_ld, q_tok.ds(), dkt, dg, seq, heads);
-      expect_close(dq, tol_attention<T> * 10, "dq");
-      expect_close(dkv, tol_attention<T> * 10, "dk and dv");
-      expect_untouched(dq, 2 * d, r.first, r.last, "dq");
-      if (routed) expect_untouched(dkv, 2 * d, r.first, r.last, "dk and dv (routed rows)");
+      grouped_round<T>(rng, hd, keys, tol_attention<T>, tol_attention<T> * 10);
     }
+}
+
+TEST_CASE("grouped attention on tensor cores (TF32, BF16) matches cpu within the operands' rounding",
+          "[cuda][grouped][tc]") {
+  MOM_REQUIRE_GPU();
+  // kernels/attention_packed_tc.cuh over the same rounds (tiles straddling groups and sequences, empty groups,
+  // routed keys, queries without keys, rows outside the groups). Its bit-for-bit agreement with the dense
+  // tensor-core kernel is checked in cuda_tc_attention_test.cpp; here the ranges and masks of the packed layout
+  // against the CPU: a missed or extra key moves its row by ~1/(its keys) of the output's scale, far above these
+  // tolerances (measured in emulation: TF32 out <= 6.2e-4, gradients <= 3.4e-4; BF16 out <= 4.7e-3, gradients <= 2.9e-3).
+  // The floor checks the rounded path ran (the SIMT kernels agree to ~1e-6).
+  struct Case {
+    cuda::Precision precision;
+    double tol, tol_grad, floor;
+    const char* name;
+  };
+  for (const Case k : {Case{cuda::Precision::TF32, 1.5e-3, 1.5e-3, 3e-5, "TF32"},
+                       Case{cuda::Precision::BF16, 1.2e-2, 1e-2, 3e-4, "BF16"}}) {
+    gpu<float>().set_precision(k.precision);
+    test::Rng rng(72);
+    for (const index_t hd : {index_t(64), index_t(128)})
+      for (const Keys keys : {Keys::all_tokens, Keys::routed_same, Keys::routed_other}) {
+        INFO(k.name << " hd " << hd << " keys " << int(keys));
+        const GroupedErrors e = grouped_round<float>(rng, hd, keys, k.tol, k.tol_grad);
+        if (std::getenv("MOM_TC_ATTENTION_REPORT"))
+          WARN(k.name << " hd " << hd << " keys " << int(keys) << ": out " << e.out << " grads " << e.grads);
+        CHECK(e.out >= k.floor);
+        CHECK(e.grads >= k.floor);
+      }
+  }
+  gpu<float>().set_precision(cuda::Precision::TF32);
 }
 
 TEST_CASE("grouped attention backward passes a finite-difference check in double on the GPU", "[cuda][grouped]") {

@@ -25,6 +25,7 @@
 #include "mom/backend/cuda/kernels/grouped_linear.cuh"  // the grouped GEMMs
 #include "mom/backend/cuda/kernels/grouped_rows.cuh"    // grouped LayerNorm and row ops
 #include "mom/backend/cuda/kernels/attention_tc.cuh"    // dense attention on tensor cores (float)
+#include "mom/backend/cuda/kernels/attention_packed_tc.cuh"  // packed and grouped attention on tensor cores
 #include "mom/backend/cuda/kernels/rope.cuh"            // rotary position embedding (dense and grouped rows)
 #include "mom/backend/cuda/kernels/stick_breaking.cuh"  // stick-breaking attention (ModuleFormer)
 #include "mom/backend/cuda/kernels/decode.cuh"          // kv_write, attention_decode (KV-cache decoding)

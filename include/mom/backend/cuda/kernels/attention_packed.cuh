@@ -1,6 +1,7 @@
 #pragma once
 // Packed and grouped causal attention (routed assembly; cpu/routing.hpp, cpu/grouped.hpp): the
-// packed op is the grouped op with one group, so both run the kernels here.
+// packed op is the grouped op with one group, so both run the kernels here (SIMT; float at head dims
+// 64 / 128 under Precision::TF32 / BF16 takes the tensor-core kernels of attention_packed_tc.cuh).
 #include "mom/backend/cuda/kernels/attention.cuh"
 
 namespace mom::cuda {
@@ -426,6 +427,16 @@ __global__ void attention_packed_backward_dkdv_kernel(DKV dkv, MatrixView<const 
 // ---- launchers --------------------------------------------------------------------------------
 
 namespace dev {
+// The tensor-core path (attention_packed_tc.cuh, included after this file): false when it does not apply
+// (double, Precision::FP32, head dims other than 64 and 128), and the SIMT kernels above run instead.
+template <class T, class KV>
+bool attention_packed_tc_forward(const Context& ctx, const char* op, MatrixView<T> out, T* lse, MatrixView<const T> q,
+                                 const KV& kv, const PackedLayout& L);
+template <class T, class KV, class DKV>
+bool attention_packed_tc_backward(const Context& ctx, const char* op, MatrixView<T> dq, const DKV& dkv,
+                                  MatrixView<const T> dout, MatrixView<const T> out, const T* lse, MatrixView<const T> q,
+                                  const KV& kv, const PackedLayout& L);
+
 template <class T, int HD, class KV>
 void attention_packed_forward_hd(const Context& ctx, const char* op, MatrixView<T> out, T* lse, MatrixView<const T> q,
                                  const KV& kv, const PackedLayout& L) {
@@ -453,6 +464,7 @@ void attention_packed_backward_hd(const Context& ctx, const char* op, MatrixView
 template <class T, class KV>
 void attention_forward_any(const Context& ctx, const char* op, MatrixView<T> out, T* lse, MatrixView<const T> q,
                            const KV& kv, const PackedLayout& L) {
+  if (attention_packed_tc_forward<T>(ctx, op, out, lse, q, kv, L)) return;
   if (L.hd <= 32) attention_packed_forward_hd<T, 32>(ctx, op, out, lse, q, kv, L);
   else if (L.hd <= 64) attention_packed_forward_hd<T, 64>(ctx, op, out, lse, q, kv, L);
   else attention_packed_forward_hd<T, 128>(ctx, op, out, lse, q, kv, L);
@@ -461,6 +473,7 @@ template <class T, class KV, class DKV>
 void attention_backward_any(const Context& ctx, const char* op, MatrixView<T> dq, const DKV& dkv,
                             MatrixView<const T> dout, MatrixView<const T> out, const T* lse, MatrixView<const T> q,
                             const KV& kv, const PackedLayout& L) {
+  if (attention_packed_tc_backward<T>(ctx, op, dq, dkv, dout, out, lse, q, kv, L)) return;
   if (L.hd <= 32) attention_packed_backward_hd<T, 32>(ctx, op, dq, dkv, dout, out, lse, q, kv, L);
   else if (L.hd <= 64) attention_packed_backward_hd<T, 64>(ctx, op, dq, dkv, dout, out, lse, q, kv, L);
   else attention_packed_backward_hd<T, 128>(ctx, op, dq, dkv, dout, out, lse, q, kv, L);

@@ -128,7 +128,7 @@ __device__ __forceinline__ void tc_stage(typename TcLayout<Path, HD>::S* dst, co
 }
 
 // Stages rows r0 .. r0 + 63 of dO (rounded) and, per row i, D_i = Σ_c dO_ic O_ic (fp32, from the
-// unrounded values) and lse_i; rows past seq get zeros. When every row of dO and O starts 16-byte
+// unrounded values) and lse_i = lse_bh[i · lse_stride]; rows past seq get zeros. When every row of dO and O starts 16-byte
 // aligned (the usual layouts), 16 consecutive threads share a row, each loading float4s of dO and O
 // (HD / 64 of each), and the row's D is a sum over those 16 lanes: the block's 64 rows in 8 passes,
 // the loads of 4 passes issued before their first store (as in tc_stage). (One warp per 16 rows, a
@@ -137,7 +137,8 @@ __device__ __forceinline__ void tc_stage(typename TcLayout<Path, HD>::S* dst, co
 template <int Path, int HD>
 __device__ __forceinline__ void tc_stage_dout(typename TcLayout<Path, HD>::S* sdo, float* sd, float* slse,
                                               const float* dbase, index_t dld, const float* obase, index_t old_,
-                                              const float* lse_bh, index_t r0, index_t seq, index_t col0) {
+                                              const float* lse_bh, index_t r0, index_t seq, index_t col0,
+                                              index_t lse_stride = 1) {
   constexpr int LD = TcLayout<Path, HD>::ld;
   if (dld % 4 == 0 && old_ % 4 == 0 && reinterpret_cast<std::uintptr_t>(dbase + col0) % 16 == 0 &&
       reinterpret_cast<std::uintptr_t>(obase + col0) % 16 == 0) {
@@ -177,7 +178,7 @@ __device__ __forceinline__ void tc_stage_dout(typename TcLayout<Path, HD>::S* sd
         if (t == 0) {
           const index_t r = r0 + rr;
           sd[rr] = di;
-          slse[rr] = r < seq ? lse_bh[r] : 0.0f;
+          slse[rr] = r < seq ? lse_bh[r * lse_stride] : 0.0f;
         }
       }
     }
@@ -196,7 +197,7 @@ __device__ __forceinline__ void tc_stage_dout(typename TcLayout<Path, HD>::S* sd
     di = warp_sum(di);
     if (lane == 0) {
       sd[rr] = di;
-      slse[rr] = r < seq ? lse_bh[r] : 0.0f;
+      slse[rr] = r < seq ? lse_bh[r * lse_stride] : 0.0f;
     }
   }
 }
