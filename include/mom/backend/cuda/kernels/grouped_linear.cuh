@@ -19,27 +19,35 @@ namespace dev {
 
 // ---- the grouped GEMM core ------------------------------------------------------------------------
 //
-// C tile [64 × 64] += A [M × K] · B [K × N] over a 64 × 64 output tile at (m0, n0): 256 threads,
-// 16-deep k steps through double-buffered shared memory (one barrier per step; the next step's
-// elements are loaded into registers while the current one is multiplied). Element (i, k) of an
-// operand (i = row of A or column of B) is at p[i·ld + k] when KC ("k contiguous") and at
-// p[k·ld + i] otherwise; each layout is loaded with its contiguous index fastest across threads
-// (coalesced) and stored k-major into shared memory (A column-major, B row-major). Out-of-range
-// elements load as 0. The three layouts: forward A = x (KC), B = W_g (KC); dx A = dy (KC),
-// B = W_g (not KC); dW A = dyᵀ (not KC), B = x (not KC).
+// C tile += A [M × K] · B [K × N] over one output tile at (m0, n0): 256 threads, k steps through
+// double-buffered shared memory (one barrier per step; the next step's elements are loaded into
+// registers while the current one is multiplied). Element (i, k) of an operand (i = row of A or column
+// of B) is at p[i·ld + k] when KC ("k contiguous") and at p[k·ld + i] otherwise; each layout is loaded
+// with its contiguous index fastest across threads (coalesced) and stored k-major into shared memory (A
+// column-major, B row-major). Out-of-range elements load as 0. The three layouts: forward A = x (KC),
+// B = W_g (KC); dx A = dy (KC), B = W_g (not KC); dW A = dyᵀ (not KC), B = x (not KC). Each output goes
+// to the kernel's epilogue, epi(row in tile, column in tile, value).
 //
 // Paths (float only; double is always SIMT):
-//   gemm_simt  4 × 4 outputs per thread at rows ty + 16a, columns tx + 16b (the 16 lanes of a
-//              half-warp read consecutive shared columns), fp32/fp64 FMAs: Precision::FP32.
+//   gemm_simt  tile 64 × 64, k steps of 16; 4 × 4 outputs per thread at rows ty + 16a, columns
+//              tx + 16b (the 16 lanes of a half-warp read consecutive shared columns), fp32/fp64 FMAs:
+//              Precision::FP32 (gemm_tile).
 //   gemm_tf32  operands rounded to TF32 (cvt.rna) when staged; wmma m16n16k8 on tensor cores,
 //              fp32 accumulate: Precision::TF32 (the default, as cuBLAS' FAST_TF32).
 //   gemm_bf16  operands converted to bf16 (round to nearest even) when staged; wmma m16n16k16,
 //              fp32 accumulate: Precision::BF16 (as the backend's bf16 cuBLAS GEMMs).
-// On the tensor-core paths the 8 warps tile the 64 × 64 block as 4 (rows) × 2 (32 columns: two
-// 16 × 16 accumulators each); the accumulators go through shared memory into the same acc[4][4]
-// layout as the SIMT path, so the kernels' epilogues are shared.
+// The tensor-core paths (gemm_tile_tc) take a 128 × 128 tile and k steps of 16: the 8
+// warps tile it as 2 (rows) × 4 (columns) of 64 × 32, four × two 16 × 16 accumulators each, so a warp
+// issues 8 products per fragment step and a block 64 (bf16) or 128 (TF32) a barrier (a 64 × 64 tile with
+// two accumulators a warp issued 16 (bf16) or 32). They need sm_80; where the kernels were not compiled for it the
+// launchers take the SIMT path (with_gemm_path).
 inline constexpr int gemm_bm = 64, gemm_bn = 64, gemm_bk = 16, gemm_threads = 256;
 enum GemmPath : int { gemm_simt = 0, gemm_tf32 = 1, gemm_bf16 = 2 };
+// A path's output tile: rows (of C or dW) and columns.
+template <int Path>
+inline constexpr int gemm_tile_m = Path == gemm_simt ? gemm_bm : 128;
+template <int Path>
+inline constexpr int gemm_tile_n = Path == gemm_simt ? gemm_bn : 128;
 
 #if defined(MOM_CUDA_EMULATE)
 using bf16_t = EmuBf16;
@@ -53,8 +61,8 @@ __device__ __forceinline__ float from_stage(bf16_t x) { return __bfloat162float(
 __device__ __forceinline__ float from_stage(float x) { return x; }
 __device__ __forceinline__ double from_stage(double x) { return x; }
 
-// TF32 / bf16 wmma need sm_80; older targets run the tensor-core paths' staged values through
-// the SIMT FMAs instead (bf16-rounded; TF32 then unrounded).
+// TF32 / bf16 wmma need sm_80; code compiled for older targets has no tensor-core tile (with_gemm_path
+// takes the SIMT path there).
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 inline constexpr bool wmma_available = true;
 using tf32_tag = nvcuda::wmma::precision::tf32;
@@ -85,14 +93,6 @@ __device__ __forceinline__ typename GemmStage<T, Path>::type stage_value(T v) {
   else return v;
 }
 
-// The two 16 × 16 fp32 accumulators of a warp on the tensor-core paths (nothing otherwise).
-template <bool TensorCores, int Kf>
-struct AccFragments {};
-template <int Kf>
-struct AccFragments<true, Kf> {
-  nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, Kf, float> f[2];
-};
-
 // An operand's memory rows read through an index list (a gather fused into the tile loads, as the CPU's
 // gemm_gathered): memory row r is the table's row rows[r]; rows == nullptr: row r itself. Indices outside
 // [0, bound) read as zero (the forward kernel reports them).
@@ -101,14 +101,15 @@ struct RowList {
   index_t bound = 0;
 };
 
-template <class T, bool KC>
-__device__ __forceinline__ void gemm_load(T (&r)[4], const T* p, index_t ld, index_t ni, index_t nk, index_t i0,
-                                          index_t k0, RowList rl) {
+// A [TI × TK] tile of an operand (TI rows of A or columns of B, TK of k) into TI·TK / 256 registers a thread.
+template <class T, bool KC, int TI = gemm_bm, int TK = gemm_bk>
+__device__ __forceinline__ void gemm_load(T (&r)[TI * TK / gemm_threads], const T* p, index_t ld, index_t ni,
+                                          index_t nk, index_t i0, index_t k0, RowList rl) {
 #pragma unroll
-  for (int q = 0; q < 4; ++q) {
+  for (int q = 0; q < TI * TK / gemm_threads; ++q) {
     const int e = int(threadIdx.x) + q * gemm_threads;
-    const int i = KC ? e / gemm_bk : e % gemm_bm;
-    const int k = KC ? e % gemm_bk : e / gemm_bm;
+    const int i = KC ? e / TK : e % TI;
+    const int k = KC ? e % TK : e / TI;
     const index_t gi = i0 + i, gk = k0 + k;
     r[q] = T(0);
     if (gi < ni && gk < nk) {
@@ -118,30 +119,42 @@ __device__ __forceinline__ void gemm_load(T (&r)[4], const T* p, index_t ld, ind
     }
   }
 }
-template <class T, bool KC, int Path>
-__device__ __forceinline__ void gemm_store(typename GemmStage<T, Path>::type (*s)[GemmStage<T, Path>::ld],
-                                           const T (&r)[4]) {
+template <class T, bool KC, int Path, int TI = gemm_bm, int TK = gemm_bk, int LD = GemmStage<T, Path>::ld>
+__device__ __forceinline__ void gemm_store(typename GemmStage<T, Path>::type (*s)[LD],
+                                           const T (&r)[TI * TK / gemm_threads]) {
 #pragma unroll
-  for (int q = 0; q < 4; ++q) {
+  for (int q = 0; q < TI * TK / gemm_threads; ++q) {
     const int e = int(threadIdx.x) + q * gemm_threads;
-    const int i = KC ? e / gemm_bk : e % gemm_bm;
-    const int k = KC ? e % gemm_bk : e / gemm_bm;
+    const int i = KC ? e / TK : e % TI;
+    const int k = KC ? e % TK : e / TI;
     s[k][i] = stage_value<T, Path>(r[q]);
   }
 }
+// The sum of a thread's loaded values, in a fixed order (the fused bias gradient's partial sums).
+template <class T, int Q>
+__device__ __forceinline__ T gemm_part_sum(const T (&r)[Q]) {
+  if constexpr (Q == 1) {
+    return r[0];
+  } else {
+    T h[Q / 2];
+#pragma unroll
+    for (int q = 0; q < Q / 2; ++q) h[q] = r[2 * q] + r[2 * q + 1];
+    return gemm_part_sum<T, Q / 2>(h);
+  }
+}
 
-// acc[a][b] += Σ_{k<K} A(m0 + ty + 16a, k) · B(k, n0 + tx + 16b) (ty = thread / 16, tx = thread % 16).
-// With Product = false only the A tiles are loaded (the bias gradient alone). With want_asum
+// acc[a][b] += Σ_{k<K} A(m0 + ty + 16a, k) · B(k, n0 + tx + 16b) (ty = thread / 16, tx = thread % 16), the SIMT
+// path's 64 × 64 tile. With Product = false only the A tiles are loaded (the bias gradient alone). With want_asum
 // (A not KC only), thread t < 64 also gets asum += Σ_k A(m0 + t, k) in full precision, the fused
 // bias gradient: in that layout thread t loads only elements of row t % 64, so it sums them from
 // its registers and the 4 partial sums of a row meet in shared memory (deterministic).
 // Every thread of the block must call it (barriers).
-template <class T, bool AKC, bool BKC, bool Product, int Path>
+template <class T, bool AKC, bool BKC, bool Product>
 __device__ void gemm_tile(T (&acc)[4][4], T& asum, bool want_asum, const T* A, index_t lda, const T* B, index_t ldb,
                           index_t M, index_t N, index_t K, index_t m0, index_t n0, RowList arows = {},
                           RowList brows = {}) {
-  using S = typename GemmStage<T, Path>::type;
-  constexpr int ld = GemmStage<T, Path>::ld;
+  using S = typename GemmStage<T, gemm_simt>::type;
+  constexpr int ld = GemmStage<T, gemm_simt>::ld;
   alignas(32) __shared__ S As[2][gemm_bk][ld];
   alignas(32) __shared__ S Bs[2][gemm_bk][ld];
   const int t = threadIdx.x, tx = t % 16, ty = t / 16;
@@ -149,45 +162,23 @@ __device__ void gemm_tile(T (&acc)[4][4], T& asum, bool want_asum, const T* A, i
   if (steps == 0) return;
   T ra[4], rb[4], part = T(0);
   gemm_load<T, AKC>(ra, A, lda, M, K, m0, 0, arows);
-  if (!AKC && want_asum) part += (ra[0] + ra[1]) + (ra[2] + ra[3]);
-  gemm_store<T, AKC, Path>(As[0], ra);
+  if (!AKC && want_asum) part += gemm_part_sum(ra);
+  gemm_store<T, AKC, gemm_simt>(As[0], ra);
   if constexpr (Product) {
     gemm_load<T, BKC>(rb, B, ldb, N, K, n0, 0, brows);
-    gemm_store<T, BKC, Path>(Bs[0], rb);
+    gemm_store<T, BKC, gemm_simt>(Bs[0], rb);
   }
   __syncthreads();
-
-  constexpr bool tensor_cores = Path != gemm_simt && wmma_available;
-  [[maybe_unused]] const int warp = t / 32, wm = warp % 4, wn = warp / 4;
-  constexpr int kf = Path == gemm_bf16 ? 16 : 8;  // wmma k of the path
-  using FragT = std::conditional_t<Path == gemm_bf16, bf16_t, tf32_tag>;
-  [[maybe_unused]] AccFragments<tensor_cores, kf> cf;
-  if constexpr (tensor_cores) {
-    nvcuda::wmma::fill_fragment(cf.f[0], 0.0f);
-    nvcuda::wmma::fill_fragment(cf.f[1], 0.0f);
-  }
 
   for (index_t s = 0; s < steps; ++s) {
     const int cur = int(s & 1);
     const bool next = s + 1 < steps;
     if (next) {
       gemm_load<T, AKC>(ra, A, lda, M, K, m0, (s + 1) * gemm_bk, arows);
-      if (!AKC && want_asum) part += (ra[0] + ra[1]) + (ra[2] + ra[3]);
+      if (!AKC && want_asum) part += gemm_part_sum(ra);
       if constexpr (Product) gemm_load<T, BKC>(rb, B, ldb, N, K, n0, (s + 1) * gemm_bk, brows);
     }
-    if constexpr (Product && tensor_cores) {
-#pragma unroll
-      for (int kk = 0; kk < gemm_bk; kk += kf) {
-        nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, kf, FragT, nvcuda::wmma::col_major> af;
-        nvcuda::wmma::load_matrix_sync(af, &As[cur][kk][wm * 16], ld);
-#pragma unroll
-        for (int f = 0; f < 2; ++f) {
-          nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, kf, FragT, nvcuda::wmma::row_major> bf;
-          nvcuda::wmma::load_matrix_sync(bf, &Bs[cur][kk][wn * 32 + f * 16], ld);
-          nvcuda::wmma::mma_sync(cf.f[f], af, bf, cf.f[f]);
-        }
-      }
-    } else if constexpr (Product) {
+    if constexpr (Product) {
 #pragma unroll
       for (int k = 0; k < gemm_bk; ++k) {
         T a[4], b[4];
@@ -202,24 +193,12 @@ __device__ void gemm_tile(T (&acc)[4][4], T& asum, bool want_asum, const T* A, i
       }
     }
     if (next) {
-      gemm_store<T, AKC, Path>(As[cur ^ 1], ra);
-      if constexpr (Product) gemm_store<T, BKC, Path>(Bs[cur ^ 1], rb);
+      gemm_store<T, AKC, gemm_simt>(As[cur ^ 1], ra);
+      if constexpr (Product) gemm_store<T, BKC, gemm_simt>(Bs[cur ^ 1], rb);
     }
     __syncthreads();  // step s's buffer is free and step s + 1's is complete
   }
 
-  if constexpr (Product && tensor_cores) {  // accumulators -> the SIMT register layout
-    alignas(32) __shared__ float Cs[gemm_bm][gemm_bn + 4];
-#pragma unroll
-    for (int f = 0; f < 2; ++f)
-      nvcuda::wmma::store_matrix_sync(&Cs[wm * 16][wn * 32 + f * 16], cf.f[f], gemm_bn + 4,
-                                      nvcuda::wmma::mem_row_major);
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) acc[i][j] += Cs[ty + 16 * i][tx + 16 * j];
-  }
   if constexpr (!AKC) {
     if (want_asum) {  // the same for every thread of the block
       __shared__ T red[gemm_threads / gemm_bm][gemm_bm];
@@ -230,18 +209,132 @@ __device__ void gemm_tile(T (&acc)[4][4], T& asum, bool want_asum, const T* A, i
   }
 }
 
-// Runs f(std::integral_constant<int, path>) with the GEMM path of the backend's precision.
-template <class T, class F>
-void with_gemm_path(const Context& ctx, F&& f) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (ctx.precision == Precision::TF32) return f(std::integral_constant<int, gemm_tf32>{});
-    if (ctx.precision == Precision::BF16) return f(std::integral_constant<int, gemm_bf16>{});
+// The tensor-core paths' tile (see above): 128 × 128 outputs, k steps of bk, operands staged as S with rows
+// ld apart (wmma's ldm: a multiple of 16 bytes; the fragments' rows 32-byte aligned).
+template <int Path>
+struct TcGemmTile {
+  static_assert(Path == gemm_tf32 || Path == gemm_bf16);
+  static constexpr int bm = gemm_tile_m<Path>, bn = gemm_tile_n<Path>;
+  static constexpr int bk = 16, kf = Path == gemm_bf16 ? 16 : 8;  // k step (32 for bf16 spilled), wmma k
+  static constexpr int ld = bm + (Path == gemm_bf16 ? 8 : 4);
+  static constexpr int stage_ld = 16;  // a warp's fp32 staging of one accumulator in the epilogue (fits the bf16 A buffer)
+  static_assert(bm == bn && bm * bk % gemm_threads == 0);
+};
+
+// The tensor-core tile: C(m0 + i, n0 + j) = Σ_{k<K} A(m0 + i, k) · B(k, n0 + j) for i, j < 128, each passed to
+// epi(i, j, value) once (rows and columns past M, N too: the epilogue checks). Warp w owns rows 64·(w % 2) ..
+// and columns 32·(w / 2) ..; after the last step each warp stores its accumulators one at a time into its own
+// staging in the (then free) A buffer and calls epi from there. want_asum (A not KC): thread t < 128 gets
+// asum += Σ_k A(m0 + t, k) as gemm_tile does (thread t loads only row t % 128 of A). Every thread must call it.
+template <bool AKC, bool BKC, int Path, class Epi>
+__device__ void gemm_tile_tc(float& asum, bool want_asum, const float* A, index_t lda, const float* B, index_t ldb,
+                             index_t M, index_t N, index_t K, index_t m0, index_t n0, RowList arows, RowList brows,
+                             Epi&& epi) {
+  if constexpr (wmma_available) {
+    namespace wm = nvcuda::wmma;
+    using Tile = TcGemmTile<Path>;
+    using S = typename GemmStage<float, Path>::type;
+    using FragT = std::conditional_t<Path == gemm_bf16, bf16_t, tf32_tag>;
+    constexpr int BM = Tile::bm, BN = Tile::bn, BK = Tile::bk, LD = Tile::ld, KF = Tile::kf, SLD = Tile::stage_ld;
+    constexpr int Q = BM * BK / gemm_threads;
+    alignas(128) __shared__ S As[2][BK][LD];
+    alignas(128) __shared__ S Bs[2][BK][LD];
+    static_assert(sizeof(As) >= sizeof(float) * 8 * 16 * SLD, "the epilogue's staging must fit in the A buffer");
+    const int t = threadIdx.x, warp = t / 32, lane = t % 32, wm_ = warp % 2, wn_ = warp / 2;
+    wm::fragment<wm::accumulator, 16, 16, KF, float> c[4][2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) wm::fill_fragment(c[i][j], 0.0f);
+    float part = 0.0f;
+    const index_t steps = (K + BK - 1) / BK;
+    if (steps > 0) {
+      float ra[Q], rb[Q];
+      gemm_load<float, AKC, BM, BK>(ra, A, lda, M, K, m0, 0, arows);
+      if (!AKC && want_asum) part += gemm_part_sum(ra);
+      gemm_store<float, AKC, Path, BM, BK, LD>(As[0], ra);
+      gemm_load<float, BKC, BN, BK>(rb, B, ldb, N, K, n0, 0, brows);
+      gemm_store<float, BKC, Path, BN, BK, LD>(Bs[0], rb);
+      __syncthreads();
+      for (index_t s = 0; s < steps; ++s) {
+        const int cur = int(s & 1);
+        const bool next = s + 1 < steps;
+        if (next) {
+          gemm_load<float, AKC, BM, BK>(ra, A, lda, M, K, m0, (s + 1) * BK, arows);
+          if (!AKC && want_asum) part += gemm_part_sum(ra);
+          gemm_load<float, BKC, BN, BK>(rb, B, ldb, N, K, n0, (s + 1) * BK, brows);
+        }
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += KF) {
+          wm::fragment<wm::matrix_a, 16, 16, KF, FragT, wm::col_major> af[4];
+          wm::fragment<wm::matrix_b, 16, 16, KF, FragT, wm::row_major> bf[2];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) wm::load_matrix_sync(af[i], &As[cur][kk][wm_ * 64 + 16 * i], LD);
+#pragma unroll
+          for (int j = 0; j < 2; ++j) wm::load_matrix_sync(bf[j], &Bs[cur][kk][wn_ * 32 + 16 * j], LD);
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) wm::mma_sync(c[i][j], af[i], bf[j], c[i][j]);
+        }
+        if (next) {
+          gemm_store<float, AKC, Path, BM, BK, LD>(As[cur ^ 1], ra);
+          gemm_store<float, BKC, Path, BN, BK, LD>(Bs[cur ^ 1], rb);
+        }
+        __syncthreads();  // step s's buffer is free and step s + 1's is complete
+      }
+    }
+    float* stage = reinterpret_cast<float*>(&As[0][0][0]) + warp * 16 * SLD;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        wm::store_matrix_sync(stage, c[i][j], SLD, wm::mem_row_major);
+        __syncwarp();
+        for (int e = lane; e < 256; e += 32)
+          epi(wm_ * 64 + 16 * i + e / 16, wn_ * 32 + 16 * j + e % 16, stage[(e / 16) * SLD + e % 16]);
+        __syncwarp();
+      }
+    if constexpr (!AKC) {
+      if (want_asum) {  // the same for every thread of the block
+        __shared__ float red[gemm_threads / BM][BM];
+        red[t / BM][t % BM] = part;
+        __syncthreads();
+        if (t < BM) asum += red[0][t] + red[1][t];
+      }
+    }
+  } else {
+    (void)asum, (void)want_asum, (void)A, (void)lda, (void)B, (void)ldb, (void)M, (void)N, (void)K, (void)m0, (void)n0,
+        (void)arows, (void)brows, (void)epi;  // never launched (with_gemm_path)
   }
-  f(std::integral_constant<int, gemm_simt>{});
 }
 
-// Row-grouped GEMM (linear forward, dx): blockIdx.x enumerates every group's 64-row tiles
-// (find_row_tile), blockIdx.y the 64-column tiles of C. C rows are group g's rows of c.
+// One output tile of the path: the tile core's results through epi(row in tile, column in tile, value) (with
+// Product = false, only asum: the SIMT core).
+template <class T, bool AKC, bool BKC, bool Product, int Path, class Epi>
+__device__ void gemm_run(T& asum, bool want_asum, const T* A, index_t lda, const T* B, index_t ldb, index_t M, index_t N,
+                         index_t K, index_t m0, index_t n0, RowList arows, RowList brows, Epi&& epi) {
+  if constexpr (Path == gemm_simt || !Product) {
+    T acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] = T(0);
+    gemm_tile<T, AKC, BKC, Product>(acc, asum, want_asum, A, lda, B, ldb, M, N, K, m0, n0, arows, brows);
+    if constexpr (Product) {
+      const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) epi(ty + 16 * i, tx + 16 * j, acc[i][j]);
+    }
+  } else {
+    gemm_tile_tc<AKC, BKC, Path>(asum, want_asum, A, lda, B, ldb, M, N, K, m0, n0, arows, brows, epi);
+  }
+}
+
+// Row-grouped GEMM (linear forward, dx): blockIdx.x enumerates every group's row tiles
+// (find_row_tile; gemm_tile_m<Path> rows), blockIdx.y the column tiles of C (gemm_tile_n<Path>). C rows are group g's rows of c.
 // Forward (Accumulate = false): c = a · W_gᵀ + bias_g, W_g [N × K] (KC). dx (Accumulate = true):
 // c += a · W_g, W_g [K × N] (not KC). ldw is W_g's row stride. With a_idx, c's row r reads a's row a_idx[r]
 // (a the table: the gather fused into the loads); the groups index c's rows.
@@ -249,41 +342,29 @@ template <class T, bool BKC, bool Accumulate, int Path>
 __global__ void grouped_rows_gemm_kernel(MatrixView<T> c, MatrixView<const T> a, const token_t* a_idx,
                                          PerGroup<const T> w, index_t ldw, PerGroup<const T> bias, RowGroups g,
                                          int* error) {
+  constexpr int BM = gemm_tile_m<Path>, BN = gemm_tile_n<Path>;
   check_offsets(g, c.rows, error);
   int gi = 0;
   index_t tile = 0;
-  if (!find_row_tile(g, c.rows, gemm_bm, blockIdx.x, &gi, &tile)) return;
+  if (!find_row_tile(g, c.rows, BM, blockIdx.x, &gi, &tile)) return;
   const RowRange rr = group_rows(g, gi, c.rows);
   const index_t M = rr.hi - rr.lo, N = c.cols, K = a.cols;
-  const index_t m0 = tile * gemm_bm, n0 = index_t(blockIdx.y) * gemm_bn;
+  const index_t m0 = tile * BM, n0 = index_t(blockIdx.y) * BN;
   const RowList arows = a_idx ? RowList{a_idx + rr.lo, a.rows} : RowList{};
-  if (a_idx && blockIdx.y == 0 && threadIdx.x < gemm_bm && m0 + threadIdx.x < M) {
+  if (a_idx && blockIdx.y == 0 && threadIdx.x < BM && m0 + threadIdx.x < M) {
     const index_t r = rr.lo + m0 + threadIdx.x;
     if (a_idx[r] < 0 || a_idx[r] >= a.rows) report(error, DeviceError::gather_index, r, a_idx[r], a.rows);
   }
-  T acc[4][4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) acc[i][j] = T(0);
-  T unused = T(0);
-  gemm_tile<T, true, BKC, true, Path>(acc, unused, false, a_idx ? a.data : a.data + rr.lo * a.ld, a.ld,
-                                      w.base + w.at[gi], ldw, M, N, K, m0, n0, arows);
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   const T* b = bias.base ? bias.base + bias.at[gi] : nullptr;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const index_t m = m0 + ty + 16 * i;
-    if (m >= M) continue;
-    T* row = c.data + (rr.lo + m) * c.ld;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const index_t n = n0 + tx + 16 * j;
-      if (n >= N) continue;
-      if constexpr (Accumulate) row[n] += acc[i][j];
-      else row[n] = acc[i][j] + (b ? b[n] : T(0));
-    }
-  }
+  T unused = T(0);
+  gemm_run<T, true, BKC, true, Path>(unused, false, a_idx ? a.data : a.data + rr.lo * a.ld, a.ld, w.base + w.at[gi],
+                                     ldw, M, N, K, m0, n0, arows, RowList{}, [&](int i, int j, T v) {
+                                       const index_t m = m0 + i, n = n0 + j;
+                                       if (m >= M || n >= N) return;
+                                       T* row = c.data + (rr.lo + m) * c.ld;
+                                       if constexpr (Accumulate) row[n] += v;
+                                       else row[n] = v + (b ? b[n] : T(0));
+                                     });
 }
 
 // Per-group reduction GEMM (dW_g += dy_gᵀ x_g, db_g += Σ dy_g): blockIdx.x enumerates the output
@@ -295,37 +376,38 @@ __global__ void grouped_rows_gemm_kernel(MatrixView<T> c, MatrixView<const T> a,
 template <class T, bool WithDw, int Path>
 __global__ void grouped_dw_kernel(PerGroup<T> dw, PerGroup<T> db, MatrixView<const T> dy, MatrixView<const T> x,
                                   const token_t* x_idx, RowGroups g, index_t n_tiles, int* error) {
+  constexpr int BM = gemm_tile_m<Path>, BN = gemm_tile_n<Path>;
   check_offsets(g, dy.rows, error);
   const int gi = int(blockIdx.y);
   const RowRange rr = group_rows(g, gi, dy.rows);
   if (rr.hi == rr.lo) return;
   const index_t M = dy.cols, N = x.cols, K = rr.hi - rr.lo;
-  const index_t m0 = (index_t(blockIdx.x) / n_tiles) * gemm_bm, n0 = (index_t(blockIdx.x) % n_tiles) * gemm_bn;
+  const index_t m0 = (index_t(blockIdx.x) / n_tiles) * BM, n0 = (index_t(blockIdx.x) % n_tiles) * BN;
   const bool want_db = db.base != nullptr && n0 == 0;
-  T acc[4][4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) acc[i][j] = T(0);
   T asum = T(0);
-  gemm_tile<T, false, false, WithDw, Path>(acc, asum, want_db, dy.data + rr.lo * dy.ld, dy.ld,
-                                           x_idx ? x.data : x.data + rr.lo * x.ld, x.ld, M, N, K, m0, n0, RowList{},
-                                           x_idx ? RowList{x_idx + rr.lo, x.rows} : RowList{});
-  const int t = threadIdx.x, tx = t % 16, ty = t / 16;
-  if constexpr (WithDw) {
-    T* d = dw.base + dw.at[gi];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const index_t m = m0 + ty + 16 * i;
-      if (m >= M) continue;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const index_t n = n0 + tx + 16 * j;
-        if (n < N) d[m * N + n] += acc[i][j];
-      }
+  T* d = WithDw ? dw.base + dw.at[gi] : nullptr;
+  gemm_run<T, false, false, WithDw, Path>(asum, want_db, dy.data + rr.lo * dy.ld, dy.ld,
+                                          x_idx ? x.data : x.data + rr.lo * x.ld, x.ld, M, N, K, m0, n0, RowList{},
+                                          x_idx ? RowList{x_idx + rr.lo, x.rows} : RowList{}, [&](int i, int j, T v) {
+                                            const index_t m = m0 + i, n = n0 + j;
+                                            if (m < M && n < N) d[m * N + n] += v;
+                                          });
+  const int t = threadIdx.x;
+  if (want_db && t < BM && m0 + t < M) db.base[db.at[gi] + m0 + t] += asum;
+}
+
+// Runs f(std::integral_constant<int, path>) with the GEMM path of the backend's precision: the tensor-core paths
+// where their kernels were compiled for sm_80 or later (checked once), else the SIMT path.
+template <class T, class F>
+void with_gemm_path(const Context& ctx, F&& f) {
+  if constexpr (std::is_same_v<T, float>) {
+    static constexpr auto probe = grouped_rows_gemm_kernel<float, true, false, gemm_bf16>;
+    if (ctx.precision != Precision::FP32 && smem_fits<probe>(ctx, 0, 80)) {
+      if (ctx.precision == Precision::TF32) return f(std::integral_constant<int, gemm_tf32>{});
+      return f(std::integral_constant<int, gemm_bf16>{});
     }
   }
-  if (want_db && t < gemm_bm && m0 + t < M) db.base[db.at[gi] + m0 + t] += asum;
+  f(std::integral_constant<int, gemm_simt>{});
 }
 
 }  // namespace dev
@@ -335,8 +417,9 @@ __global__ void grouped_dw_kernel(PerGroup<T> dw, PerGroup<T> db, MatrixView<con
 template <class T>
 void GroupedKernels<T>::linear_forward(const Context& ctx, M y, CM x, const token_t* idx, CPG w, CPG b, RowGroups g) {
   if (g.count == 0 || y.rows == 0 || y.cols == 0) return;
-  const dim3 grid(dev::row_tile_slots(y.rows, g.count, dev::gemm_bm), dev::blocks_exact(y.cols, dev::gemm_bn));
   dev::with_gemm_path<T>(ctx, [&](auto path) {
+    constexpr int P = decltype(path)::value;
+    const dim3 grid(dev::row_tile_slots(y.rows, g.count, dev::gemm_tile_m<P>), dev::blocks_exact(y.cols, dev::gemm_tile_n<P>));
     dev::launch("grouped_linear_forward", ctx, grid, dev::gemm_threads,
                 dev::grouped_rows_gemm_kernel<T, true, false, decltype(path)::value>, y, x, idx, w, x.cols, b, g,
                 ctx.error);
@@ -345,8 +428,9 @@ void GroupedKernels<T>::linear_forward(const Context& ctx, M y, CM x, const toke
 template <class T>
 void GroupedKernels<T>::linear_backward_dx(const Context& ctx, M dx, CM dy, CPG w, RowGroups g, bool add) {
   if (g.count == 0 || dy.rows == 0 || dx.cols == 0) return;
-  const dim3 grid(dev::row_tile_slots(dy.rows, g.count, dev::gemm_bm), dev::blocks_exact(dx.cols, dev::gemm_bn));
   dev::with_gemm_path<T>(ctx, [&](auto path) {
+    constexpr int P = decltype(path)::value;
+    const dim3 grid(dev::row_tile_slots(dy.rows, g.count, dev::gemm_tile_m<P>), dev::blocks_exact(dx.cols, dev::gemm_tile_n<P>));
     // Accumulate = false with no bias stores the product: the overwrite.
     if (add)
       dev::launch("grouped_linear_backward", ctx, grid, dev::gemm_threads,
@@ -362,13 +446,14 @@ template <class T>
 void GroupedKernels<T>::linear_backward_dw(const Context& ctx, PG dw, PG db, CM dy, CM x, const token_t* idx,
                                            RowGroups g) {
   if (g.count == 0 || dy.cols == 0 || (dw.empty() && db.empty())) return;
-  const index_t m_tiles = (dy.cols + dev::gemm_bm - 1) / dev::gemm_bm;
   if (!dw.empty()) {
     if (x.cols == 0) {  // dW has no columns: only db is left
       if (db.empty()) return;
     } else {
-      const index_t n_tiles = (x.cols + dev::gemm_bn - 1) / dev::gemm_bn;
       dev::with_gemm_path<T>(ctx, [&](auto path) {
+        constexpr int P = decltype(path)::value;
+        const index_t m_tiles = (dy.cols + dev::gemm_tile_m<P> - 1) / dev::gemm_tile_m<P>;
+        const index_t n_tiles = (x.cols + dev::gemm_tile_n<P> - 1) / dev::gemm_tile_n<P>;
         dev::launch("grouped_linear_backward", ctx, dim3(unsigned(m_tiles * n_tiles), unsigned(g.count)),
                     dev::gemm_threads, dev::grouped_dw_kernel<T, true, decltype(path)::value>, dw, db, dy, x, idx, g,
                     n_tiles, ctx.error);
@@ -376,6 +461,7 @@ void GroupedKernels<T>::linear_backward_dw(const Context& ctx, PG dw, PG db, CM 
       return;
     }
   }
+  const index_t m_tiles = (dy.cols + dev::gemm_bm - 1) / dev::gemm_bm;
   dev::launch("grouped_linear_backward", ctx, dim3(unsigned(m_tiles), unsigned(g.count)), dev::gemm_threads,
               dev::grouped_dw_kernel<T, false, dev::gemm_simt>, dw, db, dy, x, idx, g, index_t(1), ctx.error);
 }
