@@ -7,10 +7,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <new>
 #include <vector>
 
 #include <unistd.h>
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <driver_types.h>
@@ -213,10 +215,11 @@ void gemm_col_major(cublasOperation_t ta, cublasOperation_t tb, int m, int n, in
 }
 }  // namespace
 
-extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
-                                       int k, const void* alpha, const void* A, cudaDataType Atype, int lda,
-                                       const void* B, cudaDataType Btype, int ldb, const void* beta, void* C,
-                                       cudaDataType Ctype, int ldc, cublasComputeType_t, cublasGemmAlgo_t) {
+namespace {
+// cublasGemmEx's definition, and cublasLtMatmul's without an epilogue (both count as GEMMs for the budgets).
+cublasStatus_t gemm_ex(cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k, const void* alpha,
+                       const void* A, cudaDataType Atype, int lda, const void* B, cudaDataType Btype, int ldb,
+                       const void* beta, void* C, cudaDataType Ctype, int ldc) {
   // Supported as the backend uses them: 32F/32F/32F, 64F/64F/64F, and 16BF x 16BF -> 32F (Precision::BF16).
   const bool bf16 = Atype == CUDA_R_16BF && Btype == CUDA_R_16BF && Ctype == CUDA_R_32F;
   if (!bf16 && (Atype != Btype || Atype != Ctype)) return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -257,3 +260,131 @@ extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t transa,
     return CUBLAS_STATUS_NOT_SUPPORTED;
   return CUBLAS_STATUS_SUCCESS;
 }
+}  // namespace
+
+extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                                       int k, const void* alpha, const void* A, cudaDataType Atype, int lda,
+                                       const void* B, cudaDataType Btype, int ldb, const void* beta, void* C,
+                                       cudaDataType Ctype, int ldc, cublasComputeType_t, cublasGemmAlgo_t) {
+  return gemm_ex(transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C, Ctype, ldc);
+}
+
+// ---- cuBLASLt, as the backend uses it (lt.hpp): D = alpha·op(A)·op(B) with the epilogue DEFAULT or BIAS (a vector
+// added to every column of D), D = C, beta = 0, A and B 32F or 16BF, D 32F. The descriptors keep their fields in
+// the semi-opaque structs' storage. With the bias, D is first filled with it and the product added with beta = 1:
+// one rounding of sum + bias, the same bits as the backend's broadcast-then-GEMM path.
+namespace {
+struct EmuLtOp {
+  cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;
+  cudaDataType_t bias_type = CUDA_R_32F;
+};
+struct EmuLtLayout {
+  cudaDataType type;
+  std::uint64_t rows, cols;
+  std::int64_t ld;
+};
+static_assert(sizeof(EmuLtOp) <= sizeof(cublasLtMatmulDescOpaque_t) && sizeof(EmuLtLayout) <= sizeof(cublasLtMatrixLayoutOpaque_t));
+EmuLtOp& fields(cublasLtMatmulDesc_t d) { return *reinterpret_cast<EmuLtOp*>(d->data); }
+EmuLtLayout& fields(cublasLtMatrixLayout_t l) { return *reinterpret_cast<EmuLtLayout*>(l->data); }
+template <class U>
+cublasStatus_t set_field(U& field, const void* buf, std::size_t size) {
+  if (!buf || size != sizeof(U)) return CUBLAS_STATUS_INVALID_VALUE;
+  std::memcpy(&field, buf, sizeof(U));
+  return CUBLAS_STATUS_SUCCESS;
+}
+bool lt_supported(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t d) {
+  const EmuLtOp& o = fields(op);
+  const cudaDataType ta = fields(a).type;
+  return (o.epilogue == CUBLASLT_EPILOGUE_DEFAULT || (o.epilogue == CUBLASLT_EPILOGUE_BIAS && o.bias_type == CUDA_R_32F)) &&
+         ta == fields(b).type && (ta == CUDA_R_32F || ta == CUDA_R_16BF) && fields(d).type == CUDA_R_32F;
+}
+}  // namespace
+
+extern "C" {
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) {
+  static int dummy;
+  *h = reinterpret_cast<cublasLtHandle_t>(&dummy);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeType_t, cudaDataType_t) {
+  *d = new cublasLtMatmulDescOpaque_t{};
+  new ((*d)->data) EmuLtOp{};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+  delete d;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const void* buf,
+                                              size_t size) {
+  EmuLtOp& o = fields(d);
+  switch (attr) {
+    case CUBLASLT_MATMUL_DESC_TRANSA: return set_field(o.ta, buf, size);
+    case CUBLASLT_MATMUL_DESC_TRANSB: return set_field(o.tb, buf, size);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE: return set_field(o.epilogue, buf, size);
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return set_field(o.bias, buf, size);
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return set_field(o.bias_type, buf, size);
+    default: return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataType type, uint64_t rows, uint64_t cols,
+                                          int64_t ld) {
+  if (ld < std::int64_t(rows > 1 ? rows : 1)) return CUBLAS_STATUS_INVALID_VALUE;
+  *l = new cublasLtMatrixLayoutOpaque_t{};
+  new ((*l)->data) EmuLtLayout{type, rows, cols, ld};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+  delete l;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* p) {
+  *p = new cublasLtMatmulPreferenceOpaque_t{};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+  delete p;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t,
+                                                    const void* buf, size_t) {
+  return buf ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+}
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
+                                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t d,
+                                              cublasLtMatmulPreference_t, int requested,
+                                              cublasLtMatmulHeuristicResult_t results[], int* found) {
+  *found = 0;
+  if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
+  if (!lt_supported(op, a, b, d)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  results[0] = cublasLtMatmulHeuristicResult_t{};
+  results[0].state = CUBLAS_STATUS_SUCCESS;
+  *found = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const void* alpha, const void* A,
+                              cublasLtMatrixLayout_t a, const void* B, cublasLtMatrixLayout_t b, const void* beta,
+                              const void* C, cublasLtMatrixLayout_t, void* D, cublasLtMatrixLayout_t d,
+                              const cublasLtMatmulAlgo_t*, void*, size_t, cudaStream_t) {
+  const EmuLtOp& o = fields(op);
+  const EmuLtLayout &la = fields(a), &lb = fields(b), &ld = fields(d);
+  if (!lt_supported(op, a, b, d) || C != D || *static_cast<const float*>(beta) != 0.0f) return CUBLAS_STATUS_NOT_SUPPORTED;
+  const bool at = o.ta != CUBLAS_OP_N, bt = o.tb != CUBLAS_OP_N;
+  const auto m = ld.rows, n = ld.cols, k = at ? la.rows : la.cols;
+  if ((at ? la.cols : la.rows) != m || (bt ? lb.rows : lb.cols) != n || (bt ? lb.cols : lb.rows) != k)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  const float one = 1.0f, zero = 0.0f;
+  if (o.epilogue == CUBLASLT_EPILOGUE_BIAS) {
+    if (!o.bias) return CUBLAS_STATUS_INVALID_VALUE;
+    const float* bias = static_cast<const float*>(o.bias);
+    float* out = static_cast<float*>(D);
+    for (std::uint64_t j = 0; j < n; ++j)
+      for (std::uint64_t i = 0; i < m; ++i) out[i + j * std::uint64_t(ld.ld)] = bias[i];
+  }
+  return gemm_ex(o.ta, o.tb, int(m), int(n), int(k), alpha, A, la.type, int(la.ld), B, lb.type, int(lb.ld),
+                 o.epilogue == CUBLASLT_EPILOGUE_BIAS ? &one : &zero, D, CUDA_R_32F, int(ld.ld));
+}
+}  // extern "C"

@@ -14,11 +14,12 @@
 // - Asynchrony: every op only enqueues work on the backend's stream; nothing inside a training step
 //   waits for the GPU (grad_norm leaves the norm in device memory for adamw_step). The first host
 //   synchronisation after a bad index (token id, target, gather/scatter index) throws its error.
-// - Ownership: the stream, the cuBLAS handle and small device scratch belong to a shared context;
+// - Ownership: the stream, the cuBLAS and cuBLASLt handles and small device scratch belong to a shared context;
 //   copies of a Backend share them (and their stream order).
 //
 // The backend in files by concern; this one keeps the Backend struct (context, precision, memory, sync):
 //   ops.hpp            the ops of a dense transformer (detail::DenseOps<T>)
+//   lt.hpp             cuBLASLt plans for the GEMMs with a fused epilogue (the linear forward's bias)
 //   routed_ops.hpp     the ops of routed models: routing, dispatch, depth, grouped (detail::RoutedOps<T>)
 //   staging.hpp        the bf16 GEMM staging and the dispatch scratch, grown only outside a step
 //   device_errors.hpp  the index errors kernels record on the device, thrown at the next sync
@@ -51,6 +52,9 @@ inline void destroy_context(Context* c) noexcept {
   (void)cudaSetDevice(c->device);
   if (c->stream) (void)cudaStreamSynchronize(c->stream);
   if (c->blas) (void)cublasDestroy(c->blas);
+  delete c->lt_plans;
+  if (c->lt) (void)cublasLtDestroy(c->lt);
+  (void)cudaFree(c->lt_workspace);
   if (c->stream) (void)cudaStreamDestroy(c->stream);
   (void)cudaFree(c->error);
   (void)cudaFree(c->partials);
@@ -74,6 +78,11 @@ inline std::shared_ptr<Context> make_context(int device) {
   MOM_CUDA_CHECK(cudaStreamCreate(&c.stream), "cuda::Backend");
   MOM_CUBLAS_CHECK(cublasCreate(&c.blas), "cuda::Backend");
   MOM_CUBLAS_CHECK(cublasSetStream(c.blas, c.stream), "cuda::Backend");
+  // cuBLASLt for the fused epilogues, with the workspace its Hopper kernels want (32 MiB, made once here).
+  MOM_CUBLAS_CHECK(cublasLtCreate(&c.lt), "cuda::Backend");
+  c.lt_workspace_bytes = std::size_t(32) << 20;
+  MOM_CUDA_CHECK(cudaMalloc(&c.lt_workspace, c.lt_workspace_bytes), "cuda::Backend");
+  c.lt_plans = new LtPlans;
   MOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c.error), 4 * sizeof(int)), "cuda::Backend");
   MOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c.partials), Context::reduce_blocks * sizeof(double)),
                  "cuda::Backend");

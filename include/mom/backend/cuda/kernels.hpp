@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -56,6 +57,10 @@ enum class Precision : int {
 // Per-backend state shared by the launchers: the stream, the cuBLAS handle and small device
 // scratch, all created once by the backend (never inside a step, except that the CUB temp storage
 // of group_by_module grows on its first use unless reserve_dispatch sized it).
+namespace detail {
+struct LtPlans;  // lt.hpp
+}
+
 struct Context {
   static constexpr int reduce_blocks = 1024;  // grid of the two-pass reductions (grad_norm)
   static constexpr int entropy_classes = 1024;  // most classes selection_entropy_forward takes (shared memory)
@@ -63,6 +68,10 @@ struct Context {
   int device = 0;
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
+  cublasLtHandle_t lt = nullptr;          // cuBLASLt: the GEMMs with a fused epilogue (lt.hpp)
+  void* lt_workspace = nullptr;           // device [lt_workspace_bytes], cuBLASLt's workspace
+  std::size_t lt_workspace_bytes = 0;
+  detail::LtPlans* lt_plans = nullptr;    // host: the cuBLASLt plans made so far (owned)
   Precision precision = Precision::TF32;  // of float GEMMs
   std::uint16_t* bf16_stage = nullptr;    // device [bf16_stage_size]: the two bf16 GEMM operands (Precision::BF16)
   index_t bf16_stage_size = 0;

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "mom/backend/cpu/optim.hpp"  // AdamWConfig (plain struct, no Eigen)
+#include "mom/backend/cuda/lt.hpp"
 #include "mom/backend/cuda/check.hpp"
 #include "mom/backend/cuda/kernels.hpp"
 #include "mom/backend/cuda/staging.hpp"
@@ -83,10 +84,14 @@ class DenseOps {
                      "gemm");
   }
 
-  // y = x·wᵀ + b: the bias is broadcast into y, then y += x·wᵀ (cuBLAS, beta = 1).
+  // y = x·wᵀ + b: on float one cuBLASLt product with the bias epilogue (lt.hpp) where cuBLASLt has an algorithm for
+  // it; else (and on double) the bias is broadcast into y, then y += x·wᵀ (cuBLAS, beta = 1).
   void linear_forward(M y, CM x, CM w, CS b) const {
     checks::linear_forward_shapes<T>(y, x, w, b);
     if (b.empty()) return gemm(y, x, Trans::N, w, Trans::T);
+    if constexpr (std::is_same_v<T, float>) {
+      if (linear_forward_lt(y, x, w, b)) return;
+    }
     K::broadcast_rows(*ctx_, y, b.data());
     gemm(y, x, Trans::N, w, Trans::T, T(1), T(1));
   }
@@ -355,6 +360,32 @@ class DenseOps {
   static void check_gru_shapes(const char* op, index_t n, index_t H, CM gates, CM x, CM h, CM w_ih, CM w_hh,
                                index_t b_ih, index_t b_hh) {
     checks::gru_shapes<T>(op, n, H, gates, x, h, w_ih, w_hh, b_ih, b_hh);
+  }
+
+  // y = x·wᵀ + b as one cuBLASLt product (CUBLASLT_EPILOGUE_BIAS adds b to every column of the column-major
+  // result: every row of y), in cuBLAS's terms as gemm() calls it: D [out × rows] = op(A)·op(B) with A = w
+  // (transposed) and B = x. The precision's operands: fp32 (FP32, TF32 compute), or both staged as bf16 first (BF16). False where
+  // cuBLASLt has no algorithm for the product (nothing staged or enqueued then).
+  bool linear_forward_lt(M y, CM x, CM w, CS b) const {
+    if (y.rows == 0 || y.cols == 0 || x.cols == 0) return false;
+    LtProduct g{int(y.cols), int(y.rows), int(x.cols), CUBLAS_OP_T, CUBLAS_OP_N, ld(w.ld), ld(x.ld), ld(y.ld)};
+    g.epilogue = CUBLASLT_EPILOGUE_BIAS;
+    if (ctx_->precision == Precision::BF16) {
+      // The staged copies' places (stage() lays them out so) decide the plan before anything is converted.
+      cuda::reserve_bf16_staging(*ctx_, staged_size(x) + staged_size(w));
+      std::uint16_t* sx = ctx_->bf16_stage;
+      std::uint16_t* sw = ctx_->bf16_stage + staged_size(x);
+      g.ab_type = CUDA_R_16BF;
+      g.lda = ld(staged_ld(w)), g.ldb = ld(staged_ld(x));
+      LtPlan* p = lt_plan(*ctx_, g, sw, sx, y.data, b.data());
+      if (!p) return false;
+      stage(sx, x);
+      stage(sw, w);
+      return lt_run(*ctx_, *p, 1.0f, sw, sx, y.data, b.data());
+    }
+    g.compute = ctx_->precision == Precision::FP32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
+    LtPlan* p = lt_plan(*ctx_, g, w.data, x.data, y.data, b.data());
+    return p && lt_run(*ctx_, *p, 1.0f, w.data, x.data, y.data, b.data());
   }
 
   static cublasOperation_t op(Trans t) { return t == Trans::T ? CUBLAS_OP_T : CUBLAS_OP_N; }

@@ -138,6 +138,42 @@ __device__ __forceinline__ void packed_query_range(const PackedLayout& L, int g,
   lo = b + lower_idx(L.q_tok + b, e - b, t);
   hi = b + upper_idx(L.q_tok + b, e - b, (t / L.seq) * L.seq + L.seq - 1);
 }
+// Query row i's group (-1 outside the groups' span [rb, re)) and its key range [lo, hi) (empty for a row out of
+// causal order or out of bounds, which head 0 reports: the position within the group, as the CPU's per-group check).
+__device__ __forceinline__ int packed_query_row(const PackedLayout& L, index_t i, index_t rb, index_t re, index_t h,
+                                                int* error, index_t& lo, index_t& hi) {
+  lo = hi = 0;
+  if (i < rb || i >= re) return -1;
+  const int g = group_of(L, i);
+  index_t gb, ge;
+  group_rows(L, g, L.nq, gb, ge);
+  const index_t t = L.q_tok[i];
+  if ((i > gb && L.q_tok[i - 1] >= t) || t < 0 || (!L.k_tok && t >= L.nk)) {
+    if (h == 0) report(error, DeviceError::packed_positions, i - gb, t, L.nk);
+  } else {
+    packed_key_range(L, g, t, lo, hi);
+  }
+  return g;
+}
+// The key rows of a dK / dV block of `tile` rows (blockIdx.x): with k_tok the packed key rows from j0 (the groups'
+// span [rb, re)); without, block x is (group, key tile) = (x / tiles, x % tiles) over every group's own nk keys
+// (block_group; [rb, re) = [0, nk)). False when the block has no key of a group to work on.
+__device__ __forceinline__ bool packed_key_block(const PackedLayout& L, int tile, index_t& j0, index_t& rb, index_t& re,
+                                                 int& block_group) {
+  block_group = -1;
+  if (L.k_tok) {
+    j0 = index_t(blockIdx.x) * tile;
+    grouped_span(L, L.nk, rb, re);
+  } else {
+    const index_t tiles = (L.nk + tile - 1) / tile;
+    block_group = static_cast<int>(blockIdx.x / tiles);
+    j0 = (index_t(blockIdx.x) % tiles) * tile;
+    group_rows(L, block_group, L.nq, rb, re);
+    if (rb >= re) return false;  // an empty group: its keys get no gradient
+    rb = 0, re = L.nk;
+  }
+  return j0 < re && j0 + tile > rb;
+}
 // The union [ulo, uhi) of the ranges s_lo[t], s_hi[t] of the tile's threads a <= t < e.
 __device__ __forceinline__ void range_union(const index_t* s_lo, const index_t* s_hi, int a, int e, index_t& ulo,
                                             index_t& uhi) {
@@ -184,20 +220,8 @@ __global__ void attention_packed_forward_kernel(MatrixView<T> out, T* lse, Matri
   grouped_span(L, L.nq, rb, re);
   if (i0 >= re || i0 + BT <= rb) return;  // no row of the tile is in a group (the whole block)
   load_rows<T, BT, HD, HD + 1>(sq, {q.data, q.ld}, i0, re, col0, L.hd);
-  int g = -1;
-  index_t lo = 0, hi = 0;
-  if (i >= rb && i < re) {
-    g = group_of(L, i);
-    index_t gb, ge;
-    group_rows(L, g, L.nq, gb, ge);
-    const index_t t = L.q_tok[i];
-    if ((i > gb && L.q_tok[i - 1] >= t) || t < 0 || (!L.k_tok && t >= L.nk)) {
-      // The position within the group, as the CPU's per-group check reports it.
-      if (h == 0) report(error, DeviceError::packed_positions, i - gb, t, L.nk);
-    } else {
-      packed_key_range(L, g, t, lo, hi);
-    }
-  }
+  index_t lo, hi;
+  const int g = packed_query_row(L, i, rb, re, h, error, lo, hi);
   s_g[threadIdx.x] = g;
   s_lo[threadIdx.x] = lo;
   s_hi[threadIdx.x] = hi;
@@ -336,20 +360,9 @@ __global__ void attention_packed_backward_dkdv_kernel(DKV dkv, MatrixView<const 
   __shared__ index_t s_lo[BT], s_hi[BT];
   __shared__ int s_g[BT];
   const index_t h = blockIdx.y, col0 = h * L.hd;
-  int block_group = -1;  // the block's group (without k_tok)
+  int block_group;  // the block's group (without k_tok)
   index_t j0, rb, re;
-  if (L.k_tok) {
-    j0 = index_t(blockIdx.x) * BT;
-    grouped_span(L, L.nk, rb, re);
-  } else {
-    const index_t tiles = (L.nk + BT - 1) / BT;
-    block_group = static_cast<int>(blockIdx.x / tiles);
-    j0 = (index_t(blockIdx.x) % tiles) * BT;
-    group_rows(L, block_group, L.nq, rb, re);
-    if (rb >= re) return;  // an empty group: its keys get no gradient
-    rb = 0, re = L.nk;
-  }
-  if (j0 >= re || j0 + BT <= rb) return;
+  if (!packed_key_block(L, BT, j0, rb, re, block_group)) return;
   const index_t j = j0 + threadIdx.x;
   int g = -1;
   index_t lo = 0, hi = 0;

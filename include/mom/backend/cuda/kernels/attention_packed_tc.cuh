@@ -13,8 +13,9 @@
 // group's matrices in tiles of 64, as the SIMT kernels do. A warp multiplies only the 16-column blocks
 // that meet the union of its own rows' ranges, and an entry counts only inside its row's range (else
 // P = 0): masked, not skipped, so a query tile spread over a long sequence costs up to its whole prefix.
-// Staging, rounding (operands, P and dS rounded as the wmma's A operand), the fp32 softmax in a shared
-// scratch, the row-index fragment for rescaling, and the shared-memory layouts are attention_tc.cuh's.
+// Staging, rounding (operands, P and dS rounded as the wmma's A operand), the shared-memory layouts and a warp's
+// work on a tile (the products, the fp32 softmax in a shared scratch, the row rescaling, the accumulation, the
+// write-out) are attention_tc.cuh's, called with the rows' ranges.
 // With one group holding every token of every sequence and keys = all tokens, every tile, range and
 // product is the dense kernel's: the results are the same bits (tests/cuda/cuda_tc_attention_test.cpp).
 #include <cstddef>
@@ -56,7 +57,6 @@ __device__ __forceinline__ void tc_stage_rows(typename TcLayout<Path, HD>::S* ds
   }
 }
 
-namespace wm = nvcuda::wmma;
 
 template <int Path, int HD, class KV>
 __global__ void attention_packed_tc_forward_kernel(MatrixView<float> out, float* lse, MatrixView<const float> q, KV kv,
@@ -64,15 +64,9 @@ __global__ void attention_packed_tc_forward_kernel(MatrixView<float> out, float*
 #if defined(MOM_TC_ATTENTION_BODY)
   using Lay = TcLayout<Path, HD>;
   using S = typename Lay::S;
-  using FT = typename Lay::frag_t;
-  constexpr int KF = Lay::kf, LD = Lay::ld, SLD = Lay::sld, PLD = Lay::pld, NK = HD / KF, NO = HD / 16;
+  constexpr int SLD = Lay::sld, PLD = Lay::pld, NO = HD / 16;
   unsigned char* sm = dynamic_smem();
-  S* sK = reinterpret_cast<S*>(sm);
-  S* sV = reinterpret_cast<S*>(sm + Lay::tile);
-  float* sS = reinterpret_cast<float*>(sm + 2 * Lay::tile);
-  S* sP = Path == gemm_bf16 ? reinterpret_cast<S*>(sm + 2 * Lay::tile + Lay::scratch) : reinterpret_cast<S*>(sS);
-  float* sCorr = reinterpret_cast<float*>(sm + 2 * Lay::tile + Lay::scratch + Lay::pstage);
-  float* sRows = reinterpret_cast<float*>(sm + 2 * Lay::tile + Lay::scratch + Lay::pstage + Lay::vec);
+  const auto [sK, sV, sS, sP, sCorr, sRows] = tc_forward_smem<Path, HD>(sm);
   const TcRowInfo info = tc_row_info(sm + Lay::fwd_bytes);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -82,34 +76,15 @@ __global__ void attention_packed_tc_forward_kernel(MatrixView<float> out, float*
   grouped_span(L, L.nq, rb, re);
   if (i0 >= re || i0 + tc_tile <= rb) return;  // no row of the tile is in a group (the whole block)
   if (threadIdx.x < tc_tile) {
-    const index_t i = i0 + threadIdx.x;
-    int g = -1;
-    index_t lo = 0, hi = 0;
-    if (i >= rb && i < re) {
-      g = group_of(L, i);
-      index_t gb, ge;
-      group_rows(L, g, L.nq, gb, ge);
-      const index_t t = L.q_tok[i];
-      if ((i > gb && L.q_tok[i - 1] >= t) || t < 0 || (!L.k_tok && t >= L.nk)) {
-        if (h == 0) report(error, DeviceError::packed_positions, i - gb, t, L.nk);
-      } else {
-        packed_key_range(L, g, t, lo, hi);
-      }
-    }
-    info.g[threadIdx.x] = g;
+    index_t lo, hi;
+    info.g[threadIdx.x] = packed_query_row(L, i0 + threadIdx.x, rb, re, h, error, lo, hi);
     info.lo[threadIdx.x] = lo;
     info.hi[threadIdx.x] = hi;
   }
   tc_stage<Path, HD, 1>(sK, q.data, q.ld, i0, re, col0);  // Q, through K's buffer
-  for (int e = threadIdx.x; e < 256; e += tc_threads) sRows[e] = float(e / 16);
-  __syncthreads();
-  wm::fragment<wm::matrix_a, 16, 16, KF, FT, wm::row_major> qf[NK];
-#pragma unroll
-  for (int k = 0; k < NK; ++k) wm::load_matrix_sync(qf[k], sK + 16 * warp * LD + k * KF, LD);
-  wm::fragment<wm::accumulator, 16, 16, KF, float> rows, o[NO];
-  wm::load_matrix_sync(rows, sRows, 16, wm::mem_row_major);
-#pragma unroll
-  for (int n = 0; n < NO; ++n) wm::fill_fragment(o[n], 0.0f);
+  TcQFrags<Path, HD> qf;
+  TcAcc<Path> rows, o[NO];
+  tc_forward_start<Path, HD>(qf, rows, o, sK, sRows);
 
   const int r = lane >> 1, half = lane & 1, rr = 16 * warp + r;  // this lane's row, and half of the 64 columns
   float* ss = sS + 16 * warp * SLD;
@@ -134,71 +109,24 @@ __global__ void attention_packed_tc_forward_kernel(MatrixView<float> out, float*
       int f_lo, f_hi;
       tc_column_blocks(wlo, whi, j0, f_lo, f_hi);
       if (f_lo >= f_hi) continue;  // the same for the whole warp
-#pragma unroll
-      for (int f = 0; f < 4; ++f) {
-        if (f >= f_lo && f < f_hi) {
-          wm::fragment<wm::accumulator, 16, 16, KF, float> sf;
-          wm::fill_fragment(sf, 0.0f);
-#pragma unroll
-          for (int k = 0; k < NK; ++k) {
-            wm::fragment<wm::matrix_b, 16, 16, KF, FT, wm::col_major> kb;  // Kᵀ: (c, j) at sK[j][c]
-            wm::load_matrix_sync(kb, sK + 16 * f * LD + k * KF, LD);
-            wm::mma_sync(sf, qf[k], kb, sf);
-          }
-          wm::store_matrix_sync(ss + 16 * f, sf, SLD, wm::mem_row_major);
-        }
-      }
+      tc_scores<Path, HD>(ss, qf, sK, f_lo, f_hi);
       __syncwarp();
-      // Online softmax of row r over columns [c0, c1) (this lane's half of the multiplied blocks), keys in [lo, hi).
-      const int c0 = max(32 * half, 16 * f_lo), c1 = min(32 * half + 32, 16 * f_hi);
-      float tmax = neg_inf<float>();
-      for (int c = c0; c < c1; ++c)
-        if (j0 + c >= lo && j0 + c < hi) tmax = max(tmax, ss[r * SLD + c] * scale);
-      tmax = max(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
-      const float mnew = max(m, tmax);
-      const float corr = mnew == neg_inf<float>() ? 1.0f : exp_(m - mnew);  // no key yet: nothing to rescale
-      float sum = 0.0f;
-      for (int c = c0; c < c1; ++c) {
-        const float p = j0 + c >= lo && j0 + c < hi ? exp_(ss[r * SLD + c] * scale - mnew) : 0.0f;
-        sum += p;
-        sp[r * PLD + c] = stage_value<float, Path>(p);
-      }
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      l = l * corr + sum;
-      m = mnew;
+      // Online softmax of row r over its half of the multiplied blocks, keys in [lo, hi).
+      const float corr = tc_softmax<Path, HD>(ss, sp, r, max(32 * half, 16 * f_lo), min(32 * half + 32, 16 * f_hi), j0,
+                                              lo, hi, scale, m, l);
       if (half == 0) corr_w[r] = corr;
       __syncwarp();
-#pragma unroll
-      for (int n = 0; n < NO; ++n)
-#pragma unroll
-        for (int x = 0; x < o[n].num_elements; ++x) o[n].x[x] *= corr_w[int(rows.x[x])];
-      for (int kk = 16 * f_lo; kk < 16 * f_hi; kk += KF) {  // O += P V over the multiplied keys
-        wm::fragment<wm::matrix_a, 16, 16, KF, FT, wm::row_major> pa;
-        wm::load_matrix_sync(pa, sp + kk, PLD);
-#pragma unroll
-        for (int n = 0; n < NO; ++n) {
-          wm::fragment<wm::matrix_b, 16, 16, KF, FT, wm::row_major> vb;
-          wm::load_matrix_sync(vb, sV + kk * LD + 16 * n, LD);
-          wm::mma_sync(o[n], pa, vb, o[n]);
-        }
-      }
+      tc_scale_rows<Path, HD>(o, rows, corr_w);
+      tc_accumulate<Path, HD>(o, sp, PLD, sV, 16 * f_lo, 16 * f_hi);  // O += P V over the multiplied keys
     }
   }
   __syncthreads();  // K, V consumed: their space stages the output
   if (half == 0) corr_w[r] = l > 0.0f ? 1.0f / l : 0.0f;
   __syncwarp();
-  float* so = reinterpret_cast<float*>(sm) + 16 * warp * Lay::old;
-#pragma unroll
-  for (int n = 0; n < NO; ++n) {
-#pragma unroll
-    for (int x = 0; x < o[n].num_elements; ++x) o[n].x[x] *= corr_w[int(rows.x[x])];
-    wm::store_matrix_sync(so + 16 * n, o[n], Lay::old, wm::mem_row_major);
-  }
-  __syncwarp();
-  for (int x = lane; x < 16 * HD; x += 32) {
-    const int row = 16 * warp + x / HD, c = x % HD;
-    if (info.g[row] >= 0) out.data[(i0 + row) * out.ld + col0 + c] = so[(x / HD) * Lay::old + c];
-  }
+  tc_scale_rows<Path, HD>(o, rows, corr_w);
+  tc_write_rows<Path, HD>(o, reinterpret_cast<float*>(sm) + 16 * warp * Lay::old, [&](int row, int c, float v) {
+    if (info.g[16 * warp + row] >= 0) out.data[(i0 + 16 * warp + row) * out.ld + col0 + c] = v;
+  });
   if (half == 0 && info.g[rr] >= 0) lse[(i0 + rr) * L.heads + h] = l > 0.0f ? m + log_(l) : neg_inf<float>();
 #else
   (void)out, (void)lse, (void)q, (void)kv, (void)L, (void)scale, (void)error;
@@ -215,18 +143,9 @@ __global__ void attention_packed_tc_dq_kernel(MatrixView<float> dq, MatrixView<c
 #if defined(MOM_TC_ATTENTION_BODY)
   using Lay = TcLayout<Path, HD>;
   using S = typename Lay::S;
-  using FT = typename Lay::frag_t;
-  constexpr int KF = Lay::kf, LD = Lay::ld, SLD = Lay::sld, PLD = Lay::pld, NK = HD / KF, NO = HD / 16;
+  constexpr int LD = Lay::ld, SLD = Lay::sld, PLD = Lay::pld, NO = HD / 16;
   unsigned char* sm = dynamic_smem();
-  S* sQ = reinterpret_cast<S*>(sm);
-  S* sdO = reinterpret_cast<S*>(sm + Lay::tile);
-  S* sK = reinterpret_cast<S*>(sm + 2 * Lay::tile);
-  S* sV = reinterpret_cast<S*>(sm + 3 * Lay::tile);
-  float* sS = reinterpret_cast<float*>(sm + 4 * Lay::tile);
-  float* sdP = reinterpret_cast<float*>(sm + 4 * Lay::tile + Lay::scratch);
-  S* sdS = Path == gemm_bf16 ? reinterpret_cast<S*>(sm + 4 * Lay::tile + 2 * Lay::scratch) : reinterpret_cast<S*>(sS);
-  float* sLse = reinterpret_cast<float*>(sm + 4 * Lay::tile + 2 * Lay::scratch + Lay::pstage);
-  float* sD = sLse + tc_tile;
+  [[maybe_unused]] const auto [sQ, sdO, sK, sV, sS, sdP, sP, sdS, sLse, sD] = tc_backward_smem<Path, HD, false>(sm);
   const TcRowInfo info = tc_row_info(sm + Lay::dq_bytes);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -249,7 +168,7 @@ __global__ void attention_packed_tc_dq_kernel(MatrixView<float> dq, MatrixView<c
   tc_stage<Path, HD>(sQ, q.data, q.ld, i0, re, col0);
   tc_stage_dout<Path, HD>(sdO, sD, sLse, dout.data, dout.ld, out.data, out.ld, lse + h, i0, re, col0, L.heads);
   __syncthreads();
-  wm::fragment<wm::accumulator, 16, 16, KF, float> dqf[NO];
+  TcAcc<Path> dqf[NO];
 #pragma unroll
   for (int n = 0; n < NO; ++n) wm::fill_fragment(dqf[n], 0.0f);
   const int r = lane >> 1, half = lane & 1, rr = 16 * warp + r;
@@ -276,24 +195,7 @@ __global__ void attention_packed_tc_dq_kernel(MatrixView<float> dq, MatrixView<c
       int f_lo, f_hi;
       tc_column_blocks(wlo, whi, j0, f_lo, f_hi);
       if (f_lo >= f_hi) continue;
-      for (int f = f_lo; f < f_hi; ++f) {
-        wm::fragment<wm::accumulator, 16, 16, KF, float> sf, pf;
-        wm::fill_fragment(sf, 0.0f);
-        wm::fill_fragment(pf, 0.0f);
-#pragma unroll
-        for (int k = 0; k < NK; ++k) {
-          wm::fragment<wm::matrix_a, 16, 16, KF, FT, wm::row_major> fa;
-          wm::fragment<wm::matrix_b, 16, 16, KF, FT, wm::col_major> bt;
-          wm::load_matrix_sync(fa, sq + k * KF, LD);
-          wm::load_matrix_sync(bt, sK + 16 * f * LD + k * KF, LD);
-          wm::mma_sync(sf, fa, bt, sf);
-          wm::load_matrix_sync(fa, sdo + k * KF, LD);
-          wm::load_matrix_sync(bt, sV + 16 * f * LD + k * KF, LD);
-          wm::mma_sync(pf, fa, bt, pf);
-        }
-        wm::store_matrix_sync(ss + 16 * f, sf, SLD, wm::mem_row_major);
-        wm::store_matrix_sync(sdp + 16 * f, pf, SLD, wm::mem_row_major);
-      }
+      tc_products<Path, HD, true>(ss, sq, sK, sdp, sdo, sV, f_lo, f_hi);
       __syncwarp();
       {
         const int c0 = max(32 * half, 16 * f_lo), c1 = min(32 * half + 32, 16 * f_hi);
@@ -304,28 +206,14 @@ __global__ void attention_packed_tc_dq_kernel(MatrixView<float> dq, MatrixView<c
         }
       }
       __syncwarp();
-      for (int kk = 16 * f_lo; kk < 16 * f_hi; kk += KF) {  // dQ += dS K
-        wm::fragment<wm::matrix_a, 16, 16, KF, FT, wm::row_major> fa;
-        wm::load_matrix_sync(fa, sds + kk, PLD);
-#pragma unroll
-        for (int n = 0; n < NO; ++n) {
-          wm::fragment<wm::matrix_b, 16, 16, KF, FT, wm::row_major> kb;
-          wm::load_matrix_sync(kb, sK + kk * LD + 16 * n, LD);
-          wm::mma_sync(dqf[n], fa, kb, dqf[n]);
-        }
-      }
+      tc_accumulate<Path, HD>(dqf, sds, PLD, sK, 16 * f_lo, 16 * f_hi);  // dQ += dS K
     }
   }
   __syncthreads();  // Q, dO consumed: their space stages dQ
-  float* so = reinterpret_cast<float*>(sm) + 16 * warp * Lay::old;
-#pragma unroll
-  for (int n = 0; n < NO; ++n) wm::store_matrix_sync(so + 16 * n, dqf[n], Lay::old, wm::mem_row_major);
-  __syncwarp();
-  for (int x = lane; x < 16 * HD; x += 32) {
-    const int row = 16 * warp + x / HD, c = x % HD;
-    if (info.g[row] >= 0 && info.lo[row] < info.hi[row])
-      dq.data[(i0 + row) * dq.ld + col0 + c] += scale * so[(x / HD) * Lay::old + c];
-  }
+  tc_write_rows<Path, HD>(dqf, reinterpret_cast<float*>(sm) + 16 * warp * Lay::old, [&](int row, int c, float v) {
+    const int tr = 16 * warp + row;
+    if (info.g[tr] >= 0 && info.lo[tr] < info.hi[tr]) dq.data[(i0 + tr) * dq.ld + col0 + c] += scale * v;
+  });
 #else
   (void)dq, (void)dout, (void)out, (void)lse, (void)q, (void)kv, (void)L, (void)scale;
 #endif
@@ -343,38 +231,16 @@ __global__ void attention_packed_tc_dkdv_kernel(DKV dkv, MatrixView<const float>
 #if defined(MOM_TC_ATTENTION_BODY)
   using Lay = TcLayout<Path, HD>;
   using S = typename Lay::S;
-  using FT = typename Lay::frag_t;
-  constexpr int KF = Lay::kf, LD = Lay::ld, SLD = Lay::sld, PLD = Lay::pld, NK = HD / KF, NO = HD / 16;
+  constexpr int LD = Lay::ld, SLD = Lay::sld, PLD = Lay::pld, NO = HD / 16;
   unsigned char* sm = dynamic_smem();
-  S* sK = reinterpret_cast<S*>(sm);
-  S* sV = reinterpret_cast<S*>(sm + Lay::tile);
-  S* sQ = reinterpret_cast<S*>(sm + 2 * Lay::tile);
-  S* sdO = reinterpret_cast<S*>(sm + 3 * Lay::tile);
-  float* sS = reinterpret_cast<float*>(sm + 4 * Lay::tile);
-  float* sdP = reinterpret_cast<float*>(sm + 4 * Lay::tile + Lay::scratch);
-  S* sP = Path == gemm_bf16 ? reinterpret_cast<S*>(sm + 4 * Lay::tile + 2 * Lay::scratch) : reinterpret_cast<S*>(sS);
-  S* sdS = Path == gemm_bf16 ? reinterpret_cast<S*>(sm + 4 * Lay::tile + 2 * Lay::scratch + Lay::pstage)
-                             : reinterpret_cast<S*>(sdP);
-  float* sLse = reinterpret_cast<float*>(sm + 4 * Lay::tile + 2 * Lay::scratch + 2 * Lay::pstage);
-  float* sD = sLse + tc_tile;
+  const auto [sK, sV, sQ, sdO, sS, sdP, sP, sdS, sLse, sD] = tc_backward_smem<Path, HD, true>(sm);
   const TcRowInfo info = tc_row_info(sm + Lay::dkdv_bytes);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const index_t h = blockIdx.y, col0 = h * L.hd;
-  int block_group = -1;  // the block's group (without k_tok)
+  int block_group;  // the block's group (without k_tok)
   index_t j0, rb, re;
-  if (L.k_tok) {
-    j0 = index_t(blockIdx.x) * tc_tile;
-    grouped_span(L, L.nk, rb, re);
-  } else {
-    const index_t tiles = (L.nk + tc_tile - 1) / tc_tile;
-    block_group = static_cast<int>(blockIdx.x / tiles);
-    j0 = (index_t(blockIdx.x) % tiles) * tc_tile;
-    group_rows(L, block_group, L.nq, rb, re);
-    if (rb >= re) return;  // an empty group: its keys get no gradient
-    rb = 0, re = L.nk;
-  }
-  if (j0 >= re || j0 + tc_tile <= rb) return;
+  if (!packed_key_block(L, tc_tile, j0, rb, re, block_group)) return;
   if (threadIdx.x < tc_tile) {
     const index_t j = j0 + threadIdx.x;
     int g = -1;
@@ -391,7 +257,7 @@ __global__ void attention_packed_tc_dkdv_kernel(DKV dkv, MatrixView<const float>
   // The block's own keys and values, row rr from its group's matrices.
   tc_stage_rows<Path, HD>(sK, [&](int k) { return info.g[k] >= 0 ? kv.keys(info.g[k]).row(j0 + k) + col0 : nullptr; });
   tc_stage_rows<Path, HD>(sV, [&](int k) { return info.g[k] >= 0 ? kv.values(info.g[k]).row(j0 + k) + col0 : nullptr; });
-  wm::fragment<wm::accumulator, 16, 16, KF, float> dk[NO], dv[NO];
+  TcAcc<Path> dk[NO], dv[NO];
 #pragma unroll
   for (int n = 0; n < NO; ++n) {
     wm::fill_fragment(dk[n], 0.0f);
@@ -420,24 +286,7 @@ __global__ void attention_packed_tc_dkdv_kernel(DKV dkv, MatrixView<const float>
       int f_lo, f_hi;
       tc_column_blocks(wlo, whi, i0, f_lo, f_hi);
       if (f_lo >= f_hi) continue;
-      for (int f = f_lo; f < f_hi; ++f) {
-        wm::fragment<wm::accumulator, 16, 16, KF, float> sf, pf;
-        wm::fill_fragment(sf, 0.0f);
-        wm::fill_fragment(pf, 0.0f);
-#pragma unroll
-        for (int k = 0; k < NK; ++k) {
-          wm::fragment<wm::matrix_a, 16, 16, KF, FT, wm::row_major> fa;
-          wm::fragment<wm::matrix_b, 16, 16, KF, FT, wm::col_major> bt;
-          wm::load_matrix_sync(fa, sk + k * KF, LD);
-          wm::load_matrix_sync(bt, sQ + 16 * f * LD + k * KF, LD);
-          wm::mma_sync(sf, fa, bt, sf);
-          wm::load_matrix_sync(fa, sv + k * KF, LD);
-          wm::load_matrix_sync(bt, sdO + 16 * f * LD + k * KF, LD);
-          wm::mma_sync(pf, fa, bt, pf);
-        }
-        wm::store_matrix_sync(ss + 16 * f, sf, SLD, wm::mem_row_major);
-        wm::store_matrix_sync(sdp + 16 * f, pf, SLD, wm::mem_row_major);
-      }
+      tc_products<Path, HD, true>(ss, sk, sQ, sdp, sv, sdO, f_lo, f_hi);
       __syncwarp();
       {
         const int c0 = max(32 * half, 16 * f_lo), c1 = min(32 * half + 32, 16 * f_hi);
@@ -450,38 +299,19 @@ __global__ void attention_packed_tc_dkdv_kernel(DKV dkv, MatrixView<const float>
         }
       }
       __syncwarp();
-      for (int kk = 16 * f_lo; kk < 16 * f_hi; kk += KF) {  // dV += Pᵀ dO, dK += dSᵀ Q
-        wm::fragment<wm::matrix_a, 16, 16, KF, FT, wm::row_major> pa, da;
-        wm::load_matrix_sync(pa, sp + kk, PLD);
-        wm::load_matrix_sync(da, sds + kk, PLD);
-#pragma unroll
-        for (int n = 0; n < NO; ++n) {
-          wm::fragment<wm::matrix_b, 16, 16, KF, FT, wm::row_major> bb;
-          wm::load_matrix_sync(bb, sdO + kk * LD + 16 * n, LD);
-          wm::mma_sync(dv[n], pa, bb, dv[n]);
-          wm::load_matrix_sync(bb, sQ + kk * LD + 16 * n, LD);
-          wm::mma_sync(dk[n], da, bb, dk[n]);
-        }
-      }
+      tc_accumulate_dkdv<Path, HD>(dk, dv, sp, sds, sdO, sQ, 16 * f_lo, 16 * f_hi);  // dV += Pᵀ dO, dK += dSᵀ Q
     }
   }
   __syncthreads();  // K, V consumed: their space stages dK, then dV
   float* so = reinterpret_cast<float*>(sm) + 16 * warp * Lay::old;
-  const auto write = [&](wm::fragment<wm::accumulator, 16, 16, KF, float>* acc, bool keys, float s) {
-#pragma unroll
-    for (int n = 0; n < NO; ++n) wm::store_matrix_sync(so + 16 * n, acc[n], Lay::old, wm::mem_row_major);
-    __syncwarp();
-    for (int x = lane; x < 16 * HD; x += 32) {
-      const int row = 16 * warp + x / HD, c = x % HD, g = info.g[row];
-      if (g >= 0 && info.lo[row] < info.hi[row]) {
-        const RowsAt<float> m = keys ? dkv.keys(g) : dkv.values(g);
-        m.row(j0 + row)[col0 + c] += s * so[(x / HD) * Lay::old + c];
-      }
-    }
-    __syncwarp();
+  const auto put = [&](bool keys, float sc) {
+    return [&, keys, sc](int row, int c, float v) {
+      const int tr = 16 * warp + row, g = info.g[tr];
+      if (g >= 0 && info.lo[tr] < info.hi[tr]) (keys ? dkv.keys(g) : dkv.values(g)).row(j0 + tr)[col0 + c] += sc * v;
+    };
   };
-  write(dk, true, scale);
-  write(dv, false, 1.0f);
+  tc_write_rows<Path, HD>(dk, so, put(true, scale));
+  tc_write_rows<Path, HD>(dv, so, put(false, 1.0f));
 #else
   (void)dkv, (void)dout, (void)out, (void)lse, (void)q, (void)kv, (void)L, (void)scale;
 #endif

@@ -1,0 +1,121 @@
+#pragma once
+// cuBLASLt for the GEMMs with a fused epilogue (ops.hpp): today the linear forward's bias,
+// CUBLASLT_EPILOGUE_BIAS, which adds a vector to every column of the column-major result, i.e. to every row
+// of mom's row-major y, inside the GEMM (no broadcast kernel before it, no beta = 1 read of y).
+//
+// A plan per distinct product (shape, leading dimensions, types, the operands' alignment): the operation and
+// layout descriptors and the heuristic's first algorithm, made the first time the product runs (host work only;
+// no device allocation, the workspace is the context's) and kept by the context. A product cuBLASLt has no
+// algorithm for, or whose call it refuses, is remembered as such and the caller takes its cuBLAS path instead:
+// the epilogue is an optimisation, never a requirement. Host C++ (cublasLt.h): no nvcc needed.
+#include <cublasLt.h>
+
+#include <compare>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+
+#include "mom/backend/cuda/check.hpp"
+#include "mom/backend/cuda/kernels.hpp"
+
+namespace mom::cuda::detail {
+
+// One product in cuBLAS's column-major terms: D [m × n] = alpha·op(A)·op(B) + epilogue, D = C.
+struct LtProduct {
+  int m = 0, n = 0, k = 0;
+  cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  int lda = 0, ldb = 0, ldd = 0;
+  cudaDataType_t ab_type = CUDA_R_32F;  // A and B (CUDA_R_16BF: the staged bf16 operands); D is CUDA_R_32F
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  int align_a = 0, align_b = 0, align_d = 0, align_bias = 0;  // bytes (a power of two up to 256)
+  auto operator<=>(const LtProduct&) const = default;
+};
+
+struct LtPlan {
+  bool ok = false;  // false: no algorithm (or a refused call): the caller's cuBLAS path runs it
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+struct LtPlans {
+  std::map<LtProduct, LtPlan> plans;
+  LtPlans() = default;
+  LtPlans(const LtPlans&) = delete;
+  LtPlans& operator=(const LtPlans&) = delete;
+  ~LtPlans() {
+    for (auto& [key, p] : plans) {
+      if (p.op) (void)cublasLtMatmulDescDestroy(p.op);
+      for (cublasLtMatrixLayout_t l : {p.a, p.b, p.d})
+        if (l) (void)cublasLtMatrixLayoutDestroy(l);
+    }
+  }
+};
+
+// The largest power of two up to 256 that divides the address.
+inline int lt_alignment(const void* p) {
+  const auto v = reinterpret_cast<std::uintptr_t>(p);
+  int a = 1;
+  while (a < 256 && v % std::uintptr_t(2 * a) == 0) a *= 2;
+  return a;
+}
+
+inline LtPlan make_lt_plan(const Context& ctx, const LtProduct& g) {
+  LtPlan p;
+  const auto ok = [](cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; };
+  if (!ok(cublasLtMatmulDescCreate(&p.op, g.compute, CUDA_R_32F))) return p;
+  const cudaDataType_t bias_type = CUDA_R_32F;
+  bool set = ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &g.ta, sizeof g.ta)) &&
+             ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &g.tb, sizeof g.tb)) &&
+             ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &g.epilogue, sizeof g.epilogue)) &&
+             ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
+  const bool at = g.ta != CUBLAS_OP_N, bt = g.tb != CUBLAS_OP_N;
+  set = set && ok(cublasLtMatrixLayoutCreate(&p.a, g.ab_type, at ? g.k : g.m, at ? g.m : g.k, g.lda)) &&
+        ok(cublasLtMatrixLayoutCreate(&p.b, g.ab_type, bt ? g.n : g.k, bt ? g.k : g.n, g.ldb)) &&
+        ok(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, g.m, g.n, g.ldd));
+  if (!set) return p;
+  cublasLtMatmulPreference_t pref = nullptr;
+  if (!ok(cublasLtMatmulPreferenceCreate(&pref))) return p;
+  const std::size_t ws = ctx.lt_workspace_bytes;
+  const std::uint32_t align_a = std::uint32_t(g.align_a), align_b = std::uint32_t(g.align_b),
+                      align_d = std::uint32_t(g.align_d);
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const bool asked =
+      ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws)) &&
+      ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a)) &&
+      ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b)) &&
+      ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof align_d)) &&
+      ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d)) &&
+      ok(cublasLtMatmulAlgoGetHeuristic(ctx.lt, p.op, p.a, p.b, p.d, p.d, pref, 1, &result, &found));
+  (void)cublasLtMatmulPreferenceDestroy(pref);
+  if (asked && found > 0 && ok(result.state) && result.workspaceSize <= ws) {
+    p.algo = result.algo;
+    p.ok = true;
+  }
+  return p;
+}
+
+// The plan of product g over these operands (their alignment completes the key), made on first use; null where
+// cuBLASLt cannot run it (remembered: the caller's cuBLAS path runs this product from now on).
+inline LtPlan* lt_plan(Context& ctx, LtProduct g, const void* A, const void* B, const void* D, const void* bias) {
+  if (!ctx.lt || !ctx.lt_plans || g.m == 0 || g.n == 0 || g.k == 0) return nullptr;
+  g.align_a = lt_alignment(A), g.align_b = lt_alignment(B), g.align_d = lt_alignment(D), g.align_bias = lt_alignment(bias);
+  auto it = ctx.lt_plans->plans.find(g);
+  if (it == ctx.lt_plans->plans.end()) it = ctx.lt_plans->plans.emplace(g, make_lt_plan(ctx, g)).first;
+  return it->second.ok ? &it->second : nullptr;
+}
+
+// D = alpha·op(A)·op(B) + the plan's epilogue (bias at `bias`) on the context's stream. False, with nothing
+// enqueued, where cuBLASLt refuses the call (its argument checks); the plan is then marked unusable.
+inline bool lt_run(Context& ctx, LtPlan& p, float alpha, const void* A, const void* B, void* D, const void* bias) {
+  const float beta = 0.0f;
+  if (cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmul(ctx.lt, p.op, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d, &p.algo, ctx.lt_workspace,
+                     ctx.lt_workspace_bytes, ctx.stream) != CUBLAS_STATUS_SUCCESS)
+    return p.ok = false;
+  return true;
+}
+
+}  // namespace mom::cuda::detail
