@@ -16,7 +16,8 @@
 #   4. with MOM_GPU_BENCH=1 (issue 28's numbers): bench_gpu_train_step (GPT-2 small and MoM_P at 8 x 1024, TF32 and
 #      bf16; with MOM_GPU_BENCH_BEFORE=<binary>, that older build too, first, for a before / after in one call) and
 #      bench/pytorch_gpu_train_step.py (PyTorch's GPT-2 small, bf16 autocast, eager and torch.compile) in the same
-#      call, one after the other on an otherwise idle GPU, and an Nsight Compute summary of one dense bf16 step;
+#      call, one after the other on an otherwise idle GPU, and an Nsight Compute summary of one dense bf16 step
+#      (and of one MoM_P step with MOM_GPU_NCU_MOM=1);
 #      with MOM_GPU_FAMILIES=1, every family's step time over dense8's beside the cost model's FLOP ratio (or those
 #      of MOM_GPU_FAMILY_ARCHS="dense8 ..."); with
 #      MOM_GPU_PROFILE="arch ...", Nsight Compute's kernel times of two steps of each (scripts/ncu_summary.py);
@@ -144,6 +145,14 @@ if [ "${MOM_GPU_BENCH:-0}" = 1 ]; then
       "$bench" --batch 8 --seq 1024 --warmup 1 --reps 1 --only dense-bf16 >"$out/ncu.csv" 2>"$out/ncu.err"
     note "ncu: exit $?"
     python3 scripts/ncu_summary.py "$out/ncu.csv" "dense GPT-2 small bf16, 8 x 1024" 2 | tee -a "$summary"
+    # With MOM_GPU_NCU_MOM=1, the same for MoM_P's step (the grouped attention and GEMMs: bench/RESULTS.md's
+    # twenty-third-session predictions; about 100 s more).
+    if [ "${MOM_GPU_NCU_MOM:-0}" = 1 ]; then
+      timeout 180 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+        "$bench" --batch 8 --seq 1024 --warmup 1 --reps 1 --only mom-bf16 >"$out/ncu-mom.csv" 2>"$out/ncu-mom.err"
+      note "ncu MoM_P: exit $?"
+      python3 scripts/ncu_summary.py "$out/ncu-mom.csv" "MoM_P GPT-2 small bf16, 8 x 1024" 2 | tee -a "$summary"
+    fi
   fi
   note "wall time so far: $(( $(date +%s) - started )) s"
 fi
