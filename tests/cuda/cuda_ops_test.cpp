@@ -132,6 +132,47 @@ TEST_CASE("bf16 gemm: operands rounded to bf16 (nearest even), fp32 accumulation
   be.set_precision(cuda::Precision::TF32);
 }
 
+TEST_CASE("linear forward with a bias: cuBLASLt's bias epilogue, and the broadcast path where it has no algorithm",
+          "[cuda]") {
+  MOM_REQUIRE_GPU();
+  // Float products take cuBLASLt's CUBLASLT_EPILOGUE_BIAS (lt.hpp); where cuBLASLt finds no algorithm the bias is
+  // broadcast and added by the GEMM's beta = 1, as double does. The emulated cuBLASLt can be made to find none
+  // (mom_emu_lt_refuse); a real one is checked on the epilogue path only. A fresh backend each time: no plan yet.
+  test::Rng rng(12);
+  const index_t n = 37, in = 45, out = 29, ldy = out + 3;
+  auto x = rand_arr<float>(n * in, rng), w = rand_arr<float>(out * in, rng), b = rand_arr<float>(out, rng);
+  gpu<float>().sync();
+  struct Case {
+    cuda::Precision precision;
+    double tol;
+    const char* name;
+  };
+  for (const Case k : {Case{cuda::Precision::FP32, tol_kernel<float>, "FP32"}, Case{cuda::Precision::TF32, tol_tf32<float>, "TF32"},
+                       Case{cuda::Precision::BF16, 2e-2, "BF16"}})
+    for (const bool refuse : {false, true}) {
+      if (refuse && !mom_emu_lt_refuse) continue;
+      INFO(k.name << (refuse ? ", cuBLASLt without an algorithm" : ", cuBLASLt's bias epilogue"));
+      auto y = rand_arr<float>(n * ldy, rng);
+      gpu<float>().sync();
+      if (refuse) mom_emu_lt_refuse(1);
+      const long before = mom_emu_launches ? mom_emu_launches() : 0;
+      {
+        cuda::Backend<float> be;
+        be.set_precision(k.precision);
+        be.linear_forward(y.dm(n, out, ldy), MatrixView<const float>(x.dm(n, in)), MatrixView<const float>(w.dm(out, in)),
+                          std::span<const float>(b.ds()));
+        be.sync();
+      }
+      const long launched = mom_emu_launches ? mom_emu_launches() - before : -1;
+      if (refuse) mom_emu_lt_refuse(0);
+      host<float>().linear_forward(y.hm(n, out, ldy), MatrixView<const float>(x.hm(n, in)),
+                                   MatrixView<const float>(w.hm(out, in)), std::span<const float>(b.hs()));
+      expect_close(y, k.tol, "y");  // the padding columns: the CPU leaves them too
+      // Kernel launches: the bf16 staging of x and w, and the broadcast only where cuBLASLt has no algorithm.
+      if (mom_emu_launches) CHECK(launched == (k.precision == cuda::Precision::BF16 ? 2 : 0) + (refuse ? 1 : 0));
+    }
+}
+
 TEST_CASE("bf16 LM head over the padded vocabulary: linear_forward / linear_backward's results, zeros in the padding",
           "[cuda]") {
   MOM_REQUIRE_GPU();

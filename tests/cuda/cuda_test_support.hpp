@@ -93,6 +93,8 @@ extern "C" long mom_emu_gemm_flops() __attribute__((weak));
 extern "C" long mom_emu_unaligned_gemms() __attribute__((weak));
 extern "C" long mom_emu_staging_copies() __attribute__((weak));
 extern "C" long mom_emu_staging_bytes() __attribute__((weak));
+// The emulated cuBLASLt's heuristic finds no algorithm while on (the backend's fallback paths; lt.hpp).
+extern "C" void mom_emu_lt_refuse(int on) __attribute__((weak));
 #define MOM_REQUIRE_EMU_COUNTERS()                                                               \
   do {                                                                                           \
     if (!mom_emu_host_waits || !mom_emu_allocations || !mom_emu_launches) {                      \

@@ -28,6 +28,7 @@ long host_waits = 0, allocations = 0;
 // the memsets, bytes copied device to device, cuBLAS GEMM calls and their FLOPs (2·m·n·k), GEMMs with a
 // leading dimension or pointer off a 16-byte boundary, and the bf16 staging conversions (to_bf16) with the
 // fp32 bytes they read. Each is one addition per call, none inside a kernel or a GEMM loop.
+bool lt_refuse = false;  // mom_emu_lt_refuse: cuBLASLt's heuristic finds nothing (tests of the fallback paths)
 long launches = 0, memset_bytes = 0, d2d_bytes = 0, gemm_calls = 0, gemm_flops = 0, unaligned_gemms = 0,
      staging_copies = 0, staging_bytes = 0;
 // The live cudaMalloc ranges (start -> bytes): cudaMemcpyDefault copies are device-to-device when both ends
@@ -52,6 +53,7 @@ void note_copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kin
 
 extern "C" {
 
+void mom_emu_lt_refuse(int on) { lt_refuse = on != 0; }
 long mom_emu_host_waits() { return host_waits; }
 long mom_emu_allocations() { return allocations; }
 long mom_emu_launches() { return launches; }
@@ -360,6 +362,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
   *found = 0;
   if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
   if (!lt_supported(op, a, b, d)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (lt_refuse) return CUBLAS_STATUS_SUCCESS;  // no algorithm found
   results[0] = cublasLtMatmulHeuristicResult_t{};
   results[0].state = CUBLAS_STATUS_SUCCESS;
   *found = 1;
