@@ -155,6 +155,16 @@ __device__ __forceinline__ int packed_query_row(const PackedLayout& L, index_t i
   }
   return g;
 }
+// Key row j's group (-1 outside [rb, re); block_group when the block has one) and the range [lo, hi) of query rows
+// that see it.
+__device__ __forceinline__ int packed_key_row(const PackedLayout& L, index_t j, index_t rb, index_t re, int block_group,
+                                              index_t& lo, index_t& hi) {
+  lo = hi = 0;
+  if (j < rb || j >= re) return -1;
+  const int g = block_group >= 0 ? block_group : group_of(L, j);
+  packed_query_range(L, g, L.k_tok ? L.k_tok[j] : j, lo, hi);
+  return g;
+}
 // The key rows of a dK / dV block of `tile` rows (blockIdx.x): with k_tok the packed key rows from j0 (the groups'
 // span [rb, re)); without, block x is (group, key tile) = (x / tiles, x % tiles) over every group's own nk keys
 // (block_group; [rb, re) = [0, nk)). False when the block has no key of a group to work on.
@@ -364,12 +374,8 @@ __global__ void attention_packed_backward_dkdv_kernel(DKV dkv, MatrixView<const 
   index_t j0, rb, re;
   if (!packed_key_block(L, BT, j0, rb, re, block_group)) return;
   const index_t j = j0 + threadIdx.x;
-  int g = -1;
-  index_t lo = 0, hi = 0;
-  if (j >= rb && j < re) {
-    g = block_group >= 0 ? block_group : group_of(L, j);
-    packed_query_range(L, g, L.k_tok ? L.k_tok[j] : j, lo, hi);
-  }
+  index_t lo, hi;
+  const int g = packed_key_row(L, j, rb, re, block_group, lo, hi);
   s_g[threadIdx.x] = g;
   s_lo[threadIdx.x] = lo;
   s_hi[threadIdx.x] = hi;

@@ -39,6 +39,26 @@ __device__ __forceinline__ TcRowInfo tc_row_info(unsigned char* at) {
   return {lo, lo + tc_tile, reinterpret_cast<int*>(lo + 2 * tc_tile)};
 }
 
+// One run of the tile's rows in the same group (a group's rows are consecutive), from row a: its end e, group g
+// (-1: rows outside the groups), the union [ulo, uhi) of its rows' ranges, that of this warp's rows in it
+// [wlo, whi), and row rr's own range [lo, hi) (empty when rr is not in the run).
+struct TcRun {
+  int e, g;
+  index_t ulo, uhi, wlo, whi, lo, hi;
+};
+__device__ __forceinline__ TcRun tc_group_run(const TcRowInfo& info, int a, int rr) {
+  TcRun run;
+  run.e = group_run_end<tc_tile>(info.g, a);
+  run.g = info.g[a];
+  const int warp = threadIdx.x / 32;
+  range_union(info.lo, info.hi, a, run.e, run.ulo, run.uhi);
+  range_union(info.lo, info.hi, max(a, 16 * warp), min(run.e, 16 * warp + 16), run.wlo, run.whi);
+  const bool mine = rr >= a && rr < run.e;
+  run.lo = mine ? info.lo[rr] : 0;
+  run.hi = mine ? info.hi[rr] : 0;
+  return run;
+}
+
 // The 16-column blocks [f_lo, f_hi) of a streamed tile starting at row j0 that meet the rows [wlo, whi).
 __device__ __forceinline__ void tc_column_blocks(index_t wlo, index_t whi, index_t j0, int& f_lo, int& f_hi) {
   f_lo = wlo > j0 ? static_cast<int>(min(index_t(4), (wlo - j0) / 16)) : 0;
@@ -91,15 +111,10 @@ __global__ void attention_packed_tc_forward_kernel(MatrixView<float> out, float*
   S* sp = sP + 16 * warp * PLD;
   float* corr_w = sCorr + 16 * warp;
   float m = neg_inf<float>(), l = 0.0f;
-  for (int a = 0, e = 0; a < tc_tile; a = e) {  // the tile's groups (every thread runs every pass)
-    e = group_run_end<tc_tile>(info.g, a);
-    const int gg = info.g[a];
+  for (int a = 0; a < tc_tile;) {  // the tile's groups (every thread runs every pass)
+    const auto [e, gg, ulo, uhi, wlo, whi, lo, hi] = tc_group_run(info, a, rr);
+    a = e;
     if (gg < 0) continue;
-    index_t ulo, uhi, wlo, whi;
-    range_union(info.lo, info.hi, a, e, ulo, uhi);                                // the block's keys
-    range_union(info.lo, info.hi, max(a, 16 * warp), min(e, 16 * warp + 16), wlo, whi);  // this warp's
-    const bool mine = rr >= a && rr < e;
-    const index_t lo = mine ? info.lo[rr] : 0, hi = mine ? info.hi[rr] : 0;
     const RowsAt<const float> K = kv.keys(gg), V = kv.values(gg);
     for (index_t j0 = ulo; j0 < uhi; j0 += tc_tile) {
       __syncthreads();  // Q (first tile) or the previous K, V consumed
@@ -177,15 +192,10 @@ __global__ void attention_packed_tc_dq_kernel(MatrixView<float> dq, MatrixView<c
   S* sds = sdS + 16 * warp * PLD;
   const S* sq = sQ + 16 * warp * LD;
   const S* sdo = sdO + 16 * warp * LD;
-  for (int a = 0, e = 0; a < tc_tile; a = e) {
-    e = group_run_end<tc_tile>(info.g, a);
-    const int gg = info.g[a];
+  for (int a = 0; a < tc_tile;) {  // the tile's groups (every thread runs every pass)
+    const auto [e, gg, ulo, uhi, wlo, whi, lo, hi] = tc_group_run(info, a, rr);
+    a = e;
     if (gg < 0) continue;
-    index_t ulo, uhi, wlo, whi;
-    range_union(info.lo, info.hi, a, e, ulo, uhi);
-    range_union(info.lo, info.hi, max(a, 16 * warp), min(e, 16 * warp + 16), wlo, whi);
-    const bool mine = rr >= a && rr < e;
-    const index_t lo = mine ? info.lo[rr] : 0, hi = mine ? info.hi[rr] : 0;
     const RowsAt<const float> K = kv.keys(gg), V = kv.values(gg);
     for (index_t j0 = ulo; j0 < uhi; j0 += tc_tile) {
       __syncthreads();
@@ -242,14 +252,8 @@ __global__ void attention_packed_tc_dkdv_kernel(DKV dkv, MatrixView<const float>
   index_t j0, rb, re;
   if (!packed_key_block(L, tc_tile, j0, rb, re, block_group)) return;
   if (threadIdx.x < tc_tile) {
-    const index_t j = j0 + threadIdx.x;
-    int g = -1;
-    index_t lo = 0, hi = 0;
-    if (j >= rb && j < re) {
-      g = block_group >= 0 ? block_group : group_of(L, j);
-      packed_query_range(L, g, L.k_tok ? L.k_tok[j] : j, lo, hi);
-    }
-    info.g[threadIdx.x] = g;
+    index_t lo, hi;
+    info.g[threadIdx.x] = packed_key_row(L, j0 + threadIdx.x, rb, re, block_group, lo, hi);
     info.lo[threadIdx.x] = lo;
     info.hi[threadIdx.x] = hi;
   }
@@ -270,14 +274,10 @@ __global__ void attention_packed_tc_dkdv_kernel(DKV dkv, MatrixView<const float>
   S* sds = sdS + 16 * warp * PLD;
   const S* sk = sK + 16 * warp * LD;
   const S* sv = sV + 16 * warp * LD;
-  for (int a = 0, e = 0; a < tc_tile; a = e) {
-    e = group_run_end<tc_tile>(info.g, a);
-    if (info.g[a] < 0) continue;
-    index_t ulo, uhi, wlo, whi;
-    range_union(info.lo, info.hi, a, e, ulo, uhi);
-    range_union(info.lo, info.hi, max(a, 16 * warp), min(e, 16 * warp + 16), wlo, whi);
-    const bool mine = rr >= a && rr < e;
-    const index_t lo = mine ? info.lo[rr] : 0, hi = mine ? info.hi[rr] : 0;
+  for (int a = 0; a < tc_tile;) {
+    const auto [e, gg, ulo, uhi, wlo, whi, lo, hi] = tc_group_run(info, a, rr);
+    a = e;
+    if (gg < 0) continue;
     for (index_t i0 = ulo; i0 < uhi; i0 += tc_tile) {  // the query tiles that see a key of this group's rows
       __syncthreads();
       tc_stage<Path, HD>(sQ, q.data, q.ld, i0, uhi, col0);
