@@ -20,7 +20,10 @@
 // tile into a small stack tile. With at most 64 columns and op(A) stored by rows (a
 // router's logits), AVX-512 skips packing A and reads its rows in place. Each element of
 // C is one k-ordered chain of fused multiply-adds in the same k blocks on every path and
-// tile size, so none of these choices changes a bit (tests/ops/gemm_test.cpp).
+// tile size, so none of these choices changes a bit (tests/ops/gemm_test.cpp). The exception
+// is the few-rows path (at most 8 rows against a row-major weight: gemv, gemm_native_isa.hpp),
+// which sums each dot product across the vector lanes: a product of 8 rows or fewer does not
+// give the bits of the same rows inside a larger product.
 //
 // Threads: gemm_parallel packs each B block cooperatively (one barrier per KC step)
 // and hands out (MC block of A) × (share of the B panels) work units through a shared
