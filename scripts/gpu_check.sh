@@ -139,19 +139,20 @@ for name in sorted(rate, key=lambda n: (n != "dense8", n)):
 PY
 fi
 if [ "${MOM_GPU_BENCH:-0}" = 1 ]; then
-  # Nsight Compute: every kernel's time in two dense bf16 steps (one warm-up, one timed), the top 15 per step.
+  # Nsight Compute: every kernel's time in two steps of bench_gpu_train_step --only ONLY at 8 x 1024 (one warm-up,
+  # one timed), the top 15 per step: ncu_step TIMEOUT_S ONLY NAME (files $out/NAME.csv, .err) "TITLE" "NOTE".
+  ncu_step() {
+    timeout "$1" ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+      "$bench" --batch 8 --seq 1024 --warmup 1 --reps 1 --only "$2" >"$out/$3.csv" 2>"$out/$3.err"
+    note "$5: exit $?"
+    python3 scripts/ncu_summary.py "$out/$3.csv" "$4" 2 | tee -a "$summary"
+  }
   if command -v ncu >/dev/null && [ -x "$bench" ]; then
-    timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
-      "$bench" --batch 8 --seq 1024 --warmup 1 --reps 1 --only dense-bf16 >"$out/ncu.csv" 2>"$out/ncu.err"
-    note "ncu: exit $?"
-    python3 scripts/ncu_summary.py "$out/ncu.csv" "dense GPT-2 small bf16, 8 x 1024" 2 | tee -a "$summary"
+    ncu_step 120 dense-bf16 ncu "dense GPT-2 small bf16, 8 x 1024" "ncu"
     # With MOM_GPU_NCU_MOM=1, the same for MoM_P's step (the grouped attention and GEMMs: bench/RESULTS.md's
     # twenty-third-session predictions; about 100 s more).
     if [ "${MOM_GPU_NCU_MOM:-0}" = 1 ]; then
-      timeout 180 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
-        "$bench" --batch 8 --seq 1024 --warmup 1 --reps 1 --only mom-bf16 >"$out/ncu-mom.csv" 2>"$out/ncu-mom.err"
-      note "ncu MoM_P: exit $?"
-      python3 scripts/ncu_summary.py "$out/ncu-mom.csv" "MoM_P GPT-2 small bf16, 8 x 1024" 2 | tee -a "$summary"
+      ncu_step 180 mom-bf16 ncu-mom "MoM_P GPT-2 small bf16, 8 x 1024" "ncu MoM_P"
     fi
   fi
   note "wall time so far: $(( $(date +%s) - started )) s"
