@@ -266,6 +266,20 @@ def table(results, args):
     return "\n".join(lines) + "\n"
 
 
+def svg_frame(box, title, x_label, y_label):
+    """The opening lines of a plot: an SVG of width W and height H, its title, the axes of the plot area inside the
+    margins L, R, T, B (box = (W, H, L, R, T, B)) and their labels (scripts/plot_lr_sweep.py draws in it too)."""
+    W, H, L, R, T, B = box
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
+            f'<rect width="{W}" height="{H}" fill="white"/>',
+            f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="14">{html.escape(title)}</text>',
+            f'<line x1="{L}" y1="{H - B}" x2="{W - R}" y2="{H - B}" stroke="black"/>',
+            f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H - B}" stroke="black"/>',
+            f'<text x="{(L + W - R) / 2}" y="{H - 12}" text-anchor="middle">{html.escape(x_label)}</text>',
+            f'<text x="16" y="{(T + H - B) / 2}" text-anchor="middle" transform="rotate(-90 16 {(T + H - B) / 2})">'
+            f'{html.escape(y_label)}</text>']
+
+
 def svg(results, path, title):
     """Validation loss against training FLOPs (log x), the mean over seeds at each validation of each architecture."""
     W, H, L, R, T, B = 760, 460, 70, 230, 40, 50
@@ -287,14 +301,7 @@ def svg(results, path, title):
     y0, y1 = y0 - pad, y1 + pad
     px = lambda x: L + (math.log10(x) - x0) / (x1 - x0) * (W - L - R)
     py = lambda y: T + (y1 - y) / (y1 - y0) * (H - T - B)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
-           f'<rect width="{W}" height="{H}" fill="white"/>',
-           f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="14">{html.escape(title)}</text>',
-           f'<line x1="{L}" y1="{H - B}" x2="{W - R}" y2="{H - B}" stroke="black"/>',
-           f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H - B}" stroke="black"/>',
-           f'<text x="{(L + W - R) / 2}" y="{H - 12}" text-anchor="middle">training FLOPs (log scale)</text>',
-           f'<text x="16" y="{(T + H - B) / 2}" text-anchor="middle" transform="rotate(-90 16 {(T + H - B) / 2})">'
-           'validation cross-entropy (nats/token)</text>']
+    out = svg_frame((W, H, L, R, T, B), title, "training FLOPs (log scale)", "validation cross-entropy (nats/token)")
     for e in range(math.floor(x0), math.ceil(x1) + 1):
         for m in (1, 2, 5):
             v = m * 10 ** e

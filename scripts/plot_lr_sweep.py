@@ -8,20 +8,24 @@ mom8-p_after_dense8_0.5, ...) contributes the last validation loss of each seed-
 one standard deviation over the seeds, printed as a table too.
 """
 import argparse
-import json
 import math
+import os
 import pathlib
-import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare import COLORS, mean_std, read_metrics, svg_frame  # noqa: E402  (the sweep's reader and plot frame)
 
 
 def final_losses(arch_dir):
+    """Each seed's last validation loss (a two-phase entry's seed-N-phase1 runs are its first phase: left out)."""
     out = []
     for seed in sorted(arch_dir.glob("seed-*")):
         if seed.name.endswith("phase1"):
             continue
-        vals = [json.loads(l) for l in (seed / "metrics.jsonl").read_text().splitlines() if '"val"' in l]
-        if vals:
-            out.append(vals[-1]["loss"])
+        _, _, val = read_metrics(str(seed))
+        if val:
+            out.append(float(val[max(val)]["loss"]))
     return out
 
 
@@ -38,8 +42,7 @@ def main():
         for arch in sorted(p for p in pathlib.Path(folder).iterdir() if p.is_dir() and (p / "seed-1").is_dir()):
             v = final_losses(arch)
             if v:
-                series.setdefault(arch.name, []).append(
-                    (float(lr_text), statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0, len(v), v))
+                series.setdefault(arch.name, []).append((float(lr_text), *mean_std(v), len(v), v))
     if not series:
         raise SystemExit("plot_lr_sweep: no finished runs in the folders given")
     print("| architecture | peak lr | val CE (mean ± std) | seeds |")
@@ -54,14 +57,8 @@ def main():
     y0, y1 = min(ys) - 0.005, max(ys) + 0.005
     px = lambda lr: L + (math.log10(lr) - x0) / (x1 - x0) * (W - L - R)
     py = lambda y: T + (y1 - y) / (y1 - y0) * (H - T - B)
-    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
-    s = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
-         f'<rect width="{W}" height="{H}" fill="white"/>',
-         f'<text x="{(W - R + L) / 2}" y="20" text-anchor="middle" font-size="14">final validation loss against the peak learning rate</text>',
-         f'<line x1="{L}" y1="{H - B}" x2="{W - R}" y2="{H - B}" stroke="black"/>',
-         f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H - B}" stroke="black"/>',
-         f'<text x="{(W - R + L) / 2}" y="{H - 12}" text-anchor="middle">peak learning rate (log scale)</text>',
-         f'<text x="16" y="{(H - B + T) / 2}" text-anchor="middle" transform="rotate(-90 16 {(H - B + T) / 2})">validation cross-entropy (nats/byte)</text>']
+    s = svg_frame((W, H, L, R, T, B), "final validation loss against the peak learning rate",
+                  "peak learning rate (log scale)", "validation cross-entropy (nats/byte)")
     for lr in sorted(set(lrs)):
         s.append(f'<text x="{px(lr):.1f}" y="{H - B + 16}" text-anchor="middle">{lr:g}</text>')
     for i in range(5):
@@ -69,7 +66,7 @@ def main():
         s.append(f'<text x="{L - 6}" y="{py(y) + 4:.1f}" text-anchor="end">{y:.3f}</text>')
         s.append(f'<line x1="{L}" y1="{py(y):.1f}" x2="{W - R}" y2="{py(y):.1f}" stroke="#ddd"/>')
     for k, (arch, pts) in enumerate(series.items()):
-        c = colors[k % len(colors)]
+        c = COLORS[k % len(COLORS)]
         pts = sorted(pts)
         s.append('<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>' % (
             c, " ".join(f"{px(lr):.1f},{py(m):.1f}" for lr, m, *_ in pts)))
