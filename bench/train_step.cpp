@@ -2,10 +2,13 @@
 // of the dense 8-layer model and of MoM_E / MoM_I / MoM_P on its [1-1-4-1-1] chunking (issue 5,
 // item 9), float, on cpu::Backend<float> wrapped in a timing backend.
 //
-//   bench_train_step [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,moeut,moduleformer,dsmoe,ec,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide] [--paired]
+//   bench_train_step [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,moeut,moduleformer,dsmoe,ec,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide] [--paired] [--shapes]
 //   bench_train_step --under-load   the dense step at 1 and 2 threads, quiet and with one core kept busy
 //   bench_train_step --paired [--only moeut,moduleformer,moe,dsmoe,ec,P]   each routed step against its dense
 //                    reference step by step (the ratio robust to a drifting machine; see paired below)
+//   bench_train_step --shapes ...   also each model's products (and attention) by kind and shape: ms per step,
+//                    GFLOP/s, share of the step, from the instrumented steps (where a routed model's products lose
+//                    rate against the dense ones)
 //
 // Issue 6 adds Mixture-of-Experts at the same dims: MoE (8 layers x 8 experts, top-2) and
 // MoE(share) (8 experts shared by the 8 layers, top-2); their "router" share is the top-K
@@ -39,6 +42,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -84,6 +88,9 @@ struct TimingBackend : cpu::Backend<T> {
     std::array<double, kCats> seconds{};
     double flops = 0;  // products executed (forward + backward), counted whether on or not
     std::array<double, kCats> cat_flops{};  // the same per category (router: GRU and head products)
+    // --shapes: seconds and FLOPs of the instrumented steps' products by kind and shape
+    bool by_shape = false;
+    std::map<std::string, std::pair<double, double>> shapes;
   };
   Stats* st = nullptr;  // shared by copies (the model keeps its own copy of the backend)
 
@@ -97,19 +104,34 @@ struct TimingBackend : cpu::Backend<T> {
   void count(Cat c, double f) const {
     if (st) st->flops += f, st->cat_flops[c] += f;
   }
+  // A product: counted, timed, and with --shapes summed under "kind rows x in -> out" (groups: the groups' count).
+  template <class F>
+  void product(Cat c, const char* kind, double rows, index_t in, index_t out, int groups, double flops, F&& f) const {
+    count(c, flops);
+    if (!st || !st->on || !st->by_shape) return timed(c, f);
+    const auto t0 = Clock::now();
+    timed(c, f);
+    char key[160];
+    std::snprintf(key, sizeof key, "%-22s %6.0f x %4lld -> %4lld%s", kind, rows, (long long)in, (long long)out,
+                  groups > 0 ? (" in " + std::to_string(groups) + " groups").c_str() : "");
+    auto& e = st->shapes[key];
+    e.first += std::chrono::duration<double>(Clock::now() - t0).count(), e.second += flops;
+  }
   static Cat linear_cat(CM w) { return w.rows <= 16 ? kRouter : kLinear; }
 
   void gemm(M C, CM A, Trans ta, CM B, Trans tb, T alpha = T(1), T beta = T(0)) const {
-    count(kLinear, 2.0 * C.rows * C.cols * (ta == Trans::N ? A.cols : A.rows));
-    timed(kLinear, [&] { Base::gemm(C, A, ta, B, tb, alpha, beta); });
+    const index_t k = ta == Trans::N ? A.cols : A.rows;
+    product(kLinear, "gemm", double(C.rows), k, C.cols, 0, 2.0 * C.rows * C.cols * k,
+            [&] { Base::gemm(C, A, ta, B, tb, alpha, beta); });
   }
   void linear_forward(M y, CM x, CM w, CS b) const {
-    count(linear_cat(w), 2.0 * x.rows * x.cols * w.rows);
-    timed(linear_cat(w), [&] { Base::linear_forward(y, x, w, b); });
+    product(linear_cat(w), "linear fwd", double(x.rows), x.cols, w.rows, 0, 2.0 * x.rows * x.cols * w.rows,
+            [&] { Base::linear_forward(y, x, w, b); });
   }
   void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w, Store dx_store = Store::add) const {
-    count(linear_cat(w), backward_products(!dx.empty(), !dw.empty()) * x.rows * x.cols * w.rows);
-    timed(linear_cat(w), [&] { Base::linear_backward(dx, dw, db, dy, x, w, dx_store); });
+    product(linear_cat(w), "linear bwd", double(x.rows), x.cols, w.rows, 0,
+            backward_products(!dx.empty(), !dw.empty()) * x.rows * x.cols * w.rows,
+            [&] { Base::linear_backward(dx, dw, db, dy, x, w, dx_store); });
   }
   void embedding_forward(M out, Tok tokens, CM wte, CM wpe, index_t seq) const {
     timed(kEmbedding, [&] { Base::embedding_forward(out, tokens, wte, wpe, seq); });
@@ -169,12 +191,12 @@ struct TimingBackend : cpu::Backend<T> {
     timed(kLoss, [&] { Base::cross_entropy_backward(dlogits, logits, lse, targets, dloss, ignore_index); });
   }
   void attention_forward(M out, S lse, CM qkv, index_t batch, index_t seq, index_t heads) const {
-    count(kAttention, 2.0 * batch * (qkv.cols / 3) * seq * (seq + 1));
-    timed(kAttention, [&] { Base::attention_forward(out, lse, qkv, batch, seq, heads); });
+    product(kAttention, "attention fwd, H -> d", double(batch * seq), heads, qkv.cols / 3, 0, 2.0 * batch * (qkv.cols / 3) * seq * (seq + 1),
+            [&] { Base::attention_forward(out, lse, qkv, batch, seq, heads); });
   }
   void attention_backward(M dqkv, CM dout, CM out, CS lse, CM qkv, index_t batch, index_t seq, index_t heads) const {
-    count(kAttention, 5.0 * batch * (qkv.cols / 3) * seq * (seq + 1));
-    timed(kAttention, [&] { Base::attention_backward(dqkv, dout, out, lse, qkv, batch, seq, heads); });
+    product(kAttention, "attention bwd, H -> d", double(batch * seq), heads, qkv.cols / 3, 0, 5.0 * batch * (qkv.cols / 3) * seq * (seq + 1),
+            [&] { Base::attention_backward(dqkv, dout, out, lse, qkv, batch, seq, heads); });
   }
   // Stick-breaking attention (ModuleFormer's MoA) counts as attention: the same products per (query, key) pair
   // and query head (docs/ops.md), out.cols = the query heads' width.
@@ -270,29 +292,32 @@ struct TimingBackend : cpu::Backend<T> {
   // A grouped linear is a router head when it has few outputs (as linear_cat).
   static Cat grouped_cat(index_t out_cols) { return out_cols <= 16 ? kRouter : kLinear; }
   void grouped_linear_forward(M y, CM x, CPG w, CPG b, RowGroups g) const {
-    count(grouped_cat(y.cols), 2.0 * grouped_rows(g) * x.cols * y.cols);
-    timed(grouped_cat(y.cols), [&] { Base::grouped_linear_forward(y, x, w, b, g); });
+    product(grouped_cat(y.cols), "grouped fwd", grouped_rows(g), x.cols, y.cols, g.count,
+            2.0 * grouped_rows(g) * x.cols * y.cols, [&] { Base::grouped_linear_forward(y, x, w, b, g); });
   }
   void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, CPG w, RowGroups g, Store dx_store = Store::add) const {
-    count(grouped_cat(dy.cols), backward_products(!dx.empty(), dw.base != nullptr) * grouped_rows(g) * x.cols * dy.cols);
-    timed(grouped_cat(dy.cols), [&] { Base::grouped_linear_backward(dx, dw, db, dy, x, w, g, dx_store); });
+    product(grouped_cat(dy.cols), "grouped bwd", grouped_rows(g), x.cols, dy.cols, g.count,
+            backward_products(!dx.empty(), dw.base != nullptr) * grouped_rows(g) * x.cols * dy.cols,
+            [&] { Base::grouped_linear_backward(dx, dw, db, dy, x, w, g, dx_store); });
   }
   // The gathered forms (x's rows read through idx inside the GEMM): the same products.
   void grouped_linear_forward(M y, CM x, Tok idx, CPG w, CPG b, RowGroups g) const {
-    count(grouped_cat(y.cols), 2.0 * grouped_rows(g) * x.cols * y.cols);
-    timed(grouped_cat(y.cols), [&] { Base::grouped_linear_forward(y, x, idx, w, b, g); });
+    product(grouped_cat(y.cols), "grouped fwd gathered", grouped_rows(g), x.cols, y.cols, g.count,
+            2.0 * grouped_rows(g) * x.cols * y.cols, [&] { Base::grouped_linear_forward(y, x, idx, w, b, g); });
   }
   void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, Tok idx, CPG w, RowGroups g,
                                Store dx_store = Store::add) const {
-    count(grouped_cat(dy.cols), backward_products(!dx.empty(), dw.base != nullptr) * grouped_rows(g) * x.cols * dy.cols);
-    timed(grouped_cat(dy.cols), [&] { Base::grouped_linear_backward(dx, dw, db, dy, x, idx, w, g, dx_store); });
+    product(grouped_cat(dy.cols), "grouped bwd gathered", grouped_rows(g), x.cols, dy.cols, g.count,
+            backward_products(!dx.empty(), dw.base != nullptr) * grouped_rows(g) * x.cols * dy.cols,
+            [&] { Base::grouped_linear_backward(dx, dw, db, dy, x, idx, w, g, dx_store); });
   }
   // dy read as scaled rows of a table (the routed experts' W₂ / output products): the same products.
   void grouped_linear_backward(M dx, PG dw, ScaledRows<T> dy, CM x, Tok idx, CPG w, RowGroups g,
                                Store dx_store = Store::add) const {
     const index_t out = dy.table.cols;
-    count(grouped_cat(out), backward_products(!dx.empty(), dw.base != nullptr) * grouped_rows(g) * x.cols * out);
-    timed(grouped_cat(out), [&] { Base::grouped_linear_backward(dx, dw, dy, x, idx, w, g, dx_store); });
+    product(grouped_cat(out), "grouped bwd scaled dy", grouped_rows(g), x.cols, out, g.count,
+            backward_products(!dx.empty(), dw.base != nullptr) * grouped_rows(g) * x.cols * out,
+            [&] { Base::grouped_linear_backward(dx, dw, dy, x, idx, w, g, dx_store); });
   }
   void grouped_layernorm_forward(M out, S mean, S rstd, CM x, CPG gamma, CPG beta, RowGroups g, T eps = T(1e-5)) const {
     timed(kLayerNorm, [&] { Base::grouped_layernorm_forward(out, mean, rstd, x, gamma, beta, g, eps); });
@@ -374,6 +399,7 @@ using WideP_LM = LM<wide_dims, Strategy_11411<MoM_P<>>>;
 
 struct Result {
   std::string name;
+  std::map<std::string, std::pair<double, double>> shapes;  // --shapes: seconds and FLOPs summed over `reps` steps
   index_t params = 0;
   double step_s = 0, step_min_s = 0, step_max_s = 0;
   double fwd_flops = 0;    // cost model: realised routing (dense: Model::forward_flops)
@@ -454,6 +480,8 @@ struct Stepper {
   double realised() { return double(realised_forward_flops(m)); }
 };
 
+bool g_shapes = false;  // --shapes
+
 template <class Model, class Gates = OpenGates>
 Result run(const char* name, index_t batch, index_t seq, int reps) {
   auto sp = std::make_unique<Stepper<Model, Gates>>(batch, seq);
@@ -484,12 +512,14 @@ Result run(const char* name, index_t batch, index_t seq, int reps) {
   if constexpr (std::is_same_v<Model, DenseLM> || std::is_same_v<Model, WideDenseLM>) r.model_train_flops = double(Model::training_flops(batch, seq));
 
   stats.on = true;
+  stats.by_shape = g_shapes;
   double total = 0;
   for (int i = 0; i < reps; ++i) total += train_step.timed();
   stats.on = false;
   r.instrumented_s = total;
   r.reps = reps;
   r.seconds = stats.seconds;
+  r.shapes = stats.shapes;
   return r;
 }
 
@@ -617,8 +647,9 @@ int main(int argc, char** argv) {
     else if (a == "--wide") wide = true;
     else if (a == "--under-load") load = true;
     else if (a == "--paired") pairs = true;
+    else if (a == "--shapes") g_shapes = true;
     else {
-      std::fprintf(stderr, "usage: %s [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,moeut,moduleformer,dsmoe,ec,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide] [--under-load] [--paired]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,moeut,moduleformer,dsmoe,ec,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide] [--under-load] [--paired] [--shapes]\n", argv[0]);
       return 2;
     }
   }
@@ -760,6 +791,16 @@ int main(int argc, char** argv) {
     std::printf("  %-28s %8.2f GFLOP  -> %6.1f GFLOP/s; routers (GRU + head) %6.2f GFLOP = %4.1f%% of the FLOPs\n",
                 r.name.c_str(), r.exec_flops * 1e-9, r.exec_flops / r.step_s * 1e-9, r.router_flops * 1e-9,
                 100 * r.router_flops / r.exec_flops);
+  // --shapes: where each model's products go (time per step, rate), slowest share first.
+  for (const Result& r : g_shapes ? res : std::vector<Result>{}) {
+    std::printf("\nProducts of %s by kind and shape (per step; instrumented steps):\n\n| product | ms | GFLOP/s | share of "
+                "step |\n|---|---:|---:|---:|\n", r.name.c_str());
+    std::vector<std::pair<std::string, std::pair<double, double>>> v(r.shapes.begin(), r.shapes.end());
+    std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+    for (const auto& [k, e] : v)
+      std::printf("| %s | %.2f | %.0f | %.1f%% |\n", k.c_str(), 1e3 * e.first / r.reps, e.second / e.first * 1e-9,
+                  100 * e.first / r.instrumented_s);
+  }
   if (dense) {
     const double gfs = dense->model_train_flops / dense->step_s * 1e-9;
     std::printf("\ndense: Model::training_flops(%lld, %lld) = %.3f GFLOP (executed count %.3f GFLOP) -> %.1f GFLOP/s = "
