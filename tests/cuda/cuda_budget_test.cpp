@@ -273,7 +273,8 @@ TEST_CASE("per-step budgets under the emulation: launches, GEMMs and their FLOPs
     CHECK(c.unaligned_gemms == 0);
     CHECK(c.staging_copies == cfg.accum * 5 * (4 * Model::depth + 1));  // 90
     CHECK(c.staging_bytes == want.staged_bytes_bf16);                    // 2.69 MB (3.05 MB before)
-    check_budgets<Model>(c, cfg, {45, 0.19, 0});  // 39.5 launches a step with the staging; memset 0.162
+    // 35.5 launches a step with the staging (39.5 before the bias gradients were summed in it); memset 0.162
+    check_budgets<Model>(c, cfg, {41, 0.19, 0});
   }
   {
     // A vocabulary whose rows are not 16-byte aligned (257 floats, as GPT-2's 50257): the backend lays the logits

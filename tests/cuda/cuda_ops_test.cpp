@@ -173,6 +173,41 @@ TEST_CASE("linear forward with a bias: cuBLASLt's bias epilogue, and the broadca
     }
 }
 
+TEST_CASE("bf16 linear backward: the bias gradient summed while dy is staged, one launch fewer", "[cuda]") {
+  MOM_REQUIRE_GPU();
+  // Under BF16 linear_backward stages dy once for dx and dw and adds its column sums to db in that pass
+  // (to_bf16_sums_kernel) instead of reading dy again (add_column_sums). db is an fp32 sum of fp32 dy on both
+  // backends (kernel tolerance); dx and dw are bf16 products. Shapes: 16-byte rows (the vector path) and odd widths
+  // and strides (the scalar path), more rows than the emulation's row-chunk grid covers at once (its stride loop),
+  // more columns than one block's 512.
+  test::Rng rng(13);
+  struct Shape {
+    index_t n, in, out, ld_dy;
+  };
+  for (const Shape sh : {Shape{300, 40, 24, 24}, Shape{67, 29, 37, 41}, Shape{130, 16, 600, 600}}) {
+    const auto [n, in, out, ld_dy] = sh;
+    INFO("n " << n << ", in " << in << ", out " << out << ", dy's row stride " << ld_dy);
+    auto x = rand_arr<float>(n * in, rng), w = rand_arr<float>(out * in, rng), dy = rand_arr<float>(n * ld_dy, rng);
+    auto dx = rand_arr<float>(n * in, rng), dw = rand_arr<float>(out * in, rng), db = rand_arr<float>(out, rng);
+    auto& be = gpu<float>();
+    be.set_precision(cuda::Precision::BF16);
+    be.sync();
+    const long before = mom_emu_launches ? mom_emu_launches() : 0;
+    be.linear_backward(dx.dm(n, in), dw.dm(out, in), db.ds(), MatrixView<const float>(dy.dm(n, out, ld_dy)),
+                       MatrixView<const float>(x.dm(n, in)), MatrixView<const float>(w.dm(out, in)));
+    be.sync();
+    const long launched = mom_emu_launches ? mom_emu_launches() - before : -1;
+    be.set_precision(cuda::Precision::TF32);
+    host<float>().linear_backward(dx.hm(n, in), dw.hm(out, in), db.hs(), MatrixView<const float>(dy.hm(n, out, ld_dy)),
+                                  MatrixView<const float>(x.hm(n, in)), MatrixView<const float>(w.hm(out, in)));
+    expect_close(db, tol_kernel<float> * 10, "db");
+    expect_close(dx, 2e-2, "dx");
+    expect_close(dw, 2e-2, "dw");
+    // The staging of dy (with its sums), w and x: no column-sum kernel of its own.
+    if (mom_emu_launches) CHECK(launched == 3);
+  }
+}
+
 TEST_CASE("bf16 LM head over the padded vocabulary: linear_forward / linear_backward's results, zeros in the padding",
           "[cuda]") {
   MOM_REQUIRE_GPU();

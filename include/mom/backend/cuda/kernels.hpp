@@ -103,9 +103,10 @@ void group_by_module(const Context& ctx, token_t* sorted_ids, token_t* sorted_mo
 // out[r * out_ld + c] = bf16(in(r, c)) (copy of a strided view into rows out_ld apart; round to nearest even,
 // NaN kept NaN) over a block of max(rows, in.rows) × max(cols, in.cols), zeros outside `in`: the staging of a GEMM
 // operand under Precision::BF16. bf16 values are passed as their 16 bits (the top half of the fp32 bit pattern),
-// so this header needs no CUDA fp16 types.
+// so this header needs no CUDA fp16 types. With col_sums: also col_sums[c] += Σ_r in(r, c) for c < in.cols, in the
+// same pass (linear_backward's bias gradient from the dy it stages).
 void to_bf16(const Context& ctx, std::uint16_t* out, index_t out_ld, MatrixView<const float> in, index_t rows = 0,
-             index_t cols = 0);
+             index_t cols = 0, float* col_sums = nullptr);
 
 // rows[i] = slots[i] / k (group_by_choice: a slot r·K + j belongs to token row r).
 void slots_to_rows(const Context& ctx, token_t* rows, const token_t* slots, index_t n, index_t k);

@@ -96,16 +96,13 @@ class DenseOps {
     gemm(y, x, Trans::N, w, Trans::T, T(1), T(1));
   }
   // dx += dy·w (dx_store = Store::overwrite: dx = dy·w), dw += dyᵀ·x, db += Σ_rows dy (each may be empty). Under
-  // BF16, dy is staged once for both products.
+  // BF16, dy is staged once for both products, its column sums (db) taken in the same pass.
   void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w, Store dx_store = Store::add) const {
     checks::linear_backward_shapes<T>(dx, dw, db, dy, x, w);
     const T dx_beta = dx_store == Store::add ? T(1) : T(0);
     if constexpr (std::is_same_v<T, float>) {
-      if (!dx.empty() && !dw.empty() && dy.rows > 0 && bf16_products(dy, Trans::N)) {
-        backward_staged(dx, dw, dy, x, w, dy.cols, dx_beta);
-        if (!db.empty()) K::add_column_sums(*ctx_, db.data(), dy);
-        return;
-      }
+      if (!dx.empty() && !dw.empty() && dy.rows > 0 && bf16_products(dy, Trans::N))
+        return backward_staged(dx, dw, dy, x, w, dy.cols, dx_beta, db.empty() ? nullptr : db.data());
     }
     if (!dx.empty()) gemm(dx, dy, Trans::N, w, Trans::N, T(1), dx_beta);
     if (!dw.empty()) gemm(dw, dy, Trans::T, x, Trans::N, T(1), T(1));
@@ -407,10 +404,11 @@ class DenseOps {
     to_bf16(*ctx_, at, staged_ld(v), v);
     return {at, v.rows, v.cols, staged_ld(v)};
   }
-  // v staged as a [rows × cols] block (zeros outside v; cols a multiple of 8 or v's staged width).
-  Staged stage(std::uint16_t* at, CM v, index_t rows, index_t cols) const {
+  // v staged as a [rows × cols] block (zeros outside v; cols a multiple of 8 or v's staged width); with col_sums,
+  // v's column sums added to it in the same pass.
+  Staged stage(std::uint16_t* at, CM v, index_t rows, index_t cols, float* col_sums = nullptr) const {
     const index_t ld = std::max(cols, staged_ld(v));
-    to_bf16(*ctx_, at, ld, v, rows, cols);
+    to_bf16(*ctx_, at, ld, v, rows, cols, col_sums);
     return {at, rows, cols, ld};
   }
   // The width an LM head's products may run over: the logits' row stride when it is a multiple of 8 and within
@@ -420,12 +418,13 @@ class DenseOps {
     return ld > logits.cols && ld % 8 == 0 && ld - logits.cols < logits_row_align ? ld : logits.cols;
   }
   // A linear's dx += dy·w and dw += dyᵀ·x from one staging of dy, w and x (bf16), dy staged k columns wide and w k
-  // rows tall (k >= dy.cols; zeros beyond them: the LM head's padded width), so that dx's inner dimension is k.
-  void backward_staged(M dx, M dw, CM dy, CM x, CM w, index_t k, float dx_beta = 1.0f) const {
+  // rows tall (k >= dy.cols; zeros beyond them: the LM head's padded width), so that dx's inner dimension is k. With
+  // db: db += Σ_rows dy, summed while dy is staged (no second read of dy).
+  void backward_staged(M dx, M dw, CM dy, CM x, CM w, index_t k, float dx_beta = 1.0f, float* db = nullptr) const {
     const index_t dy_ld = std::max(k, staged_ld(dy));
     cuda::reserve_bf16_staging(*ctx_, dy.rows * dy_ld + k * staged_ld(w) + staged_size(x));
     std::uint16_t* at = ctx_->bf16_stage;
-    const Staged sdy = stage(at, dy, dy.rows, k);
+    const Staged sdy = stage(at, dy, dy.rows, k, db);
     const Staged sw = stage(at += dy.rows * dy_ld, w, k, w.cols);
     const Staged sx = stage(at += k * staged_ld(w), x);
     gemm_staged(dx, sdy, Trans::N, sw, Trans::N, 1.0f, dx_beta);                                 // inner dimension k

@@ -47,23 +47,67 @@ __device__ __forceinline__ std::uint16_t bf16_bits(float x) {
 // what lies outside it is written as zeros (an operand padded to an aligned extent).
 inline constexpr index_t bf16_chunk = 8;
 #if defined(MOM_CUDA_FLOAT_UNIT)  // non-template: defined in mom_cuda.cu alone (kernels/all.cuh)
+// Row r's chunk of columns [c0, c0 + bf16_chunk) staged; with Sums, its values of `in` also added to s[0, bf16_chunk).
+template <bool Sums>
+__device__ __forceinline__ void to_bf16_chunk(std::uint16_t* out, index_t out_ld, index_t cols, MatrixView<const float> in,
+                                              index_t r, index_t c0, bool vec, float* s) {
+  const float* src = in.data + r * in.ld + c0;
+  std::uint16_t* dst = out + r * out_ld + c0;
+  if (vec && r < in.rows && c0 + bf16_chunk <= in.cols) {
+    const float4 a = *reinterpret_cast<const float4*>(src), b = *reinterpret_cast<const float4*>(src + 4);
+    const auto pair = [](float lo, float hi) { return unsigned(bf16_bits(lo)) | (unsigned(bf16_bits(hi)) << 16); };
+    uint4 o;
+    o.x = pair(a.x, a.y), o.y = pair(a.z, a.w), o.z = pair(b.x, b.y), o.w = pair(b.z, b.w);
+    *reinterpret_cast<uint4*>(dst) = o;
+    if constexpr (Sums) {
+      s[0] += a.x, s[1] += a.y, s[2] += a.z, s[3] += a.w;
+      s[4] += b.x, s[5] += b.y, s[6] += b.z, s[7] += b.w;
+    }
+  } else {
+    for (index_t c = 0; c < bf16_chunk && c0 + c < cols; ++c) {
+      const bool inside = r < in.rows && c0 + c < in.cols;
+      dst[c] = inside ? bf16_bits(src[c]) : std::uint16_t(0);
+      if constexpr (Sums)
+        if (inside) s[c] += src[c];
+    }
+  }
+}
 __global__ void to_bf16_kernel(std::uint16_t* out, index_t out_ld, index_t rows, index_t cols, MatrixView<const float> in,
                                bool vec) {
   const index_t chunks = (cols + bf16_chunk - 1) / bf16_chunk;
   MOM_GRID_STRIDE(i, rows * chunks) {
-    const index_t r = i / chunks, c0 = (i - r * chunks) * bf16_chunk;
-    const float* src = in.data + r * in.ld + c0;
-    std::uint16_t* dst = out + r * out_ld + c0;
-    if (vec && r < in.rows && c0 + bf16_chunk <= in.cols) {
-      const float4 a = *reinterpret_cast<const float4*>(src), b = *reinterpret_cast<const float4*>(src + 4);
-      const auto pair = [](float lo, float hi) { return unsigned(bf16_bits(lo)) | (unsigned(bf16_bits(hi)) << 16); };
-      uint4 o;
-      o.x = pair(a.x, a.y), o.y = pair(a.z, a.w), o.z = pair(b.x, b.y), o.w = pair(b.z, b.w);
-      *reinterpret_cast<uint4*>(dst) = o;
-    } else {
-      for (index_t c = 0; c < bf16_chunk && c0 + c < cols; ++c)
-        dst[c] = r < in.rows && c0 + c < in.cols ? bf16_bits(src[c]) : std::uint16_t(0);
-    }
+    const index_t r = i / chunks;
+    to_bf16_chunk<false>(out, out_ld, cols, in, r, (i - r * chunks) * bf16_chunk, vec, nullptr);
+  }
+}
+// The same staging with in's column sums added to acc[0, in.cols) (linear_backward's bias gradient under BF16: dy
+// read once for its staging and its sums, instead of again by add_column_sums). A block of `threads` is
+// sum_chunk_threads chunks of columns × sum_row_lanes lanes (1-D: lane = thread / sum_chunk_threads) over one chunk
+// of column_chunk rows: thread (x, lane) stages chunk x of the rows lane, lane + lanes, ... (a warp's 32 chunks are
+// one contiguous 1 KB run of a row), summing each column in registers; the lanes' sums meet in shared memory and
+// each column gets one atomic per block and row chunk.
+inline constexpr int sum_chunk_threads = 64, sum_row_lanes = threads / sum_chunk_threads;
+__global__ void to_bf16_sums_kernel(std::uint16_t* out, index_t out_ld, index_t rows, index_t cols,
+                                    MatrixView<const float> in, bool vec, float* acc) {
+  constexpr index_t width = sum_chunk_threads * bf16_chunk;  // the block's columns
+  __shared__ float part[sum_row_lanes][width];
+  const index_t x = threadIdx.x % sum_chunk_threads, lane = threadIdx.x / sum_chunk_threads;
+  const index_t chunks = (cols + bf16_chunk - 1) / bf16_chunk, ch = index_t(blockIdx.x) * sum_chunk_threads + x;
+  const index_t first_col = index_t(blockIdx.x) * width;
+  for (index_t rc = blockIdx.y; rc * column_chunk < rows; rc += gridDim.y) {
+    float s[bf16_chunk] = {};
+    if (ch < chunks)
+      for (index_t r = rc * column_chunk + lane, r1 = min(rows, (rc + 1) * column_chunk); r < r1; r += sum_row_lanes)
+        to_bf16_chunk<true>(out, out_ld, cols, in, r, ch * bf16_chunk, vec, s);
+    for (index_t c = 0; c < bf16_chunk; ++c) part[lane][x * bf16_chunk + c] = s[c];
+    __syncthreads();
+    for (index_t j = threadIdx.x; j < width; j += threads)
+      if (first_col + j < in.cols) {
+        float t = 0.0f;
+        for (int l = 0; l < sum_row_lanes; ++l) t += part[l][j];
+        atomicAdd(acc + first_col + j, t);
+      }
+    __syncthreads();  // part is rewritten for the next row chunk
   }
 }
 #endif  // MOM_CUDA_FLOAT_UNIT
@@ -74,7 +118,7 @@ __global__ void to_bf16_kernel(std::uint16_t* out, index_t out_ld, index_t rows,
 
 #if defined(MOM_CUDA_FLOAT_UNIT)
 void to_bf16(const Context& ctx, std::uint16_t* out, index_t out_ld, MatrixView<const float> in, index_t rows,
-             index_t cols) {
+             index_t cols, float* col_sums) {
 #if defined(MOM_CUDA_EMULATE)
   const index_t n = in.rows * in.cols;
   if (n > 0) mom_emu_note_staging(static_cast<std::size_t>(n) * sizeof(float));  // a staging copy (budget tests)
@@ -82,9 +126,17 @@ void to_bf16(const Context& ctx, std::uint16_t* out, index_t out_ld, MatrixView<
   rows = std::max(rows, in.rows), cols = std::max(cols, in.cols);
   const auto aligned16 = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
   const bool vec = in.ld % 4 == 0 && out_ld % dev::bf16_chunk == 0 && aligned16(in.data) && aligned16(out);
-  const index_t chunks = rows * ((cols + dev::bf16_chunk - 1) / dev::bf16_chunk);
-  dev::launch("to_bf16", ctx, dev::blocks_for(chunks), dev::threads, dev::to_bf16_kernel, out, out_ld, rows, cols, in,
-              vec);
+  const index_t chunks = (cols + dev::bf16_chunk - 1) / dev::bf16_chunk;
+  if (col_sums) {
+    const dim3 grid(dev::blocks_exact(chunks, dev::sum_chunk_threads),
+                    static_cast<unsigned>(std::clamp<index_t>((rows + dev::column_chunk - 1) / dev::column_chunk, 1,
+                                                              dev::max_stride_blocks)));
+    dev::launch("to_bf16", ctx, grid, dev::threads, dev::to_bf16_sums_kernel, out, out_ld, rows, cols, in, vec,
+                col_sums);
+    return;
+  }
+  dev::launch("to_bf16", ctx, dev::blocks_for(rows * chunks), dev::threads, dev::to_bf16_kernel, out, out_ld, rows, cols,
+              in, vec);
 }
 #endif  // MOM_CUDA_FLOAT_UNIT
 
