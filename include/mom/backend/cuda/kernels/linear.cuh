@@ -64,7 +64,9 @@ __device__ __forceinline__ void to_bf16_chunk(std::uint16_t* out, index_t out_ld
       s[4] += b.x, s[5] += b.y, s[6] += b.z, s[7] += b.w;
     }
   } else {
-    for (index_t c = 0; c < bf16_chunk && c0 + c < cols; ++c) {
+#pragma unroll
+    for (int c = 0; c < int(bf16_chunk); ++c) {  // unrolled: s[] indexed by constants stays in registers
+      if (c0 + c >= cols) continue;
       const bool inside = r < in.rows && c0 + c < in.cols;
       dst[c] = inside ? bf16_bits(src[c]) : std::uint16_t(0);
       if constexpr (Sums)
@@ -99,7 +101,8 @@ __global__ void to_bf16_sums_kernel(std::uint16_t* out, index_t out_ld, index_t 
     if (ch < chunks)
       for (index_t r = rc * column_chunk + lane, r1 = min(rows, (rc + 1) * column_chunk); r < r1; r += sum_row_lanes)
         to_bf16_chunk<true>(out, out_ld, cols, in, r, ch * bf16_chunk, vec, s);
-    for (index_t c = 0; c < bf16_chunk; ++c) part[lane][x * bf16_chunk + c] = s[c];
+#pragma unroll
+    for (int c = 0; c < int(bf16_chunk); ++c) part[lane][x * bf16_chunk + c] = s[c];
     __syncthreads();
     for (index_t j = threadIdx.x; j < width; j += threads)
       if (first_col + j < in.cols) {
