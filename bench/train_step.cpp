@@ -111,11 +111,12 @@ struct TimingBackend : cpu::Backend<T> {
     if (!st || !st->on || !st->by_shape) return timed(c, f);
     const auto t0 = Clock::now();
     timed(c, f);
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();  // the product's, not the key's
     char key[160];
     std::snprintf(key, sizeof key, "%-22s %6.0f x %4lld -> %4lld%s", kind, rows, (long long)in, (long long)out,
                   groups > 0 ? (" in " + std::to_string(groups) + " groups").c_str() : "");
     auto& e = st->shapes[key];
-    e.first += std::chrono::duration<double>(Clock::now() - t0).count(), e.second += flops;
+    e.first += seconds, e.second += flops;
   }
   static Cat linear_cat(CM w) { return w.rows <= 16 ? kRouter : kLinear; }
 
@@ -191,12 +192,12 @@ struct TimingBackend : cpu::Backend<T> {
     timed(kLoss, [&] { Base::cross_entropy_backward(dlogits, logits, lse, targets, dloss, ignore_index); });
   }
   void attention_forward(M out, S lse, CM qkv, index_t batch, index_t seq, index_t heads) const {
-    product(kAttention, "attention fwd, H -> d", double(batch * seq), heads, qkv.cols / 3, 0, 2.0 * batch * (qkv.cols / 3) * seq * (seq + 1),
-            [&] { Base::attention_forward(out, lse, qkv, batch, seq, heads); });
+    product(kAttention, "attention fwd, H -> d", double(batch * seq), heads, qkv.cols / 3, 0,
+            2.0 * batch * (qkv.cols / 3) * seq * (seq + 1), [&] { Base::attention_forward(out, lse, qkv, batch, seq, heads); });
   }
   void attention_backward(M dqkv, CM dout, CM out, CS lse, CM qkv, index_t batch, index_t seq, index_t heads) const {
-    product(kAttention, "attention bwd, H -> d", double(batch * seq), heads, qkv.cols / 3, 0, 5.0 * batch * (qkv.cols / 3) * seq * (seq + 1),
-            [&] { Base::attention_backward(dqkv, dout, out, lse, qkv, batch, seq, heads); });
+    product(kAttention, "attention bwd, H -> d", double(batch * seq), heads, qkv.cols / 3, 0,
+            5.0 * batch * (qkv.cols / 3) * seq * (seq + 1), [&] { Base::attention_backward(dqkv, dout, out, lse, qkv, batch, seq, heads); });
   }
   // Stick-breaking attention (ModuleFormer's MoA) counts as attention: the same products per (query, key) pair
   // and query head (docs/ops.md), out.cols = the query heads' width.
