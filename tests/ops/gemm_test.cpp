@@ -165,8 +165,9 @@ TEST_CASE("gemm float: a product's bits do not depend on its size (edge tiles, t
   // of fused multiply-adds in the same k blocks: the corner [m × n] of a product on a large block of its operands
   // equals the large product's corner bit for bit, whichever path and tiles each took (the large one: full 14 × 32
   // tiles; the corner: an edge tile of its last rows, a last panel of ≤ 16 columns, or, at most 64 columns of a
-  // row-stored op(A), A's values read in place instead of packed). Gathered rows of A, scaled ones, k over several
-  // KC blocks, alpha / beta, both entries.
+  // row-stored op(A) or of op(A) = Aᵀ, A's values read in place instead of packed). Gathered rows of A (op(A)'s rows,
+  // or with op(A) = Aᵀ its columns: a weight gradient dyᵀ·x of routed rows), scaled ones, k over several KC blocks,
+  // alpha / beta, both entries.
   const std::string best = cpu::gemm_kernel();
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -174,8 +175,11 @@ TEST_CASE("gemm float: a product's bits do not depend on its size (edge tiles, t
   std::vector<float> a(std::size_t(K * K)), b(std::size_t(K * N)), c0(std::size_t(M * N)), scale(M);
   for (auto* v : {&a, &b, &c0, &scale})
     for (float& x : *v) x = u(rng);
-  std::vector<token_t> rows(M);
+  std::vector<token_t> rows(M), krows(K);  // op(A)'s rows (ta = N), its columns (ta = T)
   for (auto& r : rows) r = token_t(rng() % table_rows);
+  for (auto& r : krows) r = token_t(rng() % table_rows);
+  std::vector<float> kscale(K);
+  for (float& x : kscale) x = u(rng);
   int compared = 0;
   for (const char* kernel : {"avx512", "avx2"}) {
     if (!cpu::set_gemm_kernel(kernel)) continue;
@@ -183,12 +187,19 @@ TEST_CASE("gemm float: a product's bits do not depend on its size (edge tiles, t
       for (Trans tb : kTrans)
         for (index_t k : {17, 256, 1100})
           for (int list = 0; list < 3; ++list) {  // A itself, a row list, a row list with scales
-            if (list > 0 && ta == Trans::T) continue;
-            const MatrixView<const float> A{a.data(), ta == Trans::N ? table_rows : k, ta == Trans::N ? k : M, K};
+            // ta = T: A's rows are op(A)'s columns (a table of them with a list)
+            const index_t a_rows_n = ta == Trans::N ? table_rows : list ? table_rows : k;
+            const MatrixView<const float> A{a.data(), a_rows_n, ta == Trans::N ? k : M, K};
             const MatrixView<const float> B{b.data(), tb == Trans::N ? k : N, tb == Trans::N ? N : k,
                                             tb == Trans::N ? N : K};
-            const auto a_rows = [&](index_t m) { return list ? std::span<const token_t>(rows).first(m) : std::span<const token_t>{}; };
-            const auto a_scale = [&](index_t m) { return list == 2 ? std::span<const float>(scale).first(m) : std::span<const float>{}; };
+            const auto a_rows = [&](index_t m) {
+              if (!list) return std::span<const token_t>{};
+              return ta == Trans::N ? std::span<const token_t>(rows).first(m) : std::span<const token_t>(krows).first(k);
+            };
+            const auto a_scale = [&](index_t m) {
+              if (list != 2) return std::span<const float>{};
+              return ta == Trans::N ? std::span<const float>(scale).first(m) : std::span<const float>(kscale).first(k);
+            };
             const auto op_a = [&](index_t m) {  // op(A)'s first m rows (with a list: the table)
               return list || ta == Trans::T ? A : MatrixView<const float>{A.data, m, A.cols, A.ld};
             };
@@ -199,7 +210,7 @@ TEST_CASE("gemm float: a product's bits do not depend on its size (edge tiles, t
               std::vector<float> c(c0);
               const MatrixView<float> C{c.data(), m, n, N};
               MatrixView<const float> Am = op_a(m);
-              if (ta == Trans::T) Am = {A.data, k, m, A.ld};
+              if (ta == Trans::T) Am = {A.data, list ? table_rows : k, m, A.ld};
               if (serial) {
                 REQUIRE(!list);  // gemm_serial has no row list
                 cpu::gemm_serial<float>(C, Am, ta, op_b(n), tb, alpha, beta);

@@ -150,6 +150,12 @@ struct RowsA {
   const float* const* rows;  // R row pointers
   float operator()(int i, index_t k) const { return rows[i][k]; }
 };
+// op(A) = Aᵀ read in place: op(A)(i0 + i, k) = col[k][i0 + i] (col[k]: the memory row holding op(A)'s column k).
+struct ColsA {
+  const float* const* col;
+  index_t i0;
+  float operator()(int i, index_t k) const { return col[k][i0 + i]; }
+};
 // One tile of C, R ≤ MR rows × 16·V columns (V = 1 or 2 vectors), from R rows of op(A) and a B panel (NR values
 // per k, the first 16·V read): C = alpha · (A·B) + beta · C on the tile's first `cols` columns (beta == 0: C not
 // read). Every element is the same k-ordered chain of fused multiply-adds from zero whatever R, V and A's source,
@@ -459,31 +465,56 @@ inline std::size_t b_pack_floats(index_t n, index_t k) {
 
 #if MOM_NATIVE_ISA == 512
 // ---- few columns: A read in place -------------------------------------------------------------
-// A product with at most kDirectCols columns of C and op(A) stored by rows (a router's logits, 43 or 16 experts;
-// a row list allowed, no scale) spends more time packing A — a transpose of every element — than multiplying:
-// each value of A meets only n columns. Here the B block is packed as usual (it is small) and the kernel
-// broadcasts A's values straight from its rows, kDirectRows rows at a time. The k blocks, each element's k-ordered
-// chain of fused multiply-adds and the store are the blocked path's, so the bits are the same.
+// A product with at most kDirectCols columns of C spends more time packing A — every element moved into MR-row
+// panels — than multiplying: each value of A meets only n columns. Here the B block is packed as usual (it is
+// small) and the kernel broadcasts A's values from where they are, kDirectRows rows at a time: from op(A)'s rows
+// when they are stored by rows (a router's logits, 43 or 16 experts; a row list allowed), or, when op(A) = Aᵀ,
+// from A's rows, which hold op(A)'s columns (the attention backward's dV = Pᵀ·dO and dK = dSᵀ·Q per head, a
+// weight gradient dyᵀ·x of a product with at most 64 inputs; a row list allowed). The k blocks, each element's
+// k-ordered chain of fused multiply-adds and the store are the blocked path's, so the bits are the same. Scaled
+// rows stay on the blocked path: scaling each value where it is broadcast puts a multiply and a register
+// broadcast beside every row's fused multiply-adds, on the same ports (SwitchHead's output experts' dW, scaled
+// rows of dL/dy: 57 -> 69 ms a step in moeut8 when tried; bench/RESULTS.md).
 inline constexpr index_t kDirectCols = 2 * NR;
 inline constexpr index_t kDirectRows = 8;
+inline bool direct_by_rows(const Operand& a) { return a.cs == 1 && !a.transposed && !a.scale; }
+inline bool direct_by_cols(const Operand& a) { return a.rs == 1 && (!a.rows || a.transposed) && !a.scale; }
 inline bool direct_fits(const Problem& p) {
-  return p.n <= kDirectCols && p.m > kDirectRows && p.a.cs == 1 && !p.a.transposed && !p.a.scale;
+  return p.n <= kDirectCols && p.m > kDirectRows && (direct_by_rows(p.a) || direct_by_cols(p.a));
+}
+// The tiles of rows [r0, r1) of C against the packed B block of k block [pc, pc + kc).
+template <class A, class RowsOf>
+inline void direct_rows(const Problem& p, const float* bpack, index_t r0, index_t r1, index_t kc, float beta,
+                        RowsOf&& a_of) {
+  const index_t b_panels = (p.n + NR - 1) / NR;
+  for (index_t i0 = r0; i0 < r1; i0 += kDirectRows) {
+    const index_t rows = std::min(kDirectRows, r1 - i0);
+    const A a = a_of(i0, rows);
+    for (index_t jp = 0; jp < b_panels; ++jp)
+      edge_tile<A, kDirectRows>(rows, std::min(NR, p.n - jp * NR), kc, a, bpack + jp * NR * kc,
+                                p.c + i0 * p.ldc + jp * NR, p.ldc, p.alpha, beta);
+  }
 }
 // Rows [r0, r1) of C, on the calling thread, bpack: this thread's buffer for the packed B block.
 inline void run_direct(const Problem& p, float* bpack, index_t r0, index_t r1) {
   const index_t kstep = k_step(p.k), b_panels = (p.n + NR - 1) / NR;
+  const bool by_rows = direct_by_rows(p.a);
   for (index_t pc = 0; pc < p.k; pc += kstep) {
     const index_t kc = std::min(kstep, p.k - pc);
     const float beta = pc == 0 ? p.beta : 1.0f;
     pack_b_panels(p, bpack, 0, pc, kc, 0, b_panels);
-    for (index_t i0 = r0; i0 < r1; i0 += kDirectRows) {
-      const index_t rows = std::min(kDirectRows, r1 - i0);
+    if (by_rows) {
       const float* arow[kDirectRows];
-      for (index_t i = 0; i < rows; ++i) arow[i] = p.a.row(i0 + i) + pc;
-      for (index_t jp = 0; jp < b_panels; ++jp)
-        edge_tile<RowsA, kDirectRows>(rows, std::min(NR, p.n - jp * NR), kc, RowsA{arow}, bpack + jp * NR * kc,
-                                      p.c + i0 * p.ldc + jp * NR, p.ldc, p.alpha, beta);
+      direct_rows<RowsA>(p, bpack, r0, r1, kc, beta, [&](index_t i0, index_t rows) {
+        for (index_t i = 0; i < rows; ++i) arow[i] = p.a.row(i0 + i) + pc;
+        return RowsA{arow};
+      });
+      continue;
     }
+    // op(A) = Aᵀ: the memory row of each of the block's k, found once for all row tiles.
+    const float* col[KC];
+    for (index_t k = 0; k < kc; ++k) col[k] = p.a.col(pc + k);
+    direct_rows<ColsA>(p, bpack, r0, r1, kc, beta, [&](index_t i0, index_t) { return ColsA{col, i0}; });
   }
 }
 inline void direct(const Problem& p, int nt) {
