@@ -5,7 +5,9 @@
 //   bench_train_step [--batch B] [--reps R] [--only dense,E,I,P,share,moe,moe-share,moeut,moduleformer,dsmoe,ec,mod,mod-causal,skip,exit,mode-int,mode-staged] [--routed-kv] [--wide] [--paired] [--shapes]
 //   bench_train_step --under-load   the dense step at 1 and 2 threads, quiet and with one core kept busy
 //   bench_train_step --paired [--only moeut,moduleformer,moe,dsmoe,ec,P]   each routed step against its dense
-//                    reference step by step (the ratio robust to a drifting machine; see paired below)
+//                    reference step by step (the ratio robust to a drifting machine; see paired below), and
+//                    each pair's step over issue 29's roofline (the reference's step less its optimizer times the
+//                    FLOP ratio, plus the model's own grad_norm + AdamW, both timed in the pair)
 //   bench_train_step --shapes ...   also each model's products (and attention) by kind and shape: ms per step,
 //                    GFLOP/s, share of the step, from the instrumented steps (where a routed model's products lose
 //                    rate against the dense ones)
