@@ -17,7 +17,8 @@
 // work on a tile (the products, the fp32 softmax in a shared scratch, the row rescaling, the accumulation, the
 // write-out) are attention_tc.cuh's, called with the rows' ranges.
 // With one group holding every token of every sequence and keys = all tokens, every tile, range and
-// product is the dense kernel's: the results are the same bits (tests/cuda/cuda_tc_attention_test.cpp).
+// product is the dense kernel's: the same bits (tests/cuda/cuda_tc_attention_test.cpp), but dQ's, which the dense
+// backward sums in another order (atomically, per key tile: attention_tc.cuh).
 #include <cstddef>
 
 #include "mom/backend/cuda/kernels/attention_packed.cuh"

@@ -7,7 +7,7 @@
 // (lse[(b·heads + h)·seq + i], natural log), dqkv accumulated (+=), no [S × S] buffer.
 //
 // FlashAttention-2 structure. A block is 4 warps (128 threads) and owns a tile of 64 rows (queries
-// in the forward and dQ, keys in dK/dV); warp w owns rows 16w .. 16w + 15 of it. The other side
+// in the forward, keys in the backward); warp w owns rows 16w .. 16w + 15 of it. The other side
 // streams through shared memory in tiles of 64 rows; causal tiles wholly above the diagonal are
 // never visited, and inside the diagonal tile a warp only multiplies the 16-column blocks that
 // hold a key <= its last query. Operands are rounded when staged into shared memory, as the
@@ -25,7 +25,7 @@
 // loaded fragment reproduces the memory), so x[e] of that fragment is the row of x[e] in every
 // accumulator of the same type.
 //
-// Shared memory is dynamic (up to 167 KB for dQ and dK/dV at head dim 128 in TF32): the launchers
+// Shared memory is dynamic (up to 167 KB for the backward at head dim 128 in TF32): the launchers
 // fall back to the SIMT kernels when the device allows less per block.
 #include <cstddef>
 #include <cstdint>
@@ -98,78 +98,17 @@ __global__ void attention_tc_forward_kernel(MatrixView<float> out, float* lse, M
 #endif
 }
 
-// dQ: block = 64 queries, streaming key tiles j0 <= its last query. Per tile and warp:
-// S = Q Kᵀ, dP = dO Vᵀ (wmma), then P = exp(scale·S − lse), dS = P ∘ (dP − D) in fp32 (scratch),
-// dS rounded, dQ += dS K (wmma); at the end dqkv[q] += scale · dQ.
+// The backward, FlashAttention-2's way: one kernel, 5 products per tile pair. Block = 64 keys, streaming query
+// tiles i0 >= its first key. Per tile and warp (16 keys): Sᵀ = K Qᵀ, dPᵀ = V dOᵀ (wmma), Pᵀ = exp(scale·Sᵀ − lse),
+// dSᵀ = Pᵀ ∘ (dPᵀ − D) (fp32 scratch), both rounded, dV += Pᵀ dO, dK += dSᵀ Q (wmma); then, every warp's dSᵀ
+// published by a barrier, warp w adds scale · dS K for the tile's queries 16w .. 16w + 15 to dqkv[q] (atomicAdd:
+// the blocks of every key tile at or before those queries add to the same rows, so dQ's float sums are in no fixed
+// order; docs/cuda.md, "Determinism"). At the end dqkv[k] += scale · dK, dqkv[v] += dV. (Until the twenty-seventh
+// session dQ had its own kernel over query blocks, which computed S and dP again: 7 products per tile pair.)
 template <int Path, int HD>
-__global__ void attention_tc_dq_kernel(MatrixView<float> dqkv, MatrixView<const float> dout,
-                                       MatrixView<const float> out, const float* lse, MatrixView<const float> qkv,
-                                       HeadLayout L, float scale, index_t dqkv_ld, index_t dout_ld) {
-#if defined(MOM_TC_ATTENTION_BODY)
-  using Lay = TcLayout<Path, HD>;
-  using S = typename Lay::S;
-  constexpr int LD = Lay::ld, SLD = Lay::sld, PLD = Lay::pld, NO = HD / 16;
-  unsigned char* sm = dynamic_smem();
-  [[maybe_unused]] const auto [sQ, sdO, sK, sV, sS, sdP, sP, sdS, sLse, sD] = tc_backward_smem<Path, HD, false>(sm);
-
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const index_t bh = blockIdx.y, b = bh / L.heads, h = bh % L.heads;
-  const index_t i0 = index_t(blockIdx.x) * tc_tile, w0 = i0 + 16 * warp;
-  const float* base = qkv.data + b * L.seq * L.qkv_ld;
-  const index_t last = min(L.seq, i0 + tc_tile) - 1;
-  const index_t wlast = min(L.seq, w0 + 16) - 1;
-  const bool active = w0 < L.seq;
-
-  tc_stage<Path, HD>(sQ, base, L.qkv_ld, i0, L.seq, h * L.hd);
-  tc_stage_dout<Path, HD>(sdO, sD, sLse, dout.data + b * L.seq * dout_ld, dout_ld, out.data + b * L.seq * L.out_ld,
-                          L.out_ld, lse + bh * L.seq, i0, L.seq, h * L.hd);
-  TcAcc<Path> dq[NO];
-#pragma unroll
-  for (int n = 0; n < NO; ++n) wm::fill_fragment(dq[n], 0.0f);
-  const int r = lane >> 1, half = lane & 1;
-  const index_t i = w0 + r;
-  float* ss = sS + 16 * warp * SLD;
-  float* sdp = sdP + 16 * warp * SLD;
-  S* sds = sdS + 16 * warp * PLD;
-  const S* sq = sQ + 16 * warp * LD;
-  const S* sdo = sdO + 16 * warp * LD;
-  for (index_t j0 = 0; j0 <= last; j0 += tc_tile) {
-    __syncthreads();
-    tc_stage<Path, HD>(sK, base, L.qkv_ld, j0, L.seq, L.d + h * L.hd);
-    tc_stage<Path, HD>(sV, base, L.qkv_ld, j0, L.seq, 2 * L.d + h * L.hd);
-    __syncthreads();
-    if (!active) continue;
-    const int nf = static_cast<int>(min(index_t(4), (wlast - j0) / 16 + 1));
-    tc_products<Path, HD, true>(ss, sq, sK, sdp, sdo, sV, 0, nf);
-    __syncwarp();
-    {
-      const int c0 = 32 * half, c1 = min(c0 + 32, 16 * nf);
-      const float li = sLse[16 * warp + r], di = sD[16 * warp + r];
-      for (int c = c0; c < c1; ++c) {
-        const float p = (j0 + c <= i && i < L.seq) ? exp_(ss[r * SLD + c] * scale - li) : 0.0f;
-        sds[r * PLD + c] = stage_value<float, Path>(p * (sdp[r * SLD + c] - di));
-      }
-    }
-    __syncwarp();
-    tc_accumulate<Path, HD>(dq, sds, PLD, sK, 0, 16 * nf);  // dQ += dS K
-  }
-  __syncthreads();  // Q, dO consumed: their space stages dQ
-  if (!active) return;
-  tc_write_rows<Path, HD>(dq, reinterpret_cast<float*>(sm) + 16 * warp * Lay::old, [&](int rr, int c, float v) {
-    if (w0 + rr < L.seq) dqkv.data[(b * L.seq + w0 + rr) * dqkv_ld + h * L.hd + c] += scale * v;
-  });
-#else
-  (void)dqkv, (void)dout, (void)out, (void)lse, (void)qkv, (void)L, (void)scale, (void)dqkv_ld, (void)dout_ld;
-#endif
-}
-
-// dK, dV: block = 64 keys, streaming query tiles i0 >= its first key. Per tile and warp (16 keys):
-// Sᵀ = K Qᵀ, dPᵀ = V dOᵀ (wmma), Pᵀ = exp(scale·Sᵀ − lse), dSᵀ = Pᵀ ∘ (dPᵀ − D) (fp32 scratch),
-// both rounded, dV += Pᵀ dO, dK += dSᵀ Q (wmma); at the end dqkv[k] += scale · dK, dqkv[v] += dV.
-template <int Path, int HD>
-__global__ void attention_tc_dkdv_kernel(MatrixView<float> dqkv, MatrixView<const float> dout,
-                                         MatrixView<const float> out, const float* lse, MatrixView<const float> qkv,
-                                         HeadLayout L, float scale, index_t dqkv_ld, index_t dout_ld) {
+__global__ void attention_tc_backward_kernel(MatrixView<float> dqkv, MatrixView<const float> dout,
+                                             MatrixView<const float> out, const float* lse, MatrixView<const float> qkv,
+                                             HeadLayout L, float scale, index_t dqkv_ld, index_t dout_ld) {
 #if defined(MOM_TC_ATTENTION_BODY)
   using Lay = TcLayout<Path, HD>;
   using S = typename Lay::S;
@@ -184,6 +123,8 @@ __global__ void attention_tc_dkdv_kernel(MatrixView<float> dqkv, MatrixView<cons
   const float* dbase = dout.data + b * L.seq * dout_ld;
   const float* obase = out.data + b * L.seq * L.out_ld;
   const bool active = w0 < L.seq;
+  // dQ's vector atomics need every row's head slice 16-byte aligned (the usual layouts: ld and head dim multiples of 4).
+  const bool dq_aligned = dqkv_ld % 4 == 0 && reinterpret_cast<std::uintptr_t>(dqkv.data + h * L.hd) % 16 == 0;
 
   tc_stage<Path, HD>(sK, base, L.qkv_ld, j0, L.seq, L.d + h * L.hd);
   tc_stage<Path, HD>(sV, base, L.qkv_ld, j0, L.seq, 2 * L.d + h * L.hd);
@@ -206,24 +147,38 @@ __global__ void attention_tc_dkdv_kernel(MatrixView<float> dqkv, MatrixView<cons
     tc_stage<Path, HD>(sQ, base, L.qkv_ld, i0, L.seq, h * L.hd);
     tc_stage_dout<Path, HD>(sdO, sD, sLse, dbase, dout_ld, obase, L.out_ld, lse + bh * L.seq, i0, L.seq, h * L.hd);
     __syncthreads();
-    if (!active) continue;
-    // 16-query column blocks with a query >= the warp's first key and < seq.
-    const int f_lo = i0 == j0 ? warp : 0;
-    const int f_hi = static_cast<int>(min(index_t(4), (L.seq - i0 + 15) / 16));
-    tc_products<Path, HD, true>(ss, sk, sQ, sdp, sv, sdO, f_lo, f_hi);
-    __syncwarp();
-    {
-      const int c0 = max(32 * half, 16 * f_lo), c1 = min(32 * half + 32, 16 * f_hi);
-      for (int c = c0; c < c1; ++c) {
-        const index_t iq = i0 + c;
-        const float p = (iq >= j && iq < L.seq && j < L.seq) ? exp_(ss[r * SLD + c] * scale - sLse[c]) : 0.0f;
-        const float ds = p * (sdp[r * SLD + c] - sD[c]);
-        sp[r * PLD + c] = stage_value<float, Path>(p);
-        sds[r * PLD + c] = stage_value<float, Path>(ds);
+    if (active) {
+      // 16-query column blocks with a query >= the warp's first key and < seq.
+      const int f_lo = i0 == j0 ? warp : 0;
+      const int f_hi = static_cast<int>(min(index_t(4), (L.seq - i0 + 15) / 16));
+      tc_products<Path, HD, true>(ss, sk, sQ, sdp, sv, sdO, f_lo, f_hi);
+      __syncwarp();
+      {
+        const int c0 = max(32 * half, 16 * f_lo), c1 = min(32 * half + 32, 16 * f_hi);
+        for (int c = c0; c < c1; ++c) {
+          const index_t iq = i0 + c;
+          const float p = (iq >= j && iq < L.seq && j < L.seq) ? exp_(ss[r * SLD + c] * scale - sLse[c]) : 0.0f;
+          const float ds = p * (sdp[r * SLD + c] - sD[c]);
+          sp[r * PLD + c] = stage_value<float, Path>(p);
+          sds[r * PLD + c] = stage_value<float, Path>(ds);
+        }
       }
+      __syncwarp();
+      tc_accumulate_dkdv<Path, HD>(dk, dv, sp, sds, sdO, sQ, 16 * f_lo, 16 * f_hi);
     }
-    __syncwarp();
-    tc_accumulate_dkdv<Path, HD>(dk, dv, sp, sds, sdO, sQ, 16 * f_lo, 16 * f_hi);
+    __syncthreads();  // every warp's dSᵀ rows written (and its P and dS read): dQ reads them across warps
+    // dQ of queries q0 .. q0 + 15 over the key blocks whose warps wrote their dSᵀ columns: the keys < seq, and on the
+    // diagonal tile the blocks at or before the queries' own (a warp's written columns start at its block there).
+    const index_t q0 = i0 + 16 * warp;
+    if (q0 < L.seq) {
+      const int kb = static_cast<int>(min(index_t(4), (L.seq - j0 + 15) / 16));
+      const int kk1 = 16 * (i0 == j0 ? warp + 1 : kb);
+      tc_dq_from_dst<Path, HD>(sdS, sK, kk1, ss, [&](int rr, int c, float4 v) {
+        if (q0 + rr < L.seq)
+          atomic_add4(dqkv.data + (b * L.seq + q0 + rr) * dqkv_ld + h * L.hd + c,
+                      float4{scale * v.x, scale * v.y, scale * v.z, scale * v.w}, dq_aligned);
+      });
+    }
   }
   __syncthreads();  // K, V consumed: their space stages dK, then dV
   if (!active) return;
@@ -283,16 +238,13 @@ bool attention_tc_backward(const Context& ctx, MatrixView<T> dqkv, MatrixView<co
                            const T* lse, MatrixView<const T> qkv, HeadLayout L, index_t batch) {
   return with_tc_attention<T>(ctx, L.hd, [&](auto path, auto hd) {
     constexpr int P = decltype(path)::value, HD = decltype(hd)::value;
-    constexpr std::size_t dq_smem = TcLayout<P, HD>::dq_bytes, dkdv_smem = TcLayout<P, HD>::dkdv_bytes;
-    constexpr auto dq_kernel = attention_tc_dq_kernel<P, HD>;
-    constexpr auto dkdv_kernel = attention_tc_dkdv_kernel<P, HD>;
-    if (!tc_kernel_usable<dq_kernel>(ctx, dq_smem) || !tc_kernel_usable<dkdv_kernel>(ctx, dkdv_smem)) return false;
+    constexpr std::size_t smem = TcLayout<P, HD>::dkdv_bytes;
+    constexpr auto kernel = attention_tc_backward_kernel<P, HD>;
+    if (!tc_kernel_usable<kernel>(ctx, smem)) return false;
     const dim3 grid(blocks_exact(L.seq, tc_tile), static_cast<unsigned>(batch * L.heads));
     const float scale = 1.0f / std::sqrt(float(L.hd));
-    launch_smem("attention_backward", ctx, grid, tc_threads, dq_smem, dq_kernel, dqkv, dout, out, lse, qkv, L, scale,
+    launch_smem("attention_backward", ctx, grid, tc_threads, smem, kernel, dqkv, dout, out, lse, qkv, L, scale,
                 dqkv.ld, dout.ld);
-    launch_smem("attention_backward", ctx, grid, tc_threads, dkdv_smem, dkdv_kernel, dqkv, dout, out, lse, qkv, L,
-                scale, dqkv.ld, dout.ld);
     return true;
   });
 }

@@ -380,6 +380,39 @@ __device__ __forceinline__ void tc_accumulate_dkdv(TcAcc<Path> (&dk)[HD / 16], T
   }
 }
 
+// The dense dK / dV kernel's dQ (FlashAttention-2's fused backward): after a barrier that publishes every warp's
+// dSᵀ rows (sds: [64 keys][PLD], key-major, as tc_accumulate_dkdv reads them), warp w takes the tile's queries
+// 16w .. 16w + 15: dQ [16 × HD] = dS K over keys [0, kk1), dS (query, key) read transposed (col_major) from sds,
+// K from its staged tile. One 16 × 16 accumulator at a time (the dK / dV accumulators are live around it), each
+// through the warp's fp32 staging so (16 rows, SLD apart) to add4(row, column, 4 values from that column), lanes
+// over consecutive columns: the kernel adds them to dqkv atomically (other key tiles' blocks add to the same rows).
+template <int Path, int HD, class Add4>
+__device__ __forceinline__ void tc_dq_from_dst(const typename TcLayout<Path, HD>::S* sds,
+                                               const typename TcLayout<Path, HD>::S* sK, int kk1, float* so, Add4&& add4) {
+  constexpr int KF = TcLayout<Path, HD>::kf, LD = TcLayout<Path, HD>::ld, PLD = TcLayout<Path, HD>::pld;
+  constexpr int SLD = TcLayout<Path, HD>::sld, NO = HD / 16;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll 1
+  for (int n = 0; n < NO; ++n) {
+    TcAcc<Path> acc;
+    wm::fill_fragment(acc, 0.0f);
+    for (int kk = 0; kk < kk1; kk += KF) {
+      wm::fragment<wm::matrix_a, 16, 16, KF, TcFragT<Path>, wm::col_major> da;  // dS (q, k) at sds[k][q]
+      wm::fragment<wm::matrix_b, 16, 16, KF, TcFragT<Path>, wm::row_major> kb;
+      wm::load_matrix_sync(da, sds + kk * PLD + 16 * warp, PLD);
+      wm::load_matrix_sync(kb, sK + kk * LD + 16 * n, LD);
+      wm::mma_sync(acc, da, kb, acc);
+    }
+    wm::store_matrix_sync(so, acc, SLD, wm::mem_row_major);
+    __syncwarp();
+    for (int e = lane; e < 64; e += 32) {
+      const float* v = so + (e / 4) * SLD + 4 * (e % 4);
+      add4(e / 4, 16 * n + 4 * (e % 4), float4{v[0], v[1], v[2], v[3]});
+    }
+    __syncwarp();
+  }
+}
+
 // The warp's 16 × HD accumulators through its fp32 staging so (rows Lay::old apart), then put(row, column, value)
 // for every element, lanes over consecutive columns.
 template <int Path, int HD, class Put>

@@ -191,6 +191,22 @@ __device__ __forceinline__ void report(int* error, DeviceError code, index_t pos
   }
 }
 
+// p[0..3] += v, each element atomically: one vector atomic (sm_90 and later, global memory) where p is 16-byte
+// aligned (the caller knows: aligned), else four scalar ones. The vector atomic is not emulated (MOM_CUDA_EMULATE
+// compiles the scalar ones); the sums are the same either way, their order is not fixed in either.
+__device__ __forceinline__ void atomic_add4(float* p, float4 v, [[maybe_unused]] bool aligned) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (aligned) {
+    atomicAdd(reinterpret_cast<float4*>(p), v);
+    return;
+  }
+#endif
+  atomicAdd(p, v.x);
+  atomicAdd(p + 1, v.y);
+  atomicAdd(p + 2, v.z);
+  atomicAdd(p + 3, v.w);
+}
+
 // A grid-stride loop: thread t of the grid's T threads takes items t, t + T, t + 2T, ... of [0, n) (coalesced).
 // Emulated (blocks one after another, a block's threads in turn: emulate.hpp), thread t takes the t-th of T
 // contiguous chunks instead, so that the CPU streams through memory rather than touching one item per page
