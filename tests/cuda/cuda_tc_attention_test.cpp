@@ -205,9 +205,12 @@ TEST_CASE("tensor-core attention (TF32, BF16): forward and backward match a refe
       CHECK(fl.max <= 1e-5);  // fp32 statistics: the rounding of P does not enter lse
       CHECK(fx.rms >= k.floor);
 
+      const long launches_before = mom_emu_launches ? mom_emu_launches() : 0;
       gpu<float>().attention_backward(dqkv.dm(n, 3 * d, qld), MatrixView<const float>(dout.dm(n, d, dld)),
                                       MatrixView<const float>(out.dm(n, d)), std::span<const float>(lse.ds()),
                                       MatrixView<const float>(qkv.dm(n, 3 * d, qld)), s.batch, s.seq, s.heads);
+      // One kernel (FlashAttention-2's backward with its atomic dQ), where dQ had a kernel of its own before.
+      if (mom_emu_launches) CHECK(mom_emu_launches() - launches_before == 1);
       const std::vector<float> got_dqkv = dqkv.fetch();
       std::vector<double> inc(std::size_t(n * 3 * d));  // what the op added (it accumulates into random values)
       bool pad_untouched = true;
