@@ -264,7 +264,7 @@ TEST_CASE("tensor-core attention: Precision::FP32 and other head dims keep the e
   }
 }
 
-TEST_CASE("tensor-core packed attention: one group of every token is the dense kernel (bit for bit but dQ's sums)",
+TEST_CASE("tensor-core packed attention: one group of every token is the dense kernel, bit for bit",
           "[cuda][attention][tc][grouped]") {
   MOM_REQUIRE_GPU();
   // The packed op (kernels/attention_packed_tc.cuh) with queries = keys = every token: each 64-row query tile is
@@ -303,28 +303,18 @@ TEST_CASE("tensor-core packed attention: one group of every token is the dense k
       gpu<float>().attention_backward(dqkv_d.dm(n, 3 * d), MatrixView<const float>(dout.dm(n, d)),
                                       MatrixView<const float>(out_d.dm(n, d)), std::span<const float>(lse_d.ds()), qkv_v,
                                       s.batch, s.seq, s.heads);
+      const long launches_before = mom_emu_launches ? mom_emu_launches() : 0;
       gpu<float>().attention_packed_backward(dq_p.col_block(0, d), dq_p.col_block(d, d), dq_p.col_block(2 * d, d),
                                              MatrixView<const float>(dout.dm(n, d)), MatrixView<const float>(out_p.dm(n, d)),
                                              std::span<const float>(lse_p.ds()), q, k, v, tok.ds(), {}, s.seq, s.heads);
-      // dK and dV bit for bit. dQ: the dense backward adds each key tile's part to dqkv as it goes (one kernel,
-      // FlashAttention-2's atomic dQ), the packed one sums a query tile's parts in registers first, so their float
-      // sums differ by roundings: within a few fp32 units of dQ's scale (and each matches the rounded reference).
+      if (mom_emu_launches) CHECK(mom_emu_launches() - launches_before == 1);  // one kernel, dQ's atomics in it
       const auto gd = dqkv_d.fetch(), gp = dqkv_p.fetch();
-      std::size_t kv_diff = 0, grad_changed = 0;
-      double dq_err = 0, dq_max = 0;
+      std::size_t grad_diff = 0, grad_changed = 0;
       for (std::size_t i = 0; i < gd.size(); ++i) {
-        const bool dq = index_t(i) % (3 * d) < d;
-        if (dq) {
-          dq_err = std::max(dq_err, std::abs(double(gd[i]) - double(gp[i])));
-          dq_max = std::max(dq_max, std::abs(double(gp[i]) - double(dqkv_p.initial[i])));
-        } else {
-          kv_diff += gd[i] != gp[i];
-        }
+        grad_diff += gd[i] != gp[i];
         grad_changed += gp[i] != dqkv_p.initial[i];
       }
-      INFO("dQ: largest difference " << dq_err << ", largest increment " << dq_max);
-      CHECK(kv_diff == 0);
-      CHECK(dq_err <= 1e-5 * std::max(1.0, dq_max));
+      CHECK(grad_diff == 0);
       CHECK(grad_changed > gd.size() / 2);  // the backward ran (it accumulates into random values)
     }
 }

@@ -6,7 +6,7 @@
 // gets lse = -inf and a zero row, dq / dk / dv accumulated (+=), rows outside the groups untouched.
 //
 // The dense tensor-core kernels (attention_tc.cuh) with the packed layout's row ranges in place of the
-// causal diagonal. A block is 4 warps and 64 rows (queries in the forward and dQ, keys in dK/dV); each of
+// causal diagonal. A block is 4 warps and 64 rows (queries in the forward, keys in the backward); each of
 // its rows knows its group and the range [lo, hi) of rows on the other side it sees (attention_packed.cuh's
 // packed_key_range / packed_query_range; in shared memory). The block walks its tile's groups in row
 // order (a group's rows are consecutive) and, for each, streams the union of those rows' ranges from that
@@ -17,8 +17,7 @@
 // work on a tile (the products, the fp32 softmax in a shared scratch, the row rescaling, the accumulation, the
 // write-out) are attention_tc.cuh's, called with the rows' ranges.
 // With one group holding every token of every sequence and keys = all tokens, every tile, range and
-// product is the dense kernel's: the same bits (tests/cuda/cuda_tc_attention_test.cpp), but dQ's, which the dense
-// backward sums in another order (atomically, per key tile: attention_tc.cuh).
+// product is the dense kernel's: the same bits (tests/cuda/cuda_tc_attention_test.cpp).
 #include <cstddef>
 
 #include "mom/backend/cuda/kernels/attention_packed.cuh"
@@ -28,16 +27,19 @@ namespace mom::cuda {
 
 namespace dev {
 
-// The block's per-row facts, after the layout's bytes: group (-1: not in a group), range [lo, hi).
+// The block's per-row facts, after the layout's bytes: group (-1: not in a group), range [lo, hi); and the backward's
+// per-warp column blocks [f[2w], f[2w + 1]) of the current query tile (which dQ's key blocks to take).
 struct TcRowInfo {
   index_t* lo;
   index_t* hi;
   int* g;
+  int* f;
 };
-inline constexpr std::size_t tc_row_info_bytes = round128(tc_tile * (2 * sizeof(index_t) + sizeof(int)));
+inline constexpr std::size_t tc_row_info_bytes = round128(tc_tile * (2 * sizeof(index_t) + sizeof(int)) + 8 * sizeof(int));
 __device__ __forceinline__ TcRowInfo tc_row_info(unsigned char* at) {
   index_t* lo = reinterpret_cast<index_t*>(at);
-  return {lo, lo + tc_tile, reinterpret_cast<int*>(lo + 2 * tc_tile)};
+  int* g = reinterpret_cast<int*>(lo + 2 * tc_tile);
+  return {lo, lo + tc_tile, g, g + tc_tile};
 }
 
 // One run of the tile's rows in the same group (a group's rows are consecutive), from row a: its end e, group g
@@ -149,106 +151,30 @@ __global__ void attention_packed_tc_forward_kernel(MatrixView<float> out, float*
 #endif
 }
 
-// dQ: block = 64 query rows; per group of the tile, its key tiles. Per tile and warp: S = Q Kᵀ, dP = dO Vᵀ
-// (wmma), P = exp(scale·S − lse), dS = P ∘ (dP − D) in fp32 inside the rows' key ranges (0 outside), dS
-// rounded, dQ += dS K; at the end dq += scale · dQ for the rows with keys.
-template <int Path, int HD, class KV>
-__global__ void attention_packed_tc_dq_kernel(MatrixView<float> dq, MatrixView<const float> dout,
-                                              MatrixView<const float> out, const float* lse, MatrixView<const float> q,
-                                              KV kv, PackedLayout L, float scale) {
-#if defined(MOM_TC_ATTENTION_BODY)
-  using Lay = TcLayout<Path, HD>;
-  using S = typename Lay::S;
-  constexpr int LD = Lay::ld, SLD = Lay::sld, PLD = Lay::pld, NO = HD / 16;
-  unsigned char* sm = dynamic_smem();
-  [[maybe_unused]] const auto [sQ, sdO, sK, sV, sS, sdP, sP, sdS, sLse, sD] = tc_backward_smem<Path, HD, false>(sm);
-  const TcRowInfo info = tc_row_info(sm + Lay::dq_bytes);
-
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const index_t h = blockIdx.y, col0 = h * L.hd, i0 = index_t(blockIdx.x) * tc_tile;
-  index_t rb, re;
-  grouped_span(L, L.nq, rb, re);
-  if (i0 >= re || i0 + tc_tile <= rb) return;
-  if (threadIdx.x < tc_tile) {
-    const index_t i = i0 + threadIdx.x;
-    int g = -1;
-    index_t lo = 0, hi = 0;
-    if (i >= rb && i < re) {
-      g = group_of(L, i);
-      if (lse[i * L.heads + h] != neg_inf<float>()) packed_key_range(L, g, L.q_tok[i], lo, hi);
-    }
-    info.g[threadIdx.x] = g;
-    info.lo[threadIdx.x] = lo;
-    info.hi[threadIdx.x] = hi;
-  }
-  tc_stage<Path, HD>(sQ, q.data, q.ld, i0, re, col0);
-  tc_stage_dout<Path, HD>(sdO, sD, sLse, dout.data, dout.ld, out.data, out.ld, lse + h, i0, re, col0, L.heads);
-  __syncthreads();
-  TcAcc<Path> dqf[NO];
-#pragma unroll
-  for (int n = 0; n < NO; ++n) wm::fill_fragment(dqf[n], 0.0f);
-  const int r = lane >> 1, half = lane & 1, rr = 16 * warp + r;
-  float* ss = sS + 16 * warp * SLD;
-  float* sdp = sdP + 16 * warp * SLD;
-  S* sds = sdS + 16 * warp * PLD;
-  const S* sq = sQ + 16 * warp * LD;
-  const S* sdo = sdO + 16 * warp * LD;
-  for (int a = 0; a < tc_tile;) {  // the tile's groups (every thread runs every pass)
-    const auto [e, gg, ulo, uhi, wlo, whi, lo, hi] = tc_group_run(info, a, rr);
-    a = e;
-    if (gg < 0) continue;
-    const RowsAt<const float> K = kv.keys(gg), V = kv.values(gg);
-    for (index_t j0 = ulo; j0 < uhi; j0 += tc_tile) {
-      __syncthreads();
-      tc_stage<Path, HD>(sK, K.data, K.ld, j0, uhi, col0);
-      tc_stage<Path, HD>(sV, V.data, V.ld, j0, uhi, col0);
-      __syncthreads();
-      int f_lo, f_hi;
-      tc_column_blocks(wlo, whi, j0, f_lo, f_hi);
-      if (f_lo >= f_hi) continue;
-      tc_products<Path, HD, true>(ss, sq, sK, sdp, sdo, sV, f_lo, f_hi);
-      __syncwarp();
-      {
-        const int c0 = max(32 * half, 16 * f_lo), c1 = min(32 * half + 32, 16 * f_hi);
-        const float li = sLse[rr], di = sD[rr];
-        for (int c = c0; c < c1; ++c) {
-          const float p = j0 + c >= lo && j0 + c < hi ? exp_(ss[r * SLD + c] * scale - li) : 0.0f;
-          sds[r * PLD + c] = stage_value<float, Path>(p * (sdp[r * SLD + c] - di));
-        }
-      }
-      __syncwarp();
-      tc_accumulate<Path, HD>(dqf, sds, PLD, sK, 16 * f_lo, 16 * f_hi);  // dQ += dS K
-    }
-  }
-  __syncthreads();  // Q, dO consumed: their space stages dQ
-  tc_write_rows<Path, HD>(dqf, reinterpret_cast<float*>(sm) + 16 * warp * Lay::old, [&](int row, int c, float v) {
-    const int tr = 16 * warp + row;
-    if (info.g[tr] >= 0 && info.lo[tr] < info.hi[tr]) dq.data[(i0 + tr) * dq.ld + col0 + c] += scale * v;
-  });
-#else
-  (void)dq, (void)dout, (void)out, (void)lse, (void)q, (void)kv, (void)L, (void)scale;
-#endif
-}
-
-// dK, dV: block = 64 key rows (with k_tok the packed key rows, a tile that may straddle groups; without,
-// block x is (group, key tile) = (x / tiles, x % tiles) over every group's own nk keys, as the SIMT kernel).
-// Per group of the tile, its query tiles; per tile and warp (16 keys): Sᵀ = K Qᵀ, dPᵀ = V dOᵀ (wmma),
-// Pᵀ = exp(scale·Sᵀ − lse), dSᵀ = Pᵀ ∘ (dPᵀ − D) inside the keys' query ranges, both rounded, dV += Pᵀ dO,
-// dK += dSᵀ Q; at the end dk += scale · dK, dv += dV for the keys some query sees (each group's rows disjoint).
+// The backward in one kernel (attention_tc.cuh's, FlashAttention-2's). Block = 64 key rows (with k_tok the packed
+// key rows, a tile that may straddle groups; without, block x is (group, key tile) = (x / tiles, x % tiles) over
+// every group's own nk keys, as the SIMT kernel). Per group of the tile, its query tiles; per tile and warp (16
+// keys): Sᵀ = K Qᵀ, dPᵀ = V dOᵀ (wmma), Pᵀ = exp(scale·Sᵀ − lse), dSᵀ = Pᵀ ∘ (dPᵀ − D) inside the keys' query
+// ranges, both rounded, dV += Pᵀ dO, dK += dSᵀ Q; then, after a barrier, warp w adds scale · dS K for the tile's
+// queries 16w .. 16w + 15 to dq (atomicAdd), over the key warps whose multiplied column blocks hold those queries
+// (the others' dSᵀ columns there are not written: no key of theirs sees them). At the end dk += scale · dK,
+// dv += dV for the keys some query sees (each group's rows disjoint).
 template <int Path, int HD, class KV, class DKV>
-__global__ void attention_packed_tc_dkdv_kernel(DKV dkv, MatrixView<const float> dout, MatrixView<const float> out,
-                                                const float* lse, MatrixView<const float> q, KV kv, PackedLayout L,
-                                                float scale) {
+__global__ void attention_packed_tc_backward_kernel(MatrixView<float> dq, DKV dkv, MatrixView<const float> dout,
+                                                    MatrixView<const float> out, const float* lse,
+                                                    MatrixView<const float> q, KV kv, PackedLayout L, float scale) {
 #if defined(MOM_TC_ATTENTION_BODY)
   using Lay = TcLayout<Path, HD>;
   using S = typename Lay::S;
   constexpr int LD = Lay::ld, SLD = Lay::sld, PLD = Lay::pld, NO = HD / 16;
   unsigned char* sm = dynamic_smem();
-  const auto [sK, sV, sQ, sdO, sS, sdP, sP, sdS, sLse, sD] = tc_backward_smem<Path, HD, true>(sm);
-  const TcRowInfo info = tc_row_info(sm + Lay::dkdv_bytes);
+  const auto [sK, sV, sQ, sdO, sS, sdP, sP, sdS, sLse, sD] = tc_backward_smem<Path, HD>(sm);
+  const TcRowInfo info = tc_row_info(sm + Lay::bwd_bytes);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const index_t h = blockIdx.y, col0 = h * L.hd;
+  // dQ's vector atomics need every row's head slice 16-byte aligned (the usual layouts).
+  const bool dq_aligned = dq.ld % 4 == 0 && reinterpret_cast<std::uintptr_t>(dq.data + col0) % 16 == 0;
   int block_group;  // the block's group (without k_tok)
   index_t j0, rb, re;
   if (!packed_key_block(L, tc_tile, j0, rb, re, block_group)) return;
@@ -286,21 +212,39 @@ __global__ void attention_packed_tc_dkdv_kernel(DKV dkv, MatrixView<const float>
       __syncthreads();
       int f_lo, f_hi;
       tc_column_blocks(wlo, whi, i0, f_lo, f_hi);
-      if (f_lo >= f_hi) continue;
-      tc_products<Path, HD, true>(ss, sk, sQ, sdp, sv, sdO, f_lo, f_hi);
-      __syncwarp();
-      {
-        const int c0 = max(32 * half, 16 * f_lo), c1 = min(32 * half + 32, 16 * f_hi);
-        for (int c = c0; c < c1; ++c) {
-          const bool seen = i0 + c >= lo && i0 + c < hi;
-          const float p = seen ? exp_(ss[r * SLD + c] * scale - sLse[c]) : 0.0f;
-          const float ds = p * (sdp[r * SLD + c] - sD[c]);
-          sp[r * PLD + c] = stage_value<float, Path>(p);
-          sds[r * PLD + c] = stage_value<float, Path>(ds);
-        }
+      if (lane == 0) {
+        info.f[2 * warp] = f_lo;
+        info.f[2 * warp + 1] = f_hi;
       }
-      __syncwarp();
-      tc_accumulate_dkdv<Path, HD>(dk, dv, sp, sds, sdO, sQ, 16 * f_lo, 16 * f_hi);  // dV += Pᵀ dO, dK += dSᵀ Q
+      if (f_lo < f_hi) {  // the same for the whole warp
+        tc_products<Path, HD, true>(ss, sk, sQ, sdp, sv, sdO, f_lo, f_hi);
+        __syncwarp();
+        {
+          const int c0 = max(32 * half, 16 * f_lo), c1 = min(32 * half + 32, 16 * f_hi);
+          for (int c = c0; c < c1; ++c) {
+            const bool seen = i0 + c >= lo && i0 + c < hi;
+            const float p = seen ? exp_(ss[r * SLD + c] * scale - sLse[c]) : 0.0f;
+            const float ds = p * (sdp[r * SLD + c] - sD[c]);
+            sp[r * PLD + c] = stage_value<float, Path>(p);
+            sds[r * PLD + c] = stage_value<float, Path>(ds);
+          }
+        }
+        __syncwarp();
+        tc_accumulate_dkdv<Path, HD>(dk, dv, sp, sds, sdO, sQ, 16 * f_lo, 16 * f_hi);  // dV += Pᵀ dO, dK += dSᵀ Q
+      }
+      __syncthreads();  // every warp's dSᵀ rows and column blocks written: dQ reads them across warps
+      unsigned kmask = 0;  // the key warps whose multiplied column blocks hold this warp's 16 queries
+#pragma unroll
+      for (int kw = 0; kw < 4; ++kw)
+        if (info.f[2 * kw] <= warp && warp < info.f[2 * kw + 1]) kmask |= 1u << kw;
+      if (kmask != 0) {
+        const index_t q0 = i0 + 16 * warp;
+        tc_dq_from_dst<Path, HD>(sdS, sK, kmask, ss, [&](int row, int c, float4 v) {
+          if (q0 + row < uhi)
+            atomic_add4(dq.data + (q0 + row) * dq.ld + col0 + c,
+                        float4{scale * v.x, scale * v.y, scale * v.z, scale * v.w}, dq_aligned);
+        });
+      }
     }
   }
   __syncthreads();  // K, V consumed: their space stages dK, then dV
@@ -314,7 +258,7 @@ __global__ void attention_packed_tc_dkdv_kernel(DKV dkv, MatrixView<const float>
   tc_write_rows<Path, HD>(dk, so, put(true, scale));
   tc_write_rows<Path, HD>(dv, so, put(false, 1.0f));
 #else
-  (void)dkv, (void)dout, (void)out, (void)lse, (void)q, (void)kv, (void)L, (void)scale;
+  (void)dq, (void)dkv, (void)dout, (void)out, (void)lse, (void)q, (void)kv, (void)L, (void)scale;
 #endif
 }
 
@@ -340,20 +284,15 @@ bool attention_packed_tc_backward(const Context& ctx, const char* op, MatrixView
                                   const KV& kv, const PackedLayout& L) {
   return with_tc_attention<T>(ctx, L.hd, [&](auto path, auto hd) {
     constexpr int P = decltype(path)::value, HD = decltype(hd)::value;
-    constexpr std::size_t dq_smem = TcLayout<P, HD>::dq_bytes + tc_row_info_bytes;
-    constexpr std::size_t dkdv_smem = TcLayout<P, HD>::dkdv_bytes + tc_row_info_bytes;
-    constexpr auto dq_kernel = attention_packed_tc_dq_kernel<P, HD, KV>;
-    constexpr auto dkdv_kernel = attention_packed_tc_dkdv_kernel<P, HD, KV, DKV>;
-    if (!tc_kernel_usable<dq_kernel>(ctx, dq_smem) || !tc_kernel_usable<dkdv_kernel>(ctx, dkdv_smem)) return false;
+    constexpr std::size_t smem = TcLayout<P, HD>::bwd_bytes + tc_row_info_bytes;
+    constexpr auto kernel = attention_packed_tc_backward_kernel<P, HD, KV, DKV>;
+    if (!tc_kernel_usable<kernel>(ctx, smem)) return false;
     const float scale = 1.0f / std::sqrt(float(L.hd));
-    const auto heads = static_cast<unsigned>(L.heads);
-    launch_smem(op, ctx, dim3(blocks_exact(L.nq, tc_tile), heads), tc_threads, dq_smem, dq_kernel, dq, dout, out, lse,
-                q, kv, L, scale);
     // Key tiles: of the packed key rows (k_tok given), or of every group's own nk keys.
     const unsigned key_tiles = blocks_exact(L.nk, tc_tile);
     const unsigned key_blocks = L.k_tok ? key_tiles : key_tiles * static_cast<unsigned>(L.count);
-    launch_smem(op, ctx, dim3(key_blocks, heads), tc_threads, dkdv_smem, dkdv_kernel, dkv, dout, out, lse, q, kv, L,
-                scale);
+    launch_smem(op, ctx, dim3(key_blocks, static_cast<unsigned>(L.heads)), tc_threads, smem, kernel, dq, dkv, dout,
+                out, lse, q, kv, L, scale);
     return true;
   });
 }

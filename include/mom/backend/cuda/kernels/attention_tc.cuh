@@ -114,7 +114,7 @@ __global__ void attention_tc_backward_kernel(MatrixView<float> dqkv, MatrixView<
   using S = typename Lay::S;
   constexpr int LD = Lay::ld, SLD = Lay::sld, PLD = Lay::pld, NO = HD / 16;
   unsigned char* sm = dynamic_smem();
-  const auto [sK, sV, sQ, sdO, sS, sdP, sP, sdS, sLse, sD] = tc_backward_smem<Path, HD, true>(sm);
+  const auto [sK, sV, sQ, sdO, sS, sdP, sP, sdS, sLse, sD] = tc_backward_smem<Path, HD>(sm);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const index_t bh = blockIdx.y, b = bh / L.heads, h = bh % L.heads;
@@ -171,9 +171,8 @@ __global__ void attention_tc_backward_kernel(MatrixView<float> dqkv, MatrixView<
     // diagonal tile the blocks at or before the queries' own (a warp's written columns start at its block there).
     const index_t q0 = i0 + 16 * warp;
     if (q0 < L.seq) {
-      const int kb = static_cast<int>(min(index_t(4), (L.seq - j0 + 15) / 16));
-      const int kk1 = 16 * (i0 == j0 ? warp + 1 : kb);
-      tc_dq_from_dst<Path, HD>(sdS, sK, kk1, ss, [&](int rr, int c, float4 v) {
+      const int kb = i0 == j0 ? warp + 1 : static_cast<int>(min(index_t(4), (L.seq - j0 + 15) / 16));
+      tc_dq_from_dst<Path, HD>(sdS, sK, (1u << kb) - 1u, ss, [&](int rr, int c, float4 v) {
         if (q0 + rr < L.seq)
           atomic_add4(dqkv.data + (b * L.seq + q0 + rr) * dqkv_ld + h * L.hd + c,
                       float4{scale * v.x, scale * v.y, scale * v.z, scale * v.w}, dq_aligned);
@@ -238,7 +237,7 @@ bool attention_tc_backward(const Context& ctx, MatrixView<T> dqkv, MatrixView<co
                            const T* lse, MatrixView<const T> qkv, HeadLayout L, index_t batch) {
   return with_tc_attention<T>(ctx, L.hd, [&](auto path, auto hd) {
     constexpr int P = decltype(path)::value, HD = decltype(hd)::value;
-    constexpr std::size_t smem = TcLayout<P, HD>::dkdv_bytes;
+    constexpr std::size_t smem = TcLayout<P, HD>::bwd_bytes;
     constexpr auto kernel = attention_tc_backward_kernel<P, HD>;
     if (!tc_kernel_usable<kernel>(ctx, smem)) return false;
     const dim3 grid(blocks_exact(L.seq, tc_tile), static_cast<unsigned>(batch * L.heads));

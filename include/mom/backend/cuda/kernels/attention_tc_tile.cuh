@@ -40,11 +40,9 @@ struct TcLayout {
   static constexpr std::size_t pstage = Path == gemm_bf16 ? round128(std::size_t(tc_tile) * pld * sizeof(S)) : 0;
   static constexpr std::size_t vec = round128(tc_tile * sizeof(float));
   static constexpr std::size_t rows_table = round128(16 * 16 * sizeof(float));
-  // forward: K, V | S | P | corr | row table.  dQ: Q, dO, K, V | S, dP | dS | lse, D.
-  // dK/dV: K, V, Q, dO | S, dP | P, dS | lse, D.
+  // forward: K, V | S | P | corr | row table.  backward: K, V, Q, dO | S, dP | P, dS | lse, D.
   static constexpr std::size_t fwd_bytes = 2 * tile + scratch + pstage + vec + rows_table;
-  static constexpr std::size_t dq_bytes = 4 * tile + 2 * scratch + pstage + 2 * vec;
-  static constexpr std::size_t dkdv_bytes = 4 * tile + 2 * scratch + 2 * pstage + 2 * vec;
+  static constexpr std::size_t bwd_bytes = 4 * tile + 2 * scratch + 2 * pstage + 2 * vec;
   // The output staging [64][old] fp32 overlays the first two tiles once the loop is done.
   static_assert(2 * tile >= std::size_t(tc_tile) * old * sizeof(float));
 };
@@ -72,12 +70,12 @@ __device__ __forceinline__ TcForwardSmem<Path, HD> tc_forward_smem(unsigned char
 template <int Path, int HD>
 struct TcBackwardSmem {
   using S = typename TcLayout<Path, HD>::S;
-  S *t0, *t1, *t2, *t3;  // dQ: Q, dO, K, V; dK / dV: K, V, Q, dO
+  S *k, *v, *q, *dout;  // the block's keys and values, the streamed query tile's Q and dO
   float *s, *dp;         // fp32 S and dP
-  S *p, *ds;             // rounded P (dK / dV only: WithP) and dS
+  S *p, *ds;             // rounded P and dS
   float *lse, *d;        // the staged query rows' lse and D
 };
-template <int Path, int HD, bool WithP>
+template <int Path, int HD>
 __device__ __forceinline__ TcBackwardSmem<Path, HD> tc_backward_smem(unsigned char* sm) {
   using Lay = TcLayout<Path, HD>;
   using S = typename Lay::S;
@@ -85,9 +83,9 @@ __device__ __forceinline__ TcBackwardSmem<Path, HD> tc_backward_smem(unsigned ch
   float* s = reinterpret_cast<float*>(sm + 4 * Lay::tile);
   float* dp = reinterpret_cast<float*>(sm + 4 * Lay::tile + Lay::scratch);
   unsigned char* st = sm + 4 * Lay::tile + 2 * Lay::scratch;  // the rounded stages (bf16)
-  S* p = WithP ? (bf16 ? reinterpret_cast<S*>(st) : reinterpret_cast<S*>(s)) : nullptr;
-  S* ds = bf16 ? reinterpret_cast<S*>(st + (WithP ? Lay::pstage : 0)) : reinterpret_cast<S*>(WithP ? dp : s);
-  float* lse = reinterpret_cast<float*>(st + (WithP ? 2 : 1) * Lay::pstage);
+  S* p = bf16 ? reinterpret_cast<S*>(st) : reinterpret_cast<S*>(s);
+  S* ds = bf16 ? reinterpret_cast<S*>(st + Lay::pstage) : reinterpret_cast<S*>(dp);
+  float* lse = reinterpret_cast<float*>(st + 2 * Lay::pstage);
   return {reinterpret_cast<S*>(sm), reinterpret_cast<S*>(sm + Lay::tile), reinterpret_cast<S*>(sm + 2 * Lay::tile),
           reinterpret_cast<S*>(sm + 3 * Lay::tile), s, dp, p, ds, lse, lse + tc_tile};
 }
@@ -380,15 +378,16 @@ __device__ __forceinline__ void tc_accumulate_dkdv(TcAcc<Path> (&dk)[HD / 16], T
   }
 }
 
-// The dense dK / dV kernel's dQ (FlashAttention-2's fused backward): after a barrier that publishes every warp's
-// dSᵀ rows (sds: [64 keys][PLD], key-major, as tc_accumulate_dkdv reads them), warp w takes the tile's queries
-// 16w .. 16w + 15: dQ [16 × HD] = dS K over keys [0, kk1), dS (query, key) read transposed (col_major) from sds,
-// K from its staged tile. One 16 × 16 accumulator at a time (the dK / dV accumulators are live around it), each
+// The backward kernels' dQ (FlashAttention-2's fused backward): after a barrier that publishes every warp's dSᵀ
+// rows (sds: [64 keys][PLD], key-major, as tc_accumulate_dkdv reads them), warp w takes the tile's queries
+// 16w .. 16w + 15: dQ [16 × HD] = dS K over the 16-key blocks kb with bit kb of kmask set (those whose warps wrote
+// these queries' columns of dSᵀ), dS (query, key) read transposed (col_major) from sds, K from its staged tile. One 16 × 16 accumulator at a time (the dK / dV accumulators are live around it), each
 // through the warp's fp32 staging so (16 rows, SLD apart) to add4(row, column, 4 values from that column), lanes
 // over consecutive columns: the kernel adds them to dqkv atomically (other key tiles' blocks add to the same rows).
 template <int Path, int HD, class Add4>
 __device__ __forceinline__ void tc_dq_from_dst(const typename TcLayout<Path, HD>::S* sds,
-                                               const typename TcLayout<Path, HD>::S* sK, int kk1, float* so, Add4&& add4) {
+                                               const typename TcLayout<Path, HD>::S* sK, unsigned kmask, float* so,
+                                               Add4&& add4) {
   constexpr int KF = TcLayout<Path, HD>::kf, LD = TcLayout<Path, HD>::ld, PLD = TcLayout<Path, HD>::pld;
   constexpr int SLD = TcLayout<Path, HD>::sld, NO = HD / 16;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -396,7 +395,9 @@ __device__ __forceinline__ void tc_dq_from_dst(const typename TcLayout<Path, HD>
   for (int n = 0; n < NO; ++n) {
     TcAcc<Path> acc;
     wm::fill_fragment(acc, 0.0f);
-    for (int kk = 0; kk < kk1; kk += KF) {
+#pragma unroll 1
+    for (int kk = 0; kk < tc_tile; kk += KF) {
+      if (!(kmask >> (kk / 16) & 1u)) continue;
       wm::fragment<wm::matrix_a, 16, 16, KF, TcFragT<Path>, wm::col_major> da;  // dS (q, k) at sds[k][q]
       wm::fragment<wm::matrix_b, 16, 16, KF, TcFragT<Path>, wm::row_major> kb;
       wm::load_matrix_sync(da, sds + kk * PLD + 16 * warp, PLD);
