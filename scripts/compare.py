@@ -80,6 +80,8 @@ class Runner:
         self.common = ["--batch", str(args.batch), "--seq", str(args.seq),
                        "--warmup", str(args.warmup), "--eval-batches", str(args.eval_batches), "--sample-tokens", "0",
                        "--device", args.device, "--log-interval", "100000"]
+        if args.precision:
+            self.common += ["--precision", args.precision]
         if args.threads:
             self.common += ["--threads", str(args.threads)]
 
@@ -249,7 +251,8 @@ def si(x):
 
 def table(results, args):
     budget = f"{si(args.flops)}FLOP" if args.flops else f"{si(args.tokens)} tokens"
-    lines = [f"Budget: {budget} per run; batch {args.batch} × {args.seq}; seeds {args.seeds}; device {args.device}.",
+    lines = [f"Budget: {budget} per run; batch {args.batch} × {args.seq}; seeds {args.seeds}; device {args.device}"
+             + (f", {args.precision}" if args.precision else "") + ".",
              "",
              "| architecture | val CE (nats/token, mean ± std) | params | active (FLOP-eq.) | training FLOPs | "
              "tokens | wall | tok/s |",
@@ -340,6 +343,7 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--mom-train", default=os.path.join("build", "examples", "mom-train"))
     p.add_argument("--device", default="cpu")
+    p.add_argument("--precision", default="", help="mom-train --precision (fp32, tf32 or bf16; default: the device's)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--lr", type=float, default=2e-3)

@@ -23,6 +23,12 @@
 #      MOM_GPU_PROFILE="arch ...", Nsight Compute's kernel times of two steps of each (scripts/ncu_summary.py);
 #      bench_gpu_decode and bench/pytorch_decode.py at batch 1 (MOM_GPU_DECODE=0 leaves them out, MOM_GPU_PYTORCH=0
 #      PyTorch's training step),
+#   4c. with MOM_GPU_COMPARE=1 (issue 32's sweep at GPT-2-small scale): scripts/compare.py on the GPU over the
+#      registry's GPT-2-small-sized entries (gpt2-small, gpt2-small-mom-p after gpt2-small, half the budget each
+#      phase, and gpt2-small-moeut; MOM_GPU_COMPARE_ARCHS to change), 3 seeds, MOM_GPU_COMPARE_FLOPS training FLOPs
+#      a run (default 1e15, about 150 dense steps: sized to fit one call, see docs/comparison.md), bf16, 8 x 1024
+#      tokens of KJV in the GPT-2 vocabulary (.gpu-deps/gpt2, from scripts/gpu_prepare.sh); its table and
+#      picture in $out/compare,
 #   5. a table last (sections 3 and 5 are left out with MOM_GPU_KJV=0): per run the validation curve, tokens/s and wall time, and each GPU run's largest validation
 #      difference from the CPU run's curve.
 # Logs go to $OUT (or ./gpu-out). Record the table in bench/RESULTS.md with the device's name.
@@ -167,6 +173,23 @@ for arch in ${MOM_GPU_PROFILE:-}; do
   note "ncu $arch: exit $?"
   python3 scripts/ncu_summary.py "$out/ncu-$arch.csv" "mom-train $arch bf16, 64 x 256" 2 10 | tee -a "$summary"
 done
+
+# 4c. With MOM_GPU_COMPARE=1: the GPT-2-small-sized families side by side at equal training FLOPs (compare.py).
+if [ "${MOM_GPU_COMPARE:-0}" = 1 ]; then
+  if [ -s "$repo/.gpu-deps/gpt2/encoder.json" ]; then
+    t=$(date +%s)
+    MOM_GPT2_DIR="$repo/.gpu-deps/gpt2" timeout "${MOM_GPU_COMPARE_TIMEOUT:-480}" python3 scripts/compare.py \
+      --mom-train "$bin" --data "$kjv" --out "$out/compare" --device cuda --precision bf16 \
+      --archs "${MOM_GPU_COMPARE_ARCHS:-gpt2-small,gpt2-small-mom-p@gpt2-small:0.5,gpt2-small-moeut}" \
+      --flops "${MOM_GPU_COMPARE_FLOPS:-1e15}" --seeds 1,2,3 --batch 8 --seq 1024 --lr 6e-4 --warmup 20 --evals 4 \
+      --eval-batches 4 --checkpoints 1 >"$out/compare.txt" 2>&1
+    note "compare.py (GPT-2 small, bf16): exit $?, $(( $(date +%s) - t )) s"
+    [ -s "$out/compare/results.md" ] && tee -a "$summary" <"$out/compare/results.md"
+    tail -3 "$out/compare.txt" | tee -a "$summary"
+  else
+    note "MOM_GPU_COMPARE=1: no .gpu-deps/gpt2/encoder.json (scripts/gpu_prepare.sh after scripts/setup.sh)"
+  fi
+fi
 
 # 5. The table.
 [ "${MOM_GPU_KJV:-1}" = 1 ] && python3 - "$out/runs" <<'PY' | tee -a "$summary"

