@@ -150,7 +150,7 @@ __device__ __forceinline__ void tc_stage(typename TcLayout<Path, HD>::S* dst, co
 // (HD / 64 of each), and the row's D is a sum over those 16 lanes: the block's 64 rows in 8 passes,
 // the loads of 4 passes issued before their first store (as in tc_stage). (One warp per 16 rows, a
 // row at a time with a warp sum, as the fallback below does, is a chain of 16 dependent
-// load-and-reduce steps per warp; the dK / dV kernel runs it once per (key tile, query tile) pair.)
+// load-and-reduce steps per warp; the backward kernel runs it once per (key tile, query tile) pair.)
 template <int Path, int HD>
 __device__ __forceinline__ void tc_stage_dout(typename TcLayout<Path, HD>::S* sdo, float* sd, float* slse,
                                               const float* dbase, index_t dld, const float* obase, index_t old_,
@@ -255,7 +255,7 @@ __device__ __forceinline__ void tc_forward_start(TcQFrags<Path, HD>& qf, TcAcc<P
 }
 
 // s1 (and s2) [16 × 64] fp32 scratch, blocks f in [f_lo, f_hi): s1 = A1 B1ᵀ (s2 = A2 B2ᵀ), A's 16 rows and B's 64
-// rows staged with row stride LD (the dQ and dK / dV kernels' two products; the forward's one is tc_scores).
+// rows staged with row stride LD (the backward kernels' Sᵀ and dPᵀ; the forward's S is tc_scores).
 template <int Path, int HD, bool Two>
 __device__ __forceinline__ void tc_products(float* s1, const typename TcLayout<Path, HD>::S* a1,
                                             const typename TcLayout<Path, HD>::S* b1, float* s2,
@@ -338,8 +338,7 @@ __device__ __forceinline__ void tc_scale_rows(TcAcc<Path> (&acc)[HD / 16], const
 #pragma unroll
     for (int x = 0; x < acc[n].num_elements; ++x) acc[n].x[x] *= w[int(rows.x[x])];
 }
-// acc[n] += A[16 × kk0..kk1) B[kk0..kk1) × 16n..] for every n (A's rows ald apart): the forward's O += P V and the
-// dQ kernel's dQ += dS K.
+// acc[n] += A[16 × kk0..kk1) B[kk0..kk1) × 16n..] for every n (A's rows ald apart): the forwards' O += P V.
 template <int Path, int HD>
 __device__ __forceinline__ void tc_accumulate(TcAcc<Path> (&acc)[HD / 16], const typename TcLayout<Path, HD>::S* a, int ald,
                                               const typename TcLayout<Path, HD>::S* b, int kk0, int kk1) {
@@ -355,7 +354,7 @@ __device__ __forceinline__ void tc_accumulate(TcAcc<Path> (&acc)[HD / 16], const
     }
   }
 }
-// dV += Pᵀ dO and dK += dSᵀ Q over columns [kk0, kk1) of the warp's P / dS rows (the dK / dV kernels).
+// dV += Pᵀ dO and dK += dSᵀ Q over columns [kk0, kk1) of the warp's P / dS rows (the backward kernels).
 template <int Path, int HD>
 __device__ __forceinline__ void tc_accumulate_dkdv(TcAcc<Path> (&dk)[HD / 16], TcAcc<Path> (&dv)[HD / 16],
                                                    const typename TcLayout<Path, HD>::S* sp,
