@@ -239,10 +239,8 @@ __global__ void attention_packed_tc_backward_kernel(MatrixView<float> dq, DKV dk
         if (info.f[2 * kw] <= warp && warp < info.f[2 * kw + 1]) kmask |= 1u << kw;
       if (kmask != 0) {
         const index_t q0 = i0 + 16 * warp;
-        tc_dq_from_dst<Path, HD>(sdS, sK, kmask, ss, [&](int row, int c, float4 v) {
-          if (q0 + row < uhi)
-            atomic_add4(dq.data + (q0 + row) * dq.ld + col0 + c,
-                        float4{scale * v.x, scale * v.y, scale * v.z, scale * v.w}, dq_aligned);
+        tc_dq_from_dst<Path, HD>(sdS, sK, kmask, scale, ss, [&](int row, int c, float4 v) {
+          if (q0 + row < uhi) atomic_add4(dq.data + (q0 + row) * dq.ld + col0 + c, v, dq_aligned);
         });
       }
     }

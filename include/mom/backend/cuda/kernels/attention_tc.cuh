@@ -172,10 +172,8 @@ __global__ void attention_tc_backward_kernel(MatrixView<float> dqkv, MatrixView<
     const index_t q0 = i0 + 16 * warp;
     if (q0 < L.seq) {
       const int kb = i0 == j0 ? warp + 1 : static_cast<int>(min(index_t(4), (L.seq - j0 + 15) / 16));
-      tc_dq_from_dst<Path, HD>(sdS, sK, (1u << kb) - 1u, ss, [&](int rr, int c, float4 v) {
-        if (q0 + rr < L.seq)
-          atomic_add4(dqkv.data + (b * L.seq + q0 + rr) * dqkv_ld + h * L.hd + c,
-                      float4{scale * v.x, scale * v.y, scale * v.z, scale * v.w}, dq_aligned);
+      tc_dq_from_dst<Path, HD>(sdS, sK, (1u << kb) - 1u, scale, ss, [&](int rr, int c, float4 v) {
+        if (q0 + rr < L.seq) atomic_add4(dqkv.data + (b * L.seq + q0 + rr) * dqkv_ld + h * L.hd + c, v, dq_aligned);
       });
     }
   }

@@ -379,15 +379,15 @@ __device__ __forceinline__ void tc_accumulate_dkdv(TcAcc<Path> (&dk)[HD / 16], T
 
 // The backward kernels' dQ (FlashAttention-2's fused backward): after a barrier that publishes every warp's dSᵀ
 // rows (sds: [64 keys][PLD], key-major, as tc_accumulate_dkdv reads them), warp w takes the tile's queries
-// 16w .. 16w + 15: dQ [16 × HD] = dS K over the 16-key blocks kb with bit kb of kmask set (those whose warps wrote
+// 16w .. 16w + 15: dQ [16 × HD] = scale · dS K over the 16-key blocks kb with bit kb of kmask set (those whose warps wrote
 // these queries' columns of dSᵀ), dS (query, key) read transposed (col_major) from sds, K from its staged tile.
 // One 16 × 16 accumulator at a time (the dK / dV accumulators are live around it), each through the warp's fp32
 // staging so (16 rows, SLD apart) to add4(row, column, 4 values from that column), lanes over consecutive columns:
 // the kernels add them to dQ atomically (other key tiles' blocks add to the same rows).
 template <int Path, int HD, class Add4>
 __device__ __forceinline__ void tc_dq_from_dst(const typename TcLayout<Path, HD>::S* sds,
-                                               const typename TcLayout<Path, HD>::S* sK, unsigned kmask, float* so,
-                                               Add4&& add4) {
+                                               const typename TcLayout<Path, HD>::S* sK, unsigned kmask, float scale,
+                                               float* so, Add4&& add4) {
   constexpr int KF = TcLayout<Path, HD>::kf, LD = TcLayout<Path, HD>::ld, PLD = TcLayout<Path, HD>::pld;
   constexpr int SLD = TcLayout<Path, HD>::sld, NO = HD / 16;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -408,7 +408,7 @@ __device__ __forceinline__ void tc_dq_from_dst(const typename TcLayout<Path, HD>
     __syncwarp();
     for (int e = lane; e < 64; e += 32) {
       const float* v = so + (e / 4) * SLD + 4 * (e % 4);
-      add4(e / 4, 16 * n + 4 * (e % 4), float4{v[0], v[1], v[2], v[3]});
+      add4(e / 4, 16 * n + 4 * (e % 4), float4{scale * v[0], scale * v[1], scale * v[2], scale * v[3]});
     }
     __syncwarp();
   }
