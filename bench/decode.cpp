@@ -78,9 +78,7 @@ int main(int argc, char** argv) {
   const double gbps = read_bandwidth();
   std::printf("bench_decode: float, %d OpenMP threads, GEMM kernel %s; measured read bandwidth %.1f GB/s\n\n",
               omp_get_max_threads(), cpu::gemm_kernel(), gbps);
-  std::printf("| model | context | batch | prefill tok/s | prefill tok/s, passes of `batch` rows | ms per step | decode tok/s | "
-              "decoder memory | step / weight-read time |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  bench::decode_table_header();
   constexpr Dims d8{.d_model = 256, .heads = 8, .d_ff = 1024, .vocab = 256, .context = 256};
   constexpr Dims d8k{.d_model = 256, .heads = 8, .d_ff = 1024, .vocab = 256, .context = 1024};
   if (only.find("dense8") != std::string::npos) {

@@ -1,8 +1,9 @@
 #pragma once
 // One model's rows of bench_decode (CPU, bench/decode.cpp) and bench_gpu_decode (CUDA, bench/gpu_decode.cpp):
 // prefill and decode tokens/s at batch 1 and 8, the decoder's memory, the batch-1 step against the time to
-// read the weights once at `gbps`, and the recompute loop at batch 1. sync(): waits for the backend (the
-// GPU's stream) before a clock stops.
+// read the weights once at `gbps`, and the recompute loop at batch 1. Where the decoder records its steps as
+// CUDA graphs (infer::Decoder::records_graphs), the step is timed replayed (after two warm-up steps: one op by
+// op, one recorded) and again op by op. sync(): waits for the backend (the GPU's stream) before a clock stops.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -15,6 +16,13 @@ namespace mom::bench {
 using clock_type = std::chrono::steady_clock;
 inline double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+// The table decode_rows' lines belong to.
+inline void decode_table_header() {
+  std::printf("| model | context | batch | prefill tok/s | prefill tok/s, passes of `batch` rows | ms per step | "
+              "ms per step, op by op | decode tok/s | decoder memory | step / weight-read time |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
 }
 
 template <class Instance, class Sync>
@@ -46,17 +54,27 @@ void decode_rows(Instance& model, const char* name, index_t context, index_t new
     }
     std::vector<token_t> next(static_cast<std::size_t>(batch));
     for (index_t b = 0; b < batch; ++b) next[std::size_t(b)] = token_t(b % V);
-    const index_t steps = std::min(new_tokens, context - half - 1);
-    dec.step(next);  // warm-up
-    sync();
-    t0 = clock_type::now();
-    for (index_t s = 0; s < steps; ++s) dec.step(next);
-    sync();
-    const double step_ms = seconds_since(t0) / double(steps) * 1e3;
+    const index_t steps = std::min(new_tokens, context - half - 2);
+    const auto time_steps = [&] {  // ms per step, after two warm-up steps
+      dec.step(next);
+      dec.step(next);
+      sync();
+      const auto t = clock_type::now();
+      for (index_t s = 0; s < steps; ++s) dec.step(next);
+      sync();
+      return seconds_since(t) / double(steps) * 1e3;
+    };
+    const double step_ms = time_steps();
+    char by_ops[32] = "–";
+    if constexpr (infer::Decoder<Instance>::records_graphs) {
+      dec.use_graphs(false);
+      dec.prefill(ps);
+      std::snprintf(by_ops, sizeof by_ops, "%.2f", time_steps());
+    }
     char ratio[32] = "–";
     if (batch == 1) std::snprintf(ratio, sizeof ratio, "%.2f", step_ms / (weight_bytes / (gbps * 1e9) * 1e3));
-    std::printf("| %s | %lld | %lld | %.0f | %.0f | %.2f | %.0f | %.1f MiB | %s |\n", name, (long long)context,
-                (long long)batch, double(batch * half) / prefill_s, double(batch * half) / narrow_s, step_ms,
+    std::printf("| %s | %lld | %lld | %.0f | %.0f | %.2f | %s | %.0f | %.1f MiB | %s |\n", name, (long long)context,
+                (long long)batch, double(batch * half) / prefill_s, double(batch * half) / narrow_s, step_ms, by_ops,
                 double(batch) * 1e3 / step_ms,
                 double(dec.memory_elements()) * sizeof(float) / (1 << 20), ratio);
   }
@@ -73,7 +91,7 @@ void decode_rows(Instance& model, const char* name, index_t context, index_t new
     seq.push_back(token_t(std::max_element(last.begin(), last.end()) - last.begin()));
   }
   const double recompute_ms = seconds_since(t0) / double(reps) * 1e3;
-  std::printf("| %s | %lld | 1 (recompute loop) | – | – | %.2f | %.0f | – | – |\n", name, (long long)context, recompute_ms,
+  std::printf("| %s | %lld | 1 (recompute loop) | – | – | %.2f | – | %.0f | – | – |\n", name, (long long)context, recompute_ms,
               1e3 / recompute_ms);
 }
 

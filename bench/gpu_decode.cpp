@@ -62,9 +62,7 @@ int main(int argc, char** argv) {
   const double gbps = device_bandwidth(be);
   std::printf("bench_gpu_decode: %s (%d SMs), float, TF32 GEMMs; measured copy bandwidth %.0f GB/s (read + write)\n\n",
               prop.name, prop.multiProcessorCount, gbps);
-  std::printf("| model | context | batch | prefill tok/s | prefill tok/s, passes of `batch` rows | ms per step | decode tok/s | "
-              "decoder memory | step / weight-read time |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  bench::decode_table_header();
   constexpr Dims d8{.d_model = 256, .heads = 8, .d_ff = 1024, .vocab = 256, .context = 256};
   if (only.find("dense8") != std::string::npos) bench_model<LM<d8, Dense<8>>>(be, "dense 8 layers (d 256)", 256, tokens, gbps);
   if (only.find("momp") != std::string::npos)

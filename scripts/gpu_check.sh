@@ -111,7 +111,7 @@ if [ "${MOM_GPU_BENCH:-0}" = 1 ]; then
   decode="$(dirname "$bench")/bench_gpu_decode"
   if [ -x "$decode" ] && [ "${MOM_GPU_DECODE:-1}" = 1 ]; then
     timeout 120 "$decode" --tokens 64 >"$out/decode.txt" 2>&1
-    note "bench_gpu_decode: exit $?"; grep -E "weights|gpt2-small|bandwidth" "$out/decode.txt" | head -12 | tee -a "$summary"
+    note "bench_gpu_decode: exit $?"; grep -E "bandwidth|GPT-2 small|op by op" "$out/decode.txt" | head -12 | tee -a "$summary"
     timeout 120 python3 bench/pytorch_decode.py --device cuda --tokens 64 >"$out/pytorch_decode.txt" 2>&1
     note "pytorch_decode: exit $?"; grep -E "gpt2-small|Error" "$out/pytorch_decode.txt" | head -6 | tee -a "$summary"
   fi

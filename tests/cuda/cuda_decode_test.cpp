@@ -87,3 +87,29 @@ TEMPLATE_TEST_CASE("kv_write and attention_decode: the CPU's shape errors, posit
   }
   gpu<T>().sync();  // the errors were consumed
 }
+
+TEMPLATE_TEST_CASE("embedding_forward at rows' own positions matches cpu; a position outside wpe found on the device",
+                   "[cuda][decode]", float, double) {
+  MOM_REQUIRE_GPU();
+  using T = TestType;
+  test::Rng rng(263);
+  const index_t V = 11, C = 9, d = 24, rows = 7;
+  auto wte = rand_arr<T>(V * d, rng), wpe = rand_arr<T>(C * d, rng), out = rand_arr<T>(rows * d, rng);
+  Arr<T, token_t> tok(std::vector<token_t>{3, 0, 10, 3, 7, 1, 5});
+  Arr<T, index_t> pos(std::vector<index_t>{8, 0, 4, 4, 2, 7, 1});
+  host<T>().embedding_forward(out.hm(rows, d), tok.hs(), wte.hm(V, d), wpe.hm(C, d), pos.hs());
+  gpu<T>().embedding_forward(out.dm(rows, d), tok.ds(), wte.dm(V, d), wpe.dm(C, d), pos.ds());
+  CHECK(out.fetch() == out.h);
+  host<T>().embedding_forward(out.hm(rows, d), tok.hs(), wte.hm(V, d), MatrixView<const T>{}, pos.hs());  // no wpe
+  gpu<T>().embedding_forward(out.dm(rows, d), tok.ds(), wte.dm(V, d), MatrixView<const T>{}, pos.ds());
+  CHECK(out.fetch() == out.h);
+  Arr<T, index_t> far(std::vector<index_t>{0, 1, 2, 3, C, 5, 6});
+  gpu<T>().embedding_forward(out.dm(rows, d), tok.ds(), wte.dm(V, d), wpe.dm(C, d), far.ds());
+  try {
+    gpu<T>().sync();
+    FAIL("embedding_forward at position C did not raise");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("embedding_forward: position 9 at position 4 is out of range [0, 9)"));
+  }
+  gpu<T>().sync();  // the error was consumed
+}

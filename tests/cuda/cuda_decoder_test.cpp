@@ -70,6 +70,10 @@ void compare_decoder(index_t prefill_rows) {
   const auto oc = infer::generate(gc, std::span<const std::vector<token_t>>(short_prompts), o);
   const auto og = infer::generate(gg, std::span<const std::vector<token_t>>(short_prompts), o);
   for (std::size_t b = 0; b < 2; ++b) CHECK(oc[b].tokens == og[b].tokens);
+  // Both sequences run to the end together: every step after the first takes the recorded graph when the
+  // architecture's decode stays on the device, none when it reads the host.
+  if constexpr (infer::Decoder<decltype(on_gpu)>::records_graphs) CHECK(gg.graph_steps() == 4);
+  else CHECK(gg.graph_steps() == 0);
 }
 
 template <class Model, class T>
@@ -132,6 +136,116 @@ TEST_CASE("Decoder on cuda: Mixture-of-Recursions, MoEUT and ModuleFormer decode
   compare_both_passes<DecMoRShare, double>();
   compare_both_passes<DecMoEUT, double>();
   compare_both_passes<DecMF, double>();
+}
+
+// Which architectures' steps the decoder records as CUDA graphs: those whose decode reads nothing from the host.
+static_assert(infer::Decoder<ModelInstance<DecDense, cuda::Backend<float>>>::records_graphs);
+static_assert(infer::Decoder<ModelInstance<DecMoE, cuda::Backend<float>>>::records_graphs);
+static_assert(infer::Decoder<ModelInstance<DecMoEUT, cuda::Backend<double>>>::records_graphs);
+static_assert(!infer::Decoder<ModelInstance<DecMoMAll, cuda::Backend<double>>>::records_graphs);
+static_assert(!infer::Decoder<ModelInstance<DecSkip, cuda::Backend<double>>>::records_graphs);
+static_assert(!infer::Decoder<ModelInstance<DecMoRCausal, cuda::Backend<double>>>::records_graphs);
+static_assert(!infer::Decoder<ModelInstance<DecDense, cpu::Backend<float>>>::records_graphs);
+
+// A whole step (every slot, in order) replayed from the recorded graph gives the bits of the same step run op by
+// op, through partial steps in between and after the parameters change in place (the graph reads them through
+// their pointers); under the emulation a replayed step is one graph launch: no kernel launch, no host wait, no
+// allocation.
+template <class Model>
+void compare_graph_steps() {
+  constexpr index_t C = Model::dims.context, V = Model::dims.vocab, S = 3;
+  auto model = Model::template make<cuda::Backend<float>>(5);
+  auto& be = model.backend();
+  infer::Decoder graphs(model, S, C), ops(model, S, C);
+  ops.use_graphs(false);
+  const std::vector<std::vector<token_t>> prompts{{1, 2, 3}, {4}, {5, 6}};
+  graphs.prefill(std::span<const std::vector<token_t>>(prompts));
+  ops.prefill(std::span<const std::vector<token_t>>(prompts));
+  std::vector<float> a(std::size_t(S * V)), b(std::size_t(S * V));
+  const auto same_logits = [&](MatrixView<const float> la, MatrixView<const float> lb) {
+    REQUIRE((la.rows == lb.rows && la.cols == V && lb.cols == V));
+    const std::size_t n = std::size_t(la.rows * V);
+    be.to_host(std::span<float>(a.data(), n), std::span<const float>(la.data, n));
+    be.to_host(std::span<float>(b.data(), n), std::span<const float>(lb.data, n));
+    CHECK(std::equal(a.begin(), a.begin() + std::ptrdiff_t(n), b.begin()));
+  };
+  const bool counted = mom_emu_launches && mom_emu_graph_launches;
+  index_t whole = 0;
+  for (index_t step = 0; step < 7; ++step) {
+    if (step == 3) {  // a partial step: op by op on both
+      const std::vector<index_t> slots{0, 2};
+      const std::vector<token_t> toks{7, 8};
+      same_logits(graphs.step(slots, toks), ops.step(slots, toks));
+      continue;
+    }
+    if (step == 5) {  // new parameters in the same buffer
+      std::vector<float> p(model.params().size());
+      be.to_host(std::span<float>(p), std::span<const float>(model.params()));
+      for (float& x : p) x *= 0.9f;
+      be.from_host(model.params(), std::span<const float>(p));
+    }
+    std::vector<token_t> toks(static_cast<std::size_t>(S));
+    for (index_t s = 0; s < S; ++s) toks[std::size_t(s)] = token_t((step * 7 + s * 3) % V);
+    const test::EmuCounters t0 = counted ? test::EmuCounters::now() : test::EmuCounters{};
+    const auto lg = graphs.step(std::span<const token_t>(toks));
+    const test::EmuCounters t1 = counted ? test::EmuCounters::now() : test::EmuCounters{};
+    const auto lo = ops.step(std::span<const token_t>(toks));
+    if (counted && whole >= 2) {  // the first whole step runs op by op, the second records the graph
+      const test::EmuCounters g = t1 - t0, o = test::EmuCounters::now() - t1;
+      CHECK(g.graph_launches == 1);
+      CHECK(g.launches == 0);
+      CHECK(o.launches > 0);
+      CHECK(g.gemm_calls == o.gemm_calls);  // the replay ran the same products
+      CHECK(g.gemm_flops == o.gemm_flops);
+      CHECK(g.host_waits == 0);
+      CHECK(g.allocations == 0);
+    }
+    same_logits(lg, lo);
+    ++whole;
+  }
+  CHECK(graphs.graph_steps() == whole - 1);
+  CHECK(ops.graph_steps() == 0);
+  for (index_t s = 0; s < S; ++s) {
+    const auto x = graphs.last_logits(s);
+    const std::vector<float> row(x.begin(), x.end());
+    const auto y = ops.last_logits(s);
+    CHECK(std::equal(row.begin(), row.end(), y.begin()));
+  }
+}
+
+TEST_CASE("Decoder on cuda: whole steps replay one recorded graph with the bits of the steps run op by op",
+          "[cuda][decoder][graph]") {
+  if (!gpu_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  compare_graph_steps<DecDense>();
+  compare_graph_steps<DecDenseRope>();
+  compare_graph_steps<DecMoE>();
+}
+
+TEST_CASE("cuda::Backend::record: a host wait inside is refused, nothing runs, the stream goes on", "[cuda][graph]") {
+  if (!gpu_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  cuda::Backend<float> be;
+  auto buf = be.alloc(4);
+  be.fill(buf.span(), 1.0f);
+  CHECK_THROWS_AS(be.record([&] {
+    be.fill(buf.span(), 2.0f);
+    be.sync();
+  }), Error);
+  std::vector<float> h(4);
+  be.to_host(std::span<float>(h), std::span<const float>(buf.span()));
+  CHECK(h == std::vector<float>(4, 1.0f));  // the recorded fill never ran
+  const auto g = be.record([&] { be.scale(buf.span(), 3.0f); });
+  be.to_host(std::span<float>(h), std::span<const float>(buf.span()));
+  CHECK(h == std::vector<float>(4, 1.0f));  // recorded, not run
+  be.replay(g);
+  be.replay(g);
+  be.to_host(std::span<float>(h), std::span<const float>(buf.span()));
+  CHECK(h == std::vector<float>(4, 9.0f));
 }
 
 TEST_CASE("Decoder on cuda: a refused step or prefill names the problem and leaves the slots as they were",

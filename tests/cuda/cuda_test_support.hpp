@@ -93,11 +93,12 @@ extern "C" long mom_emu_gemm_flops() __attribute__((weak));
 extern "C" long mom_emu_unaligned_gemms() __attribute__((weak));
 extern "C" long mom_emu_staging_copies() __attribute__((weak));
 extern "C" long mom_emu_staging_bytes() __attribute__((weak));
+extern "C" long mom_emu_graph_launches() __attribute__((weak));  // cudaGraphLaunch calls (backend/cuda/graph.hpp)
 // The emulated cuBLASLt's heuristic finds no algorithm while on (the backend's fallback paths; lt.hpp).
 extern "C" void mom_emu_lt_refuse(int on) __attribute__((weak));
 #define MOM_REQUIRE_EMU_COUNTERS()                                                               \
   do {                                                                                           \
-    if (!mom_emu_host_waits || !mom_emu_allocations || !mom_emu_launches) {                      \
+    if (!mom_emu_host_waits || !mom_emu_allocations || !mom_emu_launches || !mom_emu_graph_launches) { \
       WARN("host waits are counted by the emulated runtime only (test_cuda_emu): skipped");      \
       return;                                                                                    \
     }                                                                                            \
@@ -109,17 +110,17 @@ namespace mom::test {
 // MOM_REQUIRE_EMU_COUNTERS (the symbols are absent in test_cuda).
 struct EmuCounters {
   long host_waits = 0, allocations = 0, launches = 0, memset_bytes = 0, d2d_bytes = 0, gemm_calls = 0, gemm_flops = 0,
-       unaligned_gemms = 0, staging_copies = 0, staging_bytes = 0;
+       unaligned_gemms = 0, staging_copies = 0, staging_bytes = 0, graph_launches = 0;
   static EmuCounters now() {
     return {mom_emu_host_waits(),   mom_emu_allocations(), mom_emu_launches(),        mom_emu_memset_bytes(),
             mom_emu_d2d_bytes(),    mom_emu_gemm_calls(),  mom_emu_gemm_flops(),      mom_emu_unaligned_gemms(),
-            mom_emu_staging_copies(), mom_emu_staging_bytes()};
+            mom_emu_staging_copies(), mom_emu_staging_bytes(), mom_emu_graph_launches()};
   }
   EmuCounters operator-(const EmuCounters& o) const {
     return {host_waits - o.host_waits,         allocations - o.allocations,         launches - o.launches,
             memset_bytes - o.memset_bytes,     d2d_bytes - o.d2d_bytes,             gemm_calls - o.gemm_calls,
             gemm_flops - o.gemm_flops,         unaligned_gemms - o.unaligned_gemms, staging_copies - o.staging_copies,
-            staging_bytes - o.staging_bytes};
+            staging_bytes - o.staging_bytes,   graph_launches - o.graph_launches};
   }
 };
 

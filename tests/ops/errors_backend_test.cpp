@@ -46,6 +46,14 @@ TEST_CASE("checked errors: shape mismatches name the op and the shapes", "[ops][
     REQUIRE_THROWS_WITH(cpu::embedding_forward<float>(mat(a, 6, 4), std::vector<token_t>(5, 0), cmat(b, 8, 4),
                                                       cmat(c, 8, 4), 3),
                         Contains("embedding_forward: 5 tokens for [6x4] rows"));
+    // Rows at positions of their own.
+    const std::vector<index_t> pos{0, 1, 2, 3, 1, 7};
+    REQUIRE_THROWS_WITH(cpu::embedding_forward<float>(mat(a, 6, 4), std::vector<token_t>(6, 0), cmat(b, 8, 4),
+                                                      cmat(c, 7, 4), std::span<const index_t>(pos)),
+                        Contains("embedding_forward: position 7 of row 5 is out of range for wpe [7x4]"));
+    REQUIRE_THROWS_WITH(cpu::embedding_forward<float>(mat(a, 6, 4), std::vector<token_t>(6, 0), cmat(b, 8, 4),
+                                                      cmat(c, 8, 4), std::span<const index_t>(pos).first(5)),
+                        Contains("embedding_forward: 5 positions for [6x4] rows"));
   }
   SECTION("layernorm") {
     std::vector<float> m(4), r(4), g(5);

@@ -134,6 +134,19 @@ TEST_CASE("embedding: float forward and backward match naive loops (parallel siz
   for (index_t t = 0; t < n; ++t)
     for (index_t c = 0; c < d; ++c) want[t * d + c] = wte[tokens[t] * d + c] + wpe[(t % seq) * d + c];
   CHECK(rel_error(out, want) == 0.0);
+  // Rows at positions of their own (a decode step's): row t at pos[t], here counting down.
+  std::vector<index_t> pos(n);
+  for (index_t t = 0; t < n; ++t) pos[t] = (n - 1 - t) % C;
+  cpu::embedding_forward<float>(mat(out, n, d), tokens, cmat(wte, V, d), cmat(wpe, C, d), std::span<const index_t>(pos));
+  for (index_t t = 0; t < n; ++t)
+    for (index_t c = 0; c < d; ++c) want[t * d + c] = wte[tokens[t] * d + c] + wpe[pos[t] * d + c];
+  CHECK(rel_error(out, want) == 0.0);
+  // No wpe (a RoPE model): the token rows alone, positions not read.
+  cpu::embedding_forward<float>(mat(out, n, d), tokens, cmat(wte, V, d), MatrixView<const float>{},
+                                std::span<const index_t>(pos));
+  for (index_t t = 0; t < n; ++t)
+    for (index_t c = 0; c < d; ++c) want[t * d + c] = wte[tokens[t] * d + c];
+  CHECK(rel_error(out, want) == 0.0);
 
   auto dout = random_vec<float>(n * d, rng);
   std::vector<float> dwte(V * d, 0.f), dwpe(C * d, 0.f);

@@ -103,6 +103,8 @@ struct PackedBlocks : DepthExecutorBase<PackedBlocks<Policy, A, D>, Policy, A, D
   //                         token's copied-up state) at its position; only the run tokens query.
   template <class Be>
   static constexpr bool decodes_on = RoutedDecodingSequenceMixerOn<Attn, Be>;
+  // Its decode reads the step's rows to the host (DecodeRows): infer::Decoder runs it op by op, not as a CUDA graph.
+  static constexpr bool decode_reads_host = true;
   struct DecodePlan {
     Plan plan{};                      // forward's workspace for `rows` tokens of one position
     std::array<index_t, L> k{}, v{};  // caches [slots·max_len × d], one pair per layer

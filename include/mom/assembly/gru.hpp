@@ -374,6 +374,8 @@ struct Executor<GRU, A, D> : WorkspaceViews {
   // host: a module's rows need their sequences and positions there); then one weighted scatter-add.
   template <class Be>
   static constexpr bool decodes_on = RoutedDecodingSequenceMixerOn<Attn, Be>;
+  // Its decode reads the step's rows to the host (DecodeRows): infer::Decoder runs it op by op, not as a CUDA graph.
+  static constexpr bool decode_reads_host = true;
   struct DecodeRound {
     RouterSaved ra{}, rf{};
     std::array<index_t, NA> k{}, v{};  // caches [slots·max_len × d], one pair per attention module

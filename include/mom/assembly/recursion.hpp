@@ -498,6 +498,8 @@ struct Executor<Recursion<Os...>, A, D> : WorkspaceViews {
   // nothing there.
   template <class Be>
   static constexpr bool decodes_on = packed && RoutedDecodingSequenceMixerOn<Attn, Be>;
+  // Its decode reads the step's rows to the host (DecodeRows): infer::Decoder runs it op by op, not as a CUDA graph.
+  static constexpr bool decode_reads_host = true;
   struct DecodePlan {
     Plan plan{};  // the causal forward's workspace for `rows` tokens of one position
     std::array<std::array<index_t, std::size_t(B)>, std::size_t(Nr)> k{}, v{};  // [slots·max_len × d] each

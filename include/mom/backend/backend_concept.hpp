@@ -58,8 +58,8 @@ concept Memory = requires(Be& be, index_t n, std::span<T> s, std::span<const T> 
 
 // The dense model's ops (embedding, LayerNorm, linear / GEMM, activations, attention (softmax and
 // stick-breaking), rotary position embedding, loss) and the GRU router's cell. The decode ops are not
-// part of it (kv_write and attention_decode are infer::DecodeBackend's; stick_breaking_decode is the CPU's
-// and CUDA's, asked for by no concept yet).
+// part of it (kv_write, attention_decode and embedding_forward at positions are infer::DecodeBackend's;
+// stick_breaking_decode is the CPU's and CUDA's, asked for by no concept yet).
 template <class Be, class T>
 concept DenseOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std::span<T> s, std::span<const T> cs,
                             std::span<const token_t> tok, std::span<const index_t> pos, index_t i, T x) {

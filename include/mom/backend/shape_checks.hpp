@@ -46,13 +46,23 @@ void linear_backward_shapes(CM<T> dx, CM<T> dw, CS<T> db, CM<T> dy, CM<T> x, CM<
 // ---- embedding (the token ids themselves are range-checked by each backend) ----
 // An empty wpe: no position embedding (a RoPE model, Dims::positions).
 template <class T>
-void embedding_shapes(const char* op, CM<T> rows, Tok tokens, CM<T> wte, CM<T> wpe, index_t seq) {
+void embedding_tables_shapes(const char* op, CM<T> rows, Tok tokens, CM<T> wte, CM<T> wpe) {
   MOM_CHECK(ssize(tokens) == rows.rows, op, ": ", tokens.size(), " tokens for ", shape(rows), " rows");
   MOM_CHECK(wte.cols == rows.cols && (wpe.empty() || wpe.cols == rows.cols), op, ": wte ", shape(wte), ", wpe ",
             shape(wpe), " and out ", shape(rows), " disagree on d_model");
+}
+template <class T>
+void embedding_shapes(const char* op, CM<T> rows, Tok tokens, CM<T> wte, CM<T> wpe, index_t seq) {
+  embedding_tables_shapes<T>(op, rows, tokens, wte, wpe);
   MOM_CHECK(seq > 0 && rows.rows % seq == 0, op, ": seq = ", seq, " does not divide the ", rows.rows, " rows");
   MOM_CHECK(wpe.empty() || seq <= wpe.rows, op, ": seq = ", seq, " exceeds the context ", wpe.rows, " of wpe ",
             shape(wpe));
+}
+// Rows at positions of their own (a decode step's): one position per row.
+template <class T>
+void embedding_at_shapes(const char* op, CM<T> rows, Tok tokens, CM<T> wte, CM<T> wpe, index_t positions) {
+  embedding_tables_shapes<T>(op, rows, tokens, wte, wpe);
+  MOM_CHECK(positions == rows.rows, op, ": ", positions, " positions for ", shape(rows), " rows");
 }
 
 // ---- layernorm ---------------------------------------------------------------

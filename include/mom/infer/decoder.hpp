@@ -21,6 +21,13 @@
 // (one ordered host -> backend copy each per step: on CUDA no wait for the GPU). The routed executors
 // (MoM, layer-skip, causal MoD, MoR) read their picks back to the host each round (a wait on CUDA).
 // step() returns logits in backend memory; last_logits() is host memory on every backend.
+//
+// CUDA graphs: on a backend that records them (RecordsGraphs: cuda::Backend) and for an architecture whose decode
+// stays on the device (no executor with decode_reads_host: the dense stack, sharing, token-choice MoE), a step of
+// every slot in slot order (step(tokens); generate's steps while every sequence runs) runs op by op once, is
+// recorded as one graph on its next call and is replayed from then on: one launch per token instead of one per
+// op. The graph reads the step's positions and tokens from the workspace, where each step copies them first.
+// A recording the backend refuses leaves the decoder op by op; use_graphs(false) asks for that.
 #include <algorithm>
 #include <concepts>
 #include <cstdint>
@@ -57,10 +64,22 @@ concept AssemblyDecoderOn =
 // The backend ops a decode step uses beyond the training ones (cpu/decode.hpp).
 template <class Be, class T = typename Be::scalar>
 concept DecodeBackend = requires(const Be& be, MatrixView<T> m, MatrixView<const T> c, std::span<const index_t> s,
-                                 index_t i) {
+                                 std::span<const token_t> tok, index_t i) {
+  be.embedding_forward(m, tok, c, c, s);  // row r at position s[r]
   be.kv_write(m, m, c, s, s, i);
   be.attention_decode(m, c, c, c, s, s, i, i);
 };
+
+// A backend that records the ops a function enqueues as a graph and replays it (cuda::Backend, backend/cuda/graph.hpp).
+template <class Be>
+concept RecordsGraphs = requires(const Be& be, const typename Be::Graph& g) {
+  { be.record([] {}) } -> std::same_as<typename Be::Graph>;
+  be.replay(g);
+};
+
+// An executor whose decode reads the step's rows back to the host (MoM, layer-skip, causal MoD, MoR: DecodeRows).
+template <class E>
+concept DecodeReadsHost = requires { requires E::decode_reads_host; };
 
 // An executor that says its routing is not causal (Mixture-of-Depths' expert-choice top-C during training,
 // Mixture-of-Recursions' top-k per recursion, expert-choice MoE: a token's selection depends on later tokens of its sequence).
@@ -74,6 +93,12 @@ inline constexpr bool routes_causally =
 template <class Model, class Be>
 inline constexpr bool decodes = []<class... Es>(TypeList<Es...>) {
   return DecodeBackend<Be> && (AssemblyDecoderOn<Es, Be> && ...) && !(NonCausalExecutor<Es> || ...);
+}(typename Model::core::executors{});
+
+// True when Model's decode step on Be can be recorded as one graph: Be records graphs and no part reads the host.
+template <class Model, class Be>
+inline constexpr bool decodes_as_graph = RecordsGraphs<Be> && []<class... Es>(TypeList<Es...>) {
+  return !(DecodeReadsHost<Es> || ...);
 }(typename Model::core::executors{});
 
 namespace detail {
@@ -98,6 +123,14 @@ template <class... Es>
 struct DecodePlans<true, TypeList<Es...>> {
   using type = std::tuple<typename Es::DecodePlan...>;
 };
+template <class Be, bool graphs>
+struct GraphOf {
+  struct type {};  // no graphs on this backend or for this architecture
+};
+template <class Be>
+struct GraphOf<Be, true> {
+  using type = typename Be::Graph;
+};
 }  // namespace detail
 
 template <class Instance>
@@ -111,7 +144,8 @@ class Decoder {
 
  private:
   using Executors = typename Model::core::executors;
-  static_assert(DecodeBackend<Be>, "mom::infer::Decoder: this backend has no decode ops (kv_write, attention_decode); "
+  static_assert(DecodeBackend<Be>, "mom::infer::Decoder: this backend has no decode ops (kv_write, attention_decode, "
+                                   "embedding_forward at positions); "
                                    "the CPU and CUDA backends have them");
   static_assert(routes_causally<Model>,
                 "mom::infer::Decoder: this architecture's routing is not causal (Mixture-of-Depths' top-C, "
@@ -124,6 +158,13 @@ class Decoder {
                 "not meet mom::infer::AssemblyDecoderOn)");
   static constexpr bool ok = decodes<Model, Be>;
   using Plans = typename detail::DecodePlans<ok, Executors>::type;
+
+ public:
+  // Whether whole steps run as recorded graphs (see the top of this file).
+  static constexpr bool records_graphs = ok && decodes_as_graph<Model, Be>;
+
+ private:
+  using Graph = typename detail::GraphOf<Be, records_graphs>::type;
 
  public:
   // Caches for `slots` sequences of up to max_len (<= context) tokens, sized from the executors' plans
@@ -165,6 +206,11 @@ class Decoder {
   // Elements of T the decoder holds (caches and step workspace).
   index_t memory_elements() const { return ws_.size(); }
 
+  // Graphs on (the default) or off: every step op by op (records_graphs false: always off).
+  void use_graphs(bool on) { use_graphs_ = on; }
+  // Steps replayed from a recorded graph so far.
+  index_t graph_steps() const { return graph_steps_; }
+
   // Empties every slot (their caches are overwritten as tokens arrive).
   void reset() { std::fill(length_.begin(), length_.end(), index_t(0)); }
   void reset(index_t slot) { length_.at(std::size_t(slot)) = 0; }
@@ -200,23 +246,19 @@ class Decoder {
     const index_t rows = ssize(slots);
     auto& be = model_.backend();
     T* ws = ws_.data();
-    const T* p = model_.params().data();
-    const MatrixView<const T> wte = model_.param(Model::layout[0]), wpe = model_.wpe();
     // The rows' slots, positions and tokens into backend memory, for the ops.
     const auto slot_dev = dispatch::from_host_at(be, ws, slot_dev_, slots);
     const auto pos_dev = dispatch::from_host_at(be, ws, pos_dev_, std::span<const index_t>(pos_));
     const auto tok_dev = dispatch::from_host_at(be, ws, tok_dev_, tokens);
-    // x_0 = wte[token] + wpe[position], row by row (each row its own position); a RoPE model has no wpe
-    // (x_0 = wte[token]): its attention modules rotate queries and keys by pos instead.
-    for (index_t r = 0; r < rows; ++r)
-      be.embedding_forward(MatrixView<T>{ws + x0_ + r * d, 1, d}, tok_dev.subspan(std::size_t(r), 1), wte,
-                           wpe.empty() ? wpe : wpe.row_block(pos_[std::size_t(r)], 1), 1);
-    MatrixView<const T> x{ws + x0_, rows, d};
-    if constexpr (ok)
-      for_each_part([&]<std::size_t i, class E>() {
-        x = E::decode(be, p + Model::core::part_offset[i], ws, std::get<i>(plans_), x, slot_dev, pos_dev, slots_,
-                      max_len_, tok_dev);
-      });
+    // A step of every slot in slot order: the head writes each slot's logits in place (last_), and the step's ops,
+    // which read nothing from the host, may run as a recorded graph.
+    if (!last_only && rows == slots_ && std::equal(slots.begin(), slots.end(), all_slots_.begin())) {
+      const MatrixView<T> out{ws + last_, rows, vocab};
+      run_whole([&] { head(forward(rows, slot_dev, pos_dev, tok_dev), out); });
+      advance(slots);
+      return out;
+    }
+    MatrixView<const T> x = forward(rows, slot_dev, pos_dev, tok_dev);
     // The head's rows: every row, or (last_only) each slot's last row, gathered in slot order of appearance.
     std::vector<index_t>& head_slots = head_slots_;  // the slot of each head row (host, reused)
     head_slots.clear();
@@ -239,17 +281,88 @@ class Decoder {
       head_slots.assign(slots.begin(), slots.end());
     }
     const index_t hr = ssize(head_slots);
-    const MatrixView<T> lnf{ws + lnf_, hr, d}, logits{ws + logits_, hr, vocab};
-    be.layernorm_forward(lnf, std::span<T>(ws + mean_, std::size_t(hr)), std::span<T>(ws + rstd_, std::size_t(hr)),
-                         x, model_.params().subspan(std::size_t(Model::core::ln_f_offset), std::size_t(d)),
-                         model_.params().subspan(std::size_t(Model::core::ln_f_offset + d), std::size_t(d)));
-    be.linear_forward(logits, MatrixView<const T>(lnf), wte, std::span<const T>{});  // tied head
+    const MatrixView<T> logits{ws + logits_, hr, vocab};
+    head(x, logits);
     for (index_t r = 0; r < hr; ++r)
       be.copy(std::span<T>(ws + last_ + head_slots[std::size_t(r)] * vocab, std::size_t(vocab)),
               std::span<const T>(logits.row(r), std::size_t(vocab)));
-    for (index_t r = 0; r < rows; ++r) ++length_[std::size_t(slots[std::size_t(r)])];
+    advance(slots);
     return logits;
   }
+
+  // The rows through the embedding and every part: their residual stream [rows × d]. Row r is token tok[r] at
+  // position pos[r] of sequence slot[r] (backend memory). x_0 = wte[token] + wpe[position]; a RoPE model has no
+  // wpe (x_0 = wte[token]): its attention modules rotate queries and keys by pos instead.
+  MatrixView<const T> forward(index_t rows, std::span<const index_t> slot, std::span<const index_t> pos,
+                              std::span<const token_t> tok) {
+    auto& be = model_.backend();
+    T* ws = ws_.data();
+    const T* p = model_.params().data();
+    be.embedding_forward(MatrixView<T>{ws + x0_, rows, d}, tok, model_.param(Model::layout[0]), model_.wpe(), pos);
+    MatrixView<const T> x{ws + x0_, rows, d};
+    if constexpr (ok)
+      for_each_part([&]<std::size_t i, class E>() {
+        x = E::decode(be, p + Model::core::part_offset[i], ws, std::get<i>(plans_), x, slot, pos, slots_, max_len_, tok);
+      });
+    return x;
+  }
+  // logits = LN_f(x) · wteᵀ (the tied head).
+  void head(MatrixView<const T> x, MatrixView<T> logits) {
+    auto& be = model_.backend();
+    T* ws = ws_.data();
+    const index_t hr = x.rows;
+    const MatrixView<T> lnf{ws + lnf_, hr, d};
+    be.layernorm_forward(lnf, std::span<T>(ws + mean_, std::size_t(hr)), std::span<T>(ws + rstd_, std::size_t(hr)),
+                         x, model_.params().subspan(std::size_t(Model::core::ln_f_offset), std::size_t(d)),
+                         model_.params().subspan(std::size_t(Model::core::ln_f_offset + d), std::size_t(d)));
+    be.linear_forward(logits, MatrixView<const T>(lnf), model_.param(Model::layout[0]), std::span<const T>{});
+  }
+  void advance(std::span<const index_t> slots) {
+    for (const index_t s : slots) ++length_[std::size_t(s)];
+  }
+
+  // A whole step's ops (ops(): enqueues them). With graphs: the first whole step (and the first after the
+  // parameters' buffer or the backend's precision changed) runs op by op, so that what grows on first use grows
+  // outside a recording; the next is recorded; the rest replay it. A refused recording: op by op from then on.
+  template <class Ops>
+  void run_whole(Ops&& ops) {
+    if constexpr (records_graphs) {
+      if (use_graphs_ && graph_state_ != GraphState::failed) {
+        auto& be = model_.backend();
+        const GraphKey key = graph_key();
+        if (graph_state_ == GraphState::warm && key == graph_key_) {
+          try {
+            graph_ = be.record(ops);
+            graph_state_ = GraphState::recorded;
+          } catch (const Error&) {
+            graph_state_ = GraphState::failed;  // and this step op by op, below
+          }
+        }
+        if (graph_state_ == GraphState::recorded && key == graph_key_) {
+          be.replay(graph_);
+          ++graph_steps_;
+          return;
+        }
+        if (graph_state_ != GraphState::failed) {
+          graph_state_ = GraphState::warm;
+          graph_key_ = key;
+        }
+      }
+    }
+    ops();
+  }
+  // What a recorded step depends on beyond the workspace: the parameters' buffer and the backend's precision.
+  struct GraphKey {
+    const T* params = nullptr;
+    int precision = 0;
+    bool operator==(const GraphKey&) const = default;
+  };
+  GraphKey graph_key() {
+    GraphKey k{model_.params().data(), 0};
+    if constexpr (requires { model_.backend().precision(); }) k.precision = int(model_.backend().precision());
+    return k;
+  }
+  enum class GraphState { none, warm, recorded, failed };
 
  public:
   // One token for every slot, in slot order.
@@ -310,6 +423,11 @@ class Decoder {
 
   Instance& model_;
   index_t slots_, max_len_, rows_cap_ = 0;
+  bool use_graphs_ = true;
+  GraphState graph_state_ = GraphState::none;
+  GraphKey graph_key_{};
+  Graph graph_{};
+  index_t graph_steps_ = 0;
   Plans plans_{};
   index_t x0_ = 0, lnf_ = 0, mean_ = 0, rstd_ = 0, logits_ = 0, last_ = 0, last_rows_ = 0;
   index_t slot_dev_ = 0, pos_dev_ = 0, tok_dev_ = 0;  // the rows' slots, positions, tokens in backend memory

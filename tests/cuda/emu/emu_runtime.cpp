@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <new>
 #include <vector>
@@ -49,7 +50,33 @@ void note_copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kin
   if (kind == cudaMemcpyDeviceToDevice || (kind == cudaMemcpyDefault && on_device(dst) && on_device(src)))
     d2d_bytes += long(bytes);
 }
+
+// Stream capture (CUDA graphs), in the thread-local mode the backend uses: between cudaStreamBeginCapture and
+// cudaStreamEndCapture the work enqueued on a stream is recorded, not run (kernel launches through
+// emulate.hpp, memsets, device-to-device copies, GEMMs); what a capture forbids (a host wait, an allocation, a
+// copy to or from host memory) fails and invalidates the capture, as the real runtime does. A graph is the
+// recorded list; cudaGraphLaunch runs it in order (one graph launch, no kernel launches counted).
+struct EmuGraph {
+  std::vector<std::function<void()>> ops;
+};
+bool capturing = false, capture_invalid = false, replaying = false;
+std::vector<std::function<void()>> captured;
+long graph_launches = 0;
+// What a capture refuses: the capture is invalidated and the call fails.
+cudaError_t refuse_in_capture() {
+  capture_invalid = true;
+  return cudaErrorStreamCaptureUnsupported;
+}
+// Runs op now, or records it while a stream is captured.
+template <class F>
+void enqueue(F&& op) {
+  if (capturing) captured.emplace_back(std::forward<F>(op));
+  else op();
+}
 }  // namespace
+
+bool mom_emu_capturing() noexcept { return capturing; }
+void mom_emu_record(std::function<void()> op) { captured.push_back(std::move(op)); }
 
 extern "C" {
 
@@ -64,8 +91,11 @@ long mom_emu_gemm_flops() { return gemm_flops; }
 long mom_emu_unaligned_gemms() { return unaligned_gemms; }
 long mom_emu_staging_copies() { return staging_copies; }
 long mom_emu_staging_bytes() { return staging_bytes; }
+long mom_emu_graph_launches() { return graph_launches; }
 // Called by the emulated kernels (mom/backend/cuda/emulate.hpp, kernels/linear.cuh).
-void mom_emu_note_launch() noexcept { ++launches; }
+void mom_emu_note_launch() noexcept {
+  if (!replaying) ++launches;  // a kernel a graph's recorded stand-in launches is one of the graph's nodes
+}
 void mom_emu_note_staging(std::size_t fp32_bytes) noexcept {
   ++staging_copies;
   staging_bytes += long(fp32_bytes);
@@ -91,6 +121,7 @@ const char* cudaGetErrorName(cudaError_t) { return "cudaErrorEmulated"; }
 const char* cudaGetErrorString(cudaError_t) { return "emulated CUDA runtime error"; }
 cudaError_t cudaSetDevice(int) { return cudaSuccess; }
 cudaError_t cudaDeviceSynchronize(void) {
+  if (capturing) return refuse_in_capture();
   ++host_waits;
   return cudaSuccess;
 }
@@ -100,23 +131,73 @@ cudaError_t cudaStreamCreate(cudaStream_t* s) {
 }
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  if (capturing) return refuse_in_capture();
   ++host_waits;
   return cudaSuccess;
 }
 
+cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
+  if (capturing) return cudaErrorIllegalState;
+  capturing = true;
+  capture_invalid = false;
+  captured.clear();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t* graph) {
+  if (!capturing) return cudaErrorIllegalState;
+  capturing = false;
+  *graph = nullptr;
+  if (capture_invalid) {
+    captured.clear();
+    return cudaErrorStreamCaptureInvalidated;
+  }
+  *graph = reinterpret_cast<cudaGraph_t>(new EmuGraph{std::move(captured)});
+  captured.clear();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* status) {
+  *status = capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  if (!graph) return cudaErrorInvalidValue;
+  *exec = reinterpret_cast<cudaGraphExec_t>(new EmuGraph(*reinterpret_cast<EmuGraph*>(graph)));
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t) {
+  if (!exec) return cudaErrorInvalidValue;
+  if (capturing) return refuse_in_capture();  // not needed by the backend
+  ++graph_launches;
+  replaying = true;
+  for (const auto& op : reinterpret_cast<const EmuGraph*>(exec)->ops) op();
+  replaying = false;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete reinterpret_cast<EmuGraph*>(exec);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete reinterpret_cast<EmuGraph*>(graph);
+  return cudaSuccess;
+}
+
 cudaError_t cudaMalloc(void** p, size_t bytes) {
+  if (capturing) return refuse_in_capture();
   ++allocations;
   *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
   if (*p) device_ranges()[reinterpret_cast<std::uintptr_t>(*p)] = bytes;
   return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 cudaError_t cudaFree(void* p) {
+  if (capturing) return refuse_in_capture();
   ++allocations;  // synchronises the device on a real runtime
   device_ranges().erase(reinterpret_cast<std::uintptr_t>(p));
   std::free(p);
   return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  if (capturing) return refuse_in_capture();
   ++allocations;
   *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
   return *p ? cudaSuccess : cudaErrorMemoryAllocation;
@@ -127,32 +208,49 @@ cudaError_t cudaFreeHost(void* p) {
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  if (capturing) return refuse_in_capture();  // the legacy stream, which a capture may not touch
   memset_bytes += long(bytes);
   std::memset(p, value, bytes);
   return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) { return cudaMemset(p, value, bytes); }
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
+  enqueue([=] {
+    memset_bytes += long(bytes);
+    std::memset(p, value, bytes);
+  });
+  return cudaSuccess;
+}
 cudaError_t cudaMemset2DAsync(void* p, size_t pitch, int value, size_t width, size_t height, cudaStream_t) {
-  memset_bytes += long(width * height);
-  for (size_t r = 0; r < height; ++r) std::memset(static_cast<char*>(p) + r * pitch, value, width);
+  enqueue([=] {
+    memset_bytes += long(width * height);
+    for (size_t r = 0; r < height; ++r) std::memset(static_cast<char*>(p) + r * pitch, value, width);
+  });
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (capturing) return refuse_in_capture();
   ++host_waits;  // blocking
   note_copy(dst, src, bytes, kind);
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
+// A captured copy must stay on the device (the backend's host copies are pageable memory, which a graph cannot hold).
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
-  note_copy(dst, src, bytes, kind);
-  std::memmove(dst, src, bytes);
+  if (capturing && !(on_device(dst) && on_device(src))) return refuse_in_capture();
+  enqueue([=] {
+    note_copy(dst, src, bytes, kind);
+    std::memmove(dst, src, bytes);
+  });
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
                               cudaMemcpyKind kind, cudaStream_t) {
-  if (height > 0) note_copy(dst, src, width * height, kind);
-  for (size_t r = 0; r < height; ++r)
-    std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
+  if (capturing && !(on_device(dst) && on_device(src))) return refuse_in_capture();
+  enqueue([=] {
+    if (height > 0) note_copy(dst, src, width * height, kind);
+    for (size_t r = 0; r < height; ++r)
+      std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
+  });
   return cudaSuccess;
 }
 
@@ -262,13 +360,41 @@ cublasStatus_t gemm_ex(cublasOperation_t transa, cublasOperation_t transb, int m
     return CUBLAS_STATUS_NOT_SUPPORTED;
   return CUBLAS_STATUS_SUCCESS;
 }
+
+// A GEMM enqueued on the stream: run now, or (captured) recorded with its scalars copied, as cuBLAS reads host
+// scalars when it is called. Its arguments were valid when the same GEMM ran outside the capture (the decoder
+// records a step after running one); a recorded one that fails when replayed stops the run.
+template <class F>
+cublasStatus_t enqueue_gemm(F&& gemm) {
+  if (!capturing) return gemm();
+  captured.emplace_back([gemm] {
+    if (gemm() != CUBLAS_STATUS_SUCCESS) {
+      std::fprintf(stderr, "emulated CUDA graph: a recorded GEMM failed when replayed\n");
+      std::abort();
+    }
+  });
+  return CUBLAS_STATUS_SUCCESS;
+}
+struct Scalars {  // alpha and beta by value: float or double
+  double alpha = 0, beta = 0;
+  float alpha_f = 0, beta_f = 0;
+  Scalars(const void* a, const void* b, bool dbl) {
+    if (dbl) alpha = *static_cast<const double*>(a), beta = *static_cast<const double*>(b);
+    else alpha_f = *static_cast<const float*>(a), beta_f = *static_cast<const float*>(b);
+  }
+  const void* a(bool dbl) const { return dbl ? static_cast<const void*>(&alpha) : &alpha_f; }
+  const void* b(bool dbl) const { return dbl ? static_cast<const void*>(&beta) : &beta_f; }
+};
 }  // namespace
 
 extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
                                        int k, const void* alpha, const void* A, cudaDataType Atype, int lda,
                                        const void* B, cudaDataType Btype, int ldb, const void* beta, void* C,
                                        cudaDataType Ctype, int ldc, cublasComputeType_t, cublasGemmAlgo_t) {
-  return gemm_ex(transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C, Ctype, ldc);
+  const bool dbl = Ctype == CUDA_R_64F;
+  return enqueue_gemm([=, sc = Scalars(alpha, beta, dbl)] {
+    return gemm_ex(transa, transb, m, n, k, sc.a(dbl), A, Atype, lda, B, Btype, ldb, sc.b(dbl), C, Ctype, ldc);
+  });
 }
 
 // ---- cuBLASLt, as the backend uses it (lt.hpp): D = alpha·op(A)·op(B) with the epilogue DEFAULT or BIAS (a vector
@@ -379,15 +505,18 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
   const auto m = ld.rows, n = ld.cols, k = at ? la.rows : la.cols;
   if ((at ? la.cols : la.rows) != m || (bt ? lb.rows : lb.cols) != n || (bt ? lb.cols : lb.rows) != k)
     return CUBLAS_STATUS_INVALID_VALUE;
-  const float one = 1.0f, zero = 0.0f;
-  if (o.epilogue == CUBLASLT_EPILOGUE_BIAS) {
-    if (!o.bias) return CUBLAS_STATUS_INVALID_VALUE;
-    const float* bias = static_cast<const float*>(o.bias);
-    float* out = static_cast<float*>(D);
-    for (std::uint64_t j = 0; j < n; ++j)
-      for (std::uint64_t i = 0; i < m; ++i) out[i + j * std::uint64_t(ld.ld)] = bias[i];
-  }
-  return gemm_ex(o.ta, o.tb, int(m), int(n), int(k), alpha, A, la.type, int(la.ld), B, lb.type, int(lb.ld),
-                 o.epilogue == CUBLASLT_EPILOGUE_BIAS ? &one : &zero, D, CUDA_R_32F, int(ld.ld));
+  if (o.epilogue == CUBLASLT_EPILOGUE_BIAS && !o.bias) return CUBLAS_STATUS_INVALID_VALUE;
+  // The descriptors' fields by value: a recorded matmul runs with them as they were when it was enqueued.
+  return enqueue_gemm([o, la, lb, ld, m, n, k, A, B, D, a = *static_cast<const float*>(alpha)] {
+    const float one = 1.0f, zero = 0.0f;
+    if (o.epilogue == CUBLASLT_EPILOGUE_BIAS) {
+      const float* bias = static_cast<const float*>(o.bias);
+      float* out = static_cast<float*>(D);
+      for (std::uint64_t j = 0; j < n; ++j)
+        for (std::uint64_t i = 0; i < m; ++i) out[i + j * std::uint64_t(ld.ld)] = bias[i];
+    }
+    return gemm_ex(o.ta, o.tb, int(m), int(n), int(k), &a, A, la.type, int(la.ld), B, lb.type, int(lb.ld),
+                   o.epilogue == CUBLASLT_EPILOGUE_BIAS ? &one : &zero, D, CUDA_R_32F, int(ld.ld));
+  });
 }
 }  // extern "C"

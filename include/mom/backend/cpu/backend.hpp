@@ -165,6 +165,7 @@ struct Backend {
   void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w, Store dx_store = Store::add) const;
 
   void embedding_forward(M out, Tok tokens, CM wte, CM wpe, index_t seq) const;
+  void embedding_forward(M out, Tok tokens, CM wte, CM wpe, std::span<const index_t> pos) const;  // row r at pos[r]
   void embedding_backward(M dwte, M dwpe, CM dout, Tok tokens, index_t seq) const;
 
   // Incremental decoding (cpu/decode.hpp): the key/value cache of one attention use.

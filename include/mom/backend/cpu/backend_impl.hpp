@@ -29,6 +29,11 @@ void Backend<T>::embedding_forward(M out, Tok tokens, CM wte, CM wpe, index_t se
 }
 
 template <class T>
+void Backend<T>::embedding_forward(M out, Tok tokens, CM wte, CM wpe, std::span<const index_t> pos) const {
+  cpu::embedding_forward<T>(out, tokens, wte, wpe, pos);
+}
+
+template <class T>
 void Backend<T>::embedding_backward(M dwte, M dwpe, CM dout, Tok tokens, index_t seq) const {
   cpu::embedding_backward<T>(dwte, dwpe, dout, tokens, seq);
 }

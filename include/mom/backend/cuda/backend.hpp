@@ -23,11 +23,13 @@
 //   routed_ops.hpp     the ops of routed models: routing, dispatch, depth, grouped (detail::RoutedOps<T>)
 //   staging.hpp        the bf16 GEMM staging and the dispatch scratch, grown only outside a step
 //   device_errors.hpp  the index errors kernels record on the device, thrown at the next sync
+//   graph.hpp          CUDA graphs: record / replay the ops a function enqueues (the decoder's step)
 //
 // This header is host C++: it compiles with g++ or clang++; only mom_cuda.cu needs nvcc.
 #include <memory>
 #include <span>
 #include <type_traits>
+#include <utility>
 
 #include "mom/backend/backend_concept.hpp"
 #include "mom/backend/cpu/optim.hpp"  // AdamWConfig (plain struct, no Eigen)
@@ -35,6 +37,7 @@
 #include "mom/backend/cuda/check.hpp"
 #include "mom/backend/cuda/depth_kernels.hpp"
 #include "mom/backend/cuda/device_errors.hpp"
+#include "mom/backend/cuda/graph.hpp"
 #include "mom/backend/cuda/grouped_kernels.hpp"
 #include "mom/backend/cuda/kernels.hpp"
 #include "mom/backend/cuda/ops.hpp"
@@ -227,6 +230,19 @@ struct Backend : detail::RoutedOps<T> {
   // modules, so that no later call allocates (token dispatch: docs/design.md, "Data and the hot path").
   // Call once, outside the training step.
   void reserve_dispatch(index_t n_pairs, index_t n_modules) const { cuda::reserve_dispatch(*ctx_, n_pairs, n_modules); }
+
+  // ---- CUDA graphs (graph.hpp) ------------------------------------------------------------------
+  // record(f): the ops f() enqueues on this backend, recorded as one graph and not run; throws mom::Error (nothing
+  // run, the stream usable) if f waits for the GPU, allocates or copies from host memory. replay(g): enqueues
+  // them, one launch. Run f's ops once before recording them, so that what grows on first use (the bf16
+  // staging, cuBLASLt's plans, the dispatch scratch) is in place.
+  using Graph = cuda::Graph;
+  template <class F>
+  Graph record(F&& f) const {
+    MOM_CUDA_CHECK(cudaSetDevice(ctx_->device), "record");
+    return detail::record_graph(ctx_->stream, std::forward<F>(f));
+  }
+  void replay(const Graph& g) const { detail::replay_graph(ctx_->stream, g); }
 
  private:
   using Base::ctx_;

@@ -36,6 +36,7 @@ inline void check_device_errors(const Context& ctx) {
     case DeviceError::decode_position: op = "stick_breaking_decode", what = "slot or position"; break;
     case DeviceError::kv_write_position: op = "kv_write", what = "slot or position"; break;
     case DeviceError::attention_decode_position: op = "attention_decode", what = "slot or position"; break;
+    case DeviceError::embedding_position: op = "embedding_forward", what = "position"; break;
     case DeviceError::group_offsets:
       mom::detail::fail("grouped op: group offsets must be non-decreasing in [0, ", e[3], "]; offsets[", e[1],
                         "] = ", e[2], " (found on the device)");

@@ -48,6 +48,11 @@
 // fp32 bytes it reads). Outside the blocks' loops: a launch costs one increment.
 extern "C" void mom_emu_note_launch() noexcept;
 extern "C" void mom_emu_note_staging(std::size_t fp32_bytes) noexcept;
+// Stream capture (CUDA graphs) in the emulated runtime: while a stream is captured, work enqueued on it is
+// recorded (its arguments copied), not run, and cudaGraphLaunch runs the recorded work in order. The kernels'
+// launches and the runtime's host stand-ins (the emulated group_by_module, cuBLAS) enqueue through here.
+bool mom_emu_capturing() noexcept;
+void mom_emu_record(std::function<void()> op);
 
 namespace mom::cuda::dev {
 
@@ -313,13 +318,10 @@ A max(A a, A b) {
 // sized by the launch, shared by the block's fibers; kernels reach it through dynamic_smem().
 inline thread_local std::vector<std::max_align_t> emu_dynamic_smem;
 
-// Runs body() as kernel<<<grid, block, smem_bytes>>>: blocks in order, each as blockDim fibers.
-template <class F>
-void emulate_launch(dim3 grid, dim3 block, F&& body, std::size_t smem_bytes = 0) {
-  mom_emu_note_launch();
+// Runs fn() as kernel<<<grid, block, smem_bytes>>>: blocks in order, each as blockDim fibers.
+inline void emulate_run(dim3 grid, dim3 block, const std::function<void()>& fn, std::size_t smem_bytes) {
   EmuScheduler& s = EmuScheduler::get();
   emu_dynamic_smem.assign((smem_bytes + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t), std::max_align_t{});
-  const std::function<void()> fn = std::forward<F>(body);
   s.body = &fn;
   blockDim = block;
   gridDim = grid;
@@ -331,6 +333,20 @@ void emulate_launch(dim3 grid, dim3 block, F&& body, std::size_t smem_bytes = 0)
         s.run_block(n);
       }
   s.body = nullptr;
+}
+
+// kernel<<<grid, block, smem_bytes>>>: runs body() now, or (a stream being captured) records it to run when the
+// graph is launched; body then owns copies of the kernel's arguments (launch() passes them by value).
+template <class F>
+void emulate_launch(dim3 grid, dim3 block, F&& body, std::size_t smem_bytes = 0) {
+  if (mom_emu_capturing()) {
+    mom_emu_record([grid, block, smem_bytes, fn = std::function<void()>(std::forward<F>(body))] {
+      emulate_run(grid, block, fn, smem_bytes);
+    });
+    return;
+  }
+  mom_emu_note_launch();
+  emulate_run(grid, block, std::function<void()>(std::forward<F>(body)), smem_bytes);
 }
 
 }  // namespace mom::cuda::dev

@@ -41,6 +41,7 @@ enum class DeviceError : int {
   decode_position,  // stick_breaking_decode: a slot or position outside the cache (the row is skipped)
   kv_write_position,          // kv_write: the same
   attention_decode_position,  // attention_decode: the same
+  embedding_position,         // embedding_forward at rows' own positions: a position outside wpe (the row is skipped)
 };
 
 // Precision of float matrix products (double always runs in fp64): the GEMMs (cuBLAS and the
@@ -126,7 +127,9 @@ struct Kernels {
   // acc[c] += Σ_r m(r, c) (bias gradients); atomics across row chunks.
   static void add_column_sums(const Context& ctx, T* acc, CM m);
 
-  static void embedding_forward(const Context& ctx, M out, const token_t* tokens, CM wte, CM wpe, index_t seq);
+  // Row t at position t mod seq, or at pos[t] when pos is given.
+  static void embedding_forward(const Context& ctx, M out, const token_t* tokens, CM wte, CM wpe, index_t seq,
+                                const index_t* pos = nullptr);
   static void embedding_backward(const Context& ctx, M dwte, M dwpe, CM dout, const token_t* tokens, index_t seq,
                                  index_t vocab);
 

@@ -143,6 +143,12 @@ class DenseOps {
     check_embedding_shapes("embedding_forward", out, tokens, wte, wpe, seq);
     K::embedding_forward(*ctx_, out, tokens.data(), wte, wpe, seq);
   }
+  // Rows at positions of their own (a decode step's): pos in device memory; a position outside wpe is reported at
+  // the next sync (the row is skipped).
+  void embedding_forward(M out, Tok tokens, CM wte, CM wpe, std::span<const index_t> pos) const {
+    checks::embedding_at_shapes<T>("embedding_forward", out, tokens, wte, wpe, ssize(pos));
+    K::embedding_forward(*ctx_, out, tokens.data(), wte, wpe, 1, pos.data());
+  }
   // dwte[tokens[t]] += dout[t] (atomics: ids repeat), dwpe[t mod seq] += dout[t].
   void embedding_backward(M dwte, M dwpe, CM dout, Tok tokens, index_t seq) const {
     const CM wte = dwte.empty() ? CM(dout.data, std::numeric_limits<token_t>::max(), dout.cols) : CM(dwte);

@@ -54,7 +54,7 @@ void launch(const char* op, const Context& ctx, dim3 grid, dim3 block, void (*ke
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
 #if defined(MOM_CUDA_EMULATE)
   (void)ctx;
-  emulate_launch(grid, block, [&] { kernel(static_cast<Params>(args)...); });
+  emulate_launch(grid, block, [kernel, ... a = static_cast<Params>(args)] { kernel(a...); });  // by value: recordable
 #else
   kernel<<<grid, block, 0, ctx.stream>>>(static_cast<Params>(args)...);
 #endif
@@ -77,7 +77,7 @@ void launch_smem(const char* op, const Context& ctx, dim3 grid, dim3 block, std:
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
 #if defined(MOM_CUDA_EMULATE)
   (void)ctx;
-  emulate_launch(grid, block, [&] { kernel(static_cast<Params>(args)...); }, smem);
+  emulate_launch(grid, block, [kernel, ... a = static_cast<Params>(args)] { kernel(a...); }, smem);
 #else
   MOM_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),

@@ -1,5 +1,6 @@
 #pragma once
-// Token + position embedding, forward and backward (cpu/embedding.hpp); an empty wpe: token embedding only.
+// Token + position embedding, forward and backward (cpu/embedding.hpp); an empty wpe: token embedding only. The
+// forward takes row t's position as t mod seq, or pos[t] (device memory) for rows at positions of their own.
 #include "mom/backend/cuda/kernels/common.cuh"
 
 namespace mom::cuda {
@@ -10,7 +11,7 @@ namespace dev {
 
 template <class T>
 __global__ void embedding_forward_kernel(MatrixView<T> out, const token_t* tokens, MatrixView<const T> wte,
-                                         MatrixView<const T> wpe, index_t seq, int* error) {
+                                         MatrixView<const T> wpe, index_t seq, const index_t* pos, int* error) {
   const index_t d = out.cols;
   MOM_GRID_STRIDE(e, out.rows * d) {
     const index_t t = e / d, c = e % d;
@@ -20,7 +21,16 @@ __global__ void embedding_forward_kernel(MatrixView<T> out, const token_t* token
       continue;
     }
     const T e_tok = wte.data[index_t(tok) * wte.ld + c];
-    out.data[t * out.ld + c] = wpe.data ? e_tok + wpe.data[(t % seq) * wpe.ld + c] : e_tok;  // no wpe: RoPE model
+    if (!wpe.data) {  // no wpe: RoPE model
+      out.data[t * out.ld + c] = e_tok;
+      continue;
+    }
+    const index_t p = pos ? pos[t] : t % seq;
+    if (p < 0 || p >= wpe.rows) {
+      if (c == 0) report(error, DeviceError::embedding_position, t, p, wpe.rows);
+      continue;
+    }
+    out.data[t * out.ld + c] = e_tok + wpe.data[p * wpe.ld + c];
   }
 }
 
@@ -48,9 +58,10 @@ __global__ void embedding_backward_kernel(MatrixView<T> dwte, MatrixView<T> dwpe
 // ---- launchers --------------------------------------------------------------------------------
 
 template <class T>
-void Kernels<T>::embedding_forward(const Context& ctx, M out, const token_t* tokens, CM wte, CM wpe, index_t seq) {
+void Kernels<T>::embedding_forward(const Context& ctx, M out, const token_t* tokens, CM wte, CM wpe, index_t seq,
+                                   const index_t* pos) {
   dev::launch("embedding_forward", ctx, dev::blocks_for(out.rows * out.cols), dev::threads,
-              dev::embedding_forward_kernel<T>, out, tokens, wte, wpe, seq, ctx.error);
+              dev::embedding_forward_kernel<T>, out, tokens, wte, wpe, seq, pos, ctx.error);
 }
 template <class T>
 void Kernels<T>::embedding_backward(const Context& ctx, M dwte, M dwpe, CM dout, const token_t* tokens, index_t seq,

@@ -253,18 +253,24 @@ void slots_to_rows(const Context& ctx, token_t* rows, const token_t* slots, inde
 // Emulation: "device" memory is host memory; a stable sort and a scan stand in for CUB.
 std::size_t group_by_module_temp_bytes(index_t, index_t) { return 1; }
 
+// Stream-ordered as on a GPU: while a stream is captured (a CUDA graph) the whole of it is recorded, to run when
+// the graph is launched.
 void group_by_module(const Context& ctx, token_t* sorted_ids, token_t* sorted_modules, token_t* offsets, int* counts,
                      const token_t* modules, index_t n, index_t n_modules, DeviceError code) {
-  std::fill(counts, counts + n_modules + 1, 0);
-  dev::launch("group_by_module", ctx, dev::blocks_for(n), dev::threads, dev::module_histogram_kernel, ctx.pair_ids,
-              counts, modules, n, n_modules, ctx.error, code);
-  std::vector<token_t> ids(ctx.pair_ids, ctx.pair_ids + n);
-  std::stable_sort(ids.begin(), ids.end(), [&](token_t a, token_t b) { return modules[a] < modules[b]; });
-  for (index_t j = 0; j < n; ++j) {
-    sorted_ids[j] = ids[static_cast<std::size_t>(j)];
-    sorted_modules[j] = modules[ids[static_cast<std::size_t>(j)]];
-  }
-  std::exclusive_scan(counts, counts + n_modules + 1, offsets, 0);
+  const auto run = [&ctx, sorted_ids, sorted_modules, offsets, counts, modules, n, n_modules, code] {
+    std::fill(counts, counts + n_modules + 1, 0);
+    dev::launch("group_by_module", ctx, dev::blocks_for(n), dev::threads, dev::module_histogram_kernel, ctx.pair_ids,
+                counts, modules, n, n_modules, ctx.error, code);
+    std::vector<token_t> ids(ctx.pair_ids, ctx.pair_ids + n);
+    std::stable_sort(ids.begin(), ids.end(), [&](token_t a, token_t b) { return modules[a] < modules[b]; });
+    for (index_t j = 0; j < n; ++j) {
+      sorted_ids[j] = ids[static_cast<std::size_t>(j)];
+      sorted_modules[j] = modules[ids[static_cast<std::size_t>(j)]];
+    }
+    std::exclusive_scan(counts, counts + n_modules + 1, offsets, 0);
+  };
+  if (::mom_emu_capturing()) ::mom_emu_record(run);
+  else run();
 }
 #else
 // Not inline: defined in mom_cuda.cu alone.
