@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <span>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -144,6 +145,19 @@ StepCounts measure_step(const cuda::Backend<T>& be, Step&& step) {
   step();
   out.step = EmuCounters::now() - before;
   return out;
+}
+
+// The next sync throws the index error a kernel recorded (its text contains `what`); the sync after it passes (the
+// error was consumed).
+template <class T>
+void require_device_error(const cuda::Backend<T>& be, const std::string& what) {
+  try {
+    be.sync();
+    FAIL("no device error was raised; expected one with: " << what);
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains(what));
+  }
+  be.sync();
 }
 
 }  // namespace mom::test
