@@ -25,7 +25,10 @@ TEMPLATE_TEST_CASE("selection entropy regularisers match cpu (MoEUT per sequence
     index_t batch, seq, C;
     double coef, cond;
   };
-  for (const Case c : {Case{3, 17, 43, 0.01, 0.0}, Case{1, 64, 9, 0.05, -0.05}, Case{2, 300, 4, -0.2, 0.0}}) {
+  // A sequence's rows in chunks of at least 64 on blocks of their own: one chunk (17, 64 rows), several with a
+  // ragged last one (300 rows: 5 chunks of 60; 1000 rows: 16 chunks of 63, the last of 55).
+  for (const Case c : {Case{3, 17, 43, 0.01, 0.0}, Case{1, 64, 9, 0.05, -0.05}, Case{2, 300, 4, -0.2, 0.0},
+                       Case{1, 1000, 16, 0.05, -0.05}}) {
     INFO("batch " << c.batch << " seq " << c.seq << " classes " << c.C << " coefficients " << c.coef << ", " << c.cond);
     const index_t n = c.batch * c.seq;
     auto logits = rand_arr<T>(n * c.C, rng, -3, 3);

@@ -61,6 +61,7 @@ inline void destroy_context(Context* c) noexcept {
   if (c->stream) (void)cudaStreamDestroy(c->stream);
   (void)cudaFree(c->error);
   (void)cudaFree(c->partials);
+  (void)cudaFree(c->entropy);
   (void)cudaFree(c->count);
   (void)cudaFree(c->cub_temp);
   (void)cudaFree(c->pair_ids);
@@ -88,6 +89,8 @@ inline std::shared_ptr<Context> make_context(int device) {
   c.lt_plans = new LtPlans;
   MOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c.error), 4 * sizeof(int)), "cuda::Backend");
   MOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c.partials), Context::reduce_blocks * sizeof(double)),
+                 "cuda::Backend");
+  MOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c.entropy), std::size_t(Context::entropy_partials) * sizeof(double)),
                  "cuda::Backend");
   MOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c.count), sizeof(int)), "cuda::Backend");
   MOM_CUDA_CHECK(cudaMemset(c.error, 0, 4 * sizeof(int)), "cuda::Backend");

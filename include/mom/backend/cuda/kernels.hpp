@@ -64,7 +64,9 @@ struct LtPlans;  // lt.hpp
 
 struct Context {
   static constexpr int reduce_blocks = 1024;  // grid of the two-pass reductions (grad_norm)
-  static constexpr int entropy_classes = 1024;  // most classes selection_entropy_forward takes (shared memory)
+  static constexpr int entropy_classes = 1024;  // most classes selection_entropy_forward takes
+  // selection_entropy_forward's per-chunk column sums: room for every sequence's (classes + 1) at one chunk each.
+  static constexpr index_t entropy_partials = index_t(reduce_blocks) * (entropy_classes + 1);
 
   int device = 0;
   cudaStream_t stream = nullptr;
@@ -79,6 +81,7 @@ struct Context {
   index_t bf16_stage_grows = 0;           // how often the staging buffer grew (tests: never inside a step)
   int* error = nullptr;            // device [4]: DeviceError code, position, value, bound
   double* partials = nullptr;      // device [reduce_blocks]
+  double* entropy = nullptr;       // device [entropy_partials]
   int* count = nullptr;            // device [1]: non-ignored targets of the last cross-entropy call
   void* cub_temp = nullptr;        // device: CUB temp storage for group_by_module
   std::size_t cub_temp_bytes = 0;

@@ -108,17 +108,21 @@ __global__ void balance_sum_kernel(T* loss_out, const double* terms, index_t E, 
   if (threadIdx.x == 0) loss_out[0] = T(double(coef) * double(E) * s);
 }
 
-// Selection entropy regularisers (cpu/routing.hpp, selection_entropy_forward): block b handles sequence
-// b. Thread per row: the softmax rows into dlogits (and its Σ s log s); thread per class: p[e], the
-// marginal term's gradient weights g[e] (shared memory) and Σ p log p; the block's weighted loss terms
-// into partials[b]; thread per row: dlogits_t = s_t ⊙ (g + cond_coef·log s_t / n − ⟨s_t, ·⟩).
+// Selection entropy regularisers (cpu/routing.hpp, selection_entropy_forward), in three kernels over chunks of a
+// sequence's rows (one block a chunk, so that one long "sequence", ModuleFormer's whole batch, spreads over the GPU:
+// the single block per sequence this replaces took 24 ms of a moduleformer8 step on an H200, bench/RESULTS.md):
+//   1. block (c, b), thread per row: the softmax rows of chunk c of sequence b into dlogits (and Σ s log s); thread
+//      per class: the chunk's column sums; both into part[(b·chunks + c)·(C + 1) + ·] (doubles);
+//   2. block b, thread per class: p[e] = Σ_c column sums / seq, Σ p log p, and the marginal term's gradient weight
+//      g[e], written over chunk 0's column sum e; the sequence's weighted loss terms into partials[b];
+//   3. thread per row: dlogits_t = s_t ⊙ (g + cond_coef·log s_t / n − ⟨s_t, ·⟩).
 template <class T>
-__global__ void selection_entropy_kernel(double* partials, MatrixView<T> dlogits, MatrixView<const T> logits,
-                                         index_t batch, index_t seq, T coef, T cond_coef) {
-  __shared__ T g[Context::entropy_classes];
-  const index_t b = blockIdx.x, C = logits.cols, r0 = b * seq, n = batch * seq;
+__global__ void entropy_softmax_kernel(double* part, MatrixView<T> dlogits, MatrixView<const T> logits, index_t seq,
+                                       index_t rows, index_t chunks, T cond_coef) {
+  const index_t c = blockIdx.x, b = blockIdx.y, C = logits.cols, r0 = b * seq;
+  const index_t t0 = c * rows, t1 = t0 + rows < seq ? t0 + rows : seq;
   double cond = 0;
-  for (index_t t = threadIdx.x; t < seq; t += blockDim.x) {
+  for (index_t t = t0 + index_t(threadIdx.x); t < t1; t += blockDim.x) {
     const T* z = logits.data + (r0 + t) * logits.ld;
     T* s = dlogits.data + (r0 + t) * dlogits.ld;
     T m = z[0];
@@ -132,23 +136,43 @@ __global__ void selection_entropy_kernel(double* partials, MatrixView<T> dlogits
     }
   }
   __syncthreads();
-  double marg = 0;
+  double* out = part + (b * chunks + c) * (C + 1);
   for (index_t e = threadIdx.x; e < C; e += blockDim.x) {
-    T pe = 0;
-    for (index_t t = 0; t < seq; ++t) pe += dlogits.data[(r0 + t) * dlogits.ld + e];
-    pe /= T(seq);
+    double col = 0;
+    for (index_t t = t0; t < t1; ++t) col += double(dlogits.data[(r0 + t) * dlogits.ld + e]);
+    out[e] = col;
+  }
+  cond = block_reduce<double>(cond);
+  if (threadIdx.x == 0) out[C] = cond;
+}
+template <class T>
+__global__ void entropy_marginal_kernel(double* partials, double* part, index_t batch, index_t seq, index_t chunks,
+                                        index_t C, T coef, T cond_coef) {
+  const index_t b = blockIdx.x, n = batch * seq;
+  double* first = part + b * chunks * (C + 1);
+  double marg = 0, cond = 0;
+  for (index_t e = threadIdx.x; e < C; e += blockDim.x) {
+    double col = 0;
+    for (index_t c = 0; c < chunks; ++c) col += first[c * (C + 1) + e];
+    const T pe = T(col / double(seq));
     const T log_p = log(pe > T(0) ? pe : T(1e-30));
     marg += double(pe) * double(log_p);
-    g[e] = coef * (log_p + T(1)) / T(n);
+    first[e] = double(coef * (log_p + T(1)) / T(n));  // g[e]: only this thread reads or writes column e of b
   }
-  const double part = block_reduce<double>(double(coef) * marg / double(batch) + double(cond_coef) * cond / double(n));
-  if (threadIdx.x == 0) partials[b] = part;
-  __syncthreads();
-  for (index_t t = threadIdx.x; t < seq; t += blockDim.x) {
-    T* s = dlogits.data + (r0 + t) * dlogits.ld;
+  for (index_t c = threadIdx.x; c < chunks; c += blockDim.x) cond += first[c * (C + 1) + C];
+  const double total = block_reduce<double>(double(coef) * marg / double(batch) + double(cond_coef) * cond / double(n));
+  if (threadIdx.x == 0) partials[b] = total;
+}
+template <class T>
+__global__ void entropy_gradient_kernel(MatrixView<T> dlogits, const double* part, index_t seq, index_t chunks,
+                                        index_t n, T cond_coef) {
+  const index_t C = dlogits.cols;
+  MOM_GRID_STRIDE(r, n) {
+    const double* g = part + (r / seq) * chunks * (C + 1);
+    T* s = dlogits.data + r * dlogits.ld;
     T dot = 0;
-    for (index_t e = 0; e < C; ++e) dot += s[e] * (g[e] + cond_coef * log(s[e] > T(0) ? s[e] : T(1e-30)) / T(n));
-    for (index_t e = 0; e < C; ++e) s[e] *= g[e] + cond_coef * log(s[e] > T(0) ? s[e] : T(1e-30)) / T(n) - dot;
+    for (index_t e = 0; e < C; ++e) dot += s[e] * (T(g[e]) + cond_coef * log(s[e] > T(0) ? s[e] : T(1e-30)) / T(n));
+    for (index_t e = 0; e < C; ++e) s[e] *= T(g[e]) + cond_coef * log(s[e] > T(0) ? s[e] : T(1e-30)) / T(n) - dot;
   }
 }
 template <class T>
@@ -229,8 +253,18 @@ void Kernels<T>::balance_loss_forward(const Context& ctx, T* loss_out, T* dprobs
 template <class T>
 void Kernels<T>::selection_entropy_forward(const Context& ctx, T* loss_out, M dlogits, CM logits, index_t batch,
                                            index_t seq, T coef, T cond_coef) {
+  // Chunks of at least 64 rows, as many as the scratch holds (at least one: entropy_partials has room for every
+  // sequence of reduce_blocks at entropy_classes).
+  const index_t C = logits.cols, n = batch * seq;
+  const index_t chunks = std::clamp<index_t>(std::min((seq + 63) / 64, Context::entropy_partials / (batch * (C + 1))),
+                                             1, std::max<index_t>(seq, 1));
+  const index_t rows = (seq + chunks - 1) / chunks;
+  dev::launch("selection_entropy_forward", ctx, dim3(unsigned(chunks), unsigned(batch)), dev::threads,
+              dev::entropy_softmax_kernel<T>, ctx.entropy, dlogits, logits, seq, rows, chunks, cond_coef);
   dev::launch("selection_entropy_forward", ctx, static_cast<unsigned>(batch), dev::threads,
-              dev::selection_entropy_kernel<T>, ctx.partials, dlogits, logits, batch, seq, coef, cond_coef);
+              dev::entropy_marginal_kernel<T>, ctx.partials, ctx.entropy, batch, seq, chunks, C, coef, cond_coef);
+  dev::launch("selection_entropy_forward", ctx, dev::blocks_for(n), dev::threads, dev::entropy_gradient_kernel<T>,
+              dlogits, static_cast<const double*>(ctx.entropy), seq, chunks, n, cond_coef);
   dev::launch("selection_entropy_forward", ctx, 1, dev::threads, dev::selection_entropy_sum_kernel<T>, loss_out,
               static_cast<const double*>(ctx.partials), batch);
 }
