@@ -37,20 +37,24 @@ __global__ void kv_write_kernel(MatrixView<T> k_cache, MatrixView<T> v_cache, Ma
   }
 }
 
-// One block per (row, head) of kDecodeWarps warps. Warp w streams positions w, w + W, ... of 0 .. pos[r]
-// with its own online softmax (running max m and sum l); its lanes split the head's dims (lane c holds
-// dims c, c + 32, ...: a cache row is read coalesced) and a score is the warp's sum of its lanes'
-// products. The warps' (m, l, output) are then merged in shared memory: o = Σ_w e^(m_w − M) o_w / Σ_w
-// e^(m_w − M) l_w with M the largest m_w. (The first version ran one thread per (row, head) over every
-// position: a batch-1 step of GPT-2 small's shape used 12 threads of the GPU and took 10.5 ms at context
-// 256, 33 ms at 1024, measured on an H100.)
+// One block per (row, head) of kDecodeWarps warps. Warp w streams the runs of kDecodeRun consecutive positions
+// w·U, (w + W)·U, ... of 0 .. pos[r] (U = kDecodeRun) with its own online softmax (running max m and sum l): the
+// U positions of a run are loaded and scored together, so a warp keeps U cache rows in flight instead of one
+// (a warp's chain of load, lane sum and exponential per position is what bounds a step at batch 1, where GPT-2
+// small's 12 heads give 12 blocks). Its lanes split the head's dims (lane c holds dims c, c + 32, ...: a cache row
+// is read coalesced) and a score is the warp's sum of its lanes' products. The warps' (m, l, output) are then
+// merged in shared memory: o = Σ_w e^(m_w − M) o_w / Σ_w e^(m_w − M) l_w with M the largest m_w. (The first
+// version ran one thread per (row, head) over every position: a batch-1 step of GPT-2 small's shape used 12
+// threads of the GPU and took 10.5 ms at context 256, 33 ms at 1024, measured on an H100.)
 inline constexpr int kDecodeWarps = 16;
+inline constexpr int kDecodeRun = 4;
 
 template <class T, int HD>
 __global__ void attention_decode_kernel(MatrixView<T> out, MatrixView<const T> qkv, MatrixView<const T> k_cache,
                                         MatrixView<const T> v_cache, const index_t* slot, const index_t* pos,
                                         index_t max_len, index_t heads, index_t hd, T scale, int* error) {
   constexpr int W = kDecodeWarps, PL = HD / 32;  // warps, dims per lane
+  static_assert(kDecodeRun == 4, "attention_decode_kernel sums a run's four weights as a pairwise tree");
   __shared__ T m_w[W], l_w[W], o_w[W][HD];
   const index_t r = index_t(blockIdx.x) / heads, h = index_t(blockIdx.x) % heads, slots = k_cache.rows / max_len;
   const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
@@ -66,21 +70,50 @@ __global__ void attention_decode_kernel(MatrixView<T> out, MatrixView<const T> q
     q[i] = c < hd ? qkv.data[r * qkv.ld + h * hd + c] : T(0);
     o[i] = T(0);
   }
+  constexpr int U = kDecodeRun;
   T m = T(0), l = T(0);  // l = 0 until the warp's first position
-  for (index_t j = warp; j <= p; j += W) {
-    const T* k = k_cache.data + (s * max_len + j) * k_cache.ld + h * hd;
-    const T* v = v_cache.data + (s * max_len + j) * v_cache.ld + h * hd;
-    T z = T(0);
+  for (index_t j0 = index_t(warp) * U; j0 <= p; j0 += index_t(W) * U) {
+    // The run's keys and values first (the loads of its U rows in flight together), then its U scores.
+    T kv[U][PL], vv[U][PL], z[U];
 #pragma unroll
-    for (int i = 0; i < PL; ++i)
-      if (lane + 32 * i < hd) z += q[i] * k[lane + 32 * i];
-    z = warp_sum(z) * scale;
-    const T m_new = l == T(0) || z > m ? z : m;
-    const T shrink = l == T(0) ? T(0) : exp_(m - m_new), w = exp_(z - m_new);
-    l = l * shrink + w;
+    for (int u = 0; u < U; ++u) {
+      const bool in = j0 + u <= p;
+      const index_t at = s * max_len + (in ? j0 + u : j0);  // a row past pos[r]: not read, and no pointer past it
+      const T* k = k_cache.data + at * k_cache.ld + h * hd;
+      const T* v = v_cache.data + at * v_cache.ld + h * hd;
 #pragma unroll
-    for (int i = 0; i < PL; ++i)
-      if (lane + 32 * i < hd) o[i] = o[i] * shrink + w * v[lane + 32 * i];
+      for (int i = 0; i < PL; ++i) {
+        const bool c = in && lane + 32 * i < hd;
+        kv[u][i] = c ? k[lane + 32 * i] : T(0);
+        vv[u][i] = c ? v[lane + 32 * i] : T(0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      T dot = T(0);
+#pragma unroll
+      for (int i = 0; i < PL; ++i) dot += q[i] * kv[u][i];
+      z[u] = dot;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) z[u] = warp_sum(z[u]) * scale;
+    // Position j0 is in range (the loop's condition); the others of the run only up to pos[r].
+    T m_new = l == T(0) || z[0] > m ? z[0] : m;
+#pragma unroll
+    for (int u = 1; u < U; ++u)
+      if (j0 + u <= p && z[u] > m_new) m_new = z[u];
+    const T shrink = l == T(0) ? T(0) : exp_(m - m_new);
+    T w[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) w[u] = j0 + u <= p ? exp_(z[u] - m_new) : T(0);
+    l = l * shrink + ((w[0] + w[1]) + (w[2] + w[3]));
+#pragma unroll
+    for (int i = 0; i < PL; ++i) {
+      T acc = o[i] * shrink;
+#pragma unroll
+      for (int u = 0; u < U; ++u) acc += w[u] * vv[u][i];
+      o[i] = acc;
+    }
     m = m_new;
   }
   if (lane == 0) {
@@ -99,7 +132,7 @@ __global__ void attention_decode_kernel(MatrixView<T> out, MatrixView<const T> q
 #pragma unroll
   for (int i = 0; i < PL; ++i) acc[i] = T(0);
   for (int w = 0; w < W; ++w) {
-    if (l_w[w] == T(0)) continue;  // a warp that had no position (pos[r] + 1 < W)
+    if (l_w[w] == T(0)) continue;  // a warp that had no position (pos[r] < w·U)
     const T f = exp_(m_w[w] - M);
     L += l_w[w] * f;
 #pragma unroll
