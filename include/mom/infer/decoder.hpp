@@ -23,11 +23,11 @@
 // step() returns logits in backend memory; last_logits() is host memory on every backend.
 //
 // CUDA graphs: on a backend that records them (RecordsGraphs: cuda::Backend) and for an architecture whose decode
-// stays on the device (no executor with decode_reads_host: the dense stack, sharing, token-choice MoE), a step of
-// every slot in slot order (step(tokens); generate's steps while every sequence runs) runs op by op once, is
-// recorded as one graph on its next call and is replayed from then on: one launch per token instead of one per
-// op. The graph reads the step's positions and tokens from the workspace, where each step copies them first.
-// A recording the backend refuses leaves the decoder op by op; use_graphs(false) asks for that.
+// stays on the device (no executor with decode_reads_host: the dense stack, sharing, token-choice MoE, MoEUT,
+// ModuleFormer), a step of every slot in slot order (step(tokens); generate's steps while every sequence runs) runs
+// op by op once, is recorded as one graph on its next call and is replayed from then on: one launch per token
+// instead of one per op. The graph reads the step's positions and tokens from the workspace, where each step
+// copies them first. A recording the backend refuses leaves the decoder op by op; use_graphs(false) asks for that.
 #include <algorithm>
 #include <concepts>
 #include <cstdint>

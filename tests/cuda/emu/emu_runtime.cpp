@@ -166,7 +166,7 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsig
 }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t) {
   if (!exec) return cudaErrorInvalidValue;
-  if (capturing) return refuse_in_capture();  // not needed by the backend
+  if (capturing) return refuse_in_capture();  // a graph launched inside a capture: not emulated (nor used)
   ++graph_launches;
   replaying = true;
   for (const auto& op : reinterpret_cast<const EmuGraph*>(exec)->ops) op();
