@@ -29,6 +29,11 @@
 #      a run (default 1e15, about 150 dense steps: sized to fit one call, see docs/comparison.md), bf16, 8 x 1024
 #      tokens of KJV in the GPT-2 vocabulary (.gpu-deps/gpt2, from scripts/gpu_prepare.sh); its table and
 #      picture in $out/compare,
+#   4d. with MOM_GPU_MOMP_RECIPE=1 (issue 32's MoM_P with a phase 2 of the MoM recipe's length in steps, which the
+#      CPU cannot reach): compare.py on the GPU, dense8 against mom8-p after dense8 at the recipe's 2 : 1 phase
+#      ratio, 61.44 M bytes of KJV each (30 k steps of 16 x 128: mom8-p's phase 2 is 10 k steps, the recipe's),
+#      lr 1e-3 as the CPU's recipe-ratio runs, seeds MOM_GPU_MOMP_SEEDS (default 1: about 4-5 minutes a seed,
+#      estimated, not measured), fp32 as on the CPU; table and picture in $out/compare-mom-recipe,
 #   5. a table last (sections 3 and 5 are left out with MOM_GPU_KJV=0): per run the validation curve, tokens/s and wall time, and each GPU run's largest validation
 #      difference from the CPU run's curve.
 # Logs go to $OUT (or ./gpu-out). Record the table in bench/RESULTS.md with the device's name.
@@ -189,6 +194,18 @@ if [ "${MOM_GPU_COMPARE:-0}" = 1 ]; then
   else
     note "MOM_GPU_COMPARE=1: no .gpu-deps/gpt2/encoder.json (scripts/gpu_prepare.sh after scripts/setup.sh)"
   fi
+fi
+
+# 4d. With MOM_GPU_MOMP_RECIPE=1: MoM_P after dense8 with the recipe's phase-2 length in steps (compare.py).
+if [ "${MOM_GPU_MOMP_RECIPE:-0}" = 1 ]; then
+  t=$(date +%s)
+  timeout "${MOM_GPU_MOMP_TIMEOUT:-540}" python3 scripts/compare.py --mom-train "$bin" --data "$kjv" \
+    --out "$out/compare-mom-recipe" --device cuda --precision fp32 --archs dense8,mom8-p@dense8:0.667 --tokens 6.144e7 \
+    --seeds "${MOM_GPU_MOMP_SEEDS:-1}" --batch 16 --seq 128 --lr 1e-3 --evals 8 --eval-batches 8 --checkpoints 1 \
+    >"$out/compare-mom-recipe.txt" 2>&1
+  note "compare.py (MoM_P, recipe-length phase 2): exit $?, $(( $(date +%s) - t )) s"
+  [ -s "$out/compare-mom-recipe/results.md" ] && tee -a "$summary" <"$out/compare-mom-recipe/results.md"
+  tail -3 "$out/compare-mom-recipe.txt" | tee -a "$summary"
 fi
 
 # 5. The table.
