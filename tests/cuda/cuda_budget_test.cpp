@@ -1,5 +1,5 @@
-// Per-training-step budgets of the CUDA backend (issue 28, item 3), counted by the emulated runtime
-// (tests/cuda/emu/emu_runtime.cpp; docs/cuda.md "Per-step budgets"): one Trainer step of each small model,
+// Per-training-step budgets of the CUDA backend (issue 28, item 3), and a decode step's, counted by the emulated
+// runtime (tests/cuda/emu/emu_runtime.cpp; docs/cuda.md "Per-step budgets"): one Trainer step of each small model,
 // after two warm-up steps, launches so many kernels, calls cuBLAS so many times for so many FLOPs, sets and
 // copies so many bytes. These are counts, not times: they hold on any machine, and a change that adds
 // launches, GEMMs, memsets or copies to a step fails here before anyone profiles it on a GPU.
@@ -16,6 +16,7 @@
 #include "cuda/small_models.hpp"
 #include "cuda/trainer_support.hpp"
 #include "mom/backend/cuda.hpp"
+#include "mom/infer/decoder.hpp"
 #include "mom/testing/counting_backend.hpp"
 #include "mom/testing/random.hpp"
 #include "mom/train/train.hpp"
@@ -296,4 +297,50 @@ TEST_CASE("per-step budgets under the emulation: launches, GEMMs and their FLOPs
     }
   }
   print_table();
+}
+
+TEST_CASE("per-step budgets under the emulation: a decode step, op by op and replayed as a CUDA graph",
+          "[cuda][budget][decode]") {
+  MOM_REQUIRE_GPU();
+  MOM_REQUIRE_EMU_COUNTERS();
+  // A step of the dense decoder (infer/decoder.hpp) per layer: 2 LayerNorms, kv_write, attention_decode, GELU and
+  // 2 residual adds (7 launches) and 4 biased linears (4 cuBLAS / cuBLASLt calls: qkv, output projection, the FFN's
+  // two); per step the embedding at the rows' positions and the final LayerNorm (2 launches) and the tied head (1
+  // call). The products' FLOPs are 2 · rows · (the layers' weight elements + the head's). A step of every slot in
+  // order writes its logits in place: no copy; and it neither waits for the GPU nor allocates. Replayed from the
+  // recorded graph: one graph launch, no kernel launch, the same products.
+  using Model = DenseSmall;
+  constexpr Dims D = Model::dims;
+  constexpr index_t L = Model::depth;
+  for (const index_t slots : {index_t(1), index_t(4)}) {
+    INFO("slots " << slots);
+    auto model = Model::make<cuda::Backend<float>>(3);
+    infer::Decoder dec(model, slots, D.context);
+    std::vector<std::vector<token_t>> prompts;
+    for (index_t s = 0; s < slots; ++s) prompts.push_back({token_t(1 + s), token_t(7), token_t(2 * s)});
+    dec.prefill(std::span<const std::vector<token_t>>(prompts));
+    std::vector<token_t> toks(static_cast<std::size_t>(slots), token_t(5));
+    const auto counts = [&](bool graphs) {
+      dec.use_graphs(graphs);
+      dec.step(std::span<const token_t>(toks));  // op by op (graphs: the first whole step)
+      dec.step(std::span<const token_t>(toks));  // graphs: recorded here
+      const test::EmuCounters before = test::EmuCounters::now();
+      dec.step(std::span<const token_t>(toks));
+      return test::EmuCounters::now() - before;
+    };
+    const test::EmuCounters ops = counts(false), graph = counts(true);
+    const index_t weights = L * (3 * D.d_model * D.d_model + D.d_model * D.d_model + 2 * D.d_model * D.d_ff);
+    for (const auto& c : {ops, graph}) {
+      CHECK(c.gemm_calls == 4 * L + 1);
+      CHECK(c.gemm_flops == 2 * slots * (weights + D.vocab * D.d_model));
+      CHECK(c.host_waits == 0);
+      CHECK(c.allocations == 0);
+      CHECK(c.memset_bytes == 0);
+      CHECK(c.d2d_bytes == 0);
+    }
+    CHECK(ops.launches == 7 * L + 2);
+    CHECK(ops.graph_launches == 0);
+    CHECK(graph.launches == 0);
+    CHECK(graph.graph_launches == 1);
+  }
 }

@@ -302,7 +302,8 @@ class Decoder {
     MatrixView<const T> x{ws + x0_, rows, d};
     if constexpr (ok)
       for_each_part([&]<std::size_t i, class E>() {
-        x = E::decode(be, p + Model::core::part_offset[i], ws, std::get<i>(plans_), x, slot, pos, slots_, max_len_, tok);
+        x = E::decode(be, p + Model::core::part_offset[i], ws, std::get<i>(plans_), x, slot, pos, slots_, max_len_,
+                      tok);
       });
     return x;
   }
