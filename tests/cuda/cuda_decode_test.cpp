@@ -77,7 +77,7 @@ TEMPLATE_TEST_CASE("kv_write and attention_decode: the CPU's shape errors, posit
   require_device_error(gpu<T>(), "attention_decode: slot or position 4 at position 1 is out of range [0, 2)");
 }
 
-TEMPLATE_TEST_CASE("embedding_forward at rows' own positions matches cpu; a position outside wpe found on the device",
+TEMPLATE_TEST_CASE("embedding_forward at rows' own positions matches cpu and reports a position outside wpe",
                    "[cuda][decode]", float, double) {
   MOM_REQUIRE_GPU();
   using T = TestType;
