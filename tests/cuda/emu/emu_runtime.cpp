@@ -76,7 +76,7 @@ void enqueue(F&& op) {
 }  // namespace
 
 bool mom_emu_capturing() noexcept { return capturing; }
-void mom_emu_record(std::function<void()> op) { captured.push_back(std::move(op)); }
+void mom_emu_enqueue(std::function<void()> op) { enqueue(std::move(op)); }
 
 extern "C" {
 

@@ -48,11 +48,11 @@
 // fp32 bytes it reads). Outside the blocks' loops: a launch costs one increment.
 extern "C" void mom_emu_note_launch() noexcept;
 extern "C" void mom_emu_note_staging(std::size_t fp32_bytes) noexcept;
-// Stream capture (CUDA graphs) in the emulated runtime: while a stream is captured, work enqueued on it is
-// recorded (its arguments copied), not run, and cudaGraphLaunch runs the recorded work in order. The kernels'
-// launches and the runtime's host stand-ins (the emulated group_by_module, cuBLAS) enqueue through here.
+// Stream capture (CUDA graphs) in the emulated runtime: work enqueued on the stream runs now, or, while the stream
+// is captured, is recorded (its arguments copied) for cudaGraphLaunch to run in order. The kernels' launches and
+// the host stand-ins (the emulated group_by_module; the runtime's memsets, copies and GEMMs) enqueue through it.
 bool mom_emu_capturing() noexcept;
-void mom_emu_record(std::function<void()> op);
+void mom_emu_enqueue(std::function<void()> op);
 
 namespace mom::cuda::dev {
 
@@ -336,17 +336,14 @@ inline void emulate_run(dim3 grid, dim3 block, const std::function<void()>& fn, 
 }
 
 // kernel<<<grid, block, smem_bytes>>>: runs body() now, or (a stream being captured) records it to run when the
-// graph is launched; body then owns copies of the kernel's arguments (launch() passes them by value).
+// graph is launched; body then owns copies of the kernel's arguments (launch() passes them by value). A recorded
+// launch is a node of its graph, not a launch.
 template <class F>
 void emulate_launch(dim3 grid, dim3 block, F&& body, std::size_t smem_bytes = 0) {
-  if (mom_emu_capturing()) {
-    mom_emu_record([grid, block, smem_bytes, fn = std::function<void()>(std::forward<F>(body))] {
-      emulate_run(grid, block, fn, smem_bytes);
-    });
-    return;
-  }
-  mom_emu_note_launch();
-  emulate_run(grid, block, std::function<void()>(std::forward<F>(body)), smem_bytes);
+  if (!mom_emu_capturing()) mom_emu_note_launch();
+  mom_emu_enqueue([grid, block, smem_bytes, fn = std::function<void()>(std::forward<F>(body))] {
+    emulate_run(grid, block, fn, smem_bytes);
+  });
 }
 
 }  // namespace mom::cuda::dev

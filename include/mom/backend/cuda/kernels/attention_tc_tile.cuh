@@ -379,8 +379,9 @@ __device__ __forceinline__ void tc_accumulate_dkdv(TcAcc<Path> (&dk)[HD / 16], T
 
 // The backward kernels' dQ (FlashAttention-2's fused backward): after a barrier that publishes every warp's dSᵀ
 // rows (sds: [64 keys][PLD], key-major, as tc_accumulate_dkdv reads them), warp w takes the tile's queries
-// 16w .. 16w + 15: dQ [16 × HD] = scale · dS K over the 16-key blocks kb with bit kb of kmask set (those whose warps wrote
-// these queries' columns of dSᵀ), dS (query, key) read transposed (col_major) from sds, K from its staged tile.
+// 16w .. 16w + 15: dQ [16 × HD] = scale · dS K over the 16-key blocks kb with bit kb of kmask set (those whose
+// warps wrote these queries' columns of dSᵀ), dS (query, key) read transposed (col_major) from sds, K from its
+// staged tile.
 // One 16 × 16 accumulator at a time (the dK / dV accumulators are live around it), each through the warp's fp32
 // staging so (16 rows, SLD apart) to add4(row, column, 4 values from that column), lanes over consecutive columns:
 // the kernels add them to dQ atomically (other key tiles' blocks add to the same rows).

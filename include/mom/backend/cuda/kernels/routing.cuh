@@ -303,8 +303,7 @@ void group_by_module(const Context& ctx, token_t* sorted_ids, token_t* sorted_mo
     }
     std::exclusive_scan(counts, counts + n_modules + 1, offsets, 0);
   };
-  if (::mom_emu_capturing()) ::mom_emu_record(run);
-  else run();
+  ::mom_emu_enqueue(run);
 }
 #else
 // Not inline: defined in mom_cuda.cu alone.
