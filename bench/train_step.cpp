@@ -24,8 +24,8 @@
 // switched off (one predictable branch per op), then R steps with it on, which accumulate wall
 // time per op category. Shares are taken within those instrumented steps.
 //   router   = GRU cells forward + backward (their GEMMs and gate math) and the router heads
-//   dispatch = route top-K fwd/bwd, balance loss, group_by_choice, gather/scatter(+backward),
-//              host reads of the group offsets
+//   dispatch = route top-K fwd/bwd, balance loss, group_by_choice, gather/scatter(+backward), the weights
+//              applied after a routed product (weight_rows_backward), host reads of the group offsets
 //   routing  = router + dispatch (the overhead the target is about)
 // FLOP ratio = the cost model's forward FLOPs for the routing actually taken
 // (realised_forward_flops, models/mom_models.hpp) over the dense model's Model::forward_flops;
@@ -352,6 +352,9 @@ struct TimingBackend : cpu::Backend<T> {
   void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights, RowGroups g,
                                  Store st = Store::add) const {
     timed(kDispatch, [&] { Base::scatter_add_rows_backward(din, dweights, dout, in, idx, weights, g, st); });
+  }
+  void weight_rows_backward(M d, S dwp, CM u, CM a, Tok idx, CS w, RowGroups g, bool relu) const {
+    timed(kDispatch, [&] { Base::weight_rows_backward(d, dwp, u, a, idx, w, g, relu); });
   }
   // Visible (query, key) pairs of a grouped attention: each group's queries against its keys.
   static double grouped_pairs(Tok q_tok, Tok k_tok, RowGroups g, index_t seq) {

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include <mom/backend/cpu.hpp>
+#include <mom/routing/dispatch.hpp>
 
 #include "ops/grad_check.hpp"
 
@@ -229,4 +230,136 @@ TEST_CASE("softmax_rows: float vs naive loops (parallel size), large logits stay
   }
   CHECK(rel_error(y, want) < float_tol);
   CHECK(y[0] == Approx(1.0).epsilon(1e-6));
+}
+
+// ---- the weights applied after a routed product (weight_rows_backward, dispatch::weigh_after_products) ----
+
+namespace {
+// The CPU backend without the optional weight_rows_backward: combine_linear_backward's other path.
+struct WeighsInPacking : cpu::Backend<double> {
+  void weight_rows_backward(MatrixView<double>, std::span<double>, MatrixView<const double>, MatrixView<const double>,
+                            std::span<const token_t>, std::span<const double>, RowGroups, bool) const = delete;
+};
+static_assert(dispatch::WeighsAfterProducts<cpu::Backend<double>, double>);
+static_assert(dispatch::WeighsAfterProducts<cpu::Backend<float>, float>);
+static_assert(dispatch::ReadsScaledRows<WeighsInPacking, double> && !dispatch::WeighsAfterProducts<WeighsInPacking, double>);
+
+// 9 routed rows of 6 tokens: rows 0..1 in group 0, 2..6 in group 1, rows 7..8 in no group (a SKIP class).
+const std::vector<token_t> wr_offsets{0, 2, 7};
+const RowGroups wr_groups{wr_offsets.data(), 2};
+const std::vector<token_t> wr_token{5, 1, 0, 1, 3, 3, 4, 2, 2};
+constexpr index_t wr_rows = 9, wr_tokens = 6;
+}  // namespace
+
+TEST_CASE("weight_rows_backward: the groups' rows against loops, a through an index or its own rows, ReLU, in place",
+          "[ops][dispatch]") {
+  Rng rng(47);
+  const index_t c = 5, ta = 7;
+  const auto u = random_vec(std::size_t(wr_rows * c), rng), w = random_vec(std::size_t(wr_rows), rng);
+  const auto table = random_vec(std::size_t(ta * c), rng), own = random_vec(std::size_t(wr_rows * c), rng);
+  const std::vector<token_t> idx{6, 0, 3, 3, 1, 5, 2, 4, 0};
+  cpu::Backend<double> be;
+  for (const bool gathered : {false, true})
+    for (const bool relu : {false, true})
+      for (const bool in_place : {false, true}) {
+        INFO("a gathered " << gathered << ", relu " << relu << ", in place " << in_place);
+        const auto a = gathered ? cmat(table, ta, c) : cmat(own, wr_rows, c);
+        std::vector<double> d(std::size_t(wr_rows * c), -9.0), dwp(std::size_t(wr_rows), -9.0), uu = u;
+        be.weight_rows_backward(in_place ? mat(uu, wr_rows, c) : mat(d, wr_rows, c), dwp, cmat(uu, wr_rows, c), a,
+                                gathered ? std::span<const token_t>(idx) : std::span<const token_t>{}, w, wr_groups, relu);
+        const auto& out = in_place ? uu : d;
+        for (index_t r = 0; r < wr_rows; ++r) {
+          const double* ar = a.row(gathered ? idx[std::size_t(r)] : r);
+          double dot_r = 0;
+          for (index_t j = 0; j < c; ++j) dot_r += u[std::size_t(r * c + j)] * ar[j];
+          const bool in_group = r < 7;
+          CHECK(dwp[std::size_t(r)] == Approx(in_group ? dot_r : -9.0).epsilon(1e-14));
+          for (index_t j = 0; j < c; ++j) {
+            const double want = !in_group ? (in_place ? u[std::size_t(r * c + j)] : -9.0)
+                                          : (relu && !(ar[j] > 0) ? 0.0 : w[std::size_t(r)] * u[std::size_t(r * c + j)]);
+            CHECK(out[std::size_t(r * c + j)] == Approx(want).epsilon(1e-14));
+          }
+        }
+      }
+  std::vector<double> d(std::size_t(wr_rows * c));
+  std::vector<token_t> bad = idx;
+  bad[4] = token_t(ta);
+  CHECK_THROWS_WITH(be.weight_rows_backward(mat(d, wr_rows, c), {}, cmat(u, wr_rows, c), cmat(table, ta, c), bad, w,
+                                            wr_groups, false),
+                    Catch::Contains("weight_rows_backward: idx[4] = 7 is out of range [0, 7)"));
+  CHECK_THROWS_WITH(be.weight_rows_backward(mat(d, wr_rows, c), {}, cmat(u, wr_rows, c), cmat(table, ta, c - 1), {}, w,
+                                            wr_groups, false),
+                    Catch::Contains("weight_rows_backward"));
+}
+
+// combine_linear_backward with the weights applied after the product (x narrower than y) against its scaled-rows path
+// (the weights in the packing: WeighsInPacking), and the ReLU form against that path followed by relu_backward: the
+// same gradients to rounding (not the same bits: the weight multiplies a sum instead of each term, and dL/d(weight)
+// sums over x's columns instead of y's). x wider than y keeps the scaled-rows path, bit for bit.
+TEST_CASE("weigh_after_products: the gradients of combine_linear_backward's other path, with and without ReLU",
+          "[ops][dispatch]") {
+  Rng rng(48);
+  const index_t wide = 7;
+  for (const index_t in : {index_t(3), index_t(11)})
+    for (const bool gathered : {false, true}) {
+      INFO("x " << in << " wide (y " << wide << "), gathered " << gathered);
+      const auto table = random_vec(std::size_t(wr_tokens * in), rng), own = random_vec(std::size_t(wr_rows * in), rng);
+      const auto xr = gathered ? cmat(table, wr_tokens, in) : cmat(own, wr_rows, in);
+      const std::span<const token_t> x_idx = gathered ? std::span<const token_t>(wr_token) : std::span<const token_t>{};
+      const auto w = random_vec(std::size_t(2 * wide * in), rng), wt = random_vec(std::size_t(wr_rows), rng);
+      const auto dout = random_vec(std::size_t(wr_tokens * wide), rng), y = random_vec(std::size_t(wr_rows * wide), rng);
+      const dispatch::RoutedRows<double> rr{wr_token, {}, wt, wr_groups};
+      const auto wg = uniform_groups<const double>(w.data(), 2, wide * in);
+      // y as the forward made it (combine_backward's dL/d(weight) reads y): y[r] = x[r] W_gᵀ on the groups' rows.
+      std::vector<double> yv = y;
+      cpu::Backend<double> be;
+      if (gathered) be.grouped_linear_forward(mat(yv, wr_rows, wide), xr, x_idx, wg, PerGroup<const double>{}, wr_groups);
+      else be.grouped_linear_forward(mat(yv, wr_rows, wide), xr, wg, PerGroup<const double>{}, wr_groups);
+      auto run = [&](auto& b, std::vector<double>& dx, std::vector<double>& dw, std::vector<double>& dwp) {
+        std::vector<double> dy(std::size_t(wr_rows * wide));
+        dx.assign(std::size_t(wr_rows * in), -5.0), dw.assign(w.size(), 0.25), dwp.assign(std::size_t(wr_rows), -5.0);
+        dispatch::combine_linear_backward(b, rr, cmat(yv, wr_rows, wide), cmat(dout, wr_tokens, wide), mat(dy, wr_rows, wide),
+                                          std::span<double>(dwp), mat(dx, wr_rows, in),
+                                          uniform_groups(dw.data(), 2, wide * in), xr, x_idx, wg, Store::overwrite);
+      };
+      WeighsInPacking ref_be;
+      std::vector<double> dx_ref, dw_ref, dwp_ref, dx, dw, dwp;
+      run(ref_be, dx_ref, dw_ref, dwp_ref);
+      run(be, dx, dw, dwp);
+      if (in < wide) {
+        CHECK(rel_error(dx, dx_ref) < 1e-14);
+        CHECK(rel_error(dw, dw_ref) < 1e-14);
+        CHECK(rel_error(dwp, dwp_ref) < 1e-14);
+        CHECK(dwp[7] == 0.0);  // a row in no group: zero, as combine_backward leaves it
+      } else {
+        CHECK(dx == dx_ref);
+        CHECK(dw == dw_ref);
+        CHECK(dwp == dwp_ref);
+      }
+      // The ReLU form: x = ReLU(h), dh written instead of dx (x's own rows only: the expert MLP's W₂).
+      if (gathered) continue;
+      std::vector<double> h = own;
+      for (std::size_t i = 0; i < h.size(); i += 3) h[i] = -h[i] - 0.5;  // some negative
+      std::vector<double> act(h.size());
+      be.relu_forward(std::span<double>(act), std::span<const double>(h));
+      std::vector<double> yr(std::size_t(wr_rows * wide));
+      be.grouped_linear_forward(mat(yr, wr_rows, wide), cmat(act, wr_rows, in), wg, PerGroup<const double>{}, wr_groups);
+      std::vector<double> dact(std::size_t(wr_rows * in)), dh_ref(dact.size(), -5.0), dw2_ref(w.size(), 0.25),
+          dwp2_ref(std::size_t(wr_rows), 0.0), dy(std::size_t(wr_rows * wide), 0.0);
+      dispatch::combine_linear_backward(ref_be, rr, cmat(yr, wr_rows, wide), cmat(dout, wr_tokens, wide),
+                                        mat(dy, wr_rows, wide), std::span<double>(dwp2_ref), mat(dact, wr_rows, in),
+                                        uniform_groups(dw2_ref.data(), 2, wide * in), cmat(act, wr_rows, in),
+                                        std::span<const token_t>{}, wg, Store::overwrite);
+      ref_be.relu_backward(std::span<double>(dh_ref).first(std::size_t(7 * in)), std::span<const double>(h).first(std::size_t(7 * in)),
+                           std::span<const double>(dact).first(std::size_t(7 * in)), Store::overwrite);
+      std::vector<double> u(dact.size()), dh(dact.size(), -5.0), dw2(w.size(), 0.25), dwp2(std::size_t(wr_rows), -5.0);
+      dispatch::weigh_after_products(be, rr, cmat(dout, wr_tokens, wide), std::span<double>(dwp2), mat(u, wr_rows, in),
+                                     mat(dh, wr_rows, in), uniform_groups(dw2.data(), 2, wide * in), cmat(act, wr_rows, in),
+                                     std::span<const token_t>{}, wg, true);
+      CHECK(rel_error(dh, dh_ref) < 1e-14);
+      CHECK(rel_error(dw2, dw2_ref) < 1e-14);
+      CHECK(rel_error(dwp2, dwp2_ref) < 1e-14);
+      for (std::size_t i = 0; i < std::size_t(7 * in); ++i)
+        if (!(h[i] > 0)) CHECK(dh[i] == 0.0);
+    }
 }

@@ -85,16 +85,24 @@ TEST_CASE("selection_entropy_forward: ModuleFormer's mutual-information loss -H(
 }
 
 TEST_CASE("selection_entropy_forward: float agrees with double, wrong shapes are one-line errors", "[ops][routing][entropy]") {
+  // Selections as wide as σ-MoE's (vectorised exp) and as SwitchHead's (fewer columns than a vector), with and
+  // without ModuleFormer's conditional term.
   const index_t B = 2, T = 9, C = 33;
   Rng rng(5);
-  const std::vector<double> z = random_vec(std::size_t(B * T * C), rng, -3, 3);
-  std::vector<float> zf(z.begin(), z.end()), dzf(z.size()), lf(1);
-  std::vector<double> dz(z.size()), l(1);
-  cpu::Backend<double>{}.selection_entropy_forward(std::span<double>(l), mat(dz, B * T, C), cmat(z, B * T, C), B, T, 0.01);
   cpu::Backend<float> bf;
-  bf.selection_entropy_forward(std::span<float>(lf), mat(dzf, B * T, C), cmat(zf, B * T, C), B, T, 0.01f);
-  CHECK(std::abs(double(lf[0]) - l[0]) < float_tol * std::abs(l[0]));
-  CHECK(rel_error(dzf, dz) < float_tol);
+  for (const index_t c : {C, index_t(4)})
+    for (const double cond : {0.0, -0.02}) {
+      INFO(c << " columns, cond_coef " << cond);
+      const std::vector<double> z = random_vec(std::size_t(B * T * c), rng, -3, 3);
+      std::vector<float> zf(z.begin(), z.end()), dzf(z.size()), lf(1);
+      std::vector<double> dz(z.size()), l(1);
+      cpu::Backend<double>{}.selection_entropy_forward(std::span<double>(l), mat(dz, B * T, c), cmat(z, B * T, c), B, T,
+                                                       0.01, cond);
+      bf.selection_entropy_forward(std::span<float>(lf), mat(dzf, B * T, c), cmat(zf, B * T, c), B, T, 0.01f, float(cond));
+      CHECK(std::abs(double(lf[0]) - l[0]) < float_tol * std::abs(l[0]));
+      CHECK(rel_error(dzf, dz) < float_tol);
+    }
+  std::vector<float> zf(std::size_t(B * T * C)), dzf(zf.size()), lf(1);
   CHECK_THROWS_WITH(bf.selection_entropy_forward(std::span<float>(lf), mat(dzf, B * T, C), cmat(zf, B * T, C), B, T + 1, 0.01f),
                     Catch::Contains("selection_entropy_forward: logits [18x33]"));
 }

@@ -156,19 +156,15 @@ struct SwitchHead {
       be.copy(detail::mat(ws, side.sel.probs, n, NA), MatrixView<const T>(sel_columns(ws, s.logits, n, j)));
       dispatch::sigmoid_select_forward(be, ws, side.sel, ws + side.dreg, batch, seq, KA, NA, T(delta));
     }
-    // Backward of select: dL/d(weight) in group order (dwp) → dL/dLN(x) (+= into dln, with side j's W_S; = under
-    // Store::overwrite) and dL/dlogits kept in side j's columns of dlogits_all (backward turns them into dW_S in one
-    // product).
+    // Backward of select: dL/d(weight) in group order (dwp) → dL/dlogits into side j's columns of dlogits_all
+    // (backward turns all 2·H sides' into dL/dLN(x) and dW_S in one product).
     template <class Be, class T>
-    static void select_backward(Be& be, const T* w_sel, const T* ws, const Side& side, int j, MatrixView<const T> ln,
-                                MatrixView<T> dln, Store dln_store, T* sc, const Scratch& c, index_t n) {
+    static void select_backward(Be& be, const T* ws, const Side& side, int j, T* sc, const Scratch& c, index_t n) {
       using detail::mat, detail::vec;
       const index_t rows = n * KA;
       const auto dlogits = mat(sc, c.dlogits, n, NA);
       dispatch::sigmoid_select_backward(be, ws, side.sel, ws + side.dreg, n, KA, NA, vec(static_cast<const T*>(sc), c.dwp, rows),
                                         vec(sc, c.dws, rows), vec(sc, c.dv, rows), dlogits);
-      be.linear_backward(dln, MatrixView<T>{}, std::span<T>{}, MatrixView<const T>(dlogits), ln,
-                         MatrixView<const T>{w_sel, NA, d}, dln_store);
       be.copy(sel_columns(sc, c.dlogits_all, n, j), MatrixView<const T>(dlogits));
     }
 
@@ -188,12 +184,10 @@ struct SwitchHead {
       be.grouped_linear_forward(yg, in, rr.token, w, PerGroup<const T>{}, rr.groups);  // in's rows read via the picks
       dispatch::combine(be, rr, MatrixView<const T>(yg), out, st);
     }
-    // Its backward: dout (read first) → the experts' dW (gw), din += the experts' input gradient, and the
-    // selection's gradient into dln (with its weights w_sel) and its columns of dlogits_all. The Stores say which
-    // of din and dln this writes first (Store::overwrite: =, not +=).
+    // Its backward: dout (read first) → the experts' dW (gw), din += the experts' input gradient (din_store =
+    // Store::overwrite: =, not +=), and the selection's logit gradient into its columns of dlogits_all.
     template <class Be, class T>
-    static void experts_backward(Be& be, const T* w_sel, PerGroup<const T> w, PerGroup<T> gw, const T* ws,
-                                 const Side& side, int j, MatrixView<const T> ln, MatrixView<T> dln, Store dln_store,
+    static void experts_backward(Be& be, PerGroup<const T> w, PerGroup<T> gw, const T* ws, const Side& side, int j,
                                  MatrixView<const T> in, MatrixView<const T> dout, MatrixView<T> din, Store din_store, T* sc,
                                  const Scratch& c, index_t n) {
       using detail::mat, detail::vec;
@@ -204,7 +198,7 @@ struct SwitchHead {
       dispatch::combine_linear_backward(be, rr, mat(ws, side.yg, rows, dout.cols), dout, dy, vec(sc, c.dwp, rows), dxg, gw,
                                         in, rr.token, w, Store::overwrite);
       dispatch::gather_backward(be, rr, MatrixView<const T>(dxg), din, din_store);
-      select_backward(be, w_sel, ws, side, j, ln, dln, dln_store, sc, c, n);
+      select_backward(be, ws, side, j, sc, c, n);
     }
 
     template <class Be, class T>
@@ -286,25 +280,25 @@ struct SwitchHead {
         dy_out = dz;
       }
       be.zero(dqkv);
-      // eq. (9) backward: dL/d(a^h V^h) (each head writes its own columns of datt), dW_O, the output selection
-      // (the first head's writes dL/dLN(x); PostNorm: it adds to dx, which holds the post-norm's gradient).
+      // eq. (9) backward: dL/d(a^h V^h) (each head writes its own columns of datt), dW_O, the output selections'
+      // logit gradients.
       for (int h = 0; h < Heads; ++h)
-        experts_backward(be, p + o_so + h * NA * d, w_o(p, h), w_o(g, h), ws, s.o[h], Heads + h, ln, dln,
-                         h == 0 && !post ? Store::overwrite : Store::add, mat(ws, s.att, n, hd).col_block(h * dh, dh),
+        experts_backward(be, w_o(p, h), w_o(g, h), ws, s.o[h], Heads + h, mat(ws, s.att, n, hd).col_block(h * dh, dh),
                          dy_out, datt.col_block(h * dh, dh), Store::overwrite, sc, c, n);
       be.attention_backward(dqkv, MatrixView<const T>(datt), mat(ws, s.att, n, hd), vec(ws, s.lse, batch * H * seq),
                             mat(ws, s.qkv, n, 3 * hd), batch, seq, H);
       rope(be, dqkv, batch, seq, true);
+      // dL/dLN(x), first from Q and K (written; PostNorm: added to dx, which holds the post-norm's gradient)
       be.linear_backward(dln, mat(g, o_qk, 2 * hd, d), std::span<T>{}, MatrixView<const T>(dqkv.col_block(0, 2 * hd)), ln,
-                         mat(p, o_qk, 2 * hd, d));
+                         mat(p, o_qk, 2 * hd, d), post ? Store::add : Store::overwrite);
       const MatrixView<T> dxin = peri || post ? dx : dln;
       const MatrixView<const T> xin = peri || post ? x : ln;  // the value experts' input, as in forward
-      for (int h = 0; h < Heads; ++h)  // eq. (7) backward: dW_V, dx̂, the value selection
-        experts_backward(be, p + o_sv + h * NA * d, w_v(p, h), w_v(g, h), ws, s.v[h], h, ln, dln, Store::add, xin,
+      for (int h = 0; h < Heads; ++h)  // eq. (7) backward: dW_V, dx̂, the value selections' logit gradients
+        experts_backward(be, w_v(p, h), w_v(g, h), ws, s.v[h], h, xin,
                          MatrixView<const T>(dqkv.col_block(2 * hd + h * dh, dh)), dxin, Store::add, sc, c, n);
-      // dW_S of all 2·H selections in one product (eqs. (5)-(6) backward).
-      be.linear_backward(MatrixView<T>{}, mat(g, o_sv, n_sel, d), std::span<T>{}, MatrixView<const T>(mat(sc, c.dlogits_all, n, n_sel)), ln,
-                         mat(p, o_sv, n_sel, d));
+      // dL/dLN(x) and dW_S of all 2·H selections in one product (eqs. (5)-(6) backward).
+      be.linear_backward(dln, mat(g, o_sv, n_sel, d), std::span<T>{}, MatrixView<const T>(mat(sc, c.dlogits_all, n, n_sel)),
+                         ln, mat(p, o_sv, n_sel, d));
       if constexpr (!post)
         be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
                               vec(ws, s.rstd, n), vec(p, o_ln_w, d));

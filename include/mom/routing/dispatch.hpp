@@ -14,6 +14,8 @@
 //   combine_backward dL/dy[r] = weight[r] · dout[token[r]],  dL/dweight[r] = dout[token[r]] · y[r]
 //   combine_linear_backward  the same and the modules' first backward product over dL/dy, which reads it inside
 //                    its GEMM on the CPU (never written: ScaledRows, core/groups.hpp)
+//   weigh_after_products  the same with the weights applied after the product, dL/d(weight) from its input's rows
+//                    (the CPU's, where the input is narrower than y or a ReLU follows)
 //   gather_backward  din[token[r]] += dxg[r]
 //   to_pairs / from_pairs   group order ↔ token-major pair order (t·K + j): MoA's query slots
 //   routed_forward   gather, the per-group body, combine
@@ -96,16 +98,52 @@ concept ReadsScaledRows = requires(Be& be, MatrixView<T> m, PerGroup<T> pg, Scal
   be.grouped_linear_backward(m, pg, dy, cm, tok, cpg, g, Store::overwrite);
 };
 
+// A backend that also applies the routed rows' weights after their products, in one pass with dL/d(weight)
+// (weight_rows_backward: backend/cpu/dispatch.hpp). Optional, with ReadsScaledRows (the CPU's).
+template <class Be, class T>
+concept WeighsAfterProducts =
+    ReadsScaledRows<Be, T> && requires(Be& be, MatrixView<T> m, std::span<T> s, MatrixView<const T> cm,
+                                       std::span<const token_t> tok, std::span<const T> cs, RowGroups g) {
+      be.weight_rows_backward(m, s, cm, cm, tok, cs, g, true);
+    };
+
+// combine_backward and the first product's backward with the weights applied after the product (a backend that
+// WeighsAfterProducts), for y[r] = x[r] W_gᵀ combined as weight[r] · y[r]:
+//   u = dout[token] · W_g into u (unweighted),  dW_g += (weight · dout[token])ᵀ · x,
+//   then one pass over the rows: dL/d(weight)[r] = u[r] · x[r] into dwp (= dout[token[r]] · y[r] by
+//   associativity) and d[r] = weight[r] · u[r] (relu: x is a ReLU's output and d is dL/d(its input), ReLU's backward
+//   read from x). d may be u.
+// It reads x's rows (x_idx: through that index) where combine_backward reads y's: the cheaper when x is the narrower,
+// and with relu the activation's backward pass is the same pass. Not combine_linear_backward's bits: the weight
+// multiplies a sum instead of each of its terms, and the dot runs over x's columns instead of y's.
+template <class Be, class T>
+  requires WeighsAfterProducts<Be, T>
+void weigh_after_products(Be& be, const RoutedRows<T>& rr, Id<MatrixView<const T>> dout, Id<std::span<T>> dwp,
+                          Id<MatrixView<T>> u, Id<MatrixView<T>> d, Id<PerGroup<T>> dw, Id<MatrixView<const T>> x,
+                          Id<std::span<const token_t>> x_idx, Id<PerGroup<const T>> w, bool relu) {
+  be.zero(dwp);  // n·K values: the rows no group holds (SKIP) read as zero, as combine_backward leaves them
+  be.grouped_linear_backward(u, PerGroup<T>{}, ScaledRows<T>{dout, rr.token, {}}, x, x_idx, w, rr.groups,
+                             Store::overwrite);
+  be.grouped_linear_backward(MatrixView<T>{}, dw, ScaledRows<T>{dout, rr.token, rr.weight}, x, x_idx, w, rr.groups,
+                             Store::overwrite);
+  be.weight_rows_backward(d, dwp, MatrixView<const T>(u), x, x_idx, rr.weight, rr.groups, relu);
+}
+
 // combine_backward and the first product of the routed modules' backward, which reads its result:
 // dL/d(weight) into dwp (as combine_backward), and with dL/dy[r] = weight[r] · dout[token[r]]
 //   dx = dL/dy · W_g (dx_store),  dW_g += dL/dyᵀ · x   (x's rows through x_idx when given: the gathered input)
 // over every group g. A backend that ReadsScaledRows reads dL/dy inside both products and it is never written
-// (the same bits: each value is the same one product); otherwise it is written into dy first.
+// (the same bits: each value is the same one product); otherwise it is written into dy first. Where the backend
+// WeighsAfterProducts, dx is written (not added) and x is narrower than y, weigh_after_products does it instead.
 template <class Be, class T>
 void combine_linear_backward(Be& be, const RoutedRows<T>& rr, Id<MatrixView<const T>> y, Id<MatrixView<const T>> dout,
                              Id<MatrixView<T>> dy, Id<std::span<T>> dwp, Id<MatrixView<T>> dx, Id<PerGroup<T>> dw,
                              Id<MatrixView<const T>> x, Id<std::span<const token_t>> x_idx, Id<PerGroup<const T>> w,
                              Store dx_store) {
+  if constexpr (WeighsAfterProducts<Be, T>) {
+    if (dx_store == Store::overwrite && !dx.empty() && x.cols < y.cols)
+      return weigh_after_products(be, rr, dout, dwp, dx, dx, dw, x, x_idx, w, false);
+  }
   if constexpr (ReadsScaledRows<Be, T>) {
     combine_backward(be, rr, y, dout, MatrixView<T>{}, dwp);
     be.grouped_linear_backward(dx, dw, ScaledRows<T>{dout, rr.token, rr.weight}, x, x_idx, w, rr.groups, dx_store);

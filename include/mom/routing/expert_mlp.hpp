@@ -16,6 +16,8 @@
 namespace mom::dispatch {
 
 struct Relu {
+  // ReLU'(h) = [ReLU(h) > 0]: its backward can read its output, and so share weigh_after_products' pass.
+  static constexpr bool backward_reads_output = true;
   template <class Be, class T>
   static void forward(Be& be, std::span<T> out, std::span<const T> in) {
     be.relu_forward(out, in);
@@ -26,6 +28,7 @@ struct Relu {
   }
 };
 struct Gelu {
+  static constexpr bool backward_reads_output = false;
   template <class Be, class T>
   static void forward(Be& be, std::span<T> out, std::span<const T> in) {
     be.gelu_forward(out, in);
@@ -99,11 +102,16 @@ struct ExpertMlp {
     const MatrixView<T> dy{sc + c.dy, rows, d}, dact{sc + c.dact, rows, width}, dh{sc + c.dh, rows, width};
     // Every row is in a group (no SKIP class), so each op below overwrites its whole output: no zeroing. W₂'s
     // products read dL/dy = weight · dout[token] (combine_linear_backward: not written where the backend can).
-    combine_linear_backward(be, rr, MatrixView<const T>{ws + s.y, rows, d}, dout, dy, dwp, dact, w2(gw2),
-                            MatrixView<const T>{ws + s.act, rows, width}, std::span<const token_t>{}, w2(pw2),
-                            Store::overwrite);
-    Act::backward(be, dh.flat(), std::span<const T>(ws + s.h, std::size_t(rows * width)), std::span<const T>(dact.flat()),
-                  Store::overwrite);
+    const MatrixView<const T> act{ws + s.act, rows, width};
+    if constexpr (Act::backward_reads_output && WeighsAfterProducts<Be, T>) {
+      // dact unweighted, then the weights, dL/d(weight) and the activation's backward in one pass (reads act, not y)
+      weigh_after_products(be, rr, dout, dwp, dact, dh, w2(gw2), act, std::span<const token_t>{}, w2(pw2), true);
+    } else {
+      combine_linear_backward(be, rr, MatrixView<const T>{ws + s.y, rows, d}, dout, dy, dwp, dact, w2(gw2), act,
+                              std::span<const token_t>{}, w2(pw2), Store::overwrite);
+      Act::backward(be, dh.flat(), std::span<const T>(ws + s.h, std::size_t(rows * width)),
+                    std::span<const T>(dact.flat()), Store::overwrite);
+    }
     // dy now becomes dL/d(gathered input)
     be.grouped_linear_backward(dy, w1(gw1), PerGroup<T>{}, MatrixView<const T>(dh), in, rr.token, w1(pw1), g,
                                Store::overwrite);

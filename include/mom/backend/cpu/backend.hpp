@@ -270,6 +270,9 @@ struct Backend {
   void scatter_add_rows(PG out, index_t out_rows, CM in, Tok idx, RowGroups g) const;
   void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights, RowGroups g,
                                  Store st = Store::add) const;
+  // The routed rows' weights applied after their product (backend/cpu/dispatch.hpp): an optional capability
+  // (routing/dispatch.hpp, WeighsAfterProducts).
+  void weight_rows_backward(M d, S dwp, CM u, CM a, Tok idx, CS w, RowGroups g, bool relu) const;
   void attention_grouped_forward(M out, S lse, CM q, CPG k, CPG v, index_t kv_rows, index_t kv_ld, Tok q_tok, Tok k_tok,
                                  RowGroups g, index_t seq, index_t heads) const;
   void attention_grouped_backward(M dq, PG dk, PG dv, CM dout, CM out, CS lse, CM q, CPG k, CPG v, index_t kv_rows,

@@ -377,6 +377,11 @@ void Backend<T>::scatter_add_rows_backward(M din, S dweights, CM dout, CM in, To
 }
 
 template <class T>
+void Backend<T>::weight_rows_backward(M d, S dwp, CM u, CM a, Tok idx, CS w, RowGroups g, bool relu) const {
+  cpu::weight_rows_backward<T>(d, dwp, u, a, idx, w, g, relu);
+}
+
+template <class T>
 void Backend<T>::attention_grouped_forward(M out, S lse, CM q, CPG k, CPG v, index_t kv_rows, index_t kv_ld, Tok q_tok,
                                            Tok k_tok, RowGroups g, index_t seq, index_t heads) const {
   cpu::attention_grouped_forward<T>(out, lse, q, k, v, kv_rows, kv_ld, q_tok, k_tok, g, seq, heads);

@@ -117,4 +117,41 @@ void scatter_add_rows_backward(MatrixView<T> din, std::span<T> dweights, MatrixV
   }
 }
 
+// The backward of weights applied to rows after a linear product (routing/dispatch.hpp's combine_linear_backward
+// on a backend that WeighsAfterProducts): y[i] = a[i] Wᵀ was combined as w[i] · y[i], and u[i] = dL/d(w[i] y[i]) · W
+// is the product's input gradient before the weight. Over rows i (a's row idx[i] when idx is given, else row i):
+//   dwp[i] = u[i] · a[i]          (= dL/d(w[i] y[i]) · y[i] by associativity: dL/d(weight i), written)
+//   d[i]   = w[i] · u[i]          (relu: and 0 where a[i] <= 0: ReLU's backward read from its output a = max(h, 0))
+// d may alias u; dwp may be empty (not wanted); w empty: all 1.
+template <class T>
+void weight_rows_backward(MatrixView<T> d, std::span<T> dwp, MatrixView<const T> u, MatrixView<const T> a,
+                          std::span<const token_t> idx, std::span<const T> w, bool relu) {
+  const index_t n = u.rows, c = u.cols;
+  MOM_CHECK(d.rows == n && d.cols == c, "weight_rows_backward: d ", shape(d), " must match u ", shape(u));
+  MOM_CHECK(a.cols == c, "weight_rows_backward: a ", shape(a), " must be ", c, " wide as u ", shape(u));
+  MOM_CHECK(idx.empty() ? a.rows == n : ssize(idx) == n, "weight_rows_backward: ", idx.size(), " row indices into a ",
+            shape(a), " for u ", shape(u));
+  MOM_CHECK(dwp.empty() || ssize(dwp) == n, "weight_rows_backward: dwp has ", dwp.size(), " entries for ", n, " rows");
+  MOM_CHECK(w.empty() || ssize(w) == n, "weight_rows_backward: ", w.size(), " weights for ", n, " rows");
+  detail::check_row_indices("weight_rows_backward", idx, a.rows, shape(a));
+#pragma omp parallel for schedule(static) if (n * c > (1 << 16))
+  for (index_t i = 0; i < n; ++i) {
+    const T* ui = u.row(i);
+    const T* ai = a.row(idx.empty() ? i : idx[std::size_t(i)]);
+    T* di = d.row(i);
+    T acc = T(0);
+#pragma omp simd reduction(+ : acc)
+    for (index_t j = 0; j < c; ++j) acc += ui[j] * ai[j];
+    if (!dwp.empty()) dwp[std::size_t(i)] = acc;
+    const T wi = w.empty() ? T(1) : w[std::size_t(i)];
+    if (relu) {
+#pragma omp simd
+      for (index_t j = 0; j < c; ++j) di[j] = ai[j] > T(0) ? wi * ui[j] : T(0);
+    } else {
+#pragma omp simd
+      for (index_t j = 0; j < c; ++j) di[j] = wi * ui[j];
+    }
+  }
+}
+
 }  // namespace mom::cpu

@@ -324,6 +324,17 @@ void scatter_add_rows_backward(MatrixView<T> din, std::span<T> dweights, MatrixV
     scatter_add_rows_backward<T>(detail::rows_of(din, o, n), detail::part(dweights, o, n), dout, in.row_block(o, n),
                                  idx.subspan(std::size_t(o), std::size_t(n)), detail::part(weights, o, n), st);
 }
+// weight_rows_backward over the groups' rows (the others untouched); a's rows through idx, or the groups' own.
+template <class T>
+void weight_rows_backward(MatrixView<T> d, std::span<T> dwp, MatrixView<const T> u, MatrixView<const T> a,
+                          std::span<const token_t> idx, std::span<const T> w, RowGroups g, bool relu) {
+  const auto [o, n] = detail::group_rows("weight_rows_backward", g, u.rows);
+  MOM_CHECK(d.rows == u.rows && (!idx.empty() || a.rows == u.rows) && (idx.empty() || ssize(idx) == u.rows),
+            "weight_rows_backward: d ", shape(d), ", a ", shape(a), " and ", idx.size(), " row indices for u ", shape(u));
+  if (n > 0)
+    weight_rows_backward<T>(d.row_block(o, n), detail::part(dwp, o, n), u.row_block(o, n),
+                            idx.empty() ? a.row_block(o, n) : a, detail::part(idx, o, n), detail::part(w, o, n), relu);
+}
 
 // Causal attention of every group's queries over that group's keys (core/groups.hpp's attention):
 // query row r of group g (token q_tok[r]) attends, with k_tok empty, to the rows t < kv_rows of

@@ -164,7 +164,7 @@ void selection_entropy_forward(std::span<T> loss_out, MatrixView<T> dlogits, Mat
   const index_t C = logits.cols, n = batch * seq;
   const T tiny = std::numeric_limits<T>::min();
   T total = 0;
-#pragma omp parallel for schedule(static) reduction(+ : total) if (batch > 1 && batch * seq * C > (1 << 14))
+#pragma omp parallel for schedule(static) reduction(+ : total) if (batch > 1 && batch * seq * C > (1 << 13))
   for (index_t b = 0; b < batch; ++b) {
     thread_local std::vector<T> p;  // grows once to the widest selection
     p.assign(std::size_t(C), T(0));
@@ -176,7 +176,12 @@ void selection_entropy_forward(std::span<T> loss_out, MatrixView<T> dlogits, Mat
       T m = z[0];
       for (index_t e = 1; e < C; ++e) m = std::max(m, z[e]);
       T sum = 0;
-      for (index_t e = 0; e < C; ++e) sum += (s[e] = std::exp(z[e] - m));
+      if (C >= 16) {  // s = exp(z - m) vectorised (attention.hpp); fewer columns than a vector: one exp each
+        std::copy_n(z, C, s);
+        sum = detail::exp_affine(s, C, T(1), m);
+      } else {
+        for (index_t e = 0; e < C; ++e) sum += (s[e] = std::exp(z[e] - m));
+      }
       const T inv = T(1) / sum;
       for (index_t e = 0; e < C; ++e) p[std::size_t(e)] += (s[e] *= inv);
       if (cond_coef != T(0))
