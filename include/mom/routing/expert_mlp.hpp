@@ -7,6 +7,7 @@
 // copy, forward or backward), combined with the routing weights. Every packed row is in some expert's group
 // (these selections have no SKIP class): the activation runs over all rows.
 #include <span>
+#include <type_traits>
 
 #include "mom/core/groups.hpp"
 #include "mom/core/layout.hpp"
@@ -16,8 +17,6 @@
 namespace mom::dispatch {
 
 struct Relu {
-  // ReLU'(h) = [ReLU(h) > 0]: its backward can read its output, and so share weigh_after_products' pass.
-  static constexpr bool backward_reads_output = true;
   template <class Be, class T>
   static void forward(Be& be, std::span<T> out, std::span<const T> in) {
     be.relu_forward(out, in);
@@ -28,7 +27,6 @@ struct Relu {
   }
 };
 struct Gelu {
-  static constexpr bool backward_reads_output = false;
   template <class Be, class T>
   static void forward(Be& be, std::span<T> out, std::span<const T> in) {
     be.gelu_forward(out, in);
@@ -103,8 +101,9 @@ struct ExpertMlp {
     // Every row is in a group (no SKIP class), so each op below overwrites its whole output: no zeroing. W₂'s
     // products read dL/dy = weight · dout[token] (combine_linear_backward: not written where the backend can).
     const MatrixView<const T> act{ws + s.act, rows, width};
-    if constexpr (Act::backward_reads_output && WeighsAfterProducts<Be, T>) {
-      // dact unweighted, then the weights, dL/d(weight) and the activation's backward in one pass (reads act, not y)
+    if constexpr (std::is_same_v<Act, Relu> && WeighsAfterProducts<Be, T>) {
+      // dact unweighted, then the weights, dL/d(weight) and ReLU's backward (ReLU'(h) = [act > 0]) in one pass over
+      // act (weigh_after_products: y is not read)
       weigh_after_products(be, rr, dout, dwp, dact, dh, w2(gw2), act, std::span<const token_t>{}, w2(pw2), true);
     } else {
       combine_linear_backward(be, rr, MatrixView<const T>{ws + s.y, rows, d}, dout, dy, dwp, dact, w2(gw2), act,
