@@ -289,7 +289,14 @@ TEST_CASE("weight_rows_backward: the groups' rows against loops, a through an in
                     Catch::Contains("weight_rows_backward: idx[4] = 7 is out of range [0, 7)"));
   CHECK_THROWS_WITH(be.weight_rows_backward(mat(d, wr_rows, c), {}, cmat(u, wr_rows, c), cmat(table, ta, c - 1), {}, w,
                                             wr_groups, false),
-                    Catch::Contains("weight_rows_backward"));
+                    Catch::Contains("weight_rows_backward: a [7x4] and 0 row indices for u [9x5]"));
+  std::vector<double> short_dwp(3);  // checked over all rows before the groups' part is cut
+  CHECK_THROWS_WITH(be.weight_rows_backward(mat(d, wr_rows, c), short_dwp, cmat(u, wr_rows, c), cmat(own, wr_rows, c), {},
+                                            w, wr_groups, false),
+                    Catch::Contains("weight_rows_backward: 3 dwp entries for u [9x5]"));
+  CHECK_THROWS_WITH(be.weight_rows_backward(mat(d, wr_rows, c), {}, cmat(u, wr_rows, c), cmat(own, wr_rows, c), {},
+                                            std::span<const double>(w).first(4), wr_groups, false),
+                    Catch::Contains("weight_rows_backward: 4 weights for u [9x5]"));
 }
 
 // combine_linear_backward with the weights applied after the product (x narrower than y) against its scaled-rows path

@@ -368,6 +368,17 @@ void scatter_add_rows_backward_shapes(CM<T> din, CS<T> dweights, CM<T> dout, CM<
   MOM_CHECK(dweights.empty() || ssize(dweights) == in.rows, "scatter_add_rows_backward: ", dweights.size(),
             " dweights for in ", shape(in));
 }
+// weight_rows_backward (backend/cpu/dispatch.hpp): d and u [n × c], a c wide with n rows or read through idx [n],
+// dwp and w empty or n long.
+template <class T>
+void weight_rows_backward_shapes(CM<T> d, CS<T> dwp, CM<T> u, CM<T> a, Tok idx, CS<T> w) {
+  const index_t n = u.rows;
+  MOM_CHECK(d.rows == n && d.cols == u.cols, "weight_rows_backward: d ", shape(d), " must match u ", shape(u));
+  MOM_CHECK(a.cols == u.cols && (idx.empty() ? a.rows == n : ssize(idx) == n), "weight_rows_backward: a ", shape(a),
+            " and ", idx.size(), " row indices for u ", shape(u));
+  MOM_CHECK(dwp.empty() || ssize(dwp) == n, "weight_rows_backward: ", dwp.size(), " dwp entries for u ", shape(u));
+  MOM_CHECK(w.empty() || ssize(w) == n, "weight_rows_backward: ", w.size(), " weights for u ", shape(u));
+}
 // group_by_choice over picks [n × K] into E classes (the picks are range-checked by each backend).
 inline void group_by_choice_shapes(Tok row_token, Tok row_slot, Tok offsets, MatrixView<const token_t> picks,
                                    index_t E) {

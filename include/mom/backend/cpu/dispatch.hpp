@@ -126,14 +126,9 @@ void scatter_add_rows_backward(MatrixView<T> din, std::span<T> dweights, MatrixV
 template <class T>
 void weight_rows_backward(MatrixView<T> d, std::span<T> dwp, MatrixView<const T> u, MatrixView<const T> a,
                           std::span<const token_t> idx, std::span<const T> w, bool relu) {
-  const index_t n = u.rows, c = u.cols;
-  MOM_CHECK(d.rows == n && d.cols == c, "weight_rows_backward: d ", shape(d), " must match u ", shape(u));
-  MOM_CHECK(a.cols == c, "weight_rows_backward: a ", shape(a), " must be ", c, " wide as u ", shape(u));
-  MOM_CHECK(idx.empty() ? a.rows == n : ssize(idx) == n, "weight_rows_backward: ", idx.size(), " row indices into a ",
-            shape(a), " for u ", shape(u));
-  MOM_CHECK(dwp.empty() || ssize(dwp) == n, "weight_rows_backward: dwp has ", dwp.size(), " entries for ", n, " rows");
-  MOM_CHECK(w.empty() || ssize(w) == n, "weight_rows_backward: ", w.size(), " weights for ", n, " rows");
+  checks::weight_rows_backward_shapes<T>(d, dwp, u, a, idx, w);
   detail::check_row_indices("weight_rows_backward", idx, a.rows, shape(a));
+  const index_t n = u.rows, c = u.cols;
 #pragma omp parallel for schedule(static) if (n * c > (1 << 16))
   for (index_t i = 0; i < n; ++i) {
     const T* ui = u.row(i);

@@ -328,9 +328,8 @@ void scatter_add_rows_backward(MatrixView<T> din, std::span<T> dweights, MatrixV
 template <class T>
 void weight_rows_backward(MatrixView<T> d, std::span<T> dwp, MatrixView<const T> u, MatrixView<const T> a,
                           std::span<const token_t> idx, std::span<const T> w, RowGroups g, bool relu) {
+  checks::weight_rows_backward_shapes<T>(d, dwp, u, a, idx, w);  // all rows, before the groups' part is cut
   const auto [o, n] = detail::group_rows("weight_rows_backward", g, u.rows);
-  MOM_CHECK(d.rows == u.rows && (!idx.empty() || a.rows == u.rows) && (idx.empty() || ssize(idx) == u.rows),
-            "weight_rows_backward: d ", shape(d), ", a ", shape(a), " and ", idx.size(), " row indices for u ", shape(u));
   if (n > 0)
     weight_rows_backward<T>(d.row_block(o, n), detail::part(dwp, o, n), u.row_block(o, n),
                             idx.empty() ? a.row_block(o, n) : a, detail::part(idx, o, n), detail::part(w, o, n), relu);
