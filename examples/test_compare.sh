@@ -52,22 +52,29 @@ if svg.count("<path") != 3:
 sys.exit(1 if bad else 0)
 PY
 # A run stopped part-way continues from its checkpoint when the sweep runs again, to the same numbers as the
-# uninterrupted run of the first sweep (the same plan: one pilot per architecture). The stop: a mom-train that ends
-# at step 2, leaving its last checkpoint as a killed run does (only the pilot's 2 steps get through whole).
+# uninterrupted run of the first sweep (the same plan: one pilot per architecture). The stop: a mom-train whose
+# tiny runs end at step 2, leaving the last checkpoint as a killed run does (only the pilot's 2 steps get through
+# whole); mod8, trained first, finishes, and the stopped sweep leaves a partial table of it.
 cat >"$T/stops_early.sh" <<EOF
 #!/usr/bin/env bash
-a=(); while (( \$# )); do if [ "\$1" = --steps ]; then a+=(--steps 2); shift 2; else a+=("\$1"); shift; fi; done
+stop=0; for x in "\$@"; do [ "\$x" = tiny ] && stop=1; done
+a=(); while (( \$# )); do if [ "\$1" = --steps ] && [ \$stop = 1 ]; then a+=(--steps 2); shift 2; else a+=("\$1"); shift; fi; done
 exec "$BIN" "\${a[@]}"
 EOF
 chmod +x "$T/stops_early.sh"
-rargs=(--data "$T/text.txt" --out "$T/resumed" --archs tiny --flops 3e10 --batch 2 --seq 16 --warmup 1 --evals 2
+rargs=(--data "$T/text.txt" --out "$T/resumed" --archs mod8,tiny --flops 3e10 --batch 2 --seq 16 --warmup 1 --evals 2
        --pilot 2 --eval-batches 1 --checkpoints 1 --seeds 1)
 if python3 "$HERE/../scripts/compare.py" --mom-train "$T/stops_early.sh" "${rargs[@]}" >"$T/stopped.log" 2>&1; then
   echo "FAIL: a run stopped at step 2 counted as finished"; cat "$T/stopped.log"; fail=1
 fi
+partial="$(cat "$T/resumed/results.md" 2>/dev/null)"
+{ grep -q "^Partial: 1 of 2 runs finished" <<<"$partial" && grep -q "^| mod8 |" <<<"$partial" &&
+  ! grep -q "^| tiny |" <<<"$partial"; } || { echo "FAIL: the stopped sweep's table of its finished run:"; echo "$partial"; fail=1; }
 python3 "$HERE/../scripts/compare.py" --mom-train "$BIN" "${rargs[@]}" >"$T/resumed.log" 2>&1 ||
   { echo "FAIL: the sweep after the stop"; cat "$T/resumed.log"; fail=1; }
 grep -q "^  resuming tiny seed 1" "$T/resumed.log" || { echo "FAIL: the stopped run was not resumed"; fail=1; }
+{ ! grep -q "^Partial" "$T/resumed/results.md" && grep -q "^| tiny |" "$T/resumed/results.md"; } ||
+  { echo "FAIL: the resumed sweep's table:"; cat "$T/resumed/results.md"; fail=1; }
 python3 - "$T/sweep/tiny/seed-1/metrics.jsonl" "$T/resumed/tiny/seed-1/metrics.jsonl" <<'PY' || fail=1
 import json, sys
 def read(path):

@@ -26,7 +26,8 @@ Writes into --out: one folder per run (<arch>/seed-<s>/, phase 1 in <arch>/seed-
 steps chosen), results.md (the table: validation cross-entropy mean ± sample std over seeds, total parameters,
 FLOP-equivalent active parameters = training FLOPs per token / 6, training FLOPs, wall time, tokens/s) and
 val_vs_flops.svg (validation loss against training FLOPs, mean over seeds per architecture, log-scaled FLOPs).
-Resumable: run it again with the same arguments and finished runs are kept, a run that was killed continues from
+Both are written again after every finished run (a sweep stopped by a time limit leaves the table of what it
+finished, headed "Partial: k of N runs finished"). Resumable: run it again with the same arguments and finished runs are kept, a run that was killed continues from
 its last checkpoint (mom-train --resume), and the plan is read back instead of measured again.
 """
 import argparse
@@ -269,6 +270,19 @@ def table(results, args):
     return "\n".join(lines) + "\n"
 
 
+def report(results, args, done, total):
+    """Writes results.md and val_vs_flops.svg for the runs finished so far; returns the table."""
+    text = table(results, args)
+    if done < total:
+        text = f"Partial: {done} of {total} runs finished (run the same command again to continue).\n\n" + text
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(text)
+    title = args.title or (f"validation loss at equal {'FLOPs' if args.flops else 'tokens'} "
+                           f"({len(args.seed_list)} seed{'s' if len(args.seed_list) > 1 else ''})")
+    svg(results, os.path.join(args.out, "val_vs_flops.svg"), title)
+    return text
+
+
 def svg_frame(box, title, x_label, y_label):
     """The opening lines of a plot: an SVG of width W and height H, its title, the axes of the plot area inside the
     margins L, R, T, B (box = (W, H, L, R, T, B)) and their labels (scripts/plot_lr_sweep.py draws in it too)."""
@@ -391,12 +405,9 @@ def main():
                          budget=args.flops * (1 - a.fraction) if args.flops and a.phase1 else args.flops, lr=a.lr)
             dirs.append(run_dir)
             results.setdefault(a.label, []).append(summarise(dirs))
-    text = table(results, args)
-    with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write(text)
-    title = args.title or (f"validation loss at equal {'FLOPs' if args.flops else 'tokens'} "
-                           f"({len(args.seed_list)} seed{'s' if len(args.seed_list) > 1 else ''})")
-    svg(results, os.path.join(args.out, "val_vs_flops.svg"), title)
+            # The table and the picture of the runs finished so far, after each run: a sweep stopped by a time
+            # limit (a device call) leaves them for what it finished; the resumed sweep writes them again.
+            text = report(results, args, done, total)
     print(text)
     print(f"wrote {os.path.join(args.out, 'results.md')} and {os.path.join(args.out, 'val_vs_flops.svg')}")
 

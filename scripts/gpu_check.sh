@@ -26,14 +26,16 @@
 #   4c. with MOM_GPU_COMPARE=1 (issue 32's sweep at GPT-2-small scale): scripts/compare.py on the GPU over the
 #      registry's GPT-2-small-sized entries (gpt2-small, gpt2-small-mom-p after gpt2-small, half the budget each
 #      phase, and gpt2-small-moeut; MOM_GPU_COMPARE_ARCHS to change), 3 seeds, MOM_GPU_COMPARE_FLOPS training FLOPs
-#      a run (default 1e15, about 150 dense steps: sized to fit one call, see docs/comparison.md), bf16, 8 x 1024
+#      a run (default 1e15, about 150 dense steps; 8.6 of its 9 runs took 505 s beside 4d on one H200: alone it
+#      fits a call, not with 4d; see docs/comparison.md), bf16, 8 x 1024
 #      tokens of KJV in the GPT-2 vocabulary (.gpu-deps/gpt2, from scripts/gpu_prepare.sh); its table and
 #      picture in $out/compare,
 #   4d. with MOM_GPU_MOMP_RECIPE=1 (issue 32's MoM_P with a phase 2 of the MoM recipe's length in steps, which the
 #      CPU cannot reach): compare.py on the GPU, dense8 against mom8-p after dense8 at the recipe's 2 : 1 phase
 #      ratio, 61.44 M bytes of KJV each (30 k steps of 16 x 128: mom8-p's phase 2 is 10 k steps, the recipe's),
-#      lr 1e-3 as the CPU's recipe-ratio runs, seeds MOM_GPU_MOMP_SEEDS (default 1: about 4-5 minutes a seed,
-#      estimated, not measured), fp32 as on the CPU; table and picture in $out/compare-mom-recipe,
+#      lr 1e-3 as the CPU's recipe-ratio runs, seeds MOM_GPU_MOMP_SEEDS (default 1: about 8-9 minutes a seed on an
+#      idle H200, from the thirtieth session's partial run: a device call of its own, without 4c), fp32 as on the
+#      CPU; table and picture in $out/compare-mom-recipe,
 #   5. a table last (sections 3 and 5 are left out with MOM_GPU_KJV=0): per run the validation curve, tokens/s and wall time, and each GPU run's largest validation
 #      difference from the CPU run's curve.
 # Logs go to $OUT (or ./gpu-out). Record the table in bench/RESULTS.md with the device's name.
