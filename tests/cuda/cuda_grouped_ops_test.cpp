@@ -15,6 +15,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <numeric>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -565,4 +567,56 @@ TEST_CASE("grouped ops: host shape errors as the cpu's, bad offsets and indices 
     CHECK_THAT(e.what(), Catch::Contains("gather_rows") && Catch::Contains("99") && Catch::Contains("position 57"));
   }
   be.sync();
+}
+
+// The weight gradients take the 128 × 128 tile only where it gives at least dw_wide_tile_blocks blocks, the 64 ×
+// 64 one below: 30 groups of a 260 × 260 dW_g is 270 blocks of the wide tile in one launch; each group alone is 9
+// (so the narrow tile, 25 blocks). Each dW element is the same k-ordered chain of products at either size: the
+// same bits; db's partial sums split the rows differently between the tiles' threads: equal within rounding.
+TEST_CASE("grouped weight gradients on tensor cores: the 128 x 128 and 64 x 64 tiles give the same dW bits",
+          "[cuda][grouped]") {
+  MOM_REQUIRE_GPU();
+  using T = float;
+  auto& be = gpu<T>();
+  test::Rng rng(77);
+  const index_t in = 260, out = 260;
+  const int G = 30;
+  Layout L{0, {3}};
+  for (int gi = 0; gi < G; ++gi) L.offsets.push_back(L.offsets.back() + token_t(rng.integer(0, 40)));
+  L.rows = L.offsets.back() + 5;
+  STATIC_REQUIRE(cuda::dw_wide_tile_blocks <= 9 * 30);  // the one launch takes the wide tile
+  STATIC_REQUIRE(cuda::dw_wide_tile_blocks > 9);        // a group alone the narrow one
+  const index_t R = L.rows;
+  auto x = rand_arr<T>(R * in, rng), dy = rand_arr<T>(R * out, rng), w = rand_arr<T>(G * pg_stride(out * in), rng);
+  const auto wd = per_group<const T>(w.d.data(), G, out * in);
+  for (const auto precision : {cuda::Precision::TF32, cuda::Precision::BF16}) {
+    INFO((precision == cuda::Precision::TF32 ? "TF32" : "BF16"));
+    auto dw_all = rand_arr<T>(G * pg_stride(out * in), rng), db_all = rand_arr<T>(G * pg_stride(out), rng);
+    Arr<T> dw_one(dw_all.initial), db_one(db_all.initial);
+    Groups<T> g(L);
+    be.set_precision(precision);
+    be.grouped_linear_backward(MatrixView<T>{}, per_group(dw_all.d.data(), G, out * in),
+                               per_group(db_all.d.data(), G, out), dy.dm(R, out), x.dm(R, in), wd, g.d());
+    for (int gi = 0; gi < G; ++gi) {
+      Groups<T> one(Layout{R, {L.offsets[std::size_t(gi)], L.offsets[std::size_t(gi) + 1]}});
+      const index_t at_w = index_t(G - 1 - gi) * pg_stride(out * in), at_b = index_t(G - 1 - gi) * pg_stride(out);
+      be.grouped_linear_backward(MatrixView<T>{}, PerGroup<T>(dw_one.d.data() + at_w, 1, [](int) { return index_t(0); }),
+                                 PerGroup<T>(db_one.d.data() + at_b, 1, [](int) { return index_t(0); }), dy.dm(R, out),
+                                 x.dm(R, in), PerGroup<const T>(w.d.data(), 1, [](int) { return index_t(0); }), one.d());
+    }
+    be.set_precision(cuda::Precision::TF32);
+    const auto a = dw_all.fetch(), b = dw_one.fetch();
+    const auto differ = std::inner_product(a.begin(), a.end(), b.begin(), std::size_t(0), std::plus<>(),
+                                           [](float u, float v) { return std::size_t(u != v); });
+    const auto changed = std::inner_product(a.begin(), a.end(), dw_all.initial.begin(), std::size_t(0), std::plus<>(),
+                                            [](float u, float v) { return std::size_t(u != v); });
+    INFO("dW elements that differ between the tiles: " << differ << "; changed by the product: " << changed);
+    CHECK(differ == 0);
+    CHECK(changed > a.size() / 2);
+    double scale = 0;
+    const auto dba = db_all.fetch(), dbo = db_one.fetch();
+    const double db_err = max_abs_diff(dba, std::vector<double>(dbo.begin(), dbo.end()), scale) / scale;
+    INFO("db: relative difference " << db_err);
+    CHECK(db_err <= 1e-6);
+  }
 }

@@ -55,6 +55,12 @@ enum class Precision : int {
          // fp32 accumulate and fp32 output (cublasGemmEx 16BF x 16BF -> 32F, CUBLAS_COMPUTE_32F)
 };
 
+// The grouped weight gradients (kernels/grouped_linear.cuh) take the tensor cores' 128 × 128 tile only where it gives
+// at least this many blocks, the 64 × 64 one below (the same dW bits; the tests pick shapes on either side): two
+// blocks for each of an H100's or H200's 132 multiprocessors (with 128 × 128 tiles moeut8's SwitchHead dW_g ran
+// 16 blocks a launch).
+inline constexpr index_t dw_wide_tile_blocks = 264;
+
 // Per-backend state shared by the launchers: the stream, the cuBLAS handle and small device
 // scratch, all created once by the backend (never inside a step, except that the CUB temp storage
 // of group_by_module grows on its first use unless reserve_dispatch sized it).

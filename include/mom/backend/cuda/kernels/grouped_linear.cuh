@@ -39,8 +39,10 @@ namespace dev {
 // The tensor-core paths (gemm_tile_tc) take a 128 × 128 tile and k steps of 16: the 8
 // warps tile it as 2 (rows) × 4 (columns) of 64 × 32, four × two 16 × 16 accumulators each, so a warp
 // issues 8 products per fragment step and a block 64 (bf16) or 128 (TF32) a barrier (a 64 × 64 tile with
-// two accumulators a warp issued 16 (bf16) or 32). They need sm_80; where the kernels were not compiled for it the
-// launchers take the SIMT path (with_gemm_path).
+// two accumulators a warp issued 16 (bf16) or 32). The weight gradients (grouped_dw_kernel: one block per output
+// tile and group, each looping over its group's rows) take the 64 × 64 tile where the 128 × 128 one would give
+// fewer than dw_wide_tile_blocks blocks (small dW_g: four times the blocks, the same sums in the same order).
+// They need sm_80; where the kernels were not compiled for it the launchers take the SIMT path (with_gemm_path).
 inline constexpr int gemm_bm = 64, gemm_bn = 64, gemm_bk = 16, gemm_threads = 256;
 enum GemmPath : int { gemm_simt = 0, gemm_tf32 = 1, gemm_bf16 = 2 };
 // A path's output tile: rows (of C or dW) and columns.
@@ -209,43 +211,48 @@ __device__ void gemm_tile(T (&acc)[4][4], T& asum, bool want_asum, const T* A, i
   }
 }
 
-// The tensor-core paths' tile (see above): 128 × 128 outputs, k steps of bk, operands staged as S with rows
-// ld apart (wmma's ldm: a multiple of 16 bytes; the fragments' rows 32-byte aligned).
-template <int Path>
+// The tensor-core paths' tile (see above): BM × BM outputs (128, or 64 for small weight gradients), k steps of
+// bk, operands staged as S with rows ld apart (wmma's ldm: a multiple of 16 bytes; the fragments' rows 32-byte
+// aligned). The 8 warps are 2 (rows) × 4 (columns) of BM / 2 × BM / 4, fi × fj accumulators each.
+template <int Path, int BM = 128>
 struct TcGemmTile {
   static_assert(Path == gemm_tf32 || Path == gemm_bf16);
-  static constexpr int bm = gemm_tile_m<Path>, bn = gemm_tile_n<Path>;
+  static_assert(BM == 128 || BM == 64, "the tensor-core tile is 128 x 128 or 64 x 64");
+  static constexpr int bm = BM, bn = BM, fi = BM / 32, fj = BM / 64;
   static constexpr int bk = 16, kf = Path == gemm_bf16 ? 16 : 8;  // k step (32 for bf16 spilled), wmma k
   static constexpr int ld = bm + (Path == gemm_bf16 ? 8 : 4);
-  static constexpr int stage_ld = 16;  // a warp's fp32 staging of one accumulator in the epilogue (fits the bf16 A buffer)
-  static_assert(bm == bn && bm * bk % gemm_threads == 0);
+  static constexpr int stage_ld = 16;  // a warp's fp32 staging of one accumulator in the epilogue (in the A and B buffers)
+  static_assert(bm * bk % gemm_threads == 0);
 };
 
-// The tensor-core tile: C(m0 + i, n0 + j) = Σ_{k<K} A(m0 + i, k) · B(k, n0 + j) for i, j < 128, each passed to
-// epi(i, j, value) once (rows and columns past M, N too: the epilogue checks). Warp w owns rows 64·(w % 2) ..
-// and columns 32·(w / 2) ..; after the last step each warp stores its accumulators one at a time into its own
-// staging in the (then free) A buffer and calls epi from there. want_asum (A not KC): thread t < 128 gets
-// asum += Σ_k A(m0 + t, k) as gemm_tile does (thread t loads only row t % 128 of A). Every thread must call it.
-template <bool AKC, bool BKC, int Path, class Epi>
+// The tensor-core tile: C(m0 + i, n0 + j) = Σ_{k<K} A(m0 + i, k) · B(k, n0 + j) for i, j < BM, each passed to
+// epi(i, j, value) once (rows and columns past M, N too: the epilogue checks). Warp w owns rows BM / 2·(w % 2) ..
+// and columns BM / 4·(w / 2) ..; after the last step each warp stores its accumulators one at a time into its own
+// staging in the (then free) operand buffers and calls epi from there. want_asum (A not KC): thread t < BM gets
+// asum += Σ_k A(m0 + t, k) as gemm_tile does (thread t loads only row t % BM of A). Every thread must call it. Each
+// output's products are the same k-ordered chain at either BM (the same bits).
+template <bool AKC, bool BKC, int Path, int BM, class Epi>
 __device__ void gemm_tile_tc(float& asum, bool want_asum, const float* A, index_t lda, const float* B, index_t ldb,
                              index_t M, index_t N, index_t K, index_t m0, index_t n0, RowList arows, RowList brows,
                              Epi&& epi) {
   if constexpr (wmma_available) {
     namespace wm = nvcuda::wmma;
-    using Tile = TcGemmTile<Path>;
+    using Tile = TcGemmTile<Path, BM>;
     using S = typename GemmStage<float, Path>::type;
     using FragT = std::conditional_t<Path == gemm_bf16, bf16_t, tf32_tag>;
-    constexpr int BM = Tile::bm, BN = Tile::bn, BK = Tile::bk, LD = Tile::ld, KF = Tile::kf, SLD = Tile::stage_ld;
+    constexpr int BN = Tile::bn, BK = Tile::bk, LD = Tile::ld, KF = Tile::kf, SLD = Tile::stage_ld;
+    constexpr int FI = Tile::fi, FJ = Tile::fj, WR = BM / 2, WC = BM / 4;  // a warp's accumulators, rows, columns
     constexpr int Q = BM * BK / gemm_threads;
-    alignas(128) __shared__ S As[2][BK][LD];
-    alignas(128) __shared__ S Bs[2][BK][LD];
-    static_assert(sizeof(As) >= sizeof(float) * 8 * 16 * SLD, "the epilogue's staging must fit in the A buffer");
+    alignas(128) __shared__ S Ops[2][2][BK][LD];  // [A, B][double buffer]
+    S(&As)[2][BK][LD] = Ops[0];
+    S(&Bs)[2][BK][LD] = Ops[1];
+    static_assert(sizeof(Ops) >= sizeof(float) * 8 * 16 * SLD, "the epilogue's staging must fit in the operand buffers");
     const int t = threadIdx.x, warp = t / 32, lane = t % 32, wm_ = warp % 2, wn_ = warp / 2;
-    wm::fragment<wm::accumulator, 16, 16, KF, float> c[4][2];
+    wm::fragment<wm::accumulator, 16, 16, KF, float> c[FI][FJ];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < FI; ++i)
 #pragma unroll
-      for (int j = 0; j < 2; ++j) wm::fill_fragment(c[i][j], 0.0f);
+      for (int j = 0; j < FJ; ++j) wm::fill_fragment(c[i][j], 0.0f);
     float part = 0.0f;
     const index_t steps = (K + BK - 1) / BK;
     if (steps > 0) {
@@ -266,16 +273,16 @@ __device__ void gemm_tile_tc(float& asum, bool want_asum, const float* A, index_
         }
 #pragma unroll
         for (int kk = 0; kk < BK; kk += KF) {
-          wm::fragment<wm::matrix_a, 16, 16, KF, FragT, wm::col_major> af[4];
-          wm::fragment<wm::matrix_b, 16, 16, KF, FragT, wm::row_major> bf[2];
+          wm::fragment<wm::matrix_a, 16, 16, KF, FragT, wm::col_major> af[FI];
+          wm::fragment<wm::matrix_b, 16, 16, KF, FragT, wm::row_major> bf[FJ];
 #pragma unroll
-          for (int i = 0; i < 4; ++i) wm::load_matrix_sync(af[i], &As[cur][kk][wm_ * 64 + 16 * i], LD);
+          for (int i = 0; i < FI; ++i) wm::load_matrix_sync(af[i], &As[cur][kk][wm_ * WR + 16 * i], LD);
 #pragma unroll
-          for (int j = 0; j < 2; ++j) wm::load_matrix_sync(bf[j], &Bs[cur][kk][wn_ * 32 + 16 * j], LD);
+          for (int j = 0; j < FJ; ++j) wm::load_matrix_sync(bf[j], &Bs[cur][kk][wn_ * WC + 16 * j], LD);
 #pragma unroll
-          for (int i = 0; i < 4; ++i)
+          for (int i = 0; i < FI; ++i)
 #pragma unroll
-            for (int j = 0; j < 2; ++j) wm::mma_sync(c[i][j], af[i], bf[j], c[i][j]);
+            for (int j = 0; j < FJ; ++j) wm::mma_sync(c[i][j], af[i], bf[j], c[i][j]);
         }
         if (next) {
           gemm_store<float, AKC, Path, BM, BK, LD>(As[cur ^ 1], ra);
@@ -284,15 +291,15 @@ __device__ void gemm_tile_tc(float& asum, bool want_asum, const float* A, index_
         __syncthreads();  // step s's buffer is free and step s + 1's is complete
       }
     }
-    float* stage = reinterpret_cast<float*>(&As[0][0][0]) + warp * 16 * SLD;
+    float* stage = reinterpret_cast<float*>(&Ops[0][0][0][0]) + warp * 16 * SLD;
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < FI; ++i)
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < FJ; ++j) {
         wm::store_matrix_sync(stage, c[i][j], SLD, wm::mem_row_major);
         __syncwarp();
         for (int e = lane; e < 256; e += 32)
-          epi(wm_ * 64 + 16 * i + e / 16, wn_ * 32 + 16 * j + e % 16, stage[(e / 16) * SLD + e % 16]);
+          epi(wm_ * WR + 16 * i + e / 16, wn_ * WC + 16 * j + e % 16, stage[(e / 16) * SLD + e % 16]);
         __syncwarp();
       }
     if constexpr (!AKC) {
@@ -300,7 +307,10 @@ __device__ void gemm_tile_tc(float& asum, bool want_asum, const float* A, index_
         __shared__ float red[gemm_threads / BM][BM];
         red[t / BM][t % BM] = part;
         __syncthreads();
-        if (t < BM) asum += red[0][t] + red[1][t];
+        if (t < BM) {
+          if constexpr (BM == 128) asum += red[0][t] + red[1][t];
+          else asum += (red[0][t] + red[1][t]) + (red[2][t] + red[3][t]);  // as gemm_tile's
+        }
       }
     }
   } else {
@@ -310,8 +320,8 @@ __device__ void gemm_tile_tc(float& asum, bool want_asum, const float* A, index_
 }
 
 // One output tile of the path: the tile core's results through epi(row in tile, column in tile, value) (with
-// Product = false, only asum: the SIMT core).
-template <class T, bool AKC, bool BKC, bool Product, int Path, class Epi>
+// Product = false, only asum: the SIMT core). BM: the tensor-core tile's size (the SIMT tile is 64 × 64).
+template <class T, bool AKC, bool BKC, bool Product, int Path, int BM = gemm_tile_m<Path>, class Epi>
 __device__ void gemm_run(T& asum, bool want_asum, const T* A, index_t lda, const T* B, index_t ldb, index_t M, index_t N,
                          index_t K, index_t m0, index_t n0, RowList arows, RowList brows, Epi&& epi) {
   if constexpr (Path == gemm_simt || !Product) {
@@ -329,7 +339,7 @@ __device__ void gemm_run(T& asum, bool want_asum, const T* A, index_t lda, const
         for (int j = 0; j < 4; ++j) epi(ty + 16 * i, tx + 16 * j, acc[i][j]);
     }
   } else {
-    gemm_tile_tc<AKC, BKC, Path>(asum, want_asum, A, lda, B, ldb, M, N, K, m0, n0, arows, brows, epi);
+    gemm_tile_tc<AKC, BKC, Path, BM>(asum, want_asum, A, lda, B, ldb, M, N, K, m0, n0, arows, brows, epi);
   }
 }
 
@@ -372,11 +382,12 @@ __global__ void grouped_rows_gemm_kernel(MatrixView<T> c, MatrixView<const T> a,
 // each block loops over its group's rows (the k dimension, a device-side length). The blocks of
 // column tile 0 also sum dy's columns for db (each db element has exactly one writer: no atomics,
 // deterministic). With dw empty the launch has one column tile and only db is computed.
-// With x_idx, packed row r is x's row x_idx[r] (x the table).
-template <class T, bool WithDw, int Path>
+// With x_idx, packed row r is x's row x_idx[r] (x the table). BM: the output tile's size (SIMT: 64).
+template <class T, bool WithDw, int Path, int BM = gemm_tile_m<Path>>
 __global__ void grouped_dw_kernel(PerGroup<T> dw, PerGroup<T> db, MatrixView<const T> dy, MatrixView<const T> x,
                                   const token_t* x_idx, RowGroups g, index_t n_tiles, int* error) {
-  constexpr int BM = gemm_tile_m<Path>, BN = gemm_tile_n<Path>;
+  static_assert(Path != gemm_simt || BM == gemm_bm, "the SIMT tile is 64 x 64");
+  constexpr int BN = BM;
   check_offsets(g, dy.rows, error);
   const int gi = int(blockIdx.y);
   const RowRange rr = group_rows(g, gi, dy.rows);
@@ -386,7 +397,7 @@ __global__ void grouped_dw_kernel(PerGroup<T> dw, PerGroup<T> db, MatrixView<con
   const bool want_db = db.base != nullptr && n0 == 0;
   T asum = T(0);
   T* d = WithDw ? dw.base + dw.at[gi] : nullptr;
-  gemm_run<T, false, false, WithDw, Path>(asum, want_db, dy.data + rr.lo * dy.ld, dy.ld,
+  gemm_run<T, false, false, WithDw, Path, BM>(asum, want_db, dy.data + rr.lo * dy.ld, dy.ld,
                                           x_idx ? x.data : x.data + rr.lo * x.ld, x.ld, M, N, K, m0, n0, RowList{},
                                           x_idx ? RowList{x_idx + rr.lo, x.rows} : RowList{}, [&](int i, int j, T v) {
                                             const index_t m = m0 + i, n = n0 + j;
@@ -452,11 +463,17 @@ void GroupedKernels<T>::linear_backward_dw(const Context& ctx, PG dw, PG db, CM 
     } else {
       dev::with_gemm_path<T>(ctx, [&](auto path) {
         constexpr int P = decltype(path)::value;
-        const index_t m_tiles = (dy.cols + dev::gemm_tile_m<P> - 1) / dev::gemm_tile_m<P>;
-        const index_t n_tiles = (x.cols + dev::gemm_tile_n<P> - 1) / dev::gemm_tile_n<P>;
-        dev::launch("grouped_linear_backward", ctx, dim3(unsigned(m_tiles * n_tiles), unsigned(g.count)),
-                    dev::gemm_threads, dev::grouped_dw_kernel<T, true, decltype(path)::value>, dw, db, dy, x, idx, g,
-                    n_tiles, ctx.error);
+        const auto run = [&](auto bm) {
+          constexpr int BM = decltype(bm)::value;
+          const index_t m_tiles = (dy.cols + BM - 1) / BM, n_tiles = (x.cols + BM - 1) / BM;
+          dev::launch("grouped_linear_backward", ctx, dim3(unsigned(m_tiles * n_tiles), unsigned(g.count)),
+                      dev::gemm_threads, dev::grouped_dw_kernel<T, true, P, BM>, dw, db, dy, x, idx, g, n_tiles,
+                      ctx.error);
+        };
+        constexpr int wide = dev::gemm_tile_m<P>;
+        const index_t wide_blocks = ((dy.cols + wide - 1) / wide) * ((x.cols + wide - 1) / wide) * g.count;
+        if (P == dev::gemm_simt || wide_blocks >= dw_wide_tile_blocks) run(std::integral_constant<int, wide>{});
+        else run(std::integral_constant<int, 64>{});
       });
       return;
     }
