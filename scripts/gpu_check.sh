@@ -6,13 +6,14 @@
 #      test_cuda, mom-train, bench_gpu_train_step and bench_gpu_decode in .gpu-deps/bin: no device minutes on a build),
 #   2. test_cuda: the cross-backend suite, the Trainer on CUDA against the CPU among it (tests/cuda/),
 #   3. mom-train on KJV (.gpu-deps/kjv.txt), dense8 and mom8-p, 300 steps of 16 x 128 bytes: on the GPU in tf32
-#      and bf16, and on the CPU (fp32; in the background, beside the GPU runs), validation every 50 steps,
-#      With MOM_GPU_CPU_RUNS=<folder> (dense8-cpu/ and mom8-p-cpu/, each with its metrics.jsonl, made by the same
-#      commands on the development machine: the CPU's curve does not need the GPU machine) no CPU run is started here.
-#      Made so in the fourteenth session (about 5 and 11 minutes on 2 cores), then carried with the call:
+#      and bf16, validation every 50 steps, beside the CPU's curves of the same commands: MOM_GPU_CPU_RUNS=<folder>
+#      (dense8-cpu/ and mom8-p-cpu/, each with its metrics.jsonl; default bench/gpu_cpu_curves, in the repository:
+#      the validation rows and the last training row of runs made on the development machine in the thirtieth
+#      session, about 5 and 15 minutes on 2 cores; make them again when scripts/fingerprint.sh changes dense8's or
+#      mom8-p's line); MOM_GPU_CPU_RUNS= (empty) runs them on the GPU machine's CPU instead, in the background:
 #        for a in dense8 mom8-p; do build/examples/mom-train --data .gpu-deps/kjv.txt --steps 300 --batch 16 --seq 128 \
 #          --eval-interval 50 --eval-batches 8 --checkpoint-interval 0 --lr 2e-3 --warmup 50 --arch $a \
-#          --out .gpu-deps/cpu-runs/$a-cpu --threads 2 --sample-tokens 0; done
+#          --out <folder>/$a-cpu --threads 2 --sample-tokens 0; done
 #   4. with MOM_GPU_BENCH=1 (issue 28's numbers): bench_gpu_train_step (GPT-2 small and MoM_P at 8 x 1024, TF32 and
 #      bf16; with MOM_GPU_BENCH_BEFORE=<binary>, that older build too, first, for a before / after in one call) and
 #      bench/pytorch_gpu_train_step.py (PyTorch's GPT-2 small, bf16 autocast, eager and torch.compile) in the same
@@ -80,9 +81,10 @@ common=(--data "$kjv" --steps 300 --batch 16 --seq 128 --eval-interval 50 --eval
 # Two CPU runs side by side, leaving 4 cores to the GPU runs' host thread (their launches are host-bound).
 cpu_threads=$(( jobs > 8 ? (jobs - 4) / 2 : 1 ))
 for arch in dense8 mom8-p; do
-  if [ -n "${MOM_GPU_CPU_RUNS:-}" ]; then
-    mkdir -p "$out/runs/$arch-cpu" && cp "$repo/$MOM_GPU_CPU_RUNS/$arch-cpu/metrics.jsonl" "$out/runs/$arch-cpu/" ||
-      note "no $MOM_GPU_CPU_RUNS/$arch-cpu/metrics.jsonl"
+  cpu_runs="${MOM_GPU_CPU_RUNS-bench/gpu_cpu_curves}"
+  if [ -n "$cpu_runs" ]; then
+    mkdir -p "$out/runs/$arch-cpu" && cp "$repo/$cpu_runs/$arch-cpu/metrics.jsonl" "$out/runs/$arch-cpu/" ||
+      note "no $cpu_runs/$arch-cpu/metrics.jsonl"
     continue
   fi
   timeout 420 "$bin" "${common[@]}" --arch "$arch" --out "$out/runs/$arch-cpu" --threads "$cpu_threads" --sample-tokens 0 >"$out/$arch-cpu.txt" 2>&1 &
