@@ -46,6 +46,15 @@ table = open(os.path.join(out, "results.md")).read()
 for spec in ("| tiny |", "| mod8 |", "| mom8-e (after dense8, 0.5) |"):
     if spec not in table or "(n=2)" not in table.split(spec)[1].split("\n")[0]:
         print(f"FAIL: results.md has no row {spec} over 2 seeds"); bad += 1
+# The "best val CE on the way" column: the mean over seeds of each run's lowest validation loss (of its last phase).
+for folder, label in (("mod8", "| mod8 |"), ("mom8-e_after_dense8_0.5", "| mom8-e (after dense8, 0.5) |")):
+    lows = [min(json.loads(l)["loss"] for l in open(os.path.join(out, folder, f"seed-{s}", "metrics.jsonl"))
+                if json.loads(l)["type"] == "val") for s in (1, 2)]
+    row = [c.strip() for c in table.split(label)[1].split("\n")[0].split("|")]
+    final, best = float(row[0].split()[0]), float(row[1].split()[0])
+    ok = abs(best - sum(lows) / 2) < 6e-5 and best <= final
+    print(f"{'ok' if ok else 'FAIL'}: {label} best {best} (runs' lowest {lows}), final {final}")
+    bad += not ok
 svg = open(os.path.join(out, "val_vs_flops.svg")).read()
 if svg.count("<path") != 3:
     print(f"FAIL: val_vs_flops.svg draws {svg.count('<path')} curves, not 3"); bad += 1

@@ -23,7 +23,8 @@ A suffix /lr=X gives an architecture a peak learning rate of its own (both phase
 table names it.
 
 Writes into --out: one folder per run (<arch>/seed-<s>/, phase 1 in <arch>/seed-<s>-phase1/), plan.json (the
-steps chosen), results.md (the table: validation cross-entropy mean ± sample std over seeds, total parameters,
+steps chosen), results.md (the table: validation cross-entropy mean ± sample std over seeds, at the end and the
+lowest of the run's validations (of its last phase: a long run on a small corpus overfits), total parameters,
 FLOP-equivalent active parameters = training FLOPs per token / 6, training FLOPs, wall time, tokens/s) and
 val_vs_flops.svg (validation loss against training FLOPs, mean over seeds per architecture, log-scaled FLOPs).
 Both are written again after every finished run (a sweep stopped by a time limit leaves the table of what it
@@ -217,7 +218,7 @@ def plan_runs(runner, archs, seeds, data, out):
 
 def summarise(run_dirs):
     """Curve (cumulative FLOPs and tokens at each validation) and totals of one seed's run (phases chained)."""
-    curve, flops, tokens, seconds, params, tok_rates, cross_entropy = [], 0.0, 0.0, 0.0, None, [], None
+    curve, flops, tokens, seconds, params, tok_rates, cross_entropy, best = [], 0.0, 0.0, 0.0, None, [], None, None
     for run_dir in run_dirs:
         runs, train, val = read_metrics(run_dir)
         cumulative, running = {}, 0.0
@@ -233,8 +234,9 @@ def summarise(run_dirs):
         tok_rates.append(float(last["tok_per_s"]))
         params = runs[-1].get("params") if runs else None
         cross_entropy = float(val[max(val)]["loss"])
+        best = min(float(v["loss"]) for v in val.values())  # the last phase's: a two-phase run's phase 1 is B's
     return {"curve": curve, "flops": flops, "tokens": tokens, "seconds": seconds, "params": params,
-            "tok_per_s": tok_rates[-1], "val": cross_entropy}
+            "tok_per_s": tok_rates[-1], "val": cross_entropy, "best": best}
 
 
 def mean_std(xs):
@@ -255,16 +257,18 @@ def table(results, args):
     lines = [f"Budget: {budget} per run; batch {args.batch} × {args.seq}; seeds {args.seeds}; device {args.device}"
              + (f", {args.precision}" if args.precision else "") + ".",
              "",
-             "| architecture | val CE (nats/token, mean ± std) | params | active (FLOP-eq.) | training FLOPs | "
-             "tokens | wall | tok/s |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| architecture | val CE (nats/token, mean ± std) | best val CE on the way | params | active (FLOP-eq.) | "
+             "training FLOPs | tokens | wall | tok/s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for label, rs in sorted(results.items(), key=lambda kv: mean_std([r["val"] for r in kv[1]])[0]):
         ce, sd = mean_std([r["val"] for r in rs])
+        best, best_sd = mean_std([r["best"] for r in rs])
         flops = statistics.mean(r["flops"] for r in rs)
         tokens = statistics.mean(r["tokens"] for r in rs)
         active = flops / tokens / 6.0 if tokens else 0.0
         params = rs[0]["params"]
-        lines.append(f"| {label} | {ce:.4f} ± {sd:.4f} (n={len(rs)}) | {si(params) if params else '?'} | {si(active)} | "
+        lines.append(f"| {label} | {ce:.4f} ± {sd:.4f} (n={len(rs)}) | {best:.4f} ± {best_sd:.4f} | "
+                     f"{si(params) if params else '?'} | {si(active)} | "
                      f"{si(flops)} | {si(tokens)} | {statistics.mean(r['seconds'] for r in rs):.0f} s | "
                      f"{statistics.mean(r['tok_per_s'] for r in rs):.0f} |")
     return "\n".join(lines) + "\n"
