@@ -48,8 +48,8 @@ for spec in ("| tiny |", "| mod8 |", "| mom8-e (after dense8, 0.5) |"):
         print(f"FAIL: results.md has no row {spec} over 2 seeds"); bad += 1
 # The "best val CE on the way" column: the mean over seeds of each run's lowest validation loss (of its last phase).
 for folder, label in (("mod8", "| mod8 |"), ("mom8-e_after_dense8_0.5", "| mom8-e (after dense8, 0.5) |")):
-    lows = [min(json.loads(l)["loss"] for l in open(os.path.join(out, folder, f"seed-{s}", "metrics.jsonl"))
-                if json.loads(l)["type"] == "val") for s in (1, 2)]
+    rows = {s: [json.loads(l) for l in open(os.path.join(out, folder, f"seed-{s}", "metrics.jsonl"))] for s in (1, 2)}
+    lows = [min(r["loss"] for r in rows[s] if r["type"] == "val") for s in (1, 2)]
     row = [c.strip() for c in table.split(label)[1].split("\n")[0].split("|")]
     final, best = float(row[0].split()[0]), float(row[1].split()[0])
     ok = abs(best - sum(lows) / 2) < 6e-5 and best <= final

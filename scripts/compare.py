@@ -28,8 +28,9 @@ lowest of the run's validations (of its last phase: a long run on a small corpus
 FLOP-equivalent active parameters = training FLOPs per token / 6, training FLOPs, wall time, tokens/s) and
 val_vs_flops.svg (validation loss against training FLOPs, mean over seeds per architecture, log-scaled FLOPs).
 Both are written again after every finished run (a sweep stopped by a time limit leaves the table of what it
-finished, headed "Partial: k of N runs finished"). Resumable: run it again with the same arguments and finished runs are kept, a run that was killed continues from
-its last checkpoint (mom-train --resume), and the plan is read back instead of measured again.
+finished, headed "Partial: k of N runs finished"). Resumable: run it again with the same arguments and finished
+runs are kept, a run that was killed continues from its last checkpoint (mom-train --resume), and the plan is read
+back instead of measured again.
 """
 import argparse
 import html

@@ -80,8 +80,8 @@ common=(--data "$kjv" --steps 300 --batch 16 --seq 128 --eval-interval 50 --eval
         --lr 2e-3 --warmup 50)
 # Two CPU runs side by side, leaving 4 cores to the GPU runs' host thread (their launches are host-bound).
 cpu_threads=$(( jobs > 8 ? (jobs - 4) / 2 : 1 ))
+cpu_runs="${MOM_GPU_CPU_RUNS-bench/gpu_cpu_curves}"
 for arch in dense8 mom8-p; do
-  cpu_runs="${MOM_GPU_CPU_RUNS-bench/gpu_cpu_curves}"
   if [ -n "$cpu_runs" ]; then
     mkdir -p "$out/runs/$arch-cpu" && cp "$repo/$cpu_runs/$arch-cpu/metrics.jsonl" "$out/runs/$arch-cpu/" ||
       note "no $cpu_runs/$arch-cpu/metrics.jsonl"

@@ -589,27 +589,29 @@ TEST_CASE("grouped weight gradients on tensor cores: the 128 x 128 and 64 x 64 t
   const index_t R = L.rows;
   auto x = rand_arr<T>(R * in, rng), dy = rand_arr<T>(R * out, rng), w = rand_arr<T>(G * pg_stride(out * in), rng);
   const auto wd = per_group<const T>(w.d.data(), G, out * in);
+  Groups<T> g(L);
+  // Elements of a and b that differ.
+  const auto differing = [](const std::vector<T>& a, const std::vector<T>& b) {
+    return std::inner_product(a.begin(), a.end(), b.begin(), std::size_t(0), std::plus<>(),
+                              [](T u, T v) { return std::size_t(u != v); });
+  };
   for (const auto precision : {cuda::Precision::TF32, cuda::Precision::BF16}) {
     INFO((precision == cuda::Precision::TF32 ? "TF32" : "BF16"));
     auto dw_all = rand_arr<T>(G * pg_stride(out * in), rng), db_all = rand_arr<T>(G * pg_stride(out), rng);
     Arr<T> dw_one(dw_all.initial), db_one(db_all.initial);
-    Groups<T> g(L);
     be.set_precision(precision);
     be.grouped_linear_backward(MatrixView<T>{}, per_group(dw_all.d.data(), G, out * in),
                                per_group(db_all.d.data(), G, out), dy.dm(R, out), x.dm(R, in), wd, g.d());
     for (int gi = 0; gi < G; ++gi) {
       Groups<T> one(Layout{R, {L.offsets[std::size_t(gi)], L.offsets[std::size_t(gi) + 1]}});
       const index_t at_w = index_t(G - 1 - gi) * pg_stride(out * in), at_b = index_t(G - 1 - gi) * pg_stride(out);
-      be.grouped_linear_backward(MatrixView<T>{}, PerGroup<T>(dw_one.d.data() + at_w, 1, [](int) { return index_t(0); }),
-                                 PerGroup<T>(db_one.d.data() + at_b, 1, [](int) { return index_t(0); }), dy.dm(R, out),
-                                 x.dm(R, in), PerGroup<const T>(w.d.data(), 1, [](int) { return index_t(0); }), one.d());
+      be.grouped_linear_backward(MatrixView<T>{}, per_group(dw_one.d.data() + at_w, 1, out * in),
+                                 per_group(db_one.d.data() + at_b, 1, out), dy.dm(R, out), x.dm(R, in),
+                                 per_group<const T>(w.d.data(), 1, out * in), one.d());
     }
     be.set_precision(cuda::Precision::TF32);
     const auto a = dw_all.fetch(), b = dw_one.fetch();
-    const auto differ = std::inner_product(a.begin(), a.end(), b.begin(), std::size_t(0), std::plus<>(),
-                                           [](float u, float v) { return std::size_t(u != v); });
-    const auto changed = std::inner_product(a.begin(), a.end(), dw_all.initial.begin(), std::size_t(0), std::plus<>(),
-                                            [](float u, float v) { return std::size_t(u != v); });
+    const auto differ = differing(a, b), changed = differing(a, dw_all.initial);
     INFO("dW elements that differ between the tiles: " << differ << "; changed by the product: " << changed);
     CHECK(differ == 0);
     CHECK(changed > a.size() / 2);
