@@ -602,12 +602,13 @@ TEST_CASE("grouped weight gradients on tensor cores: the 128 x 128 and 64 x 64 t
     be.set_precision(precision);
     be.grouped_linear_backward(MatrixView<T>{}, per_group(dw_all.d.data(), G, out * in),
                                per_group(db_all.d.data(), G, out), dy.dm(R, out), x.dm(R, in), wd, g.d());
-    for (int gi = 0; gi < G; ++gi) {
-      Groups<T> one(Layout{R, {L.offsets[std::size_t(gi)], L.offsets[std::size_t(gi) + 1]}});
+    for (int gi = 0; gi < G; ++gi) {  // each group's rows as matrices of their own (too few rows to split: dw_splits)
+      const index_t lo = L.offsets[std::size_t(gi)], n = L.offsets[std::size_t(gi) + 1] - lo;
+      Groups<T> one(Layout{n, {0, token_t(n)}});
       const index_t at_w = index_t(G - 1 - gi) * pg_stride(out * in), at_b = index_t(G - 1 - gi) * pg_stride(out);
       be.grouped_linear_backward(MatrixView<T>{}, per_group(dw_one.d.data() + at_w, 1, out * in),
-                                 per_group(db_one.d.data() + at_b, 1, out), dy.dm(R, out), x.dm(R, in),
-                                 per_group<const T>(w.d.data(), 1, out * in), one.d());
+                                 per_group(db_one.d.data() + at_b, 1, out), dy.dm(R, out).row_block(lo, n),
+                                 x.dm(R, in).row_block(lo, n), per_group<const T>(w.d.data(), 1, out * in), one.d());
     }
     be.set_precision(cuda::Precision::TF32);
     const auto a = dw_all.fetch(), b = dw_one.fetch();
@@ -621,4 +622,99 @@ TEST_CASE("grouped weight gradients on tensor cores: the 128 x 128 and 64 x 64 t
     INFO("db: relative difference " << db_err);
     CHECK(db_err <= 1e-6);
   }
+}
+
+// Few, small dW_g over many rows are split over their rows (kernels.hpp, dw_splits): 5 groups of a 130 × 40 dW_g (3
+// narrow tiles each: 15 blocks) over 4120 grouped rows take 3 slices (at most one per 256 rows of an average group).
+// Each slice's sums are the unsplit kernel's over that slice's rows alone (a view of them: under 512 rows, no split),
+// so the split dW and db must be their initial values plus the slices' sums added in slice order: the same bits. The
+// 20-row group has an empty third slice, the empty group none; x is also read through an index list. FP32 also
+// against the CPU.
+TEST_CASE("grouped weight gradients split over their rows: the slices' sums added in order give the same bits",
+          "[cuda][grouped]") {
+  MOM_REQUIRE_GPU();
+  using T = float;
+  auto& be = gpu<T>();
+  test::Rng rng(78);
+  const index_t in = 40, out = 130, Tn = 300;
+  const Layout L{4125, {3, 1403, 1423, 1423, 2823, 4123}};
+  const int G = L.count(), S = 3;
+  const index_t R = L.rows;
+  const std::size_t ws = std::size_t(32) << 20, slice_bytes = std::size_t(G) * (out * in + out) * sizeof(T);
+  REQUIRE(cuda::dw_splits(3 * G, R, G, out, in, sizeof(T), ws) == S);
+  CHECK(cuda::dw_splits(cuda::dw_wide_tile_blocks, R, G, out, in, sizeof(T), ws) == 1);   // blocks enough
+  CHECK(cuda::dw_splits(15, G * (2 * cuda::dw_split_min_rows - 1), G, out, in, sizeof(T), ws) == 1);  // rows too few
+  CHECK(cuda::dw_splits(15, index_t(1) << 24, G, out, in, sizeof(T), ws) == 18);          // ceil(264 / 15)
+  CHECK(cuda::dw_splits(15, index_t(1) << 24, G, out, in, sizeof(T), 5 * slice_bytes + 1) == 5);  // the workspace
+  // Slice s of a group's rows [lo, hi) (grouped_linear.cuh, dw_slice): ceil(n / S) rows rounded up to 16.
+  const auto slice = [&](index_t lo, index_t hi, int s) {
+    const index_t chunk = ((hi - lo + S - 1) / S + 15) / 16 * 16, a = std::min(hi, lo + s * chunk);
+    return std::pair{a, std::min(hi, a + chunk)};
+  };
+  Groups<T> g(L);
+  auto x = rand_arr<T>(R * in, rng), dy = rand_arr<T>(R * out, rng), table = rand_arr<T>(Tn * in, rng);
+  auto w = rand_arr<T>(G * pg_stride(out * in), rng);
+  auto idx = Arr<T, token_t>(grouped_indices(L, Tn, rng));
+  const auto wh = per_group<const T>(w.h.data(), G, out * in), wd = per_group<const T>(w.d.data(), G, out * in);
+  const auto one_w = per_group<const T>(w.d.data(), 1, out * in);
+  const auto differing = [](const std::vector<T>& a, const std::vector<T>& b) {
+    return std::inner_product(a.begin(), a.end(), b.begin(), std::size_t(0), std::plus<>(),
+                              [](T u, T v) { return std::size_t(u != v); });
+  };
+  for (const bool gathered : {false, true})
+    for (const auto precision : {cuda::Precision::FP32, cuda::Precision::TF32, cuda::Precision::BF16}) {
+      INFO((gathered ? "x through indices, " : "x, ")
+           << (precision == cuda::Precision::FP32 ? "FP32" : precision == cuda::Precision::TF32 ? "TF32" : "BF16"));
+      be.set_precision(precision);
+      // dy and x (or x's indices) of packed rows [a, b) as a matrix of their own with one group.
+      const auto backward = [&](T* dw, T* db, index_t a, index_t b, RowGroups rg, PerGroup<const T> wg) {
+        const auto dyv = dy.dm(R, out).row_block(a, b - a);
+        const auto dwg = per_group(dw, rg.count, out * in), dbg = per_group(db, rg.count, out);
+        if (gathered)
+          be.grouped_linear_backward(MatrixView<T>{}, dwg, dbg, dyv, table.dm(Tn, in),
+                                     std::span<const token_t>(idx.d.data() + a, std::size_t(b - a)), wg, rg);
+        else
+          be.grouped_linear_backward(MatrixView<T>{}, dwg, dbg, dyv, x.dm(R, in).row_block(a, b - a), wg, rg);
+      };
+      auto dw = rand_arr<T>(G * pg_stride(out * in), rng), db = rand_arr<T>(G * pg_stride(out), rng);
+      backward(dw.d.data(), db.d.data(), 0, R, g.d(), wd);
+      std::vector<T> want_w = dw.initial, want_b = db.initial;
+      for (int gi = 0; gi < G; ++gi) {
+        const index_t lo = L.offsets[std::size_t(gi)], hi = L.offsets[std::size_t(gi) + 1];
+        if (lo == hi) continue;
+        std::vector<T> sum_w(std::size_t(out * in), T(0)), sum_b(std::size_t(out), T(0));
+        for (int s = 0; s < S; ++s) {
+          const auto [a, b] = slice(lo, hi, s);
+          if (a == b) continue;
+          Groups<T> one(Layout{b - a, {0, token_t(b - a)}});
+          auto pw = const_arr<T>(out * in, T(0)), pb = const_arr<T>(out, T(0));
+          backward(pw.d.data(), pb.d.data(), a, b, one.d(), one_w);
+          const auto fw = pw.fetch(), fb = pb.fetch();
+          for (std::size_t e = 0; e < fw.size(); ++e) sum_w[e] += fw[e];
+          for (std::size_t e = 0; e < fb.size(); ++e) sum_b[e] += fb[e];
+        }
+        const auto at_w = std::size_t((G - 1 - gi) * pg_stride(out * in)), at_b = std::size_t((G - 1 - gi) * pg_stride(out));
+        for (std::size_t e = 0; e < sum_w.size(); ++e) want_w[at_w + e] += sum_w[e];
+        for (std::size_t e = 0; e < sum_b.size(); ++e) want_b[at_b + e] += sum_b[e];
+      }
+      const auto got_w = dw.fetch(), got_b = db.fetch();
+      const auto differ_w = differing(got_w, want_w), differ_b = differing(got_b, want_b);
+      INFO("elements that differ from the slices' sums: dW " << differ_w << ", db " << differ_b << "; dW changed "
+                                                             << differing(got_w, dw.initial));
+      CHECK(differ_w == 0);
+      CHECK(differ_b == 0);
+      CHECK(differing(got_w, dw.initial) > got_w.size() / 2);
+      if (precision == cuda::Precision::FP32) {
+        if (gathered)
+          host<T>().grouped_linear_backward(MatrixView<T>{}, per_group(dw.h.data(), G, out * in),
+                                            per_group(db.h.data(), G, out), dy.hm(R, out), table.hm(Tn, in),
+                                            std::span<const token_t>(idx.h), wh, g.h());
+        else
+          host<T>().grouped_linear_backward(MatrixView<T>{}, per_group(dw.h.data(), G, out * in),
+                                            per_group(db.h.data(), G, out), dy.hm(R, out), x.hm(R, in), wh, g.h());
+        expect_close(dw, "dW split, against the cpu");
+        expect_close(db, "db split, against the cpu");
+      }
+    }
+  be.set_precision(cuda::Precision::TF32);
 }

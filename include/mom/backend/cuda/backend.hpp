@@ -57,7 +57,7 @@ inline void destroy_context(Context* c) noexcept {
   if (c->blas) (void)cublasDestroy(c->blas);
   delete c->lt_plans;
   if (c->lt) (void)cublasLtDestroy(c->lt);
-  (void)cudaFree(c->lt_workspace);
+  (void)cudaFree(c->workspace);
   if (c->stream) (void)cudaStreamDestroy(c->stream);
   (void)cudaFree(c->error);
   (void)cudaFree(c->partials);
@@ -82,10 +82,11 @@ inline std::shared_ptr<Context> make_context(int device) {
   MOM_CUDA_CHECK(cudaStreamCreate(&c.stream), "cuda::Backend");
   MOM_CUBLAS_CHECK(cublasCreate(&c.blas), "cuda::Backend");
   MOM_CUBLAS_CHECK(cublasSetStream(c.blas, c.stream), "cuda::Backend");
-  // cuBLASLt for the fused epilogues, with the workspace its Hopper kernels want (32 MiB, made once here).
+  // cuBLASLt for the fused epilogues, with the workspace its Hopper kernels want (32 MiB, made once here; the split
+  // grouped weight gradients' partial sums use it too).
   MOM_CUBLAS_CHECK(cublasLtCreate(&c.lt), "cuda::Backend");
-  c.lt_workspace_bytes = std::size_t(32) << 20;
-  MOM_CUDA_CHECK(cudaMalloc(&c.lt_workspace, c.lt_workspace_bytes), "cuda::Backend");
+  c.workspace_bytes = std::size_t(32) << 20;
+  MOM_CUDA_CHECK(cudaMalloc(&c.workspace, c.workspace_bytes), "cuda::Backend");
   c.lt_plans = new LtPlans;
   MOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c.error), 4 * sizeof(int)), "cuda::Backend");
   MOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c.partials), Context::reduce_blocks * sizeof(double)),

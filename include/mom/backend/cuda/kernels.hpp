@@ -7,6 +7,7 @@
 // The launchers do no shape checking: mom::cuda::Backend checks shapes (with the same messages
 // as the CPU ops) and then calls them. Every launcher enqueues on ctx.stream and returns without
 // waiting; a launch failure throws mom::Error naming the op.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -60,6 +61,25 @@ enum class Precision : int {
 // blocks for each of an H100's or H200's 132 multiprocessors (with 128 × 128 tiles moeut8's SwitchHead dW_g ran
 // 16 blocks a launch).
 inline constexpr index_t dw_wide_tile_blocks = 264;
+// Where even the 64 × 64 tile gives fewer than dw_wide_tile_blocks blocks (few, small dW_g over many rows: moeut8's
+// SwitchHead dW ran 16 blocks a launch, each over its expert's whole row group), the rows are split (split-K): slice s
+// of S of every group's rows goes to blocks of its own, whose partial dW_g and db_g go to the context's workspace, and
+// a second kernel adds the S partials in slice order to dW and db (deterministic; the bits differ from the unsplit
+// sums only by the order of the additions). Each slice keeps at least dw_split_min_rows rows of an average group.
+inline constexpr index_t dw_split_min_rows = 256;
+// The number of row slices S for a grouped dW launch of `blocks` blocks over `rows` packed rows in `count` groups, of
+// dW_g [m × n] and db_g [m] in elements of `elem_bytes`: enough slices for dw_wide_tile_blocks blocks, at most one per
+// dw_split_min_rows rows of an average group (group sizes stay on the device), and S partials within `workspace`
+// bytes; 1 (no split) below two.
+inline int dw_splits(index_t blocks, index_t rows, int count, index_t m, index_t n, std::size_t elem_bytes,
+                     std::size_t workspace) {
+  if (blocks <= 0 || blocks >= dw_wide_tile_blocks || count <= 0) return 1;
+  index_t s = (dw_wide_tile_blocks + blocks - 1) / blocks;
+  s = std::min(s, rows / count / dw_split_min_rows);
+  const std::size_t slice_bytes = std::size_t(count) * std::size_t(m * n + m) * elem_bytes;
+  s = std::min(s, index_t(workspace / slice_bytes));
+  return s < 2 ? 1 : int(s);
+}
 
 // Per-backend state shared by the launchers: the stream, the cuBLAS handle and small device
 // scratch, all created once by the backend (never inside a step, except that the CUB temp storage
@@ -78,8 +98,10 @@ struct Context {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   cublasLtHandle_t lt = nullptr;          // cuBLASLt: the GEMMs with a fused epilogue (lt.hpp)
-  void* lt_workspace = nullptr;           // device [lt_workspace_bytes], cuBLASLt's workspace
-  std::size_t lt_workspace_bytes = 0;
+  // device [workspace_bytes]: cuBLASLt's workspace, and the partial sums of the grouped weight gradients split over
+  // their rows (dw_splits). Both are used only between their launches on ctx.stream, so they never overlap.
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
   detail::LtPlans* lt_plans = nullptr;    // host: the cuBLASLt plans made so far (owned)
   Precision precision = Precision::TF32;  // of float GEMMs
   std::uint16_t* bf16_stage = nullptr;    // device [bf16_stage_size]: the two bf16 GEMM operands (Precision::BF16)

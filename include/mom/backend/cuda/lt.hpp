@@ -77,7 +77,7 @@ inline LtPlan make_lt_plan(const Context& ctx, const LtProduct& g) {
   if (!set) return p;
   cublasLtMatmulPreference_t pref = nullptr;
   if (!ok(cublasLtMatmulPreferenceCreate(&pref))) return p;
-  const std::size_t ws = ctx.lt_workspace_bytes;
+  const std::size_t ws = ctx.workspace_bytes;
   const std::uint32_t align_a = std::uint32_t(g.align_a), align_b = std::uint32_t(g.align_b),
                       align_d = std::uint32_t(g.align_d);
   cublasLtMatmulHeuristicResult_t result{};
@@ -112,8 +112,8 @@ inline LtPlan* lt_plan(Context& ctx, LtProduct g, const void* A, const void* B, 
 inline bool lt_run(Context& ctx, LtPlan& p, float alpha, const void* A, const void* B, void* D, const void* bias) {
   const float beta = 0.0f;
   if (cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias) != CUBLAS_STATUS_SUCCESS ||
-      cublasLtMatmul(ctx.lt, p.op, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d, &p.algo, ctx.lt_workspace,
-                     ctx.lt_workspace_bytes, ctx.stream) != CUBLAS_STATUS_SUCCESS)
+      cublasLtMatmul(ctx.lt, p.op, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d, &p.algo, ctx.workspace,
+                     ctx.workspace_bytes, ctx.stream) != CUBLAS_STATUS_SUCCESS)
     return p.ok = false;
   return true;
 }

@@ -377,34 +377,75 @@ __global__ void grouped_rows_gemm_kernel(MatrixView<T> c, MatrixView<const T> a,
                                      });
 }
 
+// Slice s of S of a group's rows for a split weight gradient: ceil(rows / S) rows rounded up to whole k steps, so the
+// last slices can be shorter or empty.
+__device__ __forceinline__ RowRange dw_slice(RowRange rr, int s, int S) {
+  const index_t chunk = ((rr.hi - rr.lo + S - 1) / S + gemm_bk - 1) / gemm_bk * gemm_bk;
+  const index_t lo = min(rr.hi, rr.lo + s * chunk);
+  return {lo, min(rr.hi, lo + chunk)};
+}
+
 // Per-group reduction GEMM (dW_g += dy_gᵀ x_g, db_g += Σ dy_g): blockIdx.x enumerates the output
 // tiles of dW ([M = dy.cols] × [N = x.cols], n_tiles columns of tiles), blockIdx.y is the group;
 // each block loops over its group's rows (the k dimension, a device-side length). The blocks of
 // column tile 0 also sum dy's columns for db (each db element has exactly one writer: no atomics,
 // deterministic). With dw empty the launch has one column tile and only db is computed.
 // With x_idx, packed row r is x's row x_idx[r] (x the table). BM: the output tile's size (SIMT: 64).
-template <class T, bool WithDw, int Path, int BM = gemm_tile_m<Path>>
+// Split (split-K, kernels.hpp dw_splits): blockIdx.z is the slice s of gridDim.z = S (dw_slice) and the block stores
+// its slice's sums into part (dW_g's at (s·count + g)·M·N, db_g's after all S·count of those at (s·count + g)·M);
+// grouped_dw_reduce_kernel adds them up.
+template <class T, bool WithDw, int Path, int BM = gemm_tile_m<Path>, bool Split = false>
 __global__ void grouped_dw_kernel(PerGroup<T> dw, PerGroup<T> db, MatrixView<const T> dy, MatrixView<const T> x,
-                                  const token_t* x_idx, RowGroups g, index_t n_tiles, int* error) {
+                                  const token_t* x_idx, RowGroups g, index_t n_tiles, int* error, T* part) {
   static_assert(Path != gemm_simt || BM == gemm_bm, "the SIMT tile is 64 x 64");
+  static_assert(!Split || WithDw, "a split launch computes dW");
   constexpr int BN = BM;
   check_offsets(g, dy.rows, error);
   const int gi = int(blockIdx.y);
-  const RowRange rr = group_rows(g, gi, dy.rows);
+  RowRange rr = group_rows(g, gi, dy.rows);
+  if constexpr (Split) rr = dw_slice(rr, int(blockIdx.z), int(gridDim.z));
   if (rr.hi == rr.lo) return;
   const index_t M = dy.cols, N = x.cols, K = rr.hi - rr.lo;
   const index_t m0 = (index_t(blockIdx.x) / n_tiles) * BM, n0 = (index_t(blockIdx.x) % n_tiles) * BN;
   const bool want_db = db.base != nullptr && n0 == 0;
+  const index_t slot = index_t(blockIdx.z) * g.count + gi;  // Split: this slice's partials of group gi
   T asum = T(0);
-  T* d = WithDw ? dw.base + dw.at[gi] : nullptr;
+  T* d = Split ? part + slot * M * N : WithDw ? dw.base + dw.at[gi] : nullptr;
   gemm_run<T, false, false, WithDw, Path, BM>(asum, want_db, dy.data + rr.lo * dy.ld, dy.ld,
                                           x_idx ? x.data : x.data + rr.lo * x.ld, x.ld, M, N, K, m0, n0, RowList{},
                                           x_idx ? RowList{x_idx + rr.lo, x.rows} : RowList{}, [&](int i, int j, T v) {
                                             const index_t m = m0 + i, n = n0 + j;
-                                            if (m < M && n < N) d[m * N + n] += v;
+                                            if (m >= M || n >= N) return;
+                                            if constexpr (Split) d[m * N + n] = v;
+                                            else d[m * N + n] += v;
                                           });
   const int t = threadIdx.x;
-  if (want_db && t < BM && m0 + t < M) db.base[db.at[gi] + m0 + t] += asum;
+  if (!want_db || t >= BM || m0 + t >= M) return;
+  if constexpr (Split) part[index_t(gridDim.z) * g.count * M * N + slot * M + m0 + t] = asum;
+  else db.base[db.at[gi] + m0 + t] += asum;
+}
+
+// The split weight gradients' second pass: dW_g += Σ_s part_s and db_g += Σ_s part_s over the S slices in order,
+// skipping the slices that had no rows (their blocks wrote nothing). One thread per element of dW_g then db_g
+// (blockIdx.y the group); groups without rows are left as they are, as the unsplit kernel leaves them.
+template <class T>
+__global__ void grouped_dw_reduce_kernel(PerGroup<T> dw, PerGroup<T> db, const T* part, RowGroups g, index_t rows,
+                                         index_t M, index_t N, int S) {
+  const int gi = int(blockIdx.y);
+  const index_t e = index_t(blockIdx.x) * blockDim.x + threadIdx.x, mn = M * N;
+  const bool is_db = e >= mn;
+  if (e >= mn + (db.base ? M : 0)) return;
+  const RowRange rr = group_rows(g, gi, rows);
+  if (rr.hi == rr.lo) return;
+  const T* p = is_db ? part + index_t(S) * g.count * mn + index_t(gi) * M + (e - mn) : part + index_t(gi) * mn + e;
+  const index_t stride = is_db ? index_t(g.count) * M : index_t(g.count) * mn;
+  T sum = T(0);
+  for (int s = 0; s < S; ++s) {
+    const RowRange sl = dw_slice(rr, s, S);
+    if (sl.hi > sl.lo) sum += p[s * stride];
+  }
+  if (is_db) db.base[db.at[gi] + (e - mn)] += sum;
+  else dw.base[dw.at[gi] + e] += sum;
 }
 
 // Runs f(std::integral_constant<int, path>) with the GEMM path of the backend's precision: the tensor-core paths
@@ -466,9 +507,21 @@ void GroupedKernels<T>::linear_backward_dw(const Context& ctx, PG dw, PG db, CM 
         const auto run = [&](auto bm) {
           constexpr int BM = decltype(bm)::value;
           const index_t m_tiles = (dy.cols + BM - 1) / BM, n_tiles = (x.cols + BM - 1) / BM;
-          dev::launch("grouped_linear_backward", ctx, dim3(unsigned(m_tiles * n_tiles), unsigned(g.count)),
-                      dev::gemm_threads, dev::grouped_dw_kernel<T, true, P, BM>, dw, db, dy, x, idx, g, n_tiles,
-                      ctx.error);
+          const int S = dw_splits(m_tiles * n_tiles * g.count, dy.rows, g.count, dy.cols, x.cols, sizeof(T),
+                                  ctx.workspace_bytes);
+          const dim3 grid(unsigned(m_tiles * n_tiles), unsigned(g.count), unsigned(S));
+          if (S == 1) {
+            dev::launch("grouped_linear_backward", ctx, grid, dev::gemm_threads, dev::grouped_dw_kernel<T, true, P, BM>,
+                        dw, db, dy, x, idx, g, n_tiles, ctx.error, nullptr);
+            return;
+          }
+          T* part = static_cast<T*>(ctx.workspace);
+          dev::launch("grouped_linear_backward", ctx, grid, dev::gemm_threads,
+                      dev::grouped_dw_kernel<T, true, P, BM, true>, dw, db, dy, x, idx, g, n_tiles, ctx.error, part);
+          const index_t elems = dy.cols * x.cols + (db.empty() ? 0 : dy.cols);
+          dev::launch("grouped_linear_backward", ctx, dim3(dev::blocks_exact(elems, 256), unsigned(g.count)), 256,
+                      dev::grouped_dw_reduce_kernel<T>, dw, db, static_cast<const T*>(part), g, dy.rows, dy.cols,
+                      x.cols, S);
         };
         constexpr int wide = dev::gemm_tile_m<P>;
         const index_t wide_blocks = ((dy.cols + wide - 1) / wide) * ((x.cols + wide - 1) / wide) * g.count;
@@ -480,7 +533,7 @@ void GroupedKernels<T>::linear_backward_dw(const Context& ctx, PG dw, PG db, CM 
   }
   const index_t m_tiles = (dy.cols + dev::gemm_bm - 1) / dev::gemm_bm;
   dev::launch("grouped_linear_backward", ctx, dim3(unsigned(m_tiles), unsigned(g.count)), dev::gemm_threads,
-              dev::grouped_dw_kernel<T, false, dev::gemm_simt>, dw, db, dy, x, idx, g, index_t(1), ctx.error);
+              dev::grouped_dw_kernel<T, false, dev::gemm_simt>, dw, db, dy, x, idx, g, index_t(1), ctx.error, nullptr);
 }
 
 }  // namespace mom::cuda
