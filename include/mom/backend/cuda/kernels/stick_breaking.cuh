@@ -6,9 +6,9 @@
 // Grouped / multi-query key-value heads (SbLayout): query head h reads key/value head h / (heads / kv_heads)
 // of a [q (heads·hd) | k (kv_heads·hd) | v (kv_heads·hd)] row (kv_heads = heads: the usual [q | k | v]).
 //
-// - forward: grid (query tiles, batch·heads), one thread per query row; key tiles stream through shared
-//   memory from the diagonal down, and the thread keeps the running softplus suffix (double), so
-//   p_i = exp(log σ(z_i) − suffix) needs no second pass. A row stops computing once the suffix passes the
+// - forward: grid (8-row query tiles, batch·heads), a warp per query row whose lanes take 32 keys at a time
+//   (stick_breaking_forward_kernel); the running softplus suffix is kept in double, so
+//   p_j = exp(log σ(z_j) − suffix) needs no second pass. A row stops computing once the suffix passes the
 //   cutoff (every earlier weight is 0 in T), as on the CPU.
 // - backward: one block per (sequence, key/value head), so that the block owns its dK, dV columns (no
 //   atomics, deterministic): its query heads in turn, for each the query tiles in turn, per query tile the
@@ -22,7 +22,7 @@
 #include <cstddef>
 #include <type_traits>
 
-#include "mom/backend/cuda/kernels/attention.cuh"  // HeadLayout, load_tile, attention_tile
+#include "mom/backend/cuda/kernels/attention.cuh"  // HeadLayout, load_tile
 #include "mom/backend/cuda/kernels/common.cuh"
 #include "mom/backend/cuda/kernels/decode.cuh"  // decode_row: the decode ops' cache-row check
 
@@ -72,45 +72,78 @@ inline constexpr int sb_backward_tile_large = 64;
 template <class T, int HD, int BT>
 inline constexpr std::size_t sb_backward_smem = sizeof(T) * (2 * BT * (HD + 1) + 2 * BT * HD + 2 * BT * (BT + 1));
 
+// Forward: a warp per query row (8 rows of one (sequence, head) a block), its 32 lanes over 32 keys at a time. The
+// block stages 32 key rows in shared memory from the top row's diagonal down; lane l takes key j0 + l: z, log σ and
+// softplus; the row's softplus suffix above each key is summed in double from the top key down (the CPU's order, so
+// the same suffix bits), and p_j = exp(log σ_j − suffix_j). Then every lane adds Σ_j p_j v_j (keys top down, as
+// the CPU) to its columns lane, lane + 32, ... of o, reading v's rows from memory (coalesced). A row stops once its
+// suffix passes the cutoff (every earlier weight is 0 in T), the block once all its rows have.
+inline constexpr int sb_forward_rows = 8, sb_forward_keys = 32;
 template <class T, int HD>
 __global__ void stick_breaking_forward_kernel(MatrixView<T> out, MatrixView<const T> qkv, SbLayout G, T scale) {
+  static_assert(HD % 32 == 0, "head dims are padded to 32, 64 or 128");
+  constexpr int W = sb_forward_rows, CH = sb_forward_keys, PER = HD / 32;
   const HeadLayout& L = G.head;
-  constexpr int BT = attention_tile<T, HD>;
-  __shared__ T sq[BT][HD + 1];
-  __shared__ T sk[BT][HD];
-  __shared__ T sv[BT][HD];
+  __shared__ T sq[W][HD];
+  __shared__ T sk[CH][HD + 1];
+  __shared__ double ssp[W][CH];  // softplus(z) of each lane's key (0 for keys outside the row's causal range)
+  __shared__ T sp[W][CH];        // p of each lane's key
+  __shared__ int sdone[W];
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const index_t bh = blockIdx.y, b = bh / L.heads, h = bh % L.heads;
-  const index_t i0 = index_t(blockIdx.x) * BT, i = i0 + threadIdx.x;
+  const index_t i0 = index_t(blockIdx.x) * W, i = i0 + warp;
   const T* base = qkv.data + b * L.seq * L.qkv_ld;
-  load_tile<T, BT, HD, HD + 1>(sq, base, L.qkv_ld, i0, L.seq, h * L.hd, L.hd);
-  T o[HD];
+  for (int e = int(threadIdx.x); e < W * HD; e += W * 32) {
+    const index_t r = i0 + e / HD, c = e % HD;
+    sq[e / HD][c] = r < L.seq && c < L.hd ? base[r * L.qkv_ld + h * L.hd + c] : T(0);
+  }
+  if (lane == 0) sdone[warp] = i >= L.seq;
+  T o[PER];
 #pragma unroll
-  for (int c = 0; c < HD; ++c) o[c] = T(0);
-  double suffix = 0;  // Σ softplus(z_j) over the keys above the current one
-  for (index_t j0 = i0; j0 >= 0; j0 -= BT) {  // key tiles from the diagonal down
-    __syncthreads();
-    load_tile<T, BT, HD, HD>(sk, base, L.qkv_ld, j0, L.seq, G.k(h), L.hd);
-    load_tile<T, BT, HD, HD>(sv, base, L.qkv_ld, j0, L.seq, G.v(h), L.hd);
-    __syncthreads();
-    if (i >= L.seq || suffix > sb_cutoff<T>) continue;
-    for (int jj = BT - 1; jj >= 0; --jj) {
-      if (j0 + jj > i) continue;  // causal: keys j <= i
-      T z4[4] = {T(0), T(0), T(0), T(0)};  // four independent FMA chains, as in the backward
+  for (int q = 0; q < PER; ++q) o[q] = T(0);
+  double suffix = 0;  // Σ softplus(z_j) over the keys above the current chunk
+  const index_t top = min(i0 + W - 1, L.seq - 1);
+  for (index_t jhi = top; jhi >= 0; jhi -= CH) {  // chunks of keys [jhi − CH + 1, jhi], from the diagonal down
+    __syncthreads();  // the previous chunk's readers are done with sk; sdone is current
+    bool all_done = true;
 #pragma unroll
-      for (int c = 0; c < HD; ++c) z4[c % 4] += sq[threadIdx.x][c] * sk[jj][c];
-      const T z = (z4[0] + z4[1]) + (z4[2] + z4[3]);
-      const SbTerms<T> t = sb_terms(z * scale);
-      const T p = exp_(t.lsig - T(suffix));
-      suffix += double(t.sp);
-#pragma unroll
-      for (int c = 0; c < HD; ++c) o[c] += p * sv[jj][c];
+    for (int w = 0; w < W; ++w) all_done = all_done && sdone[w];
+    if (all_done) break;  // the same for every thread
+    const index_t jlo = jhi - CH + 1;
+    for (int e = int(threadIdx.x); e < CH * HD; e += W * 32) {
+      const index_t j = jlo + e / HD, c = e % HD;
+      sk[e / HD][c] = j >= 0 && c < L.hd ? base[j * L.qkv_ld + G.k(h) + c] : T(0);
     }
+    __syncthreads();
+    if (sdone[warp]) continue;  // the same for the whole warp
+    const index_t j = jlo + lane;
+    const bool valid = j >= 0 && j <= i;
+    T z4[4] = {T(0), T(0), T(0), T(0)};  // four independent FMA chains
+#pragma unroll
+    for (int c = 0; c < HD; ++c) z4[c % 4] += sq[warp][c] * sk[lane][c];
+    const SbTerms<T> t = sb_terms(((z4[0] + z4[1]) + (z4[2] + z4[3])) * scale);
+    ssp[warp][lane] = valid ? double(t.sp) : 0.0;
+    __syncwarp();
+    double above = suffix;  // the suffix above key j, summed from the top key down
+    for (int l = CH - 1; l > lane; --l) above += ssp[warp][l];
+    sp[warp][lane] = valid && above <= sb_cutoff<T> ? exp_(t.lsig - T(above)) : T(0);
+    for (int l = CH - 1; l >= 0; --l) suffix += ssp[warp][l];  // every lane: the same sum in the same order
+    __syncwarp();
+    for (int l = CH - 1; l >= 0; --l) {
+      const T p = sp[warp][l];
+      if (p == T(0)) continue;  // the same for the whole warp
+      const T* vrow = base + (jlo + l) * L.qkv_ld + G.v(h);
+#pragma unroll
+      for (int q = 0; q < PER; ++q)
+        if (lane + 32 * q < L.hd) o[q] += p * vrow[lane + 32 * q];
+    }
+    if (lane == 0) sdone[warp] = suffix > sb_cutoff<T>;
   }
   if (i >= L.seq) return;
   T* orow = out.data + (b * L.seq + i) * out.ld + h * L.hd;
 #pragma unroll
-  for (int c = 0; c < HD; ++c)
-    if (c < L.hd) orow[c] = o[c];
+  for (int q = 0; q < PER; ++q)
+    if (lane + 32 * q < L.hd) orow[lane + 32 * q] = o[q];
 }
 
 template <class T, int HD, int BT>
@@ -239,9 +272,8 @@ __global__ void stick_breaking_decode_kernel(MatrixView<T> out, MatrixView<const
 template <class T, int HD>
 void stick_breaking_forward_hd(const Context& ctx, MatrixView<T> out, MatrixView<const T> qkv, SbLayout G,
                                index_t batch) {
-  constexpr int BT = attention_tile<T, HD>;
-  const dim3 grid(static_cast<unsigned>((G.head.seq + BT - 1) / BT), static_cast<unsigned>(batch * G.head.heads));
-  launch("stick_breaking_forward", ctx, grid, BT, stick_breaking_forward_kernel<T, HD>, out, qkv, G,
+  const dim3 grid(blocks_exact(G.head.seq, sb_forward_rows), static_cast<unsigned>(batch * G.head.heads));
+  launch("stick_breaking_forward", ctx, grid, sb_forward_rows * 32, stick_breaking_forward_kernel<T, HD>, out, qkv, G,
          T(1) / std::sqrt(T(G.head.hd)));
 }
 template <class T, int HD>
