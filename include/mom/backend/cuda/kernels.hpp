@@ -81,6 +81,14 @@ inline int dw_splits(index_t blocks, index_t rows, int count, index_t m, index_t
   return s < 2 ? 1 : int(s);
 }
 
+// The stick-breaking backward's second pass takes key tiles of this many keys; its first pass leaves each query row's
+// D_i and its softplus and g·p suffixes above every key tile (doubles) in the context's workspace: this many bytes.
+inline constexpr index_t stick_breaking_key_tile = 64;
+inline std::size_t stick_breaking_table_bytes(index_t batch, index_t seq, index_t heads) {
+  const index_t tiles = (seq + stick_breaking_key_tile - 1) / stick_breaking_key_tile;
+  return sizeof(double) * std::size_t(batch * heads * seq) * std::size_t(1 + 2 * tiles);
+}
+
 // Per-backend state shared by the launchers: the stream, the cuBLAS handle and small device
 // scratch, all created once by the backend (never inside a step, except that the CUB temp storage
 // of group_by_module grows on its first use unless reserve_dispatch sized it).
@@ -191,8 +199,9 @@ struct Kernels {
                                  index_t seq, index_t heads);
 
   // Stick-breaking attention (ModuleFormer, arXiv 2306.04640; cpu/stick_breaking.hpp, kernels/stick_breaking.cuh):
-  // forward saves nothing; backward reads forward's out (D_i = dO_i·o_i). Decode: slot and pos in device
-  // memory, one per row of qkv; a row outside the cache is DeviceError::decode_position.
+  // forward saves nothing; backward reads forward's out (D_i = dO_i·o_i) and needs stick_breaking_table_bytes of
+  // ctx.workspace (reserve_workspace). Decode: slot and pos in device memory, one per row of qkv; a row outside the
+  // cache is DeviceError::decode_position.
   static void stick_breaking_forward(const Context& ctx, M out, CM qkv, index_t batch, index_t seq, index_t heads,
                                      index_t kv_heads);
   static void stick_breaking_backward(const Context& ctx, M dqkv, CM dout, CM out, CM qkv, index_t batch, index_t seq,

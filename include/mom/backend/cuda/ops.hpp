@@ -221,6 +221,7 @@ class DenseOps {
                                index_t kv_heads) const {
     check_qkv_shapes("stick_breaking_backward", qkv, out, batch, seq, heads, kv_heads);
     checks::attention_backward_grad_shapes<T>("stick_breaking_backward", dqkv, dout, out, qkv);
+    cuda::reserve_workspace(*ctx_, stick_breaking_table_bytes(batch, seq, heads));  // grows on first use only
     K::stick_breaking_backward(*ctx_, dqkv, dout, out, qkv, batch, seq, heads, kv_heads);
   }
   // Incremental decoding (cpu/decode.hpp, kernels/decode.cuh): slot and pos in device memory; a slot or

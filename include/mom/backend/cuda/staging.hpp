@@ -1,6 +1,7 @@
 #pragma once
 // The CUDA backend's staging and dispatch scratch, held in its Context (kernels.hpp) and grown, never shrunk:
 //   reserve_bf16_staging   the bf16 copies of a Precision::BF16 GEMM's two operands (docs/cuda.md, "Precision")
+//   reserve_workspace      the GEMMs' workspace, also the stick-breaking backward's table (32 MiB to start)
 //   reserve_dispatch       group_by_module's CUB temp storage, pair ids, sorted keys and counts (the token
 //                          dispatch of docs/design.md, "Data and the hot path"; docs/cuda.md, "Token dispatch")
 // Growing synchronises the stream (cudaFree + cudaMalloc), so a caller sizes both once, outside the training
@@ -28,6 +29,18 @@ inline void reserve_bf16_staging(Context& c, index_t elements) {
                  "reserve_bf16_staging");
   c.bf16_stage_size = elements;
   ++c.bf16_stage_grows;
+}
+
+// Grows the context's workspace (cuBLASLt's, the split weight gradients' partials, the stick-breaking backward's
+// table) to at least `bytes`.
+inline void reserve_workspace(Context& c, std::size_t bytes) {
+  if (bytes <= c.workspace_bytes) return;
+  MOM_CUDA_CHECK(cudaStreamSynchronize(c.stream), "reserve_workspace");
+  MOM_CUDA_CHECK(cudaFree(c.workspace), "reserve_workspace");
+  c.workspace = nullptr;
+  c.workspace_bytes = 0;
+  MOM_CUDA_CHECK(cudaMalloc(&c.workspace, bytes), "reserve_workspace");
+  c.workspace_bytes = bytes;
 }
 
 // Sizes group_by_module's CUB temp storage and scratch for up to n_pairs pairs and n_modules modules.

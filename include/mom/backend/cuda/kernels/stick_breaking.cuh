@@ -10,19 +10,15 @@
 //   (stick_breaking_forward_kernel); the running softplus suffix is kept in double, so
 //   p_j = exp(log σ(z_j) − suffix) needs no second pass. A row stops computing once the suffix passes the
 //   cutoff (every earlier weight is 0 in T), as on the CPU.
-// - backward: one block per (sequence, key/value head), so that the block owns its dK, dV columns (no
-//   atomics, deterministic): its query heads in turn, for each the query tiles in turn, per query tile the
-//   key tiles from the diagonal down (tiles of 64 rows in float, sb_backward_tile_large). Each thread (a query
-//   row i) recomputes z, p and σ, and with D_i = dO_i·o_i = Σ_j g_j p_j (read from forward's out, as softmax
-//   attention's backward does) gets the prefix Σ_{j'<=j} g_j' p_j' = D_i − Σ_{j'>j} g_j' p_j' from the suffix
-//   it has walked: dz_j = g_j p_j − σ_j (D_i − G_{>j}), dq_i += scale dz_j k_j in registers. The tile's p and scale·dz go
-//   to shared memory; then thread t takes key j0 + t and adds Σ_i p_{j,i} dO_i and Σ_i scale·dz_{j,i} q_i
-//   to dV_j and dK_j (key j is always thread j % BT's, whichever query head: no race).
+// - backward: two passes (FlashAttention-2's split; the maths above stick_breaking_backward_dq_kernel): dQ by
+//   query rows (a warp each, lanes over 32 keys at a time), then dK, dV by key tiles of 64 (a block each, owning
+//   its keys' sums: no atomics, deterministic), which continue each query row's softplus and g·p suffixes from a
+//   table the first pass wrote (in the context's workspace, sized by the op).
 // - decode: one thread per (row, query head), keys from the row's position down in the cache.
 #include <cstddef>
 #include <type_traits>
 
-#include "mom/backend/cuda/kernels/attention.cuh"  // HeadLayout, load_tile
+#include "mom/backend/cuda/kernels/attention.cuh"  // HeadLayout
 #include "mom/backend/cuda/kernels/common.cuh"
 #include "mom/backend/cuda/kernels/decode.cuh"  // decode_row: the decode ops' cache-row check
 
@@ -61,16 +57,6 @@ struct SbLayout {
   __host__ __device__ index_t k(index_t h) const { return head.d + (h / group()) * head.hd; }
   __host__ __device__ index_t v(index_t h) const { return head.d + (kv_heads + h / group()) * head.hd; }
 };
-
-// Backward's tile of BT rows: q, dO, k, v rows plus two [BT × BT] blocks, in dynamic shared memory. Float takes
-// 64 rows (34 KB at head dim 32, 164 KB at 128) where the device allows it: each block's chain of dependent work
-// is about S²·HD / BT per thread, so BT sets its speed (the block count is batch · kv_heads, often below the SM
-// count). Double, or a device with less opt-in shared memory, takes the rows that fit the 48 KB every device gives.
-template <class T, int HD>
-inline constexpr int sb_backward_tile_small = std::min(32, 6144 / (HD * int(sizeof(T))));
-inline constexpr int sb_backward_tile_large = 64;
-template <class T, int HD, int BT>
-inline constexpr std::size_t sb_backward_smem = sizeof(T) * (2 * BT * (HD + 1) + 2 * BT * HD + 2 * BT * (BT + 1));
 
 // Forward: a warp per query row (8 rows of one (sequence, head) a block), its 32 lanes over 32 keys at a time. The
 // block stages 32 key rows in shared memory from the top row's diagonal down; lane l takes key j0 + l: z, log σ and
@@ -146,88 +132,219 @@ __global__ void stick_breaking_forward_kernel(MatrixView<T> out, MatrixView<cons
     if (lane + 32 * q < L.hd) orow[lane + 32 * q] = o[q];
 }
 
-template <class T, int HD, int BT>
-__global__ void stick_breaking_backward_kernel(MatrixView<T> dqkv, MatrixView<const T> dout, MatrixView<const T> out,
-                                               MatrixView<const T> qkv, SbLayout G, T scale) {
+// ---- backward: two passes, FlashAttention-2's split (dQ by query rows, dK / dV by key tiles) ----------------------
+//
+// For query row i and key j <= i (z = q_i·k_j, p_j = σ(z_j) Π_{j<j'<=i} (1 − σ(z_j')), g_j = dO_i·v_j,
+// D_i = dO_i·o_i = Σ_j g_j p_j, G_{>j} = Σ_{j'>j} g_j' p_j'): dz_j = g_j p_j − σ_j (D_i − G_{>j}) (the prefix sum of
+// g p from D, as softmax attention's backward), dq_i = scale Σ_j dz_j k_j, dk_j = scale Σ_i dz_ij q_i,
+// dv_j = Σ_i p_ij dO_i. Both passes walk keys in chunks of 32 (a lane each) aligned to 32, from the row's diagonal
+// down; pass 1 (a warp per query row) writes dQ and, at the top of every key tile of sb_key_tile keys, the row's
+// running softplus and g·p suffixes (double) into `table`; pass 2 (a block per key tile and key/value head) takes
+// each query row's suffixes at its tile from there and recomputes the tile's p and dz with the same code and the
+// same order of additions (the same bits), so that every block owns its keys' dK, dV: no atomics, deterministic.
+inline constexpr int sb_key_tile = int(stick_breaking_key_tile);  // keys of pass 2's tiles (kernels.hpp): two chunks of 32
+// The table (stick_breaking_table_bytes): for sequence b, query head h and row i, at ((b·heads + h)·seq + i)·
+// sb_table_stride(seq): D_i, then (softplus suffix, g·p suffix) above each key tile t <= i / sb_key_tile.
+__host__ __device__ inline index_t sb_table_stride(index_t seq) { return 1 + 2 * ((seq + sb_key_tile - 1) / sb_key_tile); }
+
+// One chunk of 32 keys of query row i, lane l taking key jlo + l (its k and v rows at krow, vrow; the row's q and
+// dO at q, dO; valid: jlo + l <= i): p and scale·dz of the lane's key, 0 past the cutoff. suffix and gsum are the
+// softplus and g·p sums above the chunk; each lane's sums above its key continue them from the chunk's top down (the
+// CPU's order), and both move past the chunk (the same in every lane). ssp, sgp: the warp's 32 doubles of scratch.
+template <class T, int HD>
+__device__ void sb_backward_chunk(const T* q, const T* dO, const T* krow, const T* vrow, bool valid, T scale, double di,
+                                  double& suffix, double& gsum, double* ssp, double* sgp, T& p, T& dz) {
+  const int lane = int(threadIdx.x) % 32;
+  T z4[4] = {T(0), T(0), T(0), T(0)}, g4[4] = {T(0), T(0), T(0), T(0)};  // independent chains of FMAs
+#pragma unroll
+  for (int c = 0; c < HD; ++c) {
+    z4[c % 4] += q[c] * krow[c];
+    g4[c % 4] += dO[c] * vrow[c];
+  }
+  const T g = (g4[0] + g4[1]) + (g4[2] + g4[3]);
+  const SbTerms<T> t = sb_terms(((z4[0] + z4[1]) + (z4[2] + z4[3])) * scale);
+  ssp[lane] = valid ? double(t.sp) : 0.0;
+  __syncwarp();
+  double above = suffix;
+  for (int l = 31; l > lane; --l) above += ssp[l];
+  const bool live = valid && above <= sb_cutoff<T>;
+  p = live ? exp_(t.lsig - T(above)) : T(0);
+  const double gp = live ? double(g) * double(p) : 0.0;
+  sgp[lane] = gp;
+  __syncwarp();
+  double g_above = gsum;
+  for (int l = 31; l > lane; --l) g_above += sgp[l];
+  dz = live ? T(double(scale) * (gp - double(t.sig) * (di - g_above))) : T(0);
+  for (int l = 31; l >= 0; --l) {
+    suffix += ssp[l];
+    gsum += sgp[l];
+  }
+  __syncwarp();  // ssp and sgp are free for the next chunk
+}
+
+inline constexpr int sb_rows = 8;  // query rows (warps) of a backward block
+template <class T, int HD>
+inline constexpr std::size_t sb_dq_smem = sizeof(double) * 2 * sb_rows * 32 + sizeof(T) * (2 * sb_rows * HD + 2 * 32 * (HD + 1) + sb_rows * 32);
+template <class T, int HD>
+inline constexpr std::size_t sb_dkv_smem =
+    sizeof(double) * 2 * sb_rows * 32 + sizeof(T) * (2 * sb_rows * HD + 2 * sb_key_tile * (HD + 1) + 2 * sb_rows * sb_key_tile);
+
+// Pass 1: grid (8-row query tiles, batch·heads), a warp per query row: dQ_i += Σ_j scale·dz_j k_j over the lane's
+// columns; D_i and the suffixes at each key tile's top into the table.
+template <class T, int HD>
+__global__ void stick_breaking_backward_dq_kernel(MatrixView<T> dqkv, MatrixView<const T> dout, MatrixView<const T> out,
+                                                  MatrixView<const T> qkv, SbLayout G, T scale, double* table) {
+  constexpr int W = sb_rows, CH = 32, PER = HD / 32;
   const HeadLayout& L = G.head;
-  T* const smem = reinterpret_cast<T*>(dynamic_smem());  // sb_backward_smem<T, HD, BT> bytes
-  const auto sq = reinterpret_cast<T(*)[HD + 1]>(smem);
-  const auto sdo = reinterpret_cast<T(*)[HD + 1]>(smem + BT * (HD + 1));
-  const auto sk = reinterpret_cast<T(*)[HD]>(smem + 2 * BT * (HD + 1));
-  const auto sv = reinterpret_cast<T(*)[HD]>(smem + 2 * BT * (HD + 1) + BT * HD);
-  const auto sp = reinterpret_cast<T(*)[BT + 1]>(smem + 2 * BT * (HD + 1) + 2 * BT * HD);  // p_{j0+jj, i0+ii} at [ii][jj]
-  const auto sdz = reinterpret_cast<T(*)[BT + 1]>(smem + 2 * BT * (HD + 1) + 2 * BT * HD + BT * (BT + 1));  // scale·dz
-  const index_t bk = blockIdx.x, b = bk / G.kv_heads, kh = bk % G.kv_heads;
+  double* const dsm = reinterpret_cast<double*>(dynamic_smem());  // sb_dq_smem<T, HD> bytes
+  double(*ssp)[CH] = reinterpret_cast<double(*)[CH]>(dsm);
+  double(*sgp)[CH] = reinterpret_cast<double(*)[CH]>(dsm + W * CH);
+  T* const tsm = reinterpret_cast<T*>(dsm + 2 * W * CH);
+  const auto sq = reinterpret_cast<T(*)[HD]>(tsm);
+  const auto sdo = reinterpret_cast<T(*)[HD]>(tsm + W * HD);
+  const auto sk = reinterpret_cast<T(*)[HD + 1]>(tsm + 2 * W * HD);
+  const auto sv = reinterpret_cast<T(*)[HD + 1]>(tsm + 2 * W * HD + CH * (HD + 1));
+  const auto sdz = reinterpret_cast<T(*)[CH]>(tsm + 2 * W * HD + 2 * CH * (HD + 1));
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const index_t bh = blockIdx.y, b = bh / L.heads, h = bh % L.heads;
+  const index_t i0 = index_t(blockIdx.x) * W, i = i0 + warp;
   const T* base = qkv.data + b * L.seq * L.qkv_ld;
   const T* dbase = dout.data + b * L.seq * dout.ld;
-  // Key j is always thread j % BT's in the key role, so the query heads' dK, dV sums never race.
-  for (index_t h = kh * G.group(); h < (kh + 1) * G.group(); ++h)
-  for (index_t i0 = 0; i0 < L.seq; i0 += BT) {
-    __syncthreads();  // the previous query tile's key pass is done with sq, sdo
-    load_tile<T, BT, HD, HD + 1>(sq, base, L.qkv_ld, i0, L.seq, h * L.hd, L.hd);
-    load_tile<T, BT, HD, HD + 1>(sdo, dbase, dout.ld, i0, L.seq, h * L.hd, L.hd);
+  for (int e = int(threadIdx.x); e < W * HD; e += W * 32) {
+    const index_t r = i0 + e / HD, c = e % HD;
+    const bool in = r < L.seq && c < L.hd;
+    sq[e / HD][c] = in ? base[r * L.qkv_ld + h * L.hd + c] : T(0);
+    sdo[e / HD][c] = in ? dbase[r * dout.ld + h * L.hd + c] : T(0);
+  }
+  __syncthreads();
+  double* const trow = table + (bh * L.seq + i) * sb_table_stride(L.seq);
+  T di = T(0);  // D_i = dO_i·o_i, every lane the same
+  if (i < L.seq) {
+    const T* orow = out.data + (b * L.seq + i) * out.ld + h * L.hd;
+    for (index_t c = 0; c < L.hd; ++c) di += sdo[warp][c] * orow[c];
+    if (lane == 0) trow[0] = double(di);
+  }
+  T dq[PER];
+#pragma unroll
+  for (int q = 0; q < PER; ++q) dq[q] = T(0);
+  double suffix = 0, gsum = 0;
+  for (index_t jlo = (min(i0 + W - 1, L.seq - 1) / CH) * CH; jlo >= 0; jlo -= CH) {
+    __syncthreads();  // the previous chunk's readers are done with sk, sv
+    for (int e = int(threadIdx.x); e < CH * HD; e += W * 32) {
+      const index_t j = jlo + e / HD, c = e % HD;
+      const bool in = j < L.seq && c < L.hd;
+      sk[e / HD][c] = in ? base[j * L.qkv_ld + G.k(h) + c] : T(0);
+      sv[e / HD][c] = in ? base[j * L.qkv_ld + G.v(h) + c] : T(0);
+    }
     __syncthreads();
-    const index_t i = i0 + threadIdx.x;
-    T di = T(0);  // D_i = dO_i·o_i = Σ_j g_j p_j
-    if (i < L.seq) {
-      const T* orow = out.data + (b * L.seq + i) * out.ld + h * L.hd;
-      for (index_t c = 0; c < L.hd; ++c) di += sdo[threadIdx.x][c] * orow[c];
+    if (i >= L.seq || jlo > i) continue;  // the same for the whole warp
+    if (lane == 0 && ((jlo + CH) % sb_key_tile == 0 || jlo + CH > i)) {  // the top of a key tile, or the diagonal's
+      trow[1 + 2 * (jlo / sb_key_tile)] = suffix;
+      trow[2 + 2 * (jlo / sb_key_tile)] = gsum;
     }
-    double suffix = 0, g_above = 0;  // Σ softplus and Σ g p over the keys above the current one
-    T dq[HD];
+    T p, dz;
+    sb_backward_chunk<T, HD>(sq[warp], sdo[warp], sk[lane], sv[lane], jlo + lane <= i, scale, double(di), suffix, gsum,
+                             ssp[warp], sgp[warp], p, dz);
+    sdz[warp][lane] = dz;
+    __syncwarp();
+    for (int l = CH - 1; l >= 0; --l) {
+      const T d = sdz[warp][l];
+      if (d == T(0)) continue;  // the same for the whole warp
 #pragma unroll
-    for (int c = 0; c < HD; ++c) dq[c] = T(0);
-    for (index_t j0 = i0; j0 >= 0; j0 -= BT) {
-      __syncthreads();  // the previous key pass is done with sp, sdz
-      load_tile<T, BT, HD, HD>(sk, base, L.qkv_ld, j0, L.seq, G.k(h), L.hd);
-      load_tile<T, BT, HD, HD>(sv, base, L.qkv_ld, j0, L.seq, G.v(h), L.hd);
-      __syncthreads();
-      for (int jj = BT - 1; jj >= 0; --jj) {
-        T pv = T(0), dzv = T(0);
-        if (i < L.seq && j0 + jj <= i && suffix <= sb_cutoff<T>) {
-          // Four partial sums each: independent chains of FMAs (the chain's latency, not the FMA rate, bounds
-          // a block of so few warps).
-          T z4[4] = {T(0), T(0), T(0), T(0)}, g4[4] = {T(0), T(0), T(0), T(0)};
+      for (int q = 0; q < PER; ++q) dq[q] += d * sk[l][lane + 32 * q];
+    }
+    __syncwarp();
+  }
+  if (i >= L.seq) return;
+  T* qrow = dqkv.data + (b * L.seq + i) * dqkv.ld + h * L.hd;
 #pragma unroll
-          for (int c = 0; c < HD; ++c) {
-            z4[c % 4] += sq[threadIdx.x][c] * sk[jj][c];
-            g4[c % 4] += sdo[threadIdx.x][c] * sv[jj][c];
-          }
-          const T z = (z4[0] + z4[1]) + (z4[2] + z4[3]), g = (g4[0] + g4[1]) + (g4[2] + g4[3]);
-          const SbTerms<T> t = sb_terms(z * scale);
-          pv = exp_(t.lsig - T(suffix));
-          suffix += double(t.sp);
-          const double gp = double(g) * double(pv);
-          dzv = T(double(scale) * (gp - double(t.sig) * (double(di) - g_above)));  // prefix = D − G_{>j}
-          g_above += gp;
+  for (int q = 0; q < PER; ++q)
+    if (lane + 32 * q < L.hd) qrow[lane + 32 * q] += dq[q];
+}
+
+// Pass 2: grid (key tiles, batch·kv_heads), 8 warps. The block stages its tile's k, v rows once; for each query head
+// of the key/value head and each 8 query rows from the tile's first key on, a warp per row recomputes the tile's p
+// and scale·dz from the row's suffixes in the table, then thread (warp w, lane l) adds the 8 rows' p·dO and dz·q to
+// its keys w·8 .. w·8 + 7 at columns l, l + 32, ... in registers (rows in order: deterministic).
+template <class T, int HD>
+__global__ void stick_breaking_backward_dkv_kernel(MatrixView<T> dqkv, MatrixView<const T> dout, MatrixView<const T> qkv,
+                                                   SbLayout G, T scale, const double* table) {
+  constexpr int W = sb_rows, CH = 32, BK = sb_key_tile, KPW = BK / W, PER = HD / 32;
+  const HeadLayout& L = G.head;
+  double* const dsm = reinterpret_cast<double*>(dynamic_smem());  // sb_dkv_smem<T, HD> bytes
+  double(*ssp)[CH] = reinterpret_cast<double(*)[CH]>(dsm);
+  double(*sgp)[CH] = reinterpret_cast<double(*)[CH]>(dsm + W * CH);
+  T* const tsm = reinterpret_cast<T*>(dsm + 2 * W * CH);
+  const auto sq = reinterpret_cast<T(*)[HD]>(tsm);
+  const auto sdo = reinterpret_cast<T(*)[HD]>(tsm + W * HD);
+  const auto sk = reinterpret_cast<T(*)[HD + 1]>(tsm + 2 * W * HD);
+  const auto sv = reinterpret_cast<T(*)[HD + 1]>(tsm + 2 * W * HD + BK * (HD + 1));
+  const auto sp = reinterpret_cast<T(*)[BK]>(tsm + 2 * W * HD + 2 * BK * (HD + 1));
+  const auto sdz = reinterpret_cast<T(*)[BK]>(tsm + 2 * W * HD + 2 * BK * (HD + 1) + W * BK);
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const index_t tile = blockIdx.x, j0 = tile * BK, bk = blockIdx.y, b = bk / G.kv_heads, kh = bk % G.kv_heads;
+  const index_t h0 = kh * G.group(), stride = sb_table_stride(L.seq);
+  const T* base = qkv.data + b * L.seq * L.qkv_ld;
+  const T* dbase = dout.data + b * L.seq * dout.ld;
+  for (int e = int(threadIdx.x); e < BK * HD; e += W * 32) {
+    const index_t j = j0 + e / HD, c = e % HD;
+    const bool in = j < L.seq && c < L.hd;
+    sk[e / HD][c] = in ? base[j * L.qkv_ld + G.k(h0) + c] : T(0);
+    sv[e / HD][c] = in ? base[j * L.qkv_ld + G.v(h0) + c] : T(0);
+  }
+  T dk[KPW][PER], dv[KPW][PER];
 #pragma unroll
-          for (int c = 0; c < HD; ++c) dq[c] += dzv * sk[jj][c];
-        }
-        sp[threadIdx.x][jj] = pv;
-        sdz[threadIdx.x][jj] = dzv;
+  for (int kk = 0; kk < KPW; ++kk)
+#pragma unroll
+    for (int q = 0; q < PER; ++q) dk[kk][q] = dv[kk][q] = T(0);
+  for (index_t h = h0; h < h0 + G.group(); ++h)
+    for (index_t r0 = j0; r0 < L.seq; r0 += W) {
+      __syncthreads();  // the previous rows' readers are done with sq, sdo, sp, sdz
+      for (int e = int(threadIdx.x); e < W * HD; e += W * 32) {
+        const index_t r = r0 + e / HD, c = e % HD;
+        const bool in = r < L.seq && c < L.hd;
+        sq[e / HD][c] = in ? base[r * L.qkv_ld + h * L.hd + c] : T(0);
+        sdo[e / HD][c] = in ? dbase[r * dout.ld + h * L.hd + c] : T(0);
       }
       __syncthreads();
-      const index_t j = j0 + threadIdx.x;  // key role: this thread's key of the tile
-      if (j < L.seq) {
-        T* krow = dqkv.data + (b * L.seq + j) * dqkv.ld + G.k(h);
-        T* vrow = dqkv.data + (b * L.seq + j) * dqkv.ld + G.v(h);
-        for (index_t c = 0; c < L.hd; ++c) {
-          T ak = T(0), av = T(0);
-          for (int ii = 0; ii < BT; ++ii) {
-            ak += sdz[ii][threadIdx.x] * sq[ii][c];
-            av += sp[ii][threadIdx.x] * sdo[ii][c];
-          }
-          krow[c] += ak;
-          vrow[c] += av;
+      const index_t i = r0 + warp;
+      if (i < L.seq) {
+        const double* trow = table + ((b * L.heads + h) * L.seq + i) * stride;
+        double suffix = trow[1 + 2 * tile], gsum = trow[2 + 2 * tile];
+        for (int c = BK / CH - 1; c >= 0; --c) {  // the tile's chunks, top first (above the diagonal: all zeros)
+          T p, dz;
+          sb_backward_chunk<T, HD>(sq[warp], sdo[warp], sk[c * CH + lane], sv[c * CH + lane], j0 + c * CH + lane <= i,
+                                   scale, trow[0], suffix, gsum, ssp[warp], sgp[warp], p, dz);
+          sp[warp][c * CH + lane] = p;
+          sdz[warp][c * CH + lane] = dz;
         }
+      } else {
+        for (int c = lane; c < BK; c += 32) sp[warp][c] = sdz[warp][c] = T(0);
       }
-    }
-    if (i < L.seq) {
-      T* qrow = dqkv.data + (b * L.seq + i) * dqkv.ld + h * L.hd;
+      __syncthreads();
+      for (int r = 0; r < W; ++r)
 #pragma unroll
-      for (int c = 0; c < HD; ++c)
-        if (c < L.hd) qrow[c] += dq[c];
+        for (int kk = 0; kk < KPW; ++kk) {
+          const T pv = sp[r][warp * KPW + kk], dzv = sdz[r][warp * KPW + kk];
+#pragma unroll
+          for (int q = 0; q < PER; ++q) {
+            dv[kk][q] += pv * sdo[r][lane + 32 * q];
+            dk[kk][q] += dzv * sq[r][lane + 32 * q];
+          }
+        }
     }
+#pragma unroll
+  for (int kk = 0; kk < KPW; ++kk) {
+    const index_t j = j0 + warp * KPW + kk;
+    if (j >= L.seq) continue;
+    T* krow = dqkv.data + (b * L.seq + j) * dqkv.ld + G.k(h0);
+    T* vrow = dqkv.data + (b * L.seq + j) * dqkv.ld + G.v(h0);
+#pragma unroll
+    for (int q = 0; q < PER; ++q)
+      if (lane + 32 * q < L.hd) {
+        krow[lane + 32 * q] += dk[kk][q];
+        vrow[lane + 32 * q] += dv[kk][q];
+      }
   }
 }
 
@@ -279,20 +396,18 @@ void stick_breaking_forward_hd(const Context& ctx, MatrixView<T> out, MatrixView
 template <class T, int HD>
 void stick_breaking_backward_hd(const Context& ctx, MatrixView<T> dqkv, MatrixView<const T> dout,
                                 MatrixView<const T> out, MatrixView<const T> qkv, SbLayout G, index_t batch) {
-  const dim3 grid(static_cast<unsigned>(batch * G.kv_heads));
   const T scale = T(1) / std::sqrt(T(G.head.hd));
-  if constexpr (std::is_same_v<T, float>) {
-    constexpr int BT = sb_backward_tile_large;
-    constexpr auto kernel = stick_breaking_backward_kernel<T, HD, BT>;
-    if (smem_fits<kernel>(ctx, sb_backward_smem<T, HD, BT>)) {
-      launch_smem("stick_breaking_backward", ctx, grid, BT, sb_backward_smem<T, HD, BT>, kernel, dqkv, dout, out, qkv,
-                  G, scale);
-      return;
-    }
-  }
-  constexpr int BT = sb_backward_tile_small<T, HD>;
-  launch_smem("stick_breaking_backward", ctx, grid, BT, sb_backward_smem<T, HD, BT>,
-              stick_breaking_backward_kernel<T, HD, BT>, dqkv, dout, out, qkv, G, scale);
+  constexpr auto dq_kernel = stick_breaking_backward_dq_kernel<T, HD>;
+  constexpr auto dkv_kernel = stick_breaking_backward_dkv_kernel<T, HD>;
+  MOM_CHECK(smem_fits<dq_kernel>(ctx, sb_dq_smem<T, HD>) && smem_fits<dkv_kernel>(ctx, sb_dkv_smem<T, HD>),
+            "stick_breaking_backward: head dim ", HD, " needs ", sb_dkv_smem<T, HD> / 1024,
+            " KiB of shared memory a block, more than this GPU gives");
+  auto* table = static_cast<double*>(ctx.workspace);  // sized by the op (stick_breaking_table_bytes)
+  launch_smem("stick_breaking_backward", ctx, dim3(blocks_exact(G.head.seq, sb_rows), unsigned(batch * G.head.heads)),
+              sb_rows * 32, sb_dq_smem<T, HD>, dq_kernel, dqkv, dout, out, qkv, G, scale, table);
+  launch_smem("stick_breaking_backward", ctx, dim3(blocks_exact(G.head.seq, sb_key_tile), unsigned(batch * G.kv_heads)),
+              sb_rows * 32, sb_dkv_smem<T, HD>, dkv_kernel, dqkv, dout, qkv, G, scale,
+              static_cast<const double*>(table));
 }
 template <class T, int HD>
 void stick_breaking_decode_hd(const Context& ctx, MatrixView<T> out, MatrixView<const T> qkv,
