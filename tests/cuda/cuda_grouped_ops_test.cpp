@@ -569,6 +569,14 @@ TEST_CASE("grouped ops: host shape errors as the cpu's, bad offsets and indices 
   be.sync();
 }
 
+namespace {
+// Elements of a and b that differ (a count: Catch would print the vectors).
+std::size_t differing(const std::vector<float>& a, const std::vector<float>& b) {
+  return std::inner_product(a.begin(), a.end(), b.begin(), std::size_t(0), std::plus<>(),
+                            [](float u, float v) { return std::size_t(u != v); });
+}
+}  // namespace
+
 // The weight gradients take the 128 × 128 tile only where it gives at least dw_wide_tile_blocks blocks, the 64 ×
 // 64 one below: 30 groups of a 260 × 260 dW_g is 270 blocks of the wide tile in one launch; each group alone is 9
 // (so the narrow tile, 25 blocks). Each dW element is the same k-ordered chain of products at either size: the
@@ -590,11 +598,6 @@ TEST_CASE("grouped weight gradients on tensor cores: the 128 x 128 and 64 x 64 t
   auto x = rand_arr<T>(R * in, rng), dy = rand_arr<T>(R * out, rng), w = rand_arr<T>(G * pg_stride(out * in), rng);
   const auto wd = per_group<const T>(w.d.data(), G, out * in);
   Groups<T> g(L);
-  // Elements of a and b that differ.
-  const auto differing = [](const std::vector<T>& a, const std::vector<T>& b) {
-    return std::inner_product(a.begin(), a.end(), b.begin(), std::size_t(0), std::plus<>(),
-                              [](T u, T v) { return std::size_t(u != v); });
-  };
   for (const auto precision : {cuda::Precision::TF32, cuda::Precision::BF16}) {
     INFO((precision == cuda::Precision::TF32 ? "TF32" : "BF16"));
     auto dw_all = rand_arr<T>(G * pg_stride(out * in), rng), db_all = rand_arr<T>(G * pg_stride(out), rng);
@@ -657,10 +660,6 @@ TEST_CASE("grouped weight gradients split over their rows: the slices' sums adde
   auto idx = Arr<T, token_t>(grouped_indices(L, Tn, rng));
   const auto wh = per_group<const T>(w.h.data(), G, out * in), wd = per_group<const T>(w.d.data(), G, out * in);
   const auto one_w = per_group<const T>(w.d.data(), 1, out * in);
-  const auto differing = [](const std::vector<T>& a, const std::vector<T>& b) {
-    return std::inner_product(a.begin(), a.end(), b.begin(), std::size_t(0), std::plus<>(),
-                              [](T u, T v) { return std::size_t(u != v); });
-  };
   for (const bool gathered : {false, true})
     for (const auto precision : {cuda::Precision::FP32, cuda::Precision::TF32, cuda::Precision::BF16}) {
       INFO((gathered ? "x through indices, " : "x, ")

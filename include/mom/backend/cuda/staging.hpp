@@ -4,7 +4,7 @@
 //   reserve_workspace      the GEMMs' workspace, also the stick-breaking backward's table (32 MiB to start)
 //   reserve_dispatch       group_by_module's CUB temp storage, pair ids, sorted keys and counts (the token
 //                          dispatch of docs/design.md, "Data and the hot path"; docs/cuda.md, "Token dispatch")
-// Growing synchronises the stream (cudaFree + cudaMalloc), so a caller sizes both once, outside the training
+// Growing synchronises the stream (cudaFree + cudaMalloc), so a caller sizes them once, outside the training
 // step; the ops grow them on first use otherwise, after which a step of the same shapes never allocates.
 // cuda::Backend's members of the same names call these.
 #include <algorithm>
@@ -18,29 +18,29 @@
 
 namespace mom::cuda {
 
+// Replaces the device buffer p with one of `bytes` once the stream's work (which may still read p) is done; size, the
+// buffer's recorded size, is 0 while it is being replaced (so a failed allocation leaves an empty buffer, not a lie).
+template <class U, class N>
+void regrow(const Context& c, U*& p, N& size, N new_size, std::size_t bytes, const char* op) {
+  MOM_CUDA_CHECK(cudaStreamSynchronize(c.stream), op);
+  MOM_CUDA_CHECK(cudaFree(p), op);
+  p = nullptr;
+  size = 0;
+  MOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), bytes), op);
+  size = new_size;
+}
+
 // Sizes the bf16 staging for operands of up to `elements` elements together (A and B of one GEMM).
 inline void reserve_bf16_staging(Context& c, index_t elements) {
   if (elements <= c.bf16_stage_size) return;
-  MOM_CUDA_CHECK(cudaStreamSynchronize(c.stream), "reserve_bf16_staging");
-  MOM_CUDA_CHECK(cudaFree(c.bf16_stage), "reserve_bf16_staging");
-  c.bf16_stage = nullptr;
-  c.bf16_stage_size = 0;
-  MOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c.bf16_stage), static_cast<std::size_t>(elements) * 2),
-                 "reserve_bf16_staging");
-  c.bf16_stage_size = elements;
+  regrow(c, c.bf16_stage, c.bf16_stage_size, elements, static_cast<std::size_t>(elements) * 2, "reserve_bf16_staging");
   ++c.bf16_stage_grows;
 }
 
 // Grows the context's workspace (cuBLASLt's, the split weight gradients' partials, the stick-breaking backward's
 // table) to at least `bytes`.
 inline void reserve_workspace(Context& c, std::size_t bytes) {
-  if (bytes <= c.workspace_bytes) return;
-  MOM_CUDA_CHECK(cudaStreamSynchronize(c.stream), "reserve_workspace");
-  MOM_CUDA_CHECK(cudaFree(c.workspace), "reserve_workspace");
-  c.workspace = nullptr;
-  c.workspace_bytes = 0;
-  MOM_CUDA_CHECK(cudaMalloc(&c.workspace, bytes), "reserve_workspace");
-  c.workspace_bytes = bytes;
+  if (bytes > c.workspace_bytes) regrow(c, c.workspace, c.workspace_bytes, bytes, bytes, "reserve_workspace");
 }
 
 // Sizes group_by_module's CUB temp storage and scratch for up to n_pairs pairs and n_modules modules.
@@ -50,34 +50,16 @@ inline void reserve_dispatch(Context& c, index_t n_pairs, index_t n_modules) {
   n_pairs = std::max(n_pairs, c.dispatch_pairs);
   n_modules = std::max(n_modules, c.dispatch_modules);
   const std::size_t bytes = group_by_module_temp_bytes(n_pairs, n_modules);
-  if (bytes > c.cub_temp_bytes) {
-    MOM_CUDA_CHECK(cudaStreamSynchronize(c.stream), "reserve_dispatch");
-    MOM_CUDA_CHECK(cudaFree(c.cub_temp), "reserve_dispatch");
-    c.cub_temp = nullptr;
-    c.cub_temp_bytes = 0;
-    MOM_CUDA_CHECK(cudaMalloc(&c.cub_temp, bytes), "reserve_dispatch");
-    c.cub_temp_bytes = bytes;
-  }
+  if (bytes > c.cub_temp_bytes) regrow(c, c.cub_temp, c.cub_temp_bytes, bytes, bytes, "reserve_dispatch");
   if (n_pairs > c.pair_ids_size) {
-    MOM_CUDA_CHECK(cudaStreamSynchronize(c.stream), "reserve_dispatch");
-    MOM_CUDA_CHECK(cudaFree(c.pair_ids), "reserve_dispatch");
-    MOM_CUDA_CHECK(cudaFree(c.sorted_keys), "reserve_dispatch");
-    c.pair_ids = c.sorted_keys = nullptr;
-    c.pair_ids_size = 0;
     const std::size_t bytes_ids = static_cast<std::size_t>(n_pairs) * sizeof(token_t);
-    MOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c.pair_ids), bytes_ids), "reserve_dispatch");
-    MOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c.sorted_keys), bytes_ids), "reserve_dispatch");
-    c.pair_ids_size = n_pairs;
+    index_t keys_size = c.pair_ids_size;
+    regrow(c, c.sorted_keys, keys_size, n_pairs, bytes_ids, "reserve_dispatch");
+    regrow(c, c.pair_ids, c.pair_ids_size, n_pairs, bytes_ids, "reserve_dispatch");
   }
-  if (n_modules + 1 > c.counts_size) {
-    MOM_CUDA_CHECK(cudaStreamSynchronize(c.stream), "reserve_dispatch");
-    MOM_CUDA_CHECK(cudaFree(c.counts), "reserve_dispatch");
-    c.counts = nullptr;
-    c.counts_size = 0;
-    MOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c.counts), static_cast<std::size_t>(n_modules + 1) * sizeof(int)),
-                   "reserve_dispatch");
-    c.counts_size = n_modules + 1;
-  }
+  if (n_modules + 1 > c.counts_size)
+    regrow(c, c.counts, c.counts_size, n_modules + 1, static_cast<std::size_t>(n_modules + 1) * sizeof(int),
+           "reserve_dispatch");
   c.dispatch_pairs = n_pairs;
   c.dispatch_modules = n_modules;
 }

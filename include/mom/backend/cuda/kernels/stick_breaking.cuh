@@ -59,11 +59,11 @@ struct SbLayout {
 };
 
 // Forward: a warp per query row (8 rows of one (sequence, head) a block), its 32 lanes over 32 keys at a time. The
-// block stages 32 key rows in shared memory from the top row's diagonal down; lane l takes key j0 + l: z, log σ and
-// softplus; the row's softplus suffix above each key is summed in double from the top key down (the CPU's order, so
-// the same suffix bits), and p_j = exp(log σ_j − suffix_j). Then every lane adds Σ_j p_j v_j (keys top down, as
-// the CPU) to its columns lane, lane + 32, ... of o, reading v's rows from memory (coalesced). A row stops once its
-// suffix passes the cutoff (every earlier weight is 0 in T), the block once all its rows have.
+// block stages 32 key rows (aligned to 32) in shared memory from its last row's diagonal down; lane l takes key
+// jlo + l: z, log σ and softplus; the row's softplus suffix above each key is summed in double from the top key down
+// (the CPU's order, so the same suffix bits), and p_j = exp(log σ_j − suffix_j). Then every lane adds Σ_j p_j v_j
+// (keys top down, as the CPU) to its columns lane, lane + 32, ... of o, reading v's rows from memory (coalesced). A
+// row stops once its suffix passes the cutoff (every earlier weight is 0 in T), the block once all its rows have.
 inline constexpr int sb_forward_rows = 8, sb_forward_keys = 32;
 template <class T, int HD>
 __global__ void stick_breaking_forward_kernel(MatrixView<T> out, MatrixView<const T> qkv, SbLayout G, T scale) {
@@ -79,31 +79,23 @@ __global__ void stick_breaking_forward_kernel(MatrixView<T> out, MatrixView<cons
   const index_t bh = blockIdx.y, b = bh / L.heads, h = bh % L.heads;
   const index_t i0 = index_t(blockIdx.x) * W, i = i0 + warp;
   const T* base = qkv.data + b * L.seq * L.qkv_ld;
-  for (int e = int(threadIdx.x); e < W * HD; e += W * 32) {
-    const index_t r = i0 + e / HD, c = e % HD;
-    sq[e / HD][c] = r < L.seq && c < L.hd ? base[r * L.qkv_ld + h * L.hd + c] : T(0);
-  }
+  load_tile<T, W, HD, HD>(sq, base, L.qkv_ld, i0, L.seq, h * L.hd, L.hd);
   if (lane == 0) sdone[warp] = i >= L.seq;
   T o[PER];
 #pragma unroll
   for (int q = 0; q < PER; ++q) o[q] = T(0);
   double suffix = 0;  // Σ softplus(z_j) over the keys above the current chunk
-  const index_t top = min(i0 + W - 1, L.seq - 1);
-  for (index_t jhi = top; jhi >= 0; jhi -= CH) {  // chunks of keys [jhi − CH + 1, jhi], from the diagonal down
+  // Chunks of keys [jlo, jlo + CH) aligned to CH (as the backward's), from the block's last row's diagonal down.
+  for (index_t jlo = (min(i0 + W - 1, L.seq - 1) / CH) * CH; jlo >= 0; jlo -= CH) {
     __syncthreads();  // the previous chunk's readers are done with sk; sdone is current
     bool all_done = true;
 #pragma unroll
     for (int w = 0; w < W; ++w) all_done = all_done && sdone[w];
     if (all_done) break;  // the same for every thread
-    const index_t jlo = jhi - CH + 1;
-    for (int e = int(threadIdx.x); e < CH * HD; e += W * 32) {
-      const index_t j = jlo + e / HD, c = e % HD;
-      sk[e / HD][c] = j >= 0 && c < L.hd ? base[j * L.qkv_ld + G.k(h) + c] : T(0);
-    }
+    load_tile<T, CH, HD, HD + 1>(sk, base, L.qkv_ld, jlo, L.seq, G.k(h), L.hd);
     __syncthreads();
-    if (sdone[warp]) continue;  // the same for the whole warp
-    const index_t j = jlo + lane;
-    const bool valid = j >= 0 && j <= i;
+    if (sdone[warp] || jlo > i) continue;  // the same for the whole warp
+    const bool valid = jlo + lane <= i;
     T z4[4] = {T(0), T(0), T(0), T(0)};  // four independent FMA chains
 #pragma unroll
     for (int c = 0; c < HD; ++c) z4[c % 4] += sq[warp][c] * sk[lane][c];
@@ -183,11 +175,30 @@ __device__ void sb_backward_chunk(const T* q, const T* dO, const T* krow, const 
 }
 
 inline constexpr int sb_rows = 8;  // query rows (warps) of a backward block
+// A backward pass's dynamic shared memory: the warps' suffix scratch (doubles), q and dO of the block's query rows,
+// k and v of Keys keys, and Vals per-key values of each row (pass 1: scale·dz of a chunk; pass 2: p, scale·dz).
+template <class T, int HD, int Keys, int Vals>
+struct SbSmem {
+  static constexpr std::size_t bytes =
+      sizeof(double) * 2 * sb_rows * 32 + sizeof(T) * (2 * sb_rows * HD + 2 * Keys * (HD + 1) + Vals * sb_rows * Keys);
+  double (*ssp)[32], (*sgp)[32];
+  T (*sq)[HD], (*sdo)[HD], (*sk)[HD + 1], (*sv)[HD + 1], (*vals)[sb_rows][Keys];
+  __device__ explicit SbSmem(unsigned char* raw) {
+    double* const d = reinterpret_cast<double*>(raw);
+    ssp = reinterpret_cast<double(*)[32]>(d);
+    sgp = reinterpret_cast<double(*)[32]>(d + sb_rows * 32);
+    T* const t = reinterpret_cast<T*>(d + 2 * sb_rows * 32);
+    sq = reinterpret_cast<T(*)[HD]>(t);
+    sdo = reinterpret_cast<T(*)[HD]>(t + sb_rows * HD);
+    sk = reinterpret_cast<T(*)[HD + 1]>(t + 2 * sb_rows * HD);
+    sv = reinterpret_cast<T(*)[HD + 1]>(t + 2 * sb_rows * HD + Keys * (HD + 1));
+    vals = reinterpret_cast<T(*)[sb_rows][Keys]>(t + 2 * sb_rows * HD + 2 * Keys * (HD + 1));
+  }
+};
 template <class T, int HD>
-inline constexpr std::size_t sb_dq_smem = sizeof(double) * 2 * sb_rows * 32 + sizeof(T) * (2 * sb_rows * HD + 2 * 32 * (HD + 1) + sb_rows * 32);
+using SbDqSmem = SbSmem<T, HD, 32, 1>;
 template <class T, int HD>
-inline constexpr std::size_t sb_dkv_smem =
-    sizeof(double) * 2 * sb_rows * 32 + sizeof(T) * (2 * sb_rows * HD + 2 * sb_key_tile * (HD + 1) + 2 * sb_rows * sb_key_tile);
+using SbDkvSmem = SbSmem<T, HD, sb_key_tile, 2>;
 
 // Pass 1: grid (8-row query tiles, batch·heads), a warp per query row: dQ_i += Σ_j scale·dz_j k_j over the lane's
 // columns; D_i and the suffixes at each key tile's top into the table.
@@ -196,26 +207,17 @@ __global__ void stick_breaking_backward_dq_kernel(MatrixView<T> dqkv, MatrixView
                                                   MatrixView<const T> qkv, SbLayout G, T scale, double* table) {
   constexpr int W = sb_rows, CH = 32, PER = HD / 32;
   const HeadLayout& L = G.head;
-  double* const dsm = reinterpret_cast<double*>(dynamic_smem());  // sb_dq_smem<T, HD> bytes
-  double(*ssp)[CH] = reinterpret_cast<double(*)[CH]>(dsm);
-  double(*sgp)[CH] = reinterpret_cast<double(*)[CH]>(dsm + W * CH);
-  T* const tsm = reinterpret_cast<T*>(dsm + 2 * W * CH);
-  const auto sq = reinterpret_cast<T(*)[HD]>(tsm);
-  const auto sdo = reinterpret_cast<T(*)[HD]>(tsm + W * HD);
-  const auto sk = reinterpret_cast<T(*)[HD + 1]>(tsm + 2 * W * HD);
-  const auto sv = reinterpret_cast<T(*)[HD + 1]>(tsm + 2 * W * HD + CH * (HD + 1));
-  const auto sdz = reinterpret_cast<T(*)[CH]>(tsm + 2 * W * HD + 2 * CH * (HD + 1));
+  const SbDqSmem<T, HD> sm(dynamic_smem());
+  const auto sq = sm.sq, sdo = sm.sdo;
+  const auto sk = sm.sk, sv = sm.sv;
+  const auto sdz = sm.vals[0];
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const index_t bh = blockIdx.y, b = bh / L.heads, h = bh % L.heads;
   const index_t i0 = index_t(blockIdx.x) * W, i = i0 + warp;
   const T* base = qkv.data + b * L.seq * L.qkv_ld;
   const T* dbase = dout.data + b * L.seq * dout.ld;
-  for (int e = int(threadIdx.x); e < W * HD; e += W * 32) {
-    const index_t r = i0 + e / HD, c = e % HD;
-    const bool in = r < L.seq && c < L.hd;
-    sq[e / HD][c] = in ? base[r * L.qkv_ld + h * L.hd + c] : T(0);
-    sdo[e / HD][c] = in ? dbase[r * dout.ld + h * L.hd + c] : T(0);
-  }
+  load_tile<T, W, HD, HD>(sq, base, L.qkv_ld, i0, L.seq, h * L.hd, L.hd);
+  load_tile<T, W, HD, HD>(sdo, dbase, dout.ld, i0, L.seq, h * L.hd, L.hd);
   __syncthreads();
   double* const trow = table + (bh * L.seq + i) * sb_table_stride(L.seq);
   T di = T(0);  // D_i = dO_i·o_i, every lane the same
@@ -230,12 +232,8 @@ __global__ void stick_breaking_backward_dq_kernel(MatrixView<T> dqkv, MatrixView
   double suffix = 0, gsum = 0;
   for (index_t jlo = (min(i0 + W - 1, L.seq - 1) / CH) * CH; jlo >= 0; jlo -= CH) {
     __syncthreads();  // the previous chunk's readers are done with sk, sv
-    for (int e = int(threadIdx.x); e < CH * HD; e += W * 32) {
-      const index_t j = jlo + e / HD, c = e % HD;
-      const bool in = j < L.seq && c < L.hd;
-      sk[e / HD][c] = in ? base[j * L.qkv_ld + G.k(h) + c] : T(0);
-      sv[e / HD][c] = in ? base[j * L.qkv_ld + G.v(h) + c] : T(0);
-    }
+    load_tile<T, CH, HD, HD + 1>(sk, base, L.qkv_ld, jlo, L.seq, G.k(h), L.hd);
+    load_tile<T, CH, HD, HD + 1>(sv, base, L.qkv_ld, jlo, L.seq, G.v(h), L.hd);
     __syncthreads();
     if (i >= L.seq || jlo > i) continue;  // the same for the whole warp
     if (lane == 0 && ((jlo + CH) % sb_key_tile == 0 || jlo + CH > i)) {  // the top of a key tile, or the diagonal's
@@ -244,7 +242,7 @@ __global__ void stick_breaking_backward_dq_kernel(MatrixView<T> dqkv, MatrixView
     }
     T p, dz;
     sb_backward_chunk<T, HD>(sq[warp], sdo[warp], sk[lane], sv[lane], jlo + lane <= i, scale, double(di), suffix, gsum,
-                             ssp[warp], sgp[warp], p, dz);
+                             sm.ssp[warp], sm.sgp[warp], p, dz);
     sdz[warp][lane] = dz;
     __syncwarp();
     for (int l = CH - 1; l >= 0; --l) {
@@ -271,27 +269,17 @@ __global__ void stick_breaking_backward_dkv_kernel(MatrixView<T> dqkv, MatrixVie
                                                    SbLayout G, T scale, const double* table) {
   constexpr int W = sb_rows, CH = 32, BK = sb_key_tile, KPW = BK / W, PER = HD / 32;
   const HeadLayout& L = G.head;
-  double* const dsm = reinterpret_cast<double*>(dynamic_smem());  // sb_dkv_smem<T, HD> bytes
-  double(*ssp)[CH] = reinterpret_cast<double(*)[CH]>(dsm);
-  double(*sgp)[CH] = reinterpret_cast<double(*)[CH]>(dsm + W * CH);
-  T* const tsm = reinterpret_cast<T*>(dsm + 2 * W * CH);
-  const auto sq = reinterpret_cast<T(*)[HD]>(tsm);
-  const auto sdo = reinterpret_cast<T(*)[HD]>(tsm + W * HD);
-  const auto sk = reinterpret_cast<T(*)[HD + 1]>(tsm + 2 * W * HD);
-  const auto sv = reinterpret_cast<T(*)[HD + 1]>(tsm + 2 * W * HD + BK * (HD + 1));
-  const auto sp = reinterpret_cast<T(*)[BK]>(tsm + 2 * W * HD + 2 * BK * (HD + 1));
-  const auto sdz = reinterpret_cast<T(*)[BK]>(tsm + 2 * W * HD + 2 * BK * (HD + 1) + W * BK);
+  const SbDkvSmem<T, HD> sm(dynamic_smem());
+  const auto sq = sm.sq, sdo = sm.sdo;
+  const auto sk = sm.sk, sv = sm.sv;
+  const auto sp = sm.vals[0], sdz = sm.vals[1];
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const index_t tile = blockIdx.x, j0 = tile * BK, bk = blockIdx.y, b = bk / G.kv_heads, kh = bk % G.kv_heads;
   const index_t h0 = kh * G.group(), stride = sb_table_stride(L.seq);
   const T* base = qkv.data + b * L.seq * L.qkv_ld;
   const T* dbase = dout.data + b * L.seq * dout.ld;
-  for (int e = int(threadIdx.x); e < BK * HD; e += W * 32) {
-    const index_t j = j0 + e / HD, c = e % HD;
-    const bool in = j < L.seq && c < L.hd;
-    sk[e / HD][c] = in ? base[j * L.qkv_ld + G.k(h0) + c] : T(0);
-    sv[e / HD][c] = in ? base[j * L.qkv_ld + G.v(h0) + c] : T(0);
-  }
+  load_tile<T, BK, HD, HD + 1>(sk, base, L.qkv_ld, j0, L.seq, G.k(h0), L.hd);
+  load_tile<T, BK, HD, HD + 1>(sv, base, L.qkv_ld, j0, L.seq, G.v(h0), L.hd);
   T dk[KPW][PER], dv[KPW][PER];
 #pragma unroll
   for (int kk = 0; kk < KPW; ++kk)
@@ -300,12 +288,8 @@ __global__ void stick_breaking_backward_dkv_kernel(MatrixView<T> dqkv, MatrixVie
   for (index_t h = h0; h < h0 + G.group(); ++h)
     for (index_t r0 = j0; r0 < L.seq; r0 += W) {
       __syncthreads();  // the previous rows' readers are done with sq, sdo, sp, sdz
-      for (int e = int(threadIdx.x); e < W * HD; e += W * 32) {
-        const index_t r = r0 + e / HD, c = e % HD;
-        const bool in = r < L.seq && c < L.hd;
-        sq[e / HD][c] = in ? base[r * L.qkv_ld + h * L.hd + c] : T(0);
-        sdo[e / HD][c] = in ? dbase[r * dout.ld + h * L.hd + c] : T(0);
-      }
+      load_tile<T, W, HD, HD>(sq, base, L.qkv_ld, r0, L.seq, h * L.hd, L.hd);
+      load_tile<T, W, HD, HD>(sdo, dbase, dout.ld, r0, L.seq, h * L.hd, L.hd);
       __syncthreads();
       const index_t i = r0 + warp;
       if (i < L.seq) {
@@ -314,7 +298,7 @@ __global__ void stick_breaking_backward_dkv_kernel(MatrixView<T> dqkv, MatrixVie
         for (int c = BK / CH - 1; c >= 0; --c) {  // the tile's chunks, top first (above the diagonal: all zeros)
           T p, dz;
           sb_backward_chunk<T, HD>(sq[warp], sdo[warp], sk[c * CH + lane], sv[c * CH + lane], j0 + c * CH + lane <= i,
-                                   scale, trow[0], suffix, gsum, ssp[warp], sgp[warp], p, dz);
+                                   scale, trow[0], suffix, gsum, sm.ssp[warp], sm.sgp[warp], p, dz);
           sp[warp][c * CH + lane] = p;
           sdz[warp][c * CH + lane] = dz;
         }
@@ -399,14 +383,15 @@ void stick_breaking_backward_hd(const Context& ctx, MatrixView<T> dqkv, MatrixVi
   const T scale = T(1) / std::sqrt(T(G.head.hd));
   constexpr auto dq_kernel = stick_breaking_backward_dq_kernel<T, HD>;
   constexpr auto dkv_kernel = stick_breaking_backward_dkv_kernel<T, HD>;
-  MOM_CHECK(smem_fits<dq_kernel>(ctx, sb_dq_smem<T, HD>) && smem_fits<dkv_kernel>(ctx, sb_dkv_smem<T, HD>),
-            "stick_breaking_backward: head dim ", HD, " needs ", sb_dkv_smem<T, HD> / 1024,
+  constexpr std::size_t dq_smem = SbDqSmem<T, HD>::bytes, dkv_smem = SbDkvSmem<T, HD>::bytes;
+  MOM_CHECK(smem_fits<dq_kernel>(ctx, dq_smem) && smem_fits<dkv_kernel>(ctx, dkv_smem),
+            "stick_breaking_backward: head dim ", HD, " needs ", dkv_smem / 1024,
             " KiB of shared memory a block, more than this GPU gives");
   auto* table = static_cast<double*>(ctx.workspace);  // sized by the op (stick_breaking_table_bytes)
   launch_smem("stick_breaking_backward", ctx, dim3(blocks_exact(G.head.seq, sb_rows), unsigned(batch * G.head.heads)),
-              sb_rows * 32, sb_dq_smem<T, HD>, dq_kernel, dqkv, dout, out, qkv, G, scale, table);
+              sb_rows * 32, dq_smem, dq_kernel, dqkv, dout, out, qkv, G, scale, table);
   launch_smem("stick_breaking_backward", ctx, dim3(blocks_exact(G.head.seq, sb_key_tile), unsigned(batch * G.kv_heads)),
-              sb_rows * 32, sb_dkv_smem<T, HD>, dkv_kernel, dqkv, dout, qkv, G, scale,
+              sb_rows * 32, dkv_smem, dkv_kernel, dqkv, dout, qkv, G, scale,
               static_cast<const double*>(table));
 }
 template <class T, int HD>
