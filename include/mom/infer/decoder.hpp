@@ -323,8 +323,9 @@ class Decoder {
   }
 
   // A whole step's ops (ops(): enqueues them). With graphs: the first whole step (and the first after the
-  // parameters' buffer or the backend's precision changed) runs op by op, so that what grows on first use grows
-  // outside a recording; the next is recorded; the rest replay it. A refused recording: op by op from then on.
+  // parameters' buffer, the backend's precision or its scratch buffers changed) runs op by op, so that what grows on
+  // first use grows outside a recording (the key is taken after it); the next is recorded; the rest replay it. A
+  // refused recording: op by op from then on.
   template <class Ops>
   void run_whole(Ops&& ops) {
     if constexpr (records_graphs) {
@@ -346,21 +347,26 @@ class Decoder {
         }
         if (graph_state_ != GraphState::failed) {
           graph_state_ = GraphState::warm;
-          graph_key_ = key;
+          ops();
+          graph_key_ = graph_key();  // after what this step grew
+          return;
         }
       }
     }
     ops();
   }
-  // What a recorded step depends on beyond the workspace: the parameters' buffer and the backend's precision.
+  // What a recorded step depends on beyond the workspace: the parameters' buffer, the backend's precision and its
+  // scratch buffers (replaced when they grow: scratch_generation).
   struct GraphKey {
     const T* params = nullptr;
     int precision = 0;
+    index_t scratch = 0;
     bool operator==(const GraphKey&) const = default;
   };
   GraphKey graph_key() {
-    GraphKey k{model_.params().data(), 0};
+    GraphKey k{model_.params().data(), 0, 0};
     if constexpr (requires { model_.backend().precision(); }) k.precision = int(model_.backend().precision());
+    if constexpr (requires { model_.backend().scratch_generation(); }) k.scratch = model_.backend().scratch_generation();
     return k;
   }
   enum class GraphState { none, warm, recorded, failed };

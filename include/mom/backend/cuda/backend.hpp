@@ -234,6 +234,11 @@ struct Backend : detail::RoutedOps<T> {
   // modules, so that no later call allocates (token dispatch: docs/design.md, "Data and the hot path").
   // Call once, outside the training step.
   void reserve_dispatch(index_t n_pairs, index_t n_modules) const { cuda::reserve_dispatch(*ctx_, n_pairs, n_modules); }
+  // Grows the workspace of the GEMMs and the stick-breaking backward (32 MiB to start) to at least `bytes`.
+  void reserve_workspace(std::size_t bytes) const { cuda::reserve_workspace(*ctx_, bytes); }
+  // Changes whenever one of the buffers above is replaced by a larger one: a graph recorded before reads the old
+  // buffers, so infer::Decoder records its step again.
+  index_t scratch_generation() const { return ctx_->scratch_grows; }
 
   // ---- CUDA graphs (graph.hpp) ------------------------------------------------------------------
   // record(f): the ops f() enqueues on this backend, recorded as one graph and not run; throws mom::Error (nothing

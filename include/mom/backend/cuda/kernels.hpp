@@ -115,6 +115,8 @@ struct Context {
   std::uint16_t* bf16_stage = nullptr;    // device [bf16_stage_size]: the two bf16 GEMM operands (Precision::BF16)
   index_t bf16_stage_size = 0;
   index_t bf16_stage_grows = 0;           // how often the staging buffer grew (tests: never inside a step)
+  index_t scratch_grows = 0;              // how often any scratch buffer was replaced (staging.hpp, regrow): a
+                                          // recorded graph holds the old pointers
   int* error = nullptr;            // device [4]: DeviceError code, position, value, bound
   double* partials = nullptr;      // device [reduce_blocks]
   double* entropy = nullptr;       // device [entropy_partials]

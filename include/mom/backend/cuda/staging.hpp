@@ -20,8 +20,10 @@ namespace mom::cuda {
 
 // Replaces the device buffer p with one of `bytes` once the stream's work (which may still read p) is done; size, the
 // buffer's recorded size, is 0 while it is being replaced (so a failed allocation leaves an empty buffer, not a lie).
+// Counted in scratch_grows: a graph recorded before holds p's old value (infer::Decoder records again).
 template <class U, class N>
-void regrow(const Context& c, U*& p, N& size, N new_size, std::size_t bytes, const char* op) {
+void regrow(Context& c, U*& p, N& size, N new_size, std::size_t bytes, const char* op) {
+  ++c.scratch_grows;
   MOM_CUDA_CHECK(cudaStreamSynchronize(c.stream), op);
   MOM_CUDA_CHECK(cudaFree(p), op);
   p = nullptr;
