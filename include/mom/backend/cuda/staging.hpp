@@ -55,7 +55,7 @@ inline void reserve_dispatch(Context& c, index_t n_pairs, index_t n_modules) {
   if (bytes > c.cub_temp_bytes) regrow(c, c.cub_temp, c.cub_temp_bytes, bytes, bytes, "reserve_dispatch");
   if (n_pairs > c.pair_ids_size) {
     const std::size_t bytes_ids = static_cast<std::size_t>(n_pairs) * sizeof(token_t);
-    index_t keys_size = c.pair_ids_size;
+    index_t keys_size = c.pair_ids_size;  // sorted_keys has pair_ids' size (pair_ids_size, set by the second regrow)
     regrow(c, c.sorted_keys, keys_size, n_pairs, bytes_ids, "reserve_dispatch");
     regrow(c, c.pair_ids, c.pair_ids_size, n_pairs, bytes_ids, "reserve_dispatch");
   }
