@@ -82,8 +82,8 @@ inline std::shared_ptr<Context> make_context(int device) {
   MOM_CUDA_CHECK(cudaStreamCreate(&c.stream), "cuda::Backend");
   MOM_CUBLAS_CHECK(cublasCreate(&c.blas), "cuda::Backend");
   MOM_CUBLAS_CHECK(cublasSetStream(c.blas, c.stream), "cuda::Backend");
-  // cuBLASLt for the fused epilogues, with the workspace its Hopper kernels want (32 MiB, made once here; the split
-  // grouped weight gradients' partial sums use it too).
+  // cuBLASLt for the fused epilogues, with the workspace its Hopper kernels want (32 MiB to start; the split grouped
+  // weight gradients' partial sums and the stick-breaking backward's table use it too: kernels.hpp, Context).
   MOM_CUBLAS_CHECK(cublasLtCreate(&c.lt), "cuda::Backend");
   c.workspace_bytes = std::size_t(32) << 20;
   MOM_CUDA_CHECK(cudaMalloc(&c.workspace, c.workspace_bytes), "cuda::Backend");

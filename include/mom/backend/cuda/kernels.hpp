@@ -106,8 +106,9 @@ struct Context {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   cublasLtHandle_t lt = nullptr;          // cuBLASLt: the GEMMs with a fused epilogue (lt.hpp)
-  // device [workspace_bytes]: cuBLASLt's workspace, and the partial sums of the grouped weight gradients split over
-  // their rows (dw_splits). Both are used only between their launches on ctx.stream, so they never overlap.
+  // device [workspace_bytes]: cuBLASLt's workspace, the partial sums of the grouped weight gradients split over their
+  // rows (dw_splits) and the stick-breaking backward's table (stick_breaking_table_bytes). Each is used only between
+  // its launches on ctx.stream, so they never overlap; reserve_workspace grows it.
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
   detail::LtPlans* lt_plans = nullptr;    // host: the cuBLASLt plans made so far (owned)

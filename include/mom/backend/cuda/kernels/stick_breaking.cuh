@@ -58,6 +58,30 @@ struct SbLayout {
   __host__ __device__ index_t v(index_t h) const { return head.d + (kv_heads + h / group()) * head.hd; }
 };
 
+// a · b over HD elements in four independent chains of FMAs (the chains' latency, not the FMA rate, bounds these
+// kernels), added as (c0 + c1) + (c2 + c3): the forward and both backward passes compute z (and g) so, bit for bit.
+template <class T, int HD>
+__device__ __forceinline__ T sb_dot(const T* a, const T* b) {
+  T c[4] = {T(0), T(0), T(0), T(0)};
+#pragma unroll
+  for (int k = 0; k < HD; ++k) c[k % 4] += a[k] * b[k];
+  return (c[0] + c[1]) + (c[2] + c[3]);
+}
+
+// A warp's suffix sums over the 32 keys of a chunk (lane l's key jlo + l): lane l's value v goes to scratch; returns
+// run + Σ over the lanes above l, added from the top lane down (the CPU's order over keys); run moves past the whole
+// chunk in the same order (the same in every lane). Every lane of the warp calls it.
+__device__ __forceinline__ double sb_suffix_scan(double v, double& run, double* scratch) {
+  const int lane = int(threadIdx.x) % 32;
+  scratch[lane] = v;
+  __syncwarp();
+  double above = run;
+  for (int l = 31; l > lane; --l) above += scratch[l];
+  for (int l = 31; l >= 0; --l) run += scratch[l];
+  __syncwarp();  // scratch is free for the next call
+  return above;
+}
+
 // Forward: a warp per query row (8 rows of one (sequence, head) a block), its 32 lanes over 32 keys at a time. The
 // block stages 32 key rows (aligned to 32) in shared memory from its last row's diagonal down; lane l takes key
 // jlo + l: z, log σ and softplus; the row's softplus suffix above each key is summed in double from the top key down
@@ -96,16 +120,9 @@ __global__ void stick_breaking_forward_kernel(MatrixView<T> out, MatrixView<cons
     __syncthreads();
     if (sdone[warp] || jlo > i) continue;  // the same for the whole warp
     const bool valid = jlo + lane <= i;
-    T z4[4] = {T(0), T(0), T(0), T(0)};  // four independent FMA chains
-#pragma unroll
-    for (int c = 0; c < HD; ++c) z4[c % 4] += sq[warp][c] * sk[lane][c];
-    const SbTerms<T> t = sb_terms(((z4[0] + z4[1]) + (z4[2] + z4[3])) * scale);
-    ssp[warp][lane] = valid ? double(t.sp) : 0.0;
-    __syncwarp();
-    double above = suffix;  // the suffix above key j, summed from the top key down
-    for (int l = CH - 1; l > lane; --l) above += ssp[warp][l];
+    const SbTerms<T> t = sb_terms(sb_dot<T, HD>(sq[warp], sk[lane]) * scale);
+    const double above = sb_suffix_scan(valid ? double(t.sp) : 0.0, suffix, ssp[warp]);  // the suffix above key j
     sp[warp][lane] = valid && above <= sb_cutoff<T> ? exp_(t.lsig - T(above)) : T(0);
-    for (int l = CH - 1; l >= 0; --l) suffix += ssp[warp][l];  // every lane: the same sum in the same order
     __syncwarp();
     for (int l = CH - 1; l >= 0; --l) {
       const T p = sp[warp][l];
@@ -146,32 +163,14 @@ __host__ __device__ inline index_t sb_table_stride(index_t seq) { return 1 + 2 *
 template <class T, int HD>
 __device__ void sb_backward_chunk(const T* q, const T* dO, const T* krow, const T* vrow, bool valid, T scale, double di,
                                   double& suffix, double& gsum, double* ssp, double* sgp, T& p, T& dz) {
-  const int lane = int(threadIdx.x) % 32;
-  T z4[4] = {T(0), T(0), T(0), T(0)}, g4[4] = {T(0), T(0), T(0), T(0)};  // independent chains of FMAs
-#pragma unroll
-  for (int c = 0; c < HD; ++c) {
-    z4[c % 4] += q[c] * krow[c];
-    g4[c % 4] += dO[c] * vrow[c];
-  }
-  const T g = (g4[0] + g4[1]) + (g4[2] + g4[3]);
-  const SbTerms<T> t = sb_terms(((z4[0] + z4[1]) + (z4[2] + z4[3])) * scale);
-  ssp[lane] = valid ? double(t.sp) : 0.0;
-  __syncwarp();
-  double above = suffix;
-  for (int l = 31; l > lane; --l) above += ssp[l];
+  const T g = sb_dot<T, HD>(dO, vrow);
+  const SbTerms<T> t = sb_terms(sb_dot<T, HD>(q, krow) * scale);
+  const double above = sb_suffix_scan(valid ? double(t.sp) : 0.0, suffix, ssp);
   const bool live = valid && above <= sb_cutoff<T>;
   p = live ? exp_(t.lsig - T(above)) : T(0);
   const double gp = live ? double(g) * double(p) : 0.0;
-  sgp[lane] = gp;
-  __syncwarp();
-  double g_above = gsum;
-  for (int l = 31; l > lane; --l) g_above += sgp[l];
+  const double g_above = sb_suffix_scan(gp, gsum, sgp);
   dz = live ? T(double(scale) * (gp - double(t.sig) * (di - g_above))) : T(0);
-  for (int l = 31; l >= 0; --l) {
-    suffix += ssp[l];
-    gsum += sgp[l];
-  }
-  __syncwarp();  // ssp and sgp are free for the next chunk
 }
 
 inline constexpr int sb_rows = 8;  // query rows (warps) of a backward block
