@@ -120,6 +120,7 @@ struct EmuBlock {
   EmuBarrier block;
   std::vector<EmuBarrier> warps;
   std::vector<unsigned long long> slots;  // one 8-byte shuffle slot per thread
+  std::vector<unsigned char> exchange;    // emu_warp_all's records: emu_record bytes per thread
   // Thread t has returned: its warp's and the block's barriers wait for one fewer.
   void drop_thread(unsigned t) {
     warps[t / 32].drop();
@@ -291,6 +292,25 @@ T __shfl_xor_sync(unsigned, T v, int lane_mask) {
   std::memcpy(&out, &b.slots[(t & ~31u) | ((t & 31u) ^ unsigned(lane_mask))], sizeof(T));
   warp.arrive_and_wait();
   return out;
+}
+
+// Every lane of the calling thread's warp gets every lane's v (all[l] = lane l's): the emulation's stand-in for
+// the warp-collective instructions whose registers cross lanes (mma.sync, ldmatrix: kernels/mma.cuh).
+// One record a thread at a fixed stride: warps exchanging records of different types at the same time (one in an
+// ldmatrix, another in an mma) do not overlap.
+inline constexpr std::size_t emu_record = 64;
+template <class T, std::size_t N>
+void emu_warp_all(const T& v, T (&all)[N]) {
+  static_assert(N == 32 && std::is_trivially_copyable_v<T> && sizeof(T) <= emu_record);
+  EmuBlock& b = EmuScheduler::get().block;
+  const unsigned t = threadIdx.x, w0 = t & ~31u;
+  EmuBarrier& warp = b.warps[t / 32];
+  const std::size_t need = std::size_t(blockDim.x) * blockDim.y * blockDim.z * emu_record;
+  if (b.exchange.size() < need) b.exchange.resize(need);  // keeps what other lanes wrote
+  std::memcpy(b.exchange.data() + t * emu_record, &v, sizeof(T));
+  warp.arrive_and_wait();
+  for (unsigned l = 0; l < 32; ++l) std::memcpy(&all[l], b.exchange.data() + (w0 + l) * emu_record, sizeof(T));
+  warp.arrive_and_wait();
 }
 
 template <class T>

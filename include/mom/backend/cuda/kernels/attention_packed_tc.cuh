@@ -68,6 +68,24 @@ __device__ __forceinline__ void tc_column_blocks(index_t wlo, index_t whi, index
   f_hi = whi > j0 ? static_cast<int>(min(index_t(4), (whi - j0 + 15) / 16)) : 0;
 }
 
+// The forwards' start (wmma and mma): the offsets checked once, the block's query rows' facts into info (before the
+// caller's next barrier), re = the end of the grouped rows; false: no row of the tile is in a group (the whole
+// block returns).
+__device__ __forceinline__ bool tc_packed_query_rows(const PackedLayout& L, const TcRowInfo& info, index_t i0, index_t h,
+                                                     int* error, index_t& re) {
+  if (L.offsets && blockIdx.x == 0 && h == 0) check_offsets(L, error);
+  index_t rb;
+  grouped_span(L, L.nq, rb, re);
+  if (i0 >= re || i0 + tc_tile <= rb) return false;
+  if (threadIdx.x < tc_tile) {
+    index_t lo, hi;
+    info.g[threadIdx.x] = packed_query_row(L, i0 + threadIdx.x, rb, re, h, error, lo, hi);
+    info.lo[threadIdx.x] = lo;
+    info.hi[threadIdx.x] = hi;
+  }
+  return true;
+}
+
 // dst[rr][c] = rounded row(rr)[c] for rr < 64, c < HD (row(rr) null: zeros): rows from different matrices
 // (a tile of routed keys may straddle groups).
 template <int Path, int HD, class Row>
@@ -94,16 +112,8 @@ __global__ void attention_packed_tc_forward_kernel(MatrixView<float> out, float*
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const index_t h = blockIdx.y, col0 = h * L.hd, i0 = index_t(blockIdx.x) * tc_tile;
-  if (L.offsets && blockIdx.x == 0 && h == 0) check_offsets(L, error);
-  index_t rb, re;
-  grouped_span(L, L.nq, rb, re);
-  if (i0 >= re || i0 + tc_tile <= rb) return;  // no row of the tile is in a group (the whole block)
-  if (threadIdx.x < tc_tile) {
-    index_t lo, hi;
-    info.g[threadIdx.x] = packed_query_row(L, i0 + threadIdx.x, rb, re, h, error, lo, hi);
-    info.lo[threadIdx.x] = lo;
-    info.hi[threadIdx.x] = hi;
-  }
+  index_t re;
+  if (!tc_packed_query_rows(L, info, i0, h, error, re)) return;
   tc_stage<Path, HD, 1>(sK, q.data, q.ld, i0, re, col0);  // Q, through K's buffer
   TcQFrags<Path, HD> qf;
   TcAcc<Path> rows, o[NO];
@@ -146,6 +156,64 @@ __global__ void attention_packed_tc_forward_kernel(MatrixView<float> out, float*
     if (info.g[16 * warp + row] >= 0) out.data[(i0 + 16 * warp + row) * out.ld + col0 + c] = v;
   });
   if (half == 0 && info.g[rr] >= 0) lse[(i0 + rr) * L.heads + h] = l > 0.0f ? m + log_(l) : neg_inf<float>();
+#else
+  (void)out, (void)lse, (void)q, (void)kv, (void)L, (void)scale, (void)error;
+#endif
+}
+
+// The forward in bf16 with the softmax in registers (attention_mma.cuh's warp work, with the rows' ranges): the
+// path for Precision::BF16. One group holding every token gives the dense mma kernel's bits.
+template <int HD, class KV>
+__global__ void attention_packed_mma_forward_kernel(MatrixView<float> out, float* lse, MatrixView<const float> q, KV kv,
+                                                    PackedLayout L, float scale, int* error) {
+#if defined(MOM_MMA_BF16)
+  using Lay = TcLayout<gemm_bf16, HD>;
+  unsigned char* sm = dynamic_smem();
+  bf16_t* sK = reinterpret_cast<bf16_t*>(sm);
+  bf16_t* sV = reinterpret_cast<bf16_t*>(sm + Lay::tile);
+  const TcRowInfo info = tc_row_info(sm + 2 * Lay::tile);
+
+  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
+  const index_t h = blockIdx.y, col0 = h * L.hd, i0 = index_t(blockIdx.x) * tc_tile;
+  index_t re;
+  if (!tc_packed_query_rows(L, info, i0, h, error, re)) return;
+  tc_stage<gemm_bf16, HD, 1>(sK, q.data, q.ld, i0, re, col0);  // Q, through K's buffer
+  __syncthreads();                                              // Q and the rows' facts
+  MmaQ<HD> qf;
+  mma_load_q<HD>(qf, sK);
+  MmaRows<HD> st;
+  mma_rows_start<HD>(st);
+  const int rows[2] = {16 * warp + g, 16 * warp + g + 8};  // this lane's rows of the tile
+  const float sl2 = scale * mma_log2e;
+  for (int a = 0; a < tc_tile;) {  // the tile's groups (every thread runs every pass)
+    const TcRun run = tc_group_run(info, a, rows[0]);
+    const bool second = rows[1] >= a && rows[1] < run.e;
+    const index_t lo[2] = {run.lo, second ? info.lo[rows[1]] : 0}, hi[2] = {run.hi, second ? info.hi[rows[1]] : 0};
+    a = run.e;
+    if (run.g < 0) continue;
+    const RowsAt<const float> K = kv.keys(run.g), V = kv.values(run.g);
+    for (index_t j0 = run.ulo; j0 < run.uhi; j0 += tc_tile) {
+      __syncthreads();  // Q (first tile) or the previous K, V consumed
+      tc_stage<gemm_bf16, HD, 1>(sK, K.data, K.ld, j0, run.uhi, col0);
+      tc_stage<gemm_bf16, HD, 1>(sV, V.data, V.ld, j0, run.uhi, col0);
+      __syncthreads();
+      int f_lo, f_hi;
+      tc_column_blocks(run.wlo, run.whi, j0, f_lo, f_hi);
+      if (f_lo >= f_hi) continue;  // the same for the whole warp
+      mma_forward_tile<HD>(st, qf, sK, sV, j0, lo, hi, f_lo, f_hi, sl2);
+    }
+  }
+  mma_forward_finish<HD>(
+      st,
+      [&](int r, int c, float x, float y) {
+        if (info.g[rows[r]] < 0) return;
+        float* p = out.data + (i0 + rows[r]) * out.ld + col0 + c;
+        p[0] = x;
+        p[1] = y;
+      },
+      [&](int r, float v) {
+        if (info.g[rows[r]] >= 0) lse[(i0 + rows[r]) * L.heads + h] = v;
+      });
 #else
   (void)out, (void)lse, (void)q, (void)kv, (void)L, (void)scale, (void)error;
 #endif
@@ -267,11 +335,20 @@ bool attention_packed_tc_forward(const Context& ctx, const char* op, MatrixView<
                                  const KV& kv, const PackedLayout& L) {
   return with_tc_attention<T>(ctx, L.hd, [&](auto path, auto hd) {
     constexpr int P = decltype(path)::value, HD = decltype(hd)::value;
+    const dim3 grid(blocks_exact(L.nq, tc_tile), static_cast<unsigned>(L.heads));
+    const float scale = 1.0f / std::sqrt(float(L.hd));
+    if constexpr (P == gemm_bf16) {  // attention_mma.cuh's warp work: K and V tiles and the rows' facts
+      constexpr std::size_t smem = 2 * TcLayout<P, HD>::tile + tc_row_info_bytes;
+      constexpr auto kernel = attention_packed_mma_forward_kernel<HD, KV>;
+      if (tc_kernel_usable<kernel>(ctx, smem)) {
+        launch_smem(op, ctx, grid, tc_threads, smem, kernel, out, lse, q, kv, L, scale, ctx.error);
+        return true;
+      }
+    }
     constexpr std::size_t smem = TcLayout<P, HD>::fwd_bytes + tc_row_info_bytes;
     constexpr auto kernel = attention_packed_tc_forward_kernel<P, HD, KV>;
     if (!tc_kernel_usable<kernel>(ctx, smem)) return false;
-    const dim3 grid(blocks_exact(L.nq, tc_tile), static_cast<unsigned>(L.heads));
-    launch_smem(op, ctx, grid, tc_threads, smem, kernel, out, lse, q, kv, L, 1.0f / std::sqrt(float(L.hd)), ctx.error);
+    launch_smem(op, ctx, grid, tc_threads, smem, kernel, out, lse, q, kv, L, scale, ctx.error);
     return true;
   });
 }

@@ -32,6 +32,7 @@
 #include <type_traits>
 
 #include "mom/backend/cuda/kernels/attention.cuh"
+#include "mom/backend/cuda/kernels/attention_mma.cuh"     // BF16: the softmax in registers (mma.sync)
 #include "mom/backend/cuda/kernels/attention_tc_tile.cuh"  // layouts, staging, a warp's work on a tile
 #include "mom/backend/cuda/kernels/grouped_linear.cuh"
 
@@ -220,12 +221,20 @@ bool attention_tc_forward(const Context& ctx, MatrixView<T> out, T* lse, MatrixV
                           index_t batch) {
   return with_tc_attention<T>(ctx, L.hd, [&](auto path, auto hd) {
     constexpr int P = decltype(path)::value, HD = decltype(hd)::value;
+    const dim3 grid(blocks_exact(L.seq, tc_tile), static_cast<unsigned>(batch * L.heads));
+    const float scale = 1.0f / std::sqrt(float(L.hd));
+    if constexpr (P == gemm_bf16) {  // attention_mma.cuh: K and V tiles only
+      constexpr std::size_t smem = 2 * TcLayout<P, HD>::tile;
+      constexpr auto kernel = attention_mma_forward_kernel<HD>;
+      if (tc_kernel_usable<kernel>(ctx, smem)) {
+        launch_smem("attention_forward", ctx, grid, tc_threads, smem, kernel, out, lse, qkv, L, scale);
+        return true;
+      }
+    }
     constexpr std::size_t smem = TcLayout<P, HD>::fwd_bytes;
     constexpr auto kernel = attention_tc_forward_kernel<P, HD>;
     if (!tc_kernel_usable<kernel>(ctx, smem)) return false;
-    const dim3 grid(blocks_exact(L.seq, tc_tile), static_cast<unsigned>(batch * L.heads));
-    launch_smem("attention_forward", ctx, grid, tc_threads, smem, kernel, out, lse, qkv, L,
-                1.0f / std::sqrt(float(L.hd)));
+    launch_smem("attention_forward", ctx, grid, tc_threads, smem, kernel, out, lse, qkv, L, scale);
     return true;
   });
 }
