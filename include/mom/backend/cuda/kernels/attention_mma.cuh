@@ -157,6 +157,180 @@ __device__ __forceinline__ void mma_forward_finish(MmaRows<HD>& st, Put&& put, L
     if (t == 0) row_lse(r, l > 0.0f ? st.m[r] * mma_ln2 + log_(l) : neg_inf<float>());
   }
 }
+
+// ---- a warp's backward work. The block owns 64 keys (warp w keys 16w .. 16w + 15: this lane's keys g and g + 8,
+// r = 0, 1); query tiles of 64 stream through shared memory.
+
+// Shared memory of the backward kernels: the block's K and V, the streamed Q and dO (bf16, [64][ld]), the warps'
+// dSᵀ for dQ (bf16, [64 keys][pld]), the streamed rows' lse and D (fp32).
+template <int HD>
+struct MmaBackwardSmem {
+  bf16_t *k, *v, *q, *dout, *ds;
+  float *lse, *d;
+  static constexpr std::size_t bytes =
+      4 * TcLayout<gemm_bf16, HD>::tile + TcLayout<gemm_bf16, HD>::pstage + 2 * TcLayout<gemm_bf16, HD>::vec;
+};
+template <int HD>
+__device__ __forceinline__ MmaBackwardSmem<HD> mma_backward_smem(unsigned char* sm) {
+  using Lay = TcLayout<gemm_bf16, HD>;
+  const auto at = [&](std::size_t off) { return reinterpret_cast<bf16_t*>(sm + off); };
+  float* lse = reinterpret_cast<float*>(sm + 4 * Lay::tile + Lay::pstage);
+  return {at(0), at(Lay::tile), at(2 * Lay::tile), at(3 * Lay::tile), at(4 * Lay::tile), lse, lse + tc_tile};
+}
+
+// The warp's dK and dV (16 keys × HD) as C fragments.
+template <int HD>
+struct MmaKeyGrads {
+  float dk[HD / 8][4], dv[HD / 8][4];
+};
+template <int HD>
+__device__ __forceinline__ void mma_key_grads_start(MmaKeyGrads<HD>& a) {
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) a.dk[n][e] = a.dv[n][e] = 0.0f;
+}
+
+// Row r's visible columns of a 64-wide tile starting at x0, [lo, hi) in absolute indices, as 32-bit bounds relative
+// to the lane's first column 2t and clipped to the multiplied 16-column blocks [f_lo, f_hi).
+__device__ __forceinline__ void mma_visible(int (&vlo)[2], int (&vhi)[2], index_t x0, const index_t (&lo)[2],
+                                            const index_t (&hi)[2], int f_lo, int f_hi) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const index_t base = x0 + 2 * t;
+    vlo[r] = max(static_cast<int>(min(max(lo[r] - base, index_t(0)), index_t(tc_tile))), 16 * f_lo - 2 * t);
+    vhi[r] = min(static_cast<int>(min(max(hi[r] - base, index_t(0)), index_t(tc_tile))), 16 * f_hi - 2 * t);
+  }
+}
+
+// One streamed query tile (first query i0) against the warp's keys: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ over the 16-query blocks
+// [f_lo, f_hi); Pᵀ = exp2(Sᵀ · sl2 − lse · log2 e) and dSᵀ = Pᵀ ∘ (dPᵀ − D) for key row r's visible queries [lo[r],
+// hi[r]) (0 elsewhere); dV += Pᵀ dO, dK += dSᵀ Q with P and dS rounded to bf16 as A fragments from registers; dSᵀ's
+// multiplied blocks stored (rounded) to sm.ds rows 16w .. for dQ (mma_dq_tile, after the caller's barrier).
+template <int HD>
+__device__ __forceinline__ void mma_backward_tile(MmaKeyGrads<HD>& acc, const MmaBackwardSmem<HD>& sm, index_t i0,
+                                                  const index_t (&lo)[2], const index_t (&hi)[2], int f_lo, int f_hi,
+                                                  float sl2) {
+  using Lay = TcLayout<gemm_bf16, HD>;
+  constexpr int LD = Lay::ld, PLD = Lay::pld, NK = HD / 16;
+  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  const smem_addr ka = mma_lane_a(sm.k, LD) + mma_block(16 * warp, 0, LD);
+  const smem_addr va = mma_lane_a(sm.v, LD) + mma_block(16 * warp, 0, LD);
+  const smem_addr qb = mma_lane_b(sm.q, LD), ob = mma_lane_b(sm.dout, LD);
+  float s[8][4], dp[8][4];
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.0f;
+#pragma unroll
+  for (int k = 0; k < NK; ++k) {
+    u32 kf[4], vf[4];
+    ldmatrix_x4(kf, ka + mma_block(0, 16 * k, LD));
+    ldmatrix_x4(vf, va + mma_block(0, 16 * k, LD));
+#pragma unroll
+    for (int f = 0; f < 4; ++f) {
+      if (f >= f_lo && f < f_hi) {
+        u32 qf[4], of[4];
+        ldmatrix_x4(qf, qb + mma_block(16 * f, 16 * k, LD));
+        ldmatrix_x4(of, ob + mma_block(16 * f, 16 * k, LD));
+        mma_bf16(s[2 * f], kf, qf[0], qf[1]);
+        mma_bf16(s[2 * f + 1], kf, qf[2], qf[3]);
+        mma_bf16(dp[2 * f], vf, of[0], of[1]);
+        mma_bf16(dp[2 * f + 1], vf, of[2], of[3]);
+      }
+    }
+  }
+  int vlo[2], vhi[2];
+  mma_visible(vlo, vhi, i0, lo, hi, f_lo, f_hi);
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = 8 * n + (e & 1);  // + 2t: the query column in the tile
+      const bool vis = c >= vlo[e / 2] && c < vhi[e / 2];
+      const float p = vis ? exp2f(s[n][e] * sl2 - sm.lse[c + 2 * t] * mma_log2e) : 0.0f;
+      s[n][e] = p;
+      dp[n][e] = p * (dp[n][e] - sm.d[c + 2 * t]);
+    }
+  bf16_t* ds_rows = sm.ds + (16 * warp + g) * PLD + 2 * t;
+#pragma unroll
+  for (int f = 0; f < 4; ++f) {
+    if (f >= f_lo && f < f_hi) {
+      u32 pa[4], da[4];
+      mma_a_from_c(pa, s[2 * f], s[2 * f + 1]);
+      mma_a_from_c(da, dp[2 * f], dp[2 * f + 1]);
+      // da holds dSᵀ (g, 16f + 2t..) [0], (g + 8, ..) [1], (g, 16f + 8 + 2t..) [2], (g + 8, ..) [3]: its rounded pairs.
+      *reinterpret_cast<u32*>(ds_rows + 16 * f) = da[0];
+      *reinterpret_cast<u32*>(ds_rows + 8 * PLD + 16 * f) = da[1];
+      *reinterpret_cast<u32*>(ds_rows + 16 * f + 8) = da[2];
+      *reinterpret_cast<u32*>(ds_rows + 8 * PLD + 16 * f + 8) = da[3];
+      const smem_addr dob = mma_lane_b(sm.dout, LD, true) + mma_block(16 * f, 0, LD);
+      const smem_addr qtb = mma_lane_b(sm.q, LD, true) + mma_block(16 * f, 0, LD);
+#pragma unroll
+      for (int dn = 0; dn < HD / 16; ++dn) {
+        u32 b[4];
+        ldmatrix_x4_trans(b, dob + mma_block(0, 16 * dn, LD));
+        mma_bf16(acc.dv[2 * dn], pa, b[0], b[1]);
+        mma_bf16(acc.dv[2 * dn + 1], pa, b[2], b[3]);
+        ldmatrix_x4_trans(b, qtb + mma_block(0, 16 * dn, LD));
+        mma_bf16(acc.dk[2 * dn], da, b[0], b[1]);
+        mma_bf16(acc.dk[2 * dn + 1], da, b[2], b[3]);
+      }
+    }
+  }
+}
+
+// dQ of the warp's 16 queries of the streamed tile (16w .. 16w + 15), after a barrier published every warp's dSᵀ:
+// dS K over the 16-key blocks kb with bit kb of kmask set (those whose warps wrote these queries' columns), dS read
+// transposed from sm.ds, K from its tile. add4(row, c, v): 4 consecutive columns c .. c + 3 of query row 16w + row
+// (scaled by scale), each lane 2 · HD / 8 of them (lane pairs exchange halves so that each holds 4 consecutive).
+template <int HD, class Add4>
+__device__ __forceinline__ void mma_dq_tile(const MmaBackwardSmem<HD>& sm, unsigned kmask, float scale, Add4&& add4) {
+  using Lay = TcLayout<gemm_bf16, HD>;
+  constexpr int LD = Lay::ld, PLD = Lay::pld, NO = HD / 8;
+  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  const smem_addr da = mma_lane_a(sm.ds, PLD, true) + mma_block(0, 16 * warp, PLD);
+  const smem_addr kb = mma_lane_b(sm.k, LD, true);
+  float dq[NO][4];
+#pragma unroll
+  for (int n = 0; n < NO; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+#pragma unroll
+  for (int b = 0; b < 4; ++b) {
+    if (!(kmask >> b & 1u)) continue;
+    u32 a[4];
+    ldmatrix_x4_trans(a, da + mma_block(16 * b, 0, PLD));
+#pragma unroll
+    for (int dn = 0; dn < HD / 16; ++dn) {
+      u32 f[4];
+      ldmatrix_x4_trans(f, kb + mma_block(16 * b, 16 * dn, LD));
+      mma_bf16(dq[2 * dn], a, f[0], f[1]);
+      mma_bf16(dq[2 * dn + 1], a, f[2], f[3]);
+    }
+  }
+  const bool odd = t & 1;
+#pragma unroll
+  for (int n = 0; n < NO; ++n) {
+    // Even lanes keep row g's columns 2t .. 2t + 3 (their own pair and the odd partner's), odd lanes row g + 8's
+    // columns 2t − 2 .. 2t + 1.
+    const float s0 = odd ? dq[n][0] : dq[n][2], s1 = odd ? dq[n][1] : dq[n][3];
+    const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1), r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+    const float4 v = odd ? float4{scale * r0, scale * r1, scale * dq[n][2], scale * dq[n][3]}
+                         : float4{scale * dq[n][0], scale * dq[n][1], scale * r0, scale * r1};
+    add4(odd ? g + 8 : g, 8 * n + 2 * (t & ~1), v);
+  }
+}
+
+// The end: put(r, c, dk_x, dk_y, dv_x, dv_y) for columns c, c + 1 of key row r (0: g, 1: g + 8).
+template <int HD, class Put>
+__device__ __forceinline__ void mma_key_grads_finish(const MmaKeyGrads<HD>& a, Put&& put) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n)
+      put(r, 8 * n + 2 * t, a.dk[n][2 * r], a.dk[n][2 * r + 1], a.dv[n][2 * r], a.dv[n][2 * r + 1]);
+}
 #endif
 
 // Dense causal attention, forward (the header's design).
@@ -215,6 +389,67 @@ __global__ void attention_mma_forward_kernel(MatrixView<float> out, float* lse, 
       });
 #else
   (void)out, (void)lse, (void)qkv, (void)L, (void)scale;
+#endif
+}
+
+// Dense causal attention, backward (FlashAttention-2's, one kernel): block = 64 keys, streaming the query tiles at or
+// after them; per tile mma_backward_tile, a barrier, then each warp's dQ rows added to dqkv atomically (the blocks of
+// every key tile at or before those queries add to the same rows: no fixed order, docs/cuda.md, "Determinism").
+// At the end dqkv[k] += scale · dK, dqkv[v] += dV.
+template <int HD>
+__global__ void attention_mma_backward_kernel(MatrixView<float> dqkv, MatrixView<const float> dout,
+                                              MatrixView<const float> out, const float* lse, MatrixView<const float> qkv,
+                                              HeadLayout L, float scale, index_t dqkv_ld, index_t dout_ld) {
+#if defined(MOM_MMA_BF16)
+  const MmaBackwardSmem<HD> sm = mma_backward_smem<HD>(dynamic_smem());
+  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
+  const index_t bh = blockIdx.y, b = bh / L.heads, h = bh % L.heads;
+  const index_t j0 = index_t(blockIdx.x) * tc_tile, w0 = j0 + 16 * warp;  // block 0 has the most query tiles
+  const float* base = qkv.data + b * L.seq * L.qkv_ld;
+  const float* dbase = dout.data + b * L.seq * dout_ld;
+  const float* obase = out.data + b * L.seq * L.out_ld;
+  const bool active = w0 < L.seq;
+  const bool dq_aligned = dqkv_ld % 4 == 0 && reinterpret_cast<std::uintptr_t>(dqkv.data + h * L.hd) % 16 == 0;
+  const index_t kj[2] = {w0 + g, w0 + g + 8};  // this lane's keys: they see the queries [key, seq)
+  const index_t lo[2] = {kj[0], kj[1]}, hi[2] = {kj[0] < L.seq ? L.seq : 0, kj[1] < L.seq ? L.seq : 0};
+
+  tc_stage<gemm_bf16, HD>(sm.k, base, L.qkv_ld, j0, L.seq, L.d + h * L.hd);
+  tc_stage<gemm_bf16, HD>(sm.v, base, L.qkv_ld, j0, L.seq, 2 * L.d + h * L.hd);
+  MmaKeyGrads<HD> acc;
+  mma_key_grads_start<HD>(acc);
+  const float sl2 = scale * mma_log2e;
+  for (index_t i0 = j0; i0 < L.seq; i0 += tc_tile) {  // query tiles at or after this key tile
+    __syncthreads();
+    tc_stage<gemm_bf16, HD>(sm.q, base, L.qkv_ld, i0, L.seq, h * L.hd);
+    tc_stage_dout<gemm_bf16, HD>(sm.dout, sm.d, sm.lse, dbase, dout_ld, obase, L.out_ld, lse + bh * L.seq, i0, L.seq,
+                                 h * L.hd);
+    __syncthreads();
+    // 16-query blocks with a query >= the warp's first key and < seq.
+    if (active)
+      mma_backward_tile<HD>(acc, sm, i0, lo, hi, i0 == j0 ? warp : 0,
+                            static_cast<int>(min(index_t(4), (L.seq - i0 + 15) / 16)), sl2);
+    __syncthreads();  // every warp's dSᵀ rows written
+    // dQ of queries q0 .. q0 + 15 over the key blocks whose warps wrote their columns: the keys < seq, and on the
+    // diagonal tile the blocks at or before the queries' own (a warp's written columns start at its block there).
+    const index_t q0 = i0 + 16 * warp;
+    if (q0 < L.seq) {
+      const int kb = i0 == j0 ? warp + 1 : static_cast<int>(min(index_t(4), (L.seq - j0 + 15) / 16));
+      mma_dq_tile<HD>(sm, (1u << kb) - 1u, scale, [&](int row, int c, float4 v) {
+        if (q0 + row < L.seq) atomic_add4(dqkv.data + (b * L.seq + q0 + row) * dqkv_ld + h * L.hd + c, v, dq_aligned);
+      });
+    }
+  }
+  if (!active) return;
+  mma_key_grads_finish<HD>(acc, [&](int r, int c, float kx, float ky, float vx, float vy) {
+    if (kj[r] >= L.seq) return;
+    float* row = dqkv.data + (b * L.seq + kj[r]) * dqkv_ld + h * L.hd + c;
+    row[L.d] += scale * kx;
+    row[L.d + 1] += scale * ky;
+    row[2 * L.d] += vx;
+    row[2 * L.d + 1] += vy;
+  });
+#else
+  (void)dqkv, (void)dout, (void)out, (void)lse, (void)qkv, (void)L, (void)scale, (void)dqkv_ld, (void)dout_ld;
 #endif
 }
 

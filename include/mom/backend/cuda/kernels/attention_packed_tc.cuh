@@ -328,6 +328,84 @@ __global__ void attention_packed_tc_backward_kernel(MatrixView<float> dq, DKV dk
 #endif
 }
 
+// The backward in bf16 with P and dS in registers (attention_mma.cuh's warp work, with the keys' query ranges), the
+// same blocks, tiles and dQ key warps as the wmma kernel above: the path for Precision::BF16. One group holding
+// every token gives the dense mma kernel's bits.
+template <int HD, class KV, class DKV>
+__global__ void attention_packed_mma_backward_kernel(MatrixView<float> dq, DKV dkv, MatrixView<const float> dout,
+                                                     MatrixView<const float> out, const float* lse,
+                                                     MatrixView<const float> q, KV kv, PackedLayout L, float scale) {
+#if defined(MOM_MMA_BF16)
+  unsigned char* raw = dynamic_smem();
+  const MmaBackwardSmem<HD> sm = mma_backward_smem<HD>(raw);
+  const TcRowInfo info = tc_row_info(raw + MmaBackwardSmem<HD>::bytes);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
+  const index_t h = blockIdx.y, col0 = h * L.hd;
+  const bool dq_aligned = dq.ld % 4 == 0 && reinterpret_cast<std::uintptr_t>(dq.data + col0) % 16 == 0;
+  int block_group;  // the block's group (without k_tok)
+  index_t j0, rb, re;
+  if (!packed_key_block(L, tc_tile, j0, rb, re, block_group)) return;
+  if (threadIdx.x < tc_tile) {
+    index_t lo, hi;
+    info.g[threadIdx.x] = packed_key_row(L, j0 + threadIdx.x, rb, re, block_group, lo, hi);
+    info.lo[threadIdx.x] = lo;
+    info.hi[threadIdx.x] = hi;
+  }
+  __syncthreads();
+  tc_stage_rows<gemm_bf16, HD>(sm.k, [&](int k) { return info.g[k] >= 0 ? kv.keys(info.g[k]).row(j0 + k) + col0 : nullptr; });
+  tc_stage_rows<gemm_bf16, HD>(sm.v, [&](int k) { return info.g[k] >= 0 ? kv.values(info.g[k]).row(j0 + k) + col0 : nullptr; });
+  MmaKeyGrads<HD> acc;
+  mma_key_grads_start<HD>(acc);
+  const int rows[2] = {16 * warp + g, 16 * warp + g + 8};  // this lane's keys of the tile
+  const float sl2 = scale * mma_log2e;
+  for (int a = 0; a < tc_tile;) {
+    const TcRun run = tc_group_run(info, a, rows[0]);
+    const bool second = rows[1] >= a && rows[1] < run.e;
+    const index_t lo[2] = {run.lo, second ? info.lo[rows[1]] : 0}, hi[2] = {run.hi, second ? info.hi[rows[1]] : 0};
+    a = run.e;
+    if (run.g < 0) continue;
+    for (index_t i0 = run.ulo; i0 < run.uhi; i0 += tc_tile) {  // the query tiles that see a key of this group's rows
+      __syncthreads();
+      tc_stage<gemm_bf16, HD>(sm.q, q.data, q.ld, i0, run.uhi, col0);
+      tc_stage_dout<gemm_bf16, HD>(sm.dout, sm.d, sm.lse, dout.data, dout.ld, out.data, out.ld, lse + h, i0, run.uhi,
+                                   col0, L.heads);
+      __syncthreads();
+      int f_lo, f_hi;
+      tc_column_blocks(run.wlo, run.whi, i0, f_lo, f_hi);
+      if (lane == 0) {
+        info.f[2 * warp] = f_lo;
+        info.f[2 * warp + 1] = f_hi;
+      }
+      if (f_lo < f_hi) mma_backward_tile<HD>(acc, sm, i0, lo, hi, f_lo, f_hi, sl2);  // the same for the whole warp
+      __syncthreads();  // every warp's dSᵀ rows and column blocks written
+      unsigned kmask = 0;  // the key warps whose multiplied column blocks hold this warp's 16 queries
+#pragma unroll
+      for (int kw = 0; kw < 4; ++kw)
+        if (info.f[2 * kw] <= warp && warp < info.f[2 * kw + 1]) kmask |= 1u << kw;
+      if (kmask != 0) {
+        const index_t q0 = i0 + 16 * warp;
+        mma_dq_tile<HD>(sm, kmask, scale, [&](int row, int c, float4 v) {
+          if (q0 + row < run.uhi) atomic_add4(dq.data + (q0 + row) * dq.ld + col0 + c, v, dq_aligned);
+        });
+      }
+    }
+  }
+  mma_key_grads_finish<HD>(acc, [&](int r, int c, float kx, float ky, float vx, float vy) {
+    const int tr = rows[r], gg = info.g[tr];
+    if (gg < 0 || info.lo[tr] >= info.hi[tr]) return;
+    float* kr = dkv.keys(gg).row(j0 + tr) + col0 + c;
+    float* vr = dkv.values(gg).row(j0 + tr) + col0 + c;
+    kr[0] += scale * kx;
+    kr[1] += scale * ky;
+    vr[0] += vx;
+    vr[1] += vy;
+  });
+#else
+  (void)dq, (void)dkv, (void)dout, (void)out, (void)lse, (void)q, (void)kv, (void)L, (void)scale;
+#endif
+}
+
 // ---- launchers: false when the path does not apply (attention_tc.cuh's with_tc_attention, the shared memory) ----
 
 template <class T, class KV>
@@ -359,15 +437,23 @@ bool attention_packed_tc_backward(const Context& ctx, const char* op, MatrixView
                                   const KV& kv, const PackedLayout& L) {
   return with_tc_attention<T>(ctx, L.hd, [&](auto path, auto hd) {
     constexpr int P = decltype(path)::value, HD = decltype(hd)::value;
-    constexpr std::size_t smem = TcLayout<P, HD>::bwd_bytes + tc_row_info_bytes;
-    constexpr auto kernel = attention_packed_tc_backward_kernel<P, HD, KV, DKV>;
-    if (!tc_kernel_usable<kernel>(ctx, smem)) return false;
     const float scale = 1.0f / std::sqrt(float(L.hd));
     // Key tiles: of the packed key rows (k_tok given), or of every group's own nk keys.
     const unsigned key_tiles = blocks_exact(L.nk, tc_tile);
     const unsigned key_blocks = L.k_tok ? key_tiles : key_tiles * static_cast<unsigned>(L.count);
-    launch_smem(op, ctx, dim3(key_blocks, static_cast<unsigned>(L.heads)), tc_threads, smem, kernel, dq, dkv, dout,
-                out, lse, q, kv, L, scale);
+    const dim3 grid(key_blocks, static_cast<unsigned>(L.heads));
+    if constexpr (P == gemm_bf16) {  // attention_mma.cuh's warp work
+      constexpr std::size_t smem = MmaBackwardSmem<HD>::bytes + tc_row_info_bytes;
+      constexpr auto kernel = attention_packed_mma_backward_kernel<HD, KV, DKV>;
+      if (tc_kernel_usable<kernel>(ctx, smem)) {
+        launch_smem(op, ctx, grid, tc_threads, smem, kernel, dq, dkv, dout, out, lse, q, kv, L, scale);
+        return true;
+      }
+    }
+    constexpr std::size_t smem = TcLayout<P, HD>::bwd_bytes + tc_row_info_bytes;
+    constexpr auto kernel = attention_packed_tc_backward_kernel<P, HD, KV, DKV>;
+    if (!tc_kernel_usable<kernel>(ctx, smem)) return false;
+    launch_smem(op, ctx, grid, tc_threads, smem, kernel, dq, dkv, dout, out, lse, q, kv, L, scale);
     return true;
   });
 }

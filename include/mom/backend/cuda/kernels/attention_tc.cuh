@@ -244,11 +244,20 @@ bool attention_tc_backward(const Context& ctx, MatrixView<T> dqkv, MatrixView<co
                            const T* lse, MatrixView<const T> qkv, HeadLayout L, index_t batch) {
   return with_tc_attention<T>(ctx, L.hd, [&](auto path, auto hd) {
     constexpr int P = decltype(path)::value, HD = decltype(hd)::value;
+    const dim3 grid(blocks_exact(L.seq, tc_tile), static_cast<unsigned>(batch * L.heads));
+    const float scale = 1.0f / std::sqrt(float(L.hd));
+    if constexpr (P == gemm_bf16) {  // attention_mma.cuh
+      constexpr std::size_t smem = MmaBackwardSmem<HD>::bytes;
+      constexpr auto kernel = attention_mma_backward_kernel<HD>;
+      if (tc_kernel_usable<kernel>(ctx, smem)) {
+        launch_smem("attention_backward", ctx, grid, tc_threads, smem, kernel, dqkv, dout, out, lse, qkv, L, scale,
+                    dqkv.ld, dout.ld);
+        return true;
+      }
+    }
     constexpr std::size_t smem = TcLayout<P, HD>::bwd_bytes;
     constexpr auto kernel = attention_tc_backward_kernel<P, HD>;
     if (!tc_kernel_usable<kernel>(ctx, smem)) return false;
-    const dim3 grid(blocks_exact(L.seq, tc_tile), static_cast<unsigned>(batch * L.heads));
-    const float scale = 1.0f / std::sqrt(float(L.hd));
     launch_smem("attention_backward", ctx, grid, tc_threads, smem, kernel, dqkv, dout, out, lse, qkv, L, scale,
                 dqkv.ld, dout.ld);
     return true;
