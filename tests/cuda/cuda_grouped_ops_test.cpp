@@ -632,7 +632,7 @@ TEST_CASE("grouped weight gradients on tensor cores: the 128 x 128 and 64 x 64 t
 // Each slice's sums are the unsplit kernel's over that slice's rows alone (a view of them: under 512 rows, no split),
 // so the split dW and db must be their initial values plus the slices' sums added in slice order: the same bits. The
 // 20-row group has an empty third slice, the empty group none; x is also read through an index list. FP32 also
-// against the CPU.
+// against the CPU. Under the emulation, the split's launches (2) and the unsplit slices' (1) are counted.
 TEST_CASE("grouped weight gradients split over their rows: the slices' sums added in order give the same bits",
           "[cuda][grouped]") {
   MOM_REQUIRE_GPU();
@@ -676,7 +676,18 @@ TEST_CASE("grouped weight gradients split over their rows: the slices' sums adde
           be.grouped_linear_backward(MatrixView<T>{}, dwg, dbg, dyv, x.dm(R, in).row_block(a, b - a), wg, rg);
       };
       auto dw = rand_arr<T>(G * pg_stride(out * in), rng), db = rand_arr<T>(G * pg_stride(out), rng);
+      // Under the emulation its cost is counted too: the split products and the reduction in slice order, two
+      // launches (one unsplit), no memset, allocation or host wait (the partials live in the context's workspace).
+      const bool counted = mom_emu_launches && mom_emu_host_waits && mom_emu_allocations;
+      const auto before = counted ? test::EmuCounters::now() : test::EmuCounters{};
       backward(dw.d.data(), db.d.data(), 0, R, g.d(), wd);
+      if (counted) {
+        const auto c = test::EmuCounters::now() - before;
+        CHECK(c.launches == 2);
+        CHECK(c.memset_bytes == 0);
+        CHECK(c.allocations == 0);
+        CHECK(c.host_waits == 0);
+      }
       std::vector<T> want_w = dw.initial, want_b = db.initial;
       for (int gi = 0; gi < G; ++gi) {
         const index_t lo = L.offsets[std::size_t(gi)], hi = L.offsets[std::size_t(gi) + 1];
@@ -687,7 +698,9 @@ TEST_CASE("grouped weight gradients split over their rows: the slices' sums adde
           if (a == b) continue;
           Groups<T> one(Layout{b - a, {0, token_t(b - a)}});
           auto pw = const_arr<T>(out * in, T(0)), pb = const_arr<T>(out, T(0));
+          const auto unsplit = counted ? test::EmuCounters::now() : test::EmuCounters{};
           backward(pw.d.data(), pb.d.data(), a, b, one.d(), one_w);
+          if (counted) CHECK((test::EmuCounters::now() - unsplit).launches == 1);
           const auto fw = pw.fetch(), fb = pb.fetch();
           for (std::size_t e = 0; e < fw.size(); ++e) sum_w[e] += fw[e];
           for (std::size_t e = 0; e < fb.size(); ++e) sum_b[e] += fb[e];
