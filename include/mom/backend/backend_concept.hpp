@@ -193,6 +193,19 @@ concept Backend = requires { typename Be::scalar; } && backend_parts::Memory<Be,
                   backend_parts::GroupedOps<Be, typename Be::scalar> &&
                   backend_parts::DepthOps<Be, typename Be::scalar> && backend_parts::OptimOps<Be, typename Be::scalar>;
 
+// A backend may also fuse the FFN's GELU into its products (cuda::Backend: cuBLASLt's GELU epilogues, ops.hpp):
+//   linear_forward_gelu(pre, act, x, w, b):             pre = x·wᵀ + b, act = gelu(pre);
+//   linear_backward_dgelu(dpre, dw, db, dy, act, w, pre): the backward of a linear whose input is act = gelu(pre), and
+//                                                        of that GELU: dpre = (dy·w) ∘ gelu'(pre) (written),
+//                                                        dw += dyᵀ·act, db += Σ_rows dy;
+// pre, act and dpre dense matrices of one shape. modules/ffn.hpp calls them where they exist, linear_forward then
+// gelu_forward (linear_backward into dpre, then gelu_backward) where not: the results must agree.
+template <class Be, class T>
+concept FusesGelu = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std::span<T> s, std::span<const T> cs) {
+  be.linear_forward_gelu(m, m, cm, cm, cs);
+  be.linear_backward_dgelu(m, m, s, cm, cm, cm, cm);
+};
+
 // True when a backend's memory is host memory the host may read directly (cpu::Backend says so with
 // `static constexpr bool host_memory = true`); a backend that does not say so is read through to_host.
 template <class Be>

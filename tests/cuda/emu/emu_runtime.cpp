@@ -2,6 +2,7 @@
 // test_cuda_emu (no libcudart, no libcublas linked): "device" memory is host memory, streams are
 // synchronous, and cublasGemmEx follows the cuBLAS definition on column-major operands (in double)
 // (so the backend's row-major-as-transposed-column-major trick is exercised, not bypassed).
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -397,16 +398,20 @@ extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t transa,
   });
 }
 
-// ---- cuBLASLt, as the backend uses it (lt.hpp): D = alpha·op(A)·op(B) with the epilogue DEFAULT or BIAS (a vector
-// added to every column of D), D = C, beta = 0, A and B 32F or 16BF, D 32F. The descriptors keep their fields in
-// the semi-opaque structs' storage. With the bias, D is first filled with it and the product added with beta = 1:
-// one rounding of sum + bias, the same bits as the backend's broadcast-then-GEMM path.
+// ---- cuBLASLt, as the backend uses it (lt.hpp): D = alpha·op(A)·op(B) with the epilogue DEFAULT, BIAS (a vector
+// added to every column of D), GELU_AUX_BIAS (then aux = D, D = gelu(aux)) or DGELU (D ∘= gelu'(aux)), D = C,
+// beta = 0, A and B 32F or 16BF, D and aux 32F. The descriptors keep their fields in the semi-opaque structs'
+// storage. With the bias, D is first filled with it and the product added with beta = 1: one rounding of sum + bias,
+// the same bits as the backend's broadcast-then-GEMM path. The GELU is the kernels' tanh form in float
+// (kernels/activation.cuh), so the fused products agree with the backend's product-then-kernel path.
 namespace {
 struct EmuLtOp {
   cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;
   cudaDataType_t bias_type = CUDA_R_32F;
+  void* aux = nullptr;
+  std::int64_t aux_ld = 0;
 };
 struct EmuLtLayout {
   cudaDataType type;
@@ -425,8 +430,20 @@ cublasStatus_t set_field(U& field, const void* buf, std::size_t size) {
 bool lt_supported(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t d) {
   const EmuLtOp& o = fields(op);
   const cudaDataType ta = fields(a).type;
-  return (o.epilogue == CUBLASLT_EPILOGUE_DEFAULT || (o.epilogue == CUBLASLT_EPILOGUE_BIAS && o.bias_type == CUDA_R_32F)) &&
-         ta == fields(b).type && (ta == CUDA_R_32F || ta == CUDA_R_16BF) && fields(d).type == CUDA_R_32F;
+  const bool bias = o.epilogue == CUBLASLT_EPILOGUE_BIAS || o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  const bool aux = o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || o.epilogue == CUBLASLT_EPILOGUE_DGELU;
+  return (o.epilogue == CUBLASLT_EPILOGUE_DEFAULT || bias || aux) && (!bias || o.bias_type == CUDA_R_32F) &&
+         (!aux || o.aux_ld >= std::int64_t(fields(d).rows)) && ta == fields(b).type &&
+         (ta == CUDA_R_32F || ta == CUDA_R_16BF) && fields(d).type == CUDA_R_32F;
+}
+// The GELU kernels' expressions (kernels/activation.cuh), in float.
+float emu_gelu(float v) {
+  return 0.5f * v * (1.0f + std::tanh(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+}
+float emu_dgelu(float v) {
+  const float k = 0.7978845608028654f, c = 0.044715f;
+  const float t = std::tanh(k * (v + c * v * v * v));
+  return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * k * (1.0f + 3.0f * c * v * v);
 }
 }  // namespace
 
@@ -455,6 +472,8 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
     case CUBLASLT_MATMUL_DESC_EPILOGUE: return set_field(o.epilogue, buf, size);
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return set_field(o.bias, buf, size);
     case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return set_field(o.bias_type, buf, size);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: return set_field(o.aux, buf, size);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: return set_field(o.aux_ld, buf, size);
     default: return CUBLAS_STATUS_NOT_SUPPORTED;
   }
 }
@@ -505,18 +524,31 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
   const auto m = ld.rows, n = ld.cols, k = at ? la.rows : la.cols;
   if ((at ? la.cols : la.rows) != m || (bt ? lb.rows : lb.cols) != n || (bt ? lb.cols : lb.rows) != k)
     return CUBLAS_STATUS_INVALID_VALUE;
-  if (o.epilogue == CUBLASLT_EPILOGUE_BIAS && !o.bias) return CUBLAS_STATUS_INVALID_VALUE;
+  const bool bias = o.epilogue == CUBLASLT_EPILOGUE_BIAS || o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  if ((bias && !o.bias) || (o.epilogue != CUBLASLT_EPILOGUE_DEFAULT && !bias && !o.aux) ||
+      (o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS && !o.aux))
+    return CUBLAS_STATUS_INVALID_VALUE;
   // The descriptors' fields by value: a recorded matmul runs with them as they were when it was enqueued.
-  return enqueue_gemm([o, la, lb, ld, m, n, k, A, B, D, a = *static_cast<const float*>(alpha)] {
+  return enqueue_gemm([o, la, lb, ld, m, n, k, A, B, D, bias, a = *static_cast<const float*>(alpha)] {
     const float one = 1.0f, zero = 0.0f;
-    if (o.epilogue == CUBLASLT_EPILOGUE_BIAS) {
-      const float* bias = static_cast<const float*>(o.bias);
-      float* out = static_cast<float*>(D);
+    float* out = static_cast<float*>(D);
+    const auto at = [&](std::uint64_t i, std::uint64_t j) -> float& { return out[i + j * std::uint64_t(ld.ld)]; };
+    if (bias) {
+      const float* b = static_cast<const float*>(o.bias);
       for (std::uint64_t j = 0; j < n; ++j)
-        for (std::uint64_t i = 0; i < m; ++i) out[i + j * std::uint64_t(ld.ld)] = bias[i];
+        for (std::uint64_t i = 0; i < m; ++i) at(i, j) = b[i];
     }
-    return gemm_ex(o.ta, o.tb, int(m), int(n), int(k), &a, A, la.type, int(la.ld), B, lb.type, int(lb.ld),
-                   o.epilogue == CUBLASLT_EPILOGUE_BIAS ? &one : &zero, D, CUDA_R_32F, int(ld.ld));
+    const cublasStatus_t st = gemm_ex(o.ta, o.tb, int(m), int(n), int(k), &a, A, la.type, int(la.ld), B, lb.type,
+                                      int(lb.ld), bias ? &one : &zero, D, CUDA_R_32F, int(ld.ld));
+    float* aux = static_cast<float*>(o.aux);
+    const auto aux_at = [&](std::uint64_t i, std::uint64_t j) -> float& { return aux[i + j * std::uint64_t(o.aux_ld)]; };
+    if (o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
+      for (std::uint64_t j = 0; j < n; ++j)
+        for (std::uint64_t i = 0; i < m; ++i) at(i, j) = emu_gelu(aux_at(i, j) = at(i, j));
+    if (o.epilogue == CUBLASLT_EPILOGUE_DGELU)
+      for (std::uint64_t j = 0; j < n; ++j)
+        for (std::uint64_t i = 0; i < m; ++i) at(i, j) = 0.0f + at(i, j) * emu_dgelu(aux_at(i, j));
+    return st;
   });
 }
 }  // extern "C"

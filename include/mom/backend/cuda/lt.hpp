@@ -1,7 +1,9 @@
 #pragma once
-// cuBLASLt for the GEMMs with a fused epilogue (ops.hpp): today the linear forward's bias,
-// CUBLASLT_EPILOGUE_BIAS, which adds a vector to every column of the column-major result, i.e. to every row
-// of mom's row-major y, inside the GEMM (no broadcast kernel before it, no beta = 1 read of y).
+// cuBLASLt for the GEMMs with a fused epilogue (ops.hpp): the linear forward's bias, CUBLASLT_EPILOGUE_BIAS, which
+// adds a vector to every column of the column-major result, i.e. to every row of mom's row-major y, inside the GEMM
+// (no broadcast kernel before it, no beta = 1 read of y); the FFN's GELU (backend_concept.hpp, FusesGelu):
+// CUBLASLT_EPILOGUE_GELU_AUX_BIAS (D = gelu(A·B + bias), the pre-activation stored to the epilogue's aux matrix) and
+// CUBLASLT_EPILOGUE_DGELU (D = A·B ∘ gelu'(aux)), aux laid out as D (column-major, its own leading dimension).
 //
 // A plan per distinct product (shape, leading dimensions, types, the operands' alignment): the operation and
 // layout descriptors and the heuristic's first algorithm, made the first time the product runs (host work only;
@@ -28,7 +30,8 @@ struct LtProduct {
   cudaDataType_t ab_type = CUDA_R_32F;  // A and B (CUDA_R_16BF: the staged bf16 operands); D is CUDA_R_32F
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-  int align_a = 0, align_b = 0, align_d = 0, align_bias = 0;  // bytes (a power of two up to 256)
+  int ld_aux = 0;                                                            // the GELU epilogues' aux (fp32)
+  int align_a = 0, align_b = 0, align_d = 0, align_bias = 0, align_aux = 0;  // bytes (a power of two up to 256)
   auto operator<=>(const LtProduct&) const = default;
 };
 
@@ -61,7 +64,7 @@ inline int lt_alignment(const void* p) {
   return a;
 }
 
-inline LtPlan make_lt_plan(const Context& ctx, const LtProduct& g) {
+inline LtPlan make_lt_plan(const Context& ctx, const LtProduct& g, const void* aux) {
   LtPlan p;
   const auto ok = [](cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; };
   if (!ok(cublasLtMatmulDescCreate(&p.op, g.compute, CUDA_R_32F))) return p;
@@ -70,6 +73,11 @@ inline LtPlan make_lt_plan(const Context& ctx, const LtProduct& g) {
              ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &g.tb, sizeof g.tb)) &&
              ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &g.epilogue, sizeof g.epilogue)) &&
              ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
+  if (set && g.ld_aux > 0) {  // the heuristic reads the aux pointer's alignment (cublasLt.h)
+    const std::int64_t ld_aux = g.ld_aux;
+    set = ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld_aux, sizeof ld_aux)) &&
+          ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+  }
   const bool at = g.ta != CUBLAS_OP_N, bt = g.tb != CUBLAS_OP_N;
   set = set && ok(cublasLtMatrixLayoutCreate(&p.a, g.ab_type, at ? g.k : g.m, at ? g.m : g.k, g.lda)) &&
         ok(cublasLtMatrixLayoutCreate(&p.b, g.ab_type, bt ? g.n : g.k, bt ? g.k : g.n, g.ldb)) &&
@@ -99,18 +107,26 @@ inline LtPlan make_lt_plan(const Context& ctx, const LtProduct& g) {
 
 // The plan of product g over these operands (their alignment completes the key), made on first use; null where
 // cuBLASLt cannot run it (remembered: the caller's cuBLAS path runs this product from now on).
-inline LtPlan* lt_plan(Context& ctx, LtProduct g, const void* A, const void* B, const void* D, const void* bias) {
+inline LtPlan* lt_plan(Context& ctx, LtProduct g, const void* A, const void* B, const void* D, const void* bias,
+                       const void* aux = nullptr) {
   if (!ctx.lt || !ctx.lt_plans || g.m == 0 || g.n == 0 || g.k == 0) return nullptr;
+  if (g.ld_aux % 8 != 0) return nullptr;  // the GELU epilogues' aux: a leading dimension divisible by 8 (cublasLt.h)
   g.align_a = lt_alignment(A), g.align_b = lt_alignment(B), g.align_d = lt_alignment(D), g.align_bias = lt_alignment(bias);
+  g.align_aux = aux ? lt_alignment(aux) : 0;
   auto it = ctx.lt_plans->plans.find(g);
-  if (it == ctx.lt_plans->plans.end()) it = ctx.lt_plans->plans.emplace(g, make_lt_plan(ctx, g)).first;
+  if (it == ctx.lt_plans->plans.end()) it = ctx.lt_plans->plans.emplace(g, make_lt_plan(ctx, g, aux)).first;
   return it->second.ok ? &it->second : nullptr;
 }
 
-// D = alpha·op(A)·op(B) + the plan's epilogue (bias at `bias`) on the context's stream. False, with nothing
-// enqueued, where cuBLASLt refuses the call (its argument checks); the plan is then marked unusable.
-inline bool lt_run(Context& ctx, LtPlan& p, float alpha, const void* A, const void* B, void* D, const void* bias) {
+// D = alpha·op(A)·op(B) + the plan's epilogue (bias at `bias`, the GELU epilogues' aux matrix at `aux`) on the
+// context's stream. False, with nothing enqueued, where cuBLASLt refuses the call (its argument checks); the plan is
+// then marked unusable.
+inline bool lt_run(Context& ctx, LtPlan& p, float alpha, const void* A, const void* B, void* D, const void* bias,
+                   const void* aux = nullptr) {
   const float beta = 0.0f;
+  if (aux && cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux) !=
+                 CUBLAS_STATUS_SUCCESS)
+    return p.ok = false;
   if (cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias) != CUBLAS_STATUS_SUCCESS ||
       cublasLtMatmul(ctx.lt, p.op, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d, &p.algo, ctx.workspace,
                      ctx.workspace_bytes, ctx.stream) != CUBLAS_STATUS_SUCCESS)

@@ -95,6 +95,33 @@ class DenseOps {
     K::broadcast_rows(*ctx_, y, b.data());
     gemm(y, x, Trans::N, w, Trans::T, T(1), T(1));
   }
+  // The FFN's GELU fused into its products (backend_concept.hpp, FusesGelu). pre = x·wᵀ + b, act = gelu(pre): on
+  // float one cuBLASLt product with CUBLASLT_EPILOGUE_GELU_AUX_BIAS (D = act, the pre-activation into its aux matrix
+  // pre) where cuBLASLt has an algorithm for it; else linear_forward, then gelu_forward.
+  void linear_forward_gelu(M pre, M act, CM x, CM w, CS b) const {
+    checks::linear_forward_shapes<T>(pre, x, w, b);
+    check_gelu_pair("linear_forward_gelu", act, pre);
+    if constexpr (std::is_same_v<T, float>) {
+      if (!b.empty() && linear_forward_lt(act, x, w, b, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, pre)) return;
+    }
+    linear_forward(pre, x, w, b);
+    gelu_forward(S(act.data, std::size_t(act.rows * act.cols)), CS(pre.data, std::size_t(pre.rows * pre.cols)));
+  }
+  // The backward of a linear whose input is act = gelu(pre), and of that GELU: dpre = (dy·w) ∘ gelu'(pre) (written),
+  // dw += dyᵀ·act, db += Σ_rows dy. On float the dx product carries CUBLASLT_EPILOGUE_DGELU (aux = pre) where
+  // cuBLASLt has an algorithm for it (under BF16 from one staging of dy, w and act, as linear_backward); else
+  // linear_backward into dpre, then the GELU's backward in place.
+  void linear_backward_dgelu(M dpre, M dw, S db, CM dy, CM act, CM w, CM pre) const {
+    checks::linear_backward_shapes<T>(dpre, dw, db, dy, act, w);
+    check_gelu_pair("linear_backward_dgelu", dpre, pre);
+    if constexpr (std::is_same_v<T, float>) {
+      if (!dw.empty() && dy.rows > 0 && backward_dgelu_lt(dpre, dw, db, dy, act, w, pre)) return;
+    }
+    linear_backward(dpre, dw, db, dy, act, w, Store::overwrite);
+    const std::size_t n = std::size_t(dpre.rows * dpre.cols);
+    gelu_backward(S(dpre.data, n), CS(pre.data, n), CS(dpre.data, n), Store::overwrite);
+  }
+
   // dx += dy·w (dx_store = Store::overwrite: dx = dy·w), dw += dyᵀ·x, db += Σ_rows dy (each may be empty). Under
   // BF16, dy is staged once for both products, its column sums (db) taken in the same pass.
   void linear_backward(M dx, M dw, S db, CM dy, CM x, CM w, Store dx_store = Store::add) const {
@@ -370,10 +397,13 @@ class DenseOps {
   // result: every row of y), in cuBLAS's terms as gemm() calls it: D [out × rows] = op(A)·op(B) with A = w
   // (transposed) and B = x. The precision's operands: fp32 (FP32, TF32 compute), or both staged as bf16 first (BF16). False where
   // cuBLASLt has no algorithm for the product (nothing staged or enqueued then).
-  bool linear_forward_lt(M y, CM x, CM w, CS b) const {
+  // With epilogue GELU_AUX_BIAS: y = gelu(x·wᵀ + b) and the pre-activation into aux (laid out as y).
+  bool linear_forward_lt(M y, CM x, CM w, CS b, cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS,
+                         M aux = M{}) const {
     if (y.rows == 0 || y.cols == 0 || x.cols == 0) return false;
     LtProduct g{int(y.cols), int(y.rows), int(x.cols), CUBLAS_OP_T, CUBLAS_OP_N, ld(w.ld), ld(x.ld), ld(y.ld)};
-    g.epilogue = CUBLASLT_EPILOGUE_BIAS;
+    g.epilogue = epilogue;
+    g.ld_aux = aux.data ? ld(aux.ld) : 0;
     if (ctx_->precision == Precision::BF16) {
       // The staged copies' places (stage() lays them out so) decide the plan before anything is converted.
       cuda::reserve_bf16_staging(*ctx_, staged_size(x) + staged_size(w));
@@ -381,15 +411,56 @@ class DenseOps {
       std::uint16_t* sw = ctx_->bf16_stage + staged_size(x);
       g.ab_type = CUDA_R_16BF;
       g.lda = ld(staged_ld(w)), g.ldb = ld(staged_ld(x));
-      LtPlan* p = lt_plan(*ctx_, g, sw, sx, y.data, b.data());
+      LtPlan* p = lt_plan(*ctx_, g, sw, sx, y.data, b.data(), aux.data);
       if (!p) return false;
       stage(sx, x);
       stage(sw, w);
-      return lt_run(*ctx_, *p, 1.0f, sw, sx, y.data, b.data());
+      return lt_run(*ctx_, *p, 1.0f, sw, sx, y.data, b.data(), aux.data);
     }
-    g.compute = ctx_->precision == Precision::FP32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
-    LtPlan* p = lt_plan(*ctx_, g, w.data, x.data, y.data, b.data());
-    return p && lt_run(*ctx_, *p, 1.0f, w.data, x.data, y.data, b.data());
+    g.compute = lt_compute();
+    LtPlan* p = lt_plan(*ctx_, g, w.data, x.data, y.data, b.data(), aux.data);
+    return p && lt_run(*ctx_, *p, 1.0f, w.data, x.data, y.data, b.data(), aux.data);
+  }
+  // linear_backward_dgelu's products with the dx one on cuBLASLt (CUBLASLT_EPILOGUE_DGELU, aux = pre): in cuBLAS's
+  // terms D [in × rows] = op(A)·op(B) with A = w, B = dy, both not transposed. False, with nothing staged or
+  // enqueued, where cuBLASLt has no algorithm for it.
+  bool backward_dgelu_lt(M dpre, M dw, S db, CM dy, CM act, CM w, CM pre) const {
+    if (dpre.rows == 0 || dpre.cols == 0 || dy.cols == 0) return false;
+    LtProduct g{int(dpre.cols), int(dpre.rows), int(dy.cols), CUBLAS_OP_N, CUBLAS_OP_N, ld(w.ld), ld(dy.ld),
+                ld(dpre.ld)};
+    g.epilogue = CUBLASLT_EPILOGUE_DGELU;
+    g.ld_aux = ld(pre.ld);
+    if (ctx_->precision == Precision::BF16) {
+      // One staging of dy (its column sums into db), w and act, as backward_staged lays them out.
+      cuda::reserve_bf16_staging(*ctx_, staged_size(dy) + staged_size(w) + staged_size(act));
+      std::uint16_t* at = ctx_->bf16_stage;
+      std::uint16_t *sdy = at, *sw = at + staged_size(dy), *sact = sw + staged_size(w);
+      g.ab_type = CUDA_R_16BF;
+      g.lda = ld(staged_ld(w)), g.ldb = ld(staged_ld(dy));
+      LtPlan* p = lt_plan(*ctx_, g, sw, sdy, dpre.data, nullptr, pre.data);
+      if (!p) return false;
+      const Staged ddy = stage(sdy, dy, dy.rows, dy.cols, db.empty() ? nullptr : db.data());
+      stage(sw, w);
+      const Staged sx = stage(sact, act);
+      if (!lt_run(*ctx_, *p, 1.0f, sw, sdy, dpre.data, nullptr, pre.data))
+        gemm_then_dgelu(dpre, ddy, Staged{sw, w.rows, w.cols, staged_ld(w)}, pre);  // refused: dy is staged already
+      gemm_staged(dw, ddy, Trans::T, sx, Trans::N, 1.0f, 1.0f);
+      return true;
+    }
+    g.compute = lt_compute();
+    LtPlan* p = lt_plan(*ctx_, g, w.data, dy.data, dpre.data, nullptr, pre.data);
+    if (!p || !lt_run(*ctx_, *p, 1.0f, w.data, dy.data, dpre.data, nullptr, pre.data)) return false;
+    gemm(dw, dy, Trans::T, act, Trans::N, T(1), T(1));
+    if (!db.empty()) K::add_column_sums(*ctx_, db.data(), dy);
+    return true;
+  }
+  cublasComputeType_t lt_compute() const {
+    return ctx_->precision == Precision::FP32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
+  }
+  // The fused GELU ops' second matrix has the first's shape, and both are dense (the GELU kernels' flat spans).
+  static void check_gelu_pair(const char* op, CM a, CM b) {
+    MOM_CHECK(a.rows == b.rows && a.cols == b.cols && a.ld == a.cols && b.ld == b.cols,
+              op, ": the activation and the pre-activation must be dense matrices of one shape");
   }
 
   static cublasOperation_t op(Trans t) { return t == Trans::T ? CUBLAS_OP_T : CUBLAS_OP_N; }
@@ -445,6 +516,12 @@ class DenseOps {
                                   static_cast<int>(k), &alpha, B.data, CUDA_R_16BF, ld(B.ld), A.data, CUDA_R_16BF,
                                   ld(A.ld), &beta, C.data, CUDA_R_32F, ld(C.ld), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                      "gemm (bf16)");
+  }
+  // dpre = (dy·w) ∘ gelu'(pre) from staged dy and w, on cuBLAS and the GELU kernel (a refused cuBLASLt call).
+  void gemm_then_dgelu(M dpre, Staged dy, Staged w, CM pre) const {
+    gemm_staged(dpre, dy, Trans::N, w, Trans::N, 1.0f, 0.0f);
+    const std::size_t n = std::size_t(dpre.rows * dpre.cols);
+    gelu_backward(S(dpre.data, n), CS(pre.data, n), CS(dpre.data, n), Store::overwrite);
   }
 
   std::shared_ptr<Context> ctx_;  // shared by copies of the backend (docs/cuda.md, "Ownership")
