@@ -98,6 +98,27 @@ __device__ __forceinline__ void tc_stage_rows(typename TcLayout<Path, HD>::S* ds
   }
 }
 
+// The backwards' start (wmma and mma): the block's key tile j0 (false: none, the whole block returns), its key rows'
+// facts into info, a barrier, and its own keys and values staged into sk, sv (row rr from its group's matrices).
+template <int Path, int HD, class KV>
+__device__ __forceinline__ bool tc_packed_key_rows(const PackedLayout& L, const TcRowInfo& info, const KV& kv,
+                                                   index_t col0, typename TcLayout<Path, HD>::S* sk,
+                                                   typename TcLayout<Path, HD>::S* sv, index_t& j0) {
+  int block_group;  // the block's group (without k_tok)
+  index_t rb, re;
+  if (!packed_key_block(L, tc_tile, j0, rb, re, block_group)) return false;
+  if (threadIdx.x < tc_tile) {
+    index_t lo, hi;
+    info.g[threadIdx.x] = packed_key_row(L, j0 + threadIdx.x, rb, re, block_group, lo, hi);
+    info.lo[threadIdx.x] = lo;
+    info.hi[threadIdx.x] = hi;
+  }
+  __syncthreads();
+  tc_stage_rows<Path, HD>(sk, [&](int k) { return info.g[k] >= 0 ? kv.keys(info.g[k]).row(j0 + k) + col0 : nullptr; });
+  tc_stage_rows<Path, HD>(sv, [&](int k) { return info.g[k] >= 0 ? kv.values(info.g[k]).row(j0 + k) + col0 : nullptr; });
+  return true;
+}
+
 
 template <int Path, int HD, class KV>
 __global__ void attention_packed_tc_forward_kernel(MatrixView<float> out, float* lse, MatrixView<const float> q, KV kv,
@@ -243,19 +264,8 @@ __global__ void attention_packed_tc_backward_kernel(MatrixView<float> dq, DKV dk
   const index_t h = blockIdx.y, col0 = h * L.hd;
   // dQ's vector atomics need every row's head slice 16-byte aligned (the usual layouts).
   const bool dq_aligned = dq.ld % 4 == 0 && reinterpret_cast<std::uintptr_t>(dq.data + col0) % 16 == 0;
-  int block_group;  // the block's group (without k_tok)
-  index_t j0, rb, re;
-  if (!packed_key_block(L, tc_tile, j0, rb, re, block_group)) return;
-  if (threadIdx.x < tc_tile) {
-    index_t lo, hi;
-    info.g[threadIdx.x] = packed_key_row(L, j0 + threadIdx.x, rb, re, block_group, lo, hi);
-    info.lo[threadIdx.x] = lo;
-    info.hi[threadIdx.x] = hi;
-  }
-  __syncthreads();
-  // The block's own keys and values, row rr from its group's matrices.
-  tc_stage_rows<Path, HD>(sK, [&](int k) { return info.g[k] >= 0 ? kv.keys(info.g[k]).row(j0 + k) + col0 : nullptr; });
-  tc_stage_rows<Path, HD>(sV, [&](int k) { return info.g[k] >= 0 ? kv.values(info.g[k]).row(j0 + k) + col0 : nullptr; });
+  index_t j0;
+  if (!tc_packed_key_rows<Path, HD>(L, info, kv, col0, sK, sV, j0)) return;
   TcAcc<Path> dk[NO], dv[NO];
 #pragma unroll
   for (int n = 0; n < NO; ++n) {
@@ -343,18 +353,8 @@ __global__ void attention_packed_mma_backward_kernel(MatrixView<float> dq, DKV d
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
   const index_t h = blockIdx.y, col0 = h * L.hd;
   const bool dq_aligned = dq.ld % 4 == 0 && reinterpret_cast<std::uintptr_t>(dq.data + col0) % 16 == 0;
-  int block_group;  // the block's group (without k_tok)
-  index_t j0, rb, re;
-  if (!packed_key_block(L, tc_tile, j0, rb, re, block_group)) return;
-  if (threadIdx.x < tc_tile) {
-    index_t lo, hi;
-    info.g[threadIdx.x] = packed_key_row(L, j0 + threadIdx.x, rb, re, block_group, lo, hi);
-    info.lo[threadIdx.x] = lo;
-    info.hi[threadIdx.x] = hi;
-  }
-  __syncthreads();
-  tc_stage_rows<gemm_bf16, HD>(sm.k, [&](int k) { return info.g[k] >= 0 ? kv.keys(info.g[k]).row(j0 + k) + col0 : nullptr; });
-  tc_stage_rows<gemm_bf16, HD>(sm.v, [&](int k) { return info.g[k] >= 0 ? kv.values(info.g[k]).row(j0 + k) + col0 : nullptr; });
+  index_t j0;
+  if (!tc_packed_key_rows<gemm_bf16, HD>(L, info, kv, col0, sm.k, sm.v, j0)) return;
   MmaKeyGrads<HD> acc;
   mma_key_grads_start<HD>(acc);
   const int rows[2] = {16 * warp + g, 16 * warp + g + 8};  // this lane's keys of the tile
