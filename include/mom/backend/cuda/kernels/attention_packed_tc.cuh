@@ -98,6 +98,17 @@ __device__ __forceinline__ void tc_stage_rows(typename TcLayout<Path, HD>::S* ds
   }
 }
 
+// The backwards' dQ: the key warps whose multiplied column blocks (info.f, published by a barrier) hold this warp's
+// 16 queries of the streamed tile, as a bit mask.
+__device__ __forceinline__ unsigned tc_dq_key_warps(const TcRowInfo& info) {
+  const int warp = threadIdx.x / 32;
+  unsigned kmask = 0;
+#pragma unroll
+  for (int kw = 0; kw < 4; ++kw)
+    if (info.f[2 * kw] <= warp && warp < info.f[2 * kw + 1]) kmask |= 1u << kw;
+  return kmask;
+}
+
 // The backwards' start (wmma and mma): the block's key tile j0 (false: none, the whole block returns), its key rows'
 // facts into info, a barrier, and its own keys and values staged into sk, sv (row rr from its group's matrices).
 template <int Path, int HD, class KV>
@@ -311,10 +322,7 @@ __global__ void attention_packed_tc_backward_kernel(MatrixView<float> dq, DKV dk
         tc_accumulate_dkdv<Path, HD>(dk, dv, sp, sds, sdO, sQ, 16 * f_lo, 16 * f_hi);  // dV += Pᵀ dO, dK += dSᵀ Q
       }
       __syncthreads();  // every warp's dSᵀ rows and column blocks written: dQ reads them across warps
-      unsigned kmask = 0;  // the key warps whose multiplied column blocks hold this warp's 16 queries
-#pragma unroll
-      for (int kw = 0; kw < 4; ++kw)
-        if (info.f[2 * kw] <= warp && warp < info.f[2 * kw + 1]) kmask |= 1u << kw;
+      const unsigned kmask = tc_dq_key_warps(info);
       if (kmask != 0) {
         const index_t q0 = i0 + 16 * warp;
         tc_dq_from_dst<Path, HD>(sdS, sK, kmask, scale, ss, [&](int row, int c, float4 v) {
@@ -379,10 +387,7 @@ __global__ void attention_packed_mma_backward_kernel(MatrixView<float> dq, DKV d
       }
       if (f_lo < f_hi) mma_backward_tile<HD>(acc, sm, i0, lo, hi, f_lo, f_hi, sl2);  // the same for the whole warp
       __syncthreads();  // every warp's dSᵀ rows and column blocks written
-      unsigned kmask = 0;  // the key warps whose multiplied column blocks hold this warp's 16 queries
-#pragma unroll
-      for (int kw = 0; kw < 4; ++kw)
-        if (info.f[2 * kw] <= warp && warp < info.f[2 * kw + 1]) kmask |= 1u << kw;
+      const unsigned kmask = tc_dq_key_warps(info);
       if (kmask != 0) {
         const index_t q0 = i0 + 16 * warp;
         mma_dq_tile<HD>(sm, kmask, scale, [&](int row, int c, float4 v) {
