@@ -1,8 +1,9 @@
 #pragma once
 // Dense causal attention in bf16 on tensor cores with its softmax in registers (FlashAttention-2, arXiv:2307.08691):
-// the kernels Kernels<float>::attention_forward takes for Precision::BF16 at head dim 64 or 128 (attention_tc.cuh's
-// attention_tc_forward dispatches; TF32 keeps the wmma kernels there). Same contract as those: out and lse written
-// (lse natural log), no [S × S] buffer.
+// the kernels Kernels<float>::attention_forward / attention_backward take for Precision::BF16 at head dim 64 or 128
+// (attention_tc.cuh's attention_tc_forward / attention_tc_backward dispatch; TF32 keeps the wmma kernels there), and
+// the packed / grouped ones in attention_packed_tc.cuh run the same warp work. Same contract as those: out and lse
+// written (lse natural log), dqkv accumulated, no [S × S] buffer.
 //
 // Forward. A block is 4 warps and 64 query rows, warp w rows 16w .. 16w + 15; key tiles of 64 stream through shared
 // memory (K and V rounded to bf16 when staged, as attention_tc's staging does; Q through K's buffer once, then held
@@ -12,6 +13,12 @@
 // fragment of O += P V straight from registers. Base-2 exponentials of S · scale · log2 e (one FMA a score);
 // l sums the unrounded probabilities, as the wmma kernel and the reference do. Query tiles are launched longest
 // first (the last causal tiles carry the most keys), so the grid's tail is short tiles.
+//
+// Backward (FlashAttention-2's one kernel, 5 products a tile pair). A block owns 64 keys, warp w keys 16w .. 16w + 15,
+// and streams the query tiles that see them (Q, dO rounded when staged; lse and D = rowsum(dO ∘ O) in fp32). Per tile a
+// warp computes Sᵀ = K Qᵀ and dPᵀ = V dOᵀ into C fragments, Pᵀ and dSᵀ = Pᵀ ∘ (dPᵀ − D) on them, and dV += Pᵀ dO,
+// dK += dSᵀ Q with P and dS packed to bf16 A fragments from registers; dSᵀ also goes to shared memory (bf16), and after
+// a barrier warp w adds scale · dS K for the tile's queries 16w .. to dQ with 4-float atomics (no fixed order).
 #include <cstddef>
 #include <cstdint>
 
