@@ -105,7 +105,7 @@ class DenseOps {
       if (!b.empty() && linear_forward_lt(act, x, w, b, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, pre)) return;
     }
     linear_forward(pre, x, w, b);
-    gelu_forward(S(act.data, std::size_t(act.rows * act.cols)), CS(pre.data, std::size_t(pre.rows * pre.cols)));
+    gelu_forward(act.flat(), CM(pre).flat());
   }
   // The backward of a linear whose input is act = gelu(pre), and of that GELU: dpre = (dy·w) ∘ gelu'(pre) (written),
   // dw += dyᵀ·act, db += Σ_rows dy. On float the dx product carries CUBLASLT_EPILOGUE_DGELU (aux = pre) where
@@ -118,8 +118,7 @@ class DenseOps {
       if (!dw.empty() && dy.rows > 0 && backward_dgelu_lt(dpre, dw, db, dy, act, w, pre)) return;
     }
     linear_backward(dpre, dw, db, dy, act, w, Store::overwrite);
-    const std::size_t n = std::size_t(dpre.rows * dpre.cols);
-    gelu_backward(S(dpre.data, n), CS(pre.data, n), CS(dpre.data, n), Store::overwrite);
+    dgelu_in_place(dpre, pre);
   }
 
   // dx += dy·w (dx_store = Store::overwrite: dx = dy·w), dw += dyᵀ·x, db += Σ_rows dy (each may be empty). Under
@@ -431,20 +430,18 @@ class DenseOps {
     g.epilogue = CUBLASLT_EPILOGUE_DGELU;
     g.ld_aux = ld(pre.ld);
     if (ctx_->precision == Precision::BF16) {
-      // One staging of dy (its column sums into db), w and act, as backward_staged lays them out.
-      cuda::reserve_bf16_staging(*ctx_, staged_size(dy) + staged_size(w) + staged_size(act));
-      std::uint16_t* at = ctx_->bf16_stage;
-      std::uint16_t *sdy = at, *sw = at + staged_size(dy), *sact = sw + staged_size(w);
+      // One staging of dy (its column sums into db), w and act, in backward_staged's places.
+      const BackwardStage at = backward_stage_places(dy, w, act, dy.cols);
       g.ab_type = CUDA_R_16BF;
       g.lda = ld(staged_ld(w)), g.ldb = ld(staged_ld(dy));
-      LtPlan* p = lt_plan(*ctx_, g, sw, sdy, dpre.data, nullptr, pre.data);
+      LtPlan* p = lt_plan(*ctx_, g, at.w, at.dy, dpre.data, nullptr, pre.data);
       if (!p) return false;
-      const Staged ddy = stage(sdy, dy, dy.rows, dy.cols, db.empty() ? nullptr : db.data());
-      stage(sw, w);
-      const Staged sx = stage(sact, act);
-      if (!lt_run(*ctx_, *p, 1.0f, sw, sdy, dpre.data, nullptr, pre.data))
-        gemm_then_dgelu(dpre, ddy, Staged{sw, w.rows, w.cols, staged_ld(w)}, pre);  // refused: dy is staged already
-      gemm_staged(dw, ddy, Trans::T, sx, Trans::N, 1.0f, 1.0f);
+      const auto [sdy, sw, sx] = stage_backward(at, dy, w, act, db.empty() ? nullptr : db.data());
+      if (!lt_run(*ctx_, *p, 1.0f, sw.data, sdy.data, dpre.data, nullptr, pre.data)) {
+        gemm_staged(dpre, sdy, Trans::N, sw, Trans::N, 1.0f, 0.0f);  // refused: dy is staged already
+        dgelu_in_place(dpre, pre);
+      }
+      gemm_staged(dw, sdy, Trans::T, sx, Trans::N, 1.0f, 1.0f);
       return true;
     }
     g.compute = lt_compute();
@@ -457,6 +454,8 @@ class DenseOps {
   cublasComputeType_t lt_compute() const {
     return ctx_->precision == Precision::FP32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
   }
+  // dpre = dpre ∘ gelu'(pre): the GELU's backward in place (elementwise), after a product wrote dL/d(act) into dpre.
+  void dgelu_in_place(M dpre, CM pre) const { gelu_backward(dpre.flat(), pre.flat(), CM(dpre).flat(), Store::overwrite); }
   // The fused GELU ops' second matrix has the first's shape, and both are dense (the GELU kernels' flat spans).
   static void check_gelu_pair(const char* op, CM a, CM b) {
     MOM_CHECK(a.rows == b.rows && a.cols == b.cols && a.ld == a.cols && b.ld == b.cols,
@@ -499,14 +498,28 @@ class DenseOps {
   // rows tall (k >= dy.cols; zeros beyond them: the LM head's padded width), so that dx's inner dimension is k. With
   // db: db += Σ_rows dy, summed while dy is staged (no second read of dy).
   void backward_staged(M dx, M dw, CM dy, CM x, CM w, index_t k, float dx_beta = 1.0f, float* db = nullptr) const {
-    const index_t dy_ld = std::max(k, staged_ld(dy));
-    cuda::reserve_bf16_staging(*ctx_, dy.rows * dy_ld + k * staged_ld(w) + staged_size(x));
-    std::uint16_t* at = ctx_->bf16_stage;
-    const Staged sdy = stage(at, dy, dy.rows, k, db);
-    const Staged sw = stage(at += dy.rows * dy_ld, w, k, w.cols);
-    const Staged sx = stage(at += k * staged_ld(w), x);
+    const auto [sdy, sw, sx] = stage_backward(backward_stage_places(dy, w, x, k), dy, w, x, db);
     gemm_staged(dx, sdy, Trans::N, sw, Trans::N, 1.0f, dx_beta);                                 // inner dimension k
     gemm_staged(dw, {sdy.data, sdy.rows, dy.cols, sdy.ld}, Trans::T, sx, Trans::N, 1.0f, 1.0f);  // dw's rows: dy.cols
+  }
+  // A backward's staging places (the staging reserved): dy k columns wide, then w k rows tall, then x; a caller may
+  // ask cuBLASLt for a plan over them before anything is converted (backward_dgelu_lt).
+  struct BackwardStage {
+    std::uint16_t *dy, *w, *x;
+    index_t k;
+  };
+  BackwardStage backward_stage_places(CM dy, CM w, CM x, index_t k) const {
+    const index_t dy_size = dy.rows * std::max(k, staged_ld(dy)), w_size = k * staged_ld(w);
+    cuda::reserve_bf16_staging(*ctx_, dy_size + w_size + staged_size(x));
+    std::uint16_t* at = ctx_->bf16_stage;
+    return {at, at + dy_size, at + dy_size + w_size, k};
+  }
+  // dy, w and x staged in those places (with db: db += Σ_rows dy, summed while dy is staged).
+  struct BackwardStaged {
+    Staged dy, w, x;
+  };
+  BackwardStaged stage_backward(const BackwardStage& at, CM dy, CM w, CM x, float* db) const {
+    return {stage(at.dy, dy, dy.rows, at.k, db), stage(at.w, w, at.k, w.cols), stage(at.x, x)};
   }
   // C = alpha·op(A)·op(B) + beta·C from staged operands (bf16 tensor cores, fp32 accumulation and C); shapes
   // checked by the caller.
@@ -516,12 +529,6 @@ class DenseOps {
                                   static_cast<int>(k), &alpha, B.data, CUDA_R_16BF, ld(B.ld), A.data, CUDA_R_16BF,
                                   ld(A.ld), &beta, C.data, CUDA_R_32F, ld(C.ld), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                      "gemm (bf16)");
-  }
-  // dpre = (dy·w) ∘ gelu'(pre) from staged dy and w, on cuBLAS and the GELU kernel (a refused cuBLASLt call).
-  void gemm_then_dgelu(M dpre, Staged dy, Staged w, CM pre) const {
-    gemm_staged(dpre, dy, Trans::N, w, Trans::N, 1.0f, 0.0f);
-    const std::size_t n = std::size_t(dpre.rows * dpre.cols);
-    gelu_backward(S(dpre.data, n), CS(pre.data, n), CS(dpre.data, n), Store::overwrite);
   }
 
   std::shared_ptr<Context> ctx_;  // shared by copies of the backend (docs/cuda.md, "Ownership")

@@ -64,6 +64,19 @@ __device__ __forceinline__ void mma_rows_start(MmaRows<HD>& st) {
   st.l[0] = st.l[1] = 0.0f;
 }
 
+// Row r's visible columns of a 64-wide tile starting at x0, [lo, hi) in absolute indices, as 32-bit bounds relative
+// to the lane's first column 2t and clipped to the multiplied 16-column blocks [f_lo, f_hi).
+__device__ __forceinline__ void mma_visible(int (&vlo)[2], int (&vhi)[2], index_t x0, const index_t (&lo)[2],
+                                            const index_t (&hi)[2], int f_lo, int f_hi) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const index_t base = x0 + 2 * t;
+    vlo[r] = max(static_cast<int>(min(max(lo[r] - base, index_t(0)), index_t(tc_tile))), 16 * f_lo - 2 * t);
+    vhi[r] = min(static_cast<int>(min(max(hi[r] - base, index_t(0)), index_t(tc_tile))), 16 * f_hi - 2 * t);
+  }
+}
+
 // One streamed key tile (staged K, V; first key j0): S = Q Kᵀ over the 16-key blocks [f_lo, f_hi), row r's visible
 // keys [lo[r], hi[r]) (others, and the blocks not multiplied, P = 0), the online softmax, O rescaled, O += P V.
 // sl2 = scale · log2 e. A row with no visible key so far keeps m = -inf, l = 0, O = 0.
@@ -72,7 +85,6 @@ __device__ __forceinline__ void mma_forward_tile(MmaRows<HD>& st, const MmaQ<HD>
                                                  index_t j0, const index_t (&lo)[2], const index_t (&hi)[2], int f_lo,
                                                  int f_hi, float sl2) {
   constexpr int LD = TcLayout<gemm_bf16, HD>::ld, NK = HD / 16, NO = HD / 8;
-  const int t = threadIdx.x % 4;
   const smem_addr ka = mma_lane_b(sK, LD), va = mma_lane_b(sV, LD, true);
   float s[8][4];
 #pragma unroll
@@ -90,16 +102,9 @@ __device__ __forceinline__ void mma_forward_tile(MmaRows<HD>& st, const MmaQ<HD>
     }
   }
   // Column c = 8n + (e & 1) (+ 2t) of row e / 2: visible when the key j0 + 2t + c is in [lo, hi) and in a multiplied
-  // block; the bounds relative to the lane's first key, clamped to [0, 64], as 32-bit integers.
+  // block.
   int vlo[2], vhi[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const index_t base = j0 + 2 * t;
-    vlo[r] = static_cast<int>(min(max(lo[r] - base, index_t(0)), index_t(tc_tile)));
-    vhi[r] = static_cast<int>(min(max(hi[r] - base, index_t(0)), index_t(tc_tile)));
-    vlo[r] = max(vlo[r], 16 * f_lo - 2 * t);
-    vhi[r] = min(vhi[r], 16 * f_hi - 2 * t);
-  }
+  mma_visible(vlo, vhi, j0, lo, hi, f_lo, f_hi);
   float mx[2] = {st.m[0], st.m[1]};
 #pragma unroll
   for (int n = 0; n < 8; ++n)
@@ -196,19 +201,6 @@ __device__ __forceinline__ void mma_key_grads_start(MmaKeyGrads<HD>& a) {
   for (int n = 0; n < HD / 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) a.dk[n][e] = a.dv[n][e] = 0.0f;
-}
-
-// Row r's visible columns of a 64-wide tile starting at x0, [lo, hi) in absolute indices, as 32-bit bounds relative
-// to the lane's first column 2t and clipped to the multiplied 16-column blocks [f_lo, f_hi).
-__device__ __forceinline__ void mma_visible(int (&vlo)[2], int (&vhi)[2], index_t x0, const index_t (&lo)[2],
-                                            const index_t (&hi)[2], int f_lo, int f_hi) {
-  const int t = threadIdx.x % 4;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const index_t base = x0 + 2 * t;
-    vlo[r] = max(static_cast<int>(min(max(lo[r] - base, index_t(0)), index_t(tc_tile))), 16 * f_lo - 2 * t);
-    vhi[r] = min(static_cast<int>(min(max(hi[r] - base, index_t(0)), index_t(tc_tile))), 16 * f_hi - 2 * t);
-  }
 }
 
 // One streamed query tile (first query i0) against the warp's keys: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ over the 16-query blocks
