@@ -118,3 +118,31 @@ TEST_CASE("fused GELU products (cuBLASLt epilogues) equal the separate ops, and 
     }
   }
 }
+
+TEST_CASE("fused GELU products refuse an activation and pre-activation of different shapes or with padded rows",
+          "[cuda][gelu]") {
+  MOM_REQUIRE_GPU();
+  auto& be = gpu<float>();
+  test::Rng rng(32);
+  const index_t n = 5, in = 8, f = 16;
+  auto x = rand_arr<float>(n * in, rng), w = rand_arr<float>(f * in, rng), b = rand_arr<float>(f, rng);
+  auto pre = rand_arr<float>(n * (f + 8), rng), act = rand_arr<float>(n * (f + 8), rng);
+  const auto before_pre = pre.fetch(), before_act = act.fetch();
+  using CM = MatrixView<const float>;
+  const auto message = Catch::Contains("linear_forward_gelu: the activation and the pre-activation must be dense");
+  // pre with padded rows (ld f + 8), then act one row short: rejected before anything runs.
+  CHECK_THROWS_WITH(be.linear_forward_gelu(pre.dm(n, f, f + 8), act.dm(n, f), CM(x.dm(n, in)), CM(w.dm(f, in)),
+                                           std::span<const float>(b.ds())),
+                    message);
+  CHECK_THROWS_WITH(be.linear_forward_gelu(pre.dm(n, f), act.dm(n - 1, f), CM(x.dm(n, in)), CM(w.dm(f, in)),
+                                           std::span<const float>(b.ds())),
+                    message);
+  auto dy = rand_arr<float>(n * in, rng), wp = rand_arr<float>(in * f, rng), dw = rand_arr<float>(in * f, rng),
+       db = rand_arr<float>(in, rng);
+  CHECK_THROWS_WITH(be.linear_backward_dgelu(act.dm(n, f), dw.dm(in, f), db.ds(), CM(dy.dm(n, in)), CM(act.dm(n, f)),
+                                             CM(wp.dm(in, f)), CM(pre.dm(n, f, f + 8))),
+                    Catch::Contains("linear_backward_dgelu: the activation and the pre-activation must be dense"));
+  be.sync();
+  CHECK(pre.fetch() == before_pre);  // nothing written
+  CHECK(act.fetch() == before_act);
+}
