@@ -265,17 +265,28 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<double>& b, d
 }
 }  // namespace
 
+namespace {
+// Elements of a and b that differ (a count: Catch would print the vectors).
+std::size_t differing(const std::vector<float>& a, const std::vector<float>& b) {
+  return std::inner_product(a.begin(), a.end(), b.begin(), std::size_t(0), std::plus<>(),
+                            [](float u, float v) { return std::size_t(u != v); });
+}
+}  // namespace
+
+// Both widths of each operand: 70 and 130 (rows not 16-byte aligned: element loads) and 68 and 132 (16-byte loads
+// where the bf16 tile can, with a partial last k step and column tile). x is also read through an index list from a
+// shuffled copy of it: the same values through the same products, so the same bits.
 TEST_CASE("grouped linear on tensor cores (TF32, BF16): rounded operands, fp32 accumulation, exact bias gradient",
           "[cuda][grouped]") {
   MOM_REQUIRE_GPU();
   using T = float;
   auto& be = gpu<T>();
   test::Rng rng(76);
-  const index_t in = 70, out = 130;
   for (const auto precision : {cuda::Precision::TF32, cuda::Precision::BF16})
+    for (const auto [in, out] : {std::pair<index_t, index_t>{70, 130}, std::pair<index_t, index_t>{68, 132}})
     for (const Layout& L : {Layout{300, {5, 70, 70, 200, 260}}, Layout{130, {0, 130}}}) {
       const bool tf32 = precision == cuda::Precision::TF32;
-      INFO((tf32 ? "TF32" : "BF16") << " rows " << L.rows << " groups " << L.count());
+      INFO((tf32 ? "TF32" : "BF16") << " in " << in << " out " << out << " rows " << L.rows << " groups " << L.count());
       const auto round = [&](float v) { return tf32 ? tf32_reference(v) : bf16_reference(v); };
       const double min_effect = tf32 ? 2e-5 : 2e-4;
       const int G = L.count();
@@ -327,6 +338,26 @@ TEST_CASE("grouped linear on tensor cores (TF32, BF16): rounded operands, fp32 a
       expect_close(db, "db (full precision)");
       expect_untouched(y.fetch(), y.initial, "y", out, L.lo(), L.hi());
       expect_untouched(dx.fetch(), dx.initial, "dx", in, L.lo(), L.hi());
+      // x's rows through an index list: table[perm[r]] = x[r], index r = perm[r].
+      std::vector<token_t> perm(static_cast<std::size_t>(R));
+      std::iota(perm.begin(), perm.end(), token_t(0));
+      for (std::size_t r = perm.size(); r > 1; --r) std::swap(perm[r - 1], perm[std::size_t(rng.integer(0, int(r) - 1))]);
+      std::vector<T> shuffled(x.initial.size());
+      for (std::size_t r = 0; r < perm.size(); ++r)
+        std::copy_n(x.initial.begin() + std::ptrdiff_t(r) * in, in, shuffled.begin() + std::ptrdiff_t(perm[r]) * in);
+      Arr<T> table(shuffled), y2(y.initial), dx2(dx.initial), dw2(dw.initial), db2(db.initial);
+      auto idx = Arr<T, token_t>(perm);
+      const std::span<const token_t> id(idx.d.span());
+      be.set_precision(precision);
+      be.grouped_linear_forward(y2.dm(R, out), table.dm(R, in), id, wd, per_group<const T>(b.d.data(), G, out), g.d());
+      be.grouped_linear_backward(dx2.dm(R, in), per_group(dw2.d.data(), G, out * in), per_group(db2.d.data(), G, out),
+                                 dy.dm(R, out), table.dm(R, in), id, wd, g.d());
+      be.set_precision(cuda::Precision::TF32);
+      for (auto [a, b2, name] : {std::tuple{&y, &y2, "y"}, std::tuple{&dx, &dx2, "dx"}, std::tuple{&dw, &dw2, "dw"},
+                                 std::tuple{&db, &db2, "db"}}) {
+        INFO(name << " through the index list");
+        CHECK(differing(a->fetch(), b2->fetch()) == 0);
+      }
     }
 }
 
@@ -568,14 +599,6 @@ TEST_CASE("grouped ops: host shape errors as the cpu's, bad offsets and indices 
   }
   be.sync();
 }
-
-namespace {
-// Elements of a and b that differ (a count: Catch would print the vectors).
-std::size_t differing(const std::vector<float>& a, const std::vector<float>& b) {
-  return std::inner_product(a.begin(), a.end(), b.begin(), std::size_t(0), std::plus<>(),
-                            [](float u, float v) { return std::size_t(u != v); });
-}
-}  // namespace
 
 // The weight gradients take the 128 × 128 tile only where it gives at least dw_wide_tile_blocks blocks, the 64 ×
 // 64 one below: 30 groups of a 260 × 260 dW_g is 270 blocks of the wide tile in one launch; each group alone is 9
