@@ -1,7 +1,7 @@
 #pragma once
-// CPU emulation of the part of CUDA's warp matrix API (nvcuda::wmma, <mma.h>) that the tensor-core
-// paths use (grouped GEMM: kernels/grouped_linear.cuh; dense attention: kernels/attention_tc.cuh), plus a bf16
-// storage type: tests only, under MOM_CUDA_EMULATE (see emulate.hpp).
+// CPU emulation of the part of CUDA's warp matrix API (nvcuda::wmma, <mma.h>) that the wmma tensor-core paths use
+// (the attention's wmma kernels: kernels/attention_tc.cuh, attention_packed_tc.cuh; the mma.sync kernels emulate
+// their PTX in kernels/mma.cuh), plus a bf16 storage type: tests only, under MOM_CUDA_EMULATE (see emulate.hpp).
 //
 // Model: on a GPU a fragment is spread over the 32 lanes of a warp; here every thread holds the
 // whole tile (x[] in logical row-major order), loads it whole, multiplies it whole and stores it

@@ -1,6 +1,7 @@
 #pragma once
-// The grouped GEMMs' tile cores (grouped_linear.cuh runs them): the operands' tile loads (a row list fused in), the
-// SIMT tile and the wmma tensor-core tile (TF32; gemm_tile_mma.cuh has the bf16 tile on mma.sync).
+// The grouped GEMMs' tile core on the CUDA cores (grouped_linear.cuh runs it; gemm_tile_mma.cuh has the tensor-core
+// tile) and what the tensor-core kernels share: the paths, the staged element types and roundings (the tensor-core
+// attention stages with them too), a row list fused into an operand's loads.
 #include <type_traits>
 
 #include "mom/backend/cuda/kernels/common.cuh"
@@ -32,12 +33,12 @@ namespace dev {
 //   gemm_simt  tile 64 × 64, k steps of 16; 4 × 4 outputs per thread at rows ty + 16a, columns
 //              tx + 16b (the 16 lanes of a half-warp read consecutive shared columns), fp32/fp64 FMAs:
 //              Precision::FP32 (gemm_tile).
-//   gemm_tf32  operands rounded to TF32 (cvt.rna) when staged; wmma m16n16k8 on tensor cores,
-//              fp32 accumulate: Precision::TF32 (the default, as cuBLAS' FAST_TF32) (gemm_tile_tc).
+//   gemm_tf32  operands rounded to TF32 (cvt.rna) when staged; mma.sync m16n8k8 on tensor cores, fp32
+//              accumulate, k steps of 16: Precision::TF32 (the default, as cuBLAS' FAST_TF32; gemm_tile_mma.cuh).
 //   gemm_bf16  operands converted to bf16 (round to nearest even) when staged; mma.sync m16n8k16, fp32
-//              accumulate, k steps of 32, 16-byte loads: Precision::BF16 (gemm_tile_mma.cuh).
-// The tensor-core paths take a 128 × 128 tile: the 8 warps tile it as 2 (rows) × 4 (columns) of 64 × 32 (the TF32
-// wmma tile: four × two 16 × 16 accumulators a warp, k steps of 16). The weight gradients (grouped_dw_kernel: one
+//              accumulate, k steps of 32: Precision::BF16 (gemm_tile_mma.cuh).
+// The tensor-core paths take a 128 × 128 tile: the 8 warps tile it as 2 (rows) × 4 (columns) of 64 × 32 (16-byte
+// loads, 4 × 4 accumulators of 16 × 8 a warp). The weight gradients (grouped_dw_kernel: one
 // block per output tile and group, each looping over its group's rows) take the 64 × 64 tile where the 128 × 128 one
 // would give fewer than dw_wide_tile_blocks blocks (small dW_g: four times the blocks, the same sums in the same
 // order). They need sm_80; where the kernels were not compiled for it the launchers take the SIMT path
@@ -62,14 +63,12 @@ __device__ __forceinline__ float from_stage(bf16_t x) { return __bfloat162float(
 __device__ __forceinline__ float from_stage(float x) { return x; }
 __device__ __forceinline__ double from_stage(double x) { return x; }
 
-// TF32 / bf16 wmma need sm_80; code compiled for older targets has no tensor-core tile (with_gemm_path
-// takes the SIMT path there).
+// TF32 needs sm_80; code compiled for older targets has no tensor-core kernels (with_gemm_path and the attention's
+// dispatch take the SIMT paths there).
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-inline constexpr bool wmma_available = true;
-using tf32_tag = nvcuda::wmma::precision::tf32;
+using tf32_tag = nvcuda::wmma::precision::tf32;  // the TF32 attention's wmma element tag
 __device__ __forceinline__ float to_tf32(float v) { return nvcuda::wmma::__float_to_tf32(v); }
 #else
-inline constexpr bool wmma_available = false;
 struct tf32_tag;
 __device__ __forceinline__ float to_tf32(float v) { return v; }
 #endif
@@ -207,114 +206,6 @@ __device__ void gemm_tile(T (&acc)[4][4], T& asum, bool want_asum, const T* A, i
       __syncthreads();
       if (t < gemm_bm) asum += (red[0][t] + red[1][t]) + (red[2][t] + red[3][t]);
     }
-  }
-}
-
-// The TF32 tensor-core tile (see above): BM × BM outputs (128, or 64 for small weight gradients), k steps of
-// bk, operands staged as S with rows ld apart (wmma's ldm: a multiple of 16 bytes; the fragments' rows 32-byte
-// aligned). The 8 warps are 2 (rows) × 4 (columns) of BM / 2 × BM / 4, fi × fj accumulators each.
-template <int Path, int BM = 128>
-struct TcGemmTile {
-  static_assert(Path == gemm_tf32, "the wmma tile is TF32's (bf16: gemm_tile_mma.cuh)");
-  static_assert(BM == 128 || BM == 64, "the tensor-core tile is 128 x 128 or 64 x 64");
-  static constexpr int bm = BM, bn = BM, fi = BM / 32, fj = BM / 64;
-  static constexpr int bk = 16, kf = 8;  // k step, wmma k
-  static constexpr int ld = bm + 4;
-  static constexpr int stage_ld = 16;  // a warp's fp32 staging of one accumulator in the epilogue (in the A and B buffers)
-  static_assert(bm * bk % gemm_threads == 0);
-};
-
-// The TF32 wmma tile: C(m0 + i, n0 + j) = Σ_{k<K} A(m0 + i, k) · B(k, n0 + j) for i, j < BM, each passed to
-// epi(i, j, value) once (rows and columns past M, N too: the epilogue checks). Warp w owns rows BM / 2·(w % 2) ..
-// and columns BM / 4·(w / 2) ..; after the last step each warp stores its accumulators one at a time into its own
-// staging in the (then free) operand buffers and calls epi from there. want_asum (A not KC): thread t < BM gets
-// asum += Σ_k A(m0 + t, k) as gemm_tile does (thread t loads only row t % BM of A). Every thread must call it. Each
-// output's products are the same k-ordered chain at either BM (the same bits).
-template <bool AKC, bool BKC, int Path, int BM, class Epi>
-__device__ void gemm_tile_tc(float& asum, bool want_asum, const float* A, index_t lda, const float* B, index_t ldb,
-                             index_t M, index_t N, index_t K, index_t m0, index_t n0, RowList arows, RowList brows,
-                             Epi&& epi) {
-  if constexpr (wmma_available) {
-    namespace wm = nvcuda::wmma;
-    using Tile = TcGemmTile<Path, BM>;
-    using S = typename GemmStage<float, Path>::type;
-    using FragT = tf32_tag;
-    constexpr int BN = Tile::bn, BK = Tile::bk, LD = Tile::ld, KF = Tile::kf, SLD = Tile::stage_ld;
-    constexpr int FI = Tile::fi, FJ = Tile::fj, WR = BM / 2, WC = BM / 4;  // a warp's accumulators, rows, columns
-    constexpr int Q = BM * BK / gemm_threads;
-    alignas(128) __shared__ S Ops[2][2][BK][LD];  // [A, B][double buffer]
-    S(&As)[2][BK][LD] = Ops[0];
-    S(&Bs)[2][BK][LD] = Ops[1];
-    static_assert(sizeof(Ops) >= sizeof(float) * 8 * 16 * SLD, "the epilogue's staging must fit in the operand buffers");
-    const int t = threadIdx.x, warp = t / 32, lane = t % 32, wm_ = warp % 2, wn_ = warp / 2;
-    wm::fragment<wm::accumulator, 16, 16, KF, float> c[FI][FJ];
-#pragma unroll
-    for (int i = 0; i < FI; ++i)
-#pragma unroll
-      for (int j = 0; j < FJ; ++j) wm::fill_fragment(c[i][j], 0.0f);
-    float part = 0.0f;
-    const index_t steps = (K + BK - 1) / BK;
-    if (steps > 0) {
-      float ra[Q], rb[Q];
-      gemm_load<float, AKC, BM, BK>(ra, A, lda, M, K, m0, 0, arows);
-      if (!AKC && want_asum) part += gemm_part_sum(ra);
-      gemm_store<float, AKC, Path, BM, BK, LD>(As[0], ra);
-      gemm_load<float, BKC, BN, BK>(rb, B, ldb, N, K, n0, 0, brows);
-      gemm_store<float, BKC, Path, BN, BK, LD>(Bs[0], rb);
-      __syncthreads();
-      for (index_t s = 0; s < steps; ++s) {
-        const int cur = int(s & 1);
-        const bool next = s + 1 < steps;
-        if (next) {
-          gemm_load<float, AKC, BM, BK>(ra, A, lda, M, K, m0, (s + 1) * BK, arows);
-          if (!AKC && want_asum) part += gemm_part_sum(ra);
-          gemm_load<float, BKC, BN, BK>(rb, B, ldb, N, K, n0, (s + 1) * BK, brows);
-        }
-#pragma unroll
-        for (int kk = 0; kk < BK; kk += KF) {
-          wm::fragment<wm::matrix_a, 16, 16, KF, FragT, wm::col_major> af[FI];
-          wm::fragment<wm::matrix_b, 16, 16, KF, FragT, wm::row_major> bf[FJ];
-#pragma unroll
-          for (int i = 0; i < FI; ++i) wm::load_matrix_sync(af[i], &As[cur][kk][wm_ * WR + 16 * i], LD);
-#pragma unroll
-          for (int j = 0; j < FJ; ++j) wm::load_matrix_sync(bf[j], &Bs[cur][kk][wn_ * WC + 16 * j], LD);
-#pragma unroll
-          for (int i = 0; i < FI; ++i)
-#pragma unroll
-            for (int j = 0; j < FJ; ++j) wm::mma_sync(c[i][j], af[i], bf[j], c[i][j]);
-        }
-        if (next) {
-          gemm_store<float, AKC, Path, BM, BK, LD>(As[cur ^ 1], ra);
-          gemm_store<float, BKC, Path, BN, BK, LD>(Bs[cur ^ 1], rb);
-        }
-        __syncthreads();  // step s's buffer is free and step s + 1's is complete
-      }
-    }
-    float* stage = reinterpret_cast<float*>(&Ops[0][0][0][0]) + warp * 16 * SLD;
-#pragma unroll
-    for (int i = 0; i < FI; ++i)
-#pragma unroll
-      for (int j = 0; j < FJ; ++j) {
-        wm::store_matrix_sync(stage, c[i][j], SLD, wm::mem_row_major);
-        __syncwarp();
-        for (int e = lane; e < 256; e += 32)
-          epi(wm_ * WR + 16 * i + e / 16, wn_ * WC + 16 * j + e % 16, stage[(e / 16) * SLD + e % 16]);
-        __syncwarp();
-      }
-    if constexpr (!AKC) {
-      if (want_asum) {  // the same for every thread of the block
-        __shared__ float red[gemm_threads / BM][BM];
-        red[t / BM][t % BM] = part;
-        __syncthreads();
-        if (t < BM) {
-          if constexpr (BM == 128) asum += red[0][t] + red[1][t];
-          else asum += (red[0][t] + red[1][t]) + (red[2][t] + red[3][t]);  // as gemm_tile's
-        }
-      }
-    }
-  } else {
-    (void)asum, (void)want_asum, (void)A, (void)lda, (void)B, (void)ldb, (void)M, (void)N, (void)K, (void)m0, (void)n0,
-        (void)arows, (void)brows, (void)epi;  // never launched (with_gemm_path)
   }
 }
 

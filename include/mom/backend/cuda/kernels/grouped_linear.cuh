@@ -1,6 +1,6 @@
 #pragma once
 // The grouped GEMMs (grouped_kernels.hpp: linear_forward, linear_backward_dx, linear_backward_dw): one tiled kernel
-// per product on the tile cores of gemm_tile.cuh (SIMT, TF32 wmma) and gemm_tile_mma.cuh (bf16 mma.sync).
+// per product on the tile cores of gemm_tile.cuh (SIMT) and gemm_tile_mma.cuh (TF32 / bf16 on mma.sync).
 #include <type_traits>
 
 #include "mom/backend/cuda/kernels/gemm_tile.cuh"
@@ -30,10 +30,8 @@ __device__ void gemm_run(T& asum, bool want_asum, const T* A, index_t lda, const
 #pragma unroll
         for (int j = 0; j < 4; ++j) epi(ty + 16 * i, tx + 16 * j, acc[i][j]);
     }
-  } else if constexpr (Path == gemm_tf32) {
-    gemm_tile_tc<AKC, BKC, Path, BM>(asum, want_asum, A, lda, B, ldb, M, N, K, m0, n0, arows, brows, epi);
   } else {
-    gemm_tile_mma<AKC, BKC, BM>(asum, want_asum, A, lda, B, ldb, M, N, K, m0, n0, arows, brows, epi);
+    gemm_tile_mma<AKC, BKC, Path, BM>(asum, want_asum, A, lda, B, ldb, M, N, K, m0, n0, arows, brows, epi);
   }
 }
 

@@ -1,12 +1,16 @@
 #pragma once
-// Warp-level bf16 matrix products through PTX (mma.sync m16n8k16, ldmatrix) with the fragment layouts the PTX ISA
-// documents, for kernels that work on their accumulators in registers: attention_mma.cuh keeps the softmax on the
-// score fragments and feeds P from registers to the next product (FlashAttention-2's way, arXiv:2307.08691), which
-// wmma's opaque fragment layout does not allow. g = lane / 4, t = lane % 4; a 32-bit register holds two bf16, the
+// Warp-level bf16 and tf32 matrix products through PTX (mma.sync m16n8k16 / m16n8k8, ldmatrix) with the fragment
+// layouts the PTX ISA documents, for kernels that work on their accumulators in registers: attention_mma.cuh keeps
+// the softmax on the score fragments and feeds P from registers to the next product (FlashAttention-2's way,
+// arXiv:2307.08691), which wmma's opaque fragment layout does not allow; gemm_tile_mma.cuh (the grouped GEMMs' tile)
+// reads its accumulators in place in the epilogue. g = lane / 4, t = lane % 4; a 32-bit register holds two bf16, the
 // lower index in the low half:
 //   A (16 × 16, row major)  a[0]: (g, 2t..2t+1)   a[1]: (g + 8, 2t..)   a[2]: (g, 2t + 8..)   a[3]: (g + 8, 2t + 8..)
 //   B (16 × 8, "col")       b[0]: (2t..2t+1, g)   b[1]: (2t + 8.., g)
 //   C, D (16 × 8, fp32)     c[0], c[1]: (g, 2t), (g, 2t + 1)         c[2], c[3]: (g + 8, 2t), (g + 8, 2t + 1)
+// and for mma.sync m16n8k8 tf32 (one element a register; gemm_tile_mma.cuh loads them without ldmatrix):
+//   A (16 × 8)  a[0]: (g, t)   a[1]: (g + 8, t)   a[2]: (g, t + 4)   a[3]: (g + 8, t + 4)
+//   B (8 × 8)   b[0]: (t, g)   b[1]: (t + 4, g)                      C, D as above
 // The C fragments of two adjacent 8-column tiles are, packed to bf16, the A fragment of their 16 columns
 // (mma_a_from_c). ldmatrix x4: lanes 8i .. 8i + 7 give the addresses of matrix i's 8 rows (8 bf16, 16 bytes each);
 // register i of lane l gets matrix i's (l / 4, 2(l % 4)..+1), or with .trans its (2(l % 4), l / 4) and
@@ -82,6 +86,27 @@ inline void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
     d[e] = s;
   }
 }
+// d += a b (16 × 8 × 8, tf32: each register one element, already rounded to tf32).
+inline void mma_tf32(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  struct Regs {
+    u32 a[4], b[2];
+  };
+  Regs all[32];
+  emu_warp_all(Regs{{a[0], a[1], a[2], a[3]}, {b0, b1}}, all);
+  const auto f = [](u32 r) {
+    float v;
+    std::memcpy(&v, &r, sizeof v);
+    return v;
+  };
+  const int l = threadIdx.x % 32, g = l / 4, t = l % 4;
+  for (int e = 0; e < 4; ++e) {
+    const int row = g + 8 * (e / 2), col = 2 * t + (e & 1);
+    float s = d[e];
+    for (int k = 0; k < 8; ++k)
+      s += f(all[4 * (row % 8) + k % 4].a[(row >= 8) + 2 * (k >= 4)]) * f(all[4 * col + k % 4].b[k >= 4]);
+    d[e] = s;
+  }
+}
 #else
 __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half
@@ -105,6 +130,12 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], smem_addr row) {
 }
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
