@@ -19,6 +19,8 @@
 #      bench/pytorch_gpu_train_step.py (PyTorch's GPT-2 small, bf16 autocast, eager and torch.compile) in the same
 #      call, one after the other on an otherwise idle GPU, and an Nsight Compute summary of one dense bf16 step
 #      (and of one MoM_P step with MOM_GPU_NCU_MOM=1);
+#      bench_gpu_grouped (the grouped GEMMs' TFLOP/s beside cuBLAS on the same rows; MOM_GPU_GROUPED_BEFORE=<binary>
+#      an older build of it first);
 #      with MOM_GPU_FAMILIES=1, every family's step time over dense8's beside the cost model's FLOP ratio (or those
 #      of MOM_GPU_FAMILY_ARCHS="dense8 ..."); with
 #      MOM_GPU_PROFILE="arch ...", Nsight Compute's kernel times of two steps of each (scripts/ncu_summary.py);
@@ -110,6 +112,13 @@ if [ "${MOM_GPU_BENCH:-0}" = 1 ]; then
     timeout 240 "$bench" --batch 8 --seq 1024 --reps 10 >"$out/bench.txt" 2>&1
     note "bench_gpu_train_step: exit $?"; grep -E "^ |step /" "$out/bench.txt" | tee -a "$summary"
   fi
+  # The grouped GEMMs beside cuBLAS on the same rows (with MOM_GPU_GROUPED_BEFORE=<binary>, an older build first).
+  grouped="$(dirname "$bench")/bench_gpu_grouped"
+  for g in ${MOM_GPU_GROUPED_BEFORE:+"$repo/$MOM_GPU_GROUPED_BEFORE"} "$grouped"; do
+    [ -x "$g" ] || continue
+    timeout 120 "$g" >"$out/grouped-$(basename "$(dirname "$g")").txt" 2>&1
+    note "bench_gpu_grouped ($g): exit $?"; sed -n '/^Summary/,$p' "$out/grouped-$(basename "$(dirname "$g")").txt" | tee -a "$summary"
+  done
   fpt=$(sed -n 's/.*params, \([0-9.]*\) MFLOP\/token.*/\1/p' "$out/bench.txt" 2>/dev/null | head -1)
   if [ "${MOM_GPU_PYTORCH:-1}" = 1 ]; then
     timeout 240 python3 bench/pytorch_gpu_train_step.py ${fpt:+--flops-per-token $(python3 -c "print(3e6*$fpt)")} \

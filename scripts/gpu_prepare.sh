@@ -5,7 +5,8 @@
 # with the device tool's run: carry=[".gpu-deps"] (about 17 MB), then run scripts/gpu_run.sh or
 # scripts/gpu_check.sh there.
 #
-# With --build it also builds test_cuda, mom-train, bench_gpu_train_step and bench_gpu_decode here for the H100 / H200
+# With --build it also builds test_cuda, mom-train, bench_gpu_train_step, bench_gpu_decode and bench_gpu_grouped here
+# for the H100 / H200
 # (sm_90, without -march=native: the GPU machine's CPU is another model; no MPI or NCCL: their libraries are not
 # there) in build-gpucarry/ and puts them, stripped, in .gpu-deps/bin; then carry=[".gpu-deps/bin",
 # ".gpu-deps/kjv.txt"] (and ".gpu-deps/gpt2" for MOM_GPU_COMPARE=1) and MOM_GPU_BIN=.gpu-deps/bin
@@ -36,7 +37,7 @@ fi
 if [ "${1:-}" = --build ]; then
   cmake -S "$repo" -B "$repo/build-gpucarry" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOM_CUDA=ON -DMOM_MPI=OFF -DMOM_NCCL=OFF \
     -DMOM_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=90-real -DMOM_BUILD_TESTS=ON -DMOM_BUILD_EXAMPLES=ON -DMOM_BUILD_BENCH=ON
-  targets=(tests/cuda/test_cuda examples/mom-train bench/bench_gpu_train_step bench/bench_gpu_decode)
+  targets=(tests/cuda/test_cuda examples/mom-train bench/bench_gpu_train_step bench/bench_gpu_decode bench/bench_gpu_grouped)
   cmake --build "$repo/build-gpucarry" --target "${targets[@]##*/}"
   mkdir -p "$repo/.gpu-deps/bin"
   for t in "${targets[@]}"; do strip -o "$repo/.gpu-deps/bin/${t##*/}" "$repo/build-gpucarry/$t"; done

@@ -223,7 +223,7 @@ class RoutedOps : public DenseOps<T> {
   // host: every kernel reads them in device memory (grouped_kernels.hpp), so a routed step has no
   // host-device synchronisation. Offsets outside [0, rows] or decreasing are reported at the next
   // sync (the CPU throws at once). The grouped GEMMs are mom's own kernels (not cuBLAS); in float they
-  // follow the precision setting: TF32 and BF16 on tensor cores (wmma, operands rounded when staged,
+  // follow the precision setting: TF32 and BF16 on tensor cores (mma.sync, operands rounded when staged,
   // fp32 accumulate), FP32 on the CUDA cores; the bias gradient is always summed in full precision.
   using GK = GroupedKernels<T>;
 

@@ -173,9 +173,13 @@ __device__ void gemm_tile_mma(float& asum, bool want_asum, const float* A, index
       for (int e = 0; e < 4; ++e) c[i][j][e] = 0.0f;
   float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const auto add_part = [&](const float4 (&r)[Q]) {
-    if (AKC || !want_asum) return;
+    if constexpr (!AKC) {
+      if (!want_asum) return;
 #pragma unroll
-    for (int q = 0; q < Q; ++q) part[0] += r[q].x, part[1] += r[q].y, part[2] += r[q].z, part[3] += r[q].w;
+      for (int q = 0; q < Q; ++q) part[0] += r[q].x, part[1] += r[q].y, part[2] += r[q].z, part[3] += r[q].w;
+    } else {
+      (void)r;
+    }
   };
   const index_t steps = (K + BK - 1) / BK;
   if (steps > 0) {
