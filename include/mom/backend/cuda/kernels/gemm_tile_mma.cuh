@@ -38,7 +38,8 @@ struct MmaGemmTile {
   static constexpr int bk = bf16 ? 32 : 16, kf = bf16 ? 16 : 8;  // a step's k, one product's k
   static constexpr int fi = BM / 32, fj = BM / 32;              // a warp's 16-row and 8-column accumulator tiles
   // Stored rows: [i][k] (KC) and [k][i]. KC rows of 80 bytes (bf16 40, fp32 20 elements) put ldmatrix's 8 rows and
-  // the tf32 fragments' (g, t) reads in distinct banks; [k][i] rows of BM + 8 elements (≡ 8 or 16 banks a row).
+  // the tf32 fragments' (g, t) reads in distinct banks; [k][i] rows of BM + 8 elements (a row 4 banks on from the last
+  // for bf16, 8 for fp32: again distinct).
   static constexpr int ld_kc = bk + (bf16 ? 8 : 4), ld_kn = BM + 8;
   static constexpr int stage = BM * ld_kc > bk * ld_kn ? BM * ld_kc : bk * ld_kn;  // one operand's elements
   static constexpr int chunks = BM * bk / 4 / gemm_threads;  // float4s a thread loads per operand and step
