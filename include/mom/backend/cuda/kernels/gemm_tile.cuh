@@ -24,8 +24,9 @@ namespace dev {
 // double-buffered shared memory (one barrier per step; the next step's elements are loaded into
 // registers while the current one is multiplied). Element (i, k) of an operand (i = row of A or column
 // of B) is at p[i·ld + k] when KC ("k contiguous") and at p[k·ld + i] otherwise; each layout is loaded
-// with its contiguous index fastest across threads (coalesced) and stored k-major into shared memory (A
-// column-major, B row-major). Out-of-range elements load as 0. The three layouts: forward A = x (KC),
+// with its contiguous index fastest across threads (coalesced); the SIMT tile stores it k-major into shared memory
+// (A column-major, B row-major), the tensor-core tile in the orientation it was loaded in (gemm_tile_mma.cuh).
+// Out-of-range elements load as 0. The three layouts: forward A = x (KC),
 // B = W_g (KC); dx A = dy (KC), B = W_g (not KC); dW A = dyᵀ (not KC), B = x (not KC). Each output goes
 // to the kernel's epilogue, epi(row in tile, column in tile, value).
 //
@@ -99,6 +100,11 @@ __device__ __forceinline__ typename GemmStage<T, Path>::type stage_value(T v) {
 struct RowList {
   const token_t* rows = nullptr;
   index_t bound = 0;
+  // The memory row of operand line `line` into row; false where the list's entry is outside [0, bound) (read as 0).
+  __device__ __forceinline__ bool memory_row(index_t line, index_t& row) const {
+    row = rows ? index_t(rows[line]) : line;
+    return !rows || (row >= 0 && row < bound);
+  }
 };
 
 // A [TI × TK] tile of an operand (TI rows of A or columns of B, TK of k) into TI·TK / 256 registers a thread.
@@ -113,9 +119,8 @@ __device__ __forceinline__ void gemm_load(T (&r)[TI * TK / gemm_threads], const 
     const index_t gi = i0 + i, gk = k0 + k;
     r[q] = T(0);
     if (gi < ni && gk < nk) {
-      index_t row = KC ? gi : gk;  // the memory row (KC: i, else k)
-      if (rl.rows) row = rl.rows[row];
-      if (!rl.rows || (row >= 0 && row < rl.bound)) r[q] = p[row * ld + (KC ? gk : gi)];
+      index_t row;  // the memory row (KC: i's, else k's)
+      if (rl.memory_row(KC ? gi : gk, row)) r[q] = p[row * ld + (KC ? gk : gi)];
     }
   }
 }

@@ -64,9 +64,8 @@ __device__ __forceinline__ void mma_gemm_load(float4 (&r)[Tile::chunks], const f
     const index_t c0 = (KC ? k0 : i0) + 4 * (e % PL), cn = KC ? nk : ni;
     float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (line < lines) {
-      index_t row = line;
-      if (rl.rows) row = rl.rows[line];
-      if (!rl.rows || (row >= 0 && row < rl.bound)) {
+      index_t row;
+      if (rl.memory_row(line, row)) {
         const float* src = p + row * ld + c0;
         if (vec && c0 + 4 <= cn) {
           const float4 f = *reinterpret_cast<const float4*>(src);
