@@ -6,7 +6,8 @@
 //
 //   bench_gpu_decode [--only dense8,momp,gpt2-small] [--tokens N]
 //
-// Without a GPU it prints one line and exits 0 (CI builds it).
+// Without a GPU it prints one line and exits 0 (built with the benchmarks, MOM_BUILD_BENCH; the test command does
+// not build them).
 #include <cuda_runtime_api.h>
 
 #include <cstdio>

@@ -11,7 +11,8 @@
 // one call (dx, dW and db from one bf16 staging of dy under BF16), so its row stands beside the grouped dx + dW.
 // A compact table (TFLOP/s only) comes last.
 //
-// Without a GPU it prints one line and exits 0 (CI builds it).
+// Without a GPU it prints one line and exits 0 (built with the benchmarks, MOM_BUILD_BENCH; the test command does
+// not build them).
 #include <cuda_runtime_api.h>
 
 #include <chrono>

@@ -13,7 +13,8 @@
 // dense bf16 tensor-core peak (H100 / H200 SXM: 989.4 TFLOP/s; pass --peak for another GPU). The TF32
 // rows are also given against the TF32 peak (half of it).
 //
-// Without a GPU it prints one line and exits 0 (CI builds it). Numbers from an H100: bench/RESULTS.md.
+// Without a GPU it prints one line and exits 0 (built with the benchmarks, MOM_BUILD_BENCH; the test command does
+// not build them). Numbers from an H100: bench/RESULTS.md.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>

@@ -3,7 +3,8 @@
 # root, after scripts/gpu_prepare.sh here and with carry=[".gpu-deps"]):
 #   1. configure for the GPU in the machine and build test_cuda and mom-train (its CUDA code included); or, with
 #      MOM_GPU_BIN=<folder>, use the binaries built on the development machine (scripts/gpu_prepare.sh --build puts
-#      test_cuda, mom-train, bench_gpu_train_step and bench_gpu_decode in .gpu-deps/bin: no device minutes on a build),
+#      test_cuda, mom-train, bench_gpu_train_step, bench_gpu_decode and bench_gpu_grouped in .gpu-deps/bin: no device
+#      minutes on a build),
 #   2. test_cuda: the cross-backend suite, the Trainer on CUDA against the CPU among it (tests/cuda/),
 #   3. mom-train on KJV (.gpu-deps/kjv.txt), dense8 and mom8-p, 300 steps of 16 x 128 bytes: on the GPU in tf32
 #      and bf16, validation every 50 steps, beside the CPU's curves of the same commands: MOM_GPU_CPU_RUNS=<folder>
@@ -60,7 +61,8 @@ if ! cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DMOM_CUDA=ON -DCMAKE_CU
   note "configure FAILED (configure.txt)"; tail -20 "$out/configure.txt"; exit 1
 fi
 t=$(date +%s)
-if ! cmake --build build-gpu -j"$jobs" --target test_cuda mom-train $([ "${MOM_GPU_BENCH:-0}" = 1 ] && echo bench_gpu_train_step) >"$out/build.txt" 2>&1; then
+if ! cmake --build build-gpu -j"$jobs" --target test_cuda mom-train \
+      $([ "${MOM_GPU_BENCH:-0}" = 1 ] && echo bench_gpu_train_step bench_gpu_decode bench_gpu_grouped) >"$out/build.txt" 2>&1; then
   note "build FAILED (build.txt)"; grep -m 20 -E "error" "$out/build.txt"; exit 1
 fi
 note "build: $(( $(date +%s) - t )) s"
