@@ -201,7 +201,7 @@ std::string cpu_model() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  cpu::limit_openmp_spinning(argv);  // GOMP_SPINCOUNT=1000 unless the environment says otherwise
+  cpu::limit_openmp_spinning(argv);  // GOMP_SPINCOUNT=cpu::kOpenmpSpinCount unless the environment says otherwise
   const bool peak_only = argc > 1 && std::strcmp(argv[1], "--peak-only") == 0;
 #if defined(MOM_BENCH_OPENBLAS)
   if (peak_only) {

@@ -653,7 +653,7 @@ int under_load(index_t batch, index_t seq, int reps) {
 }
 
 int main(int argc, char** argv) {
-  cpu::limit_openmp_spinning(argv);  // GOMP_SPINCOUNT=1000 unless the environment says otherwise
+  cpu::limit_openmp_spinning(argv);  // GOMP_SPINCOUNT=cpu::kOpenmpSpinCount unless the environment says otherwise
   index_t batch = 16, seq = 256;
   int reps = 7;
   std::string only;
