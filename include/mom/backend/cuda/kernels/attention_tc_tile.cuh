@@ -126,7 +126,7 @@ __device__ __forceinline__ void tc_stage(typename TcLayout<Path, HD>::S* dst, co
 #pragma unroll
       for (int k = 0; k < batch; ++k) {
         const int e = threadIdx.x + (b0 + k) * tc_threads, rr = e / H4, c = (e % H4) * 4;
-        v[k] = r0 + rr < seq ? *reinterpret_cast<const float4*>(base + (r0 + rr) * ld + col0 + c)
+        v[k] = r0 + rr < seq ? load16<float4>(base + (r0 + rr) * ld + col0 + c)
                              : float4{0.0f, 0.0f, 0.0f, 0.0f};
       }
 #pragma unroll
@@ -175,8 +175,8 @@ __device__ __forceinline__ void tc_stage_dout(typename TcLayout<Path, HD>::S* sd
           const int c = 4 * (t + tpr * v);
           g[p][v] = o[p][v] = float4{0.0f, 0.0f, 0.0f, 0.0f};
           if (r < seq) {
-            g[p][v] = *reinterpret_cast<const float4*>(dbase + r * dld + col0 + c);
-            o[p][v] = *reinterpret_cast<const float4*>(obase + r * old_ + col0 + c);
+            g[p][v] = load16<float4>(dbase + r * dld + col0 + c);
+            o[p][v] = load16<float4>(obase + r * old_ + col0 + c);
           }
         }
       }

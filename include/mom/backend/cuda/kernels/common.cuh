@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -191,10 +193,35 @@ __device__ __forceinline__ void report(int* error, DeviceError code, index_t pos
   }
 }
 
+// 16-byte vector loads and stores (float4, uint4) of global or shared memory: on a GPU the address must be 16-byte
+// aligned (a misaligned one faults, "misaligned address"); the emulation, which would read any address, checks it.
+__device__ __forceinline__ void check_aligned16([[maybe_unused]] const void* p, [[maybe_unused]] const char* what) {
+#if defined(MOM_CUDA_EMULATE)
+  if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) {
+    std::fprintf(stderr, "mom CUDA emulation: %s at %p is not 16-byte aligned (thread %u of block %u)\n", what, p,
+                 threadIdx.x, blockIdx.x);
+    std::abort();
+  }
+#endif
+}
+template <class V, class E>
+__device__ __forceinline__ V load16(const E* p) {
+  static_assert(sizeof(V) == 16);
+  check_aligned16(p, "a 16-byte load");
+  return *reinterpret_cast<const V*>(p);
+}
+template <class V, class E>
+__device__ __forceinline__ void store16(E* p, const V& v) {
+  static_assert(sizeof(V) == 16);
+  check_aligned16(p, "a 16-byte store");
+  *reinterpret_cast<V*>(p) = v;
+}
+
 // p[0..3] += v, each element atomically: one vector atomic (sm_90 and later, global memory) where p is 16-byte
 // aligned (the caller knows: aligned), else four scalar ones. The vector atomic is not emulated (MOM_CUDA_EMULATE
 // compiles the scalar ones); the sums are the same either way, their order is not fixed in either.
 __device__ __forceinline__ void atomic_add4(float* p, float4 v, [[maybe_unused]] bool aligned) {
+  if (aligned) check_aligned16(p, "a vector atomic");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (aligned) {
     atomicAdd(reinterpret_cast<float4*>(p), v);

@@ -68,7 +68,7 @@ __device__ __forceinline__ void mma_gemm_load(float4 (&r)[Tile::chunks], const f
       if (rl.memory_row(line, row)) {
         const float* src = p + row * ld + c0;
         if (vec && c0 + 4 <= cn) {
-          const float4 f = *reinterpret_cast<const float4*>(src);
+          const float4 f = load16<float4>(src);
           v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
         } else {
 #pragma unroll
@@ -94,7 +94,7 @@ __device__ __forceinline__ void mma_gemm_store(typename Tile::E* s, const float4
     if constexpr (Tile::bf16)
       *reinterpret_cast<Four*>(d) = Four{pack_bf16x2(r[q].x, r[q].y), pack_bf16x2(r[q].z, r[q].w)};
     else
-      *reinterpret_cast<float4*>(d) = float4{to_tf32(r[q].x), to_tf32(r[q].y), to_tf32(r[q].z), to_tf32(r[q].w)};
+      store16(d, float4{to_tf32(r[q].x), to_tf32(r[q].y), to_tf32(r[q].z), to_tf32(r[q].w)});
   }
 }
 

@@ -54,11 +54,11 @@ __device__ __forceinline__ void to_bf16_chunk(std::uint16_t* out, index_t out_ld
   const float* src = in.data + r * in.ld + c0;
   std::uint16_t* dst = out + r * out_ld + c0;
   if (vec && r < in.rows && c0 + bf16_chunk <= in.cols) {
-    const float4 a = *reinterpret_cast<const float4*>(src), b = *reinterpret_cast<const float4*>(src + 4);
+    const float4 a = load16<float4>(src), b = load16<float4>(src + 4);
     const auto pair = [](float lo, float hi) { return unsigned(bf16_bits(lo)) | (unsigned(bf16_bits(hi)) << 16); };
     uint4 o;
     o.x = pair(a.x, a.y), o.y = pair(a.z, a.w), o.z = pair(b.x, b.y), o.w = pair(b.z, b.w);
-    *reinterpret_cast<uint4*>(dst) = o;
+    store16(dst, o);
     if constexpr (Sums) {
       s[0] += a.x, s[1] += a.y, s[2] += a.z, s[3] += a.w;
       s[4] += b.x, s[5] += b.y, s[6] += b.z, s[7] += b.w;

@@ -20,8 +20,6 @@
 // what the hardware does (each product's sum in fp32, k in order, from the accumulator). Needs sm_80 (bf16 mma):
 // code compiled for older targets is empty (MOM_MMA_BF16 undefined) and its kernels are never launched.
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 
 #include "mom/backend/cuda/kernels/common.cuh"
@@ -51,15 +49,10 @@ inline float bf16_half(u32 r, int hi) {
 using smem_addr = const unsigned char*;
 inline smem_addr smem_address(const void* p) { return static_cast<smem_addr>(p); }
 // row: this lane's row address (16-byte aligned, 8 bf16) of matrix lane / 8.
-// Each lane's row address must be 16-byte aligned (the PTX ISA's ldmatrix rule; a GPU faults or reads the wrong
-// bytes otherwise): checked here, since the emulation could read any address.
+// Each lane's row address must be 16-byte aligned (the PTX ISA's ldmatrix rule): checked (common.cuh).
 template <bool Trans>
 inline void ldmatrix_x4_impl(u32 (&r)[4], smem_addr row) {
-  if (reinterpret_cast<std::uintptr_t>(row) % 16 != 0) {
-    std::fprintf(stderr, "mom CUDA emulation: ldmatrix row address %p of lane %u is not 16-byte aligned\n",
-                 static_cast<const void*>(row), threadIdx.x % 32);
-    std::abort();
-  }
+  check_aligned16(row, "an ldmatrix row address");
   smem_addr rows[32];
   emu_warp_all(row, rows);
   const int l = threadIdx.x % 32;
