@@ -14,9 +14,10 @@
 // their own and the round-robin goes on from there. The order of execution is the same either way.
 // __shared__ variables are function statics (one block at a time uses them). A thread that
 // returns stops counting at barriers, as on a GPU; threads waiting at different barriers forever
-// (divergent __syncthreads) abort the run with a message. What it cannot show: races that only a
-// real GPU's scheduling exposes, memory-model subtleties, resource limits (registers, shared
-// memory size), performance.
+// (divergent __syncthreads) abort the run with a message, as do launches past the device's limits
+// (emu_check_launch) and misaligned 16-byte accesses (common.cuh's check_aligned16). What it cannot
+// show: races that only a real GPU's scheduling exposes, memory-model subtleties, registers and static
+// shared memory (nvcc reports those), performance.
 #if !defined(MOM_CUDA_EMULATE)
 #error "mom/backend/cuda/emulate.hpp is only for builds with MOM_CUDA_EMULATE"
 #endif
@@ -358,8 +359,26 @@ inline void emulate_run(dim3 grid, dim3 block, const std::function<void()>& fn, 
 // kernel<<<grid, block, smem_bytes>>>: runs body() now, or (a stream being captured) records it to run when the
 // graph is launched; body then owns copies of the kernel's arguments (launch() passes them by value). A recorded
 // launch is a node of its graph, not a launch.
+// The launch limits of the largest GPU the backend targets (sm_90: 1024 threads a block, block.z <= 64, grid.y and
+// grid.z <= 65535, 227 KB of dynamic shared memory a block after cudaFuncSetAttribute): a launch past them fails on
+// the device ("invalid configuration argument", or "too many resources requested"), so the emulation refuses it too.
+// (A kernel's static shared memory, at most 48 KB, is checked by nvcc.)
+inline constexpr std::size_t emu_max_dynamic_smem = 227 * 1024;
+inline void emu_check_launch(dim3 grid, dim3 block, std::size_t smem_bytes) {
+  const unsigned long long threads = 1ull * block.x * block.y * block.z;
+  if (threads == 0 || threads > 1024 || block.z > 64 || grid.y > 65535 || grid.z > 65535 || grid.x > 0x7fffffffu ||
+      smem_bytes > emu_max_dynamic_smem) {
+    std::fprintf(stderr,
+                 "mom CUDA emulation: launch of grid (%u, %u, %u), block (%u, %u, %u), %zu bytes of dynamic shared "
+                 "memory exceeds the device's limits\n",
+                 grid.x, grid.y, grid.z, block.x, block.y, block.z, smem_bytes);
+    std::abort();
+  }
+}
+
 template <class F>
 void emulate_launch(dim3 grid, dim3 block, F&& body, std::size_t smem_bytes = 0) {
+  emu_check_launch(grid, block, smem_bytes);
   if (!mom_emu_capturing()) mom_emu_note_launch();
   mom_emu_enqueue([grid, block, smem_bytes, fn = std::function<void()>(std::forward<F>(body))] {
     emulate_run(grid, block, fn, smem_bytes);
