@@ -408,7 +408,7 @@ __global__ void attention_mma_backward_kernel(MatrixView<float> dqkv, MatrixView
   const float* dbase = dout.data + b * L.seq * dout_ld;
   const float* obase = out.data + b * L.seq * L.out_ld;
   const bool active = w0 < L.seq;
-  const bool dq_aligned = dqkv_ld % 4 == 0 && reinterpret_cast<std::uintptr_t>(dqkv.data + h * L.hd) % 16 == 0;
+  const bool dq_aligned = dqkv_ld % 4 == 0 && aligned16(dqkv.data + h * L.hd);
   const index_t kj[2] = {w0 + g, w0 + g + 8};  // this lane's keys: they see the queries [key, seq)
   const index_t lo[2] = {kj[0], kj[1]}, hi[2] = {kj[0] < L.seq ? L.seq : 0, kj[1] < L.seq ? L.seq : 0};
 

@@ -274,7 +274,7 @@ __global__ void attention_packed_tc_backward_kernel(MatrixView<float> dq, DKV dk
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const index_t h = blockIdx.y, col0 = h * L.hd;
   // dQ's vector atomics need every row's head slice 16-byte aligned (the usual layouts).
-  const bool dq_aligned = dq.ld % 4 == 0 && reinterpret_cast<std::uintptr_t>(dq.data + col0) % 16 == 0;
+  const bool dq_aligned = dq.ld % 4 == 0 && aligned16(dq.data + col0);
   index_t j0;
   if (!tc_packed_key_rows<Path, HD>(L, info, kv, col0, sK, sV, j0)) return;
   TcAcc<Path> dk[NO], dv[NO];
@@ -360,7 +360,7 @@ __global__ void attention_packed_mma_backward_kernel(MatrixView<float> dq, DKV d
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
   const index_t h = blockIdx.y, col0 = h * L.hd;
-  const bool dq_aligned = dq.ld % 4 == 0 && reinterpret_cast<std::uintptr_t>(dq.data + col0) % 16 == 0;
+  const bool dq_aligned = dq.ld % 4 == 0 && aligned16(dq.data + col0);
   index_t j0;
   if (!tc_packed_key_rows<gemm_bf16, HD>(L, info, kv, col0, sm.k, sm.v, j0)) return;
   MmaKeyGrads<HD> acc;

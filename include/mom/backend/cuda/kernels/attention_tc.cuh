@@ -125,7 +125,7 @@ __global__ void attention_tc_backward_kernel(MatrixView<float> dqkv, MatrixView<
   const float* obase = out.data + b * L.seq * L.out_ld;
   const bool active = w0 < L.seq;
   // dQ's vector atomics need every row's head slice 16-byte aligned (the usual layouts: ld and head dim multiples of 4).
-  const bool dq_aligned = dqkv_ld % 4 == 0 && reinterpret_cast<std::uintptr_t>(dqkv.data + h * L.hd) % 16 == 0;
+  const bool dq_aligned = dqkv_ld % 4 == 0 && aligned16(dqkv.data + h * L.hd);
 
   tc_stage<Path, HD>(sK, base, L.qkv_ld, j0, L.seq, L.d + h * L.hd);
   tc_stage<Path, HD>(sV, base, L.qkv_ld, j0, L.seq, 2 * L.d + h * L.hd);

@@ -117,7 +117,7 @@ template <int Path, int HD, int Batch = 8>
 __device__ __forceinline__ void tc_stage(typename TcLayout<Path, HD>::S* dst, const float* base, index_t ld,
                                          index_t r0, index_t seq, index_t col0) {
   constexpr int LD = TcLayout<Path, HD>::ld;
-  if (ld % 4 == 0 && reinterpret_cast<std::uintptr_t>(base + col0) % 16 == 0) {
+  if (ld % 4 == 0 && aligned16(base + col0)) {
     constexpr int H4 = HD / 4, per = tc_tile * H4 / tc_threads, batch = Batch;
     static_assert(per % batch == 0);
 #pragma unroll
@@ -157,8 +157,7 @@ __device__ __forceinline__ void tc_stage_dout(typename TcLayout<Path, HD>::S* sd
                                               const float* lse_bh, index_t r0, index_t seq, index_t col0,
                                               index_t lse_stride = 1) {
   constexpr int LD = TcLayout<Path, HD>::ld;
-  if (dld % 4 == 0 && old_ % 4 == 0 && reinterpret_cast<std::uintptr_t>(dbase + col0) % 16 == 0 &&
-      reinterpret_cast<std::uintptr_t>(obase + col0) % 16 == 0) {
+  if (dld % 4 == 0 && old_ % 4 == 0 && aligned16(dbase + col0) && aligned16(obase + col0)) {
     constexpr int tpr = 16;                    // threads per row (a half warp)
     constexpr int per = HD / 4 / tpr;          // float4s of a row per thread: 1 or 2
     constexpr int rows = tc_threads / tpr;     // rows per pass: 8

@@ -195,9 +195,11 @@ __device__ __forceinline__ void report(int* error, DeviceError code, index_t pos
 
 // 16-byte vector loads and stores (float4, uint4) of global or shared memory: on a GPU the address must be 16-byte
 // aligned (a misaligned one faults, "misaligned address"); the emulation, which would read any address, checks it.
+// aligned16: the test, also for a caller choosing between vector and element accesses.
+__host__ __device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 __device__ __forceinline__ void check_aligned16([[maybe_unused]] const void* p, [[maybe_unused]] const char* what) {
 #if defined(MOM_CUDA_EMULATE)
-  if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) {
+  if (!aligned16(p)) {
     std::fprintf(stderr, "mom CUDA emulation: %s at %p is not 16-byte aligned (thread %u of block %u)\n", what, p,
                  threadIdx.x, blockIdx.x);
     std::abort();

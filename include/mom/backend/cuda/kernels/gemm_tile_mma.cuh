@@ -162,8 +162,8 @@ __device__ void gemm_tile_mma(float& asum, bool want_asum, const float* A, index
     a_lane = mma_lane_a(&Ops[0][0][0], LDA, !AKC) + (AKC ? mma_block(wr, 0, LDA) : mma_block(0, wr, LDA));
     b_lane = mma_lane_b(&Ops[0][1][0], LDB, !BKC) + (BKC ? mma_block(wc, 0, LDB) : mma_block(0, wc, LDB));
   }
-  const bool avec = lda % 4 == 0 && (reinterpret_cast<std::uintptr_t>(A) & 15) == 0;
-  const bool bvec = ldb % 4 == 0 && (reinterpret_cast<std::uintptr_t>(B) & 15) == 0;
+  const bool avec = lda % 4 == 0 && aligned16(A);
+  const bool bvec = ldb % 4 == 0 && aligned16(B);
   float c[FI][FJ][4];
 #pragma unroll
   for (int i = 0; i < FI; ++i)

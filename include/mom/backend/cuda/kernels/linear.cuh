@@ -127,8 +127,7 @@ void to_bf16(const Context& ctx, std::uint16_t* out, index_t out_ld, MatrixView<
   if (n > 0) mom_emu_note_staging(static_cast<std::size_t>(n) * sizeof(float));  // a staging copy (budget tests)
 #endif
   rows = std::max(rows, in.rows), cols = std::max(cols, in.cols);
-  const auto aligned16 = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
-  const bool vec = in.ld % 4 == 0 && out_ld % dev::bf16_chunk == 0 && aligned16(in.data) && aligned16(out);
+  const bool vec = in.ld % 4 == 0 && out_ld % dev::bf16_chunk == 0 && dev::aligned16(in.data) && dev::aligned16(out);
   const index_t chunks = (cols + dev::bf16_chunk - 1) / dev::bf16_chunk;
   if (col_sums) {
     const dim3 grid(dev::blocks_exact(chunks, dev::sum_chunk_threads),
