@@ -59,7 +59,7 @@ if [ "${1:-}" = --build ]; then
   if [ "${2:-}" = --before ]; then
     rev="${3:?gpu_prepare.sh --build --before REV: which commit}"
     rev="$(git -C "$repo" rev-parse --verify "$rev^{commit}")"
-    wt="$(mktemp -d)/before"
+    wt="$(mktemp -d)"  # empty: git worktree add fills it, worktree remove deletes it
     git -C "$repo" worktree add --detach "$wt" "$rev" >/dev/null
     trap 'git -C "$repo" worktree remove --force "$wt"' EXIT
     for b in gpu_train_step gpu_grouped; do  # a GPU bench REV lacks: this tree's, against REV's headers
