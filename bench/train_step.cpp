@@ -330,6 +330,15 @@ struct TimingBackend : cpu::Backend<T> {
     timed(kLayerNorm,
           [&] { Base::grouped_layernorm_backward(dx, dgamma, dbeta, dout, x, mean, rstd, gamma, g, dx_store); });
   }
+  void grouped_layernorm_forward(M out, S mean, S rstd, CM x, Tok idx, CPG gamma, CPG beta, RowGroups g,
+                                 T eps = T(1e-5)) const {
+    timed(kLayerNorm, [&] { Base::grouped_layernorm_forward(out, mean, rstd, x, idx, gamma, beta, g, eps); });
+  }
+  void grouped_layernorm_backward(M dx, PG dgamma, PG dbeta, CM dout, CM x, Tok idx, CS mean, CS rstd, CPG gamma,
+                                  RowGroups g, Store dx_store = Store::add) const {
+    timed(kLayerNorm,
+          [&] { Base::grouped_layernorm_backward(dx, dgamma, dbeta, dout, x, idx, mean, rstd, gamma, g, dx_store); });
+  }
   void gelu_forward(M out, CM x, RowGroups g) const { timed(kElementwise, [&] { Base::gelu_forward(out, x, g); }); }
   void gelu_backward(M dx, CM x, CM dout, RowGroups g, Store st = Store::add) const {
     timed(kElementwise, [&] { Base::gelu_backward(dx, x, dout, g, st); });

@@ -419,6 +419,36 @@ TEMPLATE_TEST_CASE("grouped layernorm forward/backward match cpu", "[cuda][group
                                           std::span<const T>(r2.ds()), per_group<const T>(ga.d.data(), G, d), g.d(),
                                           Store::overwrite);
       expect_close(dx3, "dx overwritten", d, L.lo(), L.hi());
+      // x's rows through an index list (a routed FFN's LayerNorm reading its token rows in place): table[perm[r]] =
+      // x[r], index r = perm[r]; the same results as above.
+      std::vector<token_t> perm(static_cast<std::size_t>(R));
+      std::iota(perm.begin(), perm.end(), token_t(0));
+      for (std::size_t r = perm.size(); r > 1; --r) std::swap(perm[r - 1], perm[std::size_t(rng.integer(0, int(r) - 1))]);
+      std::vector<T> shuffled(x.h.size());
+      for (std::size_t r = 0; r < perm.size(); ++r)
+        std::copy_n(x.h.begin() + std::ptrdiff_t(r) * d, d, shuffled.begin() + std::ptrdiff_t(perm[r]) * d);
+      Arr<T> table(shuffled), out4(const_arr<T>(R * d, T(-3.25)).h), mean4(const_arr<T>(R, T(-3.25)).h),
+          rstd4(mean4.h), dx4(dx3.h), dg4(dg2.h), db4(db.h);
+      auto idx = Arr<T, token_t>(perm);
+      host<T>().grouped_layernorm_forward(out4.hm(R, d), mean4.hs(), rstd4.hs(), table.hm(R, d), perm,
+                                          per_group<const T>(ga.h.data(), G, d), per_group<const T>(be.h.data(), G, d),
+                                          g.h());
+      gpu<T>().grouped_layernorm_forward(out4.dm(R, d), mean4.ds(), rstd4.ds(), table.dm(R, d), idx.d.span(),
+                                         per_group<const T>(ga.d.data(), G, d), per_group<const T>(be.d.data(), G, d),
+                                         g.d());
+      expect_close(out4, "out, x through the index", d, L.lo(), L.hi());
+      expect_close(mean4, "mean, x through the index", 1, L.lo(), L.hi());
+      host<T>().grouped_layernorm_backward(dx4.hm(R, d), per_group(dg4.h.data(), G, d), per_group(db4.h.data(), G, d),
+                                           dout.hm(R, d), table.hm(R, d), perm, std::span<const T>(m2.hs()),
+                                           std::span<const T>(r2.hs()), per_group<const T>(ga.h.data(), G, d), g.h(),
+                                           Store::overwrite);
+      gpu<T>().grouped_layernorm_backward(dx4.dm(R, d), per_group(dg4.d.data(), G, d), per_group(db4.d.data(), G, d),
+                                          dout.dm(R, d), table.dm(R, d), idx.d.span(), std::span<const T>(m2.ds()),
+                                          std::span<const T>(r2.ds()), per_group<const T>(ga.d.data(), G, d), g.d(),
+                                          Store::overwrite);
+      expect_close(dx4, "dx, x through the index", d, L.lo(), L.hi());
+      expect_close(dg4, "dgamma, x through the index");
+      expect_close(db4, "dbeta, x through the index");
     }
 }
 

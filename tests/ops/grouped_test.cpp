@@ -415,6 +415,82 @@ TEST_CASE("grouped_linear over gathered rows equals gather + grouped_linear, bit
   omp_set_num_threads(saved_threads);
 }
 
+// The gathered grouped LayerNorm (grouped_layernorm_forward / _backward with a row list: a routed FFN's LayerNorm reads
+// its token rows in place of a gathered copy, modules/ffn.hpp): equal to the gather followed by the plain grouped op,
+// bit for bit where the rows sit at the same alignment (d a multiple of 16 floats in 64-byte aligned buffers, as in
+// every model here), in double and in float on 2 threads (rows past the threads' threshold), with dx added to and written;
+// rows outside the groups untouched; an index out of range is one clear error.
+TEST_CASE("grouped_layernorm over gathered rows equals gather + grouped_layernorm, bit for bit", "[ops][grouped]") {
+  auto run = [](auto zero, index_t d, index_t Tn, const std::vector<token_t>& off, std::uint64_t seed) {
+    using T = decltype(zero);
+    const int gcount = int(off.size()) - 1;
+    const RowGroups gr{off.data(), gcount};
+    const index_t rows = off.back() + 2;  // two rows after the groups: never read or written
+    Rng rng(seed);
+    auto to_t = [](const std::vector<double>& v) { return std::vector<T>(v.begin(), v.end()); };
+    // The table and the gathered copy 64-byte aligned, as the models' buffers: Eigen's vectorised row sums start at
+    // an aligned address, so rows at different alignments may sum in a different order (rounding-level).
+    using Aligned = std::vector<T, Eigen::aligned_allocator<T>>;
+    const auto tv = test::random_vec(std::size_t(Tn * d), rng, -2, 2);
+    const Aligned table(tv.begin(), tv.end());
+    const auto gamma = to_t(test::random_vec(std::size_t(gcount * (d + 3)), rng));
+    const auto beta = to_t(test::random_vec(std::size_t(gcount * (d + 3)), rng));
+    const auto dout = to_t(test::random_vec(std::size_t(rows * d), rng));
+    auto pg = [&](auto* base) { return PerGroup<std::remove_pointer_t<decltype(base)>>(base, gcount, [&](int g) { return g * (d + 3); }); };
+    std::vector<token_t> idx(std::size_t(rows), -1);  // -1 outside the groups: never read
+    for (index_t r = off.front(); r < off.back(); ++r) idx[std::size_t(r)] = token_t(rng.integer(0, int(Tn) - 1));
+    Aligned xg(std::size_t(rows * d), T(0));
+    for (index_t r = off.front(); r < off.back(); ++r)
+      std::copy_n(table.data() + idx[std::size_t(r)] * d, d, xg.data() + r * d);
+    cpu::Backend<T> be;
+    std::vector<T> y_ref(std::size_t(rows * d), T(-7.25)), y(y_ref), mean_ref(std::size_t(rows), T(3)), mean(mean_ref),
+        rstd_ref(mean_ref), rstd(mean_ref);
+    be.grouped_layernorm_forward(MatrixView<T>{y_ref.data(), rows, d}, std::span<T>(mean_ref), std::span<T>(rstd_ref),
+                                 MatrixView<const T>{xg.data(), rows, d}, pg(gamma.data()), pg(beta.data()), gr);
+    be.grouped_layernorm_forward(MatrixView<T>{y.data(), rows, d}, std::span<T>(mean), std::span<T>(rstd),
+                                 MatrixView<const T>{table.data(), Tn, d}, idx, pg(gamma.data()), pg(beta.data()), gr);
+    CHECK(y == y_ref);
+    CHECK(mean == mean_ref);
+    CHECK(rstd == rstd_ref);
+    CHECK(y.back() == T(-7.25));
+    for (const Store st : {Store::add, Store::overwrite}) {
+      INFO((st == Store::add ? "dx added to" : "dx written"));
+      std::vector<T> dx_ref(std::size_t(rows * d), T(0.25)), dx(dx_ref), dg_ref(gamma.size(), T(0.5)), dg(dg_ref),
+          db_ref(beta.size(), T(0.75)), db(db_ref);
+      be.grouped_layernorm_backward(MatrixView<T>{dx_ref.data(), rows, d}, pg(dg_ref.data()), pg(db_ref.data()),
+                                    MatrixView<const T>{dout.data(), rows, d}, MatrixView<const T>{xg.data(), rows, d},
+                                    std::span<const T>(mean_ref), std::span<const T>(rstd_ref), pg(gamma.data()), gr, st);
+      be.grouped_layernorm_backward(MatrixView<T>{dx.data(), rows, d}, pg(dg.data()), pg(db.data()),
+                                    MatrixView<const T>{dout.data(), rows, d}, MatrixView<const T>{table.data(), Tn, d},
+                                    idx, std::span<const T>(mean), std::span<const T>(rstd), pg(gamma.data()), gr, st);
+      CHECK(dx == dx_ref);
+      CHECK(dg == dg_ref);
+      CHECK(db == db_ref);
+      CHECK(dx.back() == T(0.25));
+    }
+    return idx;
+  };
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(2);
+  auto idx = run(0.0, 6, 7, offsets, 31);  // the file's 11 rows: an empty group, rows before and after the groups
+  run(0.0f, 256, 300, {0, 150, 150, 420}, 32);  // 420 rows of 256 columns: both threads
+  omp_set_num_threads(saved_threads);
+
+  Be be;
+  const index_t d = 6, Tn = 7;
+  std::vector<double> table(std::size_t(Tn * d), 1.0), gamma(std::size_t(G * (d + 3)), 1.0), y(std::size_t(R * d)),
+      mean(R), rstd(R);
+  const auto pg = per_group<const double>(gamma.data(), d);
+  idx[4] = token_t(Tn);
+  CHECK_THROWS_WITH(be.grouped_layernorm_forward(test::mat(y, R, d), mean, rstd, test::cmat(table, Tn, d), idx, pg, pg,
+                                                 groups),
+                    Catch::Contains("grouped_layernorm_forward: idx[4] = 7 is out of range [0, 7) for x [7x6]"));
+  CHECK_THROWS_WITH(be.grouped_layernorm_backward(test::mat(y, R, d), PerGroup<double>{}, PerGroup<double>{},
+                                                  test::cmat(y, R, d), test::cmat(table, Tn, d),
+                                                  std::span<const token_t>(idx).first(5), mean, rstd, pg, groups),
+                    Catch::Contains("grouped_layernorm_backward: 5 row indices for dout [11x6]"));
+}
+
 // dy as scaled rows of a table (ScaledRows: dy[r] = scale[r] · table[index[r]], the routed experts' dL/dy read inside
 // W₂'s products): equal, bit for bit, to writing dy out and calling the stored form, in float (mom's GEMM: the
 // scale in both packings, a group above one k block of the weight-gradient product, groups of 1 and 3 rows at the

@@ -4,8 +4,9 @@
 //   select:   softmax / top-K of one router step's logits, the K picked weights (renormalised),
 //             the n×K (token, pick) slots grouped by class with a stable counting sort (causal
 //             order kept inside a group), the weights in group order, the balance loss
-//   FFN:      one gather of the grouped rows (routing/dispatch.hpp), the grouped ops (core/groups.hpp) run module m
-//             over exactly its group's rows, one weighted scatter-add into the output; a module no
+//   FFN:      one gather of the grouped rows (routing/dispatch.hpp; none where the module reads its rows in place,
+//             ReadsRowsInPlace), the grouped ops (core/groups.hpp) run module m over exactly its group's rows, one
+//             weighted scatter-add into the output; a module no
 //             token picked costs nothing, the SKIP class (the last, >= the number of modules) is
 //             never touched, and the group offsets stay in backend memory: on a GPU the host
 //             never waits for the routing decision
@@ -31,15 +32,19 @@ namespace mom::dispatch {
 template <class Ffn, Dims D>
 struct RoutedFfn {
   static constexpr index_t d = D.d_model;
+  // A module that reads its rows through the routed rows' token index (modules/module.hpp, ReadsRowsInPlace:
+  // FeedForward) is given the layer's input and that index; the rows are gathered into x first for the others.
+  static constexpr bool in_place = ReadsRowsInPlace<Ffn>;
 
-  // Packed rows (n·K, group order): gathered inputs x, outputs y, the modules' activations.
+  // Packed rows (n·K, group order): gathered inputs x (only where the module does not read them in place),
+  // outputs y, the modules' activations.
   struct Saved {
     index_t x = 0, y = 0;
     typename Ffn::Saved ffn{};
   };
   static constexpr Saved plan(Arena& a, index_t rows) {
     Saved s{};
-    s.x = a.take(rows * d);
+    if constexpr (!in_place) s.x = a.take(rows * d);
     s.ffn = Ffn::plan(a, 1, rows);
     s.y = a.take(rows * d);
     return s;
@@ -59,25 +64,40 @@ struct RoutedFfn {
     if constexpr (!TokenMixerOn<Ffn, Be, T>) return;
     else {
       const index_t rows = in.rows * k;
-      routed_forward(be, routed_rows(static_cast<const T*>(ws), sel, modules, in.rows, k), in, MatrixView<T>{ws + s.x, rows, d},
-                     MatrixView<T>{ws + s.y, rows, d}, out, [&](MatrixView<const T> xg, MatrixView<T> y, RowGroups g) {
-                       checked<Ffn>::forward_grouped(be, PerGroup<const T>(p, modules, offset), ws, s.ffn, xg, y, g);
-                     });
+      const auto rr = routed_rows(static_cast<const T*>(ws), sel, modules, in.rows, k);
+      const PerGroup<const T> pg(p, modules, offset);
+      const MatrixView<T> y{ws + s.y, rows, d};
+      if constexpr (in_place) {
+        checked<Ffn>::forward_grouped(be, pg, ws, s.ffn, in, rr.token, y, rr.groups);
+        combine(be, rr, MatrixView<const T>(y), out);
+      } else {
+        routed_forward(be, rr, in, MatrixView<T>{ws + s.x, rows, d}, y, out,
+                       [&](MatrixView<const T> xg, MatrixView<T> yg, RowGroups g) {
+                         checked<Ffn>::forward_grouped(be, pg, ws, s.ffn, xg, yg, g);
+                       });
+      }
     }
   }
 
   // The modules' backward, after weighted_scatter_backward put dL/dy in dy: parameter gradients
-  // into g, input gradients scatter-added into din.
+  // into g, input gradients scatter-added into din. in: the forward's input.
   template <class Be, class T, class ParamOffset>
   static void backward(Be& be, const T* p, T* grads, const T* ws, const Saved& s, const Selection& sel, int modules,
-                       ParamOffset offset, const T* dy, MatrixView<T> din, T* scratch, index_t k) {
+                       ParamOffset offset, MatrixView<const T> in, const T* dy, MatrixView<T> din, T* scratch,
+                       index_t k) {
     if constexpr (TokenMixerOn<Ffn, Be, T>) {
       const index_t rows = din.rows * k;
       const auto rr = routed_rows(ws, sel, modules, din.rows, k);
       const MatrixView<T> dxg{scratch, rows, d};
-      checked<Ffn>::backward_grouped(be, PerGroup<const T>(p, modules, offset), PerGroup<T>(grads, modules, offset), ws, s.ffn,
-                            MatrixView<const T>{ws + s.x, rows, d}, dxg, MatrixView<const T>{dy, rows, d},
-                            scratch + rows * d, rr.groups, Store::overwrite);
+      const PerGroup<const T> pg(p, modules, offset);
+      const PerGroup<T> gg(grads, modules, offset);
+      const MatrixView<const T> cdy{dy, rows, d};
+      if constexpr (in_place)
+        checked<Ffn>::backward_grouped(be, pg, gg, ws, s.ffn, in, rr.token, dxg, cdy, scratch + rows * d, rr.groups,
+                                       Store::overwrite);
+      else
+        checked<Ffn>::backward_grouped(be, pg, gg, ws, s.ffn, MatrixView<const T>{ws + s.x, rows, d}, dxg, cdy,
+                                       scratch + rows * d, rr.groups, Store::overwrite);
       gather_backward(be, rr, MatrixView<const T>(dxg), din);
     }
   }

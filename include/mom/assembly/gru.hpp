@@ -151,7 +151,7 @@ struct Executor<GRU, A, D> : WorkspaceViews {
     typename Attn::template GroupedSaved<NA> attn{};
     index_t xg = 0, ya = 0;
     index_t u = 0;
-    typename RoutedFfn::Saved ffn{};  // FFN: gathered inputs, outputs, activations (packed)
+    typename RoutedFfn::Saved ffn{};  // FFN: outputs, activations (packed; gathered inputs for a module that needs them)
     index_t x_next = 0;
   };
   struct Plan {
@@ -324,7 +324,7 @@ struct Executor<GRU, A, D> : WorkspaceViews {
       weighted_scatter_backward(be, ws, r.rf, r.ffn.y, NF, dres, s, sc, n);
       route_backward(be, p, g, ws, r.rf, rf, EF, u, sf_prev, dres, dsf[h % 2], h > 0 ? dsf[(h + 1) % 2] : nullptr, s, sc,
                      n);
-      RoutedFfn::backward(be, p, g, ws, r.ffn, r.rf, NF, ffn_offset, sc + s.dy, dres, sc + s.dxg, Kp);
+      RoutedFfn::backward(be, p, g, ws, r.ffn, r.rf, NF, ffn_offset, u, sc + s.dy, dres, sc + s.dxg, Kp);
 
       // Attention half-round.
       weighted_scatter_backward(be, ws, r.ra, r.ya, NA, dres, s, sc, n);

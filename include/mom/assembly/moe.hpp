@@ -141,8 +141,8 @@ struct MoEStep {
     if constexpr (VerifyExpertGateOn<Gate, Be, T>::ok)
       Gate::backward(be, p + router_offset, g + router_offset, ws, s.gate, in, dres,
                      std::span<const T>(scratch + sc.dwp, std::size_t(rows * Kp)), scratch + sc.gate);
-    RoutedFfn::backward(be, p, g, ws, s.ffn, selection(s), E, [&](int e) { return expert_offset[e]; }, scratch + sc.dy,
-                        dres, scratch + sc.ffn, Kp);
+    RoutedFfn::backward(be, p, g, ws, s.ffn, selection(s), E, [&](int e) { return expert_offset[e]; }, in,
+                        scratch + sc.dy, dres, scratch + sc.ffn, Kp);
   }
 
   // The gate's update between optimizer steps (GateWithBufferUpdate; a no-op for gates without one).

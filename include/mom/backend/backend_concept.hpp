@@ -143,6 +143,8 @@ concept GroupedOps = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, s
   be.grouped_layernorm_forward(m, s, s, cm, cpg, cpg, g);
   be.grouped_layernorm_backward(m, pg, pg, cm, cm, cs, cs, cpg, g);
   be.grouped_layernorm_backward(m, pg, pg, cm, cm, cs, cs, cpg, g, Store::overwrite);  // dx overwritten
+  be.grouped_layernorm_forward(m, s, s, cm, tok, cpg, cpg, g);  // gathered: row r normalises x[tok[r]]
+  be.grouped_layernorm_backward(m, pg, pg, cm, cm, tok, cs, cs, cpg, g, Store::overwrite);
   be.gelu_forward(m, cm, g);
   be.gelu_backward(m, cm, cm, g);
   be.gelu_backward(m, cm, cm, g, Store::overwrite);

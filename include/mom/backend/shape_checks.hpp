@@ -74,6 +74,13 @@ void layernorm_forward_shapes(CM<T> out, CS<T> mean, CS<T> rstd, CM<T> x, CS<T> 
   MOM_CHECK(ssize(gamma) == x.cols && ssize(beta) == x.cols, "layernorm_forward: gamma/beta have ", gamma.size(), "/",
             beta.size(), " elements for x ", shape(x));
 }
+// A LayerNorm over gathered rows: `rows` [r × d] (its output or its output's gradient) normalises x's rows
+// idx[0 .. r); the indices' range is checked where they are read.
+template <class T>
+void gathered_norm_shapes(const char* op, const char* name, CM<T> rows, CM<T> x, std::span<const token_t> idx) {
+  MOM_CHECK(rows.cols == x.cols, op, ": ", name, " ", shape(rows), " must have x ", shape(x), "'s ", x.cols, " columns");
+  MOM_CHECK(ssize(idx) == rows.rows, op, ": ", idx.size(), " row indices for ", name, " ", shape(rows));
+}
 template <class T>
 void layernorm_backward_shapes(CM<T> dx, CS<T> dgamma, CS<T> dbeta, CM<T> dout, CM<T> x, CS<T> mean, CS<T> rstd,
                                CS<T> gamma) {

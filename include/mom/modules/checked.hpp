@@ -155,6 +155,35 @@ struct checked {
     }
   }
 
+  // ---- the same reading x's rows through x_idx in place of a gathered copy (ReadsRowsInPlaceOn, modules/module.hpp)
+  template <class Be, class T, class S>
+  static void forward_grouped(Be& be, PerGroup<const T> p, Ptr<T> ws, const S& saved, CMV<T> x,
+                              std::span<const token_t> x_idx, MV<T> f_out, RowGroups groups) {
+    if constexpr (requires { M::forward_grouped(be, p, ws, saved, x, x_idx, f_out, groups); }) {
+      M::forward_grouped(be, p, ws, saved, x, x_idx, f_out, groups);
+      detail::verify_workspace_guards<M, Be>(ws, "forward_grouped");
+    } else
+      static_assert(dependent_false<M>,
+                    "mom module: reads_rows_in_place is set, but no member `static void forward_grouped(Be&, "
+                    "PerGroup<const T> p, T* ws, const Saved&, MatrixView<const T> x, std::span<const token_t> x_idx, "
+                    "MatrixView<T> f_out, RowGroups)` takes these arguments on this backend (modules/module.hpp)");
+  }
+  template <class Be, class T, class S>
+  static void backward_grouped(Be& be, PerGroup<const T> p, std::type_identity_t<PerGroup<T>> g, CPtr<T> ws,
+                               const S& saved, CMV<T> x, std::span<const token_t> x_idx, MV<T> dx, CMV<T> df,
+                               Ptr<T> scratch, RowGroups groups, Store dx_store) {
+    if constexpr (requires { M::backward_grouped(be, p, g, ws, saved, x, x_idx, dx, df, scratch, groups, dx_store); }) {
+      detail::arm_scratch_guard<Be>(scratch, M::scratch(1, df.rows));
+      M::backward_grouped(be, p, g, ws, saved, x, x_idx, dx, df, scratch, groups, dx_store);
+      detail::verify_scratch_guard<M, Be>(scratch, M::scratch(1, df.rows), "backward_grouped");
+    } else
+      static_assert(dependent_false<M>,
+                    "mom module: reads_rows_in_place is set, but no member `static void backward_grouped(Be&, "
+                    "PerGroup<const T> p, PerGroup<T> g, const T* ws, const Saved&, MatrixView<const T> x, "
+                    "std::span<const token_t> x_idx, MatrixView<T> dx, MatrixView<const T> df, T* scratch, RowGroups, "
+                    "Store)` takes these arguments on this backend (modules/module.hpp)");
+  }
+
   // ---- a routed sequence mixer over row groups, keys from `keys` (RoutedSequenceMixerOn) ----
   template <KeySource keys, class Be, class T, class S>
   static void forward_routed(Be& be, PerGroup<const T> p, Ptr<T> ws, const S& saved, CMV<T> x, CMV<T> xg,

@@ -104,24 +104,42 @@ struct FeedForward {
   template <class Be, class T>
   static void forward_grouped(Be& be, PerGroup<const T> p, T* ws, const Saved& s, MatrixView<const T> x,
                               MatrixView<T> f_out, RowGroups gr) {
-    using detail::mat, detail::vec;
-    const index_t n = x.rows;
-    const auto ln = mat(ws, s.ln, n, d);
-    const auto pre = mat(ws, s.pre, n, f), act = mat(ws, s.act, n, f);
-    be.grouped_layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, p.plus(o_ln_w), p.plus(o_ln_b), gr);
-    be.grouped_linear_forward(pre, MatrixView<const T>(ln), p.plus(o_w_fc), p.plus(o_b_fc), gr);
-    be.gelu_forward(act, MatrixView<const T>(pre), gr);
-    be.grouped_linear_forward(f_out, MatrixView<const T>(act), p.plus(o_w_proj), p.plus(o_b_proj), gr);
+    forward_grouped(be, p, ws, s, x, std::span<const token_t>{}, f_out, gr);
   }
-
   // dx += dL/dx over the groups' rows (Store::overwrite: dx = it). The scratch gradients are written, not
   // accumulated, so nothing is zeroed first.
   template <class Be, class T>
   static void backward_grouped(Be& be, PerGroup<const T> p, PerGroup<T> g, const T* ws, const Saved& s,
                                MatrixView<const T> x, MatrixView<T> dx, MatrixView<const T> df, T* scratch,
                                RowGroups gr, Store dx_store = Store::add) {
+    backward_grouped(be, p, g, ws, s, x, std::span<const token_t>{}, dx, df, scratch, gr, dx_store);
+  }
+
+  // The same with packed row r reading x's row x_idx[r] (modules/module.hpp, ReadsRowsInPlace): only the
+  // LayerNorm reads x, through the index, so a routed executor never gathers the rows (empty x_idx: x's own rows).
+  static constexpr bool reads_rows_in_place = true;
+  template <class Be, class T>
+  static void forward_grouped(Be& be, PerGroup<const T> p, T* ws, const Saved& s, MatrixView<const T> x,
+                              std::span<const token_t> x_idx, MatrixView<T> f_out, RowGroups gr) {
     using detail::mat, detail::vec;
-    const index_t n = x.rows;
+    const index_t n = f_out.rows;
+    const auto ln = mat(ws, s.ln, n, d);
+    const auto pre = mat(ws, s.pre, n, f), act = mat(ws, s.act, n, f);
+    if (x_idx.empty())
+      be.grouped_layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, p.plus(o_ln_w), p.plus(o_ln_b), gr);
+    else
+      be.grouped_layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, x_idx, p.plus(o_ln_w),
+                                   p.plus(o_ln_b), gr);
+    be.grouped_linear_forward(pre, MatrixView<const T>(ln), p.plus(o_w_fc), p.plus(o_b_fc), gr);
+    be.gelu_forward(act, MatrixView<const T>(pre), gr);
+    be.grouped_linear_forward(f_out, MatrixView<const T>(act), p.plus(o_w_proj), p.plus(o_b_proj), gr);
+  }
+  template <class Be, class T>
+  static void backward_grouped(Be& be, PerGroup<const T> p, PerGroup<T> g, const T* ws, const Saved& s,
+                               MatrixView<const T> x, std::span<const token_t> x_idx, MatrixView<T> dx,
+                               MatrixView<const T> df, T* scratch, RowGroups gr, Store dx_store) {
+    using detail::mat, detail::vec;
+    const index_t n = df.rows;
     const auto dact = mat(scratch, 0, n, f);
     const auto dpre = mat(scratch, n * f, n, f);
     const auto dln = mat(scratch, 2 * n * f, n, d);
@@ -130,8 +148,12 @@ struct FeedForward {
     be.gelu_backward(dpre, mat(ws, s.pre, n, f), MatrixView<const T>(dact), gr, Store::overwrite);
     be.grouped_linear_backward(dln, g.plus(o_w_fc), g.plus(o_b_fc), MatrixView<const T>(dpre), mat(ws, s.ln, n, d),
                                p.plus(o_w_fc), gr, Store::overwrite);
-    be.grouped_layernorm_backward(dx, g.plus(o_ln_w), g.plus(o_ln_b), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
-                                  vec(ws, s.rstd, n), p.plus(o_ln_w), gr, dx_store);
+    if (x_idx.empty())
+      be.grouped_layernorm_backward(dx, g.plus(o_ln_w), g.plus(o_ln_b), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
+                                    vec(ws, s.rstd, n), p.plus(o_ln_w), gr, dx_store);
+    else
+      be.grouped_layernorm_backward(dx, g.plus(o_ln_w), g.plus(o_ln_b), MatrixView<const T>(dln), x, x_idx,
+                                    vec(ws, s.mean, n), vec(ws, s.rstd, n), p.plus(o_ln_w), gr, dx_store);
   }
 };
 

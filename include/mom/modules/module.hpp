@@ -211,6 +211,29 @@ concept TokenMixerOn =
       M::backward_grouped(be, pg, gg, ws, s, x, y, x, g, gr);
     };
 
+// Optional, for a token mixer whose grouped members read their input rows through an index: packed row r of the
+// row groups reads x's row x_idx[r] (the routed rows' token rows, read in place), so the routed executors need
+// not gather the rows into a copy first (routing/dispatch.hpp; assembly/grouped_dispatch.hpp's RoutedFfn):
+//   static constexpr bool reads_rows_in_place = true;
+//   forward_grouped(be, PerGroup p, ws, saved, x, x_idx, f_out, RowGroups)                 f_out [x_idx.size() × d]
+//   backward_grouped(be, PerGroup p, PerGroup g, ws, saved, x, x_idx, dx, df, scratch, RowGroups, Store)
+//                                                              dx [x_idx.size() × d]: the packed rows' gradient
+// The flag is what the executors plan their workspace by (no backend is known there); checked<M> holds a module
+// that sets it to these members where they are called (modules/checked.hpp). FeedForward reads its rows this way.
+template <class M>
+concept ReadsRowsInPlace = requires {
+  { M::reads_rows_in_place } -> std::convertible_to<bool>;
+  requires M::reads_rows_in_place;
+};
+template <class M, class Be, class T = typename Be::scalar>
+concept ReadsRowsInPlaceOn =
+    ReadsRowsInPlace<M> && requires(Be& be, T* g, T* ws, const typename M::Saved& s, MatrixView<const T> x,
+                                    std::span<const token_t> idx, MatrixView<T> y, PerGroup<const T> pg,
+                                    PerGroup<T> gg, RowGroups gr, Store st) {
+      M::forward_grouped(be, pg, ws, s, x, idx, y, gr);
+      M::backward_grouped(be, pg, gg, ws, s, x, idx, y, x, g, gr, st);
+    };
+
 // A sequence mixer that decodes incrementally (infer/decoder.hpp) on backend Be: one new token per
 // active sequence against the module's key/value cache (backend ops kv_write / attention_decode):
 //   DecodeSaved plan_decode(Arena&, rows)       its step workspace for up to `rows` new tokens

@@ -259,6 +259,11 @@ struct Backend {
                                  T eps = T(1e-5)) const;
   void grouped_layernorm_backward(M dx, PG dgamma, PG dbeta, CM dout, CM x, CS mean, CS rstd, CPG gamma,
                                   RowGroups g, Store dx_store = Store::add) const;
+  // The same over gathered rows: packed row r normalises x[idx[r]] (the gathered copy never written).
+  void grouped_layernorm_forward(M out, S mean, S rstd, CM x, Tok idx, CPG gamma, CPG beta, RowGroups g,
+                                 T eps = T(1e-5)) const;
+  void grouped_layernorm_backward(M dx, PG dgamma, PG dbeta, CM dout, CM x, Tok idx, CS mean, CS rstd, CPG gamma,
+                                  RowGroups g, Store dx_store = Store::add) const;
   void gelu_forward(M out, CM x, RowGroups g) const;
   void gelu_backward(M dx, CM x, CM dout, RowGroups g, Store st = Store::add) const;
   void add_forward(M out, CM a, CM b, RowGroups g) const;

@@ -326,6 +326,18 @@ void Backend<T>::grouped_layernorm_backward(M dx, PG dgamma, PG dbeta, CM dout, 
 }
 
 template <class T>
+void Backend<T>::grouped_layernorm_forward(M out, S mean, S rstd, CM x, Tok idx, CPG gamma, CPG beta, RowGroups g,
+                                           T eps) const {
+  cpu::grouped_layernorm_forward<T>(out, mean, rstd, x, idx, gamma, beta, g, eps);
+}
+
+template <class T>
+void Backend<T>::grouped_layernorm_backward(M dx, PG dgamma, PG dbeta, CM dout, CM x, Tok idx, CS mean, CS rstd,
+                                            CPG gamma, RowGroups g, Store dx_store) const {
+  cpu::grouped_layernorm_backward<T>(dx, dgamma, dbeta, dout, x, idx, mean, rstd, gamma, g, dx_store);
+}
+
+template <class T>
 void Backend<T>::gelu_forward(M out, CM x, RowGroups g) const {
   cpu::gelu_forward<T>(out, x, g);
 }

@@ -36,12 +36,13 @@ struct GroupedKernels {
   // grid (output tiles) × groups, each block looping over its group's rows. With idx, x[r] is x's row idx[r].
   static void linear_backward_dw(const Context& ctx, PG dw, PG db, CM dy, CM x, const token_t* idx, RowGroups g);
 
-  // LayerNorm with group g's gamma_g / beta_g on its rows (warp per row; binary search for g).
-  static void layernorm_forward(const Context& ctx, M out, T* mean, T* rstd, CM x, CPG gamma, CPG beta, RowGroups g,
-                                T eps);
+  // LayerNorm with group g's gamma_g / beta_g on its rows (warp per row; binary search for g). With idx, packed row r
+  // normalises x's row idx[r] (gathered rows read in place); without, x's row r.
+  static void layernorm_forward(const Context& ctx, M out, T* mean, T* rstd, CM x, const token_t* idx, CPG gamma,
+                                CPG beta, RowGroups g, T eps);
   // dx may be empty (add: dx += the gradient; else dx = it); dgamma / dbeta may each be empty (column sums per group).
-  static void layernorm_backward(const Context& ctx, M dx, PG dgamma, PG dbeta, CM dout, CM x, const T* mean,
-                                 const T* rstd, CPG gamma, RowGroups g, bool add);
+  static void layernorm_backward(const Context& ctx, M dx, PG dgamma, PG dbeta, CM dout, CM x, const token_t* idx,
+                                 const T* mean, const T* rstd, CPG gamma, RowGroups g, bool add);
 
   // The plain row ops restricted to the rows [offsets[0], offsets[count]).
   static void gelu_forward(const Context& ctx, M out, CM x, RowGroups g);

@@ -263,14 +263,32 @@ class RoutedOps : public DenseOps<T> {
                                  T eps = T(1e-5)) const {
     checks::layernorm_forward_shapes<T>(out, mean, rstd, x, group_span(gamma, x.cols), group_span(beta, x.cols));
     checks::row_groups_shape("grouped_layernorm_forward", g);
-    GK::layernorm_forward(*ctx_, out, mean.data(), rstd.data(), x, gamma, beta, g, eps);
+    GK::layernorm_forward(*ctx_, out, mean.data(), rstd.data(), x, nullptr, gamma, beta, g, eps);
+  }
+  // The same over gathered rows: packed row r normalises x[idx[r]] (the gathered copy never written; an index
+  // outside x is a DeviceError::gather_index and its row is skipped).
+  void grouped_layernorm_forward(M out, S mean, S rstd, CM x, Tok idx, CPG gamma, CPG beta, RowGroups g,
+                                 T eps = T(1e-5)) const {
+    checks::gathered_norm_shapes<T>("grouped_layernorm_forward", "out", out, x, idx);
+    checks::layernorm_forward_shapes<T>(out, mean, rstd, out, group_span(gamma, x.cols), group_span(beta, x.cols));
+    checks::row_groups_shape("grouped_layernorm_forward", g);
+    GK::layernorm_forward(*ctx_, out, mean.data(), rstd.data(), x, idx.data(), gamma, beta, g, eps);
   }
   void grouped_layernorm_backward(M dx, PG dgamma, PG dbeta, CM dout, CM x, CS mean, CS rstd, CPG gamma,
                                   RowGroups g, Store dx_store = Store::add) const {
     checks::layernorm_backward_shapes<T>(dx, group_span(CPG(dgamma), x.cols), group_span(CPG(dbeta), x.cols), dout, x,
                                          mean, rstd, group_span(gamma, x.cols));
     checks::row_groups_shape("grouped_layernorm_backward", g);
-    GK::layernorm_backward(*ctx_, dx, dgamma, dbeta, dout, x, mean.data(), rstd.data(), gamma, g,
+    GK::layernorm_backward(*ctx_, dx, dgamma, dbeta, dout, x, nullptr, mean.data(), rstd.data(), gamma, g,
+                           dx_store == Store::add);
+  }
+  void grouped_layernorm_backward(M dx, PG dgamma, PG dbeta, CM dout, CM x, Tok idx, CS mean, CS rstd, CPG gamma,
+                                  RowGroups g, Store dx_store = Store::add) const {
+    checks::gathered_norm_shapes<T>("grouped_layernorm_backward", "dout", dout, x, idx);
+    checks::layernorm_backward_shapes<T>(dx, group_span(CPG(dgamma), x.cols), group_span(CPG(dbeta), x.cols), dout,
+                                         dout, mean, rstd, group_span(gamma, x.cols));
+    checks::row_groups_shape("grouped_layernorm_backward", g);
+    GK::layernorm_backward(*ctx_, dx, dgamma, dbeta, dout, x, idx.data(), mean.data(), rstd.data(), gamma, g,
                            dx_store == Store::add);
   }
   void gelu_forward(M out, CM x, RowGroups g) const {

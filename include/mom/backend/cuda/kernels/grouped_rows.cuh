@@ -10,12 +10,25 @@ namespace dev {
 
 // ---- LayerNorm: one warp per grouped row ----------------------------------------------------------
 
+// Row r of a grouped LayerNorm's input: x's row idx[r] (gathered rows read in place; idx == nullptr: x's own row
+// r), or nullptr after reporting an index outside x (the row is skipped).
+template <class T>
+__device__ const T* norm_row(MatrixView<const T> x, const token_t* idx, index_t r, bool report_it, int* error) {
+  if (!idx) return x.data + r * x.ld;
+  const token_t k = idx[r];
+  if (k < 0 || k >= x.rows) {
+    if (report_it) report(error, DeviceError::gather_index, r, k, x.rows);
+    return nullptr;
+  }
+  return x.data + index_t(k) * x.ld;
+}
+
 template <class T>
 __global__ void grouped_layernorm_forward_kernel(MatrixView<T> out, T* mean, T* rstd, MatrixView<const T> x,
-                                                 PerGroup<const T> gamma, PerGroup<const T> beta, RowGroups g, T eps,
-                                                 int* error) {
-  check_offsets(g, x.rows, error);
-  const RowRange all = grouped_rows(g, x.rows);
+                                                 const token_t* idx, PerGroup<const T> gamma, PerGroup<const T> beta,
+                                                 RowGroups g, T eps, int* error) {
+  check_offsets(g, out.rows, error);
+  const RowRange all = grouped_rows(g, out.rows);
   const index_t r = all.lo + index_t(blockIdx.x) * warps_per_block + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (r >= all.hi) return;
@@ -23,7 +36,8 @@ __global__ void grouped_layernorm_forward_kernel(MatrixView<T> out, T* mean, T* 
   const T* ga = gamma.base + gamma.at[gi];
   const T* be = beta.base + beta.at[gi];
   const index_t d = x.cols;
-  const T* xr = x.data + r * x.ld;
+  const T* xr = norm_row(x, idx, r, lane == 0, error);
+  if (!xr) return;
   T s = T(0);
   for (index_t c = lane; c < d; c += 32) s += xr[c];
   const T mu = warp_sum(s) / T(d);
@@ -43,16 +57,17 @@ __global__ void grouped_layernorm_forward_kernel(MatrixView<T> out, T* mean, T* 
 
 template <class T>
 __global__ void grouped_layernorm_backward_dx_kernel(MatrixView<T> dx, MatrixView<const T> dout, MatrixView<const T> x,
-                                                     const T* mean, const T* rstd, PerGroup<const T> gamma,
-                                                     RowGroups g, bool add, int* error) {
-  check_offsets(g, x.rows, error);
-  const RowRange all = grouped_rows(g, x.rows);
+                                                     const token_t* idx, const T* mean, const T* rstd,
+                                                     PerGroup<const T> gamma, RowGroups g, bool add, int* error) {
+  check_offsets(g, dout.rows, error);
+  const RowRange all = grouped_rows(g, dout.rows);
   const index_t r = all.lo + index_t(blockIdx.x) * warps_per_block + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (r >= all.hi) return;
   const T* ga = gamma.base + gamma.at[group_of(g, r)];
   const index_t d = x.cols;
-  const T* xr = x.data + r * x.ld;
+  const T* xr = norm_row(x, idx, r, lane == 0, error);
+  if (!xr) return;
   const T* gr = dout.data + r * dout.ld;
   const T mu = mean[r], rs = rstd[r];
   T a = T(0), b = T(0);
@@ -76,19 +91,22 @@ __global__ void grouped_layernorm_backward_dx_kernel(MatrixView<T> dx, MatrixVie
 template <class T>
 __global__ void grouped_layernorm_backward_params_kernel(PerGroup<T> dgamma, PerGroup<T> dbeta,
                                                          MatrixView<const T> dout, MatrixView<const T> x,
-                                                         const T* mean, const T* rstd, RowGroups g, int* error) {
-  check_offsets(g, x.rows, error);
+                                                         const token_t* idx, const T* mean, const T* rstd, RowGroups g,
+                                                         int* error) {
+  check_offsets(g, dout.rows, error);
   int gi = 0;
   index_t chunk = 0;
-  if (!find_row_tile(g, x.rows, column_chunk, blockIdx.x, &gi, &chunk)) return;
+  if (!find_row_tile(g, dout.rows, column_chunk, blockIdx.x, &gi, &chunk)) return;
   const index_t c = index_t(blockIdx.y) * blockDim.x + threadIdx.x;
   if (c >= x.cols) return;
-  const RowRange rr = group_rows(g, gi, x.rows);
+  const RowRange rr = group_rows(g, gi, dout.rows);
   const index_t r0 = rr.lo + chunk * column_chunk, r1 = min(rr.hi, r0 + column_chunk);
   T pg = T(0), pb = T(0);
   for (index_t r = r0; r < r1; ++r) {
+    const T* xr = norm_row(x, idx, r, c == 0, error);
+    if (!xr) continue;
     const T gv = dout.data[r * dout.ld + c];
-    pg += gv * (x.data[r * x.ld + c] - mean[r]) * rstd[r];
+    pg += gv * (xr[c] - mean[r]) * rstd[r];
     pb += gv;
   }
   if (dgamma.base) atomicAdd(dgamma.base + dgamma.at[gi] + c, pg);
@@ -249,24 +267,25 @@ __global__ void grouped_scatter_add_rows_backward_kernel(MatrixView<T> din, T* d
 // ---- launchers --------------------------------------------------------------------------------
 
 template <class T>
-void GroupedKernels<T>::layernorm_forward(const Context& ctx, M out, T* mean, T* rstd, CM x, CPG gamma, CPG beta,
-                                          RowGroups g, T eps) {
+void GroupedKernels<T>::layernorm_forward(const Context& ctx, M out, T* mean, T* rstd, CM x, const token_t* idx,
+                                          CPG gamma, CPG beta, RowGroups g, T eps) {
   if (g.count == 0) return;
-  dev::launch("grouped_layernorm_forward", ctx, dev::warp_rows_blocks(x.rows), dev::threads,
-              dev::grouped_layernorm_forward_kernel<T>, out, mean, rstd, x, gamma, beta, g, eps, ctx.error);
+  dev::launch("grouped_layernorm_forward", ctx, dev::warp_rows_blocks(out.rows), dev::threads,
+              dev::grouped_layernorm_forward_kernel<T>, out, mean, rstd, x, idx, gamma, beta, g, eps, ctx.error);
 }
 template <class T>
-void GroupedKernels<T>::layernorm_backward(const Context& ctx, M dx, PG dgamma, PG dbeta, CM dout, CM x, const T* mean,
-                                           const T* rstd, CPG gamma, RowGroups g, bool add) {
+void GroupedKernels<T>::layernorm_backward(const Context& ctx, M dx, PG dgamma, PG dbeta, CM dout, CM x,
+                                           const token_t* idx, const T* mean, const T* rstd, CPG gamma, RowGroups g,
+                                           bool add) {
   if (g.count == 0) return;
   if (!dx.empty())
-    dev::launch("grouped_layernorm_backward", ctx, dev::warp_rows_blocks(x.rows), dev::threads,
-                dev::grouped_layernorm_backward_dx_kernel<T>, dx, dout, x, mean, rstd, gamma, g, add, ctx.error);
+    dev::launch("grouped_layernorm_backward", ctx, dev::warp_rows_blocks(dout.rows), dev::threads,
+                dev::grouped_layernorm_backward_dx_kernel<T>, dx, dout, x, idx, mean, rstd, gamma, g, add, ctx.error);
   if (!dgamma.empty() || !dbeta.empty())
     dev::launch("grouped_layernorm_backward", ctx,
-                dim3(dev::row_tile_slots(x.rows, g.count, dev::column_chunk), dev::blocks_exact(x.cols, dev::threads)),
-                dev::threads, dev::grouped_layernorm_backward_params_kernel<T>, dgamma, dbeta, dout, x, mean, rstd, g,
-                ctx.error);
+                dim3(dev::row_tile_slots(dout.rows, g.count, dev::column_chunk), dev::blocks_exact(x.cols, dev::threads)),
+                dev::threads, dev::grouped_layernorm_backward_params_kernel<T>, dgamma, dbeta, dout, x, idx, mean, rstd,
+                g, ctx.error);
 }
 
 template <class T>
