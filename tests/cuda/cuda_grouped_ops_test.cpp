@@ -17,6 +17,7 @@
 #include <cmath>
 #include <functional>
 #include <numeric>
+#include <utility>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -271,6 +272,18 @@ std::size_t differing(const std::vector<float>& a, const std::vector<float>& b) 
   return std::inner_product(a.begin(), a.end(), b.begin(), std::size_t(0), std::plus<>(),
                             [](float u, float v) { return std::size_t(u != v); });
 }
+// x [rows × cols] behind a random row permutation, for the ops that read x's rows through an index list:
+// table[perm[r]] = x[r], so index r = perm[r] reads x's row r.
+template <class T>
+std::pair<std::vector<token_t>, std::vector<T>> shuffled_rows(const std::vector<T>& x, index_t cols, test::Rng& rng) {
+  std::vector<token_t> perm(x.size() / std::size_t(cols));
+  std::iota(perm.begin(), perm.end(), token_t(0));
+  for (std::size_t r = perm.size(); r > 1; --r) std::swap(perm[r - 1], perm[std::size_t(rng.integer(0, int(r) - 1))]);
+  std::vector<T> table(x.size());
+  for (std::size_t r = 0; r < perm.size(); ++r)
+    std::copy_n(x.begin() + std::ptrdiff_t(r) * cols, cols, table.begin() + std::ptrdiff_t(perm[r]) * cols);
+  return {perm, table};
+}
 }  // namespace
 
 // Both widths of each operand: 70 and 130 (rows not 16-byte aligned: element loads) and 68 and 132 (16-byte loads
@@ -339,12 +352,7 @@ TEST_CASE("grouped linear on tensor cores (TF32, BF16): rounded operands, fp32 a
       expect_untouched(y.fetch(), y.initial, "y", out, L.lo(), L.hi());
       expect_untouched(dx.fetch(), dx.initial, "dx", in, L.lo(), L.hi());
       // x's rows through an index list: table[perm[r]] = x[r], index r = perm[r].
-      std::vector<token_t> perm(static_cast<std::size_t>(R));
-      std::iota(perm.begin(), perm.end(), token_t(0));
-      for (std::size_t r = perm.size(); r > 1; --r) std::swap(perm[r - 1], perm[std::size_t(rng.integer(0, int(r) - 1))]);
-      std::vector<T> shuffled(x.initial.size());
-      for (std::size_t r = 0; r < perm.size(); ++r)
-        std::copy_n(x.initial.begin() + std::ptrdiff_t(r) * in, in, shuffled.begin() + std::ptrdiff_t(perm[r]) * in);
+      const auto [perm, shuffled] = shuffled_rows(x.initial, in, rng);
       Arr<T> table(shuffled), y2(y.initial), dx2(dx.initial), dw2(dw.initial), db2(db.initial);
       auto idx = Arr<T, token_t>(perm);
       const std::span<const token_t> id(idx.d.span());
@@ -421,12 +429,7 @@ TEMPLATE_TEST_CASE("grouped layernorm forward/backward match cpu", "[cuda][group
       expect_close(dx3, "dx overwritten", d, L.lo(), L.hi());
       // x's rows through an index list (a routed FFN's LayerNorm reading its token rows in place): table[perm[r]] =
       // x[r], index r = perm[r]; the same results as above.
-      std::vector<token_t> perm(static_cast<std::size_t>(R));
-      std::iota(perm.begin(), perm.end(), token_t(0));
-      for (std::size_t r = perm.size(); r > 1; --r) std::swap(perm[r - 1], perm[std::size_t(rng.integer(0, int(r) - 1))]);
-      std::vector<T> shuffled(x.h.size());
-      for (std::size_t r = 0; r < perm.size(); ++r)
-        std::copy_n(x.h.begin() + std::ptrdiff_t(r) * d, d, shuffled.begin() + std::ptrdiff_t(perm[r]) * d);
+      const auto [perm, shuffled] = shuffled_rows(x.h, d, rng);
       Arr<T> table(shuffled), out4(const_arr<T>(R * d, T(-3.25)).h), mean4(const_arr<T>(R, T(-3.25)).h),
           rstd4(mean4.h), dx4(dx3.h), dg4(dg2.h), db4(db.h);
       auto idx = Arr<T, token_t>(perm);
