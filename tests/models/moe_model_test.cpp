@@ -59,7 +59,38 @@ std::vector<token_t> step_picks(Instance& m, int h) {
   return out;
 }
 
+// The GPT-2 FFN with its rows gathered into a copy first (modules/module.hpp, ReadsRowsInPlace turned off).
+template <Dims D>
+struct GatheredFfn : modules::FeedForward<D> {
+  static constexpr bool reads_rows_in_place = false;
+};
+template <int N>
+using GatheredFamily = FFN<N, GatheredFfn>;
+
 }  // namespace
+
+TEST_CASE("MoE: the experts' LayerNorm reading the routed rows in place equals gathering them first, bit for bit",
+          "[moe]") {
+  static_assert(ReadsRowsInPlace<modules::FeedForward<dims>> && !ReadsRowsInPlace<GatheredFfn<dims>>);
+  using InPlace = LM<dims, MoEStack<2, 4, 2>>;
+  using Gathered =
+      LM<dims, Assembly<Router<TopK<Softmax>>, ModuleSet<MHA<2>, Experts<GatheredFamily, 4, PerStep>>, K<2>, H<2>, phi::MoE>>;
+  static_assert(InPlace::params == Gathered::params);
+  auto a = InPlace::make<cpu::Backend<double>>(1);
+  auto b = Gathered::make<cpu::Backend<double>>(1);
+  randomise(a, 41, 0.4);
+  std::copy(a.params().begin(), a.params().end(), b.params().begin());
+  const index_t batch = 3, seq = 8;
+  a.reserve(batch, seq);
+  b.reserve(batch, seq);
+  const auto tokens = random_tokens(batch * seq, dims.vocab, 42);
+  const auto targets = random_tokens(batch * seq, dims.vocab, 43);
+  CHECK(a.forward(tokens, targets, batch, seq) == b.forward(tokens, targets, batch, seq));
+  for (index_t i = 0; i < batch * seq * dims.vocab; ++i) REQUIRE(a.logits().data[i] == b.logits().data[i]);
+  a.backward();
+  b.backward();
+  for (std::size_t j = 0; j < a.grads().size(); ++j) REQUIRE(a.grads()[j] == b.grads()[j]);
+}
 
 TEST_CASE("MoE with one expert per layer (E = 1, K = 1) computes the dense model", "[moe]") {
   using Dense4 = LM<dims, Dense<4>>;

@@ -166,7 +166,8 @@ struct checked {
       static_assert(dependent_false<M>,
                     "mom module: reads_rows_in_place is set, but no member `static void forward_grouped(Be&, "
                     "PerGroup<const T> p, T* ws, const Saved&, MatrixView<const T> x, std::span<const token_t> x_idx, "
-                    "MatrixView<T> f_out, RowGroups)` takes these arguments on this backend (modules/module.hpp)");
+                    "MatrixView<T> f_out, RowGroups)` takes these arguments on this backend (modules/module.hpp; a module "
+                    "derived from one that reads its rows in place can set reads_rows_in_place = false)");
   }
   template <class Be, class T, class S>
   static void backward_grouped(Be& be, PerGroup<const T> p, std::type_identity_t<PerGroup<T>> g, CPtr<T> ws,
@@ -181,7 +182,8 @@ struct checked {
                     "mom module: reads_rows_in_place is set, but no member `static void backward_grouped(Be&, "
                     "PerGroup<const T> p, PerGroup<T> g, const T* ws, const Saved&, MatrixView<const T> x, "
                     "std::span<const token_t> x_idx, MatrixView<T> dx, MatrixView<const T> df, T* scratch, RowGroups, "
-                    "Store)` takes these arguments on this backend (modules/module.hpp)");
+                    "Store)` takes these arguments on this backend (modules/module.hpp; a module derived from one that reads "
+                    "its rows in place can set reads_rows_in_place = false)");
   }
 
   // ---- a routed sequence mixer over row groups, keys from `keys` (RoutedSequenceMixerOn) ----
