@@ -231,7 +231,8 @@ void grouped_layernorm_forward(MatrixView<T> out, std::span<T> mean, std::span<T
   });
 }
 // The same over gathered rows: packed row r normalises x[idx[r]] (idx [out.rows]: a routed layer's token rows, read
-// in place, so the gathered copy is never written; the same bits as gathering x first).
+// in place, so the gathered copy is never written; the same bits as gathering x first where the rows sit at the same
+// alignment: detail::norm_row, layernorm.hpp).
 template <class T>
 void grouped_layernorm_forward(MatrixView<T> out, std::span<T> mean, std::span<T> rstd, MatrixView<const T> x,
                                std::span<const token_t> idx, PerGroup<const T> gamma, PerGroup<const T> beta,
