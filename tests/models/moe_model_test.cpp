@@ -71,7 +71,8 @@ using GatheredFamily = FFN<N, GatheredFfn>;
 
 TEST_CASE("MoE: the experts' LayerNorm reading the routed rows in place equals gathering them first, bit for bit",
           "[moe]") {
-  static_assert(ReadsRowsInPlace<modules::FeedForward<dims>> && !ReadsRowsInPlace<GatheredFfn<dims>>);
+  static_assert(ReadsRowsInPlaceOn<modules::FeedForward<dims>, cpu::Backend<double>> &&
+                !ReadsRowsInPlace<GatheredFfn<dims>>);
   using InPlace = LM<dims, MoEStack<2, 4, 2>>;
   using Gathered =
       LM<dims, Assembly<Router<TopK<Softmax>>, ModuleSet<MHA<2>, Experts<GatheredFamily, 4, PerStep>>, K<2>, H<2>, phi::MoE>>;

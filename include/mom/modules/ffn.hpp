@@ -125,11 +125,8 @@ struct FeedForward {
     const index_t n = f_out.rows;
     const auto ln = mat(ws, s.ln, n, d);
     const auto pre = mat(ws, s.pre, n, f), act = mat(ws, s.act, n, f);
-    if (x_idx.empty())
-      be.grouped_layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, p.plus(o_ln_w), p.plus(o_ln_b), gr);
-    else
-      be.grouped_layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, x_idx, p.plus(o_ln_w),
-                                   p.plus(o_ln_b), gr);
+    be.grouped_layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, x_idx, p.plus(o_ln_w), p.plus(o_ln_b),
+                                 gr);
     be.grouped_linear_forward(pre, MatrixView<const T>(ln), p.plus(o_w_fc), p.plus(o_b_fc), gr);
     be.gelu_forward(act, MatrixView<const T>(pre), gr);
     be.grouped_linear_forward(f_out, MatrixView<const T>(act), p.plus(o_w_proj), p.plus(o_b_proj), gr);
@@ -148,12 +145,8 @@ struct FeedForward {
     be.gelu_backward(dpre, mat(ws, s.pre, n, f), MatrixView<const T>(dact), gr, Store::overwrite);
     be.grouped_linear_backward(dln, g.plus(o_w_fc), g.plus(o_b_fc), MatrixView<const T>(dpre), mat(ws, s.ln, n, d),
                                p.plus(o_w_fc), gr, Store::overwrite);
-    if (x_idx.empty())
-      be.grouped_layernorm_backward(dx, g.plus(o_ln_w), g.plus(o_ln_b), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
-                                    vec(ws, s.rstd, n), p.plus(o_ln_w), gr, dx_store);
-    else
-      be.grouped_layernorm_backward(dx, g.plus(o_ln_w), g.plus(o_ln_b), MatrixView<const T>(dln), x, x_idx,
-                                    vec(ws, s.mean, n), vec(ws, s.rstd, n), p.plus(o_ln_w), gr, dx_store);
+    be.grouped_layernorm_backward(dx, g.plus(o_ln_w), g.plus(o_ln_b), MatrixView<const T>(dln), x, x_idx,
+                                  vec(ws, s.mean, n), vec(ws, s.rstd, n), p.plus(o_ln_w), gr, dx_store);
   }
 };
 

@@ -219,7 +219,8 @@ concept TokenMixerOn =
 //   backward_grouped(be, PerGroup p, PerGroup g, ws, saved, x, x_idx, dx, df, scratch, RowGroups, Store)
 //                                                              dx [x_idx.size() × d]: the packed rows' gradient
 // The flag is what the executors plan their workspace by (no backend is known there); checked<M> holds a module
-// that sets it to these members where they are called (modules/checked.hpp). FeedForward reads its rows this way.
+// that sets it to these members where they are called (modules/checked.hpp); ReadsRowsInPlaceOn<M, Be> checks them
+// for one backend type, as TokenMixerOn does. FeedForward reads its rows this way.
 template <class M>
 concept ReadsRowsInPlace = requires {
   { M::reads_rows_in_place } -> std::convertible_to<bool>;

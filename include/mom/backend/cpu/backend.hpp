@@ -259,7 +259,8 @@ struct Backend {
                                  T eps = T(1e-5)) const;
   void grouped_layernorm_backward(M dx, PG dgamma, PG dbeta, CM dout, CM x, CS mean, CS rstd, CPG gamma,
                                   RowGroups g, Store dx_store = Store::add) const;
-  // The same over gathered rows: packed row r normalises x[idx[r]] (the gathered copy never written).
+  // The same over gathered rows: packed row r normalises x[idx[r]] (the gathered copy never written; empty idx: x's
+  // own rows).
   void grouped_layernorm_forward(M out, S mean, S rstd, CM x, Tok idx, CPG gamma, CPG beta, RowGroups g,
                                  T eps = T(1e-5)) const;
   void grouped_layernorm_backward(M dx, PG dgamma, PG dbeta, CM dout, CM x, Tok idx, CS mean, CS rstd, CPG gamma,

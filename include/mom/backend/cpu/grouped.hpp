@@ -222,60 +222,56 @@ void grouped_linear_backward(MatrixView<T> dx, PerGroup<T> dw, ScaledRows<T> dy,
   detail::grouped_linear_backward<T>("grouped_linear_backward", dx, dw, {}, dy, {x, idx, {}}, w, g, dx_store);
 }
 
-template <class T>
-void grouped_layernorm_forward(MatrixView<T> out, std::span<T> mean, std::span<T> rstd, MatrixView<const T> x,
-                               PerGroup<const T> gamma, PerGroup<const T> beta, RowGroups g, T eps) {
-  detail::for_each_group("grouped_layernorm_forward", g, x.rows, [&](int i, index_t o, index_t n) {
-    layernorm_forward<T>(out.row_block(o, n), detail::part(mean, o, n), detail::part(rstd, o, n), x.row_block(o, n),
-                         detail::group_vector(gamma, i, x.cols), detail::group_vector(beta, i, x.cols), eps);
-  });
-}
-// The same over gathered rows: packed row r normalises x[idx[r]] (idx [out.rows]: a routed layer's token rows, read
-// in place, so the gathered copy is never written; the same bits as gathering x first where the rows sit at the same
-// alignment: detail::norm_row, layernorm.hpp).
+// Over gathered rows: packed row r normalises x[idx[r]] (idx [out.rows]: a routed layer's token rows, read in place,
+// so the gathered copy is never written; the same bits as gathering x first where the rows sit at the same
+// alignment: detail::norm_row, layernorm.hpp). Empty idx: x's own rows (the plain form below).
 template <class T>
 void grouped_layernorm_forward(MatrixView<T> out, std::span<T> mean, std::span<T> rstd, MatrixView<const T> x,
                                std::span<const token_t> idx, PerGroup<const T> gamma, PerGroup<const T> beta,
                                RowGroups g, T eps) {
-  checks::gathered_norm_shapes<T>("grouped_layernorm_forward", "out", out, x, idx);
-  detail::for_each_group("grouped_layernorm_forward", g, out.rows, [&](int i, index_t o, index_t n) {
-    const auto xi = detail::part(idx, o, n);
+  const bool gathered = !idx.empty();
+  if (gathered) checks::gathered_norm_shapes<T>("grouped_layernorm_forward", "out", out, x, idx);
+  detail::for_each_group("grouped_layernorm_forward", g, gathered ? out.rows : x.rows, [&](int i, index_t o, index_t n) {
+    const auto xi = gathered ? detail::part(idx, o, n) : idx;
     detail::check_row_indices("grouped_layernorm_forward", xi, x.rows, shape(x), o, "x");
+    const MatrixView<const T> xs = gathered ? x : x.row_block(o, n), xshape = gathered ? out.row_block(o, n) : xs;
     const auto mu = detail::part(mean, o, n), rs = detail::part(rstd, o, n);
     const auto gam = detail::group_vector(gamma, i, x.cols), bet = detail::group_vector(beta, i, x.cols);
-    checks::layernorm_forward_shapes<T>(out.row_block(o, n), mu, rs, out.row_block(o, n), gam, bet);
-    detail::layernorm_forward<T>(out.row_block(o, n), mu, rs, x, xi, gam, bet, eps);
+    checks::layernorm_forward_shapes<T>(out.row_block(o, n), mu, rs, xshape, gam, bet);
+    detail::layernorm_forward<T>(out.row_block(o, n), mu, rs, xs, xi, gam, bet, eps);
+  });
+}
+template <class T>
+void grouped_layernorm_forward(MatrixView<T> out, std::span<T> mean, std::span<T> rstd, MatrixView<const T> x,
+                               PerGroup<const T> gamma, PerGroup<const T> beta, RowGroups g, T eps) {
+  grouped_layernorm_forward<T>(out, mean, rstd, x, std::span<const token_t>{}, gamma, beta, g, eps);
+}
+// Backward of the gathered form: x's rows through idx [dout.rows]; dx [dout.rows × x.cols] is the packed rows'
+// gradient (routing/dispatch.hpp's gather_backward adds it to x's rows). Empty idx: x's own rows.
+template <class T>
+void grouped_layernorm_backward(MatrixView<T> dx, PerGroup<T> dgamma, PerGroup<T> dbeta, MatrixView<const T> dout,
+                                MatrixView<const T> x, std::span<const token_t> idx, std::span<const T> mean,
+                                std::span<const T> rstd, PerGroup<const T> gamma, RowGroups g,
+                                Store dx_store = Store::add) {
+  const bool gathered = !idx.empty();
+  if (gathered) checks::gathered_norm_shapes<T>("grouped_layernorm_backward", "dout", dout, x, idx);
+  detail::for_each_group("grouped_layernorm_backward", g, gathered ? dout.rows : x.rows, [&](int i, index_t o, index_t n) {
+    const auto xi = gathered ? detail::part(idx, o, n) : idx;
+    detail::check_row_indices("grouped_layernorm_backward", xi, x.rows, shape(x), o, "x");
+    const MatrixView<const T> xs = gathered ? x : x.row_block(o, n), xshape = gathered ? dout.row_block(o, n) : xs;
+    const auto dxg = detail::rows_of(dx, o, n);
+    const auto dg = detail::group_vector(dgamma, i, x.cols), db = detail::group_vector(dbeta, i, x.cols);
+    const auto mu = detail::part(mean, o, n), rs = detail::part(rstd, o, n);
+    const auto gam = detail::group_vector(gamma, i, x.cols);
+    checks::layernorm_backward_shapes<T>(dxg, dg, db, dout.row_block(o, n), xshape, mu, rs, gam);
+    detail::layernorm_backward<T>(dxg, dg, db, dout.row_block(o, n), xs, xi, mu, rs, gam, dx_store);
   });
 }
 template <class T>
 void grouped_layernorm_backward(MatrixView<T> dx, PerGroup<T> dgamma, PerGroup<T> dbeta, MatrixView<const T> dout,
                                 MatrixView<const T> x, std::span<const T> mean, std::span<const T> rstd,
                                 PerGroup<const T> gamma, RowGroups g, Store dx_store = Store::add) {
-  detail::for_each_group("grouped_layernorm_backward", g, x.rows, [&](int i, index_t o, index_t n) {
-    layernorm_backward<T>(detail::rows_of(dx, o, n), detail::group_vector(dgamma, i, x.cols),
-                          detail::group_vector(dbeta, i, x.cols), dout.row_block(o, n), x.row_block(o, n),
-                          detail::part(mean, o, n), detail::part(rstd, o, n), detail::group_vector(gamma, i, x.cols),
-                          dx_store);
-  });
-}
-// Backward of the gathered form: x's rows through idx [dout.rows]; dx [dout.rows × x.cols] is the packed rows'
-// gradient (routing/dispatch.hpp's gather_backward adds it to x's rows).
-template <class T>
-void grouped_layernorm_backward(MatrixView<T> dx, PerGroup<T> dgamma, PerGroup<T> dbeta, MatrixView<const T> dout,
-                                MatrixView<const T> x, std::span<const token_t> idx, std::span<const T> mean,
-                                std::span<const T> rstd, PerGroup<const T> gamma, RowGroups g,
-                                Store dx_store = Store::add) {
-  checks::gathered_norm_shapes<T>("grouped_layernorm_backward", "dout", dout, x, idx);
-  detail::for_each_group("grouped_layernorm_backward", g, dout.rows, [&](int i, index_t o, index_t n) {
-    const auto xi = detail::part(idx, o, n);
-    detail::check_row_indices("grouped_layernorm_backward", xi, x.rows, shape(x), o, "x");
-    const auto dxg = detail::rows_of(dx, o, n);
-    const auto dg = detail::group_vector(dgamma, i, x.cols), db = detail::group_vector(dbeta, i, x.cols);
-    const auto mu = detail::part(mean, o, n), rs = detail::part(rstd, o, n);
-    const auto gam = detail::group_vector(gamma, i, x.cols);
-    checks::layernorm_backward_shapes<T>(dxg, dg, db, dout.row_block(o, n), dout.row_block(o, n), mu, rs, gam);
-    detail::layernorm_backward<T>(dxg, dg, db, dout.row_block(o, n), x, xi, mu, rs, gam, dx_store);
-  });
+  grouped_layernorm_backward<T>(dx, dgamma, dbeta, dout, x, std::span<const token_t>{}, mean, rstd, gamma, g, dx_store);
 }
 
 // The plain row ops restricted to the rows [offsets[0], offsets[count]).

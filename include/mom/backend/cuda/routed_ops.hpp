@@ -266,9 +266,10 @@ class RoutedOps : public DenseOps<T> {
     GK::layernorm_forward(*ctx_, out, mean.data(), rstd.data(), x, nullptr, gamma, beta, g, eps);
   }
   // The same over gathered rows: packed row r normalises x[idx[r]] (the gathered copy never written; an index
-  // outside x is a DeviceError::gather_index and its row is skipped).
+  // outside x is a DeviceError::gather_index and its row is skipped). Empty idx: x's own rows (the form above).
   void grouped_layernorm_forward(M out, S mean, S rstd, CM x, Tok idx, CPG gamma, CPG beta, RowGroups g,
                                  T eps = T(1e-5)) const {
+    if (idx.empty()) return grouped_layernorm_forward(out, mean, rstd, x, gamma, beta, g, eps);
     checks::gathered_norm_shapes<T>("grouped_layernorm_forward", "out", out, x, idx);
     checks::layernorm_forward_shapes<T>(out, mean, rstd, out, group_span(gamma, x.cols), group_span(beta, x.cols));
     checks::row_groups_shape("grouped_layernorm_forward", g);
@@ -284,6 +285,7 @@ class RoutedOps : public DenseOps<T> {
   }
   void grouped_layernorm_backward(M dx, PG dgamma, PG dbeta, CM dout, CM x, Tok idx, CS mean, CS rstd, CPG gamma,
                                   RowGroups g, Store dx_store = Store::add) const {
+    if (idx.empty()) return grouped_layernorm_backward(dx, dgamma, dbeta, dout, x, mean, rstd, gamma, g, dx_store);
     checks::gathered_norm_shapes<T>("grouped_layernorm_backward", "dout", dout, x, idx);
     checks::layernorm_backward_shapes<T>(dx, group_span(CPG(dgamma), x.cols), group_span(CPG(dbeta), x.cols), dout,
                                          dout, mean, rstd, group_span(gamma, x.cols));
