@@ -452,6 +452,21 @@ TEMPLATE_TEST_CASE("grouped layernorm forward/backward match cpu", "[cuda][group
       expect_close(dx4, "dx, x through the index", d, L.lo(), L.hi());
       expect_close(dg4, "dgamma, x through the index");
       expect_close(db4, "dbeta, x through the index");
+      if (d == 8 && L.hi() > L.lo()) {  // an index outside x: a device error at the next sync, its row skipped
+        auto bad = perm;
+        bad[std::size_t(L.lo())] = token_t(R + 5);
+        auto bad_idx = Arr<T, token_t>(bad);
+        const std::string what = "gather_rows: idx " + std::to_string(R + 5) + " at position " +
+                                 std::to_string(L.lo()) + " is out of range [0, " + std::to_string(R) + ")";
+        gpu<T>().grouped_layernorm_forward(out4.dm(R, d), mean4.ds(), rstd4.ds(), table.dm(R, d), bad_idx.d.span(),
+                                           per_group<const T>(ga.d.data(), G, d),
+                                           per_group<const T>(be.d.data(), G, d), g.d());
+        test::require_device_error(gpu<T>(), what);
+        gpu<T>().grouped_layernorm_backward(dx4.dm(R, d), per_group(dg4.d.data(), G, d), per_group(db4.d.data(), G, d),
+                                            dout.dm(R, d), table.dm(R, d), bad_idx.d.span(), std::span<const T>(m2.ds()),
+                                            std::span<const T>(r2.ds()), per_group<const T>(ga.d.data(), G, d), g.d());
+        test::require_device_error(gpu<T>(), what);
+      }
     }
 }
 
