@@ -10,7 +10,7 @@
 //                    FLOP ratio, plus the model's own grad_norm + AdamW, both timed in the pair)
 //   bench_train_step --shapes ...   also each model's products (and attention) by kind and shape: ms per step,
 //                    GFLOP/s, share of the step, from the instrumented steps (where a routed model's products lose
-//                    rate against the dense ones)
+//                    rate against the dense ones), and the other timed ops by name (where the rest of the step goes)
 //
 // Issue 6 adds Mixture-of-Experts at the same dims: MoE (8 layers x 8 experts, top-2) and
 // MoE(share) (8 experts shared by the 8 layers, top-2); their "router" share is the top-K
@@ -46,7 +46,9 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <source_location>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <mom/backend/cpu.hpp>
@@ -91,17 +93,37 @@ struct TimingBackend : cpu::Backend<T> {
     double flops = 0;  // products executed (forward + backward), counted whether on or not
     std::array<double, kCats> cat_flops{};  // the same per category (router: GRU and head products)
     // --shapes: seconds and FLOPs of the instrumented steps' products by kind and shape
-    bool by_shape = false;
+    bool by_shape = false, in_product = false;
     std::map<std::string, std::pair<double, double>> shapes;
+    std::map<std::string, double> ops;  // --shapes: seconds of the other ops by name
   };
   Stats* st = nullptr;  // shared by copies (the model keeps its own copy of the backend)
 
+  // An op, timed under its category; with --shapes also summed under its name (the wrapper that calls timed:
+  // "scatter_add_rows", "topk_rows", ...), so the time outside the products is listed op by op.
   template <class F>
-  void timed(Cat c, F&& f) const {
+  void timed(Cat c, F&& f, std::source_location at = std::source_location::current()) const {
+    if (!st || !st->on) return f();
+    timed_as(c, st->by_shape && !st->in_product ? op_name(at.function_name()) : std::string(), f);
+  }
+  // The same under a given name (the row ops add their rows' shape: "scatter_add_rows 16384 x 256").
+  template <class F>
+  void timed_as(Cat c, const std::string& name, F&& f) const {
     if (!st || !st->on) return f();
     const auto t0 = Clock::now();
     f();
-    st->seconds[c] += std::chrono::duration<double>(Clock::now() - t0).count();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    st->seconds[c] += s;
+    if (st->by_shape && !st->in_product) st->ops[name] += s;
+  }
+  std::string rows_shape(const char* op, CM m) const {
+    return !st || !st->by_shape ? std::string() : std::string(op) + " " + std::to_string(m.rows) + " x " + std::to_string(m.cols);
+  }
+  // "void TimingBackend<T>::scatter_add_rows(M, ...) const [with ...]" -> "scatter_add_rows"
+  static std::string op_name(std::string_view f) {
+    f = f.substr(0, f.find('('));
+    const auto colon = f.rfind("::");
+    return std::string(colon == std::string_view::npos ? f : f.substr(colon + 2));
   }
   void count(Cat c, double f) const {
     if (st) st->flops += f, st->cat_flops[c] += f;
@@ -112,7 +134,9 @@ struct TimingBackend : cpu::Backend<T> {
     count(c, flops);
     if (!st || !st->on || !st->by_shape) return timed(c, f);
     const auto t0 = Clock::now();
+    st->in_product = true;
     timed(c, f);
+    st->in_product = false;
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();  // the product's, not the key's
     char key[160];
     std::snprintf(key, sizeof key, "%-22s %6.0f x %4lld -> %4lld%s", kind, rows, (long long)in, (long long)out,
@@ -212,9 +236,11 @@ struct TimingBackend : cpu::Backend<T> {
     count(kAttention, 5.0 * batch * out.cols * seq * (seq + 1));
     timed(kAttention, [&] { Base::stick_breaking_backward(dqkv, dout, out, qkv, batch, seq, heads, kv_heads); });
   }
-  void gather_rows(M out, CM in, Tok idx) const { timed(kDispatch, [&] { Base::gather_rows(out, in, idx); }); }
+  void gather_rows(M out, CM in, Tok idx) const {
+    timed_as(kDispatch, rows_shape("gather_rows", out), [&] { Base::gather_rows(out, in, idx); });
+  }
   void scatter_add_rows(M out, CM in, Tok idx, CS weights = {}, Store st = Store::add) const {
-    timed(kDispatch, [&] { Base::scatter_add_rows(out, in, idx, weights, st); });
+    timed_as(kDispatch, rows_shape("scatter_add_rows", in), [&] { Base::scatter_add_rows(out, in, idx, weights, st); });
   }
   void scatter_add_rows_backward(M din, S dweights, CM dout, CM in, Tok idx, CS weights = {}, Store st = Store::add) const {
     timed(kDispatch, [&] { Base::scatter_add_rows_backward(din, dweights, dout, in, idx, weights, st); });
@@ -347,13 +373,13 @@ struct TimingBackend : cpu::Backend<T> {
     timed(kElementwise, [&] { Base::add_forward(out, a, b, g); });
   }
   void gather_rows(M out, CM in, Tok idx, RowGroups g) const {
-    timed(kDispatch, [&] { Base::gather_rows(out, in, idx, g); });
+    timed_as(kDispatch, rows_shape("gather_rows", out), [&] { Base::gather_rows(out, in, idx, g); });
   }
   void gather_rows(M out, CPG in, index_t in_rows, Tok idx, RowGroups g) const {
     timed(kDispatch, [&] { Base::gather_rows(out, in, in_rows, idx, g); });
   }
   void scatter_add_rows(M out, CM in, Tok idx, CS weights, RowGroups g, Store st = Store::add) const {
-    timed(kDispatch, [&] { Base::scatter_add_rows(out, in, idx, weights, g, st); });
+    timed_as(kDispatch, rows_shape("scatter_add_rows", in), [&] { Base::scatter_add_rows(out, in, idx, weights, g, st); });
   }
   void scatter_add_rows(PG out, index_t out_rows, CM in, Tok idx, RowGroups g) const {
     timed(kDispatch, [&] { Base::scatter_add_rows(out, out_rows, in, idx, g); });
@@ -363,7 +389,7 @@ struct TimingBackend : cpu::Backend<T> {
     timed(kDispatch, [&] { Base::scatter_add_rows_backward(din, dweights, dout, in, idx, weights, g, st); });
   }
   void weight_rows_backward(M d, S dwp, CM u, CM a, Tok idx, CS w, RowGroups g, bool relu) const {
-    timed(kDispatch, [&] { Base::weight_rows_backward(d, dwp, u, a, idx, w, g, relu); });
+    timed_as(kDispatch, rows_shape("weight_rows_backward", u), [&] { Base::weight_rows_backward(d, dwp, u, a, idx, w, g, relu); });
   }
   // Visible (query, key) pairs of a grouped attention: each group's queries against its keys.
   static double grouped_pairs(Tok q_tok, Tok k_tok, RowGroups g, index_t seq) {
@@ -415,6 +441,7 @@ using WideP_LM = LM<wide_dims, Strategy_11411<MoM_P<>>>;
 struct Result {
   std::string name;
   std::map<std::string, std::pair<double, double>> shapes;  // --shapes: seconds and FLOPs summed over `reps` steps
+  std::map<std::string, double> ops;  // --shapes: the other ops' seconds by name, summed over `reps` steps
   index_t params = 0;
   double step_s = 0, step_min_s = 0, step_max_s = 0;
   double fwd_flops = 0;    // cost model: realised routing (dense: Model::forward_flops)
@@ -538,6 +565,7 @@ Result run(const char* name, index_t batch, index_t seq, int reps) {
   r.reps = reps;
   r.seconds = stats.seconds;
   r.shapes = stats.shapes;
+  r.ops = stats.ops;
   return r;
 }
 
@@ -830,6 +858,12 @@ int main(int argc, char** argv) {
     for (const auto& [k, e] : v)
       std::printf("| %s | %.2f | %.0f | %.1f%% |\n", k.c_str(), 1e3 * e.first / r.reps, e.second / e.first * 1e-9,
                   100 * e.first / r.instrumented_s);
+    std::printf("\nOther ops of %s by name (per step; instrumented steps):\n\n| op | ms | share of step |\n|---|---:|---:|\n",
+                r.name.c_str());
+    std::vector<std::pair<std::string, double>> o(r.ops.begin(), r.ops.end());
+    std::sort(o.begin(), o.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+    for (const auto& [k, sec] : o)
+      std::printf("| %s | %.2f | %.1f%% |\n", k.c_str(), 1e3 * sec / r.reps, 100 * sec / r.instrumented_s);
   }
   if (dense) {
     const double gfs = dense->model_train_flops / dense->step_s * 1e-9;
