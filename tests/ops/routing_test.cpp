@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include <mom/backend/cpu.hpp>
 #include <mom/routing/dispatch.hpp>
@@ -195,6 +196,61 @@ TEST_CASE("topk_rows: float vs naive selection, small and large k, ties go to th
   cpu::topk_rows<float>(mat(v, 1, 3), mat(i, 1, 3), cmat(tie, 1, 5));
   CHECK(i == std::vector<token_t>{1, 3, 4});
   CHECK(v == std::vector<float>{3, 3, 3});
+}
+
+// k <= 8 runs blocks of 16 rows, one row a vector lane, without branches (cpu/topk.hpp); a row holding a NaN
+// goes to the insertion instead. Strided views, rows past the last whole block, ±inf, ±0 and many ties.
+template <class T>
+static void check_blocked_topk(Rng& rng) {
+  const index_t n = 37;
+  const T inf = std::numeric_limits<T>::infinity();
+  for (index_t N : {2, 9, 16, 43, 70}) {
+    const index_t ldx = N + 3;
+    std::vector<T> x(std::size_t(n * ldx), T(99));  // the 3 columns past N must never be picked
+    for (index_t r = 0; r < n; ++r)
+      for (index_t c = 0; c < N; ++c) {
+        const int u = rng.integer(-4, 4);
+        x[std::size_t(r * ldx + c)] = u == 4 ? inf : u == -4 ? -inf : u == 0 && c % 2 ? T(-0.0) : T(u) * T(0.5);
+      }
+    for (index_t c = 0; c < N; ++c) x[std::size_t(5 * ldx + c)] = -inf;  // a row of -inf only
+    x[std::size_t(11 * ldx + N / 2)] = std::numeric_limits<T>::quiet_NaN();  // a NaN row
+    for (index_t k = 1; k <= std::min<index_t>(N, 8); ++k) {
+      INFO("N = " << N << ", k = " << k);
+      const index_t ldv = k + 2;
+      std::vector<T> vals(std::size_t(n * ldv));
+      std::vector<token_t> ind(std::size_t(n * ldv));
+      cpu::topk_rows<T>({vals.data(), n, k, ldv}, {ind.data(), n, k, ldv}, {x.data(), n, N, ldx});
+      for (index_t r = 0; r < n; ++r) {
+        INFO("row " << r);
+        const T* row = x.data() + r * ldx;
+        std::vector<T> want_v(static_cast<std::size_t>(k));
+        std::vector<token_t> want_i(static_cast<std::size_t>(k));
+        if (r == 11) {
+          cpu::detail::topk_insert(row, N, k, want_v.data(), want_i.data());
+        } else {  // the naive selection: k times the first largest entry not yet taken
+          std::vector<bool> taken(std::size_t(N), false);
+          for (index_t j = 0; j < k; ++j) {
+            index_t best = -1;
+            for (index_t c = 0; c < N; ++c)
+              if (!taken[std::size_t(c)] && (best < 0 || row[c] > row[best])) best = c;
+            taken[std::size_t(best)] = true;
+            want_i[std::size_t(j)] = token_t(best);
+            want_v[std::size_t(j)] = row[best];
+          }
+        }
+        for (index_t j = 0; j < k; ++j) {
+          CHECK(ind[std::size_t(r * ldv + j)] == want_i[std::size_t(j)]);
+          const T got = vals[std::size_t(r * ldv + j)], want = want_v[std::size_t(j)];
+          CHECK((std::isnan(want) ? std::isnan(got) : got == want && std::signbit(got) == std::signbit(want)));
+        }
+      }
+    }
+  }
+}
+TEST_CASE("topk_rows: k <= 8 in blocks of rows equals the naive selection (float, double)", "[ops][topk]") {
+  Rng rng(46);
+  check_blocked_topk<float>(rng);
+  check_blocked_topk<double>(rng);
 }
 
 TEST_CASE("softmax_rows: gradient matches finite differences (double), with a scale", "[ops][softmax]") {

@@ -1,6 +1,7 @@
 #pragma once
 // Per-row top-k (router selection) and row softmax (router probabilities).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
 #include <span>
@@ -13,33 +14,120 @@
 
 namespace mom::cpu {
 
+namespace detail {
+// Insertion into a sorted list of k: O(N k). A candidate goes after every kept entry that is >= it, so an
+// earlier index wins a tie. Entries from `from` on are inserted into val / ind, which hold the first `from`
+// (from <= k) already sorted.
+template <class T>
+void topk_insert(const T* row, index_t N, index_t k, T* val, token_t* ind, index_t from = 0) {
+  index_t filled = from;
+  for (index_t j = from; j < N; ++j) {
+    const T xj = row[j];
+    if (filled == k && !(xj > val[k - 1])) continue;
+    index_t pos = filled < k ? filled++ : k - 1;
+    while (pos > 0 && xj > val[pos - 1]) {
+      val[pos] = val[pos - 1];
+      ind[pos] = ind[pos - 1];
+      --pos;
+    }
+    val[pos] = xj;
+    ind[pos] = static_cast<token_t>(j);
+  }
+}
+// The same for a k fixed at compile time over a block of up to 16 rows at once, one row a vector lane (after
+// each row's first K entries are inserted as above): every later entry moves each lane's list by selects on the K
+// comparisons x > val[i], with no branches (the insertion's data-dependent branches mispredict about once per
+// insertion, ~10 times a row for a top-4 of 43). On a sorted list those comparisons are monotone, so the selects
+// make the insertion's list: the same picks and values. A NaN breaks the order, so the rows holding one are left
+// to the insertion (the returned mask of lanes).
+inline constexpr int topk_block_rows = 16;
+template <int K, class T>
+unsigned topk_select_block(const T* x, index_t ld, index_t rows, index_t N, T* val, index_t val_ld, token_t* ind,
+                           index_t ind_ld) {
+  constexpr int B = topk_block_rows;
+  alignas(64) T v[K][B];
+  alignas(64) token_t id[K][B];
+  // off: each lane's row offset in x, 32-bit so that the loads below vectorise as gathers (the caller keeps
+  // 16 · ld in range); lanes past the block repeat row 0 and are not stored.
+  alignas(64) int nan[B], off[B];
+  for (int l = 0; l < B; ++l) {
+    const index_t r = l < rows ? l : 0;
+    off[l] = int(r * ld);
+    T tv[K];
+    token_t ti[K];
+    topk_insert(x + r * ld, K, K, tv, ti);
+    nan[l] = 0;
+    for (int i = 0; i < K; ++i) v[i][l] = tv[i], id[i][l] = ti[i], nan[l] |= tv[i] != tv[i];
+  }
+  for (index_t j = K; j < N; ++j) {
+#pragma omp simd
+    for (int l = 0; l < B; ++l) {
+      const T e = x[off[l] + j];
+      nan[l] |= e != e;
+      bool c[K];
+      for (int i = 0; i < K; ++i) c[i] = e > v[i][l];
+      for (int i = K - 1; i > 0; --i) {
+        v[i][l] = c[i - 1] ? v[i - 1][l] : c[i] ? e : v[i][l];
+        id[i][l] = c[i - 1] ? id[i - 1][l] : c[i] ? token_t(j) : id[i][l];
+      }
+      v[0][l] = c[0] ? e : v[0][l];
+      id[0][l] = c[0] ? token_t(j) : id[0][l];
+    }
+  }
+  unsigned with_nan = 0;
+  for (index_t l = 0; l < rows; ++l) {
+    if (nan[l]) {
+      with_nan |= 1u << l;
+      continue;
+    }
+    for (int i = 0; i < K; ++i) val[l * val_ld + i] = v[i][l], ind[l * ind_ld + i] = id[i][l];
+  }
+  return with_nan;
+}
+template <class T>
+bool topk_select_block(const T* x, index_t ld, index_t rows, index_t N, index_t k, T* val, index_t val_ld,
+                       token_t* ind, index_t ind_ld, unsigned& with_nan) {
+  switch (k) {
+    case 1: with_nan = topk_select_block<1>(x, ld, rows, N, val, val_ld, ind, ind_ld); return true;
+    case 2: with_nan = topk_select_block<2>(x, ld, rows, N, val, val_ld, ind, ind_ld); return true;
+    case 3: with_nan = topk_select_block<3>(x, ld, rows, N, val, val_ld, ind, ind_ld); return true;
+    case 4: with_nan = topk_select_block<4>(x, ld, rows, N, val, val_ld, ind, ind_ld); return true;
+    case 6: with_nan = topk_select_block<6>(x, ld, rows, N, val, val_ld, ind, ind_ld); return true;
+    case 8: with_nan = topk_select_block<8>(x, ld, rows, N, val, val_ld, ind, ind_ld); return true;
+    default: return false;
+  }
+}
+}  // namespace detail
+
 // values[i] / indices[i]: the k largest entries of row i of x, in descending order; equal values
 // keep ascending index order (ties go to the lower index, so selection is deterministic).
 template <class T>
 void topk_rows(MatrixView<T> values, MatrixView<token_t> indices, MatrixView<const T> x) {
   checks::topk_rows_shapes<T>(values, indices, x);
   const index_t k = values.cols, N = x.cols;
+  constexpr index_t B = detail::topk_block_rows;
+  // A router's few picks of at most 256 classes: blocks of rows, branch-free (above); NaN rows by insertion.
+  if (k <= 8 && N > k && N <= 256 && x.ld < (index_t(1) << 26)) {
+    const index_t blocks = (x.rows + B - 1) / B;
+#pragma omp parallel for schedule(static) if (x.rows * N > (1 << 13))
+    for (index_t b = 0; b < blocks; ++b) {
+      const index_t r0 = b * B, rows = std::min(B, x.rows - r0);
+      unsigned with_nan = 0;
+      if (!detail::topk_select_block(x.row(r0), x.ld, rows, N, k, values.row(r0), values.ld, indices.row(r0),
+                                     indices.ld, with_nan))
+        with_nan = rows == B ? ~0u : (1u << rows) - 1;
+      for (index_t l = 0; l < rows; ++l)
+        if (with_nan >> l & 1u) detail::topk_insert(x.row(r0 + l), N, k, values.row(r0 + l), indices.row(r0 + l));
+    }
+    return;
+  }
 #pragma omp parallel for schedule(static) if (x.rows * N > (1 << 13))  // a top-2 of 4 over 4096 rows: 2 threads
   for (index_t r = 0; r < x.rows; ++r) {
     const T* row = x.row(r);
     T* val = values.row(r);
     token_t* ind = indices.row(r);
     if (k <= 16) {
-      // Insertion into a sorted list of k: O(N k), branch-light for the small k routers use.
-      // A candidate goes after every kept entry that is >= it, so an earlier index wins a tie.
-      index_t filled = 0;
-      for (index_t j = 0; j < N; ++j) {
-        const T xj = row[j];
-        if (filled == k && !(xj > val[k - 1])) continue;
-        index_t pos = filled < k ? filled++ : k - 1;
-        while (pos > 0 && xj > val[pos - 1]) {
-          val[pos] = val[pos - 1];
-          ind[pos] = ind[pos - 1];
-          --pos;
-        }
-        val[pos] = xj;
-        ind[pos] = static_cast<token_t>(j);
-      }
+      detail::topk_insert(row, N, k, val, ind);  // branch-light for small k
     } else {
       thread_local std::vector<token_t> order;  // grows once to the widest row seen
       order.resize(static_cast<std::size_t>(N));
