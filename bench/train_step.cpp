@@ -330,9 +330,10 @@ struct TimingBackend : cpu::Backend<T> {
             [&] { Base::grouped_linear_backward(dx, dw, db, dy, x, w, g, dx_store); });
   }
   // The gathered forms (x's rows read through idx inside the GEMM): the same products.
-  void grouped_linear_forward(M y, CM x, Tok idx, CPG w, CPG b, RowGroups g) const {
-    product(grouped_cat(y.cols), "grouped fwd gathered", grouped_rows(g), x.cols, y.cols, g.count,
-            2.0 * grouped_rows(g) * x.cols * y.cols, [&] { Base::grouped_linear_forward(y, x, idx, w, b, g); });
+  void grouped_linear_forward(M y, CM x, Tok idx, CPG w, CPG b, RowGroups g, Epilogue ep = Epilogue::none) const {
+    product(grouped_cat(y.cols), ep == Epilogue::relu ? "grouped fwd gathered relu" : "grouped fwd gathered",
+            grouped_rows(g), x.cols, y.cols, g.count, 2.0 * grouped_rows(g) * x.cols * y.cols,
+            [&] { Base::grouped_linear_forward(y, x, idx, w, b, g, ep); });
   }
   void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, Tok idx, CPG w, RowGroups g,
                                Store dx_store = Store::add) const {

@@ -5,9 +5,12 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include <mom/backend/cpu.hpp>
@@ -412,6 +415,58 @@ TEST_CASE("grouped_linear over gathered rows equals gather + grouped_linear, bit
   fbe.grouped_linear_forward(MatrixView<float>{sy.data(), srows, fout}, MatrixView<const float>{fx.data(), n, fin},
                              std::span<const token_t>(fidx).first(std::size_t(srows)), fwg, PerGroup<const float>{}, sg);
   CHECK(sy == sy_ref);
+  omp_set_num_threads(saved_threads);
+}
+
+// Epilogue::relu on the gathered grouped linear (σ-MoE's W₁: the product stores ReLU of itself): the bits of the
+// product followed by relu_forward, on every path of the GEMM: blocked tiles with groups spread over 2 threads, one
+// group's product on both threads, K past one k block (the ReLU after the last), few rows (gemv), few columns (A read
+// in place), and double (Eigen); rows outside the groups untouched, a NaN kept as relu_forward keeps it.
+template <class T>
+static void check_relu_epilogue(Rng& rng, index_t in, index_t out, const std::vector<token_t>& off, index_t n) {
+  const int E = int(off.size()) - 1;
+  const index_t rows = off.back() + 2;  // two rows past the groups
+  const RowGroups g{off.data(), E};
+  std::vector<token_t> idx(static_cast<std::size_t>(rows), 0);
+  for (index_t r = 0; r < off.back(); ++r) idx[std::size_t(r)] = token_t(rng.integer(0, int(n) - 1));
+  const auto xd = test::random_vec(std::size_t(n * in), rng), wd = test::random_vec(std::size_t(E * out * in), rng);
+  std::vector<T> x(xd.begin(), xd.end()), w(wd.begin(), wd.end());
+  x[std::size_t(idx[1] * in + 2)] = std::numeric_limits<T>::quiet_NaN();  // packed row 1's outputs: NaN
+  cpu::Backend<T> be;
+  const auto wg = uniform_groups<const T>(w.data(), E, out * in);
+  std::vector<T> h(std::size_t(rows * out), T(-3)), ref(h.size(), T(-3)), got(h.size(), T(-3));
+  be.grouped_linear_forward(MatrixView<T>{h.data(), rows, out}, MatrixView<const T>{x.data(), n, in}, idx, wg,
+                            PerGroup<const T>{}, g);
+  be.relu_forward(std::span<T>(ref).first(std::size_t(off.back() * out)),
+                  std::span<const T>(h).first(std::size_t(off.back() * out)));
+  be.grouped_linear_forward(MatrixView<T>{got.data(), rows, out}, MatrixView<const T>{x.data(), n, in}, idx, wg,
+                            PerGroup<const T>{}, g, Epilogue::relu);
+  INFO("in " << in << ", out " << out << ", " << E << " groups, " << off.back() << " rows");
+  CHECK(std::memcmp(got.data(), ref.data(), got.size() * sizeof(T)) == 0);  // NaN included, rows past the groups
+  CHECK(std::isnan(got[std::size_t(1 * out)]));
+  CHECK(std::count_if(got.begin(), got.begin() + off.back() * out, [](T v) { return v == T(0); }) > 0);
+}
+TEST_CASE("grouped_linear_forward with Epilogue::relu equals the product then relu_forward, bit for bit", "[ops][grouped]") {
+  Rng rng(31);
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(2);
+  std::vector<token_t> spread{0};
+  for (int e = 0; e < 24; ++e) spread.push_back(spread.back() + token_t(60 + 7 * (e % 5)));
+  const std::string best = cpu::gemm_kernel();
+  int kernels = 0;
+  for (const char* kernel : {"avx512", "avx2", "eigen"}) {  // every kernel this CPU has
+    if (!cpu::set_gemm_kernel(kernel)) continue;
+    INFO("kernel " << kernel);
+    ++kernels;
+    check_relu_epilogue<float>(rng, 96, 128, spread, 300);           // blocked, groups over threads
+    check_relu_epilogue<float>(rng, 256, 128, {0, 700}, 400);        // one group on both threads
+    check_relu_epilogue<float>(rng, 1000, 80, {0, 50, 90}, 200);     // K past one k block
+    check_relu_epilogue<float>(rng, 64, 96, {0, 3, 8, 8, 13}, 100);  // groups of at most 8 rows
+    check_relu_epilogue<float>(rng, 128, 40, {0, 100, 230}, 300);    // few columns
+  }
+  REQUIRE(cpu::set_gemm_kernel(best.c_str()));
+  CHECK(kernels >= 2);
+  check_relu_epilogue<double>(rng, 48, 24, {0, 20, 20, 57}, 90);  // Eigen
   omp_set_num_threads(saved_threads);
 }
 

@@ -52,6 +52,10 @@ constexpr MatrixView<const T> as_const(MatrixView<T> m) { return m; }
 // which outputs it applies to.
 enum class Store : bool { add, overwrite };
 
+// What a product does to its result as it stores it (an optional op form: the CPU's gathered grouped linear).
+// relu: max(v, 0) as std::max(v, 0) takes it (a NaN is kept), the bits of relu_forward on the stored product.
+enum class Epilogue : bool { none, relu };
+
 // Shapes print as [rows x cols] in error messages.
 struct Shape {
   index_t rows, cols;

@@ -37,11 +37,21 @@ struct Gelu {
   }
 };
 
+// A backend whose gathered grouped linear stores ReLU of its product (Epilogue::relu, core/tensor.hpp: the CPU's,
+// tile by tile as the GEMM writes it). Optional: ExpertMlp<Relu> runs the activation as its own pass elsewhere.
+template <class Be, class T>
+concept FusesRelu = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std::span<const token_t> tok,
+                             PerGroup<const T> pg, RowGroups g) { be.grouped_linear_forward(m, cm, tok, pg, pg, g, Epilogue::relu); };
+
 // E experts of hidden width `width` over d-wide rows. Their weights are two blocks in the module's
 // parameters: W₁ [E·width × d] (expert e: rows e·width ..) and W₂ [E·d × width] (expert e: rows e·d ..).
 template <class Act, int E, index_t d, index_t width>
 struct ExpertMlp {
   static constexpr index_t w1_size = E * width * d, w2_size = E * d * width;
+  // ReLU stored by W₁'s product, where the backward then reads only its output (the weights applied after W₂'s
+  // products: routing/dispatch.hpp's weigh_after_products, ReLU's backward from act).
+  template <class Be, class T>
+  static constexpr bool relu_after_products = std::is_same_v<Act, Relu> && FusesRelu<Be, T> && WeighsAfterProducts<Be, T>;
   template <class T>
   static PerGroup<T> w1(T* block) {
     return uniform_groups(block, E, width * d);
@@ -81,8 +91,13 @@ struct ExpertMlp {
                       MatrixView<const T> in, MatrixView<T> out, Store st = Store::add) {
     const index_t rows = rr.count();
     const MatrixView<T> h{ws + s.h, rows, width}, act{ws + s.act, rows, width}, y{ws + s.y, rows, d};
-    be.grouped_linear_forward(h, in, rr.token, w1(pw1), PerGroup<const T>{}, rr.groups);
-    Act::forward(be, act.flat(), std::span<const T>(h.flat()));
+    if constexpr (relu_after_products<Be, T>) {
+      // act = ReLU(x W₁ᵀ) stored by the product (the same bits; h is not kept: backward reads act only)
+      be.grouped_linear_forward(act, in, rr.token, w1(pw1), PerGroup<const T>{}, rr.groups, Epilogue::relu);
+    } else {
+      be.grouped_linear_forward(h, in, rr.token, w1(pw1), PerGroup<const T>{}, rr.groups);
+      Act::forward(be, act.flat(), std::span<const T>(h.flat()));
+    }
     be.grouped_linear_forward(y, MatrixView<const T>(act), w2(pw2), PerGroup<const T>{}, rr.groups);
     combine(be, rr, MatrixView<const T>(y), out, st);
   }

@@ -112,12 +112,12 @@ struct CountingBackend : cpu::Backend<T> {
     Base::grouped_linear_backward(dx, dw, db, dy, x, w, g, dx_store);
   }
   // The gathered forms count as the plain ones (the same products).
-  void grouped_linear_forward(M y, CM x, Tok idx, CPG w, CPG b, RowGroups g) {
+  void grouped_linear_forward(M y, CM x, Tok idx, CPG w, CPG b, RowGroups g, Epilogue ep = Epilogue::none) {
     each_group(g, [&](int i, index_t, index_t n) {
       flops += 2 * n * x.cols * y.cols;
       weights.push_back(w[i]);
     });
-    Base::grouped_linear_forward(y, x, idx, w, b, g);
+    Base::grouped_linear_forward(y, x, idx, w, b, g, ep);
   }
   void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, Tok idx, CPG w, RowGroups g, Store dx_store = Store::add) {
     each_group(g, [&](int, index_t, index_t n) { flops += backward_products(!dx.empty(), dw.base != nullptr) * n * x.cols * dy.cols;

@@ -246,8 +246,9 @@ struct Backend {
   // Grouped ops (core/groups.hpp, backend/cpu/grouped.hpp): rows split into groups by offsets in
   // backend memory, each group with its own parameters; the routed executors' hot path.
   void grouped_linear_forward(M y, CM x, CPG w, CPG b, RowGroups g) const;
-  // The gathered forms: packed row r reads x's row idx[r] inside the GEMM (no gathered copy).
-  void grouped_linear_forward(M y, CM x, Tok idx, CPG w, CPG b, RowGroups g) const;
+  // The gathered forms: packed row r reads x's row idx[r] inside the GEMM (no gathered copy). The forward's
+  // Epilogue::relu stores max(y, 0) (optional form: routing/expert_mlp.hpp's FusesRelu).
+  void grouped_linear_forward(M y, CM x, Tok idx, CPG w, CPG b, RowGroups g, Epilogue ep = Epilogue::none) const;
   void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, Tok idx, CPG w, RowGroups g,
                                Store dx_store = Store::add) const;
   void grouped_linear_backward(M dx, PG dw, PG db, CM dy, CM x, CPG w, RowGroups g, Store dx_store = Store::add) const;

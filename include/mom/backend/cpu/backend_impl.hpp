@@ -293,8 +293,8 @@ void Backend<T>::grouped_linear_forward(M y, CM x, CPG w, CPG b, RowGroups g) co
 }
 
 template <class T>
-void Backend<T>::grouped_linear_forward(M y, CM x, Tok idx, CPG w, CPG b, RowGroups g) const {
-  cpu::grouped_linear_forward<T>(y, x, idx, w, b, g);
+void Backend<T>::grouped_linear_forward(M y, CM x, Tok idx, CPG w, CPG b, RowGroups g, Epilogue ep) const {
+  cpu::grouped_linear_forward<T>(y, x, idx, w, b, g, ep);
 }
 
 template <class T>

@@ -117,11 +117,12 @@ MatrixView<const T> gathered_copy(std::span<const token_t> rows, MatrixView<cons
 // row i for ta = N, its column i for ta = T), each times a_scale[i] if a_scale is given; with b_rows given
 // (tb = N), op(B)'s row k is B's row b_rows[k]. Empty lists: A or B itself. The routed modules' experts read
 // their tokens' rows this way (grouped_linear_forward / _backward with a row list), and W₂'s backward reads
-// dL/dy = weight · dout[token] (a_scale) instead of a written copy. Threads as gemm.
+// dL/dy = weight · dout[token] (a_scale) instead of a written copy. Threads as gemm. ep = Epilogue::relu: then
+// C = max(C, 0) (core/tensor.hpp), on each tile as it is stored (the native kernels) or in one pass after.
 template <class T>
 void gemm_gathered(MatrixView<T> C, MatrixView<const T> A, Trans ta, std::span<const token_t> a_rows,
                    std::span<const T> a_scale, MatrixView<const T> B, Trans tb, std::span<const token_t> b_rows,
-                   T alpha = T(1), T beta = T(0)) {
+                   T alpha = T(1), T beta = T(0), Epilogue ep = Epilogue::none) {
   MOM_CHECK(b_rows.empty() || tb == Trans::N, "gemm_gathered: a row list of B indexes an untransposed B's rows");
   MOM_CHECK(a_scale.empty() || a_scale.size() == a_rows.size(), "gemm_gathered: ", a_scale.size(), " scales for ",
             a_rows.size(), " rows of A");
@@ -138,16 +139,22 @@ void gemm_gathered(MatrixView<T> C, MatrixView<const T> A, Trans ta, std::span<c
     p.a.scale = a_scale.empty() ? nullptr : a_scale.data();
     p.a.transposed = ta == Trans::T;
     p.b.rows = b_rows.empty() ? nullptr : b_rows.data();
+    p.relu = ep == Epilogue::relu;
     if (detail::native::gemm_parallel(p)) return;
   }
 #endif
   detail::gemm_eigen(C, a_rows.empty() ? A : detail::gathered_copy<T, 0>(a_rows, A, a_scale), ta,
                      b_rows.empty() ? B : detail::gathered_copy<T, 1>(b_rows, B), tb, alpha, beta);
+  if (ep == Epilogue::relu)
+#pragma omp parallel for schedule(static) if (C.rows * C.cols > (1 << 16))
+    for (index_t r = 0; r < C.rows; ++r)
+      for (index_t c = 0; c < C.cols; ++c) C(r, c) = C(r, c) < T(0) ? T(0) : C(r, c);  // std::max(v, 0)
 }
 template <class T>
 void gemm_gathered(MatrixView<T> C, MatrixView<const T> A, Trans ta, std::span<const token_t> a_rows,
-                   MatrixView<const T> B, Trans tb, std::span<const token_t> b_rows, T alpha = T(1), T beta = T(0)) {
-  gemm_gathered<T>(C, A, ta, a_rows, std::span<const T>{}, B, tb, b_rows, alpha, beta);
+                   MatrixView<const T> B, Trans tb, std::span<const token_t> b_rows, T alpha = T(1), T beta = T(0),
+                   Epilogue ep = Epilogue::none) {
+  gemm_gathered<T>(C, A, ta, a_rows, std::span<const T>{}, B, tb, b_rows, alpha, beta, ep);
 }
 
 // The float GEMM kernel this process runs: "avx512" or "avx2" (mom's own, picked at run time from

@@ -126,7 +126,19 @@ struct Problem {
   float* c;
   index_t ldc;
   float alpha, beta;
+  bool relu = false;  // then C = max(C, 0) (Epilogue::relu): the blocked tiles in registers at their last k block's
+                      // store; the other paths (few rows, few columns) in one pass over C after them (relu_tile)
 };
+
+// C[0:rows, 0:cols] = max(C, 0) as std::max(c, 0) takes it (v < 0 ? 0 : v: a NaN and -0 are kept), the bits of
+// relu_forward (Eigen's max(0)).
+inline void relu_tile(float* c, index_t rows, index_t cols, index_t ldc) {
+  for (index_t i = 0; i < rows; ++i) {
+    float* ci = c + i * ldc;
+#pragma omp simd
+    for (index_t j = 0; j < cols; ++j) ci[j] = ci[j] < 0.0f ? 0.0f : ci[j];
+  }
+}
 
 // Contiguous share [begin, end) of `count` items for part `part` of `parts`.
 inline void share(index_t count, index_t part, index_t parts, index_t& begin, index_t& end) {

@@ -164,7 +164,7 @@ struct ColsA {
 // expert's few hundred rows, a 43- or 16-column selection product).
 template <int R, int V, class A>
 [[gnu::always_inline]] inline void tile_kernel(index_t kc, A a, const float* __restrict b, float* c, index_t ldc,
-                                               float alpha, float beta, index_t cols) {
+                                               float alpha, float beta, index_t cols, bool relu) {
   __m512 acc[R][V];
 #pragma GCC unroll 14
   for (int i = 0; i < R; ++i)
@@ -193,38 +193,39 @@ template <int R, int V, class A>
     const index_t left = cols - 16 * v;  // columns of this vector
     m[v] = left >= 16 ? __mmask16(0xffff) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1u);
   }
+  const __m512 zero = _mm512_setzero_ps();
 #pragma GCC unroll 14
   for (int i = 0; i < R; ++i) {
     float* ci = c + i * ldc;
     for (int v = 0; v < V; ++v) {
-      if (beta == 0.0f)
-        _mm512_mask_storeu_ps(ci + 16 * v, m[v], _mm512_mul_ps(va, acc[i][v]));
-      else
-        _mm512_mask_storeu_ps(ci + 16 * v, m[v],
-                              _mm512_fmadd_ps(va, acc[i][v], _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(m[v], ci + 16 * v))));
+      __m512 r = beta == 0.0f ? _mm512_mul_ps(va, acc[i][v])
+                              : _mm512_fmadd_ps(va, acc[i][v], _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(m[v], ci + 16 * v)));
+      if (relu) r = _mm512_max_ps(zero, r);  // std::max(r, 0): r where unordered or equal (NaN, -0 kept)
+      _mm512_mask_storeu_ps(ci + 16 * v, m[v], r);
     }
   }
 }
 // A tile of any size up to Rmax × NR (out of line: the edges), by its rows and columns.
 template <class A, int Rmax>
 inline void edge_tile(index_t rows, index_t cols, index_t kc, A a, const float* b, float* c, index_t ldc, float alpha,
-                      float beta) {
-  using Tile = void (*)(index_t, A, const float*, float*, index_t, float, float, index_t);
+                      float beta, bool relu = false) {
+  using Tile = void (*)(index_t, A, const float*, float*, index_t, float, float, index_t, bool);
   static constexpr auto table = []<int... I>(std::integer_sequence<int, I...>) {
     return std::array<Tile, 2 * Rmax>{&tile_kernel<I + 1, 1, A>..., &tile_kernel<I + 1, 2, A>...};  // [V - 1][R - 1]
   }(std::make_integer_sequence<int, Rmax>{});
-  table[std::size_t((cols > 16 ? Rmax : 0) + rows - 1)](kc, a, b, c, ldc, alpha, beta, cols);
+  table[std::size_t((cols > 16 ? Rmax : 0) + rows - 1)](kc, a, b, c, ldc, alpha, beta, cols, relu);
 }
-// C[0:rows, 0:cols] = alpha · (Apanel · Bpanel) + beta · C: the full tile inline, an edge tile by its size.
+// C[0:rows, 0:cols] = alpha · (Apanel · Bpanel) + beta · C (relu: then max(C, 0) before the store): the full tile
+// inline, an edge tile by its size.
 [[gnu::always_inline]] inline void micro_kernel(index_t kc, const float* __restrict a, const float* __restrict b,
                                                 float* c, index_t ldc, float alpha, float beta, index_t rows,
-                                                index_t cols) {
-  if (rows == MR && cols > 16) return tile_kernel<MR, 2>(kc, PanelA{a}, b, c, ldc, alpha, beta, cols);
-  edge_tile<PanelA, MR>(rows, cols, kc, PanelA{a}, b, c, ldc, alpha, beta);
+                                                index_t cols, bool relu) {
+  if (rows == MR && cols > 16) return tile_kernel<MR, 2>(kc, PanelA{a}, b, c, ldc, alpha, beta, cols, relu);
+  edge_tile<PanelA, MR>(rows, cols, kc, PanelA{a}, b, c, ldc, alpha, beta, relu);
 }
 #else
 [[gnu::always_inline]] inline void micro_kernel_full(index_t kc, const float* __restrict a, const float* __restrict b,
-                                                     float* c, index_t ldc, float alpha, float beta) {
+                                                     float* c, index_t ldc, float alpha, float beta, bool relu) {
   __m256 acc[MR][2];
 #pragma GCC unroll 6
   for (int i = 0; i < MR; ++i) {
@@ -246,28 +247,37 @@ inline void edge_tile(index_t rows, index_t cols, index_t kc, A a, const float* 
   }
   const __m256 va = _mm256_set1_ps(alpha);
   const __m256 vb = _mm256_set1_ps(beta);
+  const __m256 zero = _mm256_setzero_ps();
 #pragma GCC unroll 6
   for (int i = 0; i < MR; ++i) {
     float* ci = c + i * ldc;
+    __m256 r0, r1;
     if (beta == 0.0f) {
-      _mm256_storeu_ps(ci, _mm256_mul_ps(va, acc[i][0]));
-      _mm256_storeu_ps(ci + 8, _mm256_mul_ps(va, acc[i][1]));
+      r0 = _mm256_mul_ps(va, acc[i][0]);
+      r1 = _mm256_mul_ps(va, acc[i][1]);
     } else {
-      _mm256_storeu_ps(ci, _mm256_fmadd_ps(va, acc[i][0], _mm256_mul_ps(vb, _mm256_loadu_ps(ci))));
-      _mm256_storeu_ps(ci + 8, _mm256_fmadd_ps(va, acc[i][1], _mm256_mul_ps(vb, _mm256_loadu_ps(ci + 8))));
+      r0 = _mm256_fmadd_ps(va, acc[i][0], _mm256_mul_ps(vb, _mm256_loadu_ps(ci)));
+      r1 = _mm256_fmadd_ps(va, acc[i][1], _mm256_mul_ps(vb, _mm256_loadu_ps(ci + 8)));
     }
+    if (relu) {  // std::max(r, 0): r where unordered or equal (NaN, -0 kept)
+      r0 = _mm256_max_ps(zero, r0);
+      r1 = _mm256_max_ps(zero, r1);
+    }
+    _mm256_storeu_ps(ci, r0);
+    _mm256_storeu_ps(ci + 8, r1);
   }
 }
 inline void micro_kernel(index_t kc, const float* a, const float* b, float* c, index_t ldc, float alpha, float beta,
-                         index_t rows, index_t cols) {
-  if (rows == MR && cols == NR) return micro_kernel_full(kc, a, b, c, ldc, alpha, beta);
+                         index_t rows, index_t cols, bool relu) {
+  if (rows == MR && cols == NR) return micro_kernel_full(kc, a, b, c, ldc, alpha, beta, relu);
   // Partial tile: compute the full tile into a stack buffer, then merge the valid part.
   alignas(32) float tile[MR * NR];
-  micro_kernel_full(kc, a, b, tile, NR, 1.0f, 0.0f);
+  micro_kernel_full(kc, a, b, tile, NR, 1.0f, 0.0f, false);
   for (index_t i = 0; i < rows; ++i)
     for (index_t j = 0; j < cols; ++j) {
       float& cij = c[i * ldc + j];
       cij = beta == 0.0f ? alpha * tile[i * NR + j] : alpha * tile[i * NR + j] + beta * cij;
+      if (relu) cij = cij < 0.0f ? 0.0f : cij;
     }
 }
 #endif
@@ -354,15 +364,16 @@ inline void pack_a_block(const Problem& p, float* apack, index_t ic, index_t mc,
 
 // Micro-tiles of one packed A block (rows ic..ic+mc) against B panels [jp_begin, jp_end):
 // each B panel stays in L1 while the A panels stream from L2.
+// relu: the last k block of a product with Epilogue::relu (each tile's max(C, 0) in registers, before its store).
 inline void macro_kernel(const Problem& p, const float* apack, const float* bpack, index_t ic, index_t mc, index_t jc,
-                         index_t kc, float beta, index_t jp_begin, index_t jp_end) {
+                         index_t kc, float beta, index_t jp_begin, index_t jp_end, bool relu) {
   for (index_t jp = jp_begin; jp < jp_end; ++jp) {
     const index_t j0 = jc + jp * NR;
     const index_t cols = std::min(NR, p.n - j0);
     for (index_t ip = 0; ip * MR < mc; ++ip) {
-      const index_t i0 = ic + ip * MR;
-      micro_kernel(kc, apack + ip * MR * kc, bpack + jp * NR * kc, p.c + i0 * p.ldc + j0, p.ldc, p.alpha, beta,
-                   std::min(MR, p.m - i0), cols);
+      const index_t i0 = ic + ip * MR, rows = std::min(MR, p.m - i0);
+      micro_kernel(kc, apack + ip * MR * kc, bpack + jp * NR * kc, p.c + i0 * p.ldc + j0, p.ldc, p.alpha, beta, rows,
+                   cols, relu);
     }
   }
 }
@@ -396,7 +407,7 @@ inline void run_serial(const Problem& p, float* apack, float* bpack) {
         const index_t ic = mb.begin(b);
         const index_t mc = std::min(p.m, mb.begin(b + 1)) - ic;
         pack_a_block(p, apack, ic, mc, pc, kc);
-        macro_kernel(p, apack, bpack, ic, mc, jc, kc, beta, 0, b_panels);
+        macro_kernel(p, apack, bpack, ic, mc, jc, kc, beta, 0, b_panels, p.relu && pc + kc >= p.k);
       }
     }
   }
@@ -449,7 +460,7 @@ inline void run_parallel(const Problem& p, float* apack_mine, float* bpack2, std
           packed_ic = ic;
         }
         share(b_panels, u % n_split, n_split, begin, end);
-        macro_kernel(p, apack_mine, bpack, ic, mc, jc, kc, beta, begin, end);
+        macro_kernel(p, apack_mine, bpack, ic, mc, jc, kc, beta, begin, end, p.relu && pc + kc >= p.k);
       }
       first_unit += units;
     }
@@ -646,13 +657,21 @@ inline void gemv(const Problem& p, int nt) {
   }
 }
 
+// The paths that store C without the blocked tiles (no k, the few rows, the few columns; each thread's share on
+// its own, before the team's barrier): then Epilogue::relu as one pass over C.
+template <class F>
+inline void then_relu(const Problem& p, F&& path) {
+  path();
+  if (p.relu) relu_tile(p.c, p.m, p.n, p.ldc);
+}
+
 // One thread, this thread's buffers. Safe inside an OpenMP parallel region.
 inline void gemm_serial(const Problem& p) {
   if (p.m <= 0 || p.n <= 0) return;
-  if (p.k <= 0 || p.alpha == 0.0f) return scale_c(p.c, p.m, p.n, p.ldc, p.beta);
-  if (gemv_fits(p)) return gemv(p, 1);
+  if (p.k <= 0 || p.alpha == 0.0f) return then_relu(p, [&] { scale_c(p.c, p.m, p.n, p.ldc, p.beta); });
+  if (gemv_fits(p)) return then_relu(p, [&] { gemv(p, 1); });
 #if MOM_NATIVE_ISA == 512
-  if (direct_fits(p)) return direct(p, 1);
+  if (direct_fits(p)) return then_relu(p, [&] { direct(p, 1); });
 #endif
   PackBuffers& buf = thread_buffers();
   float* a = buf.a.reserve(a_pack_floats(p.m, p.k));
@@ -664,12 +683,12 @@ inline void gemm_serial(const Problem& p) {
 // inside a parallel region, run on the calling thread.
 inline void gemm_parallel(const Problem& p) {
   if (p.m <= 0 || p.n <= 0) return;
-  if (p.k <= 0 || p.alpha == 0.0f) return scale_c(p.c, p.m, p.n, p.ldc, p.beta);
+  if (p.k <= 0 || p.alpha == 0.0f) return then_relu(p, [&] { scale_c(p.c, p.m, p.n, p.ldc, p.beta); });
   const double macs = double(p.m) * double(p.n) * double(p.k);
   const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
-  if (gemv_fits(p)) return gemv(p, macs < kGemvParallelMinMacs ? 1 : nt);
+  if (gemv_fits(p)) return then_relu(p, [&] { gemv(p, macs < kGemvParallelMinMacs ? 1 : nt); });
 #if MOM_NATIVE_ISA == 512
-  if (direct_fits(p)) return direct(p, macs < kParallelMinMacs ? 1 : nt);
+  if (direct_fits(p)) return then_relu(p, [&] { direct(p, macs < kParallelMinMacs ? 1 : nt); });
 #endif
   if (nt <= 1 || macs < kParallelMinMacs) return gemm_serial(p);
   // The caller's B buffer (two blocks) is shared by the team; each thread packs A

@@ -154,13 +154,13 @@ void check_rows(const char* op, const char* what, ScaledRows<T> m, RowGroups g) 
 }
 template <class T>
 void grouped_linear_forward(const char* op, MatrixView<T> y, ScaledRows<T> x, PerGroup<const T> w,
-                            PerGroup<const T> b, RowGroups g) {
+                            PerGroup<const T> b, RowGroups g, Epilogue ep = Epilogue::none) {
   checks::grouped_linear_shapes<T>(op, y, x.shape(), !w.empty());
   check_rows(op, "x", x, g);
   const index_t k = x.table.cols;
   for_each_group_spread(op, g, x.rows(), double(y.cols) * double(k), true, [&](int i, index_t o, index_t n) {
     const ScaledRows<T> xg = group_part(x, o, n);
-    linear_forward<T>(y.row_block(o, n), xg.table, xg.index, {w[i], y.cols, k}, group_vector(b, i, y.cols));
+    linear_forward<T>(y.row_block(o, n), xg.table, xg.index, {w[i], y.cols, k}, group_vector(b, i, y.cols), ep);
   });
 }
 // dy and x each stored or read through an index (dy's rows scaled): one body for every public form below.
@@ -189,12 +189,13 @@ void grouped_linear_forward(MatrixView<T> y, MatrixView<const T> x, PerGroup<con
   detail::grouped_linear_forward<T>("grouped_linear_forward", y, {x, {}, {}}, w, b, g);
 }
 // The same over gathered rows: y[r] = W_g x[idx[r]] + b_g (x the table, idx [y.rows]), the gather read inside the
-// GEMM's packing instead of copied first (routing/expert_mlp.hpp).
+// GEMM's packing instead of copied first (routing/expert_mlp.hpp). ep = Epilogue::relu: y[r] = max(that, 0), stored
+// so by the product (the bits of relu_forward after it, without its pass over y: σ-MoE's W₁).
 template <class T>
 void grouped_linear_forward(MatrixView<T> y, MatrixView<const T> x, std::span<const token_t> idx, PerGroup<const T> w,
-                            PerGroup<const T> b, RowGroups g) {
+                            PerGroup<const T> b, RowGroups g, Epilogue ep = Epilogue::none) {
   MOM_CHECK(ssize(idx) == y.rows, "grouped_linear_forward: ", idx.size(), " row indices for y ", shape(y));
-  detail::grouped_linear_forward<T>("grouped_linear_forward", y, {x, idx, {}}, w, b, g);
+  detail::grouped_linear_forward<T>("grouped_linear_forward", y, {x, idx, {}}, w, b, g, ep);
 }
 // dx[r] += W_gᵀ dy[r], dW_g += Σ_r dy[r] x[r]ᵀ, db_g += Σ_r dy[r]; dx, dw, db may each be empty.
 // dx_store = Store::overwrite: dx[r] = W_gᵀ dy[r] on the groups' rows (the others untouched).

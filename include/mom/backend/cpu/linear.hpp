@@ -34,16 +34,17 @@ void add_column_sums(std::span<T> acc, MatrixView<const T> m) {
 
 // y[n×out] = x[n×in] · w[out×in]ᵀ + b[out]   (b may be empty: no bias). Writes y. With `rows` given, x is a
 // table and y = x[rows]·wᵀ + b (n = rows.size(): the gather read inside the GEMM's packing, no copy).
+// ep = Epilogue::relu: y = max(that, 0) as the product stores it (the bits of relu_forward after it).
 template <class T>
 void linear_forward(MatrixView<T> y, MatrixView<const T> x, std::span<const token_t> rows, MatrixView<const T> w,
-                    std::span<const T> b) {
+                    std::span<const T> b, Epilogue ep = Epilogue::none) {
   checks::linear_forward_shapes<T>(y, rows.empty() ? x : MatrixView<const T>{x.data, ssize(rows), x.cols, x.ld}, w, b);
   if (!b.empty()) {
     // Broadcast the bias into y, then y += x·wᵀ (one extra pass over y, no temporary).
 #pragma omp parallel for schedule(static) if (y.rows * y.cols > (1 << 16))
     for (index_t r = 0; r < y.rows; ++r) std::copy(b.begin(), b.end(), y.row(r));
   }
-  gemm_gathered<T>(y, x, Trans::N, rows, w, Trans::T, {}, T(1), b.empty() ? T(0) : T(1));
+  gemm_gathered<T>(y, x, Trans::N, rows, w, Trans::T, {}, T(1), b.empty() ? T(0) : T(1), ep);
 }
 template <class T>
 void linear_forward(MatrixView<T> y, MatrixView<const T> x, MatrixView<const T> w, std::span<const T> b) {
