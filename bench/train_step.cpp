@@ -175,9 +175,9 @@ struct TimingBackend : cpu::Backend<T> {
   // Zeroing and copies ("zero/copy"): the accumulate-only ops' fresh buffers, the residual copies.
   template <class U>
   void zero(std::span<U> s) const {
-    timed(kZeroCopy, [&] { Base::zero(s); });
+    timed_as(kZeroCopy, st && st->by_shape ? "zero " + std::to_string(s.size()) : std::string(), [&] { Base::zero(s); });
   }
-  void zero(M m) const { timed(kZeroCopy, [&] { Base::zero(m); }); }
+  void zero(M m) const { timed_as(kZeroCopy, rows_shape("zero", m), [&] { Base::zero(m); }); }
   void zero_rows(M m, RowGroups g) const { timed(kZeroCopy, [&] { Base::zero_rows(m, g); }); }
   template <class U>
   void copy(std::span<U> dst, std::span<const U> src) const {
@@ -187,7 +187,7 @@ struct TimingBackend : cpu::Backend<T> {
   void copy(std::span<U> dst, std::span<U> src) const {
     timed(kZeroCopy, [&] { Base::copy(dst, std::span<const U>(src)); });
   }
-  void copy(M dst, CM src) const { timed(kZeroCopy, [&] { Base::copy(dst, src); }); }
+  void copy(M dst, CM src) const { timed_as(kZeroCopy, rows_shape("copy", dst), [&] { Base::copy(dst, src); }); }
   // The sigmoid top-K selections of σ-MoE and SwitchHead ("selection"; their logits' GEMMs are "router" or
   // "linear/gemm" by width): the entropy regulariser, the top-K, the sigmoid.
   void selection_entropy_forward(S loss_out, M dlogits, CM logits, index_t batch, index_t seq, T coef,

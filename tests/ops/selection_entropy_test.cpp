@@ -102,6 +102,18 @@ TEST_CASE("selection_entropy_forward: float agrees with double, wrong shapes are
       CHECK(std::abs(double(lf[0]) - l[0]) < float_tol * std::abs(l[0]));
       CHECK(rel_error(dzf, dz) < float_tol);
     }
+  {  // logits as a column block of a wider matrix (SwitchHead's selections read theirs in place): the same bits
+    const index_t wide = C + 5;
+    const std::vector<double> zd = random_vec(std::size_t(B * T * wide), rng, -3, 3);
+    const std::vector<float> zw(zd.begin(), zd.end());
+    std::vector<float> zc(std::size_t(B * T * C)), d_in_place(zc.size()), d_copy(zc.size()), l_in_place(1), l_copy(1);
+    for (index_t r = 0; r < B * T; ++r) std::copy_n(zw.data() + r * wide + 2, C, zc.data() + r * C);
+    bf.selection_entropy_forward(std::span<float>(l_in_place), mat(d_in_place, B * T, C),
+                                 MatrixView<const float>{zw.data() + 2, B * T, C, wide}, B, T, 0.01f);
+    bf.selection_entropy_forward(std::span<float>(l_copy), mat(d_copy, B * T, C), cmat(zc, B * T, C), B, T, 0.01f);
+    CHECK(l_in_place == l_copy);
+    CHECK(d_in_place == d_copy);
+  }
   std::vector<float> zf(std::size_t(B * T * C)), dzf(zf.size()), lf(1);
   CHECK_THROWS_WITH(bf.selection_entropy_forward(std::span<float>(lf), mat(dzf, B * T, C), cmat(zf, B * T, C), B, T + 1, 0.01f),
                     Catch::Contains("selection_entropy_forward: logits [18x33]"));

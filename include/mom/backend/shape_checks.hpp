@@ -404,8 +404,7 @@ void balance_loss_forward_shapes(CS<T> loss_out, CS<T> dprobs_col, CM<T> probs, 
 template <class T>
 void selection_entropy_shapes(CS<T> loss_out, CM<T> dlogits, CM<T> logits, index_t batch, index_t seq) {
   MOM_CHECK(ssize(loss_out) == 1 && batch > 0 && seq > 0 && logits.rows == batch * seq && logits.cols > 0 &&
-                dlogits.rows == logits.rows && dlogits.cols == logits.cols && logits.contiguous() &&
-                dlogits.contiguous(),
+                dlogits.rows == logits.rows && dlogits.cols == logits.cols && dlogits.contiguous(),
             "selection_entropy_forward: logits ", shape(logits), " and dlogits ", shape(dlogits), " for ", batch,
             " sequences of ", seq, " tokens, loss_out ", loss_out.size());
 }

@@ -76,7 +76,7 @@ struct SwitchHead {
 
     // One head's selection (value or output side) and its packed rows.
     struct Side {
-      dispatch::Selection sel;  // logits in sel.probs [n × N_A], sigmoid weights, picks, groups, γ·L in sel.loss
+      dispatch::Selection sel;  // sigmoid weights, picks, groups, γ·L in sel.loss (the logits: Saved::logits' columns)
       index_t dreg = 0;         // d(regulariser)/d(logits) [n × N_A]
       index_t yg = 0;           // expert outputs, packed: [rows × d_head] (value), [rows × d] (output); their
                                 // inputs (x̂, a^h V^h) are read through the picks inside the GEMMs, not copied
@@ -111,7 +111,7 @@ struct SwitchHead {
       return s;
     }
     struct Scratch {
-      index_t datt, dqkv, dln, dy, dwp, dws, dv, dg, dlogits, dlogits_all, dz, total;
+      index_t datt, dqkv, dln, dy, dwp, dws, dv, dg, dlogits_all, dz, total;
     };
     static constexpr Scratch scratch_plan(index_t n) {
       const index_t rows = n * KA;
@@ -125,7 +125,6 @@ struct SwitchHead {
       s.dws = a.take(rows);
       s.dv = a.take(rows);
       s.dg = a.take(rows * d);   // dL/d(expert input), group order
-      s.dlogits = a.take(n * NA);
       s.dlogits_all = a.take(n * n_sel);  // every selection's dL/dlogits, for the one weight-gradient product
       s.dz = post ? a.take(n * d) : 0;
       s.total = a.used;
@@ -148,24 +147,21 @@ struct SwitchHead {
     static MatrixView<T> sel_columns(T* base, index_t at, index_t n, int j) {
       return detail::mat(base, at, n, n_sel).col_block(index_t(j) * NA, NA);
     }
-    // Side j's selection (eqs. (5)-(6)): its logits LN(x) W_Sᵀ (computed for all sides in run), the
-    // regulariser, top-K_A, σ, the groups.
+    // Side j's selection (eqs. (5)-(6)): its logits LN(x) W_Sᵀ (computed for all sides in run, read in place as
+    // side j's columns), the regulariser, top-K_A, σ, the groups.
     template <class Be, class T>
     static void select(Be& be, T* ws, const Saved& s, const Side& side, int j, index_t batch, index_t seq) {
-      const index_t n = batch * seq;
-      be.copy(detail::mat(ws, side.sel.probs, n, NA), MatrixView<const T>(sel_columns(ws, s.logits, n, j)));
-      dispatch::sigmoid_select_forward(be, ws, side.sel, ws + side.dreg, batch, seq, KA, NA, T(delta));
+      dispatch::sigmoid_select_forward(be, ws, side.sel, ws + side.dreg, batch, seq, KA, NA, T(delta),
+                                       MatrixView<const T>(sel_columns(ws, s.logits, batch * seq, j)));
     }
-    // Backward of select: dL/d(weight) in group order (dwp) → dL/dlogits into side j's columns of dlogits_all
-    // (backward turns all 2·H sides' into dL/dLN(x) and dW_S in one product).
+    // Backward of select: dL/d(weight) in group order (dwp) → dL/dlogits written into side j's columns of
+    // dlogits_all (backward turns all 2·H sides' into dL/dLN(x) and dW_S in one product).
     template <class Be, class T>
     static void select_backward(Be& be, const T* ws, const Side& side, int j, T* sc, const Scratch& c, index_t n) {
-      using detail::mat, detail::vec;
+      using detail::vec;
       const index_t rows = n * KA;
-      const auto dlogits = mat(sc, c.dlogits, n, NA);
       dispatch::sigmoid_select_backward(be, ws, side.sel, ws + side.dreg, n, KA, NA, vec(static_cast<const T*>(sc), c.dwp, rows),
-                                        vec(sc, c.dws, rows), vec(sc, c.dv, rows), dlogits);
-      be.copy(sel_columns(sc, c.dlogits_all, n, j), MatrixView<const T>(dlogits));
+                                        vec(sc, c.dws, rows), vec(sc, c.dv, rows), sel_columns(sc, c.dlogits_all, n, j));
     }
 
     // Selection j's experts (eq. (7): a head's values, in = x̂, out = its V columns; eq. (9): its

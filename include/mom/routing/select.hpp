@@ -53,23 +53,24 @@ void slot_grads(Be& be, const T* ws, const Selection& s, index_t n, index_t k, s
 }
 
 // Sigmoid top-K selection with the within-sequence entropy regulariser (σ-MoE, SwitchHead; MoEUT
-// arXiv 2405.16039 eqs. (1)-(2), (4), (5)-(6)). s.probs holds the logits [n × C] on entry (they stay):
-// the regulariser's value γ·L into s.loss and its gradient w.r.t. the logits into dreg [n × C], the top-K
-// logits' ids into s.picks, their scores σ(logit) (not renormalised) into s.weights, then the groups and
-// the weights in group order. n = batch · seq; the regulariser is taken within each sequence of seq rows.
+// arXiv 2405.16039 eqs. (1)-(2), (4), (5)-(6)). The logits [n × C] are s.probs on entry (they stay), or the given
+// view (a column block of a wider matrix: SwitchHead's selections, whose logits are one product): the regulariser's
+// value γ·L into s.loss and its gradient w.r.t. the logits into dreg [n × C], the top-K logits' ids into s.picks,
+// their scores σ(logit) (not renormalised) into s.weights, then the groups and the weights in group order.
+// n = batch · seq; the regulariser is taken within each sequence of seq rows.
 template <class Be, class T>
 void sigmoid_select_forward(Be& be, T* ws, const Selection& s, T* dreg, index_t batch, index_t seq, index_t k,
-                            index_t classes, T coef) {
+                            index_t classes, T coef, MatrixView<const T> logits_in = {}) {
   const index_t n = batch * seq;
-  const MatrixView<const T> logits{ws + s.probs, n, classes};
+  const MatrixView<const T> logits = logits_in.data ? logits_in : MatrixView<const T>{ws + s.probs, n, classes};
   const MatrixView<T> weights{ws + s.weights, n, k};
   be.selection_entropy_forward(std::span<T>{ws + s.loss, 1}, MatrixView<T>{dreg, n, classes}, logits, batch, seq, coef);
   be.topk_rows(weights, MatrixView<token_t>{toks(ws, s.picks), n, k}, logits);  // σ is monotonic
   be.sigmoid_forward(weights.flat(), std::span<const T>(weights.flat()));
   group_picks(be, ws, s, n, k, classes);
 }
-// Its backward: dwp holds dL/d(weight) in group order; dws and dv are n·K scratch; dlogits [n × C] is
-// overwritten with dL/dlogits, the regulariser's gradient (dreg) included.
+// Its backward: dwp holds dL/d(weight) in group order; dws and dv are n·K scratch; dlogits [n × C] (it may be a
+// column block of a wider matrix) is overwritten with dL/dlogits, the regulariser's gradient (dreg) included.
 template <class Be, class T>
 void sigmoid_select_backward(Be& be, const T* ws, const Selection& s, const T* dreg, index_t n, index_t k,
                              index_t classes, std::span<const T> dwp, std::span<T> dws, std::span<T> dv,
@@ -77,7 +78,7 @@ void sigmoid_select_backward(Be& be, const T* ws, const Selection& s, const T* d
   slot_grads(be, ws, s, n, k, dwp, dws);
   be.zero(dv);
   be.sigmoid_backward(dv, std::span<const T>{ws + s.weights, std::size_t(n * k)}, std::span<const T>(dws));
-  be.copy(dlogits.flat(), std::span<const T>{dreg, std::size_t(n * classes)});
+  be.copy(dlogits, MatrixView<const T>{dreg, n, classes});
   be.topk_rows_backward(dlogits, MatrixView<const T>{dv.data(), n, k}, MatrixView<const token_t>{toks(ws, s.picks), n, k});
 }
 
