@@ -256,9 +256,9 @@ TEST_CASE("per-step budgets under the emulation: launches, GEMMs and their FLOPs
   check_model<MoMP>("MoM_P", {58, 0.25, 13.8});        // 49.3 a step (10 steps; 49.9 before); memset 0.217; 12 copies
   check_model<MoESmall>("MoE", {42, 0.13, 2.3});       // 35.5 (36.5 before); 0.116; 2
   check_model<MoDSmall>("MoD", {24, 0.19, 2.3});       // 20.75; 0.158; 2
-  // MoEUT copies: 0.56 before its 2·H selections became one product; each selection's logits and dlogits are
-  // now copied between its columns of the one [n × 2·H·N_A] matrix and its own buffer (n·N_A floats each).
-  check_model<MoEUTSmall>("MoEUT", {81, 0.33, 1.22});  // 76.25 (70.25 when the budget was set); 0.280; 1.06
+  // MoEUT copies: each selection reads its logits in place in the one [n × 2·H·N_A] logits matrix and writes its
+  // dlogits into its columns of the one gradient (1.06 when both were copied to and from its own buffer).
+  check_model<MoEUTSmall>("MoEUT", {81, 0.33, 0.65});  // 76.25 (70.25 when the budget was set); 0.280; 0.56
   check_model<MFSmall>("ModuleFormer", {66, 0.38, 2.3});  // 62.5 (57.5 when the budget was set); 0.330; 2
   check_model<MoRSmall>("MoR", {55, 0.18, 5.7});                 // 47.3; 0.152; 4.94
   {

@@ -142,16 +142,26 @@ TEST_CASE("topk_rows: gradient matches finite differences (double)", "[ops][topk
 }
 
 // The naive top-k of one row: k times the largest entry not yet taken, scanning from index 0 (strict > keeps the
-// first of equal values); topk_rows' (vals, ind) must be it.
-static void check_naive_topk(const float* row, index_t N, index_t k, const float* vals, const token_t* ind) {
+// first of equal values): its column indices.
+template <class T>
+static std::vector<token_t> naive_topk(const T* row, index_t N, index_t k) {
   std::vector<bool> taken(std::size_t(N), false);
+  std::vector<token_t> picks;
   for (index_t j = 0; j < k; ++j) {
     index_t best = -1;
     for (index_t c = 0; c < N; ++c)
       if (!taken[std::size_t(c)] && (best < 0 || row[c] > row[best])) best = c;
     taken[std::size_t(best)] = true;
-    REQUIRE(ind[j] == best);
-    REQUIRE(vals[j] == row[best]);
+    picks.push_back(token_t(best));
+  }
+  return picks;
+}
+// topk_rows' (vals, ind) of one row must be the naive top-k.
+static void check_naive_topk(const float* row, index_t N, index_t k, const float* vals, const token_t* ind) {
+  const std::vector<token_t> want = naive_topk(row, N, k);
+  for (index_t j = 0; j < k; ++j) {
+    REQUIRE(ind[j] == want[std::size_t(j)]);
+    REQUIRE(vals[j] == row[want[std::size_t(j)]]);
   }
 }
 
@@ -227,16 +237,9 @@ static void check_blocked_topk(Rng& rng) {
         std::vector<token_t> want_i(static_cast<std::size_t>(k));
         if (r == 11) {
           cpu::detail::topk_insert(row, N, k, want_v.data(), want_i.data());
-        } else {  // the naive selection: k times the first largest entry not yet taken
-          std::vector<bool> taken(std::size_t(N), false);
-          for (index_t j = 0; j < k; ++j) {
-            index_t best = -1;
-            for (index_t c = 0; c < N; ++c)
-              if (!taken[std::size_t(c)] && (best < 0 || row[c] > row[best])) best = c;
-            taken[std::size_t(best)] = true;
-            want_i[std::size_t(j)] = token_t(best);
-            want_v[std::size_t(j)] = row[best];
-          }
+        } else {
+          want_i = naive_topk(row, N, k);
+          for (index_t j = 0; j < k; ++j) want_v[std::size_t(j)] = row[want_i[std::size_t(j)]];
         }
         for (index_t j = 0; j < k; ++j) {
           CHECK(ind[std::size_t(r * ldv + j)] == want_i[std::size_t(j)]);

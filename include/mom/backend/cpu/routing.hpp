@@ -14,6 +14,7 @@
 #include "mom/backend/cpu/attention.hpp"
 #include "mom/backend/cpu/gemm.hpp"
 #include "mom/backend/cpu/parallel.hpp"
+#include "mom/backend/cpu/topk.hpp"
 #include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
@@ -41,19 +42,7 @@ void route_topk_forward(MatrixView<T> weights, MatrixView<token_t> picks, Matrix
     for (index_t e = 0; e < E; ++e) p[e] /= sum;
     T* w = weights.row(r);
     token_t* ind = picks.row(r);
-    index_t filled = 0;
-    for (index_t e = 0; e < E; ++e) {  // insertion top-K, earlier index wins a tie
-      const T v = p[e];
-      if (filled == k && !(v > w[k - 1])) continue;
-      index_t pos = filled < k ? filled++ : k - 1;
-      while (pos > 0 && v > w[pos - 1]) {
-        w[pos] = w[pos - 1];
-        ind[pos] = ind[pos - 1];
-        --pos;
-      }
-      w[pos] = v;
-      ind[pos] = static_cast<token_t>(e);
-    }
+    detail::topk_insert(static_cast<const T*>(p), E, k, w, ind);  // topk.hpp: an earlier index wins a tie
     if (renormalise) {
       T s = 0;
       for (index_t j = 0; j < k; ++j) s += w[j];

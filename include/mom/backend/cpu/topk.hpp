@@ -16,12 +16,11 @@ namespace mom::cpu {
 
 namespace detail {
 // Insertion into a sorted list of k: O(N k). A candidate goes after every kept entry that is >= it, so an
-// earlier index wins a tie. Entries from `from` on are inserted into val / ind, which hold the first `from`
-// (from <= k) already sorted.
+// earlier index wins a tie.
 template <class T>
-void topk_insert(const T* row, index_t N, index_t k, T* val, token_t* ind, index_t from = 0) {
-  index_t filled = from;
-  for (index_t j = from; j < N; ++j) {
+void topk_insert(const T* row, index_t N, index_t k, T* val, token_t* ind) {
+  index_t filled = 0;
+  for (index_t j = 0; j < N; ++j) {
     const T xj = row[j];
     if (filled == k && !(xj > val[k - 1])) continue;
     index_t pos = filled < k ? filled++ : k - 1;
@@ -84,17 +83,20 @@ unsigned topk_select_block(const T* x, index_t ld, index_t rows, index_t N, T* v
   }
   return with_nan;
 }
+// The block for k in 1..8; returns the rows it left to the insertion.
 template <class T>
-bool topk_select_block(const T* x, index_t ld, index_t rows, index_t N, index_t k, T* val, index_t val_ld,
-                       token_t* ind, index_t ind_ld, unsigned& with_nan) {
+unsigned topk_select_block(const T* x, index_t ld, index_t rows, index_t N, index_t k, T* val, index_t val_ld,
+                           token_t* ind, index_t ind_ld) {
   switch (k) {
-    case 1: with_nan = topk_select_block<1>(x, ld, rows, N, val, val_ld, ind, ind_ld); return true;
-    case 2: with_nan = topk_select_block<2>(x, ld, rows, N, val, val_ld, ind, ind_ld); return true;
-    case 3: with_nan = topk_select_block<3>(x, ld, rows, N, val, val_ld, ind, ind_ld); return true;
-    case 4: with_nan = topk_select_block<4>(x, ld, rows, N, val, val_ld, ind, ind_ld); return true;
-    case 6: with_nan = topk_select_block<6>(x, ld, rows, N, val, val_ld, ind, ind_ld); return true;
-    case 8: with_nan = topk_select_block<8>(x, ld, rows, N, val, val_ld, ind, ind_ld); return true;
-    default: return false;
+    case 1: return topk_select_block<1>(x, ld, rows, N, val, val_ld, ind, ind_ld);
+    case 2: return topk_select_block<2>(x, ld, rows, N, val, val_ld, ind, ind_ld);
+    case 3: return topk_select_block<3>(x, ld, rows, N, val, val_ld, ind, ind_ld);
+    case 4: return topk_select_block<4>(x, ld, rows, N, val, val_ld, ind, ind_ld);
+    case 5: return topk_select_block<5>(x, ld, rows, N, val, val_ld, ind, ind_ld);
+    case 6: return topk_select_block<6>(x, ld, rows, N, val, val_ld, ind, ind_ld);
+    case 7: return topk_select_block<7>(x, ld, rows, N, val, val_ld, ind, ind_ld);
+    case 8: return topk_select_block<8>(x, ld, rows, N, val, val_ld, ind, ind_ld);
+    default: return (1u << rows) - 1;  // every row (rows < 32)
   }
 }
 }  // namespace detail
@@ -112,10 +114,8 @@ void topk_rows(MatrixView<T> values, MatrixView<token_t> indices, MatrixView<con
 #pragma omp parallel for schedule(static) if (x.rows * N > (1 << 13))
     for (index_t b = 0; b < blocks; ++b) {
       const index_t r0 = b * B, rows = std::min(B, x.rows - r0);
-      unsigned with_nan = 0;
-      if (!detail::topk_select_block(x.row(r0), x.ld, rows, N, k, values.row(r0), values.ld, indices.row(r0),
-                                     indices.ld, with_nan))
-        with_nan = rows == B ? ~0u : (1u << rows) - 1;
+      const unsigned with_nan = detail::topk_select_block(x.row(r0), x.ld, rows, N, k, values.row(r0), values.ld,
+                                                          indices.row(r0), indices.ld);
       for (index_t l = 0; l < rows; ++l)
         if (with_nan >> l & 1u) detail::topk_insert(x.row(r0 + l), N, k, values.row(r0 + l), indices.row(r0 + l));
     }
