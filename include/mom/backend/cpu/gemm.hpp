@@ -10,6 +10,7 @@
 #include <span>
 #include <string_view>
 
+#include "mom/backend/cpu/activation.hpp"
 #include "mom/backend/cpu/eigen_map.hpp"
 #include "mom/backend/cpu/parallel.hpp"
 #include "mom/backend/shape_checks.hpp"
@@ -145,10 +146,11 @@ void gemm_gathered(MatrixView<T> C, MatrixView<const T> A, Trans ta, std::span<c
 #endif
   detail::gemm_eigen(C, a_rows.empty() ? A : detail::gathered_copy<T, 0>(a_rows, A, a_scale), ta,
                      b_rows.empty() ? B : detail::gathered_copy<T, 1>(b_rows, B), tb, alpha, beta);
-  if (ep == Epilogue::relu)
-#pragma omp parallel for schedule(static) if (C.rows * C.cols > (1 << 16))
-    for (index_t r = 0; r < C.rows; ++r)
-      for (index_t c = 0; c < C.cols; ++c) C(r, c) = C(r, c) < T(0) ? T(0) : C(r, c);  // std::max(v, 0)
+  if (ep == Epilogue::relu)  // relu_forward itself, row by row (C may be a column block)
+    for (index_t r = 0; r < C.rows; ++r) {
+      const std::span<T> row(C.row(r), std::size_t(C.cols));
+      relu_forward<T>(row, std::span<const T>(row));
+    }
 }
 template <class T>
 void gemm_gathered(MatrixView<T> C, MatrixView<const T> A, Trans ta, std::span<const token_t> a_rows,

@@ -35,19 +35,7 @@ __global__ void route_topk_forward_kernel(MatrixView<T> weights, MatrixView<toke
     for (index_t e = 0; e < E; ++e) p[e] /= sum;
     T* w = weights.data + r * weights.ld;
     token_t* ind = picks.data + r * picks.ld;
-    index_t filled = 0;
-    for (index_t e = 0; e < E; ++e) {
-      const T val = p[e];
-      if (filled == k && !(val > w[k - 1])) continue;
-      index_t pos = filled < k ? filled++ : k - 1;
-      while (pos > 0 && val > w[pos - 1]) {
-        w[pos] = w[pos - 1];
-        ind[pos] = ind[pos - 1];
-        --pos;
-      }
-      w[pos] = val;
-      ind[pos] = static_cast<token_t>(e);
-    }
+    topk_insert(static_cast<const T*>(p), E, k, w, ind);
     if (renormalise) {
       T s = T(0);
       for (index_t j = 0; j < k; ++j) s += w[j];

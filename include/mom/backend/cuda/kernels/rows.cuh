@@ -70,23 +70,7 @@ __global__ void scatter_add_rows_backward_kernel(MatrixView<T> din, T* dweights,
 template <class T>
 __global__ void topk_rows_kernel(MatrixView<T> values, MatrixView<token_t> indices, MatrixView<const T> x) {
   MOM_GRID_STRIDE(r, x.rows) {
-    const T* row = x.data + r * x.ld;
-    T* val = values.data + r * values.ld;
-    token_t* ind = indices.data + r * indices.ld;
-    const index_t k = values.cols;
-    index_t filled = 0;
-    for (index_t j = 0; j < x.cols; ++j) {
-      const T xj = row[j];
-      if (filled == k && !(xj > val[k - 1])) continue;
-      index_t pos = filled < k ? filled++ : k - 1;
-      while (pos > 0 && xj > val[pos - 1]) {
-        val[pos] = val[pos - 1];
-        ind[pos] = ind[pos - 1];
-        --pos;
-      }
-      val[pos] = xj;
-      ind[pos] = static_cast<token_t>(j);
-    }
+    topk_insert(x.data + r * x.ld, x.cols, values.cols, values.data + r * values.ld, indices.data + r * indices.ld);
   }
 }
 
