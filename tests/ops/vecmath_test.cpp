@@ -2,13 +2,17 @@
 // instruction set this CPU has (the ISA follows cpu::set_gemm_kernel: avx512, avx2, eigen = 128-bit
 // baseline): exp to ~1 ulp, GELU and its derivative to a small relative error everywhere (no cancellation
 // where tanh is near -1), NaN propagated (a diverged step must stay visible), and a tail element computed
-// exactly as the same value inside a full vector.
+// exactly as the same value inside a full vector; log1p on [0, 1] to a few ulp, and the stick-breaking lane
+// kernels (weights, σ, the spent-stick exit and their backward) against the double path of cpu/stick_breaking.hpp.
 #include <catch2/catch.hpp>
 
 #include <mom/backend/cpu.hpp>
+#include <mom/backend/cpu/stick_breaking.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -87,4 +91,78 @@ TEST_CASE("vecmath: exp, GELU and GELU' match double on every ISA of this CPU", 
   }
   CHECK(tested >= 1);
   REQUIRE(cpu::set_gemm_kernel(best.c_str()));  // back to the default for the other tests
+}
+
+TEST_CASE("vecmath: log1p on [0, 1] to a few ulp (the source every ISA compiles)", "[ops][vecmath]") {
+  namespace b = vm::baseline;
+  double worst = 0;
+  std::vector<float> e;
+  for (float v = 0.0f; v <= 1.0f; v += 1.0f / 4099) e.push_back(v);
+  for (float v = 1e-30f; v < 1e-3f; v *= 1.7f) e.push_back(v);  // where 1 + e rounds to 1 or near it
+  e.push_back(1.0f);
+  for (std::size_t i = 0; i + b::W <= e.size(); i += b::W) {
+    const b::vf r = b::log1p_unit(b::load(e.data() + i));
+    for (int l = 0; l < b::W; ++l) {
+      const double want = std::log1p(double(e[i + std::size_t(l)]));
+      worst = std::max(worst, want == 0 ? std::abs(double(r[l])) : std::abs(double(r[l]) - want) / want);
+    }
+  }
+  CHECK(worst < 4e-7);
+  CHECK(b::exp_or_zero(b::splat(-87.5f))[0] == 0.0f);  // below float's normal range: 0, not exp's clamp
+  CHECK(b::exp_or_zero(b::splat(-80.0f))[0] == Approx(std::exp(-80.0)).epsilon(1e-6));
+}
+
+TEST_CASE("vecmath: stick-breaking lanes match the double path on every ISA of this CPU", "[ops][vecmath]") {
+  // 16 key-major columns of 300 keys: queries ending at various keys (one column without a query), scores of a
+  // few units (the weights spread over ~100 keys) and, in a second round, large positive ones (every stick spent
+  // within a few keys: the early exit, all weights below it 0).
+  namespace sb = mom::cpu::detail;
+  const index_t keys = 300, ld = 32, L = sb::kStickBreakingLanes;
+  std::int32_t top[16];
+  for (index_t c = 0; c < L; ++c) top[c] = c == 5 ? -1 : std::int32_t(keys - 1 - 17 * c);
+  const std::string best = cpu::gemm_kernel();
+  int tested = 0;
+  for (const char* kernel : {"avx512", "avx2", "eigen"}) {
+    if (!cpu::set_gemm_kernel(kernel)) continue;
+    ++tested;
+    for (const double spread : {2.0, 40.0}) {
+      INFO("ISA " << kernel << ", scores of spread " << spread);
+      std::mt19937 rng(7);
+      std::normal_distribution<double> nd(spread > 10 ? 20.0 : 0.0, spread);
+      std::vector<double> zd(std::size_t(keys * ld)), gd(zd.size());
+      for (auto& v : zd) v = nd(rng);
+      for (auto& v : gd) v = nd(rng) / spread;
+      std::vector<float> zf(zd.begin(), zd.end()), gf(gd.begin(), gd.end()), sf(zd.size());
+      for (std::size_t i = 0; i < zd.size(); ++i) zd[i] = zf[i], gd[i] = gf[i];  // the same inputs
+      std::vector<double> sd(zd.size());
+      const std::vector<double> g_in = gd;
+      const index_t jmax = keys - 1;
+      const index_t lo_d = sb::stick_breaking_lanes<double>(zd.data(), sd.data(), ld, top, jmax);
+      const index_t lo_f = sb::stick_breaking_lanes<float>(zf.data(), sf.data(), ld, top, jmax);
+      sb::stick_breaking_lanes_backward<double>(gd.data(), zd.data(), sd.data(), ld, top, lo_d, jmax, 0.125);
+      sb::stick_breaking_lanes_backward<float>(gf.data(), zf.data(), sf.data(), ld, top, lo_f, jmax, 0.125f);
+      if (spread > 10) CHECK(lo_f > 0);  // the sticks were spent: the descent stopped early
+      double worst_p = 0, worst_s = 0, worst_g = 0, gscale = 0;
+      bool zeros = true;
+      for (index_t j = 0; j < keys; ++j)
+        for (index_t c = 0; c < L; ++c) {
+          const std::size_t i = std::size_t(j * ld + c);
+          if (j > top[c] || j < lo_f) zeros = zeros && zf[i] == 0.0f && sf[i] == 0.0f && gf[i] == 0.0f;
+          // the suffix (up to ~110) rounds to float before the exp: ~1e-5 relative at the cutoff
+          worst_p = std::max(worst_p, std::abs(double(zf[i]) - zd[i]) / std::max(zd[i], 1e-30));
+          // σ where the float weight is 0 is not used (the prefix is 0 there too): the double path carries its
+          // weights down to 1e-300 (cutoff 750), the float stops where they leave float's range
+          if (zf[i] > 0) worst_s = std::max(worst_s, std::abs(double(sf[i]) - sd[i]));
+          // dz = scale·(g p − σ Σ g p) cancels where σ ~ 1: its error is relative to the terms, not the result
+          worst_g = std::max(worst_g, std::abs(double(gf[i]) - gd[i]));
+          gscale = std::max(gscale, 0.125 * std::abs(double(g_in[i]) * zd[i]));
+        }
+      CHECK(zeros);
+      CHECK(worst_p < 2e-5);
+      CHECK(worst_s < 3e-7);
+      CHECK(worst_g < 1e-5 * gscale);
+    }
+  }
+  CHECK(tested >= 1);
+  REQUIRE(cpu::set_gemm_kernel(best.c_str()));
 }

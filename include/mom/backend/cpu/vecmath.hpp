@@ -1,8 +1,9 @@
 #pragma once
 // Vectorised float math of the element-wise hot loops (the attention softmax's exp, GELU forward and
-// backward), chosen at run time like the GEMM (gemm_native.hpp): each instruction set's kernels are
-// compiled under `#pragma GCC target` (vecmath_isa.hpp, included once per width), and the ISA the GEMM
-// uses picks them, so a program built with plain -O2 runs them as wide as one built with -march=native.
+// backward, the stick-breaking weights), chosen at run time like the GEMM (gemm_native.hpp): each
+// instruction set's kernels are compiled under `#pragma GCC target` (vecmath_isa.hpp, included once per
+// width), and the ISA the GEMM uses picks them, so a program built with plain -O2 runs them as wide as
+// one built with -march=native.
 // Eigen's exp / tanh are fixed to the including program's flags (SSE2 at plain -O2: measured 1.8x slower
 // attention and 4x slower GELU in a training step, bench/RESULTS.md). The double versions stay on
 // Eigen (gradient checks).
@@ -60,6 +61,16 @@ inline void gelu_forward(float* out, const float* x, index_t n) { MOM_VECMATH_DI
 // dx[i] += dout[i] · gelu'(x[i]) (add), or dx[i] = dout[i] · gelu'(x[i]).
 inline void gelu_backward(float* dx, const float* x, const float* dout, index_t n, bool add = true) {
   MOM_VECMATH_DISPATCH(gelu_backward(dx, x, dout, n, add))
+}
+// Stick-breaking weights and their backward over 16 key-major columns (vecmath_isa.hpp; cpu/stick_breaking.hpp).
+inline constexpr int kStickBreakingLanes = 16;
+inline index_t stick_breaking_lanes(float* zt, float* sig, index_t ld, const std::int32_t* top, index_t jmax,
+                                    double cutoff) {
+  MOM_VECMATH_DISPATCH(stick_breaking_lanes(zt, sig, ld, top, jmax, cutoff))
+}
+inline void stick_breaking_lanes_backward(float* gt, const float* pt, const float* sig, index_t ld,
+                                          const std::int32_t* top, index_t lo, index_t jmax, double scale) {
+  MOM_VECMATH_DISPATCH(stick_breaking_lanes_backward(gt, pt, sig, ld, top, lo, jmax, scale))
 }
 #undef MOM_VECMATH_DISPATCH
 
