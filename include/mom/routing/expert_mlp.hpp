@@ -116,10 +116,12 @@ struct ExpertMlp {
     // Every row is in a group (no SKIP class), so each op below overwrites its whole output: no zeroing. W₂'s
     // products read dL/dy = weight · dout[token] (combine_linear_backward: not written where the backend can).
     const MatrixView<const T> act{ws + s.act, rows, width};
+    MatrixView<T> dpre = dh;  // dL/dh, what W₁'s products read
     if constexpr (std::is_same_v<Act, Relu> && WeighsAfterProducts<Be, T>) {
       // dact unweighted, then the weights, dL/d(weight) and ReLU's backward (ReLU'(h) = [act > 0]) in one pass over
-      // act (weigh_after_products: y is not read)
-      weigh_after_products(be, rr, dout, dwp, dact, dh, w2(gw2), act, std::span<const token_t>{}, w2(pw2), true);
+      // act (weigh_after_products: y is not read), in place: dL/dh overwrites dact row by row
+      weigh_after_products(be, rr, dout, dwp, dact, dact, w2(gw2), act, std::span<const token_t>{}, w2(pw2), true);
+      dpre = dact;
     } else {
       combine_linear_backward(be, rr, MatrixView<const T>{ws + s.y, rows, d}, dout, dy, dwp, dact, w2(gw2), act,
                               std::span<const token_t>{}, w2(pw2), Store::overwrite);
@@ -127,7 +129,7 @@ struct ExpertMlp {
                     std::span<const T>(dact.flat()), Store::overwrite);
     }
     // dy now becomes dL/d(gathered input)
-    be.grouped_linear_backward(dy, w1(gw1), PerGroup<T>{}, MatrixView<const T>(dh), in, rr.token, w1(pw1), g,
+    be.grouped_linear_backward(dy, w1(gw1), PerGroup<T>{}, MatrixView<const T>(dpre), in, rr.token, w1(pw1), g,
                                Store::overwrite);
     return dy;
   }

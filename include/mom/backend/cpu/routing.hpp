@@ -157,6 +157,9 @@ void selection_entropy_forward(std::span<T> loss_out, MatrixView<T> dlogits, Mat
   for (index_t b = 0; b < batch; ++b) {
     thread_local std::vector<T> p;  // grows once to the widest selection
     p.assign(std::size_t(C), T(0));
+    // with cond_coef: log s of the sequence's rows, taken once (both passes read them); grows once
+    thread_local std::vector<T> log_s;
+    if (cond_coef != T(0) && log_s.size() < std::size_t(seq * C)) log_s.resize(std::size_t(seq * C));
     T cond = 0;
     for (index_t t = 0; t < seq; ++t) {  // softmax rows into dlogits, their mean into p
       const index_t r = b * seq + t;
@@ -173,8 +176,10 @@ void selection_entropy_forward(std::span<T> loss_out, MatrixView<T> dlogits, Mat
       }
       const T inv = T(1) / sum;
       for (index_t e = 0; e < C; ++e) p[std::size_t(e)] += (s[e] *= inv);
-      if (cond_coef != T(0))
-        for (index_t e = 0; e < C; ++e) cond += s[e] * std::log(std::max(s[e], tiny));
+      if (cond_coef != T(0)) {
+        T* ls = log_s.data() + t * C;
+        for (index_t e = 0; e < C; ++e) cond += s[e] * (ls[e] = std::log(std::max(s[e], tiny)));
+      }
     }
     T neg_entropy = 0;
     for (index_t e = 0; e < C; ++e) {
@@ -191,9 +196,11 @@ void selection_entropy_forward(std::span<T> loss_out, MatrixView<T> dlogits, Mat
       if (cond_coef == T(0)) {
         for (index_t e = 0; e < C; ++e) dot += s[e] * p[std::size_t(e)];
         for (index_t e = 0; e < C; ++e) s[e] *= p[std::size_t(e)] - dot;
-      } else {
-        for (index_t e = 0; e < C; ++e) dot += s[e] * (p[std::size_t(e)] + cond_coef * std::log(std::max(s[e], tiny)) / T(n));
-        for (index_t e = 0; e < C; ++e) s[e] *= p[std::size_t(e)] + cond_coef * std::log(std::max(s[e], tiny)) / T(n) - dot;
+      } else {  // g_e = p_e + cond_coef · log s_e / n, in log_s's row
+        T* ge = log_s.data() + t * C;
+        for (index_t e = 0; e < C; ++e) ge[e] = p[std::size_t(e)] + cond_coef * ge[e] / T(n);
+        for (index_t e = 0; e < C; ++e) dot += s[e] * ge[e];
+        for (index_t e = 0; e < C; ++e) s[e] *= ge[e] - dot;
       }
     }
   }
