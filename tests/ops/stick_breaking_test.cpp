@@ -335,8 +335,9 @@ TEST_CASE("stick_breaking in the denormal range: caller's MXCSR kept, same bits 
 TEST_CASE("stick_breaking_decode + kv_write: token by token through the cache equals the forward (float, double)",
           "[ops][stick_breaking][decode]") {
   // B sequences of S tokens in an interleaved order (sequence b's token t at step t, slots in reverse order),
-  // each row attending through the cache to its own sequence's earlier tokens; rows beyond 256 keys included.
-  const index_t B = 3, S = 270, heads = 4, d = 32, max_len = 280;
+  // each row attending through the cache to its own sequence's earlier tokens; rows beyond 256 keys included;
+  // 5 rows of 4 heads: two lane groups of (row, head) pairs on the CPU, the second partly filled.
+  const index_t B = 5, S = 270, heads = 4, d = 32, max_len = 280;
   Rng rng(156);
   const auto qkv = random_vec<double>(std::size_t(B * S * 3 * d), rng, -1.5, 1.5);
   auto run = [&]<class T>(T) {
