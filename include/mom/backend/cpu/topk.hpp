@@ -9,30 +9,16 @@
 
 #include "mom/backend/cpu/eigen_map.hpp"
 #include "mom/backend/shape_checks.hpp"
+#include "mom/backend/topk_insert.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
 
 namespace mom::cpu {
 
 namespace detail {
-// Insertion into a sorted list of k: O(N k). A candidate goes after every kept entry that is >= it, so an
-// earlier index wins a tie.
-template <class T>
-void topk_insert(const T* row, index_t N, index_t k, T* val, token_t* ind) {
-  index_t filled = 0;
-  for (index_t j = 0; j < N; ++j) {
-    const T xj = row[j];
-    if (filled == k && !(xj > val[k - 1])) continue;
-    index_t pos = filled < k ? filled++ : k - 1;
-    while (pos > 0 && xj > val[pos - 1]) {
-      val[pos] = val[pos - 1];
-      ind[pos] = ind[pos - 1];
-      --pos;
-    }
-    val[pos] = xj;
-    ind[pos] = static_cast<token_t>(j);
-  }
-}
+// Insertion into a sorted list of k: O(N k), an earlier index winning a tie (backend/topk_insert.hpp: one body
+// with the CUDA kernels').
+using backend_common::topk_insert;
 // The same for a k fixed at compile time over a block of up to 16 rows at once, one row a vector lane (after
 // each row's first K entries are inserted as above): every later entry moves each lane's list by selects on the K
 // comparisons x > val[i], with no branches (the insertion's data-dependent branches mispredict about once per

@@ -26,6 +26,7 @@
 
 #include "mom/backend/cuda/check.hpp"
 #include "mom/backend/cuda/kernels.hpp"
+#include "mom/backend/topk_insert.hpp"
 
 namespace mom::cuda {
 
@@ -136,25 +137,9 @@ __device__ __forceinline__ T max_value() {
   return std::numeric_limits<T>::max();
 }
 
-// One row's top-k by insertion into the sorted list val / ind (k entries), as the CPU's (cpu/topk.hpp, topk_insert):
-// a candidate goes after every kept entry that is >= it, so an earlier index wins a tie. topk_rows' and the softmax
-// router's kernels, a thread per row.
-template <class T>
-__device__ inline void topk_insert(const T* row, index_t N, index_t k, T* val, token_t* ind) {
-  index_t filled = 0;
-  for (index_t j = 0; j < N; ++j) {
-    const T xj = row[j];
-    if (filled == k && !(xj > val[k - 1])) continue;
-    index_t pos = filled < k ? filled++ : k - 1;
-    while (pos > 0 && xj > val[pos - 1]) {
-      val[pos] = val[pos - 1];
-      ind[pos] = ind[pos - 1];
-      --pos;
-    }
-    val[pos] = xj;
-    ind[pos] = static_cast<token_t>(j);
-  }
-}
+// One row's top-k by insertion, the CPU's own body (backend/topk_insert.hpp): topk_rows' and the softmax router's
+// kernels, a thread per row.
+using backend_common::topk_insert;
 
 template <class T>
 __device__ __forceinline__ T warp_sum(T v) {
