@@ -152,18 +152,14 @@ void stick_breaking_lanes_backward(T* gt, const T* pt, const T* sig, index_t ld,
 // The queries [i0, i0 + rows) of a block as lane groups: top[c] = i0 + c (−1 past the block), for group c0.
 struct BlockTops {
   std::int32_t top[kStickBreakingLanes];
-  BlockTops(index_t i0, index_t rows, index_t c0) {
+  index_t jmax;  // the group's last query's key: the largest top
+  BlockTops(index_t i0, index_t rows, index_t c0) : jmax(i0 + std::min(rows, c0 + kStickBreakingLanes) - 1) {
     for (index_t c = 0; c < kStickBreakingLanes; ++c) top[c] = c0 + c < rows ? std::int32_t(i0 + c0 + c) : -1;
-  }
-  index_t jmax() const {
-    index_t m = -1;
-    for (auto t : top) m = std::max<index_t>(m, t);
-    return m;
   }
   // Zeroes the group's columns of m (key-major, keys × queries) at the keys above every top: later queries'.
   template <class T>
   void zero_above(MatrixView<T> m, index_t c0) const {
-    for (index_t j = jmax() + 1; j < m.rows; ++j) std::fill(m.row(j) + c0, m.row(j) + c0 + kStickBreakingLanes, T(0));
+    for (index_t j = jmax + 1; j < m.rows; ++j) std::fill(m.row(j) + c0, m.row(j) + c0 + kStickBreakingLanes, T(0));
   }
 };
 }  // namespace detail
@@ -194,7 +190,7 @@ void stick_breaking_forward(MatrixView<T> out, MatrixView<const T> qkv, index_t 
       gemm_serial<T>(pt, k.row_block(0, i1), Trans::N, q.row_block(i0, rows), Trans::T, scale);
       for (index_t c0 = 0; c0 < rows; c0 += detail::kStickBreakingLanes) {
         const detail::BlockTops t(i0, rows, c0);
-        detail::stick_breaking_lanes<T>(pt.data + c0, nullptr, pt.ld, t.top, t.jmax());
+        detail::stick_breaking_lanes<T>(pt.data + c0, nullptr, pt.ld, t.top, t.jmax);
         t.zero_above(pt, c0);
       }
       gemm_serial<T>(o.row_block(i0, rows), pt, Trans::T, v.row_block(0, i1), Trans::N);
@@ -240,8 +236,8 @@ void stick_breaking_backward(MatrixView<T> dqkv, MatrixView<const T> dout, Matri
         gemm_serial<T>(gt, v.row_block(0, i1), Trans::N, dO.row_block(i0, rows), Trans::T);
         for (index_t c0 = 0; c0 < rows; c0 += detail::kStickBreakingLanes) {
           const detail::BlockTops t(i0, rows, c0);
-          const index_t lo = detail::stick_breaking_lanes<T>(pt.data + c0, scratch_s + c0, ld, t.top, t.jmax());
-          detail::stick_breaking_lanes_backward<T>(gt.data + c0, pt.data + c0, scratch_s + c0, ld, t.top, lo, t.jmax(),
+          const index_t lo = detail::stick_breaking_lanes<T>(pt.data + c0, scratch_s + c0, ld, t.top, t.jmax);
+          detail::stick_breaking_lanes_backward<T>(gt.data + c0, pt.data + c0, scratch_s + c0, ld, t.top, lo, t.jmax,
                                                    scale);
           t.zero_above(pt, c0);
           t.zero_above(gt, c0);
