@@ -82,6 +82,18 @@ TEST_CASE("selection_mask and skip_select (layer-skip and early-exit state)", "[
   CHECK(alive == std::vector<token_t>{1, 0, 0, 0, 1, 0});
 }
 
+TEST_CASE("sigmoid_forward over the threads (a selection's 16384 scores): each element is the one-element formula's",
+          "[depth][ops]") {
+  Rng rng(9);
+  const std::size_t n = 16384 + 3;
+  const auto x = random_vec<float>(n, rng, -20, 20);
+  std::vector<float> y(n);
+  cpu::Backend<float>{}.sigmoid_forward(std::span<float>(y), std::span<const float>(x));
+  for (std::size_t i = 0; i < n; ++i) REQUIRE(y[i] == 1.0f / (1.0f + std::exp(-x[i])));
+  cpu::Backend<float>{}.sigmoid_forward(std::span<float>(y), std::span<const float>(y));  // in place
+  for (std::size_t i = 0; i < n; ++i) REQUIRE(y[i] == 1.0f / (1.0f + std::exp(-(1.0f / (1.0f + std::exp(-x[i]))))));
+}
+
 TEST_CASE("sigmoid and BCE on logits: naive reference and finite-difference gradients", "[depth][ops]") {
   cpu::Backend<double> be;
   Rng rng(5);

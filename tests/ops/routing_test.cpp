@@ -74,6 +74,28 @@ TEST_CASE("gather / scatter_add: float vs naive loops, duplicate indices accumul
   CHECK(out[7 * d] == Approx(want[7 * d]).epsilon(1e-5));
 }
 
+TEST_CASE("gather_rows and copy of narrow rows (a selection's weights, a column block of its logits): element by "
+          "element", "[ops][dispatch]") {
+  Rng rng(8);
+  cpu::Backend<float> be;
+  const index_t T = 97, n = 5000, wide = 16;
+  const auto table = random_vec<float>(T * wide, rng);
+  std::vector<token_t> idx(n);
+  for (auto& i : idx) i = rng.integer(0, int(T) - 1);
+  for (const index_t d : {1, 3, 8, 9}) {  // 9: the memcpy path
+    INFO(d << " columns");
+    std::vector<float> out(std::size_t(n * d), -1.0f);
+    be.gather_rows(mat(out, n, d), MatrixView<const float>{table.data() + 2, T, d, wide}, idx);
+    for (index_t i = 0; i < n; ++i)
+      for (index_t c = 0; c < d; ++c) REQUIRE(out[std::size_t(i * d + c)] == table[std::size_t(idx[i] * wide + 2 + c)]);
+    std::vector<float> block(std::size_t(T * wide), 7.0f);  // into columns [3, 3 + d) of a wider matrix
+    be.copy(MatrixView<float>{block.data() + 3, T, d, wide}, MatrixView<const float>{table.data() + 1, T, d, wide});
+    for (index_t r = 0; r < T; ++r)
+      for (index_t c = 0; c < wide; ++c)
+        REQUIRE(block[std::size_t(r * wide + c)] == (c >= 3 && c < 3 + d ? table[std::size_t(r * wide + 1 + c - 3)] : 7.0f));
+  }
+}
+
 // Large calls list each output row's entries (a counting sort) and give threads whole rows; the additions
 // into a row must still be the entries' order, so the result is the literal in-order loop's, bit for bit, on
 // 1 and 2 threads (float sums are order-dependent: a row's entries taken in another order differ in the last bits).

@@ -25,12 +25,23 @@ inline void check_row_indices(const char* op, std::span<const token_t> idx, inde
 }
 }  // namespace detail
 
+// Rows of at most this many values are copied element by element (a memcpy call costs more than the copy).
+inline constexpr index_t narrow_row = 8;
+
 // out[i] = in[idx[i]] for i < n. Writes out [n×d]; in is [T×d].
 template <class T>
 void gather_rows(MatrixView<T> out, MatrixView<const T> in, std::span<const token_t> idx) {
   checks::gather_rows_shapes<T>(out, in, idx);
   detail::check_row_indices("gather_rows", idx, in.rows, shape(in));
   const index_t d = in.cols;
+  if (d <= narrow_row) {  // a selection's weights into group order (one value a row): no call a row
+    for (index_t i = 0; i < out.rows; ++i) {
+      const T* src = in.row(idx[i]);
+      T* dst = out.row(i);
+      for (index_t c = 0; c < d; ++c) dst[c] = src[c];
+    }
+    return;
+  }
 #pragma omp parallel for schedule(static) if (out.rows * d > (1 << 16))
   for (index_t i = 0; i < out.rows; ++i) std::memcpy(out.row(i), in.row(idx[i]), static_cast<std::size_t>(d) * sizeof(T));
 }
