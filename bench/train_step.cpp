@@ -866,7 +866,7 @@ int main(int argc, char** argv) {
     for (const auto& [k, sec] : o)
       std::printf("| %s | %.2f | %.1f%% |\n", k.c_str(), 1e3 * sec / r.reps, 100 * sec / r.instrumented_s);
   }
-  if (dense) {
+  if (dense && dense->model_train_flops > 0) {  // dense8 (or --wide's) run: not dense8-rope alone (--only moeut)
     const double gfs = dense->model_train_flops / dense->step_s * 1e-9;
     std::printf("\ndense: Model::training_flops(%lld, %lld) = %.3f GFLOP (executed count %.3f GFLOP) -> %.1f GFLOP/s = "
                 "%.0f%% of the %.1f GFLOP/s sgemm peak (bench/RESULTS.md)\n",
