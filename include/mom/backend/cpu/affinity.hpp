@@ -9,41 +9,12 @@
 #include <cstdint>
 #include <span>
 
+#include "mom/backend/affinity_row.hpp"
 #include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/tensor.hpp"
 
 namespace mom::cpu {
-
-namespace detail {
-// Group-limited routing (V3 §2.1.2): the routed experts in `groups` equal groups, each scored by the sum of
-// its two largest biased affinities (its one when a group holds a single expert); a bit per group kept
-// among the `top_groups` best (ties to the lower group). All groups when groups <= 1.
-template <class T>
-std::uint64_t affinity_groups(const T* s, const T* bias, index_t E, index_t groups, index_t top_groups) {
-  if (groups <= 1) return ~std::uint64_t(0);
-  const index_t per = E / groups;
-  T score[64];
-  for (index_t g = 0; g < groups; ++g) {
-    T a = s[g * per] + bias[g * per], b = a;  // two largest
-    bool second = false;
-    for (index_t e = g * per + 1; e < (g + 1) * per; ++e) {
-      const T v = s[e] + bias[e];
-      if (v > a) b = a, a = v, second = true;
-      else if (!second || v > b) b = v, second = true;
-    }
-    score[g] = per > 1 ? a + b : a;
-  }
-  std::uint64_t keep = 0;
-  for (index_t m = 0; m < top_groups; ++m) {
-    index_t best = -1;
-    for (index_t g = 0; g < groups; ++g)
-      if (!(keep >> g & 1) && (best < 0 || score[g] > score[best])) best = g;
-    keep |= std::uint64_t(1) << best;
-  }
-  return keep;
-}
-}  // namespace detail
 
 // scores [n × E]: the routed experts' affinities σ(logits). Per row, with K = weights.cols and the first
 // `shared` slots the always-on experts:
@@ -57,43 +28,11 @@ void affinity_topk_forward(MatrixView<T> weights, MatrixView<token_t> picks, Mat
                            MatrixView<const T> scores, std::span<const T> bias, index_t shared, index_t groups,
                            index_t top_groups, bool renormalise, T scale) {
   checks::affinity_topk_forward_shapes<T>(weights, picks, probs, scores, ssize(bias), shared, groups, top_groups);
-  const index_t n = scores.rows, E = scores.cols, K = weights.cols, k = K - shared;
+  const index_t n = scores.rows, E = scores.cols, K = weights.cols;
 #pragma omp parallel for schedule(static) if (n * E > (1 << 15))
-  for (index_t r = 0; r < n; ++r) {
-    const T* s = scores.row(r);
-    T* w = weights.row(r);
-    token_t* ind = picks.row(r);
-    for (index_t j = 0; j < shared; ++j) w[j] = T(1), ind[j] = token_t(j);
-    const std::uint64_t keep = detail::affinity_groups(s, bias.data(), E, groups, top_groups);
-    const index_t per = groups > 1 ? E / groups : E;
-    T* key = w + shared;  // the biased scores while selecting, then the weights
-    token_t* at = ind + shared;
-    index_t filled = 0;
-    for (index_t e = 0; e < E; ++e) {  // insertion top-k, earlier index wins a tie
-      if (!(keep >> (e / per) & 1)) continue;
-      const T v = s[e] + bias[std::size_t(e)];
-      if (filled == k && !(v > key[k - 1])) continue;
-      index_t pos = filled < k ? filled++ : k - 1;
-      while (pos > 0 && v > key[pos - 1]) {
-        key[pos] = key[pos - 1];
-        at[pos] = at[pos - 1];
-        --pos;
-      }
-      key[pos] = v;
-      at[pos] = token_t(e);
-    }
-    T sum = T(0);
-    for (index_t j = 0; j < k; ++j) sum += s[at[j]];
-    for (index_t j = 0; j < k; ++j) {
-      key[j] = renormalise ? scale * s[at[j]] / sum : scale * s[at[j]];
-      at[j] = token_t(shared + at[j]);
-    }
-    if (!probs.empty()) {
-      T all = T(0);
-      for (index_t e = 0; e < E; ++e) all += s[e];
-      for (index_t e = 0; e < E; ++e) probs(r, e) = s[e] / all;
-    }
-  }
+  for (index_t r = 0; r < n; ++r)  // one row: backend/affinity_row.hpp, the CUDA kernel's body too
+    backend_common::affinity_select_row(scores.row(r), bias.data(), E, groups, top_groups, shared, K, renormalise, scale,
+                                        weights.row(r), picks.row(r), probs.empty() ? nullptr : probs.row(r));
 }
 
 // Backward of affinity_topk_forward: dscores += d/dscores of Σ_{r, j >= shared} dweights[r,j] · weights[r,j]
@@ -106,26 +45,9 @@ void affinity_topk_backward(MatrixView<T> dscores, MatrixView<const T> dweights,
   checks::affinity_topk_backward_shapes<T>(dscores, dweights, scores, picks, shared, ssize(dprobs_col));
   const index_t n = scores.rows, E = scores.cols, K = picks.cols;
 #pragma omp parallel for schedule(static) if (n * E > (1 << 15))
-  for (index_t r = 0; r < n; ++r) {
-    const T* s = scores.row(r);
-    const T* dw = dweights.row(r);
-    const token_t* ind = picks.row(r);
-    T* ds = dscores.row(r);
-    if (renormalise) {  // w_j = c·s_j / S: ds_j = (c·dw_j − Σ_i dw_i w_i) / S
-      T S = T(0), dot = T(0);
-      for (index_t j = shared; j < K; ++j) S += s[ind[j] - shared];
-      for (index_t j = shared; j < K; ++j) dot += dw[j] * scale * s[ind[j] - shared] / S;
-      for (index_t j = shared; j < K; ++j) ds[ind[j] - shared] += (scale * dw[j] - dot) / S;
-    } else {
-      for (index_t j = shared; j < K; ++j) ds[ind[j] - shared] += scale * dw[j];
-    }
-    if (!dprobs_col.empty()) {  // p_e = s_e / A: ds_e = (dp_e − Σ_i dp_i p_i) / A
-      T A = T(0), dot = T(0);
-      for (index_t e = 0; e < E; ++e) A += s[e];
-      for (index_t e = 0; e < E; ++e) dot += dprobs_col[std::size_t(e)] * s[e] / A;
-      for (index_t e = 0; e < E; ++e) ds[e] += (dprobs_col[std::size_t(e)] - dot) / A;
-    }
-  }
+  for (index_t r = 0; r < n; ++r)
+    backend_common::affinity_select_row_backward(scores.row(r), dweights.row(r), picks.row(r), E, K, shared, renormalise,
+                                                 scale, dprobs_col.empty() ? nullptr : dprobs_col.data(), dscores.row(r));
 }
 
 // DeepSeek-V3's complementary sequence-wise balance loss (arXiv 2412.19437 eqs. (17)–(20)), over the rows

@@ -1,7 +1,9 @@
 #pragma once
 // Affinity routing (DeepSeekMoE; cpu/affinity.hpp): biased top-K over sigmoid affinities with optional
-// group-limited routing, its backward, the expert loads, the bias's sign update. Thread per row, the same
-// operation order as the CPU ops (so both agree to rounding).
+// group-limited routing, its backward, the expert loads, the bias's sign update. A thread per row; the selection
+// and its backward run the CPU ops' own row bodies (backend/affinity_row.hpp), the rest the same operation order
+// as the CPU ops (so both agree to rounding).
+#include "mom/backend/affinity_row.hpp"
 #include "mom/backend/cuda/kernels/common.cuh"
 
 namespace mom::cuda {
@@ -9,69 +11,14 @@ namespace mom::cuda {
 namespace dev {
 
 template <class T>
-__device__ std::uint64_t affinity_groups(const T* s, const T* bias, index_t E, index_t groups, index_t top_groups) {
-  if (groups <= 1) return ~std::uint64_t(0);
-  const index_t per = E / groups;
-  T score[64];
-  for (index_t g = 0; g < groups; ++g) {
-    T a = s[g * per] + bias[g * per], b = a;
-    bool second = false;
-    for (index_t e = g * per + 1; e < (g + 1) * per; ++e) {
-      const T v = s[e] + bias[e];
-      if (v > a) b = a, a = v, second = true;
-      else if (!second || v > b) b = v, second = true;
-    }
-    score[g] = per > 1 ? a + b : a;
-  }
-  std::uint64_t keep = 0;
-  for (index_t m = 0; m < top_groups; ++m) {
-    index_t best = -1;
-    for (index_t g = 0; g < groups; ++g)
-      if (!(keep >> g & 1) && (best < 0 || score[g] > score[best])) best = g;
-    keep |= std::uint64_t(1) << best;
-  }
-  return keep;
-}
-
-template <class T>
 __global__ void affinity_topk_forward_kernel(MatrixView<T> weights, MatrixView<token_t> picks, MatrixView<T> probs,
                                              MatrixView<const T> scores, const T* bias, index_t shared, index_t groups,
                                              index_t top_groups, bool renormalise, T scale) {
-  const index_t E = scores.cols, K = weights.cols, k = K - shared;
-  MOM_GRID_STRIDE(r, scores.rows) {
-    const T* s = scores.data + r * scores.ld;
-    T* w = weights.data + r * weights.ld;
-    token_t* ind = picks.data + r * picks.ld;
-    for (index_t j = 0; j < shared; ++j) w[j] = T(1), ind[j] = token_t(j);
-    const std::uint64_t keep = affinity_groups(s, bias, E, groups, top_groups);
-    const index_t per = groups > 1 ? E / groups : E;
-    T* key = w + shared;
-    token_t* at = ind + shared;
-    index_t filled = 0;
-    for (index_t e = 0; e < E; ++e) {
-      if (!(keep >> (e / per) & 1)) continue;
-      const T v = s[e] + bias[e];
-      if (filled == k && !(v > key[k - 1])) continue;
-      index_t pos = filled < k ? filled++ : k - 1;
-      while (pos > 0 && v > key[pos - 1]) {
-        key[pos] = key[pos - 1];
-        at[pos] = at[pos - 1];
-        --pos;
-      }
-      key[pos] = v;
-      at[pos] = token_t(e);
-    }
-    T sum = T(0);
-    for (index_t j = 0; j < k; ++j) sum += s[at[j]];
-    for (index_t j = 0; j < k; ++j) {
-      key[j] = renormalise ? scale * s[at[j]] / sum : scale * s[at[j]];
-      at[j] = token_t(shared + at[j]);
-    }
-    if (probs.data != nullptr) {
-      T all = T(0);
-      for (index_t e = 0; e < E; ++e) all += s[e];
-      for (index_t e = 0; e < E; ++e) probs.data[r * probs.ld + e] = s[e] / all;
-    }
+  const index_t E = scores.cols, K = weights.cols;
+  MOM_GRID_STRIDE(r, scores.rows) {  // one row: backend/affinity_row.hpp, the CPU op's body too
+    backend_common::affinity_select_row(scores.data + r * scores.ld, bias, E, groups, top_groups, shared, K, renormalise,
+                                        scale, weights.data + r * weights.ld, picks.data + r * picks.ld,
+                                        probs.data != nullptr ? probs.data + r * probs.ld : nullptr);
   }
 }
 
@@ -81,24 +28,9 @@ __global__ void affinity_topk_backward_kernel(MatrixView<T> dscores, MatrixView<
                                               index_t shared, bool renormalise, T scale, const T* dprobs_col) {
   const index_t E = scores.cols, K = picks.cols;
   MOM_GRID_STRIDE(r, scores.rows) {
-    const T* s = scores.data + r * scores.ld;
-    const T* dw = dweights.data + r * dweights.ld;
-    const token_t* ind = picks.data + r * picks.ld;
-    T* ds = dscores.data + r * dscores.ld;
-    if (renormalise) {
-      T S = T(0), dot = T(0);
-      for (index_t j = shared; j < K; ++j) S += s[ind[j] - shared];
-      for (index_t j = shared; j < K; ++j) dot += dw[j] * scale * s[ind[j] - shared] / S;
-      for (index_t j = shared; j < K; ++j) ds[ind[j] - shared] += (scale * dw[j] - dot) / S;
-    } else {
-      for (index_t j = shared; j < K; ++j) ds[ind[j] - shared] += scale * dw[j];
-    }
-    if (dprobs_col != nullptr) {
-      T A = T(0), dot = T(0);
-      for (index_t e = 0; e < E; ++e) A += s[e];
-      for (index_t e = 0; e < E; ++e) dot += dprobs_col[e] * s[e] / A;
-      for (index_t e = 0; e < E; ++e) ds[e] += (dprobs_col[e] - dot) / A;
-    }
+    backend_common::affinity_select_row_backward(scores.data + r * scores.ld, dweights.data + r * dweights.ld,
+                                                 picks.data + r * picks.ld, E, K, shared, renormalise, scale, dprobs_col,
+                                                 dscores.data + r * dscores.ld);
   }
 }
 
