@@ -147,7 +147,7 @@ struct Backend {
   void copy(M dst, CM src) const {
     MOM_CHECK(dst.rows == src.rows && dst.cols == src.cols, "copy: dst ", shape(dst), " and src ", shape(src), " differ");
     if (dst.contiguous() && src.contiguous()) return copy(dst.flat(), std::span<const T>(src.data, std::size_t(src.size())));
-    if (dst.cols <= 8) {  // a column block of a selection's logits (4 of 16 columns): no call a row
+    if (dst.cols <= detail::narrow_row) {  // a column block of a selection's logits (4 of 16 columns): no call a row
       for (index_t r = 0; r < dst.rows; ++r) {
         const T* s = src.row(r);
         T* d = dst.row(r);

@@ -14,6 +14,9 @@
 namespace mom::cpu {
 
 namespace detail {
+// Rows of at most this many values are copied element by element (a memcpy call costs more than the copy):
+// gather_rows, and Backend::copy of a strided block.
+inline constexpr index_t narrow_row = 8;
 struct ScatterScratch;  // scatter_add_rows' row lists (thread_scratch's owner tag)
 // Every idx[i] in [0, bound). The message names entry first + i (idx may be a part of a longer list) and the
 // table, after its name when one is given ("for x [7x6]").
@@ -25,16 +28,13 @@ inline void check_row_indices(const char* op, std::span<const token_t> idx, inde
 }
 }  // namespace detail
 
-// Rows of at most this many values are copied element by element (a memcpy call costs more than the copy).
-inline constexpr index_t narrow_row = 8;
-
 // out[i] = in[idx[i]] for i < n. Writes out [n×d]; in is [T×d].
 template <class T>
 void gather_rows(MatrixView<T> out, MatrixView<const T> in, std::span<const token_t> idx) {
   checks::gather_rows_shapes<T>(out, in, idx);
   detail::check_row_indices("gather_rows", idx, in.rows, shape(in));
   const index_t d = in.cols;
-  if (d <= narrow_row) {  // a selection's weights into group order (one value a row): no call a row
+  if (d <= detail::narrow_row) {  // a selection's weights into group order (one value a row): no call a row
     for (index_t i = 0; i < out.rows; ++i) {
       const T* src = in.row(idx[i]);
       T* dst = out.row(i);
