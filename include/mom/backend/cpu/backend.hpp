@@ -147,16 +147,15 @@ struct Backend {
   void copy(M dst, CM src) const {
     MOM_CHECK(dst.rows == src.rows && dst.cols == src.cols, "copy: dst ", shape(dst), " and src ", shape(src), " differ");
     if (dst.contiguous() && src.contiguous()) return copy(dst.flat(), std::span<const T>(src.data, std::size_t(src.size())));
-    if (dst.cols <= detail::narrow_row) {  // a column block of a selection's logits (4 of 16 columns): no call a row
-      for (index_t r = 0; r < dst.rows; ++r) {
-        const T* s = src.row(r);
-        T* d = dst.row(r);
-        for (index_t c = 0; c < dst.cols; ++c) d[c] = s[c];
-      }
-      return;
-    }
 #pragma omp parallel for schedule(static) if (dst.size() > (1 << 16))
-    for (index_t r = 0; r < dst.rows; ++r) std::copy_n(src.row(r), dst.cols, dst.row(r));
+    for (index_t r = 0; r < dst.rows; ++r) {
+      const T* s = src.row(r);
+      T* d = dst.row(r);
+      if (dst.cols <= detail::narrow_row)  // a column block of a selection's logits (4 of 16 columns): no call a row
+        for (index_t c = 0; c < dst.cols; ++c) d[c] = s[c];
+      else
+        std::copy_n(s, dst.cols, d);
+    }
   }
   // Host transfers: plain copies on the CPU; a device backend moves memory across the bus.
   template <class U>

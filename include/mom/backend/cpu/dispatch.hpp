@@ -34,16 +34,15 @@ void gather_rows(MatrixView<T> out, MatrixView<const T> in, std::span<const toke
   checks::gather_rows_shapes<T>(out, in, idx);
   detail::check_row_indices("gather_rows", idx, in.rows, shape(in));
   const index_t d = in.cols;
-  if (d <= detail::narrow_row) {  // a selection's weights into group order (one value a row): no call a row
-    for (index_t i = 0; i < out.rows; ++i) {
-      const T* src = in.row(idx[i]);
-      T* dst = out.row(i);
-      for (index_t c = 0; c < d; ++c) dst[c] = src[c];
-    }
-    return;
-  }
 #pragma omp parallel for schedule(static) if (out.rows * d > (1 << 16))
-  for (index_t i = 0; i < out.rows; ++i) std::memcpy(out.row(i), in.row(idx[i]), static_cast<std::size_t>(d) * sizeof(T));
+  for (index_t i = 0; i < out.rows; ++i) {
+    const T* src = in.row(idx[i]);
+    T* dst = out.row(i);
+    if (d <= detail::narrow_row)  // a selection's weights into group order (one value a row): no call a row
+      for (index_t c = 0; c < d; ++c) dst[c] = src[c];
+    else
+      std::memcpy(dst, src, static_cast<std::size_t>(d) * sizeof(T));
+  }
 }
 
 // out[idx[i]] += w[i] · in[i] (w empty: all 1). Accumulates into out [T×d]; in is [n×d]. Store::overwrite:
