@@ -13,9 +13,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/cuda_test_support.hpp"
@@ -253,6 +256,60 @@ TEST_CASE("bf16 LM head over the padded vocabulary: linear_forward / linear_back
   be.linear_backward(dx2.dm(n, d), dw2.dm(V, d), std::span<float>{}, dy_plain.dm(n, V), x.dm(n, d), w.dm(V, d));
   CHECK(same(dx1.fetch(), dx2.fetch()));
   CHECK(same(dw1.fetch(), dw2.fetch()));
+  be.set_precision(cuda::Precision::TF32);
+}
+
+TEST_CASE("LM head backward from the loss in one op: cross_entropy_backward then lm_head_backward, bit for bit",
+          "[cuda]") {
+  MOM_REQUIRE_GPU();
+  test::Rng rng(13);
+  // lm_head_loss_backward (ops.hpp) against the two ops it replaces, over a vocabulary laid out padded (61 in rows 64
+  // wide: the products run 64 wide) and unpadded (64), with an ignored row. Under BF16 it writes dlogits straight
+  // into the staging as bf16: the same bits as cross_entropy_backward's fp32 gradient staged by lm_head_backward (the
+  // same rounding of the same values, then the same products), and the logits are only read: their padding is
+  // poisoned with NaN, which must not reach the gradients. Under TF32 it is the two ops (the logits overwritten).
+  const index_t n = 19, d = 24;
+  auto& be = gpu<float>();
+  std::vector<token_t> t(static_cast<std::size_t>(n));
+  for (auto& v : t) v = static_cast<token_t>(rng.integer(0, 60));
+  t[4] = -1;
+  auto targets = tok_arr<float>(t);
+  for (const auto precision : {cuda::Precision::BF16, cuda::Precision::TF32})
+    for (const auto [V, ld] : std::initializer_list<std::pair<index_t, index_t>>{{61, 64}, {64, 64}}) {
+      INFO((precision == cuda::Precision::BF16 ? "bf16" : "tf32") << ", V " << V << " in rows " << ld << " wide");
+      be.set_precision(precision);
+      auto x = rand_arr<float>(n * d, rng), w = rand_arr<float>(V * d, rng), lse = rand_arr<float>(n, rng);
+      auto loss = rand_arr<float>(1, rng), logits = rand_arr<float>(n * ld, rng, -4, 4);
+      for (index_t i = 0; i < n; ++i)
+        for (index_t j = V; j < ld; ++j) logits.h[std::size_t(i * ld + j)] = std::numeric_limits<float>::quiet_NaN();
+      be.from_host(logits.ds(), std::span<const float>(logits.h));
+      be.cross_entropy_forward(loss.ds(), lse.ds(), logits.dm(n, V, ld), targets.ds());
+      auto logits2 = Arr<float>(logits.fetch());
+      auto dx1 = rand_arr<float>(n * d, rng), dw1 = rand_arr<float>(V * d, rng);
+      auto dx2 = Arr<float>(dx1.h), dw2 = Arr<float>(dw1.h);
+      const long staged_before = mom_emu_staging_copies ? mom_emu_staging_copies() : 0;
+      be.lm_head_loss_backward(dx1.dm(n, d), dw1.dm(V, d), logits.dm(n, V, ld), lse.ds(), targets.ds(), 0.75f,
+                               x.dm(n, d), w.dm(V, d));
+      be.sync();
+      const long staged = mom_emu_staging_copies ? mom_emu_staging_copies() - staged_before : -1;
+      be.cross_entropy_backward(logits2.dm(n, V, ld), logits2.dm(n, V, ld), lse.ds(), targets.ds(), 0.75f);
+      be.lm_head_backward(dx2.dm(n, d), dw2.dm(V, d), logits2.dm(n, V, ld), x.dm(n, d), w.dm(V, d));
+      const auto a = dx1.fetch(), b = dx2.fetch(), c = dw1.fetch(), e = dw2.fetch();
+      const auto bits = [](const std::vector<float>& u, const std::vector<float>& v) {
+        return std::memcmp(u.data(), v.data(), u.size() * sizeof(float)) == 0;
+      };
+      CHECK(bits(a, b));
+      CHECK(bits(c, e));
+      for (const float v : a) REQUIRE(std::isfinite(v));
+      const auto after = logits.fetch(), grad = logits2.fetch();
+      if (precision == cuda::Precision::BF16) {
+        CHECK(bits(after, logits2.initial));  // only read
+        if (mom_emu_staging_copies) CHECK(staged == 2);  // w and x; dlogits written staged
+      } else {
+        for (index_t i = 0; i < n; ++i)  // the gradient over the logits, as cross_entropy_backward leaves it
+          for (index_t j = 0; j < V; ++j) CHECK(after[std::size_t(i * ld + j)] == grad[std::size_t(i * ld + j)]);
+      }
+    }
   be.set_precision(cuda::Precision::TF32);
 }
 

@@ -227,7 +227,10 @@ inline constexpr index_t row_align = [] {
 }();
 // A backend with a row_align may also have the LM head's ops, lm_head_forward(logits, x, w) and
 // lm_head_backward(dx, dw, dlogits, x, w): linear_forward / linear_backward without a bias, allowed to run over (and
-// write) the logits' padding columns; ModelInstance calls them where they exist (cuda::Backend's, ops.hpp).
+// write) the logits' padding columns; ModelInstance calls them where they exist (cuda::Backend's, ops.hpp). And
+// lm_head_loss_backward(dx, dw, logits, lse, targets, dloss, x, w): cross_entropy_backward and lm_head_backward in one
+// op, free to leave the logits as they are (cuda::Backend's writes the gradient straight into its products' bf16
+// operand under BF16); ModelInstance's backward calls it in their place where it exists.
 
 // cols rounded up to a multiple of Be's row_align.
 template <class Be>

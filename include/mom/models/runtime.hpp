@@ -170,8 +170,8 @@ class ModelInstance {
     });
   }
 
-  // Accumulates d(mean loss)/d(params) of the last forward into grads(). Overwrites the
-  // logits with their gradient.
+  // Accumulates d(mean loss)/d(params) of the last forward into grads(). The logits are no longer valid after it
+  // (a backend may overwrite them with their gradient).
   void backward() {
     MOM_CHECK(state_ == State::Loss, "backward: needs a forward with targets since the last backward");
     const index_t batch = batch_, seq = seq_, n = batch * seq;
@@ -182,14 +182,22 @@ class ModelInstance {
     const std::span<const token_t> tokens(tokens_.data(), static_cast<std::size_t>(n));
     const GuardScope guarded(ws_.data(), guards_);
     const MatrixView<T> dlogits = logits_view(n);
-    be_.cross_entropy_backward(dlogits, MatrixView<const T>(dlogits), cspan(plan_.lse, n), targets, T(1));
     const MatrixView<T> dlnf{ws + plan_.dlnf, n, d}, dres{ws + plan_.dres, n, d};
     be_.zero(dlnf.flat());
     const MatrixView<const T> lnf{ws + plan_.lnf, n, d}, wte = param(Model::layout[0]);
-    if constexpr (requires { be_.lm_head_backward(dlnf, grad(Model::layout[0]), MatrixView<const T>(dlogits), lnf, wte); })
-      be_.lm_head_backward(dlnf, grad(Model::layout[0]), MatrixView<const T>(dlogits), lnf, wte);
-    else
-      be_.linear_backward(dlnf, grad(Model::layout[0]), std::span<T>{}, MatrixView<const T>(dlogits), lnf, wte);
+    // The head's backward from the loss: in one op where the backend has it (cuda::Backend's lm_head_loss_backward,
+    // which under BF16 writes dlogits straight in its products' bf16 layout), else the cross-entropy's gradient in
+    // place over the logits, then the head's products.
+    if constexpr (requires { be_.lm_head_loss_backward(dlnf, grad(Model::layout[0]), dlogits, cspan(plan_.lse, n),
+                                                       targets, T(1), lnf, wte); }) {
+      be_.lm_head_loss_backward(dlnf, grad(Model::layout[0]), dlogits, cspan(plan_.lse, n), targets, T(1), lnf, wte);
+    } else {
+      be_.cross_entropy_backward(dlogits, MatrixView<const T>(dlogits), cspan(plan_.lse, n), targets, T(1));
+      if constexpr (requires { be_.lm_head_backward(dlnf, grad(Model::layout[0]), MatrixView<const T>(dlogits), lnf, wte); })
+        be_.lm_head_backward(dlnf, grad(Model::layout[0]), MatrixView<const T>(dlogits), lnf, wte);
+      else
+        be_.linear_backward(dlnf, grad(Model::layout[0]), std::span<T>{}, MatrixView<const T>(dlogits), lnf, wte);
+    }
     be_.zero(dres.flat());
     be_.layernorm_backward(dres, gvec(Model::core::ln_f_offset, d), gvec(Model::core::ln_f_offset + d, d),
                            MatrixView<const T>(dlnf), part_input_[n_parts], cspan(plan_.mean_f, n), cspan(plan_.rstd_f, n),

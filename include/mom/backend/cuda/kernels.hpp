@@ -151,6 +151,14 @@ void group_by_module(const Context& ctx, token_t* sorted_ids, token_t* sorted_mo
 void to_bf16(const Context& ctx, std::uint16_t* out, index_t out_ld, MatrixView<const float> in, index_t rows = 0,
              index_t cols = 0, float* col_sums = nullptr);
 
+// The cross-entropy's gradient, dloss·(softmax(logits) − onehot(targets)) / count (Kernels::cross_entropy_backward),
+// written as bf16 bits into rows out_ld apart, max(width, logits.cols) columns (zeros beyond the logits' columns and in
+// rows whose target is ignore_index): the LM head's dlogits staged for its products without an fp32 copy. The logits
+// are only read. A target outside [0, logits.cols) other than ignore_index is reported at the next sync.
+void cross_entropy_backward_bf16(const Context& ctx, std::uint16_t* out, index_t out_ld, index_t width,
+                                 MatrixView<const float> logits, const float* lse, const token_t* targets, float dloss,
+                                 token_t ignore_index);
+
 // rows[i] = slots[i] / k (group_by_choice: a slot r·K + j belongs to token row r).
 void slots_to_rows(const Context& ctx, token_t* rows, const token_t* slots, index_t n, index_t k);
 

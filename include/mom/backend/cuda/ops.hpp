@@ -165,6 +165,30 @@ class DenseOps {
     linear_backward(dx, dw, S{}, dlogits, x, w);
   }
 
+  // The LM head's backward from the loss (ModelInstance calls it where a backend has it): the cross-entropy's
+  // gradient dlogits = dloss·(softmax(logits) − onehot(targets)) / count, then dx += dlogits·w, dw += dlogitsᵀ·x.
+  // Under BF16 the gradient is written once, as the bf16 operand of both products (cross_entropy_backward_bf16, over
+  // the padded width as lm_head_backward's staging): the largest matrix of a step is not stored in fp32 and read back
+  // to be staged, and the logits are left as they are. Otherwise cross_entropy_backward overwrites the logits with
+  // the gradient, then lm_head_backward. The same bits either way under BF16 (the staging rounds the same fp32 values).
+  void lm_head_loss_backward(M dx, M dw, M logits, CS lse, Tok targets, T dloss, CM x, CM w,
+                             token_t ignore_index = -1) const {
+    checks::cross_entropy_backward_shapes<T>(logits, logits, lse, targets);
+    checks::linear_backward_shapes<T>(dx, dw, S{}, logits, x, w);
+    if constexpr (std::is_same_v<T, float>) {
+      if (!dx.empty() && !dw.empty() && logits.rows > 0 && bf16_products(logits, Trans::N)) {
+        const BackwardStage at = backward_stage_places(logits, w, x, padded_vocab(logits));
+        const index_t ld = std::max(at.k, staged_ld(logits));
+        cuda::cross_entropy_backward_bf16(*ctx_, at.dy, ld, at.k, logits, lse.data(), targets.data(), dloss,
+                                          ignore_index);
+        return backward_products(dx, dw, {at.dy, logits.rows, at.k, ld}, stage(at.w, w, at.k, w.cols),
+                                 stage(at.x, x), logits.cols);
+      }
+    }
+    cross_entropy_backward(logits, logits, lse, targets, dloss, ignore_index);
+    lm_head_backward(dx, dw, logits, x, w);
+  }
+
   void embedding_forward(M out, Tok tokens, CM wte, CM wpe, index_t seq) const {
     check_embedding_shapes("embedding_forward", out, tokens, wte, wpe, seq);
     K::embedding_forward(*ctx_, out, tokens.data(), wte, wpe, seq);
@@ -499,8 +523,13 @@ class DenseOps {
   // db: db += Σ_rows dy, summed while dy is staged (no second read of dy).
   void backward_staged(M dx, M dw, CM dy, CM x, CM w, index_t k, float dx_beta = 1.0f, float* db = nullptr) const {
     const auto [sdy, sw, sx] = stage_backward(backward_stage_places(dy, w, x, k), dy, w, x, db);
+    backward_products(dx, dw, sdy, sw, sx, dy.cols, dx_beta);
+  }
+  // The two products of a staged backward: dx = dy·w (+ dx_beta·dx) over the staged dy's k columns, dw += dyᵀ·x over
+  // its first dy_cols (dw's rows).
+  void backward_products(M dx, M dw, Staged sdy, Staged sw, Staged sx, index_t dy_cols, float dx_beta = 1.0f) const {
     gemm_staged(dx, sdy, Trans::N, sw, Trans::N, 1.0f, dx_beta);                                 // inner dimension k
-    gemm_staged(dw, {sdy.data, sdy.rows, dy.cols, sdy.ld}, Trans::T, sx, Trans::N, 1.0f, 1.0f);  // dw's rows: dy.cols
+    gemm_staged(dw, {sdy.data, sdy.rows, dy_cols, sdy.ld}, Trans::T, sx, Trans::N, 1.0f, 1.0f);  // dw's rows: dy.cols
   }
   // A backward's staging places (the staging reserved): dy k columns wide, then w k rows tall, then x; a caller may
   // ask cuBLASLt for a plan over them before anything is converted (backward_dgelu_lt).

@@ -1,6 +1,8 @@
 #pragma once
-// Cross-entropy on logits with an ignore index (cpu/cross_entropy.hpp): one block per row.
+// Cross-entropy on logits with an ignore index (cpu/cross_entropy.hpp): one block per row. Its backward also in the
+// bf16 staging layout of the LM head's products (ops.hpp, lm_head_loss_backward).
 #include "mom/backend/cuda/kernels/common.cuh"
+#include "mom/backend/cuda/kernels/linear.cuh"  // bf16_bits, bf16_chunk (the staging layout)
 
 namespace mom::cuda {
 
@@ -65,6 +67,18 @@ __global__ void count_targets_kernel(int* count, const token_t* targets, index_t
   if (threadIdx.x == 0) *count = static_cast<int>(c);
 }
 
+// dloss / count, the weight of one counted row's gradient (0 when no row counts).
+template <class T>
+__device__ __forceinline__ T cross_entropy_scale(T dloss, int count) {
+  return count > 0 ? dloss / T(count) : T(0);
+}
+// One element of a counted row's gradient, s·softmax_j − s·[j = t] (s = cross_entropy_scale).
+template <class T>
+__device__ __forceinline__ T cross_entropy_grad(T logit, T lse, T s, bool target) {
+  const T p = s * exp_(logit - lse);
+  return target ? p - s : p;
+}
+
 // dlogits = dloss·(softmax - onehot)/count; 0 rows for ignored targets. May alias logits: each
 // element is read, then written, by the same thread.
 template <class T>
@@ -81,15 +95,45 @@ __global__ void cross_entropy_backward_kernel(MatrixView<T> dlogits, MatrixView<
     for (index_t j = threadIdx.x; j < logits.cols; j += blockDim.x) out[j] = T(0);
     return;
   }
-  const int n = *count;
-  const T s = n > 0 ? dloss / T(n) : T(0);
+  const T s = cross_entropy_scale(dloss, *count);
   const T* in = logits.data + i * logits.ld;
   const T l = lse[i];
-  for (index_t j = threadIdx.x; j < logits.cols; j += blockDim.x) {
-    const T p = s * exp_(in[j] - l);
-    out[j] = j == t ? p - s : p;
+  for (index_t j = threadIdx.x; j < logits.cols; j += blockDim.x) out[j] = cross_entropy_grad(in[j], l, s, j == t);
+}
+
+#if defined(MOM_CUDA_FLOAT_UNIT)  // non-template: defined in mom_cuda.cu alone (kernels/all.cuh)
+// The same gradient written as bf16 bits (round to nearest even: to_bf16's rounding of the fp32 values above, so the
+// bits equal cross_entropy_backward followed by to_bf16) into rows out_ld apart, `width` columns of them: zeros in
+// [logits.cols, width) (the LM head's padded vocabulary) and in ignored rows. Eight columns per thread and step, with
+// two 16-byte loads and one 16-byte store where the rows are aligned (vec). Reads logits only: they are not written.
+__global__ void cross_entropy_backward_bf16_kernel(std::uint16_t* out, index_t out_ld, index_t width,
+                                                   MatrixView<const float> logits, const float* lse,
+                                                   const token_t* targets, float dloss, token_t ignore_index,
+                                                   const int* count, bool vec, int* error) {
+  const index_t i = blockIdx.x;
+  const token_t t = targets[i];
+  std::uint16_t* row_out = out + i * out_ld;
+  const bool counted = t != ignore_index && t >= 0 && t < logits.cols;
+  if (!counted && t != ignore_index && threadIdx.x == 0)
+    report(error, DeviceError::cross_entropy_target, i, t, logits.cols);
+  const float s = counted ? cross_entropy_scale(dloss, *count) : 0.0f, l = counted ? lse[i] : 0.0f;
+  const float* in = logits.data + i * logits.ld;
+  const index_t cols = counted ? logits.cols : 0;  // an ignored row is all zeros
+  for (index_t c0 = index_t(threadIdx.x) * bf16_chunk; c0 < width; c0 += index_t(blockDim.x) * bf16_chunk) {
+    if (vec && c0 + bf16_chunk <= cols) {
+      const float4 a = load16<float4>(in + c0), b = load16<float4>(in + c0 + 4);
+      const auto g = [&](float v, index_t j) { return unsigned(bf16_bits(cross_entropy_grad(v, l, s, j == t))); };
+      uint4 o;
+      o.x = g(a.x, c0) | g(a.y, c0 + 1) << 16, o.y = g(a.z, c0 + 2) | g(a.w, c0 + 3) << 16;
+      o.z = g(b.x, c0 + 4) | g(b.y, c0 + 5) << 16, o.w = g(b.z, c0 + 6) | g(b.w, c0 + 7) << 16;
+      store16(row_out + c0, o);
+    } else {
+      for (index_t j = c0; j < min(c0 + bf16_chunk, width); ++j)
+        row_out[j] = j < cols ? bf16_bits(cross_entropy_grad(in[j], l, s, j == t)) : std::uint16_t(0);
+    }
   }
 }
+#endif  // MOM_CUDA_FLOAT_UNIT
 
 }  // namespace dev
 
@@ -112,5 +156,20 @@ void Kernels<T>::cross_entropy_backward(const Context& ctx, M dlogits, CM logits
               dev::cross_entropy_backward_kernel<T>, dlogits, logits, lse, targets, dloss, ignore_index,
               static_cast<const int*>(ctx.count), ctx.error);
 }
+
+#if defined(MOM_CUDA_FLOAT_UNIT)
+void cross_entropy_backward_bf16(const Context& ctx, std::uint16_t* out, index_t out_ld, index_t width,
+                                 MatrixView<const float> logits, const float* lse, const token_t* targets, float dloss,
+                                 token_t ignore_index) {
+  width = std::max(width, logits.cols);
+  const bool vec = logits.ld % 4 == 0 && out_ld % dev::bf16_chunk == 0 && dev::aligned16(logits.data) &&
+                   dev::aligned16(out);
+  dev::launch("cross_entropy_backward", ctx, 1, 1024, dev::count_targets_kernel<>, ctx.count, targets, logits.rows,
+              logits.cols, ignore_index);
+  dev::launch("cross_entropy_backward", ctx, static_cast<unsigned>(logits.rows), dev::threads,
+              dev::cross_entropy_backward_bf16_kernel, out, out_ld, width, logits, lse, targets, dloss, ignore_index,
+              static_cast<const int*>(ctx.count), vec, ctx.error);
+}
+#endif  // MOM_CUDA_FLOAT_UNIT
 
 }  // namespace mom::cuda
