@@ -3,11 +3,14 @@
 // separate ops give on the same backend (linear_forward then gelu_forward; linear_backward into d(pre) then
 // gelu_backward), and the CPU's separate ops within the precision's tolerance. Under the emulation the fused path is
 // the one that ran: a float forward in FP32 / TF32 launches no kernel (the GELU is in the product), a backward only
-// the bias gradient's column sums; where cuBLASLt has no algorithm (mom_emu_lt_refuse) the ops fall back.
+// the bias gradient's column sums; where cuBLASLt has no algorithm (mom_emu_lt_refuse) the ops fall back. Then the MLP
+// as one op pair (FusesMlp, mlp_ops.hpp), whose bf16 layout under BF16 keeps act and d(pre) in bf16.
 #include <catch2/catch.hpp>
 
+#include <cstring>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/cuda_test_support.hpp"
@@ -145,4 +148,144 @@ TEST_CASE("fused GELU products refuse an activation and pre-activation of differ
   be.sync();
   CHECK(pre.fetch() == before_pre);  // nothing written
   CHECK(act.fetch() == before_act);
+}
+
+// ---- the MLP as one op pair (backend_concept.hpp, FusesMlp; cuda::Backend's mlp_forward / mlp_backward, mlp_ops.hpp)
+
+static_assert(FusesMlp<cuda::Backend<float>, float> && FusesMlp<cuda::Backend<double>, double>);
+static_assert(!FusesMlp<cpu::Backend<float>, float>);  // the CPU runs the separate ops (the FFN's other branch)
+
+namespace {
+
+struct MlpRun {
+  std::vector<float> y, dx, dw1, db1, dw2, db2;
+  test::EmuCounters forward, backward;
+};
+// One MLP forward and backward on a fresh backend at `precision`, through the op pair (pair) or through the fp32
+// layout's ops (linear_forward_gelu + linear_forward, linear_backward_dgelu + linear_backward), with cuBLASLt refusing
+// from the forward on (refuse_forward) or from the backward on (refuse_backward).
+MlpRun run_mlp(cuda::Precision precision, bool pair, bool refuse_forward = false, bool refuse_backward = false) {
+  cuda::Backend<float> be;  // no cuBLASLt plan made yet
+  be.set_precision(precision);
+  test::Rng rng(41);
+  const index_t n = 37, d = 40, f = 48;  // y [n × d] = gelu(x·w1ᵀ + b1)·w2ᵀ + b2, w1 [f × d], w2 [d × f]
+  auto x = rand_arr<float>(n * d, rng), w1 = rand_arr<float>(f * d, rng), b1 = rand_arr<float>(f, rng);
+  auto w2 = rand_arr<float>(d * f, rng), b2 = rand_arr<float>(d, rng), dy = rand_arr<float>(n * d, rng);
+  auto y = rand_arr<float>(n * d, rng), pre = rand_arr<float>(n * f, rng), act = rand_arr<float>(n * f, rng);
+  auto dact = rand_arr<float>(n * f, rng), dpre = rand_arr<float>(n * f, rng), dx = rand_arr<float>(n * d, rng);
+  auto dw1 = rand_arr<float>(f * d, rng), db1 = rand_arr<float>(f, rng), dw2 = rand_arr<float>(d * f, rng),
+       db2 = rand_arr<float>(d, rng);
+  using CM = MatrixView<const float>;
+  using CS = std::span<const float>;
+  const bool counted = mom_emu_launches && mom_emu_lt_refuse;
+  if (refuse_forward && counted) mom_emu_lt_refuse(1);
+  MlpRun r;
+  be.sync();
+  auto t0 = counted ? test::EmuCounters::now() : test::EmuCounters{};
+  if (pair) {
+    be.mlp_forward(y.dm(n, d), pre.dm(n, f), act.dm(n, f), CM(x.dm(n, d)), CM(w1.dm(f, d)), CS(b1.ds()),
+                   CM(w2.dm(d, f)), CS(b2.ds()));
+  } else {
+    be.linear_forward_gelu(pre.dm(n, f), act.dm(n, f), CM(x.dm(n, d)), CM(w1.dm(f, d)), CS(b1.ds()));
+    be.linear_forward(y.dm(n, d), CM(act.dm(n, f)), CM(w2.dm(d, f)), CS(b2.ds()));
+  }
+  be.sync();
+  if (counted) r.forward = test::EmuCounters::now() - t0;
+  if (refuse_backward && counted) mom_emu_lt_refuse(1);
+  t0 = counted ? test::EmuCounters::now() : test::EmuCounters{};
+  if (pair) {
+    be.mlp_backward(dx.dm(n, d), dw1.dm(f, d), db1.ds(), dw2.dm(d, f), db2.ds(), dact.dm(n, f), dpre.dm(n, f),
+                    CM(dy.dm(n, d)), CM(x.dm(n, d)), CM(pre.dm(n, f)), CM(act.dm(n, f)), CM(w1.dm(f, d)),
+                    CM(w2.dm(d, f)));
+  } else {
+    be.linear_backward_dgelu(dpre.dm(n, f), dw2.dm(d, f), db2.ds(), CM(dy.dm(n, d)), CM(act.dm(n, f)),
+                             CM(w2.dm(d, f)), CM(pre.dm(n, f)));
+    be.linear_backward(dx.dm(n, d), dw1.dm(f, d), db1.ds(), CM(dpre.dm(n, f)), CM(x.dm(n, d)), CM(w1.dm(f, d)),
+                       Store::overwrite);
+  }
+  be.sync();
+  if (counted) r.backward = test::EmuCounters::now() - t0;
+  if (counted) mom_emu_lt_refuse(0);
+  r.y = y.fetch(), r.dx = dx.fetch(), r.dw1 = dw1.fetch(), r.db1 = db1.fetch(), r.dw2 = dw2.fetch(), r.db2 = db2.fetch();
+  // The CPU's separate ops from the same initial values: every result within bf16's tolerance of them.
+  auto& h = host<float>();
+  h.linear_forward(pre.hm(n, f), CM(x.hm(n, d)), CM(w1.hm(f, d)), CS(b1.hs()));
+  h.gelu_forward(act.hs(), CS(pre.hs()));
+  h.linear_forward(y.hm(n, d), CM(act.hm(n, f)), CM(w2.hm(d, f)), CS(b2.hs()));
+  h.linear_backward(dact.hm(n, f), dw2.hm(d, f), db2.hs(), CM(dy.hm(n, d)), CM(act.hm(n, f)), CM(w2.hm(d, f)),
+                    Store::overwrite);
+  h.gelu_backward(dpre.hs(), CS(pre.hs()), CS(dact.hs()), Store::overwrite);
+  h.linear_backward(dx.hm(n, d), dw1.hm(f, d), db1.hs(), CM(dpre.hm(n, f)), CM(x.hm(n, d)), CM(w1.hm(f, d)),
+                    Store::overwrite);
+  const double tol = precision == cuda::Precision::BF16 ? 2e-2 : tol_tf32<float>;
+  CHECK(close(r.y, y.h) <= tol);
+  CHECK(close(r.dx, dx.h) <= tol);
+  CHECK(close(r.dw1, dw1.h) <= tol);
+  CHECK(close(r.db1, db1.h) <= tol);
+  CHECK(close(r.dw2, dw2.h) <= tol);
+  CHECK(close(r.db2, db2.h) <= tol);
+  return r;
+}
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("the MLP op pair keeps act and d(pre) in bf16 under BF16: the staged products' results to bf16's precision",
+          "[cuda][gelu]") {
+  MOM_REQUIRE_GPU();
+  // mlp_ops.hpp: the fc bias enters in bf16 (cuBLASLt's rule for a bf16 output), gelu' is taken at pre rounded to bf16
+  // and d(pre) is rounded once more, so every result but db2 = Σ dy (the same staging of dy) agrees with the fp32
+  // layout's to bf16's precision (and both with the CPU, checked in run_mlp).
+  const MlpRun pair = run_mlp(cuda::Precision::BF16, true), ops = run_mlp(cuda::Precision::BF16, false);
+  CHECK(close(pair.y, ops.y) <= 1e-2);
+  CHECK(close(pair.dw2, ops.dw2) <= 1e-2);
+  CHECK(same_bits(pair.db2, ops.db2));
+  CHECK(!same_bits(pair.y, ops.y));  // the bf16 bias and act did reach y
+  CHECK(close(pair.dx, ops.dx) <= 1e-2);
+  CHECK(close(pair.dw1, ops.dw1) <= 1e-2);
+  CHECK(close(pair.db1, ops.db1) <= 1e-2);
+  if (!mom_emu_launches || !mom_emu_lt_refuse) return;
+  // The bf16 layout ran: act is not staged. Forward: x, w1, b1 and w2 staged (the fp32 layout: x, w1, act, w2).
+  // Backward: dy (with db2's sums), w2, w1 and x staged, d(pre)'s column sums (the fp32 layout: dy, w2, act, d(pre)
+  // with db1's sums, w1, x).
+  const index_t n = 37, d = 40, f = 48;
+  CHECK(pair.forward.staging_copies == 4);
+  CHECK(pair.forward.staging_bytes == 4 * (n * d + f * d + f + d * f));
+  CHECK(ops.forward.staging_bytes == 4 * (n * d + f * d + n * f + d * f));
+  CHECK(pair.backward.staging_copies == 4);
+  CHECK(pair.backward.launches == 5);
+  CHECK(ops.backward.staging_copies == 6);
+  CHECK(pair.forward.gemm_calls == 2);
+  CHECK(pair.backward.gemm_calls == 4);
+}
+
+TEST_CASE("the MLP op pair without cuBLASLt: the fp32 layout from the forward on, dgelu_bf16 from the backward on",
+          "[cuda][gelu]") {
+  MOM_REQUIRE_GPU();
+  if (!mom_emu_lt_refuse) return;  // a real cuBLASLt cannot be made to refuse
+  const MlpRun lt = run_mlp(cuda::Precision::BF16, true);
+  // No algorithm in the forward: the pair is the fp32 layout's ops (themselves on their fallbacks), the bf16 layout
+  // is not recorded, and the backward reads fp32 act and pre (run_mlp checks the CPU's results).
+  const MlpRun forward = run_mlp(cuda::Precision::BF16, true, true);
+  CHECK(forward.forward.staging_bytes > lt.forward.staging_bytes);  // act staged
+  // No algorithm from the backward on: the forward wrote the bf16 layout; the DGELU product is a bf16 GEMM into dact
+  // (fp32), then dgelu_bf16 (one launch more), the same values as the epilogue's to the last bf16 place or so.
+  const MlpRun backward = run_mlp(cuda::Precision::BF16, true, false, true);
+  CHECK(same_bits(backward.y, lt.y));
+  CHECK(backward.backward.launches == lt.backward.launches + 1);
+  CHECK(backward.backward.gemm_calls == lt.backward.gemm_calls);
+  CHECK(close(backward.dx, lt.dx) <= 5e-3);
+  CHECK(close(backward.dw1, lt.dw1) <= 5e-3);
+  CHECK(close(backward.db1, lt.db1) <= 5e-3);
+  CHECK(same_bits(backward.dw2, lt.dw2));
+}
+
+TEST_CASE("the MLP op pair under TF32 is the fp32 layout's ops, bit for bit", "[cuda][gelu]") {
+  MOM_REQUIRE_GPU();
+  const MlpRun pair = run_mlp(cuda::Precision::TF32, true), ops = run_mlp(cuda::Precision::TF32, false);
+  for (const auto& [a, b] : {std::pair{&pair.y, &ops.y}, {&pair.dx, &ops.dx}, {&pair.dw1, &ops.dw1},
+                             {&pair.db1, &ops.db1}, {&pair.dw2, &ops.dw2}, {&pair.db2, &ops.db2}})
+    CHECK(same_bits(*a, *b));
 }

@@ -195,13 +195,26 @@ concept Backend = requires { typename Be::scalar; } && backend_parts::Memory<Be,
                   backend_parts::GroupedOps<Be, typename Be::scalar> &&
                   backend_parts::DepthOps<Be, typename Be::scalar> && backend_parts::OptimOps<Be, typename Be::scalar>;
 
-// A backend may also fuse the FFN's GELU into its products (cuda::Backend: cuBLASLt's GELU epilogues, ops.hpp):
+// A backend may also run the FFN's MLP as one op pair (cuda::Backend: mlp_ops.hpp), free to keep its activations in
+// a layout of its own between the two (under BF16 the CUDA backend keeps them in bf16):
+//   mlp_forward(y, pre, act, x, w1, b1, w2, b2):  y = act·w2ᵀ + b2 (written), act = gelu(pre), pre = x·w1ᵀ + b1;
+//   mlp_backward(dx, dw1, db1, dw2, db2, dact, dpre, dy, x, pre, act, w1, w2):
+//                                                 dx = dL/dx (written), the weight and bias gradients accumulated,
+//                                                 pre and act as mlp_forward left them, dact and dpre scratch;
+// pre, act, dact and dpre dense matrices of one shape. modules/ffn.hpp calls them where they exist, and linear_forward,
+// gelu_forward, linear_forward (and their backwards) where not: the results must agree within the precision.
+template <class Be, class T>
+concept FusesMlp = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std::span<T> s, std::span<const T> cs) {
+  be.mlp_forward(m, m, m, cm, cm, cs, cm, cs);
+  be.mlp_backward(m, m, s, m, s, m, m, cm, cm, cm, cm, cm, cm);
+};
+// The GELU fused into a linear's products (cuda::Backend: cuBLASLt's GELU epilogues, ops.hpp), what its mlp ops run on
+// with fp32 activations:
 //   linear_forward_gelu(pre, act, x, w, b):             pre = x·wᵀ + b, act = gelu(pre);
 //   linear_backward_dgelu(dpre, dw, db, dy, act, w, pre): the backward of a linear whose input is act = gelu(pre), and
 //                                                        of that GELU: dpre = (dy·w) ∘ gelu'(pre) (written),
 //                                                        dw += dyᵀ·act, db += Σ_rows dy;
-// pre, act and dpre dense matrices of one shape. modules/ffn.hpp calls them where they exist, linear_forward then
-// gelu_forward (linear_backward into dpre, then gelu_backward) where not: the results must agree.
+// pre, act and dpre dense matrices of one shape; the results must agree with the separate ops.
 template <class Be, class T>
 concept FusesGelu = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std::span<T> s, std::span<const T> cs) {
   be.linear_forward_gelu(m, m, cm, cm, cs);

@@ -400,7 +400,7 @@ extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t transa,
 
 // ---- cuBLASLt, as the backend uses it (lt.hpp): D = alpha·op(A)·op(B) with the epilogue DEFAULT, BIAS (a vector
 // added to every column of D), GELU_AUX_BIAS (then aux = D, D = gelu(aux)) or DGELU (D ∘= gelu'(aux)), D = C,
-// beta = 0, A and B 32F or 16BF, D and aux 32F. The descriptors keep their fields in the semi-opaque structs'
+// beta = 0, A and B 32F or 16BF, D (and with it the bias and aux) 32F, or 16BF from 16BF operands. The descriptors keep their fields in the semi-opaque structs'
 // storage. With the bias, D is first filled with it and the product added with beta = 1: one rounding of sum + bias,
 // the same bits as the backend's broadcast-then-GEMM path. The GELU is the kernels' tanh form in float
 // (kernels/activation.cuh), so the fused products agree with the backend's product-then-kernel path.
@@ -432,9 +432,24 @@ bool lt_supported(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLtMat
   const cudaDataType ta = fields(a).type;
   const bool bias = o.epilogue == CUBLASLT_EPILOGUE_BIAS || o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
   const bool aux = o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || o.epilogue == CUBLASLT_EPILOGUE_DGELU;
-  return (o.epilogue == CUBLASLT_EPILOGUE_DEFAULT || bias || aux) && (!bias || o.bias_type == CUDA_R_32F) &&
+  const cudaDataType td = fields(d).type;  // D, and with it the bias and aux: 32F, or 16BF from 16BF operands
+  return (o.epilogue == CUBLASLT_EPILOGUE_DEFAULT || bias || aux) && (!bias || o.bias_type == td) &&
          (!aux || o.aux_ld >= std::int64_t(fields(d).rows)) && ta == fields(b).type &&
-         (ta == CUDA_R_32F || ta == CUDA_R_16BF) && fields(d).type == CUDA_R_32F;
+         (ta == CUDA_R_32F || ta == CUDA_R_16BF) && (td == CUDA_R_32F || (td == CUDA_R_16BF && ta == CUDA_R_16BF));
+}
+// fp32 -> bf16 bits, round to nearest even, NaN kept (the staging's rounding, kernels/linear.cuh), and back.
+std::uint16_t emu_bf16(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+float emu_float(std::uint16_t b) {
+  const std::uint32_t u = std::uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
 }
 // The GELU kernels' expressions (kernels/activation.cuh), in float.
 float emu_gelu(float v) {
@@ -529,25 +544,42 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
       (o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS && !o.aux))
     return CUBLAS_STATUS_INVALID_VALUE;
   // The descriptors' fields by value: a recorded matmul runs with them as they were when it was enqueued.
+  // A bf16 D (and bias, aux) is computed in fp32 as a 32F one and rounded once when stored.
   return enqueue_gemm([o, la, lb, ld, m, n, k, A, B, D, bias, a = *static_cast<const float*>(alpha)] {
     const float one = 1.0f, zero = 0.0f;
-    float* out = static_cast<float*>(D);
-    const auto at = [&](std::uint64_t i, std::uint64_t j) -> float& { return out[i + j * std::uint64_t(ld.ld)]; };
-    if (bias) {
-      const float* b = static_cast<const float*>(o.bias);
+    const bool d16 = ld.type == CUDA_R_16BF;
+    std::vector<float> acc(d16 ? std::size_t(m * n) : 0);
+    float* out = d16 ? acc.data() : static_cast<float*>(D);
+    const std::uint64_t out_ld = d16 ? m : std::uint64_t(ld.ld);
+    const auto at = [&](std::uint64_t i, std::uint64_t j) -> float& { return out[i + j * out_ld]; };
+    if (bias)
       for (std::uint64_t j = 0; j < n; ++j)
-        for (std::uint64_t i = 0; i < m; ++i) at(i, j) = b[i];
-    }
+        for (std::uint64_t i = 0; i < m; ++i)
+          at(i, j) = d16 ? emu_float(static_cast<const std::uint16_t*>(o.bias)[i]) : static_cast<const float*>(o.bias)[i];
     const cublasStatus_t st = gemm_ex(o.ta, o.tb, int(m), int(n), int(k), &a, A, la.type, int(la.ld), B, lb.type,
-                                      int(lb.ld), bias ? &one : &zero, D, CUDA_R_32F, int(ld.ld));
-    float* aux = static_cast<float*>(o.aux);
-    const auto aux_at = [&](std::uint64_t i, std::uint64_t j) -> float& { return aux[i + j * std::uint64_t(o.aux_ld)]; };
+                                      int(lb.ld), bias ? &one : &zero, out, CUDA_R_32F, int(out_ld));
+    const auto aux_index = [&](std::uint64_t i, std::uint64_t j) { return i + j * std::uint64_t(o.aux_ld); };
+    const auto aux_get = [&](std::uint64_t i, std::uint64_t j) {
+      return d16 ? emu_float(static_cast<const std::uint16_t*>(o.aux)[aux_index(i, j)])
+                 : static_cast<const float*>(o.aux)[aux_index(i, j)];
+    };
+    const auto aux_set = [&](std::uint64_t i, std::uint64_t j, float v) {
+      if (d16) static_cast<std::uint16_t*>(o.aux)[aux_index(i, j)] = emu_bf16(v);
+      else static_cast<float*>(o.aux)[aux_index(i, j)] = v;
+    };
     if (o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
       for (std::uint64_t j = 0; j < n; ++j)
-        for (std::uint64_t i = 0; i < m; ++i) at(i, j) = emu_gelu(aux_at(i, j) = at(i, j));
+        for (std::uint64_t i = 0; i < m; ++i) {
+          aux_set(i, j, at(i, j));
+          at(i, j) = emu_gelu(at(i, j));
+        }
     if (o.epilogue == CUBLASLT_EPILOGUE_DGELU)
       for (std::uint64_t j = 0; j < n; ++j)
-        for (std::uint64_t i = 0; i < m; ++i) at(i, j) = 0.0f + at(i, j) * emu_dgelu(aux_at(i, j));
+        for (std::uint64_t i = 0; i < m; ++i) at(i, j) = 0.0f + at(i, j) * emu_dgelu(aux_get(i, j));
+    if (d16)
+      for (std::uint64_t j = 0; j < n; ++j)
+        for (std::uint64_t i = 0; i < m; ++i)
+          static_cast<std::uint16_t*>(D)[i + j * std::uint64_t(ld.ld)] = emu_bf16(at(i, j));
     return st;
   });
 }

@@ -159,6 +159,11 @@ void cross_entropy_backward_bf16(const Context& ctx, std::uint16_t* out, index_t
                                  MatrixView<const float> logits, const float* lse, const token_t* targets, float dloss,
                                  token_t ignore_index);
 
+// The MLP's bf16 layout under BF16 (mlp_ops.hpp), bf16 values as their 16 bits: acc[c] += Σ_r m[r·ld + c] for c < cols
+// (its bias gradient from d(pre)); dpre[i] = bf16(dact[i] · gelu'(pre[i])) (DGELU where cuBLASLt refused it).
+void bf16_column_sums(const Context& ctx, float* acc, const std::uint16_t* m, index_t rows, index_t cols, index_t ld);
+void dgelu_bf16(const Context& ctx, std::uint16_t* dpre, const float* dact, const std::uint16_t* pre, index_t n);
+
 // rows[i] = slots[i] / k (group_by_choice: a slot r·K + j belongs to token row r).
 void slots_to_rows(const Context& ctx, token_t* rows, const token_t* slots, index_t n, index_t k);
 

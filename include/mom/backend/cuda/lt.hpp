@@ -3,7 +3,8 @@
 // adds a vector to every column of the column-major result, i.e. to every row of mom's row-major y, inside the GEMM
 // (no broadcast kernel before it, no beta = 1 read of y); the FFN's GELU (backend_concept.hpp, FusesGelu):
 // CUBLASLT_EPILOGUE_GELU_AUX_BIAS (D = gelu(A·B + bias), the pre-activation stored to the epilogue's aux matrix) and
-// CUBLASLT_EPILOGUE_DGELU (D = A·B ∘ gelu'(aux)), aux laid out as D (column-major, its own leading dimension).
+// CUBLASLT_EPILOGUE_DGELU (D = A·B ∘ gelu'(aux)), aux laid out as D (column-major, its own leading dimension). D is
+// fp32, or bf16 for the MLP's activations under BF16 (mlp_ops.hpp; then the bias and aux are bf16 too).
 //
 // A plan per distinct product (shape, leading dimensions, types, the operands' alignment): the operation and
 // layout descriptors and the heuristic's first algorithm, made the first time the product runs (host work only;
@@ -16,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <vector>
 
 #include "mom/backend/cuda/check.hpp"
 #include "mom/backend/cuda/kernels.hpp"
@@ -27,10 +29,12 @@ struct LtProduct {
   int m = 0, n = 0, k = 0;
   cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
   int lda = 0, ldb = 0, ldd = 0;
-  cudaDataType_t ab_type = CUDA_R_32F;  // A and B (CUDA_R_16BF: the staged bf16 operands); D is CUDA_R_32F
+  cudaDataType_t ab_type = CUDA_R_32F;  // A and B (CUDA_R_16BF: the staged bf16 operands)
+  cudaDataType_t d_type = CUDA_R_32F;   // D, and with it the bias and the GELU epilogues' aux (cuBLASLt's rule);
+                                        // CUDA_R_16BF only with bf16 A and B (mlp_ops.hpp)
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-  int ld_aux = 0;                                                            // the GELU epilogues' aux (fp32)
+  int ld_aux = 0;                                                            // the GELU epilogues' aux (D's type)
   int align_a = 0, align_b = 0, align_d = 0, align_bias = 0, align_aux = 0;  // bytes (a power of two up to 256)
   auto operator<=>(const LtProduct&) const = default;
 };
@@ -44,6 +48,9 @@ struct LtPlan {
 
 struct LtPlans {
   std::map<LtProduct, LtPlan> plans;
+  // The activations (act's address) that mlp_forward last wrote in its bf16 layout (mlp_ops.hpp): mlp_backward reads
+  // those so. One entry per MLP of a model, added on its first bf16 forward.
+  std::vector<const void*> mlp_bf16;
   LtPlans() = default;
   LtPlans(const LtPlans&) = delete;
   LtPlans& operator=(const LtPlans&) = delete;
@@ -68,7 +75,7 @@ inline LtPlan make_lt_plan(const Context& ctx, const LtProduct& g, const void* a
   LtPlan p;
   const auto ok = [](cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; };
   if (!ok(cublasLtMatmulDescCreate(&p.op, g.compute, CUDA_R_32F))) return p;
-  const cudaDataType_t bias_type = CUDA_R_32F;
+  const cudaDataType_t bias_type = g.d_type;
   bool set = ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &g.ta, sizeof g.ta)) &&
              ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &g.tb, sizeof g.tb)) &&
              ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &g.epilogue, sizeof g.epilogue)) &&
@@ -81,7 +88,7 @@ inline LtPlan make_lt_plan(const Context& ctx, const LtProduct& g, const void* a
   const bool at = g.ta != CUBLAS_OP_N, bt = g.tb != CUBLAS_OP_N;
   set = set && ok(cublasLtMatrixLayoutCreate(&p.a, g.ab_type, at ? g.k : g.m, at ? g.m : g.k, g.lda)) &&
         ok(cublasLtMatrixLayoutCreate(&p.b, g.ab_type, bt ? g.n : g.k, bt ? g.k : g.n, g.ldb)) &&
-        ok(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, g.m, g.n, g.ldd));
+        ok(cublasLtMatrixLayoutCreate(&p.d, g.d_type, g.m, g.n, g.ldd));
   if (!set) return p;
   cublasLtMatmulPreference_t pref = nullptr;
   if (!ok(cublasLtMatmulPreferenceCreate(&pref))) return p;

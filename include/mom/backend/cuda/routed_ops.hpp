@@ -5,13 +5,15 @@
 // depth-routing ops (Mixture-of-Depths, layer-skip, early-exit) and the grouped ops over RowGroups whose
 // offsets never leave the device (docs/cuda.md, "Grouped ops" and "Token dispatch"). Host shape checks with
 // the CPU ops' messages, then a launcher (kernels.hpp, depth_kernels.hpp, grouped_kernels.hpp) on the stream.
-// cuda::Backend<T> (backend.hpp) derives from RoutedOps<T>, which extends DenseOps<T> (ops.hpp).
+// cuda::Backend<T> (backend.hpp) derives from RoutedOps<T>, which extends MlpOps<T> (mlp_ops.hpp) and through it
+// DenseOps<T> (ops.hpp).
 #include <cstddef>
 #include <span>
 
 #include "mom/backend/cuda/depth_kernels.hpp"
 #include "mom/backend/cuda/grouped_kernels.hpp"
 #include "mom/backend/cuda/kernels.hpp"
+#include "mom/backend/cuda/mlp_ops.hpp"
 #include "mom/backend/cuda/ops.hpp"
 #include "mom/backend/cuda/staging.hpp"
 #include "mom/backend/shape_checks.hpp"
@@ -22,8 +24,8 @@
 namespace mom::cuda::detail {
 
 template <class T>
-class RoutedOps : public DenseOps<T> {
-  using Base = DenseOps<T>;
+class RoutedOps : public MlpOps<T> {
+  using Base = MlpOps<T>;
 
  public:
   using M = MatrixView<T>;

@@ -1,6 +1,7 @@
 #pragma once
 // Elementwise ops (cpu/activation.hpp): GELU (tanh form), ReLU, add, axpy, scale.
 #include "mom/backend/cuda/kernels/common.cuh"
+#include "mom/backend/cuda/kernels/linear.cuh"  // bf16_bits, bf16_float
 
 namespace mom::cuda {
 
@@ -20,15 +21,23 @@ __global__ void gelu_forward_kernel(T* out, const T* x, index_t n) {
     out[i] = T(0.5) * v * (T(1) + tanh_(gelu_k<T> * (v + gelu_c<T> * v * v * v)));
   }
 }
+// gelu'(v) of the tanh form.
+template <class T>
+__device__ __forceinline__ T gelu_grad(T v) {
+  const T t = tanh_(gelu_k<T> * (v + gelu_c<T> * v * v * v));
+  return T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * gelu_k<T> * (T(1) + T(3) * gelu_c<T> * v * v);
+}
 template <class T>
 __global__ void gelu_backward_kernel(T* dx, const T* x, const T* dout, index_t n, bool add) {
-  MOM_GRID_STRIDE(i, n) {
-    const T v = x[i];
-    const T t = tanh_(gelu_k<T> * (v + gelu_c<T> * v * v * v));
-    const T dgelu = T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * gelu_k<T> * (T(1) + T(3) * gelu_c<T> * v * v);
-    dx[i] = (add ? dx[i] : T(0)) + dout[i] * dgelu;
-  }
+  MOM_GRID_STRIDE(i, n) dx[i] = (add ? dx[i] : T(0)) + dout[i] * gelu_grad(x[i]);
 }
+#if defined(MOM_CUDA_FLOAT_UNIT)  // non-template: defined in mom_cuda.cu alone (kernels/all.cuh)
+// dpre = bf16(dact · gelu'(pre)) with pre and dpre in bf16 bits (the MLP's bf16 layout, mlp_ops.hpp): cuBLASLt's
+// DGELU epilogue where it refused the product.
+__global__ void dgelu_bf16_kernel(std::uint16_t* dpre, const float* dact, const std::uint16_t* pre, index_t n) {
+  MOM_GRID_STRIDE(i, n) dpre[i] = bf16_bits(dact[i] * gelu_grad(bf16_float(pre[i])));
+}
+#endif
 template <class T>
 __global__ void relu_forward_kernel(T* out, const T* x, index_t n) {
   MOM_GRID_STRIDE(i, n) out[i] = x[i] > T(0) ? x[i] : T(0);
@@ -82,5 +91,11 @@ template <class T>
 void Kernels<T>::scale(const Context& ctx, T* y, T alpha, index_t n) {
   dev::launch("scale", ctx, dev::blocks_for(n), dev::threads, dev::scale_kernel<T>, y, alpha, n);
 }
+
+#if defined(MOM_CUDA_FLOAT_UNIT)
+void dgelu_bf16(const Context& ctx, std::uint16_t* dpre, const float* dact, const std::uint16_t* pre, index_t n) {
+  dev::launch("mlp_backward", ctx, dev::blocks_for(n), dev::threads, dev::dgelu_bf16_kernel, dpre, dact, pre, n);
+}
+#endif
 
 }  // namespace mom::cuda

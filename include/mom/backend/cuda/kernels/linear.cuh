@@ -42,6 +42,13 @@ __device__ __forceinline__ std::uint16_t bf16_bits(float x) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<std::uint16_t>(u >> 16);
 }
+// bf16 bits -> fp32 (exact).
+__device__ __forceinline__ float bf16_float(std::uint16_t b) {
+  const std::uint32_t u = std::uint32_t(b) << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
 // Eight consecutive columns of a row per thread: with 16-byte aligned rows (vec) two 16-byte loads and one 16-byte
 // store, else (and at a row's ragged end) one element at a time. The [rows × cols] block written may exceed `in`:
 // what lies outside it is written as zeros (an operand padded to an aligned extent).
@@ -89,6 +96,24 @@ __global__ void to_bf16_kernel(std::uint16_t* out, index_t out_ld, index_t rows,
 // one contiguous 1 KB run of a row), summing each column in registers; the lanes' sums meet in shared memory and
 // each column gets one atomic per block and row chunk.
 inline constexpr int sum_chunk_threads = 64, sum_row_lanes = threads / sum_chunk_threads;
+// The end of a row chunk of the column-sum kernels below: each thread's sums s of its chunk of 8 columns into the
+// block's lane rows of part, then one atomic per column of the block (first_col .. + width, below cols) into acc.
+__device__ __forceinline__ void add_lane_sums(float (&part)[sum_row_lanes][sum_chunk_threads * bf16_chunk],
+                                              const float (&s)[bf16_chunk], float* acc, index_t first_col,
+                                              index_t cols) {
+  constexpr index_t width = sum_chunk_threads * bf16_chunk;
+  const index_t x = threadIdx.x % sum_chunk_threads, lane = threadIdx.x / sum_chunk_threads;
+#pragma unroll
+  for (int c = 0; c < int(bf16_chunk); ++c) part[lane][x * bf16_chunk + c] = s[c];
+  __syncthreads();
+  for (index_t j = threadIdx.x; j < width; j += threads)
+    if (first_col + j < cols) {
+      float t = 0.0f;
+      for (int l = 0; l < sum_row_lanes; ++l) t += part[l][j];
+      atomicAdd(acc + first_col + j, t);
+    }
+  __syncthreads();  // part is rewritten for the next row chunk
+}
 __global__ void to_bf16_sums_kernel(std::uint16_t* out, index_t out_ld, index_t rows, index_t cols,
                                     MatrixView<const float> in, bool vec, float* acc) {
   constexpr index_t width = sum_chunk_threads * bf16_chunk;  // the block's columns
@@ -101,16 +126,37 @@ __global__ void to_bf16_sums_kernel(std::uint16_t* out, index_t out_ld, index_t 
     if (ch < chunks)
       for (index_t r = rc * column_chunk + lane, r1 = min(rows, (rc + 1) * column_chunk); r < r1; r += sum_row_lanes)
         to_bf16_chunk<true>(out, out_ld, cols, in, r, ch * bf16_chunk, vec, s);
+    add_lane_sums(part, s, acc, first_col, in.cols);
+  }
+}
+// acc[c] += Σ_r m(r, c) over a bf16 matrix [rows × cols], rows ld apart (the MLP's d(pre) under BF16, mlp_ops.hpp):
+// to_bf16_sums_kernel's blocks without the staging, one 16-byte load per chunk of 8 where the rows allow it (vec).
+__global__ void bf16_column_sums_kernel(float* acc, const std::uint16_t* m, index_t rows, index_t cols, index_t ld,
+                                        bool vec) {
+  constexpr index_t width = sum_chunk_threads * bf16_chunk;
+  __shared__ float part[sum_row_lanes][width];
+  const index_t x = threadIdx.x % sum_chunk_threads, lane = threadIdx.x / sum_chunk_threads;
+  const index_t first_col = index_t(blockIdx.x) * width, c0 = first_col + x * bf16_chunk;
+  for (index_t rc = blockIdx.y; rc * column_chunk < rows; rc += gridDim.y) {
+    float s[bf16_chunk] = {};
+    if (c0 < cols)
+      for (index_t r = rc * column_chunk + lane, r1 = min(rows, (rc + 1) * column_chunk); r < r1; r += sum_row_lanes) {
+        const std::uint16_t* row = m + r * ld + c0;
+        if (vec && c0 + bf16_chunk <= cols) {
+          const uint4 v = load16<uint4>(row);
+          const unsigned w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int c = 0; c < int(bf16_chunk); ++c) part[lane][x * bf16_chunk + c] = s[c];
-    __syncthreads();
-    for (index_t j = threadIdx.x; j < width; j += threads)
-      if (first_col + j < in.cols) {
-        float t = 0.0f;
-        for (int l = 0; l < sum_row_lanes; ++l) t += part[l][j];
-        atomicAdd(acc + first_col + j, t);
+          for (int q = 0; q < 4; ++q) {
+            s[2 * q] += bf16_float(std::uint16_t(w[q] & 0xffffu));
+            s[2 * q + 1] += bf16_float(std::uint16_t(w[q] >> 16));
+          }
+        } else {
+#pragma unroll
+          for (int c = 0; c < int(bf16_chunk); ++c)
+            if (c0 + c < cols) s[c] += bf16_float(row[c]);
+        }
       }
-    __syncthreads();  // part is rewritten for the next row chunk
+    add_lane_sums(part, s, acc, first_col, cols);
   }
 }
 #endif  // MOM_CUDA_FLOAT_UNIT
@@ -139,6 +185,15 @@ void to_bf16(const Context& ctx, std::uint16_t* out, index_t out_ld, MatrixView<
   }
   dev::launch("to_bf16", ctx, dev::blocks_for(rows * chunks), dev::threads, dev::to_bf16_kernel, out, out_ld, rows, cols,
               in, vec);
+}
+void bf16_column_sums(const Context& ctx, float* acc, const std::uint16_t* m, index_t rows, index_t cols, index_t ld) {
+  if (rows == 0 || cols == 0) return;
+  const bool vec = ld % dev::bf16_chunk == 0 && dev::aligned16(m);
+  const index_t chunks = (cols + dev::bf16_chunk - 1) / dev::bf16_chunk;
+  const dim3 grid(dev::blocks_exact(chunks, dev::sum_chunk_threads),
+                  static_cast<unsigned>(std::clamp<index_t>((rows + dev::column_chunk - 1) / dev::column_chunk, 1,
+                                                            dev::max_stride_blocks)));
+  dev::launch("mlp_backward", ctx, grid, dev::threads, dev::bf16_column_sums_kernel, acc, m, rows, cols, ld, vec);
 }
 #endif  // MOM_CUDA_FLOAT_UNIT
 
