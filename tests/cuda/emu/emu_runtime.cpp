@@ -400,8 +400,8 @@ extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t transa,
 
 // ---- cuBLASLt, as the backend uses it (lt.hpp): D = alpha·op(A)·op(B) with the epilogue DEFAULT, BIAS (a vector
 // added to every column of D), GELU_AUX_BIAS (then aux = D, D = gelu(aux)) or DGELU (D ∘= gelu'(aux)), D = C,
-// beta = 0, A and B 32F or 16BF, D (and with it the bias and aux) 32F, or 16BF from 16BF operands. The descriptors keep their fields in the semi-opaque structs'
-// storage. With the bias, D is first filled with it and the product added with beta = 1: one rounding of sum + bias,
+// beta = 0, A and B 32F or 16BF, D (and with it the bias and aux) 32F, or 16BF from 16BF operands. The descriptors
+// keep their fields in the semi-opaque structs' storage. With the bias, D is first filled with it and the product added with beta = 1: one rounding of sum + bias,
 // the same bits as the backend's broadcast-then-GEMM path. The GELU is the kernels' tanh form in float
 // (kernels/activation.cuh), so the fused products agree with the backend's product-then-kernel path.
 namespace {
@@ -437,19 +437,13 @@ bool lt_supported(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLtMat
          (!aux || o.aux_ld >= std::int64_t(fields(d).rows)) && ta == fields(b).type &&
          (ta == CUDA_R_32F || ta == CUDA_R_16BF) && (td == CUDA_R_32F || (td == CUDA_R_16BF && ta == CUDA_R_16BF));
 }
-// fp32 -> bf16 bits, round to nearest even, NaN kept (the staging's rounding, kernels/linear.cuh), and back.
+// fp32 -> bf16 bits, round to nearest even, NaN kept (the staging's rounding, kernels/linear.cuh); back: load.
 std::uint16_t emu_bf16(float x) {
   std::uint32_t u;
   std::memcpy(&u, &x, sizeof u);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<std::uint16_t>(u >> 16);
-}
-float emu_float(std::uint16_t b) {
-  const std::uint32_t u = std::uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
 }
 // The GELU kernels' expressions (kernels/activation.cuh), in float.
 float emu_gelu(float v) {
@@ -555,13 +549,14 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
     if (bias)
       for (std::uint64_t j = 0; j < n; ++j)
         for (std::uint64_t i = 0; i < m; ++i)
-          at(i, j) = d16 ? emu_float(static_cast<const std::uint16_t*>(o.bias)[i]) : static_cast<const float*>(o.bias)[i];
+          at(i, j) = float(d16 ? load(static_cast<const std::uint16_t*>(o.bias), long(i))
+                                 : load(static_cast<const float*>(o.bias), long(i)));
     const cublasStatus_t st = gemm_ex(o.ta, o.tb, int(m), int(n), int(k), &a, A, la.type, int(la.ld), B, lb.type,
                                       int(lb.ld), bias ? &one : &zero, out, CUDA_R_32F, int(out_ld));
     const auto aux_index = [&](std::uint64_t i, std::uint64_t j) { return i + j * std::uint64_t(o.aux_ld); };
     const auto aux_get = [&](std::uint64_t i, std::uint64_t j) {
-      return d16 ? emu_float(static_cast<const std::uint16_t*>(o.aux)[aux_index(i, j)])
-                 : static_cast<const float*>(o.aux)[aux_index(i, j)];
+      return float(d16 ? load(static_cast<const std::uint16_t*>(o.aux), long(aux_index(i, j)))
+                       : load(static_cast<const float*>(o.aux), long(aux_index(i, j))));
     };
     const auto aux_set = [&](std::uint64_t i, std::uint64_t j, float v) {
       if (d16) static_cast<std::uint16_t*>(o.aux)[aux_index(i, j)] = emu_bf16(v);

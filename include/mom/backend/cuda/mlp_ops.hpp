@@ -77,7 +77,6 @@ class MlpOps : public DenseOps<T> {
   using Staged = typename Base::Staged;
   static std::uint16_t* bits(T* p) { return reinterpret_cast<std::uint16_t*>(p); }
   static const std::uint16_t* bits(const T* p) { return reinterpret_cast<const std::uint16_t*>(p); }
-  static bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
   // The forward in the bf16 layout; false, with nothing written but the staging, where it does not apply (precision,
   // a width f that is not a multiple of 8, unaligned buffers, no bias) or cuBLASLt has no algorithm for the fc or proj
@@ -85,7 +84,7 @@ class MlpOps : public DenseOps<T> {
   bool forward_bf16(M y, M pre, M act, CM x, CM w1, CS b1, CM w2, CS b2) const {
     const index_t n = x.rows, f = w1.rows;
     if (this->ctx_->precision != Precision::BF16 || n == 0 || f % 8 != 0 || x.cols == 0 || y.cols == 0 ||
-        b1.empty() || b2.empty() || !aligned16(pre.data) || !aligned16(act.data))
+        b1.empty() || b2.empty() || lt_alignment(pre.data) < 16 || lt_alignment(act.data) < 16)
       return false;
     const CM bias1(b1.data(), 1, f);
     const index_t nx = Base::staged_size(x), nw1 = Base::staged_size(w1), nb1 = Base::staged_size(bias1);

@@ -178,10 +178,9 @@ class DenseOps {
     if constexpr (std::is_same_v<T, float>) {
       if (!dx.empty() && !dw.empty() && logits.rows > 0 && bf16_products(logits, Trans::N)) {
         const BackwardStage at = backward_stage_places(logits, w, x, padded_vocab(logits));
-        const index_t ld = std::max(at.k, staged_ld(logits));
-        cuda::cross_entropy_backward_bf16(*ctx_, at.dy, ld, at.k, logits, lse.data(), targets.data(), dloss,
+        cuda::cross_entropy_backward_bf16(*ctx_, at.dy, at.dy_ld, at.k, logits, lse.data(), targets.data(), dloss,
                                           ignore_index);
-        return backward_products(dx, dw, {at.dy, logits.rows, at.k, ld}, stage(at.w, w, at.k, w.cols),
+        return backward_products(dx, dw, {at.dy, logits.rows, at.k, at.dy_ld}, stage(at.w, w, at.k, w.cols),
                                  stage(at.x, x), logits.cols);
       }
     }
@@ -535,13 +534,13 @@ class DenseOps {
   // ask cuBLASLt for a plan over them before anything is converted (backward_dgelu_lt).
   struct BackwardStage {
     std::uint16_t *dy, *w, *x;
-    index_t k;
+    index_t k, dy_ld;  // dy's staged rows are dy_ld apart (as stage(at.dy, dy, dy.rows, k) lays them out)
   };
   BackwardStage backward_stage_places(CM dy, CM w, CM x, index_t k) const {
-    const index_t dy_size = dy.rows * std::max(k, staged_ld(dy)), w_size = k * staged_ld(w);
+    const index_t dy_ld = std::max(k, staged_ld(dy)), dy_size = dy.rows * dy_ld, w_size = k * staged_ld(w);
     cuda::reserve_bf16_staging(*ctx_, dy_size + w_size + staged_size(x));
     std::uint16_t* at = ctx_->bf16_stage;
-    return {at, at + dy_size, at + dy_size + w_size, k};
+    return {at, at + dy_size, at + dy_size + w_size, k, dy_ld};
   }
   // dy, w and x staged in those places (with db: db += Σ_rows dy, summed while dy is staged).
   struct BackwardStaged {

@@ -2,7 +2,7 @@
 // Cross-entropy on logits with an ignore index (cpu/cross_entropy.hpp): one block per row. Its backward also in the
 // bf16 staging layout of the LM head's products (ops.hpp, lm_head_loss_backward).
 #include "mom/backend/cuda/kernels/common.cuh"
-#include "mom/backend/cuda/kernels/linear.cuh"  // bf16_bits, bf16_chunk (the staging layout)
+#include "mom/backend/cuda/kernels/linear.cuh"  // to_bf16_chunk (the staging layout)
 
 namespace mom::cuda {
 
@@ -102,10 +102,10 @@ __global__ void cross_entropy_backward_kernel(MatrixView<T> dlogits, MatrixView<
 }
 
 #if defined(MOM_CUDA_FLOAT_UNIT)  // non-template: defined in mom_cuda.cu alone (kernels/all.cuh)
-// The same gradient written as bf16 bits (round to nearest even: to_bf16's rounding of the fp32 values above, so the
-// bits equal cross_entropy_backward followed by to_bf16) into rows out_ld apart, `width` columns of them: zeros in
-// [logits.cols, width) (the LM head's padded vocabulary) and in ignored rows. Eight columns per thread and step, with
-// two 16-byte loads and one 16-byte store where the rows are aligned (vec). Reads logits only: they are not written.
+// The same gradient written as bf16 bits into rows out_ld apart, `width` columns of them: zeros in [logits.cols,
+// width) (the LM head's padded vocabulary) and in ignored rows. Row i is staged as to_bf16 stages it (to_bf16_chunk,
+// eight columns per thread and step, 16-byte accesses where the rows are aligned: vec) with the gradient in place of
+// the value, so the bits equal cross_entropy_backward followed by to_bf16. Reads logits only: they are not written.
 __global__ void cross_entropy_backward_bf16_kernel(std::uint16_t* out, index_t out_ld, index_t width,
                                                    MatrixView<const float> logits, const float* lse,
                                                    const token_t* targets, float dloss, token_t ignore_index,
@@ -117,21 +117,11 @@ __global__ void cross_entropy_backward_bf16_kernel(std::uint16_t* out, index_t o
   if (!counted && t != ignore_index && threadIdx.x == 0)
     report(error, DeviceError::cross_entropy_target, i, t, logits.cols);
   const float s = counted ? cross_entropy_scale(dloss, *count) : 0.0f, l = counted ? lse[i] : 0.0f;
-  const float* in = logits.data + i * logits.ld;
-  const index_t cols = counted ? logits.cols : 0;  // an ignored row is all zeros
-  for (index_t c0 = index_t(threadIdx.x) * bf16_chunk; c0 < width; c0 += index_t(blockDim.x) * bf16_chunk) {
-    if (vec && c0 + bf16_chunk <= cols) {
-      const float4 a = load16<float4>(in + c0), b = load16<float4>(in + c0 + 4);
-      const auto g = [&](float v, index_t j) { return unsigned(bf16_bits(cross_entropy_grad(v, l, s, j == t))); };
-      uint4 o;
-      o.x = g(a.x, c0) | g(a.y, c0 + 1) << 16, o.y = g(a.z, c0 + 2) | g(a.w, c0 + 3) << 16;
-      o.z = g(b.x, c0 + 4) | g(b.y, c0 + 5) << 16, o.w = g(b.z, c0 + 6) | g(b.w, c0 + 7) << 16;
-      store16(row_out + c0, o);
-    } else {
-      for (index_t j = c0; j < min(c0 + bf16_chunk, width); ++j)
-        row_out[j] = j < cols ? bf16_bits(cross_entropy_grad(in[j], l, s, j == t)) : std::uint16_t(0);
-    }
-  }
+  // Row i as a one-row view: no columns where the row is ignored (all zeros).
+  const MatrixView<const float> row(logits.data + i * logits.ld, 1, counted ? logits.cols : 0, logits.ld);
+  const auto grad = [&](float v, index_t j) { return cross_entropy_grad(v, l, s, j == t); };
+  for (index_t c0 = index_t(threadIdx.x) * bf16_chunk; c0 < width; c0 += index_t(blockDim.x) * bf16_chunk)
+    to_bf16_chunk<false>(row_out, out_ld, width, row, 0, c0, vec, nullptr, grad);
 }
 #endif  // MOM_CUDA_FLOAT_UNIT
 
@@ -147,11 +137,15 @@ void Kernels<T>::cross_entropy_forward(const Context& ctx, T* loss_out, T* lse, 
   dev::launch("cross_entropy_forward", ctx, 1, 1024, dev::cross_entropy_loss_kernel<T>, loss_out, lse, logits, targets,
               ignore_index);
 }
+// ctx.count = the rows whose target counts (count_targets_kernel): the divisor of either backward's gradient.
+inline void count_targets(const Context& ctx, const token_t* targets, index_t rows, index_t vocab, token_t ignore_index) {
+  dev::launch("cross_entropy_backward", ctx, 1, 1024, dev::count_targets_kernel<>, ctx.count, targets, rows, vocab,
+              ignore_index);
+}
 template <class T>
 void Kernels<T>::cross_entropy_backward(const Context& ctx, M dlogits, CM logits, const T* lse, const token_t* targets,
                                         T dloss, token_t ignore_index) {
-  dev::launch("cross_entropy_backward", ctx, 1, 1024, dev::count_targets_kernel<>, ctx.count, targets, logits.rows,
-              logits.cols, ignore_index);
+  count_targets(ctx, targets, logits.rows, logits.cols, ignore_index);
   dev::launch("cross_entropy_backward", ctx, static_cast<unsigned>(logits.rows), dev::threads,
               dev::cross_entropy_backward_kernel<T>, dlogits, logits, lse, targets, dloss, ignore_index,
               static_cast<const int*>(ctx.count), ctx.error);
@@ -164,8 +158,7 @@ void cross_entropy_backward_bf16(const Context& ctx, std::uint16_t* out, index_t
   width = std::max(width, logits.cols);
   const bool vec = logits.ld % 4 == 0 && out_ld % dev::bf16_chunk == 0 && dev::aligned16(logits.data) &&
                    dev::aligned16(out);
-  dev::launch("cross_entropy_backward", ctx, 1, 1024, dev::count_targets_kernel<>, ctx.count, targets, logits.rows,
-              logits.cols, ignore_index);
+  count_targets(ctx, targets, logits.rows, logits.cols, ignore_index);
   dev::launch("cross_entropy_backward", ctx, static_cast<unsigned>(logits.rows), dev::threads,
               dev::cross_entropy_backward_bf16_kernel, out, out_ld, width, logits, lse, targets, dloss, ignore_index,
               static_cast<const int*>(ctx.count), vec, ctx.error);

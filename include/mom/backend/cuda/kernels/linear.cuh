@@ -54,17 +54,25 @@ __device__ __forceinline__ float bf16_float(std::uint16_t b) {
 // what lies outside it is written as zeros (an operand padded to an aligned extent).
 inline constexpr index_t bf16_chunk = 8;
 #if defined(MOM_CUDA_FLOAT_UNIT)  // non-template: defined in mom_cuda.cu alone (kernels/all.cuh)
-// Row r's chunk of columns [c0, c0 + bf16_chunk) staged; with Sums, its values of `in` also added to s[0, bf16_chunk).
-template <bool Sums>
+// What a staging writes of a value of `in` at column j: the value itself (to_bf16), or a function of it (the
+// cross-entropy's gradient, written staged by cross_entropy_backward_bf16).
+struct bf16_same {
+  __device__ __forceinline__ float operator()(float v, index_t) const { return v; }
+};
+// Row r's chunk of columns [c0, c0 + bf16_chunk) staged as bf16(f(value, column)); with Sums, its values of `in` also
+// added to s[0, bf16_chunk).
+template <bool Sums, class F = bf16_same>
 __device__ __forceinline__ void to_bf16_chunk(std::uint16_t* out, index_t out_ld, index_t cols, MatrixView<const float> in,
-                                              index_t r, index_t c0, bool vec, float* s) {
+                                              index_t r, index_t c0, bool vec, float* s, F f = {}) {
   const float* src = in.data + r * in.ld + c0;
   std::uint16_t* dst = out + r * out_ld + c0;
   if (vec && r < in.rows && c0 + bf16_chunk <= in.cols) {
     const float4 a = load16<float4>(src), b = load16<float4>(src + 4);
-    const auto pair = [](float lo, float hi) { return unsigned(bf16_bits(lo)) | (unsigned(bf16_bits(hi)) << 16); };
+    const auto pair = [&](float lo, float hi, index_t c) {
+      return unsigned(bf16_bits(f(lo, c0 + c))) | (unsigned(bf16_bits(f(hi, c0 + c + 1))) << 16);
+    };
     uint4 o;
-    o.x = pair(a.x, a.y), o.y = pair(a.z, a.w), o.z = pair(b.x, b.y), o.w = pair(b.z, b.w);
+    o.x = pair(a.x, a.y, 0), o.y = pair(a.z, a.w, 2), o.z = pair(b.x, b.y, 4), o.w = pair(b.z, b.w, 6);
     store16(dst, o);
     if constexpr (Sums) {
       s[0] += a.x, s[1] += a.y, s[2] += a.z, s[3] += a.w;
@@ -75,7 +83,7 @@ __device__ __forceinline__ void to_bf16_chunk(std::uint16_t* out, index_t out_ld
     for (int c = 0; c < int(bf16_chunk); ++c) {  // unrolled: s[] indexed by constants stays in registers
       if (c0 + c >= cols) continue;
       const bool inside = r < in.rows && c0 + c < in.cols;
-      dst[c] = inside ? bf16_bits(src[c]) : std::uint16_t(0);
+      dst[c] = inside ? bf16_bits(f(src[c], c0 + c)) : std::uint16_t(0);
       if constexpr (Sums)
         if (inside) s[c] += src[c];
     }
