@@ -289,3 +289,36 @@ TEST_CASE("the MLP op pair under TF32 is the fp32 layout's ops, bit for bit", "[
                              {&pair.db1, &ops.db1}, {&pair.dw2, &ops.dw2}, {&pair.db2, &ops.db2}})
     CHECK(same_bits(*a, *b));
 }
+
+TEST_CASE("the MLP op pair refuses activations of different shapes or with padded rows, with nothing written",
+          "[cuda][gelu]") {
+  MOM_REQUIRE_GPU();
+  auto& be = gpu<float>();
+  be.set_precision(cuda::Precision::BF16);
+  test::Rng rng(42);
+  const index_t n = 5, d = 8, f = 16;
+  using CM = MatrixView<const float>;
+  using CS = std::span<const float>;
+  auto x = rand_arr<float>(n * d, rng), w1 = rand_arr<float>(f * d, rng), b1 = rand_arr<float>(f, rng);
+  auto w2 = rand_arr<float>(d * f, rng), b2 = rand_arr<float>(d, rng), y = rand_arr<float>(n * d, rng);
+  auto pre = rand_arr<float>(n * (f + 8), rng), act = rand_arr<float>(n * (f + 8), rng);
+  auto dx = rand_arr<float>(n * d, rng), dw1 = rand_arr<float>(f * d, rng), db1 = rand_arr<float>(f, rng);
+  auto dw2 = rand_arr<float>(d * f, rng), db2 = rand_arr<float>(d, rng), dy = rand_arr<float>(n * d, rng);
+  const auto y0 = y.fetch(), pre0 = pre.fetch(), act0 = act.fetch(), dx0 = dx.fetch(), dw10 = dw1.fetch();
+  // pre with padded rows (ld f + 8): rejected before anything runs.
+  CHECK_THROWS_WITH(be.mlp_forward(y.dm(n, d), pre.dm(n, f, f + 8), act.dm(n, f), CM(x.dm(n, d)), CM(w1.dm(f, d)),
+                                   CS(b1.ds()), CM(w2.dm(d, f)), CS(b2.ds())),
+                    Catch::Contains("mlp_forward: the activation and the pre-activation must be dense"));
+  // act one row short of pre in the backward.
+  CHECK_THROWS_WITH(be.mlp_backward(dx.dm(n, d), dw1.dm(f, d), db1.ds(), dw2.dm(d, f), db2.ds(), act.dm(n, f),
+                                    pre.dm(n, f), CM(dy.dm(n, d)), CM(x.dm(n, d)), CM(pre.dm(n, f)),
+                                    CM(act.dm(n - 1, f)), CM(w1.dm(f, d)), CM(w2.dm(d, f))),
+                    Catch::Contains("mlp_backward: the activation and the pre-activation must be dense"));
+  be.sync();
+  be.set_precision(cuda::Precision::TF32);
+  CHECK(y.fetch() == y0);  // nothing written
+  CHECK(pre.fetch() == pre0);
+  CHECK(act.fetch() == act0);
+  CHECK(dx.fetch() == dx0);
+  CHECK(dw1.fetch() == dw10);
+}

@@ -47,9 +47,9 @@ class MlpOps : public DenseOps<T> {
   // y = act·w2ᵀ + b2 (written), act = gelu(pre), pre = x·w1ᵀ + b1: pre and act [rows × f] dense, in the backend's
   // layout until mlp_backward reads them.
   void mlp_forward(M y, M pre, M act, CM x, CM w1, CS b1, CM w2, CS b2) const {
+    Base::check_gelu_pair("mlp_forward", act, pre);  // first: the pair's own message
     checks::linear_forward_shapes<T>(pre, x, w1, b1);
     checks::linear_forward_shapes<T>(y, CM(act), w2, b2);
-    Base::check_gelu_pair("mlp_forward", act, pre);
     if constexpr (std::is_same_v<T, float>) {
       const bool bf16 = forward_bf16(y, pre, act, x, w1, b1, w2, b2);
       record(act.data, bf16);
@@ -62,10 +62,10 @@ class MlpOps : public DenseOps<T> {
   // accumulated (each may be empty); dact and dpre [rows × f] dense scratch.
   void mlp_backward(M dx, M dw1, S db1, M dw2, S db2, M dact, M dpre, CM dy, CM x, CM pre, CM act, CM w1,
                     CM w2) const {
+    Base::check_gelu_pair("mlp_backward", act, pre);  // first: the pairs' own messages
+    Base::check_gelu_pair("mlp_backward", dact, dpre);
     checks::linear_backward_shapes<T>(dpre, dw2, db2, dy, act, w2);
     checks::linear_backward_shapes<T>(dx, dw1, db1, CM(dpre), x, w1);
-    Base::check_gelu_pair("mlp_backward", dact, dpre);
-    Base::check_gelu_pair("mlp_backward", act, pre);
     if constexpr (std::is_same_v<T, float>) {
       if (recorded(act.data)) return backward_bf16(dx, dw1, db1, dw2, db2, dact, dpre, dy, x, pre, act, w1, w2);
     }
