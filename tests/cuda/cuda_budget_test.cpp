@@ -82,28 +82,48 @@ struct GemmTally : mom::testing::CountingBackend<float> {
     unstaged_reads += 2 * logits.rows * logits.cols;
     Base::linear_backward(dx, dw, S{}, logits, x, w);
   }
-  // The MLP as cuda::Backend's op pair (mlp_ops.hpp): its four products as the separate ops', but under BF16 act and
-  // d(pre) are written in bf16 by the products' epilogues (no staging copy reads them) and the fc bias is staged for
-  // the epilogue; dy is staged once for its two products.
-  void mlp_forward(M y, M pre, M act, CM x, CM w1, CS b1, CM w2, CS b2) {
-    product(x.rows, w1.rows, x.cols, x, w1, pre);
+  // A LayerNorm and the linear that reads it as cuda::Backend's op pair (norm_ops.hpp): the separate ops' products, but
+  // under BF16 the LayerNorm's output is written in bf16 (no staging copy reads it, forward or dW); dy is staged once.
+  void norm_linear_forward(M y, NormSaved<float> ln, CM x, CS gamma, CS beta, CM w, CS b) {
+    product(x.rows, w.rows, x.cols, CM(ln.out), w, y);
+    unstaged_reads += ln.out.rows * ln.out.cols;
+    Base::layernorm_forward(ln.out, ln.mean, ln.rstd, x, gamma, beta);
+    Base::linear_forward(y, CM(ln.out), w, b);
+  }
+  void norm_linear_backward(M dx, S dgamma, S dbeta, M dw, S db, M dln, CM dy, CM x, NormSaved<const float> ln,
+                            CS gamma, CM w) {
+    product(dy.rows, w.cols, dy.cols, dy, w, dln);
+    product(dy.cols, ln.out.cols, dy.rows, dy, ln.out, dw);
+    staged_once += dy.rows * dy.cols;
+    unstaged_reads += ln.out.rows * ln.out.cols;
+    Base::linear_backward(dln, dw, db, dy, ln.out, w, Store::overwrite);
+    Base::layernorm_backward(dx, dgamma, dbeta, CM(dln), x, ln.mean, ln.rstd, gamma);
+  }
+  // The FFN as cuda::Backend's op pair (mlp_ops.hpp): its four products as the separate ops', but under BF16 ln, act
+  // and d(pre) are written in bf16 by their producers (no staging copy reads them) and the fc bias is staged for the
+  // epilogue; dy is staged once for its two products.
+  void mlp_forward(M y, NormSaved<float> ln, M pre, M act, CM x, CS gamma, CS beta, CM w1, CS b1, CM w2, CS b2) {
+    product(x.rows, w1.rows, x.cols, CM(ln.out), w1, pre);
     product(act.rows, w2.rows, act.cols, act, w2, y);
-    unstaged_reads += act.rows * act.cols;
+    unstaged_reads += act.rows * act.cols + ln.out.rows * ln.out.cols;
     staged_elements += ssize(b1);
-    Base::linear_forward(pre, x, w1, b1);
+    Base::layernorm_forward(ln.out, ln.mean, ln.rstd, x, gamma, beta);
+    Base::linear_forward(pre, CM(ln.out), w1, b1);
     Base::gelu_forward(act.flat(), CM(pre).flat());
     Base::linear_forward(y, CM(act), w2, b2);
   }
-  void mlp_backward(M dx, M dw1, S db1, M dw2, S db2, M dact, M dpre, CM dy, CM x, CM pre, CM act, CM w1, CM w2) {
-    product(dy.cols, act.cols, dy.rows, dy, act, dw2);      // dW2 += dyᵀ·act
-    product(dy.rows, w2.cols, dy.cols, dy, w2, dpre);       // d(pre) = (dy·w2) ∘ gelu'(pre)
-    product(dpre.rows, w1.cols, dpre.cols, dpre, w1, dx);   // dx = d(pre)·w1
-    product(dpre.cols, x.cols, dpre.rows, dpre, x, dw1);    // dW1 += d(pre)ᵀ·x
+  void mlp_backward(M dx, S dgamma, S dbeta, M dw1, S db1, M dw2, S db2, M dln, M dact, M dpre, CM dy, CM x,
+                    NormSaved<const float> ln, CS gamma, CM pre, CM act, CM w1, CM w2) {
+    product(dy.cols, act.cols, dy.rows, dy, act, dw2);          // dW2 += dyᵀ·act
+    product(dy.rows, w2.cols, dy.cols, dy, w2, dpre);           // d(pre) = (dy·w2) ∘ gelu'(pre)
+    product(dpre.rows, w1.cols, dpre.cols, dpre, w1, dln);      // dln = d(pre)·w1
+    product(dpre.cols, ln.out.cols, dpre.rows, dpre, ln.out, dw1);  // dW1 += d(pre)ᵀ·ln
     staged_once += dy.rows * dy.cols;
-    unstaged_reads += act.rows * act.cols + 2 * dpre.rows * dpre.cols;
+    unstaged_reads += act.rows * act.cols + 2 * dpre.rows * dpre.cols + ln.out.rows * ln.out.cols;
     Base::linear_backward(dact, dw2, db2, dy, act, w2, Store::overwrite);
     Base::gelu_backward(dpre.flat(), CM(pre).flat(), CM(dact).flat(), Store::overwrite);
-    Base::linear_backward(dx, dw1, db1, CM(dpre), x, w1, Store::overwrite);
+    Base::linear_backward(dln, dw1, db1, CM(dpre), ln.out, w1, Store::overwrite);
+    Base::layernorm_backward(dx, dgamma, dbeta, CM(dln), x, ln.mean, ln.rstd, gamma);
   }
   void gru_cell_forward(M h_out, M gates, CM x, CM h, CM w_ih, CM w_hh, CS b_ih, CS b_hh) {
     const index_t H3 = 3 * h_out.cols;
@@ -308,13 +328,15 @@ TEST_CASE("per-step budgets under the emulation: launches, GEMMs and their FLOPs
     CHECK(c.gemm_flops == want.gemm_flops);
     CHECK(c.unaligned_gemms == 0);
     // The head's dlogits is written staged by the cross-entropy (lm_head_loss_backward): 2 conversions for the head's
-    // backward pair. The MLP keeps act and d(pre) in bf16 (mlp_ops.hpp): its forward stages x, w_fc, b_fc and
-    // w_proj, its backward dy, w_proj, w_fc and x (4, where its two linear backwards staged 6): 18 a layer.
-    CHECK(c.staging_copies == cfg.accum * (18 * Model::depth + 4));  // 80 (88 with the MLP's act staged, 90 with dlogits)
-    CHECK(c.staging_bytes == want.staged_bytes_bf16);                 // 2.23 MB (2.62, 2.69 and 3.05 before)
-    // 32 launches a step with the staging (33.5 before the MLP kept its activations in bf16 and the head's dlogits was
-    // written staged, 35.5 before the GELU moved into the epilogues, 39.5 before the bias gradients were summed in the
-    // staging); memset 0.162
+    // backward pair. The FFN keeps ln, act and d(pre) in bf16 (mlp_ops.hpp): its forward stages w_fc, b_fc and w_proj,
+    // its backward dy, w_proj and w_fc (3, where its two linear backwards staged 6). The attention's LayerNorm writes
+    // bf16 for the qkv linear (norm_ops.hpp): its forward stages w_qkv, its backward dy and w_qkv. 14 a layer.
+    CHECK(c.staging_copies == cfg.accum * (14 * Model::depth + 4));  // 64 (80 with the LayerNorms' outputs staged,
+                                                                      // 88 with the MLP's act, 90 with dlogits)
+    CHECK(c.staging_bytes == want.staged_bytes_bf16);                 // 1.71 MB (2.23, 2.62, 2.69 and 3.05 before)
+    // 28 launches a step with the staging (32 before the LayerNorms wrote bf16, 33.5 before the MLP kept its
+    // activations in bf16 and the head's dlogits was written staged, 35.5 before the GELU moved into the epilogues,
+    // 39.5 before the bias gradients were summed in the staging); memset 0.162
     check_budgets<Model>(c, cfg, {39, 0.19, 0});
   }
   {

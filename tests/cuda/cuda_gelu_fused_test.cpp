@@ -4,7 +4,8 @@
 // gelu_backward), and the CPU's separate ops within the precision's tolerance. Under the emulation the fused path is
 // the one that ran: a float forward in FP32 / TF32 launches no kernel (the GELU is in the product), a backward only
 // the bias gradient's column sums; where cuBLASLt has no algorithm (mom_emu_lt_refuse) the ops fall back. Then the MLP
-// as one op pair (FusesMlp, mlp_ops.hpp), whose bf16 layout under BF16 keeps act and d(pre) in bf16.
+// with its LayerNorm as one op pair (FusesMlp, mlp_ops.hpp), whose bf16 layout under BF16 keeps ln, act and d(pre) in
+// bf16.
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -158,35 +159,44 @@ static_assert(!FusesMlp<cpu::Backend<float>, float>);  // the CPU runs the separ
 namespace {
 
 struct MlpRun {
-  std::vector<float> y, dx, dw1, db1, dw2, db2;
+  std::vector<float> y, dx, dgamma, dbeta, dw1, db1, dw2, db2;
   test::EmuCounters forward, backward;
 };
-// One MLP forward and backward on a fresh backend at `precision`, through the op pair (pair) or through the fp32
-// layout's ops (linear_forward_gelu + linear_forward, linear_backward_dgelu + linear_backward), with cuBLASLt refusing
-// from the forward on (refuse_forward) or from the backward on (refuse_backward).
-MlpRun run_mlp(cuda::Precision precision, bool pair, bool refuse_forward = false, bool refuse_backward = false) {
+// One FFN forward and backward (its LayerNorm, then y = gelu(ln·w1ᵀ + b1)·w2ᵀ + b2) on a fresh backend at `precision`,
+// through the op pair (pair) or through the fp32 layout's ops (layernorm_forward + linear_forward_gelu +
+// linear_forward, linear_backward_dgelu + linear_backward + layernorm_backward), with cuBLASLt refusing from the
+// forward on (refuse_forward) or from the backward on (refuse_backward); with ln_unaligned, the LayerNorm's output
+// 4 bytes past a 16-byte boundary (its bf16 layout does not apply: the pair writes it in fp32 and stages it).
+MlpRun run_mlp(cuda::Precision precision, bool pair, bool refuse_forward = false, bool refuse_backward = false,
+               bool ln_unaligned = false) {
   cuda::Backend<float> be;  // no cuBLASLt plan made yet
   be.set_precision(precision);
   test::Rng rng(41);
-  const index_t n = 37, d = 40, f = 48;  // y [n × d] = gelu(x·w1ᵀ + b1)·w2ᵀ + b2, w1 [f × d], w2 [d × f]
+  const index_t n = 37, d = 40, f = 48;  // y [n × d] = gelu(LN(x)·w1ᵀ + b1)·w2ᵀ + b2, w1 [f × d], w2 [d × f]
   auto x = rand_arr<float>(n * d, rng), w1 = rand_arr<float>(f * d, rng), b1 = rand_arr<float>(f, rng);
   auto w2 = rand_arr<float>(d * f, rng), b2 = rand_arr<float>(d, rng), dy = rand_arr<float>(n * d, rng);
+  auto gamma = rand_arr<float>(d, rng, 0.5, 1.5), beta = rand_arr<float>(d, rng);
   auto y = rand_arr<float>(n * d, rng), pre = rand_arr<float>(n * f, rng), act = rand_arr<float>(n * f, rng);
+  auto ln_buf = rand_arr<float>(n * d + 4, rng), mean = rand_arr<float>(n, rng), rstd = rand_arr<float>(n, rng);
   auto dact = rand_arr<float>(n * f, rng), dpre = rand_arr<float>(n * f, rng), dx = rand_arr<float>(n * d, rng);
+  auto dln = rand_arr<float>(n * d, rng), dgamma = rand_arr<float>(d, rng), dbeta = rand_arr<float>(d, rng);
   auto dw1 = rand_arr<float>(f * d, rng), db1 = rand_arr<float>(f, rng), dw2 = rand_arr<float>(d * f, rng),
        db2 = rand_arr<float>(d, rng);
   using CM = MatrixView<const float>;
   using CS = std::span<const float>;
+  const MatrixView<float> ln(ln_buf.d.data() + (ln_unaligned ? 1 : 0), n, d);
+  const NormSaved<float> saved(ln, mean.ds(), rstd.ds());
   const bool counted = mom_emu_launches && mom_emu_lt_refuse;
   if (refuse_forward && counted) mom_emu_lt_refuse(1);
   MlpRun r;
   be.sync();
   auto t0 = counted ? test::EmuCounters::now() : test::EmuCounters{};
   if (pair) {
-    be.mlp_forward(y.dm(n, d), pre.dm(n, f), act.dm(n, f), CM(x.dm(n, d)), CM(w1.dm(f, d)), CS(b1.ds()),
-                   CM(w2.dm(d, f)), CS(b2.ds()));
+    be.mlp_forward(y.dm(n, d), saved, pre.dm(n, f), act.dm(n, f), CM(x.dm(n, d)), CS(gamma.ds()), CS(beta.ds()),
+                   CM(w1.dm(f, d)), CS(b1.ds()), CM(w2.dm(d, f)), CS(b2.ds()));
   } else {
-    be.linear_forward_gelu(pre.dm(n, f), act.dm(n, f), CM(x.dm(n, d)), CM(w1.dm(f, d)), CS(b1.ds()));
+    be.layernorm_forward(ln, mean.ds(), rstd.ds(), CM(x.dm(n, d)), CS(gamma.ds()), CS(beta.ds()));
+    be.linear_forward_gelu(pre.dm(n, f), act.dm(n, f), CM(ln), CM(w1.dm(f, d)), CS(b1.ds()));
     be.linear_forward(y.dm(n, d), CM(act.dm(n, f)), CM(w2.dm(d, f)), CS(b2.ds()));
   }
   be.sync();
@@ -194,32 +204,41 @@ MlpRun run_mlp(cuda::Precision precision, bool pair, bool refuse_forward = false
   if (refuse_backward && counted) mom_emu_lt_refuse(1);
   t0 = counted ? test::EmuCounters::now() : test::EmuCounters{};
   if (pair) {
-    be.mlp_backward(dx.dm(n, d), dw1.dm(f, d), db1.ds(), dw2.dm(d, f), db2.ds(), dact.dm(n, f), dpre.dm(n, f),
-                    CM(dy.dm(n, d)), CM(x.dm(n, d)), CM(pre.dm(n, f)), CM(act.dm(n, f)), CM(w1.dm(f, d)),
-                    CM(w2.dm(d, f)));
+    be.mlp_backward(dx.dm(n, d), dgamma.ds(), dbeta.ds(), dw1.dm(f, d), db1.ds(), dw2.dm(d, f), db2.ds(), dln.dm(n, d),
+                    dact.dm(n, f), dpre.dm(n, f), CM(dy.dm(n, d)), CM(x.dm(n, d)), NormSaved<const float>(saved),
+                    CS(gamma.ds()), CM(pre.dm(n, f)), CM(act.dm(n, f)), CM(w1.dm(f, d)), CM(w2.dm(d, f)));
   } else {
     be.linear_backward_dgelu(dpre.dm(n, f), dw2.dm(d, f), db2.ds(), CM(dy.dm(n, d)), CM(act.dm(n, f)),
                              CM(w2.dm(d, f)), CM(pre.dm(n, f)));
-    be.linear_backward(dx.dm(n, d), dw1.dm(f, d), db1.ds(), CM(dpre.dm(n, f)), CM(x.dm(n, d)), CM(w1.dm(f, d)),
+    be.linear_backward(dln.dm(n, d), dw1.dm(f, d), db1.ds(), CM(dpre.dm(n, f)), CM(ln), CM(w1.dm(f, d)),
                        Store::overwrite);
+    be.layernorm_backward(dx.dm(n, d), dgamma.ds(), dbeta.ds(), CM(dln.dm(n, d)), CM(x.dm(n, d)), CS(mean.ds()),
+                          CS(rstd.ds()), CS(gamma.ds()));
   }
   be.sync();
   if (counted) r.backward = test::EmuCounters::now() - t0;
   if (counted) mom_emu_lt_refuse(0);
-  r.y = y.fetch(), r.dx = dx.fetch(), r.dw1 = dw1.fetch(), r.db1 = db1.fetch(), r.dw2 = dw2.fetch(), r.db2 = db2.fetch();
+  r.y = y.fetch(), r.dx = dx.fetch(), r.dgamma = dgamma.fetch(), r.dbeta = dbeta.fetch();
+  r.dw1 = dw1.fetch(), r.db1 = db1.fetch(), r.dw2 = dw2.fetch(), r.db2 = db2.fetch();
   // The CPU's separate ops from the same initial values: every result within bf16's tolerance of them.
   auto& h = host<float>();
-  h.linear_forward(pre.hm(n, f), CM(x.hm(n, d)), CM(w1.hm(f, d)), CS(b1.hs()));
+  const MatrixView<float> hln(ln_buf.h.data(), n, d);
+  h.layernorm_forward(hln, mean.hs(), rstd.hs(), CM(x.hm(n, d)), CS(gamma.hs()), CS(beta.hs()));
+  h.linear_forward(pre.hm(n, f), CM(hln), CM(w1.hm(f, d)), CS(b1.hs()));
   h.gelu_forward(act.hs(), CS(pre.hs()));
   h.linear_forward(y.hm(n, d), CM(act.hm(n, f)), CM(w2.hm(d, f)), CS(b2.hs()));
   h.linear_backward(dact.hm(n, f), dw2.hm(d, f), db2.hs(), CM(dy.hm(n, d)), CM(act.hm(n, f)), CM(w2.hm(d, f)),
                     Store::overwrite);
   h.gelu_backward(dpre.hs(), CS(pre.hs()), CS(dact.hs()), Store::overwrite);
-  h.linear_backward(dx.hm(n, d), dw1.hm(f, d), db1.hs(), CM(dpre.hm(n, f)), CM(x.hm(n, d)), CM(w1.hm(f, d)),
+  h.linear_backward(dln.hm(n, d), dw1.hm(f, d), db1.hs(), CM(dpre.hm(n, f)), CM(hln), CM(w1.hm(f, d)),
                     Store::overwrite);
+  h.layernorm_backward(dx.hm(n, d), dgamma.hs(), dbeta.hs(), CM(dln.hm(n, d)), CM(x.hm(n, d)), CS(mean.hs()),
+                       CS(rstd.hs()), CS(gamma.hs()));
   const double tol = precision == cuda::Precision::BF16 ? 2e-2 : tol_tf32<float>;
   CHECK(close(r.y, y.h) <= tol);
   CHECK(close(r.dx, dx.h) <= tol);
+  CHECK(close(r.dgamma, dgamma.h) <= tol);
+  CHECK(close(r.dbeta, dbeta.h) <= tol);
   CHECK(close(r.dw1, dw1.h) <= tol);
   CHECK(close(r.db1, db1.h) <= tol);
   CHECK(close(r.dw2, dw2.h) <= tol);
@@ -232,14 +251,16 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 }  // namespace
 
-TEST_CASE("the MLP op pair keeps act and d(pre) in bf16 under BF16: the staged products' results to bf16's precision",
-          "[cuda][gelu]") {
+TEST_CASE("the FFN op pair keeps ln, act and d(pre) in bf16 under BF16: the staged products' results to bf16's "
+          "precision", "[cuda][gelu]") {
   MOM_REQUIRE_GPU();
   // mlp_ops.hpp: the fc bias enters in bf16 (cuBLASLt's rule for a bf16 output), gelu' is taken at pre rounded to bf16
   // and d(pre) is rounded once more, so every result but db2 = Σ dy (the same staging of dy) agrees with the fp32
   // layout's to bf16's precision (and both with the CPU, checked in run_mlp).
   const MlpRun pair = run_mlp(cuda::Precision::BF16, true), ops = run_mlp(cuda::Precision::BF16, false);
   CHECK(close(pair.y, ops.y) <= 1e-2);
+  CHECK(close(pair.dgamma, ops.dgamma) <= 1e-2);
+  CHECK(close(pair.dbeta, ops.dbeta) <= 1e-2);
   CHECK(close(pair.dw2, ops.dw2) <= 1e-2);
   CHECK(same_bits(pair.db2, ops.db2));
   CHECK(!same_bits(pair.y, ops.y));  // the bf16 bias and act did reach y
@@ -247,18 +268,41 @@ TEST_CASE("the MLP op pair keeps act and d(pre) in bf16 under BF16: the staged p
   CHECK(close(pair.dw1, ops.dw1) <= 1e-2);
   CHECK(close(pair.db1, ops.db1) <= 1e-2);
   if (!mom_emu_launches || !mom_emu_lt_refuse) return;
-  // The bf16 layout ran: act is not staged. Forward: x, w1, b1 and w2 staged (the fp32 layout: x, w1, act, w2).
-  // Backward: dy (with db2's sums), w2, w1 and x staged, d(pre)'s column sums (the fp32 layout: dy, w2, act, d(pre)
-  // with db1's sums, w1, x).
+  // The bf16 layout ran: neither ln nor act is staged. Forward: the LayerNorm (writing bf16), then w1, b1 and w2
+  // staged (the fp32 layout: the LayerNorm, then ln, w1, act, w2 staged). Backward: dy (with db2's sums), w2 and w1
+  // staged, d(pre)'s column sums, the LayerNorm's two kernels (the fp32 layout: dy, w2, act, d(pre) with db1's sums,
+  // w1, ln).
   const index_t n = 37, d = 40, f = 48;
-  CHECK(pair.forward.staging_copies == 4);
-  CHECK(pair.forward.staging_bytes == 4 * (n * d + f * d + f + d * f));
+  CHECK(pair.forward.staging_copies == 3);
+  CHECK(pair.forward.launches == 4);
+  CHECK(pair.forward.staging_bytes == 4 * (f * d + f + d * f));
   CHECK(ops.forward.staging_bytes == 4 * (n * d + f * d + n * f + d * f));
-  CHECK(pair.backward.staging_copies == 4);
-  CHECK(pair.backward.launches == 5);
+  CHECK(pair.backward.staging_copies == 3);
+  CHECK(pair.backward.launches == 6);
   CHECK(ops.backward.staging_copies == 6);
   CHECK(pair.forward.gemm_calls == 2);
   CHECK(pair.backward.gemm_calls == 4);
+}
+
+TEST_CASE("the FFN op pair's LayerNorm in bf16 gives the bits its fp32 output's staging gives", "[cuda][gelu]") {
+  MOM_REQUIRE_GPU();
+  // ln.out 4 bytes past a 16-byte boundary: the pair writes the LayerNorm in fp32 and stages it (forward and dW1),
+  // the MLP still in its bf16 layout. The LayerNorm's bf16 output is that staging's rounding of the same fp32 values.
+  const MlpRun in_place = run_mlp(cuda::Precision::BF16, true), staged = run_mlp(cuda::Precision::BF16, true, false,
+                                                                                  false, true);
+  for (const auto& [a, b] : {std::pair{&in_place.y, &staged.y}, {&in_place.dx, &staged.dx},
+                             {&in_place.dgamma, &staged.dgamma}, {&in_place.dbeta, &staged.dbeta},
+                             {&in_place.dw1, &staged.dw1}, {&in_place.db1, &staged.db1},
+                             {&in_place.dw2, &staged.dw2}, {&in_place.db2, &staged.db2}}) {
+    if (mom_emu_launches)
+      CHECK(same_bits(*a, *b));
+    else  // a real cuBLASLt may pick another algorithm for the other operand alignment
+      CHECK(close(*a, *b) <= 1e-5);
+  }
+  if (!mom_emu_launches) return;
+  CHECK(staged.forward.staging_copies == 4);  // ln, w1, b1, w2
+  CHECK(staged.backward.staging_copies == 4);  // dy, w2, w1, ln
+  CHECK(staged.forward.launches == in_place.forward.launches + 1);
 }
 
 TEST_CASE("the MLP op pair without cuBLASLt: the fp32 layout from the forward on, dgelu_bf16 from the backward on",
@@ -285,8 +329,9 @@ TEST_CASE("the MLP op pair without cuBLASLt: the fp32 layout from the forward on
 TEST_CASE("the MLP op pair under TF32 is the fp32 layout's ops, bit for bit", "[cuda][gelu]") {
   MOM_REQUIRE_GPU();
   const MlpRun pair = run_mlp(cuda::Precision::TF32, true), ops = run_mlp(cuda::Precision::TF32, false);
-  for (const auto& [a, b] : {std::pair{&pair.y, &ops.y}, {&pair.dx, &ops.dx}, {&pair.dw1, &ops.dw1},
-                             {&pair.db1, &ops.db1}, {&pair.dw2, &ops.dw2}, {&pair.db2, &ops.db2}})
+  for (const auto& [a, b] : {std::pair{&pair.y, &ops.y}, {&pair.dx, &ops.dx}, {&pair.dgamma, &ops.dgamma},
+                             {&pair.dbeta, &ops.dbeta}, {&pair.dw1, &ops.dw1}, {&pair.db1, &ops.db1},
+                             {&pair.dw2, &ops.dw2}, {&pair.db2, &ops.db2}})
     CHECK(same_bits(*a, *b));
 }
 
@@ -304,16 +349,27 @@ TEST_CASE("the MLP op pair refuses activations of different shapes or with padde
   auto pre = rand_arr<float>(n * (f + 8), rng), act = rand_arr<float>(n * (f + 8), rng);
   auto dx = rand_arr<float>(n * d, rng), dw1 = rand_arr<float>(f * d, rng), db1 = rand_arr<float>(f, rng);
   auto dw2 = rand_arr<float>(d * f, rng), db2 = rand_arr<float>(d, rng), dy = rand_arr<float>(n * d, rng);
+  auto gamma = rand_arr<float>(d, rng), beta = rand_arr<float>(d, rng), ln = rand_arr<float>(n * d, rng);
+  auto mean = rand_arr<float>(n, rng), rstd = rand_arr<float>(n, rng), dln = rand_arr<float>(n * d, rng);
+  const NormSaved<float> saved(ln.dm(n, d), mean.ds(), rstd.ds());
   const auto y0 = y.fetch(), pre0 = pre.fetch(), act0 = act.fetch(), dx0 = dx.fetch(), dw10 = dw1.fetch();
+  const auto ln0 = ln.fetch();
   // pre with padded rows (ld f + 8): rejected before anything runs.
-  CHECK_THROWS_WITH(be.mlp_forward(y.dm(n, d), pre.dm(n, f, f + 8), act.dm(n, f), CM(x.dm(n, d)), CM(w1.dm(f, d)),
-                                   CS(b1.ds()), CM(w2.dm(d, f)), CS(b2.ds())),
+  CHECK_THROWS_WITH(be.mlp_forward(y.dm(n, d), saved, pre.dm(n, f, f + 8), act.dm(n, f), CM(x.dm(n, d)),
+                                   CS(gamma.ds()), CS(beta.ds()), CM(w1.dm(f, d)), CS(b1.ds()), CM(w2.dm(d, f)),
+                                   CS(b2.ds())),
                     Catch::Contains("mlp_forward: the activation and the pre-activation must be dense"));
   // act one row short of pre in the backward.
-  CHECK_THROWS_WITH(be.mlp_backward(dx.dm(n, d), dw1.dm(f, d), db1.ds(), dw2.dm(d, f), db2.ds(), act.dm(n, f),
-                                    pre.dm(n, f), CM(dy.dm(n, d)), CM(x.dm(n, d)), CM(pre.dm(n, f)),
+  CHECK_THROWS_WITH(be.mlp_backward(dx.dm(n, d), gamma.ds(), beta.ds(), dw1.dm(f, d), db1.ds(), dw2.dm(d, f), db2.ds(),
+                                    dln.dm(n, d), act.dm(n, f), pre.dm(n, f), CM(dy.dm(n, d)), CM(x.dm(n, d)),
+                                    NormSaved<const float>(saved), CS(gamma.ds()), CM(pre.dm(n, f)),
                                     CM(act.dm(n - 1, f)), CM(w1.dm(f, d)), CM(w2.dm(d, f))),
                     Catch::Contains("mlp_backward: the activation and the pre-activation must be dense"));
+  // The LayerNorm's output one row short: its shape check's message, before anything runs.
+  CHECK_THROWS_WITH(be.mlp_forward(y.dm(n, d), NormSaved<float>(ln.dm(n - 1, d), mean.ds(), rstd.ds()), pre.dm(n, f),
+                                   act.dm(n, f), CM(x.dm(n, d)), CS(gamma.ds()), CS(beta.ds()), CM(w1.dm(f, d)),
+                                   CS(b1.ds()), CM(w2.dm(d, f)), CS(b2.ds())),
+                    Catch::Contains("layernorm_forward"));
   be.sync();
   be.set_precision(cuda::Precision::TF32);
   CHECK(y.fetch() == y0);  // nothing written
@@ -321,4 +377,5 @@ TEST_CASE("the MLP op pair refuses activations of different shapes or with padde
   CHECK(act.fetch() == act0);
   CHECK(dx.fetch() == dx0);
   CHECK(dw1.fetch() == dw10);
+  CHECK(ln.fetch() == ln0);
 }

@@ -21,6 +21,7 @@
 #include <concepts>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 
 #include "mom/core/groups.hpp"
 #include "mom/core/tensor.hpp"
@@ -195,18 +196,54 @@ concept Backend = requires { typename Be::scalar; } && backend_parts::Memory<Be,
                   backend_parts::GroupedOps<Be, typename Be::scalar> &&
                   backend_parts::DepthOps<Be, typename Be::scalar> && backend_parts::OptimOps<Be, typename Be::scalar>;
 
-// A backend may also run the FFN's MLP as one op pair (cuda::Backend: mlp_ops.hpp), free to keep its activations in
-// a layout of its own between the two (under BF16 the CUDA backend keeps them in bf16):
-//   mlp_forward(y, pre, act, x, w1, b1, w2, b2):  y = act·w2ᵀ + b2 (written), act = gelu(pre), pre = x·w1ᵀ + b1;
-//   mlp_backward(dx, dw1, db1, dw2, db2, dact, dpre, dy, x, pre, act, w1, w2):
-//                                                 dx = dL/dx (written), the weight and bias gradients accumulated,
-//                                                 pre and act as mlp_forward left them, dact and dpre scratch;
-// pre, act, dact and dpre dense matrices of one shape. modules/ffn.hpp calls them where they exist, and linear_forward,
-// gelu_forward, linear_forward (and their backwards) where not: the results must agree within the precision.
+// The LayerNorm in front of a fused op pair (FusesNormLinear, FusesMlp): its output `out` [rows × d], dense, which the
+// backend may keep in a layout of its own between the pair's forward and backward (read by nothing else), and the
+// per-row statistics its backward reads (mean, rstd [rows]), as layernorm_forward writes them.
+template <class T>
+struct NormSaved {
+  MatrixView<T> out;
+  std::span<T> mean, rstd;
+  // NormSaved<T> converts to NormSaved<const T> (what a backward reads).
+  template <class U>
+    requires(std::is_same_v<const U, T> && !std::is_same_v<U, T>)
+  constexpr NormSaved(const NormSaved<U>& o) : out(o.out), mean(o.mean), rstd(o.rstd) {}
+  constexpr NormSaved(MatrixView<T> o, std::span<T> m, std::span<T> r) : out(o), mean(m), rstd(r) {}
+};
+
+// A backend may also run a pre-LayerNorm and the linear that reads it as one op pair (cuda::Backend: norm_ops.hpp;
+// GPT-2's attention input, modules/mha.hpp), free to keep the LayerNorm's output in a layout of its own between the
+// two (under BF16 the CUDA backend writes it in bf16, the linear's operand, and never in fp32):
+//   norm_linear_forward(y, ln, x, gamma, beta, w, b):  ln.out = LN(x) (ln.mean, ln.rstd as layernorm_forward's),
+//                                                       y = ln.out·wᵀ + b (written);
+//   norm_linear_backward(dx, dgamma, dbeta, dw, db, dln, dy, x, ln, gamma, w):
+//                                                       dln = dy·w (scratch [rows × d], written), dw += dyᵀ·ln.out,
+//                                                       db += Σ_rows dy, then layernorm_backward: dx += dL/dx,
+//                                                       dgamma, dbeta accumulated; ln as the forward left it.
+// A module calls them where they exist and layernorm_forward + linear_forward (and their backwards) where not: the
+// results must agree within the precision.
 template <class Be, class T>
-concept FusesMlp = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std::span<T> s, std::span<const T> cs) {
-  be.mlp_forward(m, m, m, cm, cm, cs, cm, cs);
-  be.mlp_backward(m, m, s, m, s, m, m, cm, cm, cm, cm, cm, cm);
+concept FusesNormLinear = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std::span<T> s,
+                                   std::span<const T> cs, NormSaved<T> ln) {
+  be.norm_linear_forward(m, ln, cm, cs, cs, cm, cs);
+  be.norm_linear_backward(m, s, s, m, s, m, cm, cm, NormSaved<const T>(ln), cs, cm);
+};
+
+// A backend may also run the FFN (its pre-LayerNorm and its MLP) as one op pair (cuda::Backend: mlp_ops.hpp), free to
+// keep the LayerNorm's output and the MLP's activations in a layout of its own between the two (under BF16 the CUDA
+// backend keeps them in bf16):
+//   mlp_forward(y, ln, pre, act, x, gamma, beta, w1, b1, w2, b2):
+//        ln.out = LN(x), pre = ln.out·w1ᵀ + b1, act = gelu(pre), y = act·w2ᵀ + b2 (written);
+//   mlp_backward(dx, dgamma, dbeta, dw1, db1, dw2, db2, dln, dact, dpre, dy, x, ln, gamma, pre, act, w1, w2):
+//        dx += dL/dx, the LayerNorm's, weight and bias gradients accumulated; ln, pre and act as mlp_forward left
+//        them; dln [rows × d], dact and dpre scratch;
+// pre, act, dact and dpre dense matrices of one shape. modules/ffn.hpp calls them where they exist, and
+// layernorm_forward, linear_forward, gelu_forward, linear_forward (and their backwards) where not: the results must
+// agree within the precision.
+template <class Be, class T>
+concept FusesMlp = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std::span<T> s, std::span<const T> cs,
+                            NormSaved<T> ln) {
+  be.mlp_forward(m, ln, m, m, cm, cs, cs, cm, cs, cm, cs);
+  be.mlp_backward(m, s, s, m, s, m, s, m, m, m, cm, cm, NormSaved<const T>(ln), cs, cm, cm, cm, cm);
 };
 // The GELU fused into a linear's products (cuda::Backend: cuBLASLt's GELU epilogues, ops.hpp), what its mlp ops run on
 // with fp32 activations:

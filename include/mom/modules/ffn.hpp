@@ -6,7 +6,7 @@
 #include <array>
 #include <string_view>
 
-#include "mom/backend/backend_concept.hpp"  // FusesMlp
+#include "mom/backend/backend_concept.hpp"  // FusesMlp, NormSaved
 #include "mom/modules/module.hpp"
 
 namespace mom {
@@ -64,11 +64,12 @@ struct FeedForward {
     const index_t n = batch * seq;
     const auto ln = mat(ws, s.ln, n, d);
     const auto pre = mat(ws, s.pre, n, f);
-    be.layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
-    if constexpr (FusesMlp<Be, T>) {  // the MLP as one op pair: pre and act in the backend's layout (backend_concept.hpp)
-      be.mlp_forward(f_out, pre, mat(ws, s.act, n, f), MatrixView<const T>(ln), mat(p, o_w_fc, f, d), vec(p, o_b_fc, f),
+    if constexpr (FusesMlp<Be, T>) {  // LN and MLP as one op pair: ln, pre and act in the backend's layout
+      be.mlp_forward(f_out, NormSaved<T>(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n)), pre, mat(ws, s.act, n, f), x,
+                     vec(p, o_ln_w, d), vec(p, o_ln_b, d), mat(p, o_w_fc, f, d), vec(p, o_b_fc, f),
                      mat(p, o_w_proj, d, f), vec(p, o_b_proj, d));
     } else {
+      be.layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
       be.linear_forward(pre, MatrixView<const T>(ln), mat(p, o_w_fc, f, d), vec(p, o_b_fc, f));
       be.gelu_forward(vec(ws, s.act, n * f), vec(static_cast<const T*>(ws), s.pre, n * f));
       be.linear_forward(f_out, mat(static_cast<const T*>(ws), s.act, n, f), mat(p, o_w_proj, d, f), vec(p, o_b_proj, d));
@@ -85,8 +86,10 @@ struct FeedForward {
     const auto dln = mat(scratch, 2 * n * f, n, d);
     // The scratch gradients are written (Store::overwrite), not accumulated: nothing to zero first.
     if constexpr (FusesMlp<Be, T>) {
-      be.mlp_backward(dln, mat(g, o_w_fc, f, d), vec(g, o_b_fc, f), mat(g, o_w_proj, d, f), vec(g, o_b_proj, d), dact,
-                      dpre, df, mat(ws, s.ln, n, d), mat(ws, s.pre, n, f), mat(ws, s.act, n, f), mat(p, o_w_fc, f, d),
+      be.mlp_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), mat(g, o_w_fc, f, d), vec(g, o_b_fc, f),
+                      mat(g, o_w_proj, d, f), vec(g, o_b_proj, d), dln, dact, dpre, df, x,
+                      NormSaved<const T>(mat(ws, s.ln, n, d), vec(ws, s.mean, n), vec(ws, s.rstd, n)),
+                      vec(p, o_ln_w, d), mat(ws, s.pre, n, f), mat(ws, s.act, n, f), mat(p, o_w_fc, f, d),
                       mat(p, o_w_proj, d, f));
     } else {
       be.linear_backward(dact, mat(g, o_w_proj, d, f), vec(g, o_b_proj, d), df, mat(ws, s.act, n, f),
@@ -94,9 +97,9 @@ struct FeedForward {
       be.gelu_backward(dpre.flat(), vec(ws, s.pre, n * f), std::span<const T>(dact.flat()), Store::overwrite);
       be.linear_backward(dln, mat(g, o_w_fc, f, d), vec(g, o_b_fc, f), MatrixView<const T>(dpre), mat(ws, s.ln, n, d),
                          mat(p, o_w_fc, f, d), Store::overwrite);
+      be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
+                            vec(ws, s.rstd, n), vec(p, o_ln_w, d));
     }
-    be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
-                          vec(ws, s.rstd, n), vec(p, o_ln_w, d));
   }
 
   // The same module over row groups (core/groups.hpp): the rows of group i of x run module i,

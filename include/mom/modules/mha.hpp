@@ -10,6 +10,7 @@
 #include <array>
 #include <span>
 
+#include "mom/backend/backend_concept.hpp"  // FusesNormLinear, NormSaved
 #include "mom/modules/module.hpp"
 
 namespace mom {
@@ -88,8 +89,13 @@ struct Attention {
     const auto ln = mat(ws, s.ln, n, d);
     const auto qkv = mat(ws, s.qkv, n, 3 * d);
     const auto att = mat(ws, s.att, n, d);
-    be.layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
-    be.linear_forward(qkv, MatrixView<const T>(ln), mat(p, o_w_qkv, 3 * d, d), vec(p, o_b_qkv, 3 * d));
+    if constexpr (FusesNormLinear<Be, T>) {  // LN and qkv as one op pair: ln in the backend's layout
+      be.norm_linear_forward(qkv, NormSaved<T>(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n)), x, vec(p, o_ln_w, d),
+                             vec(p, o_ln_b, d), mat(p, o_w_qkv, 3 * d, d), vec(p, o_b_qkv, 3 * d));
+    } else {
+      be.layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
+      be.linear_forward(qkv, MatrixView<const T>(ln), mat(p, o_w_qkv, 3 * d, d), vec(p, o_b_qkv, 3 * d));
+    }
     if constexpr (rope) be.rope_forward(qkv.col_block(0, 2 * d), std::span<const index_t>{}, seq, hd, rope_base<T>);
     be.attention_forward(att, vec(ws, s.lse, batch * D.heads * seq), MatrixView<const T>(qkv), batch, seq, index_t{D.heads});
     be.linear_forward(f_out, MatrixView<const T>(att), mat(p, o_w_proj, d, d), vec(p, o_b_proj, d));
@@ -110,10 +116,17 @@ struct Attention {
     be.attention_backward(dqkv, MatrixView<const T>(datt), mat(ws, s.att, n, d), vec(ws, s.lse, batch * D.heads * seq),
                           mat(ws, s.qkv, n, 3 * d), batch, seq, index_t{D.heads});
     if constexpr (rope) be.rope_backward(dqkv.col_block(0, 2 * d), std::span<const index_t>{}, seq, hd, rope_base<T>);
-    be.linear_backward(dln, mat(g, o_w_qkv, 3 * d, d), vec(g, o_b_qkv, 3 * d), MatrixView<const T>(dqkv),
-                       mat(ws, s.ln, n, d), mat(p, o_w_qkv, 3 * d, d), Store::overwrite);
-    be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
-                          vec(ws, s.rstd, n), vec(p, o_ln_w, d));
+    if constexpr (FusesNormLinear<Be, T>) {
+      be.norm_linear_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), mat(g, o_w_qkv, 3 * d, d),
+                              vec(g, o_b_qkv, 3 * d), dln, MatrixView<const T>(dqkv), x,
+                              NormSaved<const T>(mat(ws, s.ln, n, d), vec(ws, s.mean, n), vec(ws, s.rstd, n)),
+                              vec(p, o_ln_w, d), mat(p, o_w_qkv, 3 * d, d));
+    } else {
+      be.linear_backward(dln, mat(g, o_w_qkv, 3 * d, d), vec(g, o_b_qkv, 3 * d), MatrixView<const T>(dqkv),
+                         mat(ws, s.ln, n, d), mat(p, o_w_qkv, 3 * d, d), Store::overwrite);
+      be.layernorm_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), MatrixView<const T>(dln), x, vec(ws, s.mean, n),
+                            vec(ws, s.rstd, n), vec(p, o_ln_w, d));
+    }
   }
   // ---- incremental decoding (infer/decoder.hpp; modules/module.hpp, DecodingSequenceMixer) -------
   // One new token per active sequence: the rows of x [rows x d]. The module's key/value cache is

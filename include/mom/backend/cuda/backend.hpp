@@ -20,6 +20,8 @@
 // The backend in files by concern; this one keeps the Backend struct (context, precision, memory, sync):
 //   ops.hpp            the ops of a dense transformer (detail::DenseOps<T>)
 //   lt.hpp             cuBLASLt plans for the GEMMs with a fused epilogue (the linear forward's bias)
+//   norm_ops.hpp       a LayerNorm and the linear reading it as one op pair (detail::NormOps<T>)
+//   mlp_ops.hpp        the FFN, its LayerNorm and MLP, as one op pair (detail::MlpOps<T>)
 //   routed_ops.hpp     the ops of routed models: routing, dispatch, depth, grouped (detail::RoutedOps<T>)
 //   staging.hpp        the bf16 GEMM staging and the dispatch scratch, grown only outside a step
 //   device_errors.hpp  the index errors kernels record on the device, thrown at the next sync

@@ -163,6 +163,10 @@ void cross_entropy_backward_bf16(const Context& ctx, std::uint16_t* out, index_t
 // (its bias gradient from d(pre)); dpre[i] = bf16(dact[i] · gelu'(pre[i])) (DGELU where cuBLASLt refused it).
 void bf16_column_sums(const Context& ctx, float* acc, const std::uint16_t* m, index_t rows, index_t cols, index_t ld);
 void dgelu_bf16(const Context& ctx, std::uint16_t* dpre, const float* dact, const std::uint16_t* pre, index_t n);
+// layernorm_forward with its output written as bf16 bits into rows out_ld apart (norm_ops.hpp's bf16 layout): the bits
+// to_bf16 makes of layernorm_forward's output, without the fp32 copy.
+void layernorm_forward_bf16(const Context& ctx, std::uint16_t* out, index_t out_ld, float* mean, float* rstd,
+                            MatrixView<const float> x, const float* gamma, const float* beta, float eps);
 
 // rows[i] = slots[i] / k (group_by_choice: a slot r·K + j belongs to token row r).
 void slots_to_rows(const Context& ctx, token_t* rows, const token_t* slots, index_t n, index_t k);

@@ -48,9 +48,10 @@ struct LtPlan {
 
 struct LtPlans {
   std::map<LtProduct, LtPlan> plans;
-  // The activations (act's address) that mlp_forward last wrote in its bf16 layout (mlp_ops.hpp): mlp_backward reads
-  // those so. One entry per MLP of a model, added on its first bf16 forward.
-  std::vector<const void*> mlp_bf16;
+  // The buffers a fused op pair's forward last wrote in its bf16 layout, by address (norm_ops.hpp, mlp_ops.hpp: a
+  // LayerNorm's output, an MLP's activations): the pair's backward reads those so. One entry per buffer of a model,
+  // added on its first bf16 forward.
+  std::vector<const void*> bf16_layout;
   LtPlans() = default;
   LtPlans(const LtPlans&) = delete;
   LtPlans& operator=(const LtPlans&) = delete;

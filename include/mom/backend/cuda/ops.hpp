@@ -382,6 +382,33 @@ class DenseOps {
   }
 
  protected:
+  // The bf16 copy of an operand in the staging buffer: rows padded to a multiple of 8 elements (16 bytes, the
+  // alignment cuBLAS' tensor-core kernels want; docs/cuda.md, "Precision").
+  struct Staged {
+    const std::uint16_t* data;
+    index_t rows, cols, ld;
+  };
+  static index_t staged_ld(CM v) { return (std::max<index_t>(v.cols, 1) + 7) / 8 * 8; }
+  static index_t staged_size(CM v) { return v.rows * staged_ld(v); }
+  Staged stage(std::uint16_t* at, CM v) const {
+    to_bf16(*ctx_, at, staged_ld(v), v);
+    return {at, v.rows, v.cols, staged_ld(v)};
+  }
+  // An operand of a BF16 product: an fp32 matrix m, staged before the product, or (bf16 set) m's bf16 copy that a
+  // fused pair wrote in place of it (norm_ops.hpp: the LayerNorm's output), ld16 apart, read as it is: it takes no
+  // staging space and no copy.
+  struct Operand {
+    CM m;
+    const std::uint16_t* bf16 = nullptr;
+    index_t ld16 = 0;
+    Operand(CM v) : m(v) {}  // NOLINT(google-explicit-constructor): an fp32 matrix is the usual operand
+    Operand(CM v, Staged in_place) : m(v), bf16(in_place.data), ld16(in_place.ld) {}
+  };
+  static index_t staged_ld(const Operand& v) { return v.bf16 ? v.ld16 : staged_ld(v.m); }
+  static index_t staged_size(const Operand& v) { return v.bf16 ? 0 : staged_size(v.m); }
+  Staged stage(std::uint16_t* at, const Operand& v) const {
+    return v.bf16 ? Staged{v.bf16, v.m.rows, v.m.cols, v.ld16} : stage(at, v.m);
+  }
   void rope(const char* op, M x, std::span<const index_t> pos, index_t seq, index_t head_dim, T base,
             bool inverse) const {
     checks::rope_shapes<T>(op, x, pos.empty() ? -1 : ssize(pos), seq, head_dim, base);
@@ -420,25 +447,29 @@ class DenseOps {
   // (transposed) and B = x. The precision's operands: fp32 (FP32, TF32 compute), or both staged as bf16 first (BF16). False where
   // cuBLASLt has no algorithm for the product (nothing staged or enqueued then).
   // With epilogue GELU_AUX_BIAS: y = gelu(x·wᵀ + b) and the pre-activation into aux (laid out as y).
-  bool linear_forward_lt(M y, CM x, CM w, CS b, cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS,
+  // Under BF16, x may be a bf16 copy in place already (Operand), read as it is.
+  bool linear_forward_lt(M y, Operand xo, CM w, CS b, cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS,
                          M aux = M{}) const {
+    const CM x = xo.m;
     if (y.rows == 0 || y.cols == 0 || x.cols == 0) return false;
     LtProduct g{int(y.cols), int(y.rows), int(x.cols), CUBLAS_OP_T, CUBLAS_OP_N, ld(w.ld), ld(x.ld), ld(y.ld)};
     g.epilogue = epilogue;
     g.ld_aux = aux.data ? ld(aux.ld) : 0;
     if (ctx_->precision == Precision::BF16) {
       // The staged copies' places (stage() lays them out so) decide the plan before anything is converted.
-      cuda::reserve_bf16_staging(*ctx_, staged_size(x) + staged_size(w));
-      std::uint16_t* sx = ctx_->bf16_stage;
-      std::uint16_t* sw = ctx_->bf16_stage + staged_size(x);
+      cuda::reserve_bf16_staging(*ctx_, staged_size(xo) + staged_size(w));
+      std::uint16_t* at = ctx_->bf16_stage;
+      const std::uint16_t* sx = xo.bf16 ? xo.bf16 : at;
+      std::uint16_t* sw = at + staged_size(xo);
       g.ab_type = CUDA_R_16BF;
-      g.lda = ld(staged_ld(w)), g.ldb = ld(staged_ld(x));
+      g.lda = ld(staged_ld(w)), g.ldb = ld(staged_ld(xo));
       LtPlan* p = lt_plan(*ctx_, g, sw, sx, y.data, b.data(), aux.data);
       if (!p) return false;
-      stage(sx, x);
+      stage(at, xo);
       stage(sw, w);
       return lt_run(*ctx_, *p, 1.0f, sw, sx, y.data, b.data(), aux.data);
     }
+    MOM_CHECK(!xo.bf16, "linear_forward: a bf16 operand outside Precision::BF16");
     g.compute = lt_compute();
     LtPlan* p = lt_plan(*ctx_, g, w.data, x.data, y.data, b.data(), aux.data);
     return p && lt_run(*ctx_, *p, 1.0f, w.data, x.data, y.data, b.data(), aux.data);
@@ -492,18 +523,6 @@ class DenseOps {
   bool bf16_products(CM A, Trans ta) const {
     return ctx_->precision == Precision::BF16 && (ta == Trans::N ? A.cols : A.rows) > 0;
   }
-  // The bf16 copy of an operand in the staging buffer: rows padded to a multiple of 8 elements (16 bytes, the
-  // alignment cuBLAS' tensor-core kernels want; docs/cuda.md, "Precision").
-  struct Staged {
-    const std::uint16_t* data;
-    index_t rows, cols, ld;
-  };
-  static index_t staged_ld(CM v) { return (std::max<index_t>(v.cols, 1) + 7) / 8 * 8; }
-  static index_t staged_size(CM v) { return v.rows * staged_ld(v); }
-  Staged stage(std::uint16_t* at, CM v) const {
-    to_bf16(*ctx_, at, staged_ld(v), v);
-    return {at, v.rows, v.cols, staged_ld(v)};
-  }
   // v staged as a [rows × cols] block (zeros outside v; cols a multiple of 8 or v's staged width); with col_sums,
   // v's column sums added to it in the same pass.
   Staged stage(std::uint16_t* at, CM v, index_t rows, index_t cols, float* col_sums = nullptr) const {
@@ -520,7 +539,8 @@ class DenseOps {
   // A linear's dx += dy·w and dw += dyᵀ·x from one staging of dy, w and x (bf16), dy staged k columns wide and w k
   // rows tall (k >= dy.cols; zeros beyond them: the LM head's padded width), so that dx's inner dimension is k. With
   // db: db += Σ_rows dy, summed while dy is staged (no second read of dy).
-  void backward_staged(M dx, M dw, CM dy, CM x, CM w, index_t k, float dx_beta = 1.0f, float* db = nullptr) const {
+  void backward_staged(M dx, M dw, CM dy, const Operand& x, CM w, index_t k, float dx_beta = 1.0f,
+                       float* db = nullptr) const {
     const auto [sdy, sw, sx] = stage_backward(backward_stage_places(dy, w, x, k), dy, w, x, db);
     backward_products(dx, dw, sdy, sw, sx, dy.cols, dx_beta);
   }
@@ -536,7 +556,7 @@ class DenseOps {
     std::uint16_t *dy, *w, *x;
     index_t k, dy_ld;  // dy's staged rows are dy_ld apart (as stage(at.dy, dy, dy.rows, k) lays them out)
   };
-  BackwardStage backward_stage_places(CM dy, CM w, CM x, index_t k) const {
+  BackwardStage backward_stage_places(CM dy, CM w, const Operand& x, index_t k) const {
     const index_t dy_ld = std::max(k, staged_ld(dy)), dy_size = dy.rows * dy_ld, w_size = k * staged_ld(w);
     cuda::reserve_bf16_staging(*ctx_, dy_size + w_size + staged_size(x));
     std::uint16_t* at = ctx_->bf16_stage;
@@ -546,7 +566,7 @@ class DenseOps {
   struct BackwardStaged {
     Staged dy, w, x;
   };
-  BackwardStaged stage_backward(const BackwardStage& at, CM dy, CM w, CM x, float* db) const {
+  BackwardStaged stage_backward(const BackwardStage& at, CM dy, CM w, const Operand& x, float* db) const {
     return {stage(at.dy, dy, dy.rows, at.k, db), stage(at.w, w, at.k, w.cols), stage(at.x, x)};
   }
   // C = alpha·op(A)·op(B) + beta·C from staged operands (bf16 tensor cores, fp32 accumulation and C); shapes

@@ -1,7 +1,8 @@
 #pragma once
 // LayerNorm, forward and backward (cpu/layernorm.hpp): one warp per row; parameter gradients as
-// column sums.
+// column sums. The forward also writes its output as bf16 (layernorm_forward_bf16: norm_ops.hpp's layout).
 #include "mom/backend/cuda/kernels/common.cuh"
+#include "mom/backend/cuda/kernels/linear.cuh"  // bf16_bits
 
 namespace mom::cuda {
 
@@ -9,9 +10,11 @@ namespace dev {
 
 // ---- layernorm: one warp per row --------------------------------------------------------------
 
-template <class T>
-__global__ void layernorm_forward_kernel(MatrixView<T> out, T* mean, T* rstd, MatrixView<const T> x, const T* gamma,
-                                         const T* beta, T eps) {
+// The output's rows out_ld apart, as T, or (O = std::uint16_t) as the bf16 bits of the same value (rounded as to_bf16
+// rounds it).
+template <class T, class O>
+__global__ void layernorm_forward_kernel(O* out, index_t out_ld, T* mean, T* rstd, MatrixView<const T> x,
+                                         const T* gamma, const T* beta, T eps) {
   const index_t r = index_t(blockIdx.x) * warps_per_block + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (r >= x.rows) return;
@@ -26,8 +29,14 @@ __global__ void layernorm_forward_kernel(MatrixView<T> out, T* mean, T* rstd, Ma
     v += dx * dx;
   }
   const T rs = T(1) / sqrt_(warp_sum(v) / T(d) + eps);
-  T* o = out.data + r * out.ld;
-  for (index_t c = lane; c < d; c += 32) o[c] = (xr[c] - mu) * rs * gamma[c] + beta[c];
+  O* o = out + r * out_ld;
+  for (index_t c = lane; c < d; c += 32) {
+    const T v = (xr[c] - mu) * rs * gamma[c] + beta[c];
+    if constexpr (std::is_same_v<O, T>)
+      o[c] = v;
+    else
+      o[c] = bf16_bits(v);
+  }
   if (lane == 0) {
     mean[r] = mu;
     rstd[r] = rs;
@@ -83,8 +92,15 @@ template <class T>
 void Kernels<T>::layernorm_forward(const Context& ctx, M out, T* mean, T* rstd, CM x, const T* gamma, const T* beta,
                                    T eps) {
   dev::launch("layernorm_forward", ctx, dev::blocks_exact(x.rows, dev::warps_per_block), dev::threads,
-              dev::layernorm_forward_kernel<T>, out, mean, rstd, x, gamma, beta, eps);
+              dev::layernorm_forward_kernel<T, T>, out.data, out.ld, mean, rstd, x, gamma, beta, eps);
 }
+#if defined(MOM_CUDA_FLOAT_UNIT)  // non-template: defined in mom_cuda.cu alone (kernels/all.cuh)
+void layernorm_forward_bf16(const Context& ctx, std::uint16_t* out, index_t out_ld, float* mean, float* rstd,
+                            MatrixView<const float> x, const float* gamma, const float* beta, float eps) {
+  dev::launch("layernorm_forward_bf16", ctx, dev::blocks_exact(x.rows, dev::warps_per_block), dev::threads,
+              dev::layernorm_forward_kernel<float, std::uint16_t>, out, out_ld, mean, rstd, x, gamma, beta, eps);
+}
+#endif
 template <class T>
 void Kernels<T>::layernorm_backward(const Context& ctx, M dx, T* dgamma, T* dbeta, CM dout, CM x, const T* mean,
                                     const T* rstd, const T* gamma) {

@@ -1,0 +1,123 @@
+#pragma once
+// The CUDA backend's pre-LayerNorm and the linear that reads it as one op pair (backend_concept.hpp, FusesNormLinear;
+// GPT-2's attention input, modules/mha.hpp): ln.out = LN(x), y = ln.out·wᵀ + b, and its backward.
+//
+// Under Precision::BF16 (float) the LayerNorm writes its output as bf16 only (layernorm_forward_bf16), in the first
+// half of ln.out's fp32 buffer, and the linear's two products that read it (the forward, and dW in the backward) take
+// it as their operand in place (DenseOps::Operand): no fp32 output written, no staging copy read and written twice.
+// The bits are those the staged path makes (the LayerNorm computes the same fp32 values and rounds them as to_bf16
+// does), so the pair's results are layernorm_forward + linear_forward's (and their backwards') bit for bit.
+// Elsewhere (TF32, FP32, double, a width that is not a multiple of 8, an unaligned or padded ln.out) the pair is those
+// ops with ln.out in fp32. Which layout a forward wrote is recorded per ln.out buffer (LtPlans::bf16_layout), and its
+// backward reads that.
+//
+// NormOps also keeps that record and the LayerNorm's bf16 layout for the FFN's op pair (mlp_ops.hpp), whose
+// LayerNorm is laid out the same way.
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+
+#include "mom/backend/backend_concept.hpp"  // NormSaved
+#include "mom/backend/cuda/kernels.hpp"
+#include "mom/backend/cuda/lt.hpp"
+#include "mom/backend/cuda/ops.hpp"
+#include "mom/backend/cuda/staging.hpp"
+#include "mom/backend/shape_checks.hpp"
+#include "mom/core/tensor.hpp"
+
+namespace mom::cuda::detail {
+
+template <class T>
+class NormOps : public DenseOps<T> {
+  using Base = DenseOps<T>;
+
+ public:
+  using M = MatrixView<T>;
+  using CM = MatrixView<const T>;
+  using S = std::span<T>;
+  using CS = std::span<const T>;
+
+  using Base::Base;
+
+  // ln.out = LN(x) (ln.mean, ln.rstd as layernorm_forward writes them), y = ln.out·wᵀ + b (written); ln.out in the
+  // backend's layout until norm_linear_backward reads it.
+  void norm_linear_forward(M y, NormSaved<T> ln, CM x, CS gamma, CS beta, CM w, CS b) const {
+    checks::layernorm_forward_shapes<T>(ln.out, ln.mean, ln.rstd, x, gamma, beta);
+    checks::linear_forward_shapes<T>(y, CM(ln.out), w, b);
+    if constexpr (std::is_same_v<T, float>) {
+      const bool bf16 = norm_bf16(CM(ln.out)) && y.cols > 0;
+      record(ln.out.data, bf16);
+      if (bf16) {
+        const Operand xo(CM(ln.out), norm_forward_bf16(ln, x, gamma, beta));
+        if (!b.empty() && this->linear_forward_lt(y, xo, w, b)) return;
+        // No bias, or no cuBLASLt algorithm: linear_forward's cuBLAS path, from the LayerNorm's bf16 output.
+        cuda::reserve_bf16_staging(*this->ctx_, Base::staged_size(w));
+        const Staged sw = this->stage(this->ctx_->bf16_stage, w);
+        if (!b.empty()) Base::K::broadcast_rows(*this->ctx_, y, b.data());
+        return this->gemm_staged(y, this->stage(nullptr, xo), Trans::N, sw, Trans::T, 1.0f, b.empty() ? 0.0f : 1.0f);
+      }
+    }
+    this->layernorm_forward(ln.out, ln.mean, ln.rstd, x, gamma, beta);
+    this->linear_forward(y, CM(ln.out), w, b);
+  }
+  // Its backward from dy = dL/dy, ln as the forward left it: dln = dy·w (scratch, written), dw += dyᵀ·ln.out, db +=
+  // Σ_rows dy (dw, db may be empty), then the LayerNorm's: dx += dL/dx, dgamma and dbeta accumulated.
+  void norm_linear_backward(M dx, S dgamma, S dbeta, M dw, S db, M dln, CM dy, CM x, NormSaved<const T> ln, CS gamma,
+                            CM w) const {
+    checks::linear_backward_shapes<T>(dln, dw, db, dy, ln.out, w);
+    checks::layernorm_backward_shapes<T>(dx, dgamma, dbeta, CM(dln), x, ln.mean, ln.rstd, gamma);
+    bool in_place = false;
+    if constexpr (std::is_same_v<T, float>) {
+      const Operand xo = ln_operand(ln.out);
+      in_place = xo.bf16 && !dw.empty() && dy.rows > 0;
+      if (in_place)  // linear_backward's BF16 path, ln.out read in place
+        this->backward_staged(dln, dw, dy, xo, w, dy.cols, 0.0f, db.empty() ? nullptr : db.data());
+    }
+    if (!in_place)  // (without dw, ln.out is not read)
+      this->linear_backward(dln, dw, db, dy, ln.out, w, Store::overwrite);
+    this->layernorm_backward(dx, dgamma, dbeta, CM(dln), x, ln.mean, ln.rstd, gamma);
+  }
+
+ protected:
+  using Staged = typename Base::Staged;
+  using Operand = typename Base::Operand;
+  static std::uint16_t* bits(T* p) { return reinterpret_cast<std::uint16_t*>(p); }
+  static const std::uint16_t* bits(const T* p) { return reinterpret_cast<const std::uint16_t*>(p); }
+
+  // The LayerNorm's bf16 layout applies: BF16, and out [rows × d] dense, 16-byte aligned, d a multiple of 8 (its bf16
+  // rows, d apart, are then 16-byte aligned for cuBLAS' tensor-core kernels, and fit the first half of the buffer);
+  // and the layout can be recorded.
+  bool norm_bf16(CM out) const {
+    return std::is_same_v<T, float> && this->ctx_->precision == Precision::BF16 && this->ctx_->lt_plans &&
+           out.rows > 0 && out.cols > 0 &&
+           out.cols % 8 == 0 && out.ld == out.cols && lt_alignment(out.data) >= 16;
+  }
+  // The bf16 rows of out's layout (d apart, in its first half), as a product's operand.
+  static Staged bf16_rows(CM out) { return {bits(out.data), out.rows, out.cols, out.cols}; }
+  // ln.out = LN(x) written in the bf16 layout (the statistics in fp32, as layernorm_forward's).
+  Staged norm_forward_bf16(const NormSaved<T>& ln, CM x, CS gamma, CS beta) const {
+    if constexpr (std::is_same_v<T, float>)
+      cuda::layernorm_forward_bf16(*this->ctx_, bits(ln.out.data), ln.out.cols, ln.mean.data(), ln.rstd.data(), x,
+                                   gamma.data(), beta.data(), 1e-5f);  // layernorm_forward's eps
+    return bf16_rows(CM(ln.out));
+  }
+  // A LayerNorm output as the operand of the products that read it: in place where its forward wrote the bf16 layout.
+  Operand ln_operand(CM out) const { return recorded(out.data) ? Operand(out, bf16_rows(out)) : Operand(out); }
+
+  // The layout record (LtPlans::bf16_layout): no allocation once every pair of a model has run a forward.
+  void record(const void* buffer, bool bf16) const {
+    if (!this->ctx_->lt_plans) return;
+    auto& v = this->ctx_->lt_plans->bf16_layout;
+    const auto it = std::find(v.begin(), v.end(), buffer);
+    if (bf16 && it == v.end()) v.push_back(buffer);
+    if (!bf16 && it != v.end()) v.erase(it);
+  }
+  bool recorded(const void* buffer) const {
+    if (!this->ctx_->lt_plans) return false;
+    const auto& v = this->ctx_->lt_plans->bf16_layout;
+    return std::find(v.begin(), v.end(), buffer) != v.end();
+  }
+};
+
+}  // namespace mom::cuda::detail
