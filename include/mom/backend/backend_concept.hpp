@@ -228,6 +228,23 @@ concept FusesNormLinear = requires(Be& be, MatrixView<T> m, MatrixView<const T> 
   be.norm_linear_backward(m, s, s, m, s, m, cm, cm, NormSaved<const T>(ln), cs, cm);
 };
 
+// A backend may also run the causal attention and the output linear that reads it as one op pair (cuda::Backend:
+// attention_ops.hpp; GPT-2's attention, modules/mha.hpp), free to keep the attention's output in a layout of its own
+// between the two (under BF16 the CUDA backend writes it in bf16, the linear's operand, and never in fp32):
+//   attention_linear_forward(y, att, lse, qkv, w, b, batch, seq, heads):
+//        att = attention(qkv) and lse as attention_forward's, y = att·wᵀ + b (written);
+//   attention_linear_backward(dqkv, dw, db, datt, dy, att, lse, qkv, w, batch, seq, heads):
+//        datt = dy·w (scratch [rows × d], written), dw += dyᵀ·att, db += Σ_rows dy, then attention_backward:
+//        dqkv += dL/dqkv; att and lse as the forward left them.
+// modules/mha.hpp calls them where they exist and attention_forward + linear_forward (and their backwards) where not:
+// the results must agree within the precision.
+template <class Be, class T>
+concept FusesAttentionLinear = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std::span<T> s,
+                                        std::span<const T> cs, index_t n) {
+  be.attention_linear_forward(m, m, s, cm, cm, cs, n, n, n);
+  be.attention_linear_backward(m, m, s, m, cm, cm, cs, cm, cm, n, n, n);
+};
+
 // A backend may also run the FFN (its pre-LayerNorm and its MLP) as one op pair (cuda::Backend: mlp_ops.hpp), free to
 // keep the LayerNorm's output and the MLP's activations in a layout of its own between the two (under BF16 the CUDA
 // backend keeps them in bf16):

@@ -97,8 +97,14 @@ struct Attention {
       be.linear_forward(qkv, MatrixView<const T>(ln), mat(p, o_w_qkv, 3 * d, d), vec(p, o_b_qkv, 3 * d));
     }
     if constexpr (rope) be.rope_forward(qkv.col_block(0, 2 * d), std::span<const index_t>{}, seq, hd, rope_base<T>);
-    be.attention_forward(att, vec(ws, s.lse, batch * D.heads * seq), MatrixView<const T>(qkv), batch, seq, index_t{D.heads});
-    be.linear_forward(f_out, MatrixView<const T>(att), mat(p, o_w_proj, d, d), vec(p, o_b_proj, d));
+    const auto lse = vec(ws, s.lse, batch * D.heads * seq);
+    if constexpr (FusesAttentionLinear<Be, T>) {  // attention and proj as one op pair: att in the backend's layout
+      be.attention_linear_forward(f_out, att, lse, MatrixView<const T>(qkv), mat(p, o_w_proj, d, d),
+                                  vec(p, o_b_proj, d), batch, seq, index_t{D.heads});
+    } else {
+      be.attention_forward(att, lse, MatrixView<const T>(qkv), batch, seq, index_t{D.heads});
+      be.linear_forward(f_out, MatrixView<const T>(att), mat(p, o_w_proj, d, d), vec(p, o_b_proj, d));
+    }
   }
 
   // Given df = dL/df_out, accumulate dL/dx into dx and dL/dparams into g (both +=).
@@ -111,10 +117,17 @@ struct Attention {
     const auto dqkv = mat(scratch, n * d, n, 3 * d);
     const auto dln = mat(scratch, 4 * n * d, n, d);
     be.zero(dqkv);  // attention_backward accumulates; datt and dln are written (Store::overwrite)
-    be.linear_backward(datt, mat(g, o_w_proj, d, d), vec(g, o_b_proj, d), df, mat(ws, s.att, n, d),
-                       mat(p, o_w_proj, d, d), Store::overwrite);
-    be.attention_backward(dqkv, MatrixView<const T>(datt), mat(ws, s.att, n, d), vec(ws, s.lse, batch * D.heads * seq),
-                          mat(ws, s.qkv, n, 3 * d), batch, seq, index_t{D.heads});
+    const auto att = mat(ws, s.att, n, d);
+    const auto lse = vec(ws, s.lse, batch * D.heads * seq);
+    if constexpr (FusesAttentionLinear<Be, T>) {
+      be.attention_linear_backward(dqkv, mat(g, o_w_proj, d, d), vec(g, o_b_proj, d), datt, df, att, lse,
+                                   mat(ws, s.qkv, n, 3 * d), mat(p, o_w_proj, d, d), batch, seq, index_t{D.heads});
+    } else {
+      be.linear_backward(datt, mat(g, o_w_proj, d, d), vec(g, o_b_proj, d), df, att, mat(p, o_w_proj, d, d),
+                         Store::overwrite);
+      be.attention_backward(dqkv, MatrixView<const T>(datt), att, lse, mat(ws, s.qkv, n, 3 * d), batch, seq,
+                            index_t{D.heads});
+    }
     if constexpr (rope) be.rope_backward(dqkv.col_block(0, 2 * d), std::span<const index_t>{}, seq, hd, rope_base<T>);
     if constexpr (FusesNormLinear<Be, T>) {
       be.norm_linear_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), mat(g, o_w_qkv, 3 * d, d),

@@ -21,6 +21,7 @@
 //   ops.hpp            the ops of a dense transformer (detail::DenseOps<T>)
 //   lt.hpp             cuBLASLt plans for the GEMMs with a fused epilogue (the linear forward's bias)
 //   norm_ops.hpp       a LayerNorm and the linear reading it as one op pair (detail::NormOps<T>)
+//   attention_ops.hpp  the causal attention and the output linear reading it as one op pair (detail::AttentionOps<T>)
 //   mlp_ops.hpp        the FFN, its LayerNorm and MLP, as one op pair (detail::MlpOps<T>)
 //   routed_ops.hpp     the ops of routed models: routing, dispatch, depth, grouped (detail::RoutedOps<T>)
 //   staging.hpp        the bf16 GEMM staging and the dispatch scratch, grown only outside a step

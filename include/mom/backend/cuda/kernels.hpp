@@ -168,6 +168,15 @@ void dgelu_bf16(const Context& ctx, std::uint16_t* dpre, const float* dact, cons
 void layernorm_forward_bf16(const Context& ctx, std::uint16_t* out, index_t out_ld, float* mean, float* rstd,
                             MatrixView<const float> x, const float* gamma, const float* beta, float eps);
 
+// Dense causal attention with its output O as bf16 bits, rows out_ld apart (attention_ops.hpp's layout; the bits
+// to_bf16 makes of attention_forward's fp32 O): attention_forward_bf16 returns false and launches nothing where its
+// kernels do not apply (not BF16, head dim not 64 or 128); attention_backward_bf16 reads that O (D = rowsum(dO ∘ O)).
+bool attention_forward_bf16(const Context& ctx, std::uint16_t* out, index_t out_ld, float* lse,
+                            MatrixView<const float> qkv, index_t batch, index_t seq, index_t heads);
+void attention_backward_bf16(const Context& ctx, MatrixView<float> dqkv, MatrixView<const float> dout,
+                             const std::uint16_t* out, index_t out_ld, const float* lse, MatrixView<const float> qkv,
+                             index_t batch, index_t seq, index_t heads);
+
 // rows[i] = slots[i] / k (group_by_choice: a slot r·K + j belongs to token row r).
 void slots_to_rows(const Context& ctx, token_t* rows, const token_t* slots, index_t n, index_t k);
 

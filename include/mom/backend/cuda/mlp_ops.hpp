@@ -27,6 +27,7 @@
 #include <span>
 #include <type_traits>
 
+#include "mom/backend/cuda/attention_ops.hpp"
 #include "mom/backend/cuda/kernels.hpp"
 #include "mom/backend/cuda/lt.hpp"
 #include "mom/backend/cuda/norm_ops.hpp"
@@ -38,8 +39,8 @@
 namespace mom::cuda::detail {
 
 template <class T>
-class MlpOps : public NormOps<T> {
-  using Base = NormOps<T>;
+class MlpOps : public AttentionOps<T> {
+  using Base = AttentionOps<T>;
 
  public:
   using M = MatrixView<T>;
@@ -79,7 +80,7 @@ class MlpOps : public NormOps<T> {
     bool bf16 = false;
     if constexpr (std::is_same_v<T, float>) {
       bf16 = this->recorded(act.data);
-      if (bf16) backward_bf16(dln, dw1, db1, dw2, db2, dact, dpre, dy, this->ln_operand(ln.out), pre, act, w1, w2);
+      if (bf16) backward_bf16(dln, dw1, db1, dw2, db2, dact, dpre, dy, this->recorded_operand(ln.out), pre, act, w1, w2);
     }
     if (!bf16) {
       this->linear_backward_dgelu(dpre, dw2, db2, dy, act, w2, pre);
@@ -103,7 +104,7 @@ class MlpOps : public NormOps<T> {
     if (this->ctx_->precision != Precision::BF16 || n == 0 || f % 8 != 0 || x.cols == 0 || y.cols == 0 ||
         b1.empty() || b2.empty() || lt_alignment(pre.data) < 16 || lt_alignment(act.data) < 16)
       return 0;
-    const bool ln16 = this->norm_bf16(CM(ln.out));
+    const bool ln16 = this->bf16_layout_fits(CM(ln.out));
     const Operand xo = ln16 ? Operand(CM(ln.out), Base::bf16_rows(CM(ln.out))) : Operand(CM(ln.out));
     const CM bias1(b1.data(), 1, f);
     const index_t nx = Base::staged_size(xo), nw1 = Base::staged_size(w1), nb1 = Base::staged_size(bias1);

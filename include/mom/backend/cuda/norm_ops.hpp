@@ -11,8 +11,9 @@
 // ops with ln.out in fp32. Which layout a forward wrote is recorded per ln.out buffer (LtPlans::bf16_layout), and its
 // backward reads that.
 //
-// NormOps also keeps that record and the LayerNorm's bf16 layout for the FFN's op pair (mlp_ops.hpp), whose
-// LayerNorm is laid out the same way.
+// NormOps also keeps that record, the bf16 layout and the linear's products reading it in place for the pairs above it:
+// the attention and its output linear (attention_ops.hpp) and the FFN (mlp_ops.hpp), whose LayerNorm is laid out the
+// same way.
 #include <algorithm>
 #include <cstdint>
 #include <span>
@@ -46,17 +47,9 @@ class NormOps : public DenseOps<T> {
     checks::layernorm_forward_shapes<T>(ln.out, ln.mean, ln.rstd, x, gamma, beta);
     checks::linear_forward_shapes<T>(y, CM(ln.out), w, b);
     if constexpr (std::is_same_v<T, float>) {
-      const bool bf16 = norm_bf16(CM(ln.out)) && y.cols > 0;
+      const bool bf16 = bf16_layout_fits(CM(ln.out)) && y.cols > 0;
       record(ln.out.data, bf16);
-      if (bf16) {
-        const Operand xo(CM(ln.out), norm_forward_bf16(ln, x, gamma, beta));
-        if (!b.empty() && this->linear_forward_lt(y, xo, w, b)) return;
-        // No bias, or no cuBLASLt algorithm: linear_forward's cuBLAS path, from the LayerNorm's bf16 output.
-        cuda::reserve_bf16_staging(*this->ctx_, Base::staged_size(w));
-        const Staged sw = this->stage(this->ctx_->bf16_stage, w);
-        if (!b.empty()) Base::K::broadcast_rows(*this->ctx_, y, b.data());
-        return this->gemm_staged(y, this->stage(nullptr, xo), Trans::N, sw, Trans::T, 1.0f, b.empty() ? 0.0f : 1.0f);
-      }
+      if (bf16) return linear_forward_in_place(y, Operand(CM(ln.out), norm_forward_bf16(ln, x, gamma, beta)), w, b);
     }
     this->layernorm_forward(ln.out, ln.mean, ln.rstd, x, gamma, beta);
     this->linear_forward(y, CM(ln.out), w, b);
@@ -67,14 +60,7 @@ class NormOps : public DenseOps<T> {
                             CM w) const {
     checks::linear_backward_shapes<T>(dln, dw, db, dy, ln.out, w);
     checks::layernorm_backward_shapes<T>(dx, dgamma, dbeta, CM(dln), x, ln.mean, ln.rstd, gamma);
-    bool in_place = false;
-    if constexpr (std::is_same_v<T, float>) {
-      const Operand xo = ln_operand(ln.out);
-      in_place = xo.bf16 && !dw.empty() && dy.rows > 0;
-      if (in_place)  // linear_backward's BF16 path, ln.out read in place
-        this->backward_staged(dln, dw, dy, xo, w, dy.cols, 0.0f, db.empty() ? nullptr : db.data());
-    }
-    if (!in_place)  // (without dw, ln.out is not read)
+    if (!linear_backward_in_place(dln, dw, db, dy, recorded_operand(ln.out), w))  // (without dw, ln.out is not read)
       this->linear_backward(dln, dw, db, dy, ln.out, w, Store::overwrite);
     this->layernorm_backward(dx, dgamma, dbeta, CM(dln), x, ln.mean, ln.rstd, gamma);
   }
@@ -85,10 +71,31 @@ class NormOps : public DenseOps<T> {
   static std::uint16_t* bits(T* p) { return reinterpret_cast<std::uint16_t*>(p); }
   static const std::uint16_t* bits(const T* p) { return reinterpret_cast<const std::uint16_t*>(p); }
 
-  // The LayerNorm's bf16 layout applies: BF16, and out [rows × d] dense, 16-byte aligned, d a multiple of 8 (its bf16
+  // y = x·wᵀ + b (written) with x a bf16 operand in place (xo.bf16 set): linear_forward's BF16 paths without x's
+  // staging: cuBLASLt's bias epilogue, or (no bias, no algorithm) the bias broadcast and a bf16 cuBLAS product.
+  void linear_forward_in_place(M y, const Operand& xo, CM w, CS b) const {
+    if (!b.empty() && this->linear_forward_lt(y, xo, w, b)) return;
+    cuda::reserve_bf16_staging(*this->ctx_, Base::staged_size(w));
+    const Staged sw = this->stage(this->ctx_->bf16_stage, w);
+    if (!b.empty()) Base::K::broadcast_rows(*this->ctx_, y, b.data());
+    this->gemm_staged(y, this->stage(nullptr, xo), Trans::N, sw, Trans::T, 1.0f, b.empty() ? 0.0f : 1.0f);
+  }
+  // dx = dy·w (written), dw += dyᵀ·x, db += Σ_rows dy with x a bf16 operand in place: linear_backward's BF16 path.
+  // False (nothing done) where that path does not apply (no dw, or no rows): x is then not read, linear_backward's.
+  bool linear_backward_in_place(M dx, M dw, S db, CM dy, const Operand& xo, CM w) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (!xo.bf16 || dw.empty() || dy.rows == 0) return false;
+      this->backward_staged(dx, dw, dy, xo, w, dy.cols, 0.0f, db.empty() ? nullptr : db.data());
+      return true;
+    }
+    return false;
+  }
+
+  // The bf16 layout applies to an output (the LayerNorm's here, the attention's in attention_ops.hpp): BF16, and
+  // out [rows × d] dense, 16-byte aligned, d a multiple of 8 (its bf16
   // rows, d apart, are then 16-byte aligned for cuBLAS' tensor-core kernels, and fit the first half of the buffer);
   // and the layout can be recorded.
-  bool norm_bf16(CM out) const {
+  bool bf16_layout_fits(CM out) const {
     return std::is_same_v<T, float> && this->ctx_->precision == Precision::BF16 && this->ctx_->lt_plans &&
            out.rows > 0 && out.cols > 0 &&
            out.cols % 8 == 0 && out.ld == out.cols && lt_alignment(out.data) >= 16;
@@ -102,8 +109,8 @@ class NormOps : public DenseOps<T> {
                                    gamma.data(), beta.data(), 1e-5f);  // layernorm_forward's eps
     return bf16_rows(CM(ln.out));
   }
-  // A LayerNorm output as the operand of the products that read it: in place where its forward wrote the bf16 layout.
-  Operand ln_operand(CM out) const { return recorded(out.data) ? Operand(out, bf16_rows(out)) : Operand(out); }
+  // An output as the operand of the products that read it: in place where its forward wrote the bf16 layout.
+  Operand recorded_operand(CM out) const { return recorded(out.data) ? Operand(out, bf16_rows(out)) : Operand(out); }
 
   // The layout record (LtPlans::bf16_layout): no allocation once every pair of a model has run a forward.
   void record(const void* buffer, bool bf16) const {

@@ -6,7 +6,7 @@
 // offsets never leave the device (docs/cuda.md, "Grouped ops" and "Token dispatch"). Host shape checks with
 // the CPU ops' messages, then a launcher (kernels.hpp, depth_kernels.hpp, grouped_kernels.hpp) on the stream.
 // cuda::Backend<T> (backend.hpp) derives from RoutedOps<T>, which extends MlpOps<T> (mlp_ops.hpp) and through it
-// NormOps<T> (norm_ops.hpp) and DenseOps<T> (ops.hpp).
+// AttentionOps<T> (attention_ops.hpp), NormOps<T> (norm_ops.hpp) and DenseOps<T> (ops.hpp).
 #include <cstddef>
 #include <span>
 

@@ -21,6 +21,7 @@
 // a barrier warp w adds scale · dS K for the tile's queries 16w .. to dQ with 4-float atomics (no fixed order).
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "mom/backend/cuda/kernels/attention_tc_tile.cuh"  // TcLayout, tc_stage, tc_tile, tc_threads
 #include "mom/backend/cuda/kernels/mma.cuh"
@@ -333,9 +334,11 @@ __device__ __forceinline__ void mma_key_grads_finish(const MmaKeyGrads<HD>& a, P
 #endif
 
 // Dense causal attention, forward (the header's design).
-template <int HD>
-__global__ void attention_mma_forward_kernel(MatrixView<float> out, float* lse, MatrixView<const float> qkv,
-                                             HeadLayout L, float scale) {
+// OE: O's element, float, or std::uint16_t for bf16 bits (the attention-linear pair's layout, attention_ops.hpp: the
+// bits to_bf16 makes of the fp32 O). Rows L.out_ld elements apart either way.
+template <int HD, class OE>
+__global__ void attention_mma_forward_kernel(OE* out, float* lse, MatrixView<const float> qkv, HeadLayout L,
+                                             float scale) {
 #if defined(MOM_MMA_BF16)
   using Lay = TcLayout<gemm_bf16, HD>;
   unsigned char* sm = dynamic_smem();
@@ -370,17 +373,24 @@ __global__ void attention_mma_forward_kernel(MatrixView<float> out, float* lse, 
     mma_forward_tile<HD>(st, q, sK, sV, j0, lo, hi, 0, nf, sl2);
   }
   if (!active) return;
-  const bool pairs = L.out_ld % 2 == 0 && reinterpret_cast<std::uintptr_t>(out.data + h * L.hd) % 8 == 0;
+  const bool pairs = L.out_ld % 2 == 0 && reinterpret_cast<std::uintptr_t>(out + h * L.hd) % (2 * sizeof(OE)) == 0;
   mma_forward_finish<HD>(
       st,
       [&](int r, int c, float x, float y) {
         if (qi[r] >= L.seq) return;
-        float* p = out.data + (b * L.seq + qi[r]) * L.out_ld + h * L.hd + c;
-        if (pairs) {
-          *reinterpret_cast<float2*>(p) = float2{x, y};
+        OE* p = out + (b * L.seq + qi[r]) * L.out_ld + h * L.hd + c;
+        if constexpr (std::is_same_v<OE, float>) {
+          if (pairs) {
+            *reinterpret_cast<float2*>(p) = float2{x, y};
+          } else {
+            p[0] = x;
+            p[1] = y;
+          }
+        } else if (pairs) {
+          *reinterpret_cast<u32*>(p) = u32(bf16_bits(x)) | u32(bf16_bits(y)) << 16;
         } else {
-          p[0] = x;
-          p[1] = y;
+          p[0] = bf16_bits(x);
+          p[1] = bf16_bits(y);
         }
       },
       [&](int r, float v) {
@@ -395,10 +405,11 @@ __global__ void attention_mma_forward_kernel(MatrixView<float> out, float* lse, 
 // after them; per tile mma_backward_tile, a barrier, then each warp's dQ rows added to dqkv atomically (the blocks of
 // every key tile at or before those queries add to the same rows: no fixed order, docs/cuda.md, "Determinism").
 // At the end dqkv[k] += scale · dK, dqkv[v] += dV.
-template <int HD>
-__global__ void attention_mma_backward_kernel(MatrixView<float> dqkv, MatrixView<const float> dout,
-                                              MatrixView<const float> out, const float* lse, MatrixView<const float> qkv,
-                                              HeadLayout L, float scale, index_t dqkv_ld, index_t dout_ld) {
+// OE: O's element, as the forward wrote it (D = rowsum(dO ∘ O) from it).
+template <int HD, class OE>
+__global__ void attention_mma_backward_kernel(MatrixView<float> dqkv, MatrixView<const float> dout, const OE* out,
+                                              const float* lse, MatrixView<const float> qkv, HeadLayout L, float scale,
+                                              index_t dqkv_ld, index_t dout_ld) {
 #if defined(MOM_MMA_BF16)
   const MmaBackwardSmem<HD> sm = mma_backward_smem<HD>(dynamic_smem());
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
@@ -406,7 +417,7 @@ __global__ void attention_mma_backward_kernel(MatrixView<float> dqkv, MatrixView
   const index_t j0 = index_t(blockIdx.x) * tc_tile, w0 = j0 + 16 * warp;  // block 0 has the most query tiles
   const float* base = qkv.data + b * L.seq * L.qkv_ld;
   const float* dbase = dout.data + b * L.seq * dout_ld;
-  const float* obase = out.data + b * L.seq * L.out_ld;
+  const OE* obase = out + b * L.seq * L.out_ld;
   const bool active = w0 < L.seq;
   const bool dq_aligned = dqkv_ld % 4 == 0 && aligned16(dqkv.data + h * L.hd);
   const index_t kj[2] = {w0 + g, w0 + g + 8};  // this lane's keys: they see the queries [key, seq)

@@ -225,9 +225,9 @@ bool attention_tc_forward(const Context& ctx, MatrixView<T> out, T* lse, MatrixV
     const float scale = 1.0f / std::sqrt(float(L.hd));
     if constexpr (P == gemm_bf16) {  // attention_mma.cuh: K and V tiles only
       constexpr std::size_t smem = 2 * TcLayout<P, HD>::tile;
-      constexpr auto kernel = attention_mma_forward_kernel<HD>;
+      constexpr auto kernel = attention_mma_forward_kernel<HD, float>;
       if (tc_kernel_usable<kernel>(ctx, smem)) {
-        launch_smem("attention_forward", ctx, grid, tc_threads, smem, kernel, out, lse, qkv, L, scale);
+        launch_smem("attention_forward", ctx, grid, tc_threads, smem, kernel, out.data, lse, qkv, L, scale);
         return true;
       }
     }
@@ -248,10 +248,10 @@ bool attention_tc_backward(const Context& ctx, MatrixView<T> dqkv, MatrixView<co
     const float scale = 1.0f / std::sqrt(float(L.hd));
     if constexpr (P == gemm_bf16) {  // attention_mma.cuh
       constexpr std::size_t smem = MmaBackwardSmem<HD>::bytes;
-      constexpr auto kernel = attention_mma_backward_kernel<HD>;
+      constexpr auto kernel = attention_mma_backward_kernel<HD, float>;
       if (tc_kernel_usable<kernel>(ctx, smem)) {
-        launch_smem("attention_backward", ctx, grid, tc_threads, smem, kernel, dqkv, dout, out, lse, qkv, L, scale,
-                    dqkv.ld, dout.ld);
+        launch_smem("attention_backward", ctx, grid, tc_threads, smem, kernel, dqkv, dout, out.data, lse, qkv, L,
+                    scale, dqkv.ld, dout.ld);
         return true;
       }
     }
@@ -264,6 +264,49 @@ bool attention_tc_backward(const Context& ctx, MatrixView<T> dqkv, MatrixView<co
   });
 }
 
+// The attention-linear pair's bf16 layout (attention_ops.hpp): O written and read as bf16 bits by the mma kernels.
+// f(head dim) where it applies (BF16, head dim 64 or 128, both kernels launchable); false otherwise.
+template <class F>
+bool with_mma_bf16_out(const Context& ctx, index_t hd, F&& f) {
+  if (ctx.precision != Precision::BF16 || (hd != 64 && hd != 128)) return false;
+  const auto usable = [&](auto hdc) {
+    constexpr int HD = decltype(hdc)::value;
+    return tc_kernel_usable<attention_mma_forward_kernel<HD, std::uint16_t>>(ctx, 2 * TcLayout<gemm_bf16, HD>::tile) &&
+           tc_kernel_usable<attention_mma_backward_kernel<HD, std::uint16_t>>(ctx, MmaBackwardSmem<HD>::bytes) &&
+           (f(hdc), true);
+  };
+  return hd == 64 ? usable(std::integral_constant<int, 64>{}) : usable(std::integral_constant<int, 128>{});
+}
+
 }  // namespace dev
+
+#if defined(MOM_CUDA_FLOAT_UNIT)  // non-template: defined in mom_cuda.cu alone (kernels/all.cuh)
+bool attention_forward_bf16(const Context& ctx, std::uint16_t* out, index_t out_ld, float* lse,
+                            MatrixView<const float> qkv, index_t batch, index_t seq, index_t heads) {
+  const index_t d = qkv.cols / 3, hd = d / heads;
+  const dev::HeadLayout L{seq, heads, d, hd, qkv.ld, out_ld};
+  return dev::with_mma_bf16_out(ctx, hd, [&](auto hdc) {
+    constexpr int HD = decltype(hdc)::value;
+    const dim3 grid(dev::blocks_exact(seq, dev::tc_tile), static_cast<unsigned>(batch * heads));
+    dev::launch_smem("attention_forward", ctx, grid, dev::tc_threads, 2 * dev::TcLayout<dev::gemm_bf16, HD>::tile,
+                     dev::attention_mma_forward_kernel<HD, std::uint16_t>, out, lse, qkv, L,
+                     1.0f / std::sqrt(float(hd)));
+  });
+}
+void attention_backward_bf16(const Context& ctx, MatrixView<float> dqkv, MatrixView<const float> dout,
+                             const std::uint16_t* out, index_t out_ld, const float* lse, MatrixView<const float> qkv,
+                             index_t batch, index_t seq, index_t heads) {
+  const index_t d = qkv.cols / 3, hd = d / heads;
+  const dev::HeadLayout L{seq, heads, d, hd, qkv.ld, out_ld};
+  const bool ran = dev::with_mma_bf16_out(ctx, hd, [&](auto hdc) {
+    constexpr int HD = decltype(hdc)::value;
+    const dim3 grid(dev::blocks_exact(seq, dev::tc_tile), static_cast<unsigned>(batch * heads));
+    dev::launch_smem("attention_backward", ctx, grid, dev::tc_threads, dev::MmaBackwardSmem<HD>::bytes,
+                     dev::attention_mma_backward_kernel<HD, std::uint16_t>, dqkv, dout, out, lse, qkv, L,
+                     1.0f / std::sqrt(float(hd)), dqkv.ld, dout.ld);
+  });
+  MOM_CHECK(ran, "attention_backward_bf16: the bf16 output's kernels do not apply (precision changed since forward?)");
+}
+#endif
 
 }  // namespace mom::cuda

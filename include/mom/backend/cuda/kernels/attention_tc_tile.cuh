@@ -151,9 +151,18 @@ __device__ __forceinline__ void tc_stage(typename TcLayout<Path, HD>::S* dst, co
 // the loads of 4 passes issued before their first store (as in tc_stage). (One warp per 16 rows, a
 // row at a time with a warp sum, as the fallback below does, is a chain of 16 dependent
 // load-and-reduce steps per warp; the backward kernel runs it once per (key tile, query tile) pair.)
-template <int Path, int HD>
+// O's element OE is float, or std::uint16_t for bf16 bits (attention_mma.cuh's bf16 output; 4 of them an 8-byte load).
+__device__ __forceinline__ float o_value(float v) { return v; }
+__device__ __forceinline__ float o_value(std::uint16_t v) { return bf16_float(v); }
+__device__ __forceinline__ float4 load_o4(const float* p) { return load16<float4>(p); }
+__device__ __forceinline__ float4 load_o4(const std::uint16_t* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  return float4{bf16_float(static_cast<std::uint16_t>(u.x)), bf16_float(static_cast<std::uint16_t>(u.x >> 16)),
+                bf16_float(static_cast<std::uint16_t>(u.y)), bf16_float(static_cast<std::uint16_t>(u.y >> 16))};
+}
+template <int Path, int HD, class OE = float>
 __device__ __forceinline__ void tc_stage_dout(typename TcLayout<Path, HD>::S* sdo, float* sd, float* slse,
-                                              const float* dbase, index_t dld, const float* obase, index_t old_,
+                                              const float* dbase, index_t dld, const OE* obase, index_t old_,
                                               const float* lse_bh, index_t r0, index_t seq, index_t col0,
                                               index_t lse_stride = 1) {
   constexpr int LD = TcLayout<Path, HD>::ld;
@@ -175,7 +184,7 @@ __device__ __forceinline__ void tc_stage_dout(typename TcLayout<Path, HD>::S* sd
           g[p][v] = o[p][v] = float4{0.0f, 0.0f, 0.0f, 0.0f};
           if (r < seq) {
             g[p][v] = load16<float4>(dbase + r * dld + col0 + c);
-            o[p][v] = load16<float4>(obase + r * old_ + col0 + c);
+            o[p][v] = load_o4(obase + r * old_ + col0 + c);
           }
         }
       }
@@ -207,7 +216,7 @@ __device__ __forceinline__ void tc_stage_dout(typename TcLayout<Path, HD>::S* sd
 #pragma unroll
     for (int c = lane; c < HD; c += 32) {
       const float g = r < seq ? dbase[r * dld + col0 + c] : 0.0f;
-      if (r < seq) di += g * obase[r * old_ + col0 + c];
+      if (r < seq) di += g * o_value(obase[r * old_ + col0 + c]);
       sdo[rr * LD + c] = stage_value<float, Path>(g);
     }
     di = warp_sum(di);

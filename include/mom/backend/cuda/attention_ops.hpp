@@ -1,0 +1,74 @@
+#pragma once
+// The CUDA backend's causal attention and the output linear that reads it as one op pair (backend_concept.hpp,
+// FusesAttentionLinear; GPT-2's attention, modules/mha.hpp): att = attention(qkv), y = att·wᵀ + b, and its backward.
+//
+// Under Precision::BF16 (float, head dim 64 or 128) the attention writes its output as bf16 only
+// (attention_forward_bf16: the mma kernel with a bf16 store), in the first half of att's fp32 buffer; the linear's two
+// products that read it (the forward, and dW in the backward) take it in place (DenseOps::Operand), and the
+// attention's backward reads it for D = rowsum(dO ∘ O). The bits are those to_bf16 makes of the fp32 output, so the
+// forward, datt, dw and db are attention_forward + linear_forward's (and linear_backward's) bit for bit; dqkv differs
+// from attention_backward's by D taken from the rounded O (FlashAttention-2's rule, arXiv:2307.08691, whose O is
+// bf16), within bf16's precision. Elsewhere (TF32, FP32, double, another head dim, an unaligned or padded att) the
+// pair is those ops with att in fp32. Which layout a forward wrote is recorded per att buffer (NormOps' record).
+#include <span>
+#include <type_traits>
+
+#include "mom/backend/cuda/kernels.hpp"
+#include "mom/backend/cuda/norm_ops.hpp"
+#include "mom/backend/cuda/ops.hpp"
+#include "mom/backend/shape_checks.hpp"
+#include "mom/core/tensor.hpp"
+
+namespace mom::cuda::detail {
+
+template <class T>
+class AttentionOps : public NormOps<T> {
+  using Base = NormOps<T>;
+
+ public:
+  using M = MatrixView<T>;
+  using CM = MatrixView<const T>;
+  using S = std::span<T>;
+  using CS = std::span<const T>;
+
+  using Base::Base;
+
+  // att = attention(qkv), lse as attention_forward writes it; y = att·wᵀ + b (written). att in the backend's layout
+  // until attention_linear_backward reads it.
+  void attention_linear_forward(M y, M att, S lse, CM qkv, CM w, CS b, index_t batch, index_t seq,
+                                index_t heads) const {
+    Base::check_attention_shapes("attention_forward", qkv, CM(att), CS(lse), batch, seq, heads);
+    checks::linear_forward_shapes<T>(y, CM(att), w, b);
+    if constexpr (std::is_same_v<T, float>) {
+      const bool bf16 = this->bf16_layout_fits(CM(att)) && y.cols > 0 &&
+                        cuda::attention_forward_bf16(*this->ctx_, this->bits(att.data), att.cols, lse.data(), qkv,
+                                                     batch, seq, heads);
+      this->record(att.data, bf16);
+      if (bf16) return this->linear_forward_in_place(y, Operand(CM(att), this->bf16_rows(CM(att))), w, b);
+    }
+    this->attention_forward(att, lse, qkv, batch, seq, heads);
+    this->linear_forward(y, CM(att), w, b);
+  }
+  // Its backward from dy = dL/dy, att and lse as the forward left them: datt = dy·w (scratch, written), dw += dyᵀ·att,
+  // db += Σ_rows dy (dw, db may be empty), then the attention's: dqkv += dL/dqkv.
+  void attention_linear_backward(M dqkv, M dw, S db, M datt, CM dy, CM att, CS lse, CM qkv, CM w, index_t batch,
+                                 index_t seq, index_t heads) const {
+    Base::check_attention_shapes("attention_backward", qkv, att, lse, batch, seq, heads);
+    checks::attention_backward_grad_shapes<T>("attention_backward", dqkv, CM(datt), att, qkv);
+    checks::linear_backward_shapes<T>(datt, dw, db, dy, att, w);
+    const Operand xo = this->recorded_operand(att);
+    if (!this->linear_backward_in_place(datt, dw, db, dy, xo, w))  // (without dw, att is not read)
+      this->linear_backward(datt, dw, db, dy, att, w, Store::overwrite);
+    if constexpr (std::is_same_v<T, float>) {
+      if (xo.bf16)
+        return cuda::attention_backward_bf16(*this->ctx_, dqkv, CM(datt), xo.bf16, xo.ld16, lse.data(), qkv, batch,
+                                             seq, heads);
+    }
+    this->attention_backward(dqkv, CM(datt), att, lse, qkv, batch, seq, heads);
+  }
+
+ protected:
+  using Operand = typename Base::Operand;
+};
+
+}  // namespace mom::cuda::detail
