@@ -7,6 +7,7 @@
 // staged.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <span>
 #include <type_traits>
@@ -36,7 +37,8 @@ struct Case {
   bool bias = true;
 };
 // One forward and backward of y = attention(qkv)·wᵀ + b (qkv [n × 3d], w [o × d], n = batch · seq) on a fresh backend
-// at `precision`; dqkv accumulated onto its initial values.
+// at `precision`; dqkv written over its initial values (the pair's contract; the separate ops' zeroed first, as
+// modules/mha.hpp zeroes it for them).
 template <class T>
 AttentionLinearRun<T> run(cuda::Precision precision, Case c) {
   cuda::Backend<T> be;  // no cuBLASLt plan made yet
@@ -72,6 +74,7 @@ AttentionLinearRun<T> run(cuda::Precision precision, Case c) {
   } else {
     be.linear_backward(datt.dm(n, d), dw.dm(o, d), db_or_none, CM(dy.dm(n, o)), CM(att), CM(w.dm(o, d)),
                        Store::overwrite);
+    be.zero(dqkv.dm(n, 3 * d));
     be.attention_backward(dqkv.dm(n, 3 * d), CM(datt.dm(n, d)), CM(att), CS(lse.ds()), CM(qkv.dm(n, 3 * d)), batch,
                           seq, heads);
   }
@@ -86,6 +89,7 @@ AttentionLinearRun<T> run(cuda::Precision precision, Case c) {
   h.linear_forward(y.hm(n, o), CM(hatt), CM(w.hm(o, d)), c.bias ? CS(b.hs()) : CS{});
   h.linear_backward(datt.hm(n, d), dw.hm(o, d), c.bias ? db.hs() : std::span<T>{}, CM(dy.hm(n, o)), CM(hatt),
                     CM(w.hm(o, d)), Store::overwrite);
+  std::fill(dqkv.h.begin(), dqkv.h.end(), T(0));
   h.attention_backward(dqkv.hm(n, 3 * d), CM(datt.hm(n, d)), CM(hatt), CS(lse.hs()), CM(qkv.hm(n, 3 * d)), batch, seq,
                        heads);
   const double tol = std::is_same_v<T, double>             ? tol_kernel<double>
@@ -210,4 +214,93 @@ TEST_CASE("the attention-linear pair refuses mismatched shapes with the separate
   CHECK(lse.fetch() == lse0);
   CHECK(dqkv.fetch() == dqkv0);
   CHECK(dw.fetch() == dw0);
+}
+
+namespace {
+
+// GPT-2's attention backward as modules/mha.hpp runs it: the LayerNorm-linear pair (qkv = LN(x)·w_qkvᵀ + b_qkv) and
+// the attention-linear pair forward, then both backwards with dqkv handed over in `layout`.
+struct HandOverRun {
+  std::vector<float> dx, dgamma, dbeta, dw_qkv, db_qkv, dw_proj, db_proj;
+  test::EmuCounters backward;
+};
+HandOverRun run_hand_over(GradLayout layout, index_t heads) {
+  cuda::Backend<float> be;
+  be.set_precision(cuda::Precision::BF16);
+  test::Rng rng(49);
+  const index_t batch = 2, seq = 70, d = 128, o = 48, n = batch * seq;
+  using CM = MatrixView<const float>;
+  using CS = std::span<const float>;
+  auto x = rand_arr<float>(n * d, rng), gamma = rand_arr<float>(d, rng), beta = rand_arr<float>(d, rng);
+  auto w_qkv = rand_arr<float>(3 * d * d, rng, -0.2, 0.2), b_qkv = rand_arr<float>(3 * d, rng);
+  auto w_proj = rand_arr<float>(o * d, rng), b_proj = rand_arr<float>(o, rng), dy = rand_arr<float>(n * o, rng);
+  auto ln_out = rand_arr<float>(n * d, rng), mean = rand_arr<float>(n, rng), rstd = rand_arr<float>(n, rng);
+  auto qkv = rand_arr<float>(n * 3 * d, rng), att = rand_arr<float>(n * d, rng);
+  auto lse = rand_arr<float>(batch * heads * seq, rng), y = rand_arr<float>(n * o, rng);
+  auto dqkv = rand_arr<float>(n * 3 * d, rng), datt = rand_arr<float>(n * d, rng), dln = rand_arr<float>(n * d, rng);
+  auto dx = rand_arr<float>(n * d, rng), dgamma = rand_arr<float>(d, rng), dbeta = rand_arr<float>(d, rng);
+  auto dw_qkv = rand_arr<float>(3 * d * d, rng), db_qkv = rand_arr<float>(3 * d, rng);
+  auto dw_proj = rand_arr<float>(o * d, rng), db_proj = rand_arr<float>(o, rng);
+  const NormSaved<float> ln(ln_out.dm(n, d), mean.ds(), rstd.ds());
+  be.norm_linear_forward(qkv.dm(n, 3 * d), ln, CM(x.dm(n, d)), CS(gamma.ds()), CS(beta.ds()), CM(w_qkv.dm(3 * d, d)),
+                         CS(b_qkv.ds()));
+  be.attention_linear_forward(y.dm(n, o), att.dm(n, d), lse.ds(), CM(qkv.dm(n, 3 * d)), CM(w_proj.dm(o, d)),
+                              CS(b_proj.ds()), batch, seq, heads);
+  be.sync();
+  const bool counted = mom_emu_launches != nullptr;
+  const auto t0 = counted ? test::EmuCounters::now() : test::EmuCounters{};
+  be.attention_linear_backward(dqkv.dm(n, 3 * d), dw_proj.dm(o, d), db_proj.ds(), datt.dm(n, d), CM(dy.dm(n, o)),
+                               CM(att.dm(n, d)), CS(lse.ds()), CM(qkv.dm(n, 3 * d)), CM(w_proj.dm(o, d)), batch, seq,
+                               heads, layout);
+  be.norm_linear_backward(dx.dm(n, d), dgamma.ds(), dbeta.ds(), dw_qkv.dm(3 * d, d), db_qkv.ds(), dln.dm(n, d),
+                          CM(dqkv.dm(n, 3 * d)), CM(x.dm(n, d)), NormSaved<const float>(ln), CS(gamma.ds()),
+                          CM(w_qkv.dm(3 * d, d)), layout);
+  be.sync();
+  HandOverRun r;
+  if (counted) r.backward = test::EmuCounters::now() - t0;
+  r.dx = dx.fetch(), r.dgamma = dgamma.fetch(), r.dbeta = dbeta.fetch(), r.dw_qkv = dw_qkv.fetch();
+  r.db_qkv = db_qkv.fetch(), r.dw_proj = dw_proj.fetch(), r.db_proj = db_proj.fetch();
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("the attention pair hands dqkv to the LayerNorm-linear pair in bf16: the fp32 hand-over's products",
+          "[cuda][attention]") {
+  MOM_REQUIRE_GPU();
+  const bool emulated = mom_emu_launches != nullptr;
+  // Head dim 64: the bf16 hand-over. dK, dV and dQ reach the qkv linear's products as the bits its staging of the fp32
+  // dqkv makes (on a GPU dQ's atomic additions run in no fixed order: there within bf16's precision); db_qkv is summed
+  // from them.
+  const auto bf16 = run_hand_over(GradLayout::backend, 2), fp32 = run_hand_over(GradLayout::fp32, 2);
+  for (const auto& [a, b] : {std::pair{&bf16.dx, &fp32.dx}, {&bf16.dgamma, &fp32.dgamma}, {&bf16.dbeta, &fp32.dbeta},
+                             {&bf16.dw_qkv, &fp32.dw_qkv}}) {
+    if (emulated)
+      CHECK(same_bits(*a, *b));
+    else
+      CHECK(test::rel_error(*a, *b) <= 1e-2);
+  }
+  CHECK(same_bits(bf16.dw_proj, fp32.dw_proj));
+  CHECK(same_bits(bf16.db_proj, fp32.db_proj));
+  CHECK(test::rel_error(bf16.db_qkv, fp32.db_qkv) <= 1e-2);
+  CHECK(!same_bits(bf16.db_qkv, fp32.db_qkv));  // summed from the bf16 values, not the fp32 ones
+  if (emulated) {
+    // dqkv is neither zeroed nor staged whole: dQ's fp32 rows are zeroed and converted (one copy, 1/3 of dqkv's bytes),
+    // the qkv linear reads all of it in place.
+    const index_t n = 140, d = 128;
+    CHECK(bf16.backward.staging_copies == fp32.backward.staging_copies);
+    CHECK(fp32.backward.staging_bytes - bf16.backward.staging_bytes == 4 * n * 2 * d);
+    CHECK(fp32.backward.memset_bytes - bf16.backward.memset_bytes == 4 * n * 2 * d);
+    CHECK(bf16.backward.gemm_calls == fp32.backward.gemm_calls);
+  }
+  // Head dim 32 (no mma kernel): the backend's layout is fp32, the same ops (bit for bit under the emulation).
+  const auto b32 = run_hand_over(GradLayout::backend, 4), f32 = run_hand_over(GradLayout::fp32, 4);
+  for (const auto& [a, b] : {std::pair{&b32.dx, &f32.dx}, {&b32.dw_qkv, &f32.dw_qkv}, {&b32.db_qkv, &f32.db_qkv},
+                             {&b32.dgamma, &f32.dgamma}}) {
+    if (emulated)
+      CHECK(same_bits(*a, *b));
+    else
+      CHECK(test::rel_error(*a, *b) <= 1e-5);
+  }
+  if (emulated) CHECK(b32.backward.staging_bytes == f32.backward.staging_bytes);
 }

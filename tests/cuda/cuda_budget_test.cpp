@@ -91,7 +91,7 @@ struct GemmTally : mom::testing::CountingBackend<float> {
     Base::linear_forward(y, CM(ln.out), w, b);
   }
   void norm_linear_backward(M dx, S dgamma, S dbeta, M dw, S db, M dln, CM dy, CM x, NormSaved<const float> ln,
-                            CS gamma, CM w) {
+                            CS gamma, CM w, GradLayout = GradLayout::fp32) {  // (no attention pair here: fp32 dy)
     product(dy.rows, w.cols, dy.cols, dy, w, dln);
     product(dy.cols, ln.out.cols, dy.rows, dy, ln.out, dw);
     staged_once += dy.rows * dy.cols;
@@ -142,6 +142,8 @@ struct GemmTally : mom::testing::CountingBackend<float> {
     Base::gru_cell_backward(dx, dh, dw_ih, dw_hh, db_ih, db_hh, scratch, dh_out, gates, x, h, w_ih, w_hh);
   }
 };
+// The tally must run the fused pairs cuda::Backend runs, else mha.hpp and ffn.hpp would count the separate ops.
+static_assert(FusesNormLinear<GemmTally, float> && FusesMlp<GemmTally, float>);
 
 // What the step's accum micro-batches ask of cuBLAS: one forward and backward on the CPU tally, times accum
 // (the products' shapes are known on the host, so they do not depend on the tokens or on the routing).

@@ -210,22 +210,29 @@ struct NormSaved {
   constexpr NormSaved(MatrixView<T> o, std::span<T> m, std::span<T> r) : out(o), mean(m), rstd(r) {}
 };
 
+// Where a fused pair's backward leaves the gradient it hands to the next pair below it: GradLayout::fp32, an fp32
+// matrix any op may read; GradLayout::backend, a layout of the backend's own, written by attention_linear_backward (its
+// dqkv) only for norm_linear_backward to read as its dy, with nothing called between the two (modules/mha.hpp, without
+// RoPE). Under BF16 the CUDA backend hands it over in bf16, the qkv linear's operand (attention_ops.hpp).
+enum class GradLayout { fp32, backend };
+
 // A backend may also run a pre-LayerNorm and the linear that reads it as one op pair (cuda::Backend: norm_ops.hpp;
 // GPT-2's attention input, modules/mha.hpp), free to keep the LayerNorm's output in a layout of its own between the
 // two (under BF16 the CUDA backend writes it in bf16, the linear's operand, and never in fp32):
 //   norm_linear_forward(y, ln, x, gamma, beta, w, b):  ln.out = LN(x) (ln.mean, ln.rstd as layernorm_forward's),
 //                                                       y = ln.out·wᵀ + b (written);
-//   norm_linear_backward(dx, dgamma, dbeta, dw, db, dln, dy, x, ln, gamma, w):
+//   norm_linear_backward(dx, dgamma, dbeta, dw, db, dln, dy, x, ln, gamma, w, dy_layout):
 //                                                       dln = dy·w (scratch [rows × d], written), dw += dyᵀ·ln.out,
 //                                                       db += Σ_rows dy, then layernorm_backward: dx += dL/dx,
-//                                                       dgamma, dbeta accumulated; ln as the forward left it.
+//                                                       dgamma, dbeta accumulated; ln as the forward left it; dy in
+//                                                       dy_layout (GradLayout).
 // A module calls them where they exist and layernorm_forward + linear_forward (and their backwards) where not: the
 // results must agree within the precision.
 template <class Be, class T>
 concept FusesNormLinear = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std::span<T> s,
                                    std::span<const T> cs, NormSaved<T> ln) {
   be.norm_linear_forward(m, ln, cm, cs, cs, cm, cs);
-  be.norm_linear_backward(m, s, s, m, s, m, cm, cm, NormSaved<const T>(ln), cs, cm);
+  be.norm_linear_backward(m, s, s, m, s, m, cm, cm, NormSaved<const T>(ln), cs, cm, GradLayout::fp32);
 };
 
 // A backend may also run the causal attention and the output linear that reads it as one op pair (cuda::Backend:
@@ -233,16 +240,16 @@ concept FusesNormLinear = requires(Be& be, MatrixView<T> m, MatrixView<const T> 
 // between the two (under BF16 the CUDA backend writes it in bf16, the linear's operand, and never in fp32):
 //   attention_linear_forward(y, att, lse, qkv, w, b, batch, seq, heads):
 //        att = attention(qkv) and lse as attention_forward's, y = att·wᵀ + b (written);
-//   attention_linear_backward(dqkv, dw, db, datt, dy, att, lse, qkv, w, batch, seq, heads):
-//        datt = dy·w (scratch [rows × d], written), dw += dyᵀ·att, db += Σ_rows dy, then attention_backward:
-//        dqkv += dL/dqkv; att and lse as the forward left them.
+//   attention_linear_backward(dqkv, dw, db, datt, dy, att, lse, qkv, w, batch, seq, heads, dqkv_layout):
+//        datt = dy·w (scratch [rows × d], written), dw += dyᵀ·att, db += Σ_rows dy, then attention_backward's
+//        dL/dqkv: dqkv written, in dqkv_layout (GradLayout); att and lse as the forward left them.
 // modules/mha.hpp calls them where they exist and attention_forward + linear_forward (and their backwards) where not:
 // the results must agree within the precision.
 template <class Be, class T>
 concept FusesAttentionLinear = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std::span<T> s,
                                         std::span<const T> cs, index_t n) {
   be.attention_linear_forward(m, m, s, cm, cm, cs, n, n, n);
-  be.attention_linear_backward(m, m, s, m, cm, cm, cs, cm, cm, n, n, n);
+  be.attention_linear_backward(m, m, s, m, cm, cm, cs, cm, cm, n, n, n, GradLayout::fp32);
 };
 
 // A backend may also run the FFN (its pre-LayerNorm and its MLP) as one op pair (cuda::Backend: mlp_ops.hpp), free to

@@ -10,7 +10,7 @@
 #include <array>
 #include <span>
 
-#include "mom/backend/backend_concept.hpp"  // FusesNormLinear, NormSaved
+#include "mom/backend/backend_concept.hpp"  // FusesNormLinear, FusesAttentionLinear, GradLayout, NormSaved
 #include "mom/modules/module.hpp"
 
 namespace mom {
@@ -116,13 +116,17 @@ struct Attention {
     const auto datt = mat(scratch, 0, n, d);
     const auto dqkv = mat(scratch, n * d, n, 3 * d);
     const auto dln = mat(scratch, 4 * n * d, n, d);
-    be.zero(dqkv);  // attention_backward accumulates; datt and dln are written (Store::overwrite)
     const auto att = mat(ws, s.att, n, d);
     const auto lse = vec(ws, s.lse, batch * D.heads * seq);
-    if constexpr (FusesAttentionLinear<Be, T>) {
+    // Without RoPE the two pairs hand dqkv over in the backend's layout (nothing else reads it between them).
+    constexpr GradLayout dqkv_layout =
+        FusesAttentionLinear<Be, T> && FusesNormLinear<Be, T> && !rope ? GradLayout::backend : GradLayout::fp32;
+    if constexpr (FusesAttentionLinear<Be, T>) {  // dqkv written
       be.attention_linear_backward(dqkv, mat(g, o_w_proj, d, d), vec(g, o_b_proj, d), datt, df, att, lse,
-                                   mat(ws, s.qkv, n, 3 * d), mat(p, o_w_proj, d, d), batch, seq, index_t{D.heads});
+                                   mat(ws, s.qkv, n, 3 * d), mat(p, o_w_proj, d, d), batch, seq, index_t{D.heads},
+                                   dqkv_layout);
     } else {
+      be.zero(dqkv);  // attention_backward accumulates; datt and dln are written (Store::overwrite)
       be.linear_backward(datt, mat(g, o_w_proj, d, d), vec(g, o_b_proj, d), df, att, mat(p, o_w_proj, d, d),
                          Store::overwrite);
       be.attention_backward(dqkv, MatrixView<const T>(datt), att, lse, mat(ws, s.qkv, n, 3 * d), batch, seq,
@@ -133,7 +137,7 @@ struct Attention {
       be.norm_linear_backward(dx, vec(g, o_ln_w, d), vec(g, o_ln_b, d), mat(g, o_w_qkv, 3 * d, d),
                               vec(g, o_b_qkv, 3 * d), dln, MatrixView<const T>(dqkv), x,
                               NormSaved<const T>(mat(ws, s.ln, n, d), vec(ws, s.mean, n), vec(ws, s.rstd, n)),
-                              vec(p, o_ln_w, d), mat(p, o_w_qkv, 3 * d, d));
+                              vec(p, o_ln_w, d), mat(p, o_w_qkv, 3 * d, d), dqkv_layout);
     } else {
       be.linear_backward(dln, mat(g, o_w_qkv, 3 * d, d), vec(g, o_b_qkv, 3 * d), MatrixView<const T>(dqkv),
                          mat(ws, s.ln, n, d), mat(p, o_w_qkv, 3 * d, d), Store::overwrite);

@@ -10,9 +10,16 @@
 // from attention_backward's by D taken from the rounded O (FlashAttention-2's rule, arXiv:2307.08691, whose O is
 // bf16), within bf16's precision. Elsewhere (TF32, FP32, double, another head dim, an unaligned or padded att) the
 // pair is those ops with att in fp32. Which layout a forward wrote is recorded per att buffer (NormOps' record).
+//
+// The backward's dqkv, handed to norm_linear_backward (GradLayout::backend, backend_concept.hpp): where att is bf16 and
+// dqkv dense and aligned, the kernel writes dK and dV as bf16 in the first half of dqkv's fp32 buffer and dQ, added
+// atomically, goes through fp32 in its second half (backward_bf16_layout); recorded like att, and read in place by the
+// qkv linear's products (NormOps::linear_backward_from_bf16). Elsewhere dqkv is fp32, recorded so.
+#include <cstdint>
 #include <span>
 #include <type_traits>
 
+#include "mom/backend/backend_concept.hpp"  // GradLayout
 #include "mom/backend/cuda/kernels.hpp"
 #include "mom/backend/cuda/norm_ops.hpp"
 #include "mom/backend/cuda/ops.hpp"
@@ -50,15 +57,21 @@ class AttentionOps : public NormOps<T> {
     this->linear_forward(y, CM(att), w, b);
   }
   // Its backward from dy = dL/dy, att and lse as the forward left them: datt = dy·w (scratch, written), dw += dyᵀ·att,
-  // db += Σ_rows dy (dw, db may be empty), then the attention's: dqkv += dL/dqkv.
+  // db += Σ_rows dy (dw, db may be empty), then the attention's: dqkv = dL/dqkv (written), in dqkv_layout.
   void attention_linear_backward(M dqkv, M dw, S db, M datt, CM dy, CM att, CS lse, CM qkv, CM w, index_t batch,
-                                 index_t seq, index_t heads) const {
+                                 index_t seq, index_t heads, GradLayout dqkv_layout = GradLayout::fp32) const {
     Base::check_attention_shapes("attention_backward", qkv, att, lse, batch, seq, heads);
     checks::attention_backward_grad_shapes<T>("attention_backward", dqkv, CM(datt), att, qkv);
     checks::linear_backward_shapes<T>(datt, dw, db, dy, att, w);
     const Operand xo = this->recorded_operand(att);
     if (!this->linear_backward_in_place(datt, dw, db, dy, xo, w))  // (without dw, att is not read)
       this->linear_backward(datt, dw, db, dy, att, w, Store::overwrite);
+    const bool handoff = xo.bf16 && dqkv_layout == GradLayout::backend && this->bf16_layout_fits(CM(dqkv));
+    this->record(dqkv.data, handoff);
+    if constexpr (std::is_same_v<T, float>) {
+      if (handoff) return backward_bf16_layout(dqkv, datt, xo, lse, qkv, batch, seq, heads);
+    }
+    this->clear(dqkv);  // the attention's backward accumulates
     if constexpr (std::is_same_v<T, float>) {
       if (xo.bf16)
         return cuda::attention_backward_bf16(*this->ctx_, dqkv, CM(datt), xo.bf16, xo.ld16, lse.data(), qkv, batch,
@@ -69,6 +82,21 @@ class AttentionOps : public NormOps<T> {
 
  protected:
   using Operand = typename Base::Operand;
+
+  // dqkv in the pair's gradient layout (the bf16 layout, bf16_rows, read by norm_linear_backward): dK and dV written as
+  // bf16 by the attention kernel; dQ, summed over key blocks by atomic adds, accumulates in fp32 in the second half of
+  // dqkv's buffer (past the bf16 rows, [rows × d] fits in its 1.5·d floats a row) and is then rounded into its place.
+  // The bits to_bf16 makes of the fp32 dqkv that attention_backward_bf16 accumulates (dQ's order of additions aside).
+  void backward_bf16_layout(M dqkv, CM datt, const Operand& xo, CS lse, CM qkv, index_t batch, index_t seq,
+                            index_t heads) const {
+    const index_t n = dqkv.rows, d = dqkv.cols / 3;
+    const M dq(dqkv.data + n * (3 * d / 2), n, d, d);
+    std::uint16_t* const g16 = this->bits(dqkv.data);
+    this->clear(dq);
+    cuda::attention_backward_bf16(*this->ctx_, dq.data, d, g16 + d, 3 * d, datt, xo.bf16, xo.ld16, lse.data(), qkv,
+                                  batch, seq, heads);
+    cuda::to_bf16(*this->ctx_, g16, 3 * d, CM(dq), n, d);
+  }
 };
 
 }  // namespace mom::cuda::detail

@@ -170,12 +170,18 @@ void layernorm_forward_bf16(const Context& ctx, std::uint16_t* out, index_t out_
 
 // Dense causal attention with its output O as bf16 bits, rows out_ld apart (attention_ops.hpp's layout; the bits
 // to_bf16 makes of attention_forward's fp32 O): attention_forward_bf16 returns false and launches nothing where its
-// kernels do not apply (not BF16, head dim not 64 or 128); attention_backward_bf16 reads that O (D = rowsum(dO ∘ O)).
+// kernels do not apply (not BF16, head dim not 64 or 128); attention_backward_bf16 reads that O (D = rowsum(dO ∘ O)),
+// and accumulates dqkv (+=) or, in the second form (the pair's gradient layout), adds dQ into dq (fp32, rows dq_ld
+// apart: the caller zeroes it first and converts it after) and writes dK and dV as bf16 bits into rows dkv_ld apart
+// (dK at column 0, dV at column d), the bits to_bf16 makes of the fp32 values the first form adds.
 bool attention_forward_bf16(const Context& ctx, std::uint16_t* out, index_t out_ld, float* lse,
                             MatrixView<const float> qkv, index_t batch, index_t seq, index_t heads);
 void attention_backward_bf16(const Context& ctx, MatrixView<float> dqkv, MatrixView<const float> dout,
                              const std::uint16_t* out, index_t out_ld, const float* lse, MatrixView<const float> qkv,
                              index_t batch, index_t seq, index_t heads);
+void attention_backward_bf16(const Context& ctx, float* dq, index_t dq_ld, std::uint16_t* dkv, index_t dkv_ld,
+                             MatrixView<const float> dout, const std::uint16_t* out, index_t out_ld, const float* lse,
+                             MatrixView<const float> qkv, index_t batch, index_t seq, index_t heads);
 
 // rows[i] = slots[i] / k (group_by_choice: a slot r·K + j belongs to token row r).
 void slots_to_rows(const Context& ctx, token_t* rows, const token_t* slots, index_t n, index_t k);

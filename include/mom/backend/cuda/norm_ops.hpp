@@ -56,11 +56,22 @@ class NormOps : public DenseOps<T> {
   }
   // Its backward from dy = dL/dy, ln as the forward left it: dln = dy·w (scratch, written), dw += dyᵀ·ln.out, db +=
   // Σ_rows dy (dw, db may be empty), then the LayerNorm's: dx += dL/dx, dgamma and dbeta accumulated.
+  // With dy_layout GradLayout::backend, dy is read in the layout its producer recorded (attention_ops.hpp: bf16 under
+  // BF16; its db then summed from those bf16 values).
   void norm_linear_backward(M dx, S dgamma, S dbeta, M dw, S db, M dln, CM dy, CM x, NormSaved<const T> ln, CS gamma,
-                            CM w) const {
+                            CM w, GradLayout dy_layout = GradLayout::fp32) const {
     checks::linear_backward_shapes<T>(dln, dw, db, dy, ln.out, w);
     checks::layernorm_backward_shapes<T>(dx, dgamma, dbeta, CM(dln), x, ln.mean, ln.rstd, gamma);
-    if (!linear_backward_in_place(dln, dw, db, dy, recorded_operand(ln.out), w))  // (without dw, ln.out is not read)
+    const Operand xo = recorded_operand(ln.out);
+    bool products_done = false;
+    if constexpr (std::is_same_v<T, float>) {
+      if (dy_layout == GradLayout::backend && recorded(dy.data)) {
+        record(dy.data, false);  // read once: the record does not outlive the hand-over
+        linear_backward_from_bf16(dln, dw, db, Operand(dy, bf16_rows(dy)), xo, w);
+        products_done = true;
+      }
+    }
+    if (!products_done && !linear_backward_in_place(dln, dw, db, dy, xo, w))  // (without dw, ln.out is not read)
       this->linear_backward(dln, dw, db, dy, ln.out, w, Store::overwrite);
     this->layernorm_backward(dx, dgamma, dbeta, CM(dln), x, ln.mean, ln.rstd, gamma);
   }
@@ -89,6 +100,19 @@ class NormOps : public DenseOps<T> {
       return true;
     }
     return false;
+  }
+
+  // dx = dy·w (written), dw += dyᵀ·x, db += Σ_rows dy with dy a bf16 operand in place (dyo.bf16 set: its producer
+  // wrote no fp32 copy) and x in place or staged: linear_backward's BF16 products without dy's staging; db is summed
+  // from dy's bf16 values (as PyTorch's autocast sums its bf16 gradient).
+  void linear_backward_from_bf16(M dx, M dw, S db, const Operand& dyo, const Operand& xo, CM w) const {
+    const index_t nw = Base::staged_size(w);
+    cuda::reserve_bf16_staging(*this->ctx_, nw + (dw.empty() ? 0 : Base::staged_size(xo)));
+    std::uint16_t* const at = this->ctx_->bf16_stage;
+    const Staged sdy = this->stage(nullptr, dyo), sw = this->stage(at, w);
+    if (!db.empty()) cuda::bf16_column_sums(*this->ctx_, db.data(), sdy.data, sdy.rows, sdy.cols, sdy.ld);
+    this->gemm_staged(dx, sdy, Trans::N, sw, Trans::N, 1.0f, 0.0f);
+    if (!dw.empty()) this->gemm_staged(dw, sdy, Trans::T, this->stage(at + nw, xo), Trans::N, 1.0f, 1.0f);
   }
 
   // The bf16 layout applies to an output (the LayerNorm's here, the attention's in attention_ops.hpp): BF16, and

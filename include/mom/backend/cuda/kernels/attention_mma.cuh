@@ -3,7 +3,8 @@
 // the kernels Kernels<float>::attention_forward / attention_backward take for Precision::BF16 at head dim 64 or 128
 // (attention_tc.cuh's attention_tc_forward / attention_tc_backward dispatch; TF32 keeps the wmma kernels there), and
 // the packed / grouped ones in attention_packed_tc.cuh run the same warp work. Same contract as those: out and lse
-// written (lse natural log), dqkv accumulated, no [S × S] buffer.
+// written (lse natural log), dqkv accumulated, no [S × S] buffer; the attention-linear pair's bf16 layouts add O as bf16
+// (forward and backward) and dK, dV written as bf16 with dQ in a separate fp32 buffer (backward).
 //
 // Forward. A block is 4 warps and 64 query rows, warp w rows 16w .. 16w + 15; key tiles of 64 stream through shared
 // memory (K and V rounded to bf16 when staged, as attention_tc's staging does; Q through K's buffer once, then held
@@ -331,6 +332,30 @@ __device__ __forceinline__ void mma_key_grads_finish(const MmaKeyGrads<HD>& a, P
     for (int n = 0; n < HD / 8; ++n)
       put(r, 8 * n + 2 * t, a.dk[n][2 * r], a.dk[n][2 * r + 1], a.dv[n][2 * r], a.dv[n][2 * r + 1]);
 }
+
+// Two adjacent values of an output row: p[0] = x, p[1] = y, as float or as bf16 bits (rounded as to_bf16 rounds), in
+// one store where `pairs` (p's pair aligned: every pair of the row is then, c being even).
+template <class E>
+__device__ __forceinline__ bool aligned_pair(const E* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % (2 * sizeof(E)) == 0;
+}
+template <class E>
+__device__ __forceinline__ void store_pair(E* p, float x, float y, bool pairs) {
+  if constexpr (std::is_same_v<E, float>) {
+    if (pairs) {
+      *reinterpret_cast<float2*>(p) = float2{x, y};
+      return;
+    }
+    p[0] = x;
+    p[1] = y;
+  } else if (pairs) {
+    *reinterpret_cast<u32*>(p) = u32(bf16_bits(x)) | u32(bf16_bits(y)) << 16;
+  } else {
+    p[0] = bf16_bits(x);
+    p[1] = bf16_bits(y);
+  }
+}
+
 #endif
 
 // Dense causal attention, forward (the header's design).
@@ -373,25 +398,11 @@ __global__ void attention_mma_forward_kernel(OE* out, float* lse, MatrixView<con
     mma_forward_tile<HD>(st, q, sK, sV, j0, lo, hi, 0, nf, sl2);
   }
   if (!active) return;
-  const bool pairs = L.out_ld % 2 == 0 && reinterpret_cast<std::uintptr_t>(out + h * L.hd) % (2 * sizeof(OE)) == 0;
+  const bool pairs = L.out_ld % 2 == 0 && aligned_pair(out + h * L.hd);
   mma_forward_finish<HD>(
       st,
       [&](int r, int c, float x, float y) {
-        if (qi[r] >= L.seq) return;
-        OE* p = out + (b * L.seq + qi[r]) * L.out_ld + h * L.hd + c;
-        if constexpr (std::is_same_v<OE, float>) {
-          if (pairs) {
-            *reinterpret_cast<float2*>(p) = float2{x, y};
-          } else {
-            p[0] = x;
-            p[1] = y;
-          }
-        } else if (pairs) {
-          *reinterpret_cast<u32*>(p) = u32(bf16_bits(x)) | u32(bf16_bits(y)) << 16;
-        } else {
-          p[0] = bf16_bits(x);
-          p[1] = bf16_bits(y);
-        }
+        if (qi[r] < L.seq) store_pair(out + (b * L.seq + qi[r]) * L.out_ld + h * L.hd + c, x, y, pairs);
       },
       [&](int r, float v) {
         if (qi[r] < L.seq) lse[bh * L.seq + qi[r]] = v;
@@ -404,12 +415,16 @@ __global__ void attention_mma_forward_kernel(OE* out, float* lse, MatrixView<con
 // Dense causal attention, backward (FlashAttention-2's, one kernel): block = 64 keys, streaming the query tiles at or
 // after them; per tile mma_backward_tile, a barrier, then each warp's dQ rows added to dqkv atomically (the blocks of
 // every key tile at or before those queries add to the same rows: no fixed order, docs/cuda.md, "Determinism").
-// At the end dqkv[k] += scale · dK, dqkv[v] += dV.
+// At the end dK = scale · Σ dSᵀ Q and dV = Σ Pᵀ dO go to their rows: dkv [rows × ·], dK at column 0, dV at column L.d.
 // OE: O's element, as the forward wrote it (D = rowsum(dO ∘ O) from it).
-template <int HD, class OE>
-__global__ void attention_mma_backward_kernel(MatrixView<float> dqkv, MatrixView<const float> dout, const OE* out,
-                                              const float* lse, MatrixView<const float> qkv, HeadLayout L, float scale,
-                                              index_t dqkv_ld, index_t dout_ld) {
+// GE: dK and dV's element: float, added to dkv's rows (with dq = the same rows' Q columns: dqkv accumulated), or
+// std::uint16_t, written as bf16 bits (the attention-linear pair's gradient layout, attention_ops.hpp: the bits
+// to_bf16 makes of them), dQ then added into a separate fp32 buffer (zeroed by the caller) to be converted after.
+template <int HD, class OE, class GE>
+__global__ void attention_mma_backward_kernel(float* dq, index_t dq_ld, GE* dkv, index_t dkv_ld,
+                                              MatrixView<const float> dout, const OE* out, const float* lse,
+                                              MatrixView<const float> qkv, HeadLayout L, float scale,
+                                              index_t dout_ld) {
 #if defined(MOM_MMA_BF16)
   const MmaBackwardSmem<HD> sm = mma_backward_smem<HD>(dynamic_smem());
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
@@ -419,7 +434,7 @@ __global__ void attention_mma_backward_kernel(MatrixView<float> dqkv, MatrixView
   const float* dbase = dout.data + b * L.seq * dout_ld;
   const OE* obase = out + b * L.seq * L.out_ld;
   const bool active = w0 < L.seq;
-  const bool dq_aligned = dqkv_ld % 4 == 0 && aligned16(dqkv.data + h * L.hd);
+  const bool dq_aligned = dq_ld % 4 == 0 && aligned16(dq + h * L.hd);
   const index_t kj[2] = {w0 + g, w0 + g + 8};  // this lane's keys: they see the queries [key, seq)
   const index_t lo[2] = {kj[0], kj[1]}, hi[2] = {kj[0] < L.seq ? L.seq : 0, kj[1] < L.seq ? L.seq : 0};
 
@@ -445,21 +460,28 @@ __global__ void attention_mma_backward_kernel(MatrixView<float> dqkv, MatrixView
     if (q0 < L.seq) {
       const int kb = i0 == j0 ? warp + 1 : static_cast<int>(min(index_t(4), (L.seq - j0 + 15) / 16));
       mma_dq_tile<HD>(sm, (1u << kb) - 1u, scale, [&](int row, int c, float4 v) {
-        if (q0 + row < L.seq) atomic_add4(dqkv.data + (b * L.seq + q0 + row) * dqkv_ld + h * L.hd + c, v, dq_aligned);
+        if (q0 + row < L.seq) atomic_add4(dq + (b * L.seq + q0 + row) * dq_ld + h * L.hd + c, v, dq_aligned);
       });
     }
   }
   if (!active) return;
+  [[maybe_unused]] const bool pairs = dkv_ld % 2 == 0 && L.d % 2 == 0 && aligned_pair(dkv + h * L.hd);
   mma_key_grads_finish<HD>(acc, [&](int r, int c, float kx, float ky, float vx, float vy) {
     if (kj[r] >= L.seq) return;
-    float* row = dqkv.data + (b * L.seq + kj[r]) * dqkv_ld + h * L.hd + c;
-    row[L.d] += scale * kx;
-    row[L.d + 1] += scale * ky;
-    row[2 * L.d] += vx;
-    row[2 * L.d + 1] += vy;
+    GE* row = dkv + (b * L.seq + kj[r]) * dkv_ld + h * L.hd + c;
+    if constexpr (std::is_same_v<GE, float>) {
+      row[0] += scale * kx;
+      row[1] += scale * ky;
+      row[L.d] += vx;
+      row[L.d + 1] += vy;
+    } else {
+      store_pair(row, scale * kx, scale * ky, pairs);
+      store_pair(row + L.d, vx, vy, pairs);
+    }
   });
 #else
-  (void)dqkv, (void)dout, (void)out, (void)lse, (void)qkv, (void)L, (void)scale, (void)dqkv_ld, (void)dout_ld;
+  (void)dq, (void)dq_ld, (void)dkv, (void)dkv_ld, (void)dout, (void)out, (void)lse, (void)qkv, (void)L, (void)scale,
+      (void)dout_ld;
 #endif
 }
 

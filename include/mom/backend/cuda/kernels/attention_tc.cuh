@@ -248,10 +248,10 @@ bool attention_tc_backward(const Context& ctx, MatrixView<T> dqkv, MatrixView<co
     const float scale = 1.0f / std::sqrt(float(L.hd));
     if constexpr (P == gemm_bf16) {  // attention_mma.cuh
       constexpr std::size_t smem = MmaBackwardSmem<HD>::bytes;
-      constexpr auto kernel = attention_mma_backward_kernel<HD, float>;
+      constexpr auto kernel = attention_mma_backward_kernel<HD, float, float>;
       if (tc_kernel_usable<kernel>(ctx, smem)) {
-        launch_smem("attention_backward", ctx, grid, tc_threads, smem, kernel, dqkv, dout, out.data, lse, qkv, L,
-                    scale, dqkv.ld, dout.ld);
+        launch_smem("attention_backward", ctx, grid, tc_threads, smem, kernel, dqkv.data, dqkv.ld, dqkv.data + L.d,
+                    dqkv.ld, dout, out.data, lse, qkv, L, scale, dout.ld);
         return true;
       }
     }
@@ -272,7 +272,9 @@ bool with_mma_bf16_out(const Context& ctx, index_t hd, F&& f) {
   const auto usable = [&](auto hdc) {
     constexpr int HD = decltype(hdc)::value;
     return tc_kernel_usable<attention_mma_forward_kernel<HD, std::uint16_t>>(ctx, 2 * TcLayout<gemm_bf16, HD>::tile) &&
-           tc_kernel_usable<attention_mma_backward_kernel<HD, std::uint16_t>>(ctx, MmaBackwardSmem<HD>::bytes) &&
+           tc_kernel_usable<attention_mma_backward_kernel<HD, std::uint16_t, float>>(ctx, MmaBackwardSmem<HD>::bytes) &&
+           tc_kernel_usable<attention_mma_backward_kernel<HD, std::uint16_t, std::uint16_t>>(
+               ctx, MmaBackwardSmem<HD>::bytes) &&
            (f(hdc), true);
   };
   return hd == 64 ? usable(std::integral_constant<int, 64>{}) : usable(std::integral_constant<int, 128>{});
@@ -293,19 +295,37 @@ bool attention_forward_bf16(const Context& ctx, std::uint16_t* out, index_t out_
                      1.0f / std::sqrt(float(hd)));
   });
 }
+namespace dev {
+// attention_backward_bf16's two gradient layouts: GE = float (added) or std::uint16_t (bf16 bits, written).
+template <class GE>
+void attention_backward_bf16_into(const Context& ctx, float* dq, index_t dq_ld, GE* dkv, index_t dkv_ld,
+                                  MatrixView<const float> dout, const std::uint16_t* out, index_t out_ld,
+                                  const float* lse, MatrixView<const float> qkv, index_t batch, index_t seq,
+                                  index_t heads) {
+  const index_t d = qkv.cols / 3, hd = d / heads;
+  const HeadLayout L{seq, heads, d, hd, qkv.ld, out_ld};
+  const bool ran = with_mma_bf16_out(ctx, hd, [&](auto hdc) {
+    constexpr int HD = decltype(hdc)::value;
+    const dim3 grid(blocks_exact(seq, tc_tile), static_cast<unsigned>(batch * heads));
+    launch_smem("attention_backward", ctx, grid, tc_threads, MmaBackwardSmem<HD>::bytes,
+                attention_mma_backward_kernel<HD, std::uint16_t, GE>, dq, dq_ld, dkv, dkv_ld, dout, out, lse, qkv, L,
+                1.0f / std::sqrt(float(hd)), dout.ld);
+  });
+  MOM_CHECK(ran, "attention_backward_bf16: the bf16 output's kernels do not apply (precision changed since forward?)");
+}
+}  // namespace dev
+
 void attention_backward_bf16(const Context& ctx, MatrixView<float> dqkv, MatrixView<const float> dout,
                              const std::uint16_t* out, index_t out_ld, const float* lse, MatrixView<const float> qkv,
                              index_t batch, index_t seq, index_t heads) {
-  const index_t d = qkv.cols / 3, hd = d / heads;
-  const dev::HeadLayout L{seq, heads, d, hd, qkv.ld, out_ld};
-  const bool ran = dev::with_mma_bf16_out(ctx, hd, [&](auto hdc) {
-    constexpr int HD = decltype(hdc)::value;
-    const dim3 grid(dev::blocks_exact(seq, dev::tc_tile), static_cast<unsigned>(batch * heads));
-    dev::launch_smem("attention_backward", ctx, grid, dev::tc_threads, dev::MmaBackwardSmem<HD>::bytes,
-                     dev::attention_mma_backward_kernel<HD, std::uint16_t>, dqkv, dout, out, lse, qkv, L,
-                     1.0f / std::sqrt(float(hd)), dqkv.ld, dout.ld);
-  });
-  MOM_CHECK(ran, "attention_backward_bf16: the bf16 output's kernels do not apply (precision changed since forward?)");
+  const index_t d = qkv.cols / 3;
+  dev::attention_backward_bf16_into(ctx, dqkv.data, dqkv.ld, dqkv.data + d, dqkv.ld, dout, out, out_ld, lse, qkv,
+                                    batch, seq, heads);
+}
+void attention_backward_bf16(const Context& ctx, float* dq, index_t dq_ld, std::uint16_t* dkv, index_t dkv_ld,
+                             MatrixView<const float> dout, const std::uint16_t* out, index_t out_ld, const float* lse,
+                             MatrixView<const float> qkv, index_t batch, index_t seq, index_t heads) {
+  dev::attention_backward_bf16_into(ctx, dq, dq_ld, dkv, dkv_ld, dout, out, out_ld, lse, qkv, batch, seq, heads);
 }
 #endif
 

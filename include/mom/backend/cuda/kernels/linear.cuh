@@ -201,7 +201,7 @@ void bf16_column_sums(const Context& ctx, float* acc, const std::uint16_t* m, in
   const dim3 grid(dev::blocks_exact(chunks, dev::sum_chunk_threads),
                   static_cast<unsigned>(std::clamp<index_t>((rows + dev::column_chunk - 1) / dev::column_chunk, 1,
                                                             dev::max_stride_blocks)));
-  dev::launch("mlp_backward", ctx, grid, dev::threads, dev::bf16_column_sums_kernel, acc, m, rows, cols, ld, vec);
+  dev::launch("bf16_column_sums", ctx, grid, dev::threads, dev::bf16_column_sums_kernel, acc, m, rows, cols, ld, vec);
 }
 #endif  // MOM_CUDA_FLOAT_UNIT
 
