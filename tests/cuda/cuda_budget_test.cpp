@@ -43,6 +43,7 @@ struct GemmTally : mom::testing::CountingBackend<float> {
   index_t gemm_calls = 0, gemm_flops = 0, staged_elements = 0, unaligned = 0, unaligned_wide = 0;
   index_t staged_once = 0;  // elements a bf16 linear_backward stages once for its two products (dy)
   index_t unstaged_reads = 0;  // operand elements a bf16 product reads from no staging copy (the LM head's dlogits)
+  const float* handed_over = nullptr;  // a dqkv the attention pair handed to norm_linear_backward in bf16
   // C [m × n] = A [m × k] · B [k × n] as backend.hpp's gemm issues it (none when m or n is 0); a, b, c: the
   // row-major views cuBLAS reads as its B, A and C.
   template <class VA, class VB, class VC>
@@ -90,14 +91,43 @@ struct GemmTally : mom::testing::CountingBackend<float> {
     Base::layernorm_forward(ln.out, ln.mean, ln.rstd, x, gamma, beta);
     Base::linear_forward(y, CM(ln.out), w, b);
   }
+  // With dy handed over in bf16 (attention_linear_backward below), neither product stages it.
   void norm_linear_backward(M dx, S dgamma, S dbeta, M dw, S db, M dln, CM dy, CM x, NormSaved<const float> ln,
-                            CS gamma, CM w, GradLayout = GradLayout::fp32) {  // (no attention pair here: fp32 dy)
+                            CS gamma, CM w, GradLayout dy_layout = GradLayout::fp32) {
     product(dy.rows, w.cols, dy.cols, dy, w, dln);
     product(dy.cols, ln.out.cols, dy.rows, dy, ln.out, dw);
-    staged_once += dy.rows * dy.cols;
+    const bool in_place = dy_layout == GradLayout::backend && dy.data == handed_over;
+    handed_over = nullptr;
+    if (in_place)
+      unstaged_reads += 2 * dy.rows * dy.cols;
+    else
+      staged_once += dy.rows * dy.cols;
     unstaged_reads += ln.out.rows * ln.out.cols;
     Base::linear_backward(dln, dw, db, dy, ln.out, w, Store::overwrite);
     Base::layernorm_backward(dx, dgamma, dbeta, CM(dln), x, ln.mean, ln.rstd, gamma);
+  }
+  // The attention and its output linear as cuda::Backend's op pair (attention_ops.hpp): the separate ops' products,
+  // but under BF16 at head dim 64 or 128 (the mma kernels) the attention's output is written in bf16 (no staging copy
+  // reads it, forward or dW), and with GradLayout::backend its dqkv goes to norm_linear_backward in bf16: dQ's fp32
+  // rows converted (a staging copy of [n × d]), the qkv linear's products reading all of it in place.
+  static bool attention_in_bf16(CM att, index_t heads) {
+    const index_t hd = att.cols / heads;
+    return hd == 64 || hd == 128;
+  }
+  void attention_linear_forward(M y, M att, S lse, CM qkv, CM w, CS b, index_t batch, index_t seq, index_t heads) {
+    if (attention_in_bf16(CM(att), heads)) unstaged_reads += att.rows * att.cols;
+    Base::attention_forward(att, lse, qkv, batch, seq, heads);
+    linear_forward(y, CM(att), w, b);
+  }
+  void attention_linear_backward(M dqkv, M dw, S db, M datt, CM dy, CM att, CS lse, CM qkv, CM w, index_t batch,
+                                 index_t seq, index_t heads, GradLayout dqkv_layout = GradLayout::fp32) {
+    const bool bf16 = attention_in_bf16(att, heads);
+    if (bf16) unstaged_reads += att.rows * att.cols;
+    linear_backward(datt, dw, db, dy, att, w, Store::overwrite);
+    Base::zero(dqkv);  // (the pair writes dqkv; the CPU's attention_backward accumulates)
+    Base::attention_backward(dqkv, CM(datt), att, lse, qkv, batch, seq, heads);
+    handed_over = bf16 && dqkv_layout == GradLayout::backend ? dqkv.data : nullptr;
+    if (handed_over) staged_elements += dqkv.rows * (dqkv.cols / 3);
   }
   // The FFN as cuda::Backend's op pair (mlp_ops.hpp): its four products as the separate ops', but under BF16 ln, act
   // and d(pre) are written in bf16 by their producers (no staging copy reads them) and the fc bias is staged for the
@@ -142,8 +172,13 @@ struct GemmTally : mom::testing::CountingBackend<float> {
     Base::gru_cell_backward(dx, dh, dw_ih, dw_hh, db_ih, db_hh, scratch, dh_out, gates, x, h, w_ih, w_hh);
   }
 };
-// The tally must run the fused pairs cuda::Backend runs, else mha.hpp and ffn.hpp would count the separate ops.
-static_assert(FusesNormLinear<GemmTally, float> && FusesMlp<GemmTally, float>);
+// The tally runs the fused pairs cuda::Backend runs (else mha.hpp and ffn.hpp would count the separate ops).
+static_assert(FusesNormLinear<GemmTally, float> && FusesAttentionLinear<GemmTally, float> &&
+              FusesMlp<GemmTally, float>);
+
+// GPT-2's head dimension (64) in a small dense model: the attention pair's bf16 layouts apply (not at DenseSmall's 16).
+constexpr Dims hd64_dims{.d_model = 128, .heads = 2, .d_ff = 256, .vocab = 256, .context = 64};
+using DenseHd64 = LM<hd64_dims, Dense<2>>;
 
 // What the step's accum micro-batches ask of cuBLAS: one forward and backward on the CPU tally, times accum
 // (the products' shapes are known on the host, so they do not depend on the tokens or on the routing).
@@ -340,6 +375,26 @@ TEST_CASE("per-step budgets under the emulation: launches, GEMMs and their FLOPs
     // activations in bf16 and the head's dlogits was written staged, 35.5 before the GELU moved into the epilogues,
     // 39.5 before the bias gradients were summed in the staging); memset 0.162
     check_budgets<Model>(c, cfg, {39, 0.19, 0});
+  }
+  {
+    // BF16 at head dim 64: the attention writes its output in bf16 for the proj linear (forward and dW) and hands dqkv
+    // to the qkv linear in bf16 (attention_ops.hpp). A layer stages 12: the attention pair w_proj forward, dy, w_proj
+    // and dQ's conversion backward (its output never), the LayerNorm pair w_qkv forward and backward (its dy never),
+    // the FFN 3 and 3.
+    using Model = DenseHd64;
+    const auto c = measure<Model>("dense hd64", cuda::Precision::BF16);
+    const Expected want = expected_products<Model>(cfg);
+    INFO("dense hd64 (bf16)");
+    CHECK(c.gemm_calls == want.gemm_calls);
+    CHECK(c.gemm_flops == want.gemm_flops);
+    CHECK(c.unaligned_gemms == 0);
+    // 56 copies, 4.98 MB (as many copies with dqkv staged whole, but its 3 columns for dQ's 1; 64 with att staged).
+    CHECK(c.staging_copies == cfg.accum * (12 * Model::depth + 4));
+    CHECK(c.staging_bytes == want.staged_bytes_bf16);
+    const auto t = measure<Model>("dense hd64", cuda::Precision::TF32);
+    // The memsets: dqkv is not zeroed whole, only dQ's fp32 rows (a third of it) a layer.
+    const index_t n = cfg.batch * cfg.seq;
+    CHECK(t.memset_bytes - c.memset_bytes == cfg.accum * Model::depth * 4 * n * 2 * Model::dims.d_model);
   }
   {
     // A vocabulary whose rows are not 16-byte aligned (257 floats, as GPT-2's 50257): the backend lays the logits
