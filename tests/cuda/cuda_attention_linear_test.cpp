@@ -108,17 +108,21 @@ template <class T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
+// a and b bit for bit where `exact`, else within tol.
+template <class T>
+void check_close(const std::vector<T>& a, const std::vector<T>& b, bool exact, double tol) {
+  if (exact)
+    CHECK(same_bits(a, b));
+  else
+    CHECK(test::rel_error(a, b) <= tol);
+}
 // The pair and the separate ops agree: bit for bit under the emulation (on a GPU a real cuBLASLt may pick another
 // algorithm for the in-place bf16 operand than for the staging buffer: there to 1e-5); dqkv too where `dqkv_exact`.
 template <class T>
 void check_same(const AttentionLinearRun<T>& a, const AttentionLinearRun<T>& b, bool exact, bool dqkv_exact) {
   for (const auto& [p, q] :
-       {std::pair{&a.y, &b.y}, {&a.lse, &b.lse}, {&a.datt, &b.datt}, {&a.dw, &b.dw}, {&a.db, &b.db}}) {
-    if (exact)
-      CHECK(same_bits(*p, *q));
-    else
-      CHECK(test::rel_error(*p, *q) <= 1e-5);
-  }
+       {std::pair{&a.y, &b.y}, {&a.lse, &b.lse}, {&a.datt, &b.datt}, {&a.dw, &b.dw}, {&a.db, &b.db}})
+    check_close(*p, *q, exact, 1e-5);
   if (dqkv_exact && exact)
     CHECK(same_bits(a.dqkv, b.dqkv));
   else  // D from the rounded output (and on a GPU the atomics' order): bf16's precision
@@ -274,12 +278,8 @@ TEST_CASE("the attention pair hands dqkv to the LayerNorm-linear pair in bf16: t
   // from them.
   const auto bf16 = run_hand_over(GradLayout::backend, 2), fp32 = run_hand_over(GradLayout::fp32, 2);
   for (const auto& [a, b] : {std::pair{&bf16.dx, &fp32.dx}, {&bf16.dgamma, &fp32.dgamma}, {&bf16.dbeta, &fp32.dbeta},
-                             {&bf16.dw_qkv, &fp32.dw_qkv}}) {
-    if (emulated)
-      CHECK(same_bits(*a, *b));
-    else
-      CHECK(test::rel_error(*a, *b) <= 1e-2);
-  }
+                             {&bf16.dw_qkv, &fp32.dw_qkv}})
+    check_close(*a, *b, emulated, 1e-2);
   CHECK(same_bits(bf16.dw_proj, fp32.dw_proj));
   CHECK(same_bits(bf16.db_proj, fp32.db_proj));
   CHECK(test::rel_error(bf16.db_qkv, fp32.db_qkv) <= 1e-2);
@@ -296,11 +296,7 @@ TEST_CASE("the attention pair hands dqkv to the LayerNorm-linear pair in bf16: t
   // Head dim 32 (no mma kernel): the backend's layout is fp32, the same ops (bit for bit under the emulation).
   const auto b32 = run_hand_over(GradLayout::backend, 4), f32 = run_hand_over(GradLayout::fp32, 4);
   for (const auto& [a, b] : {std::pair{&b32.dx, &f32.dx}, {&b32.dw_qkv, &f32.dw_qkv}, {&b32.db_qkv, &f32.db_qkv},
-                             {&b32.dgamma, &f32.dgamma}}) {
-    if (emulated)
-      CHECK(same_bits(*a, *b));
-    else
-      CHECK(test::rel_error(*a, *b) <= 1e-5);
-  }
+                             {&b32.dgamma, &f32.dgamma}})
+    check_close(*a, *b, emulated, 1e-5);
   if (emulated) CHECK(b32.backward.staging_bytes == f32.backward.staging_bytes);
 }

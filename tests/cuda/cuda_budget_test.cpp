@@ -297,6 +297,21 @@ void check_budgets(const test::EmuCounters& c, const train::TrainConfig& cfg, Bu
   CHECK(double(c.d2d_bytes) <= d2d);
 }
 
+// A BF16 step: the TF32 step's products, and exactly the staging the tally predicts (bytes; copies_per_layer
+// conversions a layer, 4 for the LM head, each micro-batch).
+template <class Model>
+test::EmuCounters measure_bf16(const char* name, const train::TrainConfig& cfg, index_t copies_per_layer) {
+  const auto c = measure<Model>(name, cuda::Precision::BF16);
+  const Expected want = expected_products<Model>(cfg);
+  INFO(name << " (bf16)");
+  CHECK(c.gemm_calls == want.gemm_calls);
+  CHECK(c.gemm_flops == want.gemm_flops);
+  CHECK(c.unaligned_gemms == 0);
+  CHECK(c.staging_copies == cfg.accum * (copies_per_layer * Model::depth + 4));
+  CHECK(c.staging_bytes == want.staged_bytes_bf16);
+  return c;
+}
+
 template <class Model>
 void check_model(const char* name, Budget budget) {
   const auto cfg = test::config({}, 10);
@@ -358,19 +373,13 @@ TEST_CASE("per-step budgets under the emulation: launches, GEMMs and their FLOPs
     // copies of the weights are kept beside the fp32 master copy (written by AdamW) and activations arrive in
     // bf16 from their producers.
     using Model = DenseSmall;
-    const auto c = measure<Model>("dense", cuda::Precision::BF16);
-    const Expected want = expected_products<Model>(cfg);
-    INFO("dense (bf16)");
-    CHECK(c.gemm_calls == want.gemm_calls);
-    CHECK(c.gemm_flops == want.gemm_flops);
-    CHECK(c.unaligned_gemms == 0);
     // The head's dlogits is written staged by the cross-entropy (lm_head_loss_backward): 2 conversions for the head's
     // backward pair. The FFN keeps ln, act and d(pre) in bf16 (mlp_ops.hpp): its forward stages w_fc, b_fc and w_proj,
     // its backward dy, w_proj and w_fc (3, where its two linear backwards staged 6). The attention's LayerNorm writes
-    // bf16 for the qkv linear (norm_ops.hpp): its forward stages w_qkv, its backward dy and w_qkv. 14 a layer.
-    CHECK(c.staging_copies == cfg.accum * (14 * Model::depth + 4));  // 64 (80 with the LayerNorms' outputs staged,
-                                                                      // 88 with the MLP's act, 90 with dlogits)
-    CHECK(c.staging_bytes == want.staged_bytes_bf16);                 // 2.10 MB (2.23, 2.62, 2.69 and 3.05 before)
+    // bf16 for the qkv linear (norm_ops.hpp): its forward stages w_qkv, its backward dy and w_qkv. 14 a layer: 64 a
+    // step (80 with the LayerNorms' outputs staged, 88 with the MLP's act, 90 with dlogits), 2.10 MB (2.23, 2.62,
+    // 2.69 and 3.05 before).
+    const auto c = measure_bf16<Model>("dense", cfg, 14);
     // 28 launches a step with the staging (32 before the LayerNorms wrote bf16, 33.5 before the MLP kept its
     // activations in bf16 and the head's dlogits was written staged, 35.5 before the GELU moved into the epilogues,
     // 39.5 before the bias gradients were summed in the staging); memset 0.162
@@ -381,16 +390,9 @@ TEST_CASE("per-step budgets under the emulation: launches, GEMMs and their FLOPs
     // to the qkv linear in bf16 (attention_ops.hpp). A layer stages 12: the attention pair w_proj forward, dy, w_proj
     // and dQ's conversion backward (its output never), the LayerNorm pair w_qkv forward and backward (its dy never),
     // the FFN 3 and 3.
-    using Model = DenseHd64;
-    const auto c = measure<Model>("dense hd64", cuda::Precision::BF16);
-    const Expected want = expected_products<Model>(cfg);
-    INFO("dense hd64 (bf16)");
-    CHECK(c.gemm_calls == want.gemm_calls);
-    CHECK(c.gemm_flops == want.gemm_flops);
-    CHECK(c.unaligned_gemms == 0);
     // 56 copies, 4.98 MB (as many copies with dqkv staged whole, but its 3 columns for dQ's 1; 64 with att staged).
-    CHECK(c.staging_copies == cfg.accum * (12 * Model::depth + 4));
-    CHECK(c.staging_bytes == want.staged_bytes_bf16);
+    using Model = DenseHd64;
+    const auto c = measure_bf16<Model>("dense hd64", cfg, 12);
     const auto t = measure<Model>("dense hd64", cuda::Precision::TF32);
     // The memsets: dqkv is not zeroed whole, only dQ's fp32 rows (a third of it) a layer.
     const index_t n = cfg.batch * cfg.seq;
