@@ -63,16 +63,12 @@ class NormOps : public DenseOps<T> {
     checks::linear_backward_shapes<T>(dln, dw, db, dy, ln.out, w);
     checks::layernorm_backward_shapes<T>(dx, dgamma, dbeta, CM(dln), x, ln.mean, ln.rstd, gamma);
     const Operand xo = recorded_operand(ln.out);
-    bool products_done = false;
-    if constexpr (std::is_same_v<T, float>) {
-      if (dy_layout == GradLayout::backend && recorded(dy.data)) {
-        record(dy.data, false);  // read once: the record does not outlive the hand-over
-        linear_backward_from_bf16(dln, dw, db, Operand(dy, bf16_rows(dy)), xo, w);
-        products_done = true;
-      }
-    }
-    if (!products_done && !linear_backward_in_place(dln, dw, db, dy, xo, w))  // (without dw, ln.out is not read)
+    if (dy_layout == GradLayout::backend && recorded(dy.data)) {
+      record(dy.data, false);  // read once: the record does not outlive the hand-over
+      linear_backward_from_bf16(dln, dw, db, bf16_rows(dy), xo, w);
+    } else if (!linear_backward_in_place(dln, dw, db, dy, xo, w)) {  // (without dw, ln.out is not read)
       this->linear_backward(dln, dw, db, dy, ln.out, w, Store::overwrite);
+    }
     this->layernorm_backward(dx, dgamma, dbeta, CM(dln), x, ln.mean, ln.rstd, gamma);
   }
 
@@ -102,17 +98,19 @@ class NormOps : public DenseOps<T> {
     return false;
   }
 
-  // dx = dy·w (written), dw += dyᵀ·x, db += Σ_rows dy with dy a bf16 operand in place (dyo.bf16 set: its producer
-  // wrote no fp32 copy) and x in place or staged: linear_backward's BF16 products without dy's staging; db is summed
-  // from dy's bf16 values (as PyTorch's autocast sums its bf16 gradient).
-  void linear_backward_from_bf16(M dx, M dw, S db, const Operand& dyo, const Operand& xo, CM w) const {
-    const index_t nw = Base::staged_size(w);
-    cuda::reserve_bf16_staging(*this->ctx_, nw + (dw.empty() ? 0 : Base::staged_size(xo)));
-    std::uint16_t* const at = this->ctx_->bf16_stage;
-    const Staged sdy = this->stage(nullptr, dyo), sw = this->stage(at, w);
-    if (!db.empty()) cuda::bf16_column_sums(*this->ctx_, db.data(), sdy.data, sdy.rows, sdy.cols, sdy.ld);
-    this->gemm_staged(dx, sdy, Trans::N, sw, Trans::N, 1.0f, 0.0f);
-    if (!dw.empty()) this->gemm_staged(dw, sdy, Trans::T, this->stage(at + nw, xo), Trans::N, 1.0f, 1.0f);
+  // dx = dy·w (written), dw += dyᵀ·x, db += Σ_rows dy with dy bf16 rows in place (sdy: its producer wrote no fp32
+  // copy; only a float backend records one) and x in place or staged: linear_backward's BF16 products without dy's
+  // staging; db is summed from dy's bf16 values (as PyTorch's autocast sums its bf16 gradient).
+  void linear_backward_from_bf16(M dx, M dw, S db, Staged sdy, const Operand& xo, CM w) const {
+    if constexpr (std::is_same_v<T, float>) {
+      const index_t nw = Base::staged_size(w);
+      cuda::reserve_bf16_staging(*this->ctx_, nw + (dw.empty() ? 0 : Base::staged_size(xo)));
+      std::uint16_t* const at = this->ctx_->bf16_stage;
+      const Staged sw = this->stage(at, w);
+      if (!db.empty()) cuda::bf16_column_sums(*this->ctx_, db.data(), sdy.data, sdy.rows, sdy.cols, sdy.ld);
+      this->gemm_staged(dx, sdy, Trans::N, sw, Trans::N, 1.0f, 0.0f);
+      if (!dw.empty()) this->gemm_staged(dw, sdy, Trans::T, this->stage(at + nw, xo), Trans::N, 1.0f, 1.0f);
+    }
   }
 
   // The bf16 layout applies to an output (the LayerNorm's here, the attention's in attention_ops.hpp): BF16, and
