@@ -37,13 +37,37 @@ using DenseOddVocab = LM<odd_vocab_dims, Dense<2>>;
 // cuBLAS call. Built on the testing kit's CountingBackend, whose total `flops` is the cost model's figure
 // (tests/models check it; here too, forward and backward, through realised_*_flops). Also tallied: the
 // operand elements a bf16 GEMM stages (both operands, whole), and the products whose leading dimensions or
-// pointers, as cuBLAS receives them, are off 16 bytes (an fp32 ld that is not a multiple of 4).
+// pointers, as cuBLAS receives them, are off 16 bytes (an fp32 ld that is not a multiple of 4). Like cuda::Backend it
+// keeps weight copies (backend_concept.hpp, KeepsWeightCopies): inside a window an operand lying in the parameter block
+// is staged once (weight_copies.hpp).
 struct GemmTally : mom::testing::CountingBackend<float> {
   using Base = mom::testing::CountingBackend<float>;
   index_t gemm_calls = 0, gemm_flops = 0, staged_elements = 0, unaligned = 0, unaligned_wide = 0;
   index_t staged_once = 0;  // elements a bf16 linear_backward stages once for its two products (dy)
   index_t unstaged_reads = 0;  // operand elements a bf16 product reads from no staging copy (the LM head's dlogits)
+  index_t weight_reads = 0;    // operand elements read from the parameter block (counted in staged_elements too)
+  index_t weight_copied = 0;   // the elements of the distinct weight views a window converted, once each
   const float* handed_over = nullptr;  // a dqkv the attention pair handed to norm_linear_backward in bf16
+  std::span<const float> window;       // the open weight window's block
+  std::vector<MatrixView<const float>> copied;
+  void begin_weight_copies(std::span<const float> w) {
+    window = w;
+    copied.clear();
+  }
+  void end_weight_copies() { window = {}; }
+  // An operand staged for a bf16 product: a weight once a window (its copy), anything else every time.
+  template <class V>
+  void staged(const V& v) {
+    staged_elements += v.rows * v.cols;
+    const float* p = v.data;
+    if (window.empty() || p < window.data() || p >= window.data() + window.size()) return;
+    weight_reads += v.rows * v.cols;
+    const auto same = [&](const MatrixView<const float>& c) { return c.data == p && c.rows == v.rows && c.cols == v.cols; };
+    if (std::none_of(copied.begin(), copied.end(), same)) {
+      copied.push_back({p, v.rows, v.cols, v.ld});
+      weight_copied += v.rows * v.cols;
+    }
+  }
   // C [m × n] = A [m × k] · B [k × n] as backend.hpp's gemm issues it (none when m or n is 0); a, b, c: the
   // row-major views cuBLAS reads as its B, A and C.
   template <class VA, class VB, class VC>
@@ -51,7 +75,8 @@ struct GemmTally : mom::testing::CountingBackend<float> {
     if (m == 0 || n == 0) return;
     ++gemm_calls;
     gemm_flops += 2 * m * n * k;
-    staged_elements += a.rows * a.cols + b.rows * b.cols;
+    staged(a);
+    staged(b);
     const auto off = [](const auto& v) {
       return reinterpret_cast<std::uintptr_t>(v.data) % 16 != 0 || (std::max<index_t>(v.ld, 1) * 4) % 16 != 0;
     };
@@ -136,7 +161,7 @@ struct GemmTally : mom::testing::CountingBackend<float> {
     product(x.rows, w1.rows, x.cols, CM(ln.out), w1, pre);
     product(act.rows, w2.rows, act.cols, act, w2, y);
     unstaged_reads += act.rows * act.cols + ln.out.rows * ln.out.cols;
-    staged_elements += ssize(b1);
+    staged(CM(b1.data(), 1, ssize(b1)));
     Base::layernorm_forward(ln.out, ln.mean, ln.rstd, x, gamma, beta);
     Base::linear_forward(pre, CM(ln.out), w1, b1);
     Base::gelu_forward(act.flat(), CM(pre).flat());
@@ -172,19 +197,23 @@ struct GemmTally : mom::testing::CountingBackend<float> {
     Base::gru_cell_backward(dx, dh, dw_ih, dw_hh, db_ih, db_hh, scratch, dh_out, gates, x, h, w_ih, w_hh);
   }
 };
-// The tally runs the fused pairs cuda::Backend runs (else mha.hpp and ffn.hpp would count the separate ops).
+// The tally runs the fused pairs cuda::Backend runs (else mha.hpp and ffn.hpp would count the separate ops), and its
+// weight copies.
 static_assert(FusesNormLinear<GemmTally, float> && FusesAttentionLinear<GemmTally, float> &&
-              FusesMlp<GemmTally, float>);
+              FusesMlp<GemmTally, float> && KeepsWeightCopies<GemmTally, float>);
 
 // GPT-2's head dimension (64) in a small dense model: the attention pair's bf16 layouts apply (not at DenseSmall's 16).
 constexpr Dims hd64_dims{.d_model = 128, .heads = 2, .d_ff = 256, .vocab = 256, .context = 64};
 using DenseHd64 = LM<hd64_dims, Dense<2>>;
 
-// What the step's accum micro-batches ask of cuBLAS: one forward and backward on the CPU tally, times accum
-// (the products' shapes are known on the host, so they do not depend on the tokens or on the routing).
+// What the step's accum micro-batches ask of cuBLAS: one forward and backward on the CPU tally inside a weight window
+// (as the Trainer runs them), times accum (the products' shapes are known on the host, so they do not depend on the
+// tokens or on the routing).
 struct Expected {
-  index_t gemm_calls = 0, gemm_flops = 0, staged_bytes = 0, unaligned = 0, unaligned_wide = 0;
-  index_t staged_bytes_bf16 = 0;  // what a bf16 step reads to stage: every operand, a linear's dy once
+  index_t gemm_calls = 0, gemm_flops = 0, unaligned = 0, unaligned_wide = 0;
+  // What a bf16 step reads to stage: every operand but the weights each micro-batch, a linear's dy once; each weight
+  // once a step.
+  index_t staged_bytes_bf16 = 0;
 };
 template <class Model>
 Expected expected_products(const train::TrainConfig& cfg) {
@@ -192,14 +221,18 @@ Expected expected_products(const train::TrainConfig& cfg) {
   m.reserve(cfg.batch, cfg.seq);
   const auto tokens = mom::testing::random_tokens(cfg.batch * cfg.seq, Model::dims.vocab, 7);
   m.zero_grad();
-  m.forward(tokens, tokens, cfg.batch, cfg.seq);
-  const index_t forward = m.backend().flops;
-  CHECK(forward == realised_forward_flops(m));
-  m.backward();
-  CHECK(m.backend().flops - forward == realised_backward_flops(m));
+  {
+    const WeightCopyWindow<GemmTally, float> copies(m.backend(), std::span<const float>(m.params()));
+    m.forward(tokens, tokens, cfg.batch, cfg.seq);
+    const index_t forward = m.backend().flops;
+    CHECK(forward == realised_forward_flops(m));
+    m.backward();
+    CHECK(m.backend().flops - forward == realised_backward_flops(m));
+  }
   const auto& t = m.backend();
-  return {cfg.accum * t.gemm_calls,   cfg.accum * t.gemm_flops,     cfg.accum * 4 * t.staged_elements,
-          cfg.accum * t.unaligned,    cfg.accum * t.unaligned_wide, cfg.accum * 4 * (t.staged_elements - t.staged_once - t.unstaged_reads)};
+  const index_t per_micro_batch = t.staged_elements - t.staged_once - t.unstaged_reads - t.weight_reads;
+  return {cfg.accum * t.gemm_calls, cfg.accum * t.gemm_flops, cfg.accum * t.unaligned, cfg.accum * t.unaligned_wide,
+          4 * (cfg.accum * per_micro_batch + t.weight_copied)};
 }
 
 struct Row {
@@ -297,17 +330,19 @@ void check_budgets(const test::EmuCounters& c, const train::TrainConfig& cfg, Bu
   CHECK(double(c.d2d_bytes) <= d2d);
 }
 
-// A BF16 step: the TF32 step's products, and exactly the staging the tally predicts (bytes; copies_per_layer
-// conversions a layer, 4 for the LM head, each micro-batch).
+// A BF16 step: the TF32 step's products, and exactly the staging the tally predicts (bytes; conversions: copies_per_layer
+// a layer and 2 for the LM head (x, forward and backward) each micro-batch, and weights_per_layer a layer and 1 for the
+// head (its weight) once a step, in the Trainer's weight window).
 template <class Model>
-test::EmuCounters measure_bf16(const char* name, const train::TrainConfig& cfg, index_t copies_per_layer) {
+test::EmuCounters measure_bf16(const char* name, const train::TrainConfig& cfg, index_t copies_per_layer,
+                               index_t weights_per_layer) {
   const auto c = measure<Model>(name, cuda::Precision::BF16);
   const Expected want = expected_products<Model>(cfg);
   INFO(name << " (bf16)");
   CHECK(c.gemm_calls == want.gemm_calls);
   CHECK(c.gemm_flops == want.gemm_flops);
   CHECK(c.unaligned_gemms == 0);
-  CHECK(c.staging_copies == cfg.accum * (copies_per_layer * Model::depth + 4));
+  CHECK(c.staging_copies == cfg.accum * (copies_per_layer * Model::depth + 2) + weights_per_layer * Model::depth + 1);
   CHECK(c.staging_bytes == want.staged_bytes_bf16);
   return c;
 }
@@ -369,30 +404,35 @@ TEST_CASE("per-step budgets under the emulation: launches, GEMMs and their FLOPs
   {
     // BF16: the same products; a GEMM stages its operands as bf16 (ops.hpp: one to_bf16 launch each, rows padded
     // to 16 bytes), a linear's backward its dy once for both products: 2 conversions a forward product, 3 a
-    // linear's backward pair (108 for the 54 products before the pair shared dy: 90). The target is zero, once bf16
-    // copies of the weights are kept beside the fp32 master copy (written by AdamW) and activations arrive in
-    // bf16 from their producers.
+    // linear's backward pair (108 for the 54 products before the pair shared dy: 90). Inside the Trainer's weight
+    // window (backend_concept.hpp, KeepsWeightCopies) a weight is converted once a step, into its copy
+    // (weight_copies.hpp), which its forward and dx products of both micro-batches read. The target is zero, once
+    // AdamW writes the copies and the activations arrive in bf16 from their producers.
     using Model = DenseSmall;
     // The head's dlogits is written staged by the cross-entropy (lm_head_loss_backward): 2 conversions for the head's
     // backward pair. The FFN keeps ln, act and d(pre) in bf16 (mlp_ops.hpp): its forward stages w_fc, b_fc and w_proj,
     // its backward dy, w_proj and w_fc (3, where its two linear backwards staged 6). The attention's LayerNorm writes
-    // bf16 for the qkv linear (norm_ops.hpp): its forward stages w_qkv, its backward dy and w_qkv. 14 a layer: 64 a
-    // step (80 with the LayerNorms' outputs staged, 88 with the MLP's act, 90 with dlogits), 2.10 MB (2.23, 2.62,
-    // 2.69 and 3.05 before).
-    const auto c = measure_bf16<Model>("dense", cfg, 14);
-    // 28 launches a step with the staging (32 before the LayerNorms wrote bf16, 33.5 before the MLP kept its
-    // activations in bf16 and the head's dlogits was written staged, 35.5 before the GELU moved into the epilogues,
-    // 39.5 before the bias gradients were summed in the staging); memset 0.162
-    check_budgets<Model>(c, cfg, {39, 0.19, 0});
+    // bf16 for the qkv linear (norm_ops.hpp): its forward stages w_qkv, its backward dy and w_qkv. The attention (head
+    // dim 16: no bf16 layout) stages att and w_proj forward, dy, w_proj and att backward. 14 a layer and micro-batch
+    // before the weight copies: 64 a step (80 with the LayerNorms' outputs staged, 88 with the MLP's act, 90 with
+    // dlogits), 2.10 MB (2.23, 2.62, 2.69 and 3.05 before). With them 5 a layer and micro-batch (att twice, the
+    // attention's, the qkv linear's and the FFN's dy) and 5 weights a layer a step (w_qkv, w_proj, w_fc, b_fc, the
+    // FFN's w_proj): 35 a step.
+    const auto c = measure_bf16<Model>("dense", cfg, 5, 5);
+    // 20.75 launches a step with the staging (28 before the weight copies, 32 before the LayerNorms wrote bf16, 33.5
+    // before the MLP kept its activations in bf16 and the head's dlogits was written staged, 35.5 before the GELU moved
+    // into the epilogues, 39.5 before the bias gradients were summed in the staging); memset 0.162
+    check_budgets<Model>(c, cfg, {24, 0.19, 0});
   }
   {
     // BF16 at head dim 64: the attention writes its output in bf16 for the proj linear (forward and dW) and hands dqkv
-    // to the qkv linear in bf16 (attention_ops.hpp). A layer stages 12: the attention pair w_proj forward, dy, w_proj
-    // and dQ's conversion backward (its output never), the LayerNorm pair w_qkv forward and backward (its dy never),
-    // the FFN 3 and 3.
-    // 56 copies, 4.98 MB (as many copies with dqkv staged whole, but its 3 columns for dQ's 1; 64 with att staged).
+    // to the qkv linear in bf16 (attention_ops.hpp). A layer stages 12 without the weight copies: the attention pair
+    // w_proj forward, dy, w_proj and dQ's conversion backward (its output never), the LayerNorm pair w_qkv forward and
+    // backward (its dy never), the FFN 3 and 3: 56 copies, 4.98 MB (as many copies with dqkv staged whole, but its 3
+    // columns for dQ's 1; 64 with att staged). With them 3 a layer and micro-batch (the attention's dy, dQ, the FFN's
+    // dy) and the 5 weights once a step: 27.
     using Model = DenseHd64;
-    const auto c = measure_bf16<Model>("dense hd64", cfg, 12);
+    const auto c = measure_bf16<Model>("dense hd64", cfg, 3, 5);
     const auto t = measure<Model>("dense hd64", cuda::Precision::TF32);
     // The memsets: dqkv is not zeroed whole, only dQ's fp32 rows (a third of it) a layer.
     const index_t n = cfg.batch * cfg.seq;

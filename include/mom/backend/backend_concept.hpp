@@ -282,6 +282,36 @@ concept FusesGelu = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, st
   be.linear_backward_dgelu(m, m, s, cm, cm, cm, cm);
 };
 
+// A backend may also keep copies of a model's weights in the form its products read (cuda::Backend under BF16: bf16
+// copies, cuda/weight_copies.hpp), for as long as its caller promises not to write them:
+//   begin_weight_copies(weights):  from now until end_weight_copies(), nothing writes `weights` (a model's parameter
+//                                  block); a product may read an operand lying in it from a copy made the first time
+//                                  it is read;
+//   end_weight_copies():           the promise ends; later products read the weights as they are.
+// The results are the same with or without the copies. train::Trainer opens a WeightCopyWindow around a step's
+// micro-batches (the parameters change only in AdamW, after them); a backend without the pair is left as it is.
+template <class Be, class T>
+concept KeepsWeightCopies = requires(Be& be, std::span<const T> cs) {
+  be.begin_weight_copies(cs);
+  be.end_weight_copies();
+};
+// begin_weight_copies for the window's lifetime, where the backend has it.
+template <class Be, class T>
+class WeightCopyWindow {
+ public:
+  WeightCopyWindow(Be& be, std::span<const T> weights) : be_(be) {
+    if constexpr (KeepsWeightCopies<Be, T>) be_.begin_weight_copies(weights);
+  }
+  ~WeightCopyWindow() {
+    if constexpr (KeepsWeightCopies<Be, T>) be_.end_weight_copies();
+  }
+  WeightCopyWindow(const WeightCopyWindow&) = delete;
+  WeightCopyWindow& operator=(const WeightCopyWindow&) = delete;
+
+ private:
+  Be& be_;
+};
+
 // True when a backend's memory is host memory the host may read directly (cpu::Backend says so with
 // `static constexpr bool host_memory = true`); a backend that does not say so is read through to_host.
 template <class Be>

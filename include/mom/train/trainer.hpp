@@ -339,15 +339,20 @@ class Trainer {
     model_.zero_grad();
     const std::span<T> loss_sum = step_scalars_.span().subspan(1, 1);
     be.zero(loss_sum);
-    for (index_t a = 0; a < cfg_.accum; ++a) {
-      const BatchSlot b = a == 0 && prefetched_ ? slot(current_slot_) : draw_batch();
-      prefetched_ = false;
-      last_slot_ = current_slot_;  // save()'s check forward runs on the last micro-batch trained on
-      trained_ = true;
-      model_.forward_async(b.inputs, b.targets, cfg_.batch, cfg_.seq);
-      step_flops += micro_batch_flops();
-      be.axpy(loss_sum, T(1), model_.loss_data());
-      model_.backward();
+    {
+      // Nothing writes the parameters until AdamW: the backend may read its products' weights from copies made once
+      // a step (backend_concept.hpp, KeepsWeightCopies; the CUDA backend's bf16 copies under BF16).
+      const WeightCopyWindow<std::remove_cvref_t<decltype(be)>, T> copies(be, std::span<const T>(model_.params()));
+      for (index_t a = 0; a < cfg_.accum; ++a) {
+        const BatchSlot b = a == 0 && prefetched_ ? slot(current_slot_) : draw_batch();
+        prefetched_ = false;
+        last_slot_ = current_slot_;  // save()'s check forward runs on the last micro-batch trained on
+        trained_ = true;
+        model_.forward_async(b.inputs, b.targets, cfg_.batch, cfg_.seq);
+        step_flops += micro_batch_flops();
+        be.axpy(loss_sum, T(1), model_.loss_data());
+        model_.backward();
+      }
     }
     if (ranks_ > 1) {
       reduce_step(loss_sum, step_flops);  // gradients, losses and the step's FLOPs summed over ranks

@@ -25,6 +25,7 @@
 //   mlp_ops.hpp        the FFN, its LayerNorm and MLP, as one op pair (detail::MlpOps<T>)
 //   routed_ops.hpp     the ops of routed models: routing, dispatch, depth, grouped (detail::RoutedOps<T>)
 //   staging.hpp        the bf16 GEMM staging and the dispatch scratch, grown only outside a step
+//   weight_copies.hpp  the weights' bf16 copies, converted once a weight window (the Trainer's step)
 //   device_errors.hpp  the index errors kernels record on the device, thrown at the next sync
 //   graph.hpp          CUDA graphs: record / replay the ops a function enqueues (the decoder's step)
 //
@@ -59,6 +60,7 @@ inline void destroy_context(Context* c) noexcept {
   if (c->stream) (void)cudaStreamSynchronize(c->stream);
   if (c->blas) (void)cublasDestroy(c->blas);
   delete c->lt_plans;
+  delete c->weight_copies;
   if (c->lt) (void)cublasLtDestroy(c->lt);
   (void)cudaFree(c->workspace);
   if (c->stream) (void)cudaStreamDestroy(c->stream);
@@ -91,6 +93,7 @@ inline std::shared_ptr<Context> make_context(int device) {
   c.workspace_bytes = std::size_t(32) << 20;
   MOM_CUDA_CHECK(cudaMalloc(&c.workspace, c.workspace_bytes), "cuda::Backend");
   c.lt_plans = new LtPlans;
+  c.weight_copies = new WeightCopies;
   MOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c.error), 4 * sizeof(int)), "cuda::Backend");
   MOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c.partials), Context::reduce_blocks * sizeof(double)),
                  "cuda::Backend");
@@ -239,6 +242,18 @@ struct Backend : detail::RoutedOps<T> {
   void reserve_dispatch(index_t n_pairs, index_t n_modules) const { cuda::reserve_dispatch(*ctx_, n_pairs, n_modules); }
   // Grows the workspace of the GEMMs and the stick-breaking backward (32 MiB to start) to at least `bytes`.
   void reserve_workspace(std::size_t bytes) const { cuda::reserve_workspace(*ctx_, bytes); }
+
+  // ---- the weights' bf16 copies (weight_copies.hpp; backend_concept.hpp, KeepsWeightCopies) ---------------------
+  // From begin_weight_copies(weights) to end_weight_copies() the caller writes nothing in `weights` (a model's
+  // parameter block): under BF16 a product converts an operand lying in it once, into a copy every later product of the
+  // window reads. A window opened while another is open replaces it; outside a window nothing is copied. (A graph
+  // recorded inside a window would hold the copies as they were: infer::Decoder records outside any.)
+  void begin_weight_copies(CS weights) const {
+    if constexpr (std::is_same_v<T, float>) ctx_->weight_copies->open(weights.data(), weights.size());
+  }
+  void end_weight_copies() const { ctx_->weight_copies->close(); }
+  // Copies converted so far (one per weight and window under BF16): what tests count.
+  index_t weight_copy_conversions() const { return ctx_->weight_copies->conversions; }
   // Changes whenever one of the buffers above is replaced by a larger one: a graph recorded before reads the old
   // buffers, so infer::Decoder records its step again.
   index_t scratch_generation() const { return ctx_->scratch_grows; }

@@ -93,7 +93,8 @@ inline std::size_t stick_breaking_table_bytes(index_t batch, index_t seq, index_
 // scratch, all created once by the backend (never inside a step, except that the CUB temp storage
 // of group_by_module grows on its first use unless reserve_dispatch sized it).
 namespace detail {
-struct LtPlans;  // lt.hpp
+struct LtPlans;       // lt.hpp
+struct WeightCopies;  // weight_copies.hpp
 }
 
 struct Context {
@@ -116,6 +117,7 @@ struct Context {
   std::uint16_t* bf16_stage = nullptr;    // device [bf16_stage_size]: the two bf16 GEMM operands (Precision::BF16)
   index_t bf16_stage_size = 0;
   index_t bf16_stage_grows = 0;           // how often the staging buffer grew (tests: never inside a step)
+  detail::WeightCopies* weight_copies = nullptr;  // host: the weights' bf16 copies and the open window (owned)
   index_t scratch_grows = 0;              // how often any scratch buffer was replaced (staging.hpp, regrow): a
                                           // recorded graph holds the old pointers
   int* error = nullptr;            // device [4]: DeviceError code, position, value, bound

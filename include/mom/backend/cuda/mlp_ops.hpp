@@ -133,11 +133,11 @@ class MlpOps : public AttentionOps<T> {
       this->layernorm_forward(ln.out, ln.mean, ln.rstd, x, gamma, beta);
       this->stage(at, xo);
     }
-    this->stage(sw1, w1);
-    this->stage(sb1, bias1);
-    if (!lt_run(*this->ctx_, *p_fc, 1.0f, sw1, sx, act16, sb1, pre16)) return 0;
+    // The weights and the fc bias from their places (their copies inside a weight window: weight_copies.hpp).
+    const Staged s1 = this->stage(sw1, w1), sb = this->stage(sb1, bias1);
+    if (!lt_run(*this->ctx_, *p_fc, 1.0f, s1.data, sx, act16, sb.data, pre16)) return 0;
     const Staged sw = this->stage(sw2, w2), sa{act16, n, f, f};
-    if (!lt_run(*this->ctx_, *p_proj, 1.0f, sw2, act16, y.data, b2.data())) {  // refused: act is written already
+    if (!lt_run(*this->ctx_, *p_proj, 1.0f, sw.data, act16, y.data, b2.data())) {  // refused: act is written already
       Base::K::broadcast_rows(*this->ctx_, y, b2.data());
       this->gemm_staged(y, sa, Trans::N, sw, Trans::T, 1.0f, 1.0f);
     }

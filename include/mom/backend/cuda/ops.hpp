@@ -21,6 +21,7 @@
 #include "mom/backend/cuda/check.hpp"
 #include "mom/backend/cuda/kernels.hpp"
 #include "mom/backend/cuda/staging.hpp"
+#include "mom/backend/cuda/weight_copies.hpp"
 #include "mom/backend/shape_checks.hpp"
 #include "mom/core/check.hpp"
 #include "mom/core/groups.hpp"
@@ -390,10 +391,7 @@ class DenseOps {
   };
   static index_t staged_ld(CM v) { return (std::max<index_t>(v.cols, 1) + 7) / 8 * 8; }
   static index_t staged_size(CM v) { return v.rows * staged_ld(v); }
-  Staged stage(std::uint16_t* at, CM v) const {
-    to_bf16(*ctx_, at, staged_ld(v), v);
-    return {at, v.rows, v.cols, staged_ld(v)};
-  }
+  Staged stage(std::uint16_t* at, CM v) const { return stage(at, v, v.rows, v.cols); }
   // An operand of a BF16 product: an fp32 matrix m, staged before the product, or (bf16 set) m's bf16 copy that a
   // fused pair wrote in place of it (norm_ops.hpp: the LayerNorm's output), ld16 apart, read as it is: it takes no
   // staging space and no copy.
@@ -465,9 +463,8 @@ class DenseOps {
       g.lda = ld(staged_ld(w)), g.ldb = ld(staged_ld(xo));
       LtPlan* p = lt_plan(*ctx_, g, sw, sx, y.data, b.data(), aux.data);
       if (!p) return false;
-      stage(at, xo);
-      stage(sw, w);
-      return lt_run(*ctx_, *p, 1.0f, sw, sx, y.data, b.data(), aux.data);
+      const Staged a = stage(sw, w), bx = stage(at, xo);  // (a weight's copy: 256-byte aligned, as its plan allows)
+      return lt_run(*ctx_, *p, 1.0f, a.data, bx.data, y.data, b.data(), aux.data);
     }
     MOM_CHECK(!xo.bf16, "linear_forward: a bf16 operand outside Precision::BF16");
     g.compute = lt_compute();
@@ -523,10 +520,21 @@ class DenseOps {
   bool bf16_products(CM A, Trans ta) const {
     return ctx_->precision == Precision::BF16 && (ta == Trans::N ? A.cols : A.rows) > 0;
   }
-  // v staged as a [rows × cols] block (zeros outside v; cols a multiple of 8 or v's staged width); with col_sums,
-  // v's column sums added to it in the same pass.
+  // v staged as a [rows × cols] block (zeros outside v; cols a multiple of 8 or v's staged width) at `at`; with
+  // col_sums, v's column sums added to it in the same pass. A weight, v lying in an open window's block
+  // (weight_copies.hpp), is read from its copy instead, converted the first time the window reads it: `at` is not
+  // written, and the caller takes the returned place.
   Staged stage(std::uint16_t* at, CM v, index_t rows, index_t cols, float* col_sums = nullptr) const {
     const index_t ld = std::max(cols, staged_ld(v));
+    if constexpr (std::is_same_v<T, float>) {
+      WeightCopy* copy = col_sums ? nullptr : ctx_->weight_copies->find(v, rows, cols, ld);
+      if (copy && !copy->fresh) {
+        to_bf16(*ctx_, copy->data, ld, v, rows, cols);
+        copy->fresh = true;
+        ++ctx_->weight_copies->conversions;
+      }
+      if (copy) return {copy->data, rows, cols, ld};
+    }
     to_bf16(*ctx_, at, ld, v, rows, cols, col_sums);
     return {at, rows, cols, ld};
   }
