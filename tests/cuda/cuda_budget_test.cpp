@@ -139,10 +139,13 @@ struct GemmTally : mom::testing::CountingBackend<float> {
     const index_t hd = att.cols / heads;
     return hd == 64 || hd == 128;
   }
-  void attention_linear_forward(M y, M att, S lse, CM qkv, CM w, CS b, index_t batch, index_t seq, index_t heads) {
+  // With a residual (eq. (4)'s add, which cuda::Backend does in the proj product's epilogue): the same product.
+  void attention_linear_forward(M y, M att, S lse, CM qkv, CM w, CS b, index_t batch, index_t seq, index_t heads,
+                                CM residual = CM{}) {
     if (attention_in_bf16(CM(att), heads)) unstaged_reads += att.rows * att.cols;
     Base::attention_forward(att, lse, qkv, batch, seq, heads);
     linear_forward(y, CM(att), w, b);
+    if (!residual.empty()) Base::add_forward(y.flat(), CM(y).flat(), residual.flat());
   }
   void attention_linear_backward(M dqkv, M dw, S db, M datt, CM dy, CM att, CS lse, CM qkv, CM w, index_t batch,
                                  index_t seq, index_t heads, GradLayout dqkv_layout = GradLayout::fp32) {
@@ -157,7 +160,8 @@ struct GemmTally : mom::testing::CountingBackend<float> {
   // The FFN as cuda::Backend's op pair (mlp_ops.hpp): its four products as the separate ops', but under BF16 ln, act
   // and d(pre) are written in bf16 by their producers (no staging copy reads them) and the fc bias is staged for the
   // epilogue; dy is staged once for its two products.
-  void mlp_forward(M y, NormSaved<float> ln, M pre, M act, CM x, CS gamma, CS beta, CM w1, CS b1, CM w2, CS b2) {
+  void mlp_forward(M y, NormSaved<float> ln, M pre, M act, CM x, CS gamma, CS beta, CM w1, CS b1, CM w2, CS b2,
+                   CM residual = CM{}) {
     product(x.rows, w1.rows, x.cols, CM(ln.out), w1, pre);
     product(act.rows, w2.rows, act.cols, act, w2, y);
     unstaged_reads += act.rows * act.cols + ln.out.rows * ln.out.cols;
@@ -166,6 +170,7 @@ struct GemmTally : mom::testing::CountingBackend<float> {
     Base::linear_forward(pre, CM(ln.out), w1, b1);
     Base::gelu_forward(act.flat(), CM(pre).flat());
     Base::linear_forward(y, CM(act), w2, b2);
+    if (!residual.empty()) Base::add_forward(y.flat(), CM(y).flat(), residual.flat());
   }
   void mlp_backward(M dx, S dgamma, S dbeta, M dw1, S db1, M dw2, S db2, M dln, M dact, M dpre, CM dy, CM x,
                     NormSaved<const float> ln, CS gamma, CM pre, CM act, CM w1, CM w2) {
@@ -377,7 +382,8 @@ TEST_CASE("per-step budgets under the emulation: launches, GEMMs and their FLOPs
   // above. The memset shares fell on 2026-11-28 (dense 0.61 -> 0.16) when the FFN and attention backward stopped
   // zeroing the scratch gradients they now write (Store::overwrite); the launches fell the same day (dense 21 -> 17)
   // when the linear forward's bias moved into its GEMM (cuBLASLt's bias epilogue: no broadcast kernel), and on
-  // 2026-11-30 (dense 17 -> 15) when the FFN's GELU and its backward moved into cuBLASLt's epilogues (FusesGelu).
+  // 2026-11-30 (dense 17 -> 15) when the FFN's GELU and its backward moved into cuBLASLt's epilogues (FusesGelu), and on
+  // 2026-12-02 (dense 15 -> 13) when the residual add moved into the output products' epilogues (AddsResidualOn).
   {
     // Dense: the step's GEMMs are every matrix product of the cost model except attention's (a kernel on CUDA:
     // online softmax over the causal keys, 2·d·seq·(seq+1) FLOPs forward and 5·d·seq·(seq+1) backward per
@@ -386,14 +392,17 @@ TEST_CASE("per-step budgets under the emulation: launches, GEMMs and their FLOPs
     constexpr Dims D = Model::dims;
     const index_t attention = Model::depth * cfg.batch * 7 * D.d_model * cfg.seq * (cfg.seq + 1);
     const index_t want = cfg.accum * (Model::training_flops(cfg.batch, cfg.seq) - attention);
-    check_model<Model>("dense", {18, 0.19, 0});  // 15 launches a layer; memset 0.162; no copy but the loss
+    // 13 launches a layer (15 before the attention and FFN pairs added the residual in their output products'
+    // epilogues: AddsResidualOn, assembly/sequential.hpp); memset 0.162; no copy but the loss
+    check_model<Model>("dense", {15, 0.19, 0});
     CHECK(table().back().c.gemm_flops == want);
     CHECK(table().back().c.unaligned_gemms == 0);
     // 4 linears a layer and the head, each a forward, a dx and a dW product (tests/models/dense_model_test.cpp).
     CHECK(table().back().c.gemm_calls == cfg.accum * 3 * (4 * Model::depth + 1));
   }
   // MoM_P and MoE: one gather launch a routed FFN fewer since the FFN's LayerNorm reads its rows in place.
-  check_model<MoMP>("MoM_P", {58, 0.25, 13.8});        // 49.3 a step (10 steps; 49.9 before); memset 0.217; 12 copies
+  check_model<MoMP>("MoM_P", {58, 0.25, 13.8});  // 48.5 a step (10 steps; 49.3 before the dense steps' residual in
+                                                 // the epilogues, 49.9 before that); memset 0.217; 12 copies
   check_model<MoESmall>("MoE", {42, 0.13, 2.3});       // 35.5 (36.5 before); 0.116; 2
   check_model<MoDSmall>("MoD", {24, 0.19, 2.3});       // 20.75; 0.158; 2
   // MoEUT copies: each selection reads its logits in place in the one [n × 2·H·N_A] logits matrix and writes its
@@ -419,7 +428,8 @@ TEST_CASE("per-step budgets under the emulation: launches, GEMMs and their FLOPs
     // attention's, the qkv linear's and the FFN's dy) and 5 weights a layer a step (w_qkv, w_proj, w_fc, b_fc, the
     // FFN's w_proj): 35 a step.
     const auto c = measure_bf16<Model>("dense", cfg, 5, 5);
-    // 20.75 launches a step with the staging (28 before the weight copies, 32 before the LayerNorms wrote bf16, 33.5
+    // 18.75 launches a step with the staging (20.75 before the residual in the epilogues, 28 before the weight
+    // copies, 32 before the LayerNorms wrote bf16, 33.5
     // before the MLP kept its activations in bf16 and the head's dlogits was written staged, 35.5 before the GELU moved
     // into the epilogues, 39.5 before the bias gradients were summed in the staging); memset 0.162
     check_budgets<Model>(c, cfg, {24, 0.19, 0});
@@ -464,8 +474,9 @@ TEST_CASE("per-step budgets under the emulation: a decode step, op by op and rep
           "[cuda][budget][decode]") {
   MOM_REQUIRE_GPU();
   MOM_REQUIRE_EMU_COUNTERS();
-  // A step of the dense decoder (infer/decoder.hpp) per layer: 2 LayerNorms, kv_write, attention_decode and 2
-  // residual adds (6 launches) and 4 biased linears (4 cuBLAS / cuBLASLt calls: qkv, output projection, the FFN's
+  // A step of the dense decoder (infer/decoder.hpp) per layer: 2 LayerNorms, kv_write, attention_decode and the
+  // attention's residual add (5 launches; the FFN's add rides in its proj product's epilogue: AddsResidualOn) and 4
+  // biased linears (4 cuBLAS / cuBLASLt calls: qkv, output projection, the FFN's
   // two, the first with the GELU in its epilogue: backend_concept.hpp, FusesGelu); per step the embedding at the rows' positions and the final LayerNorm (2 launches) and the tied head (1
   // call). The products' FLOPs are 2 · rows · (the layers' weight elements + the head's). A step of every slot in
   // order writes its logits in place: no copy; and it neither waits for the GPU nor allocates. Replayed from the
@@ -499,7 +510,7 @@ TEST_CASE("per-step budgets under the emulation: a decode step, op by op and rep
       CHECK(c.memset_bytes == 0);
       CHECK(c.d2d_bytes == 0);
     }
-    CHECK(ops.launches == 6 * L + 2);
+    CHECK(ops.launches == 5 * L + 2);
     CHECK(ops.graph_launches == 0);
     CHECK(graph.launches == 0);
     CHECK(graph.graph_launches == 1);

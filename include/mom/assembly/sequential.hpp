@@ -120,12 +120,23 @@ struct FixedRouteExecutor
     if constexpr (attn_aux || ffn_aux) be.zero(aux);
     for (int h = 0; h < L; ++h) {
       const MatrixView<T> u{ws + plan.u[h], n, d}, x_next{ws + plan.x_next[h], n, d};
-      checked<Attn>::forward(be, p + attention_offset(h), ws, plan.attn[h], x, f, batch, seq);
+      // eq. (4), u = x + f(x): written by the module where it adds the residual itself (AddsResidualOn: in its output
+      // product's epilogue), else f(x) into the scratch and an add.
+      if constexpr (AddsResidualOn<Attn, Be, T>) {
+        checked<Attn>::forward_residual(be, p + attention_offset(h), ws, plan.attn[h], x, u, batch, seq);
+      } else {
+        checked<Attn>::forward(be, p + attention_offset(h), ws, plan.attn[h], x, f, batch, seq);
+        be.add_forward(u.flat(), std::span<const T>(x.data, static_cast<std::size_t>(n * d)), f_flat);
+      }
       if constexpr (attn_aux) be.axpy(aux, T(1), std::span<const T>(ws + plan.attn[h].aux, 1));
-      be.add_forward(u.flat(), std::span<const T>(x.data, static_cast<std::size_t>(n * d)), f_flat);  // eq. (4)
-      checked<Ffn>::forward(be, p + ffn_offset(h), ws, plan.ffn[h], MatrixView<const T>(u), f, batch, seq);
+      if constexpr (AddsResidualOn<Ffn, Be, T>) {
+        checked<Ffn>::forward_residual(be, p + ffn_offset(h), ws, plan.ffn[h], MatrixView<const T>(u), x_next, batch,
+                                       seq);
+      } else {
+        checked<Ffn>::forward(be, p + ffn_offset(h), ws, plan.ffn[h], MatrixView<const T>(u), f, batch, seq);
+        be.add_forward(x_next.flat(), std::span<const T>(u.flat()), f_flat);  // eq. (4)
+      }
       if constexpr (ffn_aux) be.axpy(aux, T(1), std::span<const T>(ws + plan.ffn[h].aux, 1));
-      be.add_forward(x_next.flat(), std::span<const T>(u.flat()), f_flat);  // eq. (4)
       x = x_next;
     }
     return x;
@@ -186,8 +197,12 @@ struct FixedRouteExecutor
     return plan.rounds.template run<Attn>(
         be, p, ws, plan.attn, [](int h) { return attention_offset(h); }, x, slot, pos, slots, max_len,
         [&](int h, MatrixView<const T> u, MatrixView<T> x_next, MatrixView<T> f) {
-          checked<Ffn>::forward(be, p + ffn_offset(h), ws, plan.ffn, u, f, u.rows, 1);
-          be.add_forward(x_next.flat(), u.flat(), MatrixView<const T>(f).flat());  // eq. (4)
+          if constexpr (AddsResidualOn<Ffn, Be, T>) {  // eq. (4) in the FFN's output product (forward's)
+            checked<Ffn>::forward_residual(be, p + ffn_offset(h), ws, plan.ffn, u, x_next, u.rows, 1);
+          } else {
+            checked<Ffn>::forward(be, p + ffn_offset(h), ws, plan.ffn, u, f, u.rows, 1);
+            be.add_forward(x_next.flat(), u.flat(), MatrixView<const T>(f).flat());  // eq. (4)
+          }
         });
   }
 

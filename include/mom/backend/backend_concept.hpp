@@ -238,8 +238,9 @@ concept FusesNormLinear = requires(Be& be, MatrixView<T> m, MatrixView<const T> 
 // A backend may also run the causal attention and the output linear that reads it as one op pair (cuda::Backend:
 // attention_ops.hpp; GPT-2's attention, modules/mha.hpp), free to keep the attention's output in a layout of its own
 // between the two (under BF16 the CUDA backend writes it in bf16, the linear's operand, and never in fp32):
-//   attention_linear_forward(y, att, lse, qkv, w, b, batch, seq, heads):
-//        att = attention(qkv) and lse as attention_forward's, y = att·wᵀ + b (written);
+//   attention_linear_forward(y, att, lse, qkv, w, b, batch, seq, heads, residual):
+//        att = attention(qkv) and lse as attention_forward's, y = att·wᵀ + b (+ residual where it is not empty: a
+//        dense matrix of y's shape, distinct from y; the module's x, eq. (4)'s residual add) (written);
 //   attention_linear_backward(dqkv, dw, db, datt, dy, att, lse, qkv, w, batch, seq, heads, dqkv_layout):
 //        datt = dy·w (scratch [rows × d], written), dw += dyᵀ·att, db += Σ_rows dy, then attention_backward's
 //        dL/dqkv: dqkv written, in dqkv_layout (GradLayout); att and lse as the forward left them.
@@ -249,14 +250,15 @@ template <class Be, class T>
 concept FusesAttentionLinear = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std::span<T> s,
                                         std::span<const T> cs, index_t n) {
   be.attention_linear_forward(m, m, s, cm, cm, cs, n, n, n);
+  be.attention_linear_forward(m, m, s, cm, cm, cs, n, n, n, cm);
   be.attention_linear_backward(m, m, s, m, cm, cm, cs, cm, cm, n, n, n, GradLayout::fp32);
 };
 
 // A backend may also run the FFN (its pre-LayerNorm and its MLP) as one op pair (cuda::Backend: mlp_ops.hpp), free to
 // keep the LayerNorm's output and the MLP's activations in a layout of its own between the two (under BF16 the CUDA
 // backend keeps them in bf16):
-//   mlp_forward(y, ln, pre, act, x, gamma, beta, w1, b1, w2, b2):
-//        ln.out = LN(x), pre = ln.out·w1ᵀ + b1, act = gelu(pre), y = act·w2ᵀ + b2 (written);
+//   mlp_forward(y, ln, pre, act, x, gamma, beta, w1, b1, w2, b2, residual):
+//        ln.out = LN(x), pre = ln.out·w1ᵀ + b1, act = gelu(pre), y = act·w2ᵀ + b2 (+ residual, as above) (written);
 //   mlp_backward(dx, dgamma, dbeta, dw1, db1, dw2, db2, dln, dact, dpre, dy, x, ln, gamma, pre, act, w1, w2):
 //        dx += dL/dx, the LayerNorm's, weight and bias gradients accumulated; ln, pre and act as mlp_forward left
 //        them; dln [rows × d], dact and dpre scratch;
@@ -267,6 +269,7 @@ template <class Be, class T>
 concept FusesMlp = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std::span<T> s, std::span<const T> cs,
                             NormSaved<T> ln) {
   be.mlp_forward(m, ln, m, m, cm, cs, cs, cm, cs, cm, cs);
+  be.mlp_forward(m, ln, m, m, cm, cs, cs, cm, cs, cm, cs, cm);
   be.mlp_backward(m, s, s, m, s, m, s, m, m, m, cm, cm, NormSaved<const T>(ln), cs, cm, cm, cm, cm);
 };
 // The GELU fused into a linear's products (cuda::Backend: cuBLASLt's GELU epilogues, ops.hpp), what its mlp ops run on

@@ -97,6 +97,13 @@ struct checked {
                     "MatrixView<const T> x, MatrixView<T> f_out, index_t batch, index_t seq)` that takes these "
                     "arguments on this backend (modules/module.hpp)");
   }
+  // out = x + f(x) (AddsResidualOn, modules/module.hpp): called only where the module has it.
+  template <class Be, class T, class S>
+  static void forward_residual(Be& be, const T* p, Ptr<T> ws, const S& saved, CMV<T> x, MV<T> out, index_t batch,
+                               index_t seq) {
+    M::forward_residual(be, p, ws, saved, x, out, batch, seq);
+    detail::verify_workspace_guards<M, Be>(ws, "forward_residual");
+  }
   template <class Be, class T, class S>
   static void backward(Be& be, const T* p, Ptr<T> g, CPtr<T> ws, const S& saved, CMV<T> x, MV<T> dx, CMV<T> df,
                        Ptr<T> scratch, index_t batch, index_t seq) {

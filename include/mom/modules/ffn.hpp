@@ -60,6 +60,19 @@ struct FeedForward {
   template <class Be, class T>
   static void forward(Be& be, const T* p, T* ws, const Saved& s, MatrixView<const T> x, MatrixView<T> f_out,
                       index_t batch, index_t seq) {
+    forward_into(be, p, ws, s, x, f_out, batch, seq, MatrixView<const T>{});
+  }
+  // out = x + f(x) (AddsResidualOn): the residual added in the proj product's epilogue by the FFN pair.
+  template <class Be, class T>
+    requires FusesMlp<Be, T>
+  static void forward_residual(Be& be, const T* p, T* ws, const Saved& s, MatrixView<const T> x, MatrixView<T> out,
+                               index_t batch, index_t seq) {
+    forward_into(be, p, ws, s, x, out, batch, seq, x);
+  }
+  // forward's body: f_out = f(x), plus residual where given (the FFN pair's, which the backend adds).
+  template <class Be, class T>
+  static void forward_into(Be& be, const T* p, T* ws, const Saved& s, MatrixView<const T> x, MatrixView<T> f_out,
+                           index_t batch, index_t seq, MatrixView<const T> residual) {
     using detail::mat, detail::vec;
     const index_t n = batch * seq;
     const auto ln = mat(ws, s.ln, n, d);
@@ -67,12 +80,13 @@ struct FeedForward {
     if constexpr (FusesMlp<Be, T>) {  // LN and MLP as one op pair: ln, pre and act in the backend's layout
       be.mlp_forward(f_out, NormSaved<T>(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n)), pre, mat(ws, s.act, n, f), x,
                      vec(p, o_ln_w, d), vec(p, o_ln_b, d), mat(p, o_w_fc, f, d), vec(p, o_b_fc, f),
-                     mat(p, o_w_proj, d, f), vec(p, o_b_proj, d));
+                     mat(p, o_w_proj, d, f), vec(p, o_b_proj, d), residual);
     } else {
       be.layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
       be.linear_forward(pre, MatrixView<const T>(ln), mat(p, o_w_fc, f, d), vec(p, o_b_fc, f));
       be.gelu_forward(vec(ws, s.act, n * f), vec(static_cast<const T*>(ws), s.pre, n * f));
       be.linear_forward(f_out, mat(static_cast<const T*>(ws), s.act, n, f), mat(p, o_w_proj, d, f), vec(p, o_b_proj, d));
+      if (!residual.empty()) be.add_forward(f_out.flat(), MatrixView<const T>(f_out).flat(), residual.flat());
     }
   }
 

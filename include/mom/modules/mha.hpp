@@ -84,6 +84,19 @@ struct Attention {
   template <class Be, class T>
   static void forward(Be& be, const T* p, T* ws, const Saved& s, MatrixView<const T> x, MatrixView<T> f_out,
                       index_t batch, index_t seq) {
+    forward_into(be, p, ws, s, x, f_out, batch, seq, MatrixView<const T>{});
+  }
+  // out = x + f(x) (AddsResidualOn): the residual added in the proj product's epilogue by the attention pair.
+  template <class Be, class T>
+    requires FusesAttentionLinear<Be, T>
+  static void forward_residual(Be& be, const T* p, T* ws, const Saved& s, MatrixView<const T> x, MatrixView<T> out,
+                               index_t batch, index_t seq) {
+    forward_into(be, p, ws, s, x, out, batch, seq, x);
+  }
+  // forward's body: f_out = f(x), plus residual where given (the attention pair's, which the backend adds).
+  template <class Be, class T>
+  static void forward_into(Be& be, const T* p, T* ws, const Saved& s, MatrixView<const T> x, MatrixView<T> f_out,
+                           index_t batch, index_t seq, MatrixView<const T> residual) {
     using detail::mat, detail::vec;
     const index_t n = batch * seq;
     const auto ln = mat(ws, s.ln, n, d);
@@ -100,10 +113,11 @@ struct Attention {
     const auto lse = vec(ws, s.lse, batch * D.heads * seq);
     if constexpr (FusesAttentionLinear<Be, T>) {  // attention and proj as one op pair: att in the backend's layout
       be.attention_linear_forward(f_out, att, lse, MatrixView<const T>(qkv), mat(p, o_w_proj, d, d),
-                                  vec(p, o_b_proj, d), batch, seq, index_t{D.heads});
+                                  vec(p, o_b_proj, d), batch, seq, index_t{D.heads}, residual);
     } else {
       be.attention_forward(att, lse, MatrixView<const T>(qkv), batch, seq, index_t{D.heads});
       be.linear_forward(f_out, MatrixView<const T>(att), mat(p, o_w_proj, d, d), vec(p, o_b_proj, d));
+      if (!residual.empty()) be.add_forward(f_out.flat(), MatrixView<const T>(f_out).flat(), residual.flat());
     }
   }
 

@@ -197,6 +197,17 @@ concept SequenceMixerOn = DenseModuleOn<M, Be, T>;
 template <class M, class Be, class T = typename Be::scalar>
 concept DenseTokenMixerOn = DenseModuleOn<M, Be, T>;
 
+// Optional, for a module whose last op can add the residual stream itself (eq. (4)'s x + f(x) in its output product's
+// epilogue, where the backend has one: Attention and FeedForward on a backend with their fused pairs):
+//   forward_residual(be, p, ws, saved, x, out, batch, seq)             out = x + f(x)  (out and x distinct)
+// The dense stack calls it where a module has it (assembly/sequential.hpp), forward and an add where not; saved is what
+// forward leaves, so backward is unchanged.
+template <class M, class Be, class T = typename Be::scalar>
+concept AddsResidualOn = DenseModuleOn<M, Be, T> && requires(Be& be, const T* p, T* ws, const typename M::Saved& s,
+                                                             MatrixView<const T> x, MatrixView<T> y, index_t i) {
+  M::forward_residual(be, p, ws, s, x, y, i, i);
+};
+
 // A token mixer on backend Be: the dense members and the same over row groups, which its rows' independence
 // allows (modules that route inside themselves, such as σ-MoE, have no row-group members: DenseTokenMixerOn):
 //   forward_grouped(be, PerGroup p, ws, saved, x, f_out, RowGroups)      f_out = f(x) per row group

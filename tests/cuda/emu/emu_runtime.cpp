@@ -524,11 +524,18 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
 }
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const void* alpha, const void* A,
                               cublasLtMatrixLayout_t a, const void* B, cublasLtMatrixLayout_t b, const void* beta,
-                              const void* C, cublasLtMatrixLayout_t, void* D, cublasLtMatrixLayout_t d,
+                              const void* C, cublasLtMatrixLayout_t c, void* D, cublasLtMatrixLayout_t d,
                               const cublasLtMatmulAlgo_t*, void*, size_t, cudaStream_t) {
   const EmuLtOp& o = fields(op);
   const EmuLtLayout &la = fields(a), &lb = fields(b), &ld = fields(d);
-  if (!lt_supported(op, a, b, d) || C != D || *static_cast<const float*>(beta) != 0.0f) return CUBLAS_STATUS_NOT_SUPPORTED;
+  // beta = 0 (C is D), or beta = 1 with an fp32 C of D's layout, not D itself: the output linears' residual,
+  // D = (A·B + bias) + C, added after the bias (the order the separate ops add in: the bits are theirs).
+  const float c_scale = *static_cast<const float*>(beta);
+  const bool residual = c_scale != 0.0f;
+  if (!lt_supported(op, a, b, d) || (!residual && C != D) ||
+      (residual && (c_scale != 1.0f || C == D || ld.type != CUDA_R_32F || fields(c).type != CUDA_R_32F ||
+                    fields(c).ld != ld.ld || fields(c).rows != ld.rows || fields(c).cols != ld.cols)))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
   const bool at = o.ta != CUBLAS_OP_N, bt = o.tb != CUBLAS_OP_N;
   const auto m = ld.rows, n = ld.cols, k = at ? la.rows : la.cols;
   if ((at ? la.cols : la.rows) != m || (bt ? lb.rows : lb.cols) != n || (bt ? lb.cols : lb.rows) != k)
@@ -539,7 +546,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
     return CUBLAS_STATUS_INVALID_VALUE;
   // The descriptors' fields by value: a recorded matmul runs with them as they were when it was enqueued.
   // A bf16 D (and bias, aux) is computed in fp32 as a 32F one and rounded once when stored.
-  return enqueue_gemm([o, la, lb, ld, m, n, k, A, B, D, bias, a = *static_cast<const float*>(alpha)] {
+  return enqueue_gemm([o, la, lb, ld, m, n, k, A, B, C, D, bias, residual, a = *static_cast<const float*>(alpha)] {
     const float one = 1.0f, zero = 0.0f;
     const bool d16 = ld.type == CUDA_R_16BF;
     std::vector<float> acc(d16 ? std::size_t(m * n) : 0);
@@ -571,6 +578,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
     if (o.epilogue == CUBLASLT_EPILOGUE_DGELU)
       for (std::uint64_t j = 0; j < n; ++j)
         for (std::uint64_t i = 0; i < m; ++i) at(i, j) = 0.0f + at(i, j) * emu_dgelu(aux_get(i, j));
+    if (residual)
+      for (std::uint64_t j = 0; j < n; ++j)
+        for (std::uint64_t i = 0; i < m; ++i) at(i, j) += static_cast<const float*>(C)[i + j * out_ld];
     if (d16)
       for (std::uint64_t j = 0; j < n; ++j)
         for (std::uint64_t i = 0; i < m; ++i)

@@ -40,21 +40,23 @@ class AttentionOps : public NormOps<T> {
 
   using Base::Base;
 
-  // att = attention(qkv), lse as attention_forward writes it; y = att·wᵀ + b (written). att in the backend's layout
-  // until attention_linear_backward reads it.
-  void attention_linear_forward(M y, M att, S lse, CM qkv, CM w, CS b, index_t batch, index_t seq,
-                                index_t heads) const {
+  // att = attention(qkv), lse as attention_forward writes it; y = att·wᵀ + b (+ residual, where given) (written). att
+  // in the backend's layout until attention_linear_backward reads it. The residual rides in the proj product's
+  // epilogue (linear_forward_residual).
+  void attention_linear_forward(M y, M att, S lse, CM qkv, CM w, CS b, index_t batch, index_t seq, index_t heads,
+                                CM residual = CM{}) const {
     Base::check_attention_shapes("attention_forward", qkv, CM(att), CS(lse), batch, seq, heads);
     checks::linear_forward_shapes<T>(y, CM(att), w, b);
+    Base::check_residual("attention_linear_forward", CM(y), residual);
     if constexpr (std::is_same_v<T, float>) {
       const bool bf16 = this->bf16_layout_fits(CM(att)) && y.cols > 0 &&
                         cuda::attention_forward_bf16(*this->ctx_, this->bits(att.data), att.cols, lse.data(), qkv,
                                                      batch, seq, heads);
       this->record(att.data, bf16);
-      if (bf16) return this->linear_forward_in_place(y, Operand(CM(att), this->bf16_rows(CM(att))), w, b);
+      if (bf16) return this->linear_forward_in_place(y, Operand(CM(att), this->bf16_rows(CM(att))), w, b, residual);
     }
     this->attention_forward(att, lse, qkv, batch, seq, heads);
-    this->linear_forward(y, CM(att), w, b);
+    this->linear_forward_residual(y, CM(att), w, b, residual);
   }
   // Its backward from dy = dL/dy, att and lse as the forward left them: datt = dy·w (scratch, written), dw += dyᵀ·att,
   // db += Σ_rows dy (dw, db may be empty), then the attention's: dqkv = dL/dqkv (written), in dqkv_layout.

@@ -4,7 +4,9 @@
 // (no broadcast kernel before it, no beta = 1 read of y); the FFN's GELU (backend_concept.hpp, FusesGelu):
 // CUBLASLT_EPILOGUE_GELU_AUX_BIAS (D = gelu(A·B + bias), the pre-activation stored to the epilogue's aux matrix) and
 // CUBLASLT_EPILOGUE_DGELU (D = A·B ∘ gelu'(aux)), aux laid out as D (column-major, its own leading dimension). D is
-// fp32, or bf16 for the MLP's activations under BF16 (mlp_ops.hpp; then the bias and aux are bf16 too).
+// fp32, or bf16 for the MLP's activations under BF16 (mlp_ops.hpp; then the bias and aux are bf16 too). An fp32 D may
+// also take a residual C, D = A·B + bias + C (beta = 1, C laid out as D): the output linears' residual add
+// (backend_concept.hpp, the pairs' `residual`).
 //
 // A plan per distinct product (shape, leading dimensions, types, the operands' alignment): the operation and
 // layout descriptors and the heuristic's first algorithm, made the first time the product runs (host work only;
@@ -35,7 +37,7 @@ struct LtProduct {
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   int ld_aux = 0;                                                            // the GELU epilogues' aux (D's type)
-  int align_a = 0, align_b = 0, align_d = 0, align_bias = 0, align_aux = 0;  // bytes (a power of two up to 256)
+  int align_a = 0, align_b = 0, align_c = 0, align_d = 0, align_bias = 0, align_aux = 0;  // bytes (powers of two to 256)
   auto operator<=>(const LtProduct&) const = default;
 };
 
@@ -95,14 +97,14 @@ inline LtPlan make_lt_plan(const Context& ctx, const LtProduct& g, const void* a
   if (!ok(cublasLtMatmulPreferenceCreate(&pref))) return p;
   const std::size_t ws = ctx.workspace_bytes;
   const std::uint32_t align_a = std::uint32_t(g.align_a), align_b = std::uint32_t(g.align_b),
-                      align_d = std::uint32_t(g.align_d);
+                      align_c = std::uint32_t(g.align_c), align_d = std::uint32_t(g.align_d);
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const bool asked =
       ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws)) &&
       ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a)) &&
       ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b)) &&
-      ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof align_d)) &&
+      ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c)) &&
       ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d)) &&
       ok(cublasLtMatmulAlgoGetHeuristic(ctx.lt, p.op, p.a, p.b, p.d, p.d, pref, 1, &result, &found));
   (void)cublasLtMatmulPreferenceDestroy(pref);
@@ -113,13 +115,15 @@ inline LtPlan make_lt_plan(const Context& ctx, const LtProduct& g, const void* a
   return p;
 }
 
-// The plan of product g over these operands (their alignment completes the key), made on first use; null where
-// cuBLASLt cannot run it (remembered: the caller's cuBLAS path runs this product from now on).
+// The plan of product g over these operands (their alignment completes the key; C: a residual, D's place without one),
+// made on first use; null where cuBLASLt cannot run it (remembered: the caller's cuBLAS path runs this product from now
+// on).
 inline LtPlan* lt_plan(Context& ctx, LtProduct g, const void* A, const void* B, const void* D, const void* bias,
-                       const void* aux = nullptr) {
+                       const void* aux = nullptr, const void* C = nullptr) {
   if (!ctx.lt || !ctx.lt_plans || g.m == 0 || g.n == 0 || g.k == 0) return nullptr;
   if (g.ld_aux % 8 != 0) return nullptr;  // the GELU epilogues' aux: a leading dimension divisible by 8 (cublasLt.h)
   g.align_a = lt_alignment(A), g.align_b = lt_alignment(B), g.align_d = lt_alignment(D), g.align_bias = lt_alignment(bias);
+  g.align_c = C ? lt_alignment(C) : g.align_d;
   g.align_aux = aux ? lt_alignment(aux) : 0;
   auto it = ctx.lt_plans->plans.find(g);
   if (it == ctx.lt_plans->plans.end()) it = ctx.lt_plans->plans.emplace(g, make_lt_plan(ctx, g, aux)).first;
@@ -127,16 +131,16 @@ inline LtPlan* lt_plan(Context& ctx, LtProduct g, const void* A, const void* B, 
 }
 
 // D = alpha·op(A)·op(B) + the plan's epilogue (bias at `bias`, the GELU epilogues' aux matrix at `aux`) on the
-// context's stream. False, with nothing enqueued, where cuBLASLt refuses the call (its argument checks); the plan is
-// then marked unusable.
+// context's stream, plus C where given (a residual laid out as D: beta = 1). False, with nothing enqueued, where
+// cuBLASLt refuses the call (its argument checks); the plan is then marked unusable.
 inline bool lt_run(Context& ctx, LtPlan& p, float alpha, const void* A, const void* B, void* D, const void* bias,
-                   const void* aux = nullptr) {
-  const float beta = 0.0f;
+                   const void* aux = nullptr, const void* C = nullptr) {
+  const float beta = C ? 1.0f : 0.0f;
   if (aux && cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux) !=
                  CUBLAS_STATUS_SUCCESS)
     return p.ok = false;
   if (cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias) != CUBLAS_STATUS_SUCCESS ||
-      cublasLtMatmul(ctx.lt, p.op, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d, &p.algo, ctx.workspace,
+      cublasLtMatmul(ctx.lt, p.op, &alpha, A, p.a, B, p.b, &beta, C ? C : D, p.d, D, p.d, &p.algo, ctx.workspace,
                      ctx.workspace_bytes, ctx.stream) != CUBLAS_STATUS_SUCCESS)
     return p.ok = false;
   return true;

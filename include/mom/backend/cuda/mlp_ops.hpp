@@ -50,22 +50,25 @@ class MlpOps : public AttentionOps<T> {
 
   using Base::Base;
 
-  // ln.out = LN(x), pre = ln.out·w1ᵀ + b1, act = gelu(pre), y = act·w2ᵀ + b2 (written): ln.out, pre and act [rows × f]
-  // dense, in the backend's layout until mlp_backward reads them.
-  void mlp_forward(M y, NormSaved<T> ln, M pre, M act, CM x, CS gamma, CS beta, CM w1, CS b1, CM w2, CS b2) const {
+  // ln.out = LN(x), pre = ln.out·w1ᵀ + b1, act = gelu(pre), y = act·w2ᵀ + b2 (+ residual, where given) (written):
+  // ln.out, pre and act [rows × f] dense, in the backend's layout until mlp_backward reads them. The residual rides in
+  // the proj product's epilogue (linear_forward_residual).
+  void mlp_forward(M y, NormSaved<T> ln, M pre, M act, CM x, CS gamma, CS beta, CM w1, CS b1, CM w2, CS b2,
+                   CM residual = CM{}) const {
     Base::check_gelu_pair("mlp_forward", act, pre);  // first: the pair's own message
     checks::layernorm_forward_shapes<T>(ln.out, ln.mean, ln.rstd, x, gamma, beta);
     checks::linear_forward_shapes<T>(pre, CM(ln.out), w1, b1);
     checks::linear_forward_shapes<T>(y, CM(act), w2, b2);
+    Base::check_residual("mlp_forward", CM(y), residual);
     if constexpr (std::is_same_v<T, float>) {
-      const int layout = forward_bf16(y, ln, pre, act, x, gamma, beta, w1, b1, w2, b2);
+      const int layout = forward_bf16(y, ln, pre, act, x, gamma, beta, w1, b1, w2, b2, residual);
       this->record(act.data, layout != 0);
       this->record(ln.out.data, layout == 2);
       if (layout != 0) return;
     }
     this->layernorm_forward(ln.out, ln.mean, ln.rstd, x, gamma, beta);
     this->linear_forward_gelu(pre, act, CM(ln.out), w1, b1);
-    this->linear_forward(y, CM(act), w2, b2);
+    this->linear_forward_residual(y, CM(act), w2, b2, residual);
   }
   // Its backward from dy = dL/dy, ln, pre and act as the forward left them: dx += dL/dx; the LayerNorm's and the
   // linears' parameter gradients accumulated (dw1, db1, dw2, db2 may be empty); dln [rows × d], dact and dpre
@@ -98,8 +101,8 @@ class MlpOps : public AttentionOps<T> {
   // nothing written but the staging where it does not apply (precision, a width f that is not a multiple of 8,
   // unaligned buffers, no bias) or cuBLASLt has no algorithm for the fc or proj product or refuses the fc one (the
   // caller then runs the fp32 layout from the start).
-  int forward_bf16(M y, const NormSaved<T>& ln, M pre, M act, CM x, CS gamma, CS beta, CM w1, CS b1, CM w2,
-                   CS b2) const {
+  int forward_bf16(M y, const NormSaved<T>& ln, M pre, M act, CM x, CS gamma, CS beta, CM w1, CS b1, CM w2, CS b2,
+                   CM residual) const {
     const index_t n = x.rows, f = w1.rows;
     if (this->ctx_->precision != Precision::BF16 || n == 0 || f % 8 != 0 || x.cols == 0 || y.cols == 0 ||
         b1.empty() || b2.empty() || lt_alignment(pre.data) < 16 || lt_alignment(act.data) < 16)
@@ -125,7 +128,7 @@ class MlpOps : public AttentionOps<T> {
     proj.epilogue = CUBLASLT_EPILOGUE_BIAS;
     proj.ab_type = CUDA_R_16BF;
     LtPlan* p_fc = lt_plan(*this->ctx_, fc, sw1, sx, act16, sb1, pre16);
-    LtPlan* p_proj = p_fc ? lt_plan(*this->ctx_, proj, sw2, act16, y.data, b2.data()) : nullptr;
+    LtPlan* p_proj = p_fc ? lt_plan(*this->ctx_, proj, sw2, act16, y.data, b2.data(), nullptr, residual.data) : nullptr;
     if (!p_proj) return 0;
     if (ln16) {
       this->norm_forward_bf16(ln, x, gamma, beta);
@@ -137,9 +140,10 @@ class MlpOps : public AttentionOps<T> {
     const Staged s1 = this->stage(sw1, w1), sb = this->stage(sb1, bias1);
     if (!lt_run(*this->ctx_, *p_fc, 1.0f, s1.data, sx, act16, sb.data, pre16)) return 0;
     const Staged sw = this->stage(sw2, w2), sa{act16, n, f, f};
-    if (!lt_run(*this->ctx_, *p_proj, 1.0f, sw.data, act16, y.data, b2.data())) {  // refused: act is written already
-      Base::K::broadcast_rows(*this->ctx_, y, b2.data());
+    if (!lt_run(*this->ctx_, *p_proj, 1.0f, sw.data, act16, y.data, b2.data(), nullptr, residual.data)) {
+      Base::K::broadcast_rows(*this->ctx_, y, b2.data());  // refused: act is written already
       this->gemm_staged(y, sa, Trans::N, sw, Trans::T, 1.0f, 1.0f);
+      this->add_residual(y, residual);
     }
     return ln16 ? 2 : 1;
   }

@@ -78,14 +78,16 @@ class NormOps : public DenseOps<T> {
   static std::uint16_t* bits(T* p) { return reinterpret_cast<std::uint16_t*>(p); }
   static const std::uint16_t* bits(const T* p) { return reinterpret_cast<const std::uint16_t*>(p); }
 
-  // y = x·wᵀ + b (written) with x a bf16 operand in place (xo.bf16 set): linear_forward's BF16 paths without x's
-  // staging: cuBLASLt's bias epilogue, or (no bias, no algorithm) the bias broadcast and a bf16 cuBLAS product.
-  void linear_forward_in_place(M y, const Operand& xo, CM w, CS b) const {
-    if (!b.empty() && this->linear_forward_lt(y, xo, w, b)) return;
+  // y = x·wᵀ + b (+ residual, where given: linear_forward_residual's) (written) with x a bf16 operand in place (xo.bf16
+  // set): linear_forward's BF16 paths without x's staging: cuBLASLt's bias epilogue, or (no bias, no algorithm) the
+  // bias broadcast and a bf16 cuBLAS product, then the residual's add.
+  void linear_forward_in_place(M y, const Operand& xo, CM w, CS b, CM residual = CM{}) const {
+    if (!b.empty() && this->linear_forward_lt(y, xo, w, b, CUBLASLT_EPILOGUE_BIAS, M{}, residual)) return;
     cuda::reserve_bf16_staging(*this->ctx_, Base::staged_size(w));
     const Staged sw = this->stage(this->ctx_->bf16_stage, w);
     if (!b.empty()) Base::K::broadcast_rows(*this->ctx_, y, b.data());
     this->gemm_staged(y, this->stage(nullptr, xo), Trans::N, sw, Trans::T, 1.0f, b.empty() ? 0.0f : 1.0f);
+    this->add_residual(y, residual);
   }
   // dx = dy·w (written), dw += dyᵀ·x, db += Σ_rows dy with x a bf16 operand in place: linear_backward's BF16 path.
   // False (nothing done) where that path does not apply (no dw, or no rows): x is then not read, linear_backward's.

@@ -444,10 +444,11 @@ class DenseOps {
   // result: every row of y), in cuBLAS's terms as gemm() calls it: D [out × rows] = op(A)·op(B) with A = w
   // (transposed) and B = x. The precision's operands: fp32 (FP32, TF32 compute), or both staged as bf16 first (BF16). False where
   // cuBLASLt has no algorithm for the product (nothing staged or enqueued then).
-  // With epilogue GELU_AUX_BIAS: y = gelu(x·wᵀ + b) and the pre-activation into aux (laid out as y).
+  // With epilogue GELU_AUX_BIAS: y = gelu(x·wᵀ + b) and the pre-activation into aux (laid out as y). With a residual
+  // (laid out as y; the bias epilogue only): y = x·wᵀ + b + residual, cuBLASLt's C with beta = 1.
   // Under BF16, x may be a bf16 copy in place already (Operand), read as it is.
   bool linear_forward_lt(M y, Operand xo, CM w, CS b, cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS,
-                         M aux = M{}) const {
+                         M aux = M{}, CM residual = CM{}) const {
     const CM x = xo.m;
     if (y.rows == 0 || y.cols == 0 || x.cols == 0) return false;
     LtProduct g{int(y.cols), int(y.rows), int(x.cols), CUBLAS_OP_T, CUBLAS_OP_N, ld(w.ld), ld(x.ld), ld(y.ld)};
@@ -461,15 +462,15 @@ class DenseOps {
       std::uint16_t* sw = at + staged_size(xo);
       g.ab_type = CUDA_R_16BF;
       g.lda = ld(staged_ld(w)), g.ldb = ld(staged_ld(xo));
-      LtPlan* p = lt_plan(*ctx_, g, sw, sx, y.data, b.data(), aux.data);
+      LtPlan* p = lt_plan(*ctx_, g, sw, sx, y.data, b.data(), aux.data, residual.data);
       if (!p) return false;
       const Staged a = stage(sw, w), bx = stage(at, xo);  // (a weight's copy: 256-byte aligned, as its plan allows)
-      return lt_run(*ctx_, *p, 1.0f, a.data, bx.data, y.data, b.data(), aux.data);
+      return lt_run(*ctx_, *p, 1.0f, a.data, bx.data, y.data, b.data(), aux.data, residual.data);
     }
     MOM_CHECK(!xo.bf16, "linear_forward: a bf16 operand outside Precision::BF16");
     g.compute = lt_compute();
-    LtPlan* p = lt_plan(*ctx_, g, w.data, x.data, y.data, b.data(), aux.data);
-    return p && lt_run(*ctx_, *p, 1.0f, w.data, x.data, y.data, b.data(), aux.data);
+    LtPlan* p = lt_plan(*ctx_, g, w.data, x.data, y.data, b.data(), aux.data, residual.data);
+    return p && lt_run(*ctx_, *p, 1.0f, w.data, x.data, y.data, b.data(), aux.data, residual.data);
   }
   // linear_backward_dgelu's products with the dx one on cuBLASLt (CUBLASLT_EPILOGUE_DGELU, aux = pre): in cuBLAS's
   // terms D [in × rows] = op(A)·op(B) with A = w, B = dy, both not transposed. False, with nothing staged or
@@ -501,6 +502,28 @@ class DenseOps {
     gemm(dw, dy, Trans::T, act, Trans::N, T(1), T(1));
     if (!db.empty()) K::add_column_sums(*ctx_, db.data(), dy);
     return true;
+  }
+  // y = x·wᵀ + b + residual (residual empty: none; else a dense matrix of y's shape): the output linears of the fused
+  // pairs given the residual stream (backend_concept.hpp). On float the bias and the residual ride in cuBLASLt's
+  // epilogue (no add kernel, y written once) where it has an algorithm; else linear_forward, then the add
+  // (y + residual: the executor's residual + y, the same bits).
+  void linear_forward_residual(M y, CM x, CM w, CS b, CM residual) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (!residual.empty() && !b.empty() && linear_forward_lt(y, x, w, b, CUBLASLT_EPILOGUE_BIAS, M{}, residual))
+        return;
+    }
+    linear_forward(y, x, w, b);
+    add_residual(y, residual);
+  }
+  void add_residual(M y, CM residual) const {
+    if (!residual.empty()) add_forward(y.flat(), CM(y).flat(), residual.flat());
+  }
+  // A pair's residual: empty, or dense and of its output's shape (the flat add and cuBLASLt's C, laid out as D).
+  static void check_residual(const char* op, CM y, CM residual) {
+    MOM_CHECK(residual.empty() || (residual.rows == y.rows && residual.cols == y.cols && residual.ld == residual.cols &&
+                                   y.ld == y.cols),
+              op, ": the residual ", shape(residual), " must be dense and of the output's shape ", shape(y),
+              ", which must be dense too");
   }
   cublasComputeType_t lt_compute() const {
     return ctx_->precision == Precision::FP32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
