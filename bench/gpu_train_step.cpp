@@ -6,7 +6,8 @@
 //
 // (--warmup 1 --reps 1 --only dense-bf16 is the step Nsight Compute reads in scripts/gpu_check.sh.)
 //
-// A step = zero_grad + forward_async + backward + grad_norm + AdamW (clip 1.0), all on the device: nothing
+// A step = zero_grad + forward_async + backward (in a weight window, as train::Trainer runs them: backend_concept.hpp,
+// KeepsWeightCopies) + grad_norm + AdamW (clip 1.0), all on the device: nothing
 // inside a step waits for the GPU (the loss stays on the device; the routed models keep their group
 // sizes there), and the host waits for the stream only after each timed step. MFU = 3 × the cost model's forward FLOPs per token (= 6N + attention, PaLM's
 // definition; the attention recomputation of our backward is not counted) × tokens/s ÷ the GPU's
@@ -58,8 +59,11 @@ Row run(const char* name, cuda::Precision precision, index_t batch, index_t seq,
   std::int64_t step = 0;
   auto train_step = [&] {
     m.zero_grad();
-    m.forward_async(x, y, batch, seq);
-    m.backward();
+    {  // as train::Trainer's step: the weights unchanged until AdamW (bf16 copies once a step under BF16)
+      const WeightCopyWindow<cuda::Backend<float>, float> copies(be, std::span<const float>(m.params()));
+      m.forward_async(x, y, batch, seq);
+      m.backward();
+    }
     be.grad_norm(std::span<const float>(m.grads()), norm.data());
     be.adamw_step(m.params(), std::span<const float>(m.grads()), opt_m.span(), opt_v.span(), cfg, ++step, norm.data(),
                   1.0f);
