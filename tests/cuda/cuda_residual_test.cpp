@@ -108,6 +108,42 @@ TEST_CASE("the fused pairs' residual without cuBLASLt: the add after the product
   }
 }
 
+TEST_CASE("linear_forward_residual is linear_forward and the add: the add's bits, with or without cuBLASLt",
+          "[cuda][residual]") {
+  MOM_REQUIRE_GPU();
+  static_assert(FusesLinearResidual<cuda::Backend<float>, float> && !FusesLinearResidual<cpu::Backend<float>, float>);
+  const index_t n = 24, in = 64, out = 40;
+  using CM = MatrixView<const float>;
+  using CS = std::span<const float>;
+  for (const bool refuse : {false, true}) {
+    if (refuse && !mom_emu_lt_refuse) continue;
+    for (const auto precision : {cuda::Precision::BF16, cuda::Precision::TF32}) {
+      INFO((precision == cuda::Precision::BF16 ? "bf16" : "tf32") << (refuse ? ", cuBLASLt refusing" : ""));
+      cuda::Backend<float> be;
+      be.set_precision(precision);
+      test::Rng rng(63);
+      auto x = rand_arr<float>(n * in, rng), w = rand_arr<float>(out * in, rng), b = rand_arr<float>(out, rng);
+      auto r = rand_arr<float>(n * out, rng), y = rand_arr<float>(n * out, rng), y2 = rand_arr<float>(n * out, rng);
+      if (refuse) mom_emu_lt_refuse(1);
+      const long l0 = mom_emu_launches ? mom_emu_launches() : 0;
+      be.linear_forward_residual(y.dm(n, out), CM(x.dm(n, in)), CM(w.dm(out, in)), CS(b.ds()), CM(r.dm(n, out)));
+      be.sync();
+      const long fused = mom_emu_launches ? mom_emu_launches() - l0 : 0;
+      be.linear_forward(y2.dm(n, out), CM(x.dm(n, in)), CM(w.dm(out, in)), CS(b.ds()));
+      be.add_forward(y2.ds(), CS(r.ds()), CS(y2.ds()));
+      be.sync();
+      if (mom_emu_lt_refuse) mom_emu_lt_refuse(0);
+      const auto a = y.fetch(), e = y2.fetch();
+      if (mom_emu_launches)
+        CHECK(std::memcmp(a.data(), e.data(), a.size() * sizeof(float)) == 0);
+      else
+        CHECK(test::rel_error(a, e) <= 1e-6);
+      // One cuBLASLt call, no add kernel: under BF16 after x's and w's staging (2 launches), under TF32 nothing else.
+      if (mom_emu_launches && !refuse) CHECK(fused == (precision == cuda::Precision::BF16 ? 2 : 0));
+    }
+  }
+}
+
 TEST_CASE("the fused pairs refuse a residual of another shape, with nothing written", "[cuda][residual]") {
   MOM_REQUIRE_GPU();
   auto& be = gpu<float>();

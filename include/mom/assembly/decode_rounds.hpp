@@ -9,6 +9,7 @@
 #include "mom/core/layout.hpp"
 #include "mom/core/selection.hpp"
 #include "mom/core/tensor.hpp"
+#include "mom/modules/module.hpp"
 
 namespace mom::dispatch {
 
@@ -52,8 +53,12 @@ struct DecodeRounds {
     const MatrixView<T> fv{ws + f, rows, d}, uv{ws + u, rows, d}, x_next{ws + this->x, rows, d};
     for (int h = 0; h < H; ++h) {
       const MatrixView<T> kc{ws + k[h], slots * max_len, d}, vc{ws + v[h], slots * max_len, d};
-      Attn::decode(be, p + attn_offset(h), ws, attn, x, fv, kc, vc, slot, pos, max_len);
-      be.add_forward(uv.flat(), x.flat(), MatrixView<const T>(fv).flat());  // eq. (4)
+      if constexpr (DecodesResidualOn<Attn, Be, T>) {  // eq. (4) in the attention's output product
+        Attn::decode_residual(be, p + attn_offset(h), ws, attn, x, uv, kc, vc, slot, pos, max_len);
+      } else {
+        Attn::decode(be, p + attn_offset(h), ws, attn, x, fv, kc, vc, slot, pos, max_len);
+        be.add_forward(uv.flat(), x.flat(), MatrixView<const T>(fv).flat());  // eq. (4)
+      }
       ffn_half(h, MatrixView<const T>(uv), x_next, fv);
       x = x_next;
     }

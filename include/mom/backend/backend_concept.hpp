@@ -285,6 +285,16 @@ concept FusesGelu = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, st
   be.linear_backward_dgelu(m, m, s, cm, cm, cm, cm);
 };
 
+// A backend may also add eq. (4)'s residual in the linear that ends a module (cuda::Backend: in cuBLASLt's epilogue):
+//   linear_forward_residual(y, x, w, b, residual):  y = x·wᵀ + b + residual (written; residual dense, of y's shape,
+//                                                   distinct from y; empty: linear_forward's y)
+// modules/mha.hpp's decode calls it where a backend has it (AddsResidualOn's decoding counterpart, DecodesResidualOn);
+// the results must agree with linear_forward and add_forward within the precision.
+template <class Be, class T>
+concept FusesLinearResidual = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std::span<const T> cs) {
+  be.linear_forward_residual(m, cm, cm, cs, cm);
+};
+
 // A backend may also keep copies of a model's weights in the form its products read (cuda::Backend under BF16: bf16
 // copies, cuda/weight_copies.hpp), for as long as its caller promises not to write them:
 //   begin_weight_copies(weights):  from now until end_weight_copies(), nothing writes `weights` (a model's parameter

@@ -172,6 +172,21 @@ struct Attention {
   static void decode(Be& be, const T* p, T* ws, const DecodeSaved& s, MatrixView<const T> x, MatrixView<T> f_out,
                      MatrixView<T> k_cache, MatrixView<T> v_cache, std::span<const index_t> slot,
                      std::span<const index_t> pos, index_t max_len) {
+    decode_into(be, p, ws, s, x, f_out, k_cache, v_cache, slot, pos, max_len, MatrixView<const T>{});
+  }
+  // out = x + decode's f(x) (DecodesResidualOn): the residual added in the proj product's epilogue.
+  template <class Be, class T>
+    requires FusesLinearResidual<Be, T>
+  static void decode_residual(Be& be, const T* p, T* ws, const DecodeSaved& s, MatrixView<const T> x,
+                              MatrixView<T> out, MatrixView<T> k_cache, MatrixView<T> v_cache,
+                              std::span<const index_t> slot, std::span<const index_t> pos, index_t max_len) {
+    decode_into(be, p, ws, s, x, out, k_cache, v_cache, slot, pos, max_len, x);
+  }
+  // decode's body: f_out = f(x), plus residual where given (then the backend has linear_forward_residual).
+  template <class Be, class T>
+  static void decode_into(Be& be, const T* p, T* ws, const DecodeSaved& s, MatrixView<const T> x, MatrixView<T> f_out,
+                          MatrixView<T> k_cache, MatrixView<T> v_cache, std::span<const index_t> slot,
+                          std::span<const index_t> pos, index_t max_len, MatrixView<const T> residual) {
     using detail::mat, detail::vec;
     const index_t rows = x.rows;
     const auto ln = mat(ws, s.ln, rows, d);
@@ -183,7 +198,12 @@ struct Attention {
     be.kv_write(k_cache, v_cache, MatrixView<const T>(qkv), slot, pos, max_len);
     be.attention_decode(att, MatrixView<const T>(qkv), MatrixView<const T>(k_cache), MatrixView<const T>(v_cache), slot,
                         pos, max_len, index_t{D.heads});
-    be.linear_forward(f_out, MatrixView<const T>(att), mat(p, o_w_proj, d, d), vec(p, o_b_proj, d));
+    if constexpr (FusesLinearResidual<Be, T>)
+      be.linear_forward_residual(f_out, MatrixView<const T>(att), mat(p, o_w_proj, d, d), vec(p, o_b_proj, d), residual);
+    else
+      be.linear_forward(f_out, MatrixView<const T>(att), mat(p, o_w_proj, d, d), vec(p, o_b_proj, d));
+    if constexpr (!FusesLinearResidual<Be, T>)
+      if (!residual.empty()) be.add_forward(f_out.flat(), MatrixView<const T>(f_out).flat(), residual.flat());
   }
 
   // ---- decoding inside a routed executor (MoM; modules/module.hpp, RoutedDecodingSequenceMixerOn) ----

@@ -263,6 +263,15 @@ concept DecodingSequenceMixerOn =
       M::decode(be, p, ws, s, x, y, y, y, slot, slot, i);
     };
 
+// Optional, decode's counterpart of AddsResidualOn (Attention on a backend with linear_forward_residual):
+//   decode_residual(be, p, ws, saved, x, out, k_cache, v_cache, slot, pos, max_len)     out = x + decode's f(x)
+// The dense decode step (assembly/decode_rounds.hpp) calls it where a module has it, decode and an add where not.
+template <class M, class Be, class T = typename Be::scalar>
+concept DecodesResidualOn =
+    DecodingSequenceMixerOn<M, Be, T> &&
+    requires(Be& be, const T* p, T* ws, const typename M::DecodeSaved& s, MatrixView<const T> x, MatrixView<T> y,
+             std::span<const index_t> slot, index_t i) { M::decode_residual(be, p, ws, s, x, y, y, y, slot, slot, i); };
+
 // What a sequence mixer lacks for DecodingSequenceMixerOn, named (infer::Decoder instantiates this for the
 // attention module of a part that cannot decode: the module's type is in the note above the error).
 template <class M, class Be, class T = typename Be::scalar>

@@ -96,6 +96,20 @@ class DenseOps {
     K::broadcast_rows(*ctx_, y, b.data());
     gemm(y, x, Trans::N, w, Trans::T, T(1), T(1));
   }
+  // y = x·wᵀ + b + residual (residual empty: none; else dense, of y's shape, distinct from y): eq. (4)'s residual add
+  // in the linear that ends a module (backend_concept.hpp, FusesLinearResidual; the fused pairs' output linears). On
+  // float the bias and the residual ride in cuBLASLt's epilogue (no add kernel, y written once) where it has an
+  // algorithm; else linear_forward, then the add (y + residual: the executor's residual + y, the same bits).
+  void linear_forward_residual(M y, CM x, CM w, CS b, CM residual) const {
+    checks::linear_forward_shapes<T>(y, x, w, b);
+    check_residual("linear_forward_residual", CM(y), residual);
+    if constexpr (std::is_same_v<T, float>) {
+      if (!residual.empty() && !b.empty() && linear_forward_lt(y, x, w, b, CUBLASLT_EPILOGUE_BIAS, M{}, residual))
+        return;
+    }
+    linear_forward(y, x, w, b);
+    add_residual(y, residual);
+  }
   // The FFN's GELU fused into its products (backend_concept.hpp, FusesGelu). pre = x·wᵀ + b, act = gelu(pre): on
   // float one cuBLASLt product with CUBLASLT_EPILOGUE_GELU_AUX_BIAS (D = act, the pre-activation into its aux matrix
   // pre) where cuBLASLt has an algorithm for it; else linear_forward, then gelu_forward.
@@ -502,18 +516,6 @@ class DenseOps {
     gemm(dw, dy, Trans::T, act, Trans::N, T(1), T(1));
     if (!db.empty()) K::add_column_sums(*ctx_, db.data(), dy);
     return true;
-  }
-  // y = x·wᵀ + b + residual (residual empty: none; else a dense matrix of y's shape): the output linears of the fused
-  // pairs given the residual stream (backend_concept.hpp). On float the bias and the residual ride in cuBLASLt's
-  // epilogue (no add kernel, y written once) where it has an algorithm; else linear_forward, then the add
-  // (y + residual: the executor's residual + y, the same bits).
-  void linear_forward_residual(M y, CM x, CM w, CS b, CM residual) const {
-    if constexpr (std::is_same_v<T, float>) {
-      if (!residual.empty() && !b.empty() && linear_forward_lt(y, x, w, b, CUBLASLT_EPILOGUE_BIAS, M{}, residual))
-        return;
-    }
-    linear_forward(y, x, w, b);
-    add_residual(y, residual);
   }
   void add_residual(M y, CM residual) const {
     if (!residual.empty()) add_forward(y.flat(), CM(y).flat(), residual.flat());
