@@ -115,27 +115,16 @@ struct FixedRouteExecutor
                                      index_t batch, index_t seq, std::span<const token_t> /*tokens*/) {
     const index_t n = batch * seq;
     const MatrixView<T> f{scratch, n, d};
-    const std::span<const T> f_flat{scratch, static_cast<std::size_t>(n * d)};
     const std::span<T> aux(ws + plan.aux, 1);
     if constexpr (attn_aux || ffn_aux) be.zero(aux);
     for (int h = 0; h < L; ++h) {
       const MatrixView<T> u{ws + plan.u[h], n, d}, x_next{ws + plan.x_next[h], n, d};
-      // eq. (4), u = x + f(x): written by the module where it adds the residual itself (AddsResidualOn: in its output
-      // product's epilogue), else f(x) into the scratch and an add.
-      if constexpr (AddsResidualOn<Attn, Be, T>) {
-        checked<Attn>::forward_residual(be, p + attention_offset(h), ws, plan.attn[h], x, u, batch, seq);
-      } else {
-        checked<Attn>::forward(be, p + attention_offset(h), ws, plan.attn[h], x, f, batch, seq);
-        be.add_forward(u.flat(), std::span<const T>(x.data, static_cast<std::size_t>(n * d)), f_flat);
-      }
+      // eq. (4), u = x + f(x): the module adds the residual in its output product where it can (AddsResidualOn), else
+      // f(x) goes to the scratch and an add follows (checked<M>::forward_residual).
+      checked<Attn>::forward_residual(be, p + attention_offset(h), ws, plan.attn[h], x, u, f, batch, seq);
       if constexpr (attn_aux) be.axpy(aux, T(1), std::span<const T>(ws + plan.attn[h].aux, 1));
-      if constexpr (AddsResidualOn<Ffn, Be, T>) {
-        checked<Ffn>::forward_residual(be, p + ffn_offset(h), ws, plan.ffn[h], MatrixView<const T>(u), x_next, batch,
-                                       seq);
-      } else {
-        checked<Ffn>::forward(be, p + ffn_offset(h), ws, plan.ffn[h], MatrixView<const T>(u), f, batch, seq);
-        be.add_forward(x_next.flat(), std::span<const T>(u.flat()), f_flat);  // eq. (4)
-      }
+      checked<Ffn>::forward_residual(be, p + ffn_offset(h), ws, plan.ffn[h], MatrixView<const T>(u), x_next, f, batch,
+                                     seq);  // eq. (4)
       if constexpr (ffn_aux) be.axpy(aux, T(1), std::span<const T>(ws + plan.ffn[h].aux, 1));
       x = x_next;
     }
@@ -197,12 +186,7 @@ struct FixedRouteExecutor
     return plan.rounds.template run<Attn>(
         be, p, ws, plan.attn, [](int h) { return attention_offset(h); }, x, slot, pos, slots, max_len,
         [&](int h, MatrixView<const T> u, MatrixView<T> x_next, MatrixView<T> f) {
-          if constexpr (AddsResidualOn<Ffn, Be, T>) {  // eq. (4) in the FFN's output product (forward's)
-            checked<Ffn>::forward_residual(be, p + ffn_offset(h), ws, plan.ffn, u, x_next, u.rows, 1);
-          } else {
-            checked<Ffn>::forward(be, p + ffn_offset(h), ws, plan.ffn, u, f, u.rows, 1);
-            be.add_forward(x_next.flat(), u.flat(), MatrixView<const T>(f).flat());  // eq. (4)
-          }
+          checked<Ffn>::forward_residual(be, p + ffn_offset(h), ws, plan.ffn, u, x_next, f, u.rows, 1);  // eq. (4)
         });
   }
 

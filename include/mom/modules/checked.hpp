@@ -97,12 +97,18 @@ struct checked {
                     "MatrixView<const T> x, MatrixView<T> f_out, index_t batch, index_t seq)` that takes these "
                     "arguments on this backend (modules/module.hpp)");
   }
-  // out = x + f(x) (AddsResidualOn, modules/module.hpp): called only where the module has it.
+  // out = x + f(x), eq. (4)'s residual step: the module's forward_residual where it has one (AddsResidualOn,
+  // modules/module.hpp: the add in its output product), else forward into f_scratch [x's shape] and an add.
   template <class Be, class T, class S>
-  static void forward_residual(Be& be, const T* p, Ptr<T> ws, const S& saved, CMV<T> x, MV<T> out, index_t batch,
-                               index_t seq) {
-    M::forward_residual(be, p, ws, saved, x, out, batch, seq);
-    detail::verify_workspace_guards<M, Be>(ws, "forward_residual");
+  static void forward_residual(Be& be, const T* p, Ptr<T> ws, const S& saved, CMV<T> x, MV<T> out, MV<T> f_scratch,
+                               index_t batch, index_t seq) {
+    if constexpr (AddsResidualOn<M, Be, T>) {
+      M::forward_residual(be, p, ws, saved, x, out, batch, seq);
+      detail::verify_workspace_guards<M, Be>(ws, "forward_residual");
+    } else {
+      forward(be, p, ws, saved, x, f_scratch, batch, seq);
+      be.add_forward(out.flat(), x.flat(), CMV<T>(f_scratch).flat());
+    }
   }
   template <class Be, class T, class S>
   static void backward(Be& be, const T* p, Ptr<T> g, CPtr<T> ws, const S& saved, CMV<T> x, MV<T> dx, CMV<T> df,

@@ -69,7 +69,10 @@ struct FeedForward {
                                index_t batch, index_t seq) {
     forward_into(be, p, ws, s, x, out, batch, seq, x);
   }
-  // forward's body: f_out = f(x), plus residual where given (the FFN pair's, which the backend adds).
+
+ private:
+  // forward's body: f_out = f(x), plus residual where given (forward_residual's: only on a backend with the FFN pair,
+  // which adds it).
   template <class Be, class T>
   static void forward_into(Be& be, const T* p, T* ws, const Saved& s, MatrixView<const T> x, MatrixView<T> f_out,
                            index_t batch, index_t seq, MatrixView<const T> residual) {
@@ -86,10 +89,10 @@ struct FeedForward {
       be.linear_forward(pre, MatrixView<const T>(ln), mat(p, o_w_fc, f, d), vec(p, o_b_fc, f));
       be.gelu_forward(vec(ws, s.act, n * f), vec(static_cast<const T*>(ws), s.pre, n * f));
       be.linear_forward(f_out, mat(static_cast<const T*>(ws), s.act, n, f), mat(p, o_w_proj, d, f), vec(p, o_b_proj, d));
-      if (!residual.empty()) be.add_forward(f_out.flat(), MatrixView<const T>(f_out).flat(), residual.flat());
     }
   }
 
+ public:
   template <class Be, class T>
   static void backward(Be& be, const T* p, T* g, const T* ws, const Saved& s, MatrixView<const T> x, MatrixView<T> dx,
                        MatrixView<const T> df, T* scratch, index_t batch, index_t seq) {

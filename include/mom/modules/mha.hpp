@@ -93,7 +93,10 @@ struct Attention {
                                index_t batch, index_t seq) {
     forward_into(be, p, ws, s, x, out, batch, seq, x);
   }
-  // forward's body: f_out = f(x), plus residual where given (the attention pair's, which the backend adds).
+
+ private:
+  // forward's body: f_out = f(x), plus residual where given (forward_residual's: only on a backend with the attention
+  // pair, which adds it).
   template <class Be, class T>
   static void forward_into(Be& be, const T* p, T* ws, const Saved& s, MatrixView<const T> x, MatrixView<T> f_out,
                            index_t batch, index_t seq, MatrixView<const T> residual) {
@@ -117,10 +120,10 @@ struct Attention {
     } else {
       be.attention_forward(att, lse, MatrixView<const T>(qkv), batch, seq, index_t{D.heads});
       be.linear_forward(f_out, MatrixView<const T>(att), mat(p, o_w_proj, d, d), vec(p, o_b_proj, d));
-      if (!residual.empty()) be.add_forward(f_out.flat(), MatrixView<const T>(f_out).flat(), residual.flat());
     }
   }
 
+ public:
   // Given df = dL/df_out, accumulate dL/dx into dx and dL/dparams into g (both +=).
   template <class Be, class T>
   static void backward(Be& be, const T* p, T* g, const T* ws, const Saved& s, MatrixView<const T> x, MatrixView<T> dx,
@@ -182,7 +185,10 @@ struct Attention {
                               std::span<const index_t> slot, std::span<const index_t> pos, index_t max_len) {
     decode_into(be, p, ws, s, x, out, k_cache, v_cache, slot, pos, max_len, x);
   }
-  // decode's body: f_out = f(x), plus residual where given (then the backend has linear_forward_residual).
+
+ private:
+  // decode's body: f_out = f(x), plus residual where given (decode_residual's: only on a backend with
+  // linear_forward_residual).
   template <class Be, class T>
   static void decode_into(Be& be, const T* p, T* ws, const DecodeSaved& s, MatrixView<const T> x, MatrixView<T> f_out,
                           MatrixView<T> k_cache, MatrixView<T> v_cache, std::span<const index_t> slot,
@@ -202,10 +208,9 @@ struct Attention {
       be.linear_forward_residual(f_out, MatrixView<const T>(att), mat(p, o_w_proj, d, d), vec(p, o_b_proj, d), residual);
     else
       be.linear_forward(f_out, MatrixView<const T>(att), mat(p, o_w_proj, d, d), vec(p, o_b_proj, d));
-    if constexpr (!FusesLinearResidual<Be, T>)
-      if (!residual.empty()) be.add_forward(f_out.flat(), MatrixView<const T>(f_out).flat(), residual.flat());
   }
 
+ public:
   // ---- decoding inside a routed executor (MoM; modules/module.hpp, RoutedDecodingSequenceMixerOn) ----
   // The two halves of decode, for executors whose tokens do not all run the module: every token may
   // write keys (phi::MoM's AllTokens) while only the routed ones query, and a row's cache row at[r] may
