@@ -216,11 +216,21 @@ struct NormSaved {
 // RoPE). Under BF16 the CUDA backend hands it over in bf16, the qkv linear's operand (attention_ops.hpp).
 enum class GradLayout { fp32, backend };
 
+// Where a fused pair's forward leaves the output it hands to the pair above it (norm_linear_forward's y): OutLayout{}, an
+// fp32 matrix any op may read; OutLayout{.attention_heads = H}, the qkv [rows × 3d] of a causal attention over H heads,
+// read only by the attention_linear_forward called next (no op between the two) and its attention_linear_backward, as
+// their qkv, nothing else reading or writing it (modules/mha.hpp, without RoPE): a layout of the backend's own. Under
+// BF16 the CUDA backend writes it in bf16 where its attention kernels read bf16 (head dim 64 or 128: attention_ops.hpp).
+struct OutLayout {
+  index_t attention_heads = 0;
+};
+
 // A backend may also run a pre-LayerNorm and the linear that reads it as one op pair (cuda::Backend: norm_ops.hpp;
 // GPT-2's attention input, modules/mha.hpp), free to keep the LayerNorm's output in a layout of its own between the
 // two (under BF16 the CUDA backend writes it in bf16, the linear's operand, and never in fp32):
-//   norm_linear_forward(y, ln, x, gamma, beta, w, b):  ln.out = LN(x) (ln.mean, ln.rstd as layernorm_forward's),
-//                                                       y = ln.out·wᵀ + b (written);
+//   norm_linear_forward(y, ln, x, gamma, beta, w, b, y_layout):
+//                                                       ln.out = LN(x) (ln.mean, ln.rstd as layernorm_forward's),
+//                                                       y = ln.out·wᵀ + b (written), in y_layout (OutLayout);
 //   norm_linear_backward(dx, dgamma, dbeta, dw, db, dln, dy, x, ln, gamma, w, dy_layout):
 //                                                       dln = dy·w (scratch [rows × d], written), dw += dyᵀ·ln.out,
 //                                                       db += Σ_rows dy, then layernorm_backward: dx += dL/dx,
@@ -231,7 +241,7 @@ enum class GradLayout { fp32, backend };
 template <class Be, class T>
 concept FusesNormLinear = requires(Be& be, MatrixView<T> m, MatrixView<const T> cm, std::span<T> s,
                                    std::span<const T> cs, NormSaved<T> ln) {
-  be.norm_linear_forward(m, ln, cm, cs, cs, cm, cs);
+  be.norm_linear_forward(m, ln, cm, cs, cs, cm, cs, OutLayout{});
   be.norm_linear_backward(m, s, s, m, s, m, cm, cm, NormSaved<const T>(ln), cs, cm, GradLayout::fp32);
 };
 

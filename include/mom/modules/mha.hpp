@@ -106,8 +106,10 @@ struct Attention {
     const auto qkv = mat(ws, s.qkv, n, 3 * d);
     const auto att = mat(ws, s.att, n, d);
     if constexpr (FusesNormLinear<Be, T>) {  // LN and qkv as one op pair: ln in the backend's layout
+      // Without RoPE the attention pair alone reads qkv, which may then stay in the backend's layout too.
+      constexpr OutLayout qkv_layout{FusesAttentionLinear<Be, T> && !rope ? index_t{D.heads} : index_t{0}};
       be.norm_linear_forward(qkv, NormSaved<T>(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n)), x, vec(p, o_ln_w, d),
-                             vec(p, o_ln_b, d), mat(p, o_w_qkv, 3 * d, d), vec(p, o_b_qkv, 3 * d));
+                             vec(p, o_ln_b, d), mat(p, o_w_qkv, 3 * d, d), vec(p, o_b_qkv, 3 * d), qkv_layout);
     } else {
       be.layernorm_forward(ln, vec(ws, s.mean, n), vec(ws, s.rstd, n), x, vec(p, o_ln_w, d), vec(p, o_ln_b, d));
       be.linear_forward(qkv, MatrixView<const T>(ln), mat(p, o_w_qkv, 3 * d, d), vec(p, o_b_qkv, 3 * d));

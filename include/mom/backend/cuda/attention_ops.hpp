@@ -11,6 +11,12 @@
 // bf16), within bf16's precision. Elsewhere (TF32, FP32, double, another head dim, an unaligned or padded att) the
 // pair is those ops with att in fp32. Which layout a forward wrote is recorded per att buffer (NormOps' record).
 //
+// Its input: qkv as norm_linear_forward wrote it just before (handed over, then recorded per buffer: norm_ops.hpp). Asked for the attention's layout
+// (OutLayout, modules/mha.hpp without RoPE) where these kernels apply, the qkv product writes qkv as bf16 only, in the
+// first half of its fp32 buffer, and the mma kernels stage Q, K and V from those bits (the same bits they round an fp32
+// qkv to, the bias having entered in bf16): half the bytes written and read, no conversion in the kernels' staging.
+// With att in fp32 (its layout does not fit) the same kernels run with an fp32 output.
+//
 // The backward's dqkv, handed to norm_linear_backward (GradLayout::backend, backend_concept.hpp): where att is bf16 and
 // dqkv dense and aligned, the kernel writes dK and dV as bf16 in the first half of dqkv's fp32 buffer and dQ, added
 // atomically, goes through fp32 in its second half (backward_bf16_layout); recorded like att, and read in place by the
@@ -49,11 +55,16 @@ class AttentionOps : public NormOps<T> {
     checks::linear_forward_shapes<T>(y, CM(att), w, b);
     Base::check_residual("attention_linear_forward", CM(y), residual);
     if constexpr (std::is_same_v<T, float>) {
+      const std::uint16_t* q16 = this->take_qkv(qkv);
       const bool bf16 = this->bf16_layout_fits(CM(att)) && y.cols > 0 &&
                         cuda::attention_forward_bf16(*this->ctx_, this->bits(att.data), att.cols, lse.data(), qkv,
-                                                     batch, seq, heads);
+                                                     batch, seq, heads, q16);
       this->record(att.data, bf16);
       if (bf16) return this->linear_forward_in_place(y, Operand(CM(att), this->bf16_rows(CM(att))), w, b, residual);
+      if (q16) {  // a bf16 qkv, att in fp32 (its layout does not fit): the same kernels with an fp32 output
+        cuda::attention_forward_bf16(*this->ctx_, att, lse.data(), qkv, batch, seq, heads, q16);
+        return this->linear_forward_residual(y, CM(att), w, b, residual);
+      }
     }
     this->attention_forward(att, lse, qkv, batch, seq, heads);
     this->linear_forward_residual(y, CM(att), w, b, residual);
@@ -66,18 +77,21 @@ class AttentionOps : public NormOps<T> {
     checks::attention_backward_grad_shapes<T>("attention_backward", dqkv, CM(datt), att, qkv);
     checks::linear_backward_shapes<T>(datt, dw, db, dy, att, w);
     const Operand xo = this->recorded_operand(att);
+    const std::uint16_t* q16 = this->recorded_qkv(qkv);
     if (!this->linear_backward_in_place(datt, dw, db, dy, xo, w))  // (without dw, att is not read)
       this->linear_backward(datt, dw, db, dy, att, w, Store::overwrite);
     const bool handoff = xo.bf16 && dqkv_layout == GradLayout::backend && this->bf16_layout_fits(CM(dqkv));
     this->record(dqkv.data, handoff);
     if constexpr (std::is_same_v<T, float>) {
-      if (handoff) return backward_bf16_layout(dqkv, datt, xo, lse, qkv, batch, seq, heads);
+      if (handoff) return backward_bf16_layout(dqkv, datt, xo, lse, qkv, q16, batch, seq, heads);
     }
     this->clear(dqkv);  // the attention's backward accumulates
     if constexpr (std::is_same_v<T, float>) {
       if (xo.bf16)
         return cuda::attention_backward_bf16(*this->ctx_, dqkv, CM(datt), xo.bf16, xo.ld16, lse.data(), qkv, batch,
-                                             seq, heads);
+                                             seq, heads, q16);
+      if (q16)
+        return cuda::attention_backward_bf16(*this->ctx_, dqkv, CM(datt), att, lse.data(), qkv, batch, seq, heads, q16);
     }
     this->attention_backward(dqkv, CM(datt), att, lse, qkv, batch, seq, heads);
   }
@@ -89,14 +103,14 @@ class AttentionOps : public NormOps<T> {
   // bf16 by the attention kernel; dQ, summed over key blocks by atomic adds, accumulates in fp32 in the second half of
   // dqkv's buffer (past the bf16 rows, [rows × d] fits in its 1.5·d floats a row) and is then rounded into its place.
   // The bits to_bf16 makes of the fp32 dqkv that attention_backward_bf16 accumulates (dQ's order of additions aside).
-  void backward_bf16_layout(M dqkv, CM datt, const Operand& xo, CS lse, CM qkv, index_t batch, index_t seq,
-                            index_t heads) const {
+  void backward_bf16_layout(M dqkv, CM datt, const Operand& xo, CS lse, CM qkv, const std::uint16_t* q16,
+                            index_t batch, index_t seq, index_t heads) const {
     const index_t n = dqkv.rows, d = dqkv.cols / 3;
     const M dq(dqkv.data + n * (3 * d / 2), n, d, d);
     std::uint16_t* const g16 = this->bits(dqkv.data);
     this->clear(dq);
     cuda::attention_backward_bf16(*this->ctx_, dq.data, d, g16 + d, 3 * d, datt, xo.bf16, xo.ld16, lse.data(), qkv,
-                                  batch, seq, heads);
+                                  batch, seq, heads, q16);
     cuda::to_bf16(*this->ctx_, g16, 3 * d, CM(dq), n, d);
   }
 };

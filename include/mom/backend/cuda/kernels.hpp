@@ -176,14 +176,27 @@ void layernorm_forward_bf16(const Context& ctx, std::uint16_t* out, index_t out_
 // and accumulates dqkv (+=) or, in the second form (the pair's gradient layout), adds dQ into dq (fp32, rows dq_ld
 // apart: the caller zeroes it first and converts it after) and writes dK and dV as bf16 bits into rows dkv_ld apart
 // (dK at column 0, dV at column d), the bits to_bf16 makes of the fp32 values the first form adds.
+// With qkv16 (not null) Q, K and V are read from those bf16 bits instead of qkv's fp32 values: rows qkv.cols apart,
+// qkv's shape (the attention-linear pair's qkv layout, attention_ops.hpp); qkv only gives the shape then.
 bool attention_forward_bf16(const Context& ctx, std::uint16_t* out, index_t out_ld, float* lse,
-                            MatrixView<const float> qkv, index_t batch, index_t seq, index_t heads);
+                            MatrixView<const float> qkv, index_t batch, index_t seq, index_t heads,
+                            const std::uint16_t* qkv16 = nullptr);
+// Whether the kernels above apply at head dim hd (BF16, hd 64 or 128, launchable): where they do, a qkv may be laid out
+// in bf16 for them (norm_ops.hpp), which they read with O in bf16 as above or, with the forms below, in fp32 (rows
+// out_ld apart: an attention output the bf16 layout does not fit; the backward's dqkv then accumulated (+=)).
+bool attention_takes_bf16_qkv(const Context& ctx, index_t hd);
+void attention_forward_bf16(const Context& ctx, MatrixView<float> out, float* lse, MatrixView<const float> qkv,
+                            index_t batch, index_t seq, index_t heads, const std::uint16_t* qkv16);
+void attention_backward_bf16(const Context& ctx, MatrixView<float> dqkv, MatrixView<const float> dout,
+                             MatrixView<const float> out, const float* lse, MatrixView<const float> qkv, index_t batch,
+                             index_t seq, index_t heads, const std::uint16_t* qkv16);
 void attention_backward_bf16(const Context& ctx, MatrixView<float> dqkv, MatrixView<const float> dout,
                              const std::uint16_t* out, index_t out_ld, const float* lse, MatrixView<const float> qkv,
-                             index_t batch, index_t seq, index_t heads);
+                             index_t batch, index_t seq, index_t heads, const std::uint16_t* qkv16 = nullptr);
 void attention_backward_bf16(const Context& ctx, float* dq, index_t dq_ld, std::uint16_t* dkv, index_t dkv_ld,
                              MatrixView<const float> dout, const std::uint16_t* out, index_t out_ld, const float* lse,
-                             MatrixView<const float> qkv, index_t batch, index_t seq, index_t heads);
+                             MatrixView<const float> qkv, index_t batch, index_t seq, index_t heads,
+                             const std::uint16_t* qkv16 = nullptr);
 
 // rows[i] = slots[i] / k (group_by_choice: a slot r·K + j belongs to token row r).
 void slots_to_rows(const Context& ctx, token_t* rows, const token_t* slots, index_t n, index_t k);

@@ -54,6 +54,8 @@ struct LtPlans {
   // LayerNorm's output, an MLP's activations): the pair's backward reads those so. One entry per buffer of a model,
   // added on its first bf16 forward.
   std::vector<const void*> bf16_layout;
+  // The qkv norm_linear_forward last wrote in bf16, until the attention pair's forward takes it (norm_ops.hpp).
+  const void* bf16_qkv = nullptr;
   LtPlans() = default;
   LtPlans(const LtPlans&) = delete;
   LtPlans& operator=(const LtPlans&) = delete;

@@ -8,7 +8,9 @@
 // The bits are those the staged path makes (the LayerNorm computes the same fp32 values and rounds them as to_bf16
 // does), so the pair's results are layernorm_forward + linear_forward's (and their backwards') bit for bit.
 // Elsewhere (TF32, FP32, double, a width that is not a multiple of 8, an unaligned or padded ln.out) the pair is those
-// ops with ln.out in fp32. Which layout a forward wrote is recorded per ln.out buffer (LtPlans::bf16_layout), and its
+// ops with ln.out in fp32. Its output y, when the module hands it to the attention pair (OutLayout.attention_heads) and
+// that pair's bf16 kernels apply, is written in bf16 too (linear_forward_bf16_out: y = bf16(ln.out·wᵀ + bf16(b))),
+// recorded like ln.out and read by attention_ops.hpp. Which layout a forward wrote is recorded per ln.out buffer (LtPlans::bf16_layout), and its
 // backward reads that.
 //
 // NormOps also keeps that record, the bf16 layout and the linear's products reading it in place for the pairs above it:
@@ -42,14 +44,21 @@ class NormOps : public DenseOps<T> {
   using Base::Base;
 
   // ln.out = LN(x) (ln.mean, ln.rstd as layernorm_forward writes them), y = ln.out·wᵀ + b (written); ln.out in the
-  // backend's layout until norm_linear_backward reads it.
-  void norm_linear_forward(M y, NormSaved<T> ln, CM x, CS gamma, CS beta, CM w, CS b) const {
+  // backend's layout until norm_linear_backward reads it. With y_layout.attention_heads (OutLayout), y is the qkv of
+  // the attention pair (attention_ops.hpp) and may be written in its bf16 layout (qkv_bf16_fits).
+  void norm_linear_forward(M y, NormSaved<T> ln, CM x, CS gamma, CS beta, CM w, CS b, OutLayout y_layout = {}) const {
     checks::layernorm_forward_shapes<T>(ln.out, ln.mean, ln.rstd, x, gamma, beta);
     checks::linear_forward_shapes<T>(y, CM(ln.out), w, b);
+    hand_qkv(nullptr);
     if constexpr (std::is_same_v<T, float>) {
       const bool bf16 = bf16_layout_fits(CM(ln.out)) && y.cols > 0;
       record(ln.out.data, bf16);
-      if (bf16) return linear_forward_in_place(y, Operand(CM(ln.out), norm_forward_bf16(ln, x, gamma, beta)), w, b);
+      if (bf16) {
+        const Operand xo(CM(ln.out), norm_forward_bf16(ln, x, gamma, beta));
+        if (qkv_bf16_fits(CM(y), b, y_layout.attention_heads) && linear_forward_bf16_out(y, xo, w, b))
+          return hand_qkv(y.data);
+        return linear_forward_in_place(y, xo, w, b);
+      }
     }
     this->layernorm_forward(ln.out, ln.mean, ln.rstd, x, gamma, beta);
     this->linear_forward(y, CM(ln.out), w, b);
@@ -89,6 +98,33 @@ class NormOps : public DenseOps<T> {
     this->gemm_staged(y, this->stage(nullptr, xo), Trans::N, sw, Trans::T, 1.0f, b.empty() ? 0.0f : 1.0f);
     this->add_residual(y, residual);
   }
+  // y = x·wᵀ + b written as bf16 only, in y's bf16 layout (bf16_rows), with x a bf16 operand in place: cuBLASLt's bias
+  // epilogue with a bf16 D, the bias staged as bf16 (cuBLASLt's rule for a bf16 D, as mlp_ops.hpp's fc product), so y
+  // is bf16(x·wᵀ + bf16(b)). False, with nothing written, where cuBLASLt has no algorithm or refuses the call.
+  bool linear_forward_bf16_out(M y, const Operand& xo, CM w, CS b) const {
+    const index_t n = y.rows, o = y.cols;
+    const CM bias(b.data(), 1, o);
+    const index_t nw = Base::staged_size(w);
+    cuda::reserve_bf16_staging(*this->ctx_, nw + Base::staged_size(bias));
+    std::uint16_t *const sw_at = this->ctx_->bf16_stage, *const sb_at = sw_at + nw, *const y16 = bits(y.data);
+    // In cuBLAS's terms (column-major, as linear_forward_lt): D = y [o × n] = wᵀ·x.
+    LtProduct g{int(o), int(n), int(w.cols), CUBLAS_OP_T, CUBLAS_OP_N, Base::ld(Base::staged_ld(w)),
+                Base::ld(Base::staged_ld(xo)), Base::ld(o)};
+    g.epilogue = CUBLASLT_EPILOGUE_BIAS;
+    g.ab_type = g.d_type = CUDA_R_16BF;
+    LtPlan* p = lt_plan(*this->ctx_, g, sw_at, xo.bf16, y16, sb_at);
+    if (!p) return false;
+    const Staged sw = this->stage(sw_at, w), sb = this->stage(sb_at, bias);
+    return lt_run(*this->ctx_, *p, 1.0f, sw.data, xo.bf16, y16, sb.data);
+  }
+  // The qkv of the attention pair may be written in bf16 (its kernels then stage Q, K and V from those bits): an
+  // attention over `heads` heads (0: y is not a qkv) whose bf16 kernels apply (BF16, head dim 64 or 128, launchable:
+  // cuda::attention_takes_bf16_qkv), a bias, y dense in the bf16 layout.
+  bool qkv_bf16_fits(CM y, CS b, index_t heads) const {
+    return heads > 0 && !b.empty() && y.cols % (3 * heads) == 0 && bf16_layout_fits(y) &&
+           cuda::attention_takes_bf16_qkv(*this->ctx_, y.cols / 3 / heads);
+  }
+
   // dx = dy·w (written), dw += dyᵀ·x, db += Σ_rows dy with x a bf16 operand in place: linear_backward's BF16 path.
   // False (nothing done) where that path does not apply (no dw, or no rows): x is then not read, linear_backward's.
   bool linear_backward_in_place(M dx, M dw, S db, CM dy, const Operand& xo, CM w) const {
@@ -135,6 +171,30 @@ class NormOps : public DenseOps<T> {
   }
   // An output as the operand of the products that read it: in place where its forward wrote the bf16 layout.
   Operand recorded_operand(CM out) const { return recorded(out.data) ? Operand(out, bf16_rows(out)) : Operand(out); }
+  // The qkv norm_linear_forward wrote in bf16 for the attention pair (LtPlans::bf16_qkv), handed over by the next
+  // attention_linear_forward that reads it (take_qkv), which records it for its backward (recorded_qkv). A qkv that
+  // forward does not read straight after its product (nothing in between but that pair's ops) is fp32 to it.
+  void hand_qkv(const void* y) const {
+    if (this->ctx_->lt_plans) this->ctx_->lt_plans->bf16_qkv = y;
+  }
+  // attention_linear_forward's qkv: its bf16 rows (qkv.cols apart) where norm_linear_forward just wrote it so, else null.
+  const std::uint16_t* take_qkv(CM qkv) const {
+    const bool bf16 = this->ctx_->lt_plans && qkv.data && this->ctx_->lt_plans->bf16_qkv == qkv.data;
+    if (bf16) check_qkv_rows(qkv);
+    hand_qkv(nullptr);
+    record(qkv.data, bf16);
+    return bf16 ? bits(qkv.data) : nullptr;
+  }
+  // attention_linear_backward's qkv: as its forward took it.
+  const std::uint16_t* recorded_qkv(CM qkv) const {
+    if (!recorded(qkv.data)) return nullptr;
+    check_qkv_rows(qkv);
+    return bits(qkv.data);
+  }
+  static void check_qkv_rows(CM qkv) {
+    MOM_CHECK(qkv.ld == qkv.cols, "attention: the qkv ", shape(qkv),
+              " norm_linear_forward wrote in bf16 must be read as the dense matrix it wrote");
+  }
 
   // The layout record (LtPlans::bf16_layout): no allocation once every pair of a model has run a forward.
   void record(const void* buffer, bool bf16) const {

@@ -15,6 +15,10 @@
 // l sums the unrounded probabilities, as the wmma kernel and the reference do. Query tiles are launched longest
 // first (the last causal tiles carry the most keys), so the grid's tail is short tiles.
 //
+// From a bf16 qkv (the attention pair's qkv layout, attention_ops.hpp) Q, K and V are not converted: their tiles are
+// copied as they are with cp.async (16 bytes a thread a copy), K and V two buffers deep, so that the next key tile's
+// copies run while the warps multiply this one (FlashAttention-2's pipelining; 4 tiles of shared memory, not 2).
+//
 // Backward (FlashAttention-2's one kernel, 5 products a tile pair). A block owns 64 keys, warp w keys 16w .. 16w + 15,
 // and streams the query tiles that see them (Q, dO rounded when staged; lse and D = rowsum(dO ∘ O) in fp32). Per tile a
 // warp computes Sᵀ = K Qᵀ and dPᵀ = V dOᵀ into C fragments, Pᵀ and dSᵀ = Pᵀ ∘ (dPᵀ − D) on them, and dV += Pᵀ dO,
@@ -356,14 +360,50 @@ __device__ __forceinline__ void store_pair(E* p, float x, float y, bool pairs) {
   }
 }
 
+// A sequence's rows of qkv, fp32 or bf16 bits (where f16 is not null), from element `at` on (the kernels' argument:
+// the one runtime branch is the whole block's).
+struct QkvRows {
+  const float* f32;
+  const std::uint16_t* f16;
+  index_t at;
+  template <int HD, int Batch = 8>
+  __device__ __forceinline__ void stage(bf16_t* dst, const HeadLayout& L, index_t r0, index_t col0) const {
+    if (f16) tc_stage<gemm_bf16, HD, Batch>(dst, f16 + at, L.qkv_ld, r0, L.seq, col0);
+    else tc_stage<gemm_bf16, HD, Batch>(dst, f32 + at, L.qkv_ld, r0, L.seq, col0);
+  }
+  // The bf16 rows' tile as cp.async copies of 16 bytes (zeros past seq), issued by every thread; the caller commits
+  // and waits. The bf16 layout's rows are 16-byte aligned (attention_ops.hpp: qkv dense, 3d a multiple of 8, columns
+  // at multiples of the head dim).
+  template <int HD>
+  __device__ __forceinline__ void stage_async(bf16_t* dst, const HeadLayout& L, index_t r0, index_t col0) const {
+    constexpr int LD = TcLayout<gemm_bf16, HD>::ld, H8 = HD / 8, per = tc_tile * H8 / tc_threads;
+    std::uint16_t* const d16 = reinterpret_cast<std::uint16_t*>(dst);
+    const std::uint16_t* const base = f16 + at + col0;
+#pragma unroll
+    for (int k = 0; k < per; ++k) {
+      const int e = int(threadIdx.x) + k * tc_threads, rr = e / H8, c = (e % H8) * 8;
+      const bool in = r0 + rr < L.seq;  // else zeros, from a row that exists (not read)
+      cp_async16(d16 + rr * LD + c, base + (in ? r0 + rr : 0) * L.qkv_ld + c, in);
+    }
+  }
+};
+
 #endif
+
+// The forward's dynamic shared memory: K and V, twice over for a bf16 qkv (its two-deep copies).
+template <int HD>
+constexpr std::size_t mma_forward_smem(bool bf16_qkv) {
+  return (bf16_qkv ? 4 : 2) * TcLayout<gemm_bf16, HD>::tile;
+}
 
 // Dense causal attention, forward (the header's design).
 // OE: O's element, float, or std::uint16_t for bf16 bits (the attention-linear pair's layout, attention_ops.hpp: the
 // bits to_bf16 makes of the fp32 O). Rows L.out_ld elements apart either way.
+// Q, K and V come from qkv (fp32, rounded when staged) or, where qkv16 is not null, from those bf16 bits (rows
+// L.qkv_ld apart either way: the attention-linear pair's qkv layout, attention_ops.hpp).
 template <int HD, class OE>
-__global__ void attention_mma_forward_kernel(OE* out, float* lse, MatrixView<const float> qkv, HeadLayout L,
-                                             float scale) {
+__global__ void attention_mma_forward_kernel(OE* out, float* lse, MatrixView<const float> qkv,
+                                             const std::uint16_t* qkv16, HeadLayout L, float scale) {
 #if defined(MOM_MMA_BF16)
   using Lay = TcLayout<gemm_bf16, HD>;
   unsigned char* sm = dynamic_smem();
@@ -373,29 +413,61 @@ __global__ void attention_mma_forward_kernel(OE* out, float* lse, MatrixView<con
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
   const index_t bh = blockIdx.y, b = bh / L.heads, h = bh % L.heads;
   const index_t i0 = index_t(gridDim.x - 1 - blockIdx.x) * tc_tile, w0 = i0 + 16 * warp;  // longest first
-  const float* base = qkv.data + b * L.seq * L.qkv_ld;
+  const QkvRows src{qkv.data, qkv16, b * L.seq * L.qkv_ld};
   const index_t last = min(L.seq, i0 + tc_tile) - 1;  // the block's last query: keys [0, last] matter
   const index_t wlast = min(L.seq, w0 + 16) - 1;      // the warp's last query
   const bool active = w0 < L.seq;                      // the same for the whole warp
   const index_t qi[2] = {w0 + g, w0 + g + 8};           // this lane's two rows
   const index_t lo[2] = {0, 0}, hi[2] = {min(qi[0] + 1, L.seq), min(qi[1] + 1, L.seq)};
 
-  tc_stage<gemm_bf16, HD, 1>(sK, base, L.qkv_ld, i0, L.seq, h * L.hd);  // Q, through K's buffer
-  __syncthreads();
   MmaQ<HD> q;
-  mma_load_q<HD>(q, sK);
   MmaRows<HD> st;
   mma_rows_start<HD>(st);
   const float sl2 = scale * mma_log2e;
-  for (index_t j0 = 0; j0 <= last; j0 += tc_tile) {
-    __syncthreads();  // Q (first tile) or the previous K, V consumed
-    tc_stage<gemm_bf16, HD, 1>(sK, base, L.qkv_ld, j0, L.seq, L.d + h * L.hd);
-    tc_stage<gemm_bf16, HD, 1>(sV, base, L.qkv_ld, j0, L.seq, 2 * L.d + h * L.hd);
-    __syncthreads();
-    if (!active) continue;
-    // 16-key blocks holding a key <= the warp's last query (j0 <= i0 <= w0: at least one).
+  // 16-key blocks holding a key <= the warp's last query (j0 <= i0 <= w0: at least one).
+  const auto tile = [&](const bf16_t* k, const bf16_t* v, index_t j0) {
     const int nf = static_cast<int>(min(index_t(4), (wlast - j0) / 16 + 1));
-    mma_forward_tile<HD>(st, q, sK, sV, j0, lo, hi, 0, nf, sl2);
+    mma_forward_tile<HD>(st, q, k, v, j0, lo, hi, 0, nf, sl2);
+  };
+  if (src.f16) {
+    // A bf16 qkv: its tiles are copied as they are (cp.async), two K, V buffers deep, so that the copies of the next
+    // key tile run while the warps work on this one. Q goes through the second buffer's K first.
+    bf16_t* const sK2 = reinterpret_cast<bf16_t*>(sm + 2 * Lay::tile);
+    bf16_t* const sV2 = reinterpret_cast<bf16_t*>(sm + 3 * Lay::tile);
+    src.stage_async<HD>(sK2, L, i0, h * L.hd);
+    cp_async_commit();
+    src.stage_async<HD>(sK, L, 0, L.d + h * L.hd);
+    src.stage_async<HD>(sV, L, 0, 2 * L.d + h * L.hd);
+    cp_async_commit();
+    cp_async_wait<1>();  // Q's copies done (the first key tile's may still run)
+    __syncthreads();
+    mma_load_q<HD>(q, sK2);
+    __syncthreads();  // every warp has its Q fragments: the second buffer is free
+    int buf = 0;
+    for (index_t j0 = 0; j0 <= last; j0 += tc_tile, buf ^= 1) {
+      if (j0 + tc_tile <= last) {  // the next tile into the other buffer (read last in the previous iteration)
+        src.stage_async<HD>(buf ? sK : sK2, L, j0 + tc_tile, L.d + h * L.hd);
+        src.stage_async<HD>(buf ? sV : sV2, L, j0 + tc_tile, 2 * L.d + h * L.hd);
+        cp_async_commit();
+        cp_async_wait<1>();  // this tile's copies done
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();  // every thread's copies of this tile visible
+      if (active) tile(buf ? sK2 : sK, buf ? sV2 : sV, j0);
+      __syncthreads();  // this tile's buffer read by every warp before the next iteration's copies into it
+    }
+  } else {
+    src.stage<HD, 1>(sK, L, i0, h * L.hd);  // Q, through K's buffer
+    __syncthreads();
+    mma_load_q<HD>(q, sK);
+    for (index_t j0 = 0; j0 <= last; j0 += tc_tile) {
+      __syncthreads();  // Q (first tile) or the previous K, V consumed
+      src.stage<HD, 1>(sK, L, j0, L.d + h * L.hd);
+      src.stage<HD, 1>(sV, L, j0, 2 * L.d + h * L.hd);
+      __syncthreads();
+      if (active) tile(sK, sV, j0);
+    }
   }
   if (!active) return;
   const bool pairs = L.out_ld % 2 == 0 && aligned_pair(out + h * L.hd);
@@ -408,7 +480,7 @@ __global__ void attention_mma_forward_kernel(OE* out, float* lse, MatrixView<con
         if (qi[r] < L.seq) lse[bh * L.seq + qi[r]] = v;
       });
 #else
-  (void)out, (void)lse, (void)qkv, (void)L, (void)scale;
+  (void)out, (void)lse, (void)qkv, (void)qkv16, (void)L, (void)scale;
 #endif
 }
 
@@ -423,14 +495,14 @@ __global__ void attention_mma_forward_kernel(OE* out, float* lse, MatrixView<con
 template <int HD, class OE, class GE>
 __global__ void attention_mma_backward_kernel(float* dq, index_t dq_ld, GE* dkv, index_t dkv_ld,
                                               MatrixView<const float> dout, const OE* out, const float* lse,
-                                              MatrixView<const float> qkv, HeadLayout L, float scale,
-                                              index_t dout_ld) {
+                                              MatrixView<const float> qkv, const std::uint16_t* qkv16, HeadLayout L,
+                                              float scale, index_t dout_ld) {
 #if defined(MOM_MMA_BF16)
   const MmaBackwardSmem<HD> sm = mma_backward_smem<HD>(dynamic_smem());
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
   const index_t bh = blockIdx.y, b = bh / L.heads, h = bh % L.heads;
   const index_t j0 = index_t(blockIdx.x) * tc_tile, w0 = j0 + 16 * warp;  // block 0 has the most query tiles
-  const float* base = qkv.data + b * L.seq * L.qkv_ld;
+  const QkvRows src{qkv.data, qkv16, b * L.seq * L.qkv_ld};
   const float* dbase = dout.data + b * L.seq * dout_ld;
   const OE* obase = out + b * L.seq * L.out_ld;
   const bool active = w0 < L.seq;
@@ -438,14 +510,14 @@ __global__ void attention_mma_backward_kernel(float* dq, index_t dq_ld, GE* dkv,
   const index_t kj[2] = {w0 + g, w0 + g + 8};  // this lane's keys: they see the queries [key, seq)
   const index_t lo[2] = {kj[0], kj[1]}, hi[2] = {kj[0] < L.seq ? L.seq : 0, kj[1] < L.seq ? L.seq : 0};
 
-  tc_stage<gemm_bf16, HD>(sm.k, base, L.qkv_ld, j0, L.seq, L.d + h * L.hd);
-  tc_stage<gemm_bf16, HD>(sm.v, base, L.qkv_ld, j0, L.seq, 2 * L.d + h * L.hd);
+  src.stage<HD>(sm.k, L, j0, L.d + h * L.hd);
+  src.stage<HD>(sm.v, L, j0, 2 * L.d + h * L.hd);
   MmaKeyGrads<HD> acc;
   mma_key_grads_start<HD>(acc);
   const float sl2 = scale * mma_log2e;
   for (index_t i0 = j0; i0 < L.seq; i0 += tc_tile) {  // query tiles at or after this key tile
     __syncthreads();
-    tc_stage<gemm_bf16, HD>(sm.q, base, L.qkv_ld, i0, L.seq, h * L.hd);
+    src.stage<HD>(sm.q, L, i0, h * L.hd);
     tc_stage_dout<gemm_bf16, HD>(sm.dout, sm.d, sm.lse, dbase, dout_ld, obase, L.out_ld, lse + bh * L.seq, i0, L.seq,
                                  h * L.hd);
     __syncthreads();
@@ -480,8 +552,8 @@ __global__ void attention_mma_backward_kernel(float* dq, index_t dq_ld, GE* dkv,
     }
   });
 #else
-  (void)dq, (void)dq_ld, (void)dkv, (void)dkv_ld, (void)dout, (void)out, (void)lse, (void)qkv, (void)L, (void)scale,
-      (void)dout_ld;
+  (void)dq, (void)dq_ld, (void)dkv, (void)dkv_ld, (void)dout, (void)out, (void)lse, (void)qkv, (void)qkv16, (void)L,
+      (void)scale, (void)dout_ld;
 #endif
 }
 

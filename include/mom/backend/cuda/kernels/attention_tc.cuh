@@ -224,10 +224,11 @@ bool attention_tc_forward(const Context& ctx, MatrixView<T> out, T* lse, MatrixV
     const dim3 grid(blocks_exact(L.seq, tc_tile), static_cast<unsigned>(batch * L.heads));
     const float scale = 1.0f / std::sqrt(float(L.hd));
     if constexpr (P == gemm_bf16) {  // attention_mma.cuh: K and V tiles only
-      constexpr std::size_t smem = 2 * TcLayout<P, HD>::tile;
+      const std::size_t smem = mma_forward_smem<HD>(false);
       constexpr auto kernel = attention_mma_forward_kernel<HD, float>;
       if (tc_kernel_usable<kernel>(ctx, smem)) {
-        launch_smem("attention_forward", ctx, grid, tc_threads, smem, kernel, out.data, lse, qkv, L, scale);
+        launch_smem("attention_forward", ctx, grid, tc_threads, smem, kernel, out.data, lse, qkv,
+                    static_cast<const std::uint16_t*>(nullptr), L, scale);
         return true;
       }
     }
@@ -251,7 +252,7 @@ bool attention_tc_backward(const Context& ctx, MatrixView<T> dqkv, MatrixView<co
       constexpr auto kernel = attention_mma_backward_kernel<HD, float, float>;
       if (tc_kernel_usable<kernel>(ctx, smem)) {
         launch_smem("attention_backward", ctx, grid, tc_threads, smem, kernel, dqkv.data, dqkv.ld, dqkv.data + L.d,
-                    dqkv.ld, dout, out.data, lse, qkv, L, scale, dout.ld);
+                    dqkv.ld, dout, out.data, lse, qkv, static_cast<const std::uint16_t*>(nullptr), L, scale, dout.ld);
         return true;
       }
     }
@@ -271,7 +272,7 @@ bool with_mma_bf16_out(const Context& ctx, index_t hd, F&& f) {
   if (ctx.precision != Precision::BF16 || (hd != 64 && hd != 128)) return false;
   const auto usable = [&](auto hdc) {
     constexpr int HD = decltype(hdc)::value;
-    return tc_kernel_usable<attention_mma_forward_kernel<HD, std::uint16_t>>(ctx, 2 * TcLayout<gemm_bf16, HD>::tile) &&
+    return tc_kernel_usable<attention_mma_forward_kernel<HD, std::uint16_t>>(ctx, mma_forward_smem<HD>(true)) &&
            tc_kernel_usable<attention_mma_backward_kernel<HD, std::uint16_t, float>>(ctx, MmaBackwardSmem<HD>::bytes) &&
            tc_kernel_usable<attention_mma_backward_kernel<HD, std::uint16_t, std::uint16_t>>(
                ctx, MmaBackwardSmem<HD>::bytes) &&
@@ -284,32 +285,65 @@ bool with_mma_bf16_out(const Context& ctx, index_t hd, F&& f) {
 
 #if defined(MOM_CUDA_FLOAT_UNIT)  // non-template: defined in mom_cuda.cu alone (kernels/all.cuh)
 bool attention_forward_bf16(const Context& ctx, std::uint16_t* out, index_t out_ld, float* lse,
-                            MatrixView<const float> qkv, index_t batch, index_t seq, index_t heads) {
+                            MatrixView<const float> qkv, index_t batch, index_t seq, index_t heads,
+                            const std::uint16_t* qkv16) {
   const index_t d = qkv.cols / 3, hd = d / heads;
-  const dev::HeadLayout L{seq, heads, d, hd, qkv.ld, out_ld};
+  const dev::HeadLayout L{seq, heads, d, hd, qkv16 ? qkv.cols : qkv.ld, out_ld};
   return dev::with_mma_bf16_out(ctx, hd, [&](auto hdc) {
     constexpr int HD = decltype(hdc)::value;
     const dim3 grid(dev::blocks_exact(seq, dev::tc_tile), static_cast<unsigned>(batch * heads));
-    dev::launch_smem("attention_forward", ctx, grid, dev::tc_threads, 2 * dev::TcLayout<dev::gemm_bf16, HD>::tile,
-                     dev::attention_mma_forward_kernel<HD, std::uint16_t>, out, lse, qkv, L,
+    dev::launch_smem("attention_forward", ctx, grid, dev::tc_threads, dev::mma_forward_smem<HD>(qkv16),
+                     dev::attention_mma_forward_kernel<HD, std::uint16_t>, out, lse, qkv, qkv16, L,
                      1.0f / std::sqrt(float(hd)));
   });
+}
+bool attention_takes_bf16_qkv(const Context& ctx, index_t hd) {
+  return dev::with_mma_bf16_out(ctx, hd, [](auto) {});
+}
+// The bf16 qkv's kernels with O in fp32 (OE = float: the instances attention_tc_forward / attention_tc_backward run for
+// an fp32 qkv); with_mma_bf16_out's check covers them (the same shared memory, the same compiled architecture).
+void attention_forward_bf16(const Context& ctx, MatrixView<float> out, float* lse, MatrixView<const float> qkv,
+                            index_t batch, index_t seq, index_t heads, const std::uint16_t* qkv16) {
+  const index_t d = qkv.cols / 3, hd = d / heads;
+  const dev::HeadLayout L{seq, heads, d, hd, qkv.cols, out.ld};
+  const bool ran = dev::with_mma_bf16_out(ctx, hd, [&](auto hdc) {
+    constexpr int HD = decltype(hdc)::value;
+    const dim3 grid(dev::blocks_exact(seq, dev::tc_tile), static_cast<unsigned>(batch * heads));
+    dev::launch_smem("attention_forward", ctx, grid, dev::tc_threads, dev::mma_forward_smem<HD>(true),
+                     dev::attention_mma_forward_kernel<HD, float>, out.data, lse, qkv, qkv16, L,
+                     1.0f / std::sqrt(float(hd)));
+  });
+  MOM_CHECK(ran, "attention_forward: a bf16 qkv's kernels do not apply (precision changed since norm_linear_forward?)");
+}
+void attention_backward_bf16(const Context& ctx, MatrixView<float> dqkv, MatrixView<const float> dout,
+                             MatrixView<const float> out, const float* lse, MatrixView<const float> qkv, index_t batch,
+                             index_t seq, index_t heads, const std::uint16_t* qkv16) {
+  const index_t d = qkv.cols / 3, hd = d / heads;
+  const dev::HeadLayout L{seq, heads, d, hd, qkv.cols, out.ld};
+  const bool ran = dev::with_mma_bf16_out(ctx, hd, [&](auto hdc) {
+    constexpr int HD = decltype(hdc)::value;
+    const dim3 grid(dev::blocks_exact(seq, dev::tc_tile), static_cast<unsigned>(batch * heads));
+    dev::launch_smem("attention_backward", ctx, grid, dev::tc_threads, dev::MmaBackwardSmem<HD>::bytes,
+                     dev::attention_mma_backward_kernel<HD, float, float>, dqkv.data, dqkv.ld, dqkv.data + d, dqkv.ld,
+                     dout, out.data, lse, qkv, qkv16, L, 1.0f / std::sqrt(float(hd)), dout.ld);
+  });
+  MOM_CHECK(ran, "attention_backward: a bf16 qkv's kernels do not apply (precision changed since forward?)");
 }
 namespace dev {
 // attention_backward_bf16's two gradient layouts: GE = float (added) or std::uint16_t (bf16 bits, written).
 template <class GE>
 void attention_backward_bf16_into(const Context& ctx, float* dq, index_t dq_ld, GE* dkv, index_t dkv_ld,
                                   MatrixView<const float> dout, const std::uint16_t* out, index_t out_ld,
-                                  const float* lse, MatrixView<const float> qkv, index_t batch, index_t seq,
-                                  index_t heads) {
+                                  const float* lse, MatrixView<const float> qkv, const std::uint16_t* qkv16,
+                                  index_t batch, index_t seq, index_t heads) {
   const index_t d = qkv.cols / 3, hd = d / heads;
-  const HeadLayout L{seq, heads, d, hd, qkv.ld, out_ld};
+  const HeadLayout L{seq, heads, d, hd, qkv16 ? qkv.cols : qkv.ld, out_ld};
   const bool ran = with_mma_bf16_out(ctx, hd, [&](auto hdc) {
     constexpr int HD = decltype(hdc)::value;
     const dim3 grid(blocks_exact(seq, tc_tile), static_cast<unsigned>(batch * heads));
     launch_smem("attention_backward", ctx, grid, tc_threads, MmaBackwardSmem<HD>::bytes,
-                attention_mma_backward_kernel<HD, std::uint16_t, GE>, dq, dq_ld, dkv, dkv_ld, dout, out, lse, qkv, L,
-                1.0f / std::sqrt(float(hd)), dout.ld);
+                attention_mma_backward_kernel<HD, std::uint16_t, GE>, dq, dq_ld, dkv, dkv_ld, dout, out, lse, qkv,
+                qkv16, L, 1.0f / std::sqrt(float(hd)), dout.ld);
   });
   MOM_CHECK(ran, "attention_backward_bf16: the bf16 output's kernels do not apply (precision changed since forward?)");
 }
@@ -317,15 +351,17 @@ void attention_backward_bf16_into(const Context& ctx, float* dq, index_t dq_ld, 
 
 void attention_backward_bf16(const Context& ctx, MatrixView<float> dqkv, MatrixView<const float> dout,
                              const std::uint16_t* out, index_t out_ld, const float* lse, MatrixView<const float> qkv,
-                             index_t batch, index_t seq, index_t heads) {
+                             index_t batch, index_t seq, index_t heads, const std::uint16_t* qkv16) {
   const index_t d = qkv.cols / 3;
   dev::attention_backward_bf16_into(ctx, dqkv.data, dqkv.ld, dqkv.data + d, dqkv.ld, dout, out, out_ld, lse, qkv,
-                                    batch, seq, heads);
+                                    qkv16, batch, seq, heads);
 }
 void attention_backward_bf16(const Context& ctx, float* dq, index_t dq_ld, std::uint16_t* dkv, index_t dkv_ld,
                              MatrixView<const float> dout, const std::uint16_t* out, index_t out_ld, const float* lse,
-                             MatrixView<const float> qkv, index_t batch, index_t seq, index_t heads) {
-  dev::attention_backward_bf16_into(ctx, dq, dq_ld, dkv, dkv_ld, dout, out, out_ld, lse, qkv, batch, seq, heads);
+                             MatrixView<const float> qkv, index_t batch, index_t seq, index_t heads,
+                             const std::uint16_t* qkv16) {
+  dev::attention_backward_bf16_into(ctx, dq, dq_ld, dkv, dkv_ld, dout, out, out_ld, lse, qkv, qkv16, batch, seq,
+                                    heads);
 }
 #endif
 

@@ -143,6 +143,40 @@ __device__ __forceinline__ void tc_stage(typename TcLayout<Path, HD>::S* dst, co
     dst[rr * LD + c] = stage_value<float, Path>(r < seq ? base[r * ld + col0 + c] : 0.0f);
   }
 }
+// The same tile from a bf16 source (std::uint16_t bits: the qkv product's bf16 output, attention_ops.hpp), bf16 path
+// only: the values are copied as they are, being the bits the fp32 form's rounding makes of the fp32 values. 16-byte
+// loads (8 values) when every row starts 16-byte aligned, a batch's loads issued before its stores as above.
+template <int Path, int HD, int Batch = 8>
+__device__ __forceinline__ void tc_stage(typename TcLayout<Path, HD>::S* dst, const std::uint16_t* base, index_t ld,
+                                         index_t r0, index_t seq, index_t col0) {
+  static_assert(Path == gemm_bf16, "a bf16 source stages only for the bf16 path");
+  constexpr int LD = TcLayout<Path, HD>::ld;
+  std::uint16_t* const d16 = reinterpret_cast<std::uint16_t*>(dst);
+  if (ld % 8 == 0 && aligned16(base + col0)) {
+    constexpr int H8 = HD / 8, per = tc_tile * H8 / tc_threads, batch = Batch < per ? Batch : per;
+    static_assert(per % batch == 0);
+#pragma unroll
+    for (int b0 = 0; b0 < per; b0 += batch) {
+      uint4 v[batch];
+#pragma unroll
+      for (int k = 0; k < batch; ++k) {
+        const int e = threadIdx.x + (b0 + k) * tc_threads, rr = e / H8, c = (e % H8) * 8;
+        v[k] = r0 + rr < seq ? load16<uint4>(base + (r0 + rr) * ld + col0 + c) : uint4{0u, 0u, 0u, 0u};
+      }
+#pragma unroll
+      for (int k = 0; k < batch; ++k) {
+        const int e = threadIdx.x + (b0 + k) * tc_threads, rr = e / H8, c = (e % H8) * 8;
+        store16(d16 + rr * LD + c, v[k]);
+      }
+    }
+    return;
+  }
+  for (int e = threadIdx.x; e < tc_tile * HD; e += tc_threads) {
+    const int rr = e / HD, c = e % HD;
+    const index_t r = r0 + rr;
+    d16[rr * LD + c] = r < seq ? base[r * ld + col0 + c] : std::uint16_t(0);
+  }
+}
 
 // Stages rows r0 .. r0 + 63 of dO (rounded) and, per row i, D_i = Σ_c dO_ic O_ic (fp32, from the
 // unrounded values) and lse_i = lse_bh[i · lse_stride]; rows past seq get zeros. When every row of dO and O starts 16-byte

@@ -109,6 +109,20 @@ inline void mma_tf32(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
     d[e] = s;
   }
 }
+// cp.async, 16 bytes from global to shared memory (zeros where !valid: the source is then not read), completes at once
+// here: commit and wait have nothing to wait for. Both addresses 16-byte aligned (checked).
+inline void cp_async16(void* smem, const void* gmem, bool valid) {
+  check_aligned16(smem, "a cp.async destination");
+  if (!valid) {
+    std::memset(smem, 0, 16);
+    return;
+  }
+  check_aligned16(gmem, "a cp.async source");
+  std::memcpy(smem, gmem, 16);
+}
+inline void cp_async_commit() {}
+template <int N>
+inline void cp_async_wait() {}
 #else
 __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half
@@ -141,6 +155,18 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const u32 (&a)[4], u32 b
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// cp.async.cg (L2 only, 16 bytes; a source size of 0 where !valid: zeros written, nothing read), the commit of the
+// copies issued so far as a group, and the wait until at most N groups are pending (then a barrier makes the block's
+// copies visible to all its threads).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 #endif
 
