@@ -110,13 +110,13 @@ struct GemmTally : mom::testing::CountingBackend<float> {
   }
   // A LayerNorm and the linear that reads it as cuda::Backend's op pair (norm_ops.hpp): the separate ops' products, but
   // under BF16 the LayerNorm's output is written in bf16 (no staging copy reads it, forward or dW); dy is staged once.
-  // The attention pair's qkv (y_layout.attention_heads) is written in bf16 where its mma kernels read it (head dim 64
-  // or 128): the bias is then staged for the product's bf16 epilogue.
+  // The attention pair's qkv (y_layout.attention_heads) is written in bf16 where its mma kernels read it (head dim
+  // 64): the bias is then staged for the product's bf16 epilogue.
   void norm_linear_forward(M y, NormSaved<float> ln, CM x, CS gamma, CS beta, CM w, CS b, OutLayout y_layout = {}) {
     product(x.rows, w.rows, x.cols, CM(ln.out), w, y);
     unstaged_reads += ln.out.rows * ln.out.cols;
     const index_t heads = y_layout.attention_heads;
-    if (heads > 0 && !b.empty() && attention_in_bf16(CM(y.data, y.rows, y.cols / 3), heads))
+    if (heads > 0 && !b.empty() && y.cols / 3 / heads == 64)
       staged(CM(b.data(), 1, ssize(b)));
     Base::layernorm_forward(ln.out, ln.mean, ln.rstd, x, gamma, beta);
     Base::linear_forward(y, CM(ln.out), w, b);

@@ -220,7 +220,7 @@ enum class GradLayout { fp32, backend };
 // fp32 matrix any op may read; OutLayout{.attention_heads = H}, the qkv [rows × 3d] of a causal attention over H heads,
 // read only by the attention_linear_forward called next (no op between the two) and its attention_linear_backward, as
 // their qkv, nothing else reading or writing it (modules/mha.hpp, without RoPE): a layout of the backend's own. Under
-// BF16 the CUDA backend writes it in bf16 where its attention kernels read bf16 (head dim 64 or 128: attention_ops.hpp).
+// BF16 the CUDA backend writes it in bf16 where its attention kernels read bf16 (head dim 64: attention_ops.hpp).
 struct OutLayout {
   index_t attention_heads = 0;
 };

@@ -11,11 +11,12 @@
 // bf16), within bf16's precision. Elsewhere (TF32, FP32, double, another head dim, an unaligned or padded att) the
 // pair is those ops with att in fp32. Which layout a forward wrote is recorded per att buffer (NormOps' record).
 //
-// Its input: qkv as norm_linear_forward wrote it just before (handed over, then recorded per buffer: norm_ops.hpp). Asked for the attention's layout
-// (OutLayout, modules/mha.hpp without RoPE) where these kernels apply, the qkv product writes qkv as bf16 only, in the
-// first half of its fp32 buffer, and the mma kernels stage Q, K and V from those bits (the same bits they round an fp32
-// qkv to, the bias having entered in bf16): half the bytes written and read, no conversion in the kernels' staging.
-// With att in fp32 (its layout does not fit) the same kernels run with an fp32 output.
+// Its input: qkv as norm_linear_forward wrote it just before (handed over, then recorded per buffer: norm_ops.hpp).
+// Asked for the attention's layout (OutLayout, modules/mha.hpp without RoPE) at head dim 64, the qkv product writes qkv
+// as bf16 only, in the first half of its fp32 buffer, and the mma kernels' Q16 instances copy Q, K and V from those bits
+// (the bits they would round an fp32 qkv to, the bias having entered in bf16; cp.async, two tiles deep:
+// attention_mma.cuh): half the bytes written and read, no conversion in the kernels. With att in fp32 (its layout does
+// not fit) the same kernels run with an fp32 output.
 //
 // The backward's dqkv, handed to norm_linear_backward (GradLayout::backend, backend_concept.hpp): where att is bf16 and
 // dqkv dense and aligned, the kernel writes dK and dV as bf16 in the first half of dqkv's fp32 buffer and dQ, added

@@ -118,7 +118,7 @@ class NormOps : public DenseOps<T> {
     return lt_run(*this->ctx_, *p, 1.0f, sw.data, xo.bf16, y16, sb.data);
   }
   // The qkv of the attention pair may be written in bf16 (its kernels then stage Q, K and V from those bits): an
-  // attention over `heads` heads (0: y is not a qkv) whose bf16 kernels apply (BF16, head dim 64 or 128, launchable:
+  // attention over `heads` heads (0: y is not a qkv) whose bf16-qkv kernels apply (BF16, head dim 64, launchable:
   // cuda::attention_takes_bf16_qkv), a bias, y dense in the bf16 layout.
   bool qkv_bf16_fits(CM y, CS b, index_t heads) const {
     return heads > 0 && !b.empty() && y.cols % (3 * heads) == 0 && bf16_layout_fits(y) &&

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "mom/backend/cuda/kernels/attention_mma_smem.cuh"  // shared-memory layouts, the copies into them
 #include "mom/backend/cuda/kernels/attention_tc_tile.cuh"  // TcLayout, tc_stage, tc_tile, tc_threads
 #include "mom/backend/cuda/kernels/mma.cuh"
 
@@ -178,23 +179,6 @@ __device__ __forceinline__ void mma_forward_finish(MmaRows<HD>& st, Put&& put, L
 
 // ---- a warp's backward work. The block owns 64 keys (warp w keys 16w .. 16w + 15: this lane's keys g and g + 8,
 // r = 0, 1); query tiles of 64 stream through shared memory.
-
-// Shared memory of the backward kernels: the block's K and V, the streamed Q and dO (bf16, [64][ld]), the warps'
-// dSᵀ for dQ (bf16, [64 keys][pld]), the streamed rows' lse and D (fp32).
-template <int HD>
-struct MmaBackwardSmem {
-  bf16_t *k, *v, *q, *dout, *ds;
-  float *lse, *d;
-  static constexpr std::size_t bytes =
-      4 * TcLayout<gemm_bf16, HD>::tile + TcLayout<gemm_bf16, HD>::pstage + 2 * TcLayout<gemm_bf16, HD>::vec;
-};
-template <int HD>
-__device__ __forceinline__ MmaBackwardSmem<HD> mma_backward_smem(unsigned char* sm) {
-  using Lay = TcLayout<gemm_bf16, HD>;
-  const auto at = [&](std::size_t off) { return reinterpret_cast<bf16_t*>(sm + off); };
-  float* lse = reinterpret_cast<float*>(sm + 4 * Lay::tile + Lay::pstage);
-  return {at(0), at(Lay::tile), at(2 * Lay::tile), at(3 * Lay::tile), at(4 * Lay::tile), lse, lse + tc_tile};
-}
 
 // The warp's dK and dV (16 keys × HD) as C fragments.
 template <int HD>
@@ -360,48 +344,14 @@ __device__ __forceinline__ void store_pair(E* p, float x, float y, bool pairs) {
   }
 }
 
-// A sequence's rows of qkv, fp32 or bf16 bits (where f16 is not null), from element `at` on (the kernels' argument:
-// the one runtime branch is the whole block's).
-struct QkvRows {
-  const float* f32;
-  const std::uint16_t* f16;
-  index_t at;
-  template <int HD, int Batch = 8>
-  __device__ __forceinline__ void stage(bf16_t* dst, const HeadLayout& L, index_t r0, index_t col0) const {
-    if (f16) tc_stage<gemm_bf16, HD, Batch>(dst, f16 + at, L.qkv_ld, r0, L.seq, col0);
-    else tc_stage<gemm_bf16, HD, Batch>(dst, f32 + at, L.qkv_ld, r0, L.seq, col0);
-  }
-  // The bf16 rows' tile as cp.async copies of 16 bytes (zeros past seq), issued by every thread; the caller commits
-  // and waits. The bf16 layout's rows are 16-byte aligned (attention_ops.hpp: qkv dense, 3d a multiple of 8, columns
-  // at multiples of the head dim).
-  template <int HD>
-  __device__ __forceinline__ void stage_async(bf16_t* dst, const HeadLayout& L, index_t r0, index_t col0) const {
-    constexpr int LD = TcLayout<gemm_bf16, HD>::ld, H8 = HD / 8, per = tc_tile * H8 / tc_threads;
-    std::uint16_t* const d16 = reinterpret_cast<std::uint16_t*>(dst);
-    const std::uint16_t* const base = f16 + at + col0;
-#pragma unroll
-    for (int k = 0; k < per; ++k) {
-      const int e = int(threadIdx.x) + k * tc_threads, rr = e / H8, c = (e % H8) * 8;
-      const bool in = r0 + rr < L.seq;  // else zeros, from a row that exists (not read)
-      cp_async16(d16 + rr * LD + c, base + (in ? r0 + rr : 0) * L.qkv_ld + c, in);
-    }
-  }
-};
-
 #endif
-
-// The forward's dynamic shared memory: K and V, twice over for a bf16 qkv (its two-deep copies).
-template <int HD>
-constexpr std::size_t mma_forward_smem(bool bf16_qkv) {
-  return (bf16_qkv ? 4 : 2) * TcLayout<gemm_bf16, HD>::tile;
-}
 
 // Dense causal attention, forward (the header's design).
 // OE: O's element, float, or std::uint16_t for bf16 bits (the attention-linear pair's layout, attention_ops.hpp: the
 // bits to_bf16 makes of the fp32 O). Rows L.out_ld elements apart either way.
-// Q, K and V come from qkv (fp32, rounded when staged) or, where qkv16 is not null, from those bf16 bits (rows
-// L.qkv_ld apart either way: the attention-linear pair's qkv layout, attention_ops.hpp).
-template <int HD, class OE>
+// Q, K and V come from qkv (fp32, rounded when staged) or, with Q16, from the bf16 bits qkv16 (rows L.qkv_ld apart
+// either way: the attention-linear pair's qkv layout, attention_ops.hpp; head dim 64).
+template <int HD, class OE, bool Q16 = false>
 __global__ void attention_mma_forward_kernel(OE* out, float* lse, MatrixView<const float> qkv,
                                              const std::uint16_t* qkv16, HeadLayout L, float scale) {
 #if defined(MOM_MMA_BF16)
@@ -413,7 +363,7 @@ __global__ void attention_mma_forward_kernel(OE* out, float* lse, MatrixView<con
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
   const index_t bh = blockIdx.y, b = bh / L.heads, h = bh % L.heads;
   const index_t i0 = index_t(gridDim.x - 1 - blockIdx.x) * tc_tile, w0 = i0 + 16 * warp;  // longest first
-  const QkvRows src{qkv.data, qkv16, b * L.seq * L.qkv_ld};
+  const QkvRows<Q16> src{qkv.data, qkv16, b * L.seq * L.qkv_ld};
   const index_t last = min(L.seq, i0 + tc_tile) - 1;  // the block's last query: keys [0, last] matter
   const index_t wlast = min(L.seq, w0 + 16) - 1;      // the warp's last query
   const bool active = w0 < L.seq;                      // the same for the whole warp
@@ -429,15 +379,15 @@ __global__ void attention_mma_forward_kernel(OE* out, float* lse, MatrixView<con
     const int nf = static_cast<int>(min(index_t(4), (wlast - j0) / 16 + 1));
     mma_forward_tile<HD>(st, q, k, v, j0, lo, hi, 0, nf, sl2);
   };
-  if (src.f16) {
+  if constexpr (Q16) {
     // A bf16 qkv: its tiles are copied as they are (cp.async), two K, V buffers deep, so that the copies of the next
     // key tile run while the warps work on this one. Q goes through the second buffer's K first.
     bf16_t* const sK2 = reinterpret_cast<bf16_t*>(sm + 2 * Lay::tile);
     bf16_t* const sV2 = reinterpret_cast<bf16_t*>(sm + 3 * Lay::tile);
-    src.stage_async<HD>(sK2, L, i0, h * L.hd);
+    src.template stage_async<HD>(sK2, L, i0, h * L.hd);
     cp_async_commit();
-    src.stage_async<HD>(sK, L, 0, L.d + h * L.hd);
-    src.stage_async<HD>(sV, L, 0, 2 * L.d + h * L.hd);
+    src.template stage_async<HD>(sK, L, 0, L.d + h * L.hd);
+    src.template stage_async<HD>(sV, L, 0, 2 * L.d + h * L.hd);
     cp_async_commit();
     cp_async_wait<1>();  // Q's copies done (the first key tile's may still run)
     __syncthreads();
@@ -446,8 +396,8 @@ __global__ void attention_mma_forward_kernel(OE* out, float* lse, MatrixView<con
     int buf = 0;
     for (index_t j0 = 0; j0 <= last; j0 += tc_tile, buf ^= 1) {
       if (j0 + tc_tile <= last) {  // the next tile into the other buffer (read last in the previous iteration)
-        src.stage_async<HD>(buf ? sK : sK2, L, j0 + tc_tile, L.d + h * L.hd);
-        src.stage_async<HD>(buf ? sV : sV2, L, j0 + tc_tile, 2 * L.d + h * L.hd);
+        src.template stage_async<HD>(buf ? sK : sK2, L, j0 + tc_tile, L.d + h * L.hd);
+        src.template stage_async<HD>(buf ? sV : sV2, L, j0 + tc_tile, 2 * L.d + h * L.hd);
         cp_async_commit();
         cp_async_wait<1>();  // this tile's copies done
       } else {
@@ -458,13 +408,13 @@ __global__ void attention_mma_forward_kernel(OE* out, float* lse, MatrixView<con
       __syncthreads();  // this tile's buffer read by every warp before the next iteration's copies into it
     }
   } else {
-    src.stage<HD, 1>(sK, L, i0, h * L.hd);  // Q, through K's buffer
+    src.template stage<HD, 1>(sK, L, i0, h * L.hd);  // Q, through K's buffer
     __syncthreads();
     mma_load_q<HD>(q, sK);
     for (index_t j0 = 0; j0 <= last; j0 += tc_tile) {
       __syncthreads();  // Q (first tile) or the previous K, V consumed
-      src.stage<HD, 1>(sK, L, j0, L.d + h * L.hd);
-      src.stage<HD, 1>(sV, L, j0, 2 * L.d + h * L.hd);
+      src.template stage<HD, 1>(sK, L, j0, L.d + h * L.hd);
+      src.template stage<HD, 1>(sV, L, j0, 2 * L.d + h * L.hd);
       __syncthreads();
       if (active) tile(sK, sV, j0);
     }
@@ -492,7 +442,7 @@ __global__ void attention_mma_forward_kernel(OE* out, float* lse, MatrixView<con
 // GE: dK and dV's element: float, added to dkv's rows (with dq = the same rows' Q columns: dqkv accumulated), or
 // std::uint16_t, written as bf16 bits (the attention-linear pair's gradient layout, attention_ops.hpp: the bits
 // to_bf16 makes of them), dQ then added into a separate fp32 buffer (zeroed by the caller) to be converted after.
-template <int HD, class OE, class GE>
+template <int HD, class OE, class GE, bool Q16 = false>
 __global__ void attention_mma_backward_kernel(float* dq, index_t dq_ld, GE* dkv, index_t dkv_ld,
                                               MatrixView<const float> dout, const OE* out, const float* lse,
                                               MatrixView<const float> qkv, const std::uint16_t* qkv16, HeadLayout L,
@@ -502,7 +452,7 @@ __global__ void attention_mma_backward_kernel(float* dq, index_t dq_ld, GE* dkv,
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
   const index_t bh = blockIdx.y, b = bh / L.heads, h = bh % L.heads;
   const index_t j0 = index_t(blockIdx.x) * tc_tile, w0 = j0 + 16 * warp;  // block 0 has the most query tiles
-  const QkvRows src{qkv.data, qkv16, b * L.seq * L.qkv_ld};
+  const QkvRows<Q16> src{qkv.data, qkv16, b * L.seq * L.qkv_ld};
   const float* dbase = dout.data + b * L.seq * dout_ld;
   const OE* obase = out + b * L.seq * L.out_ld;
   const bool active = w0 < L.seq;
@@ -510,20 +460,14 @@ __global__ void attention_mma_backward_kernel(float* dq, index_t dq_ld, GE* dkv,
   const index_t kj[2] = {w0 + g, w0 + g + 8};  // this lane's keys: they see the queries [key, seq)
   const index_t lo[2] = {kj[0], kj[1]}, hi[2] = {kj[0] < L.seq ? L.seq : 0, kj[1] < L.seq ? L.seq : 0};
 
-  src.stage<HD>(sm.k, L, j0, L.d + h * L.hd);
-  src.stage<HD>(sm.v, L, j0, 2 * L.d + h * L.hd);
   MmaKeyGrads<HD> acc;
   mma_key_grads_start<HD>(acc);
   const float sl2 = scale * mma_log2e;
-  for (index_t i0 = j0; i0 < L.seq; i0 += tc_tile) {  // query tiles at or after this key tile
-    __syncthreads();
-    src.stage<HD>(sm.q, L, i0, h * L.hd);
-    tc_stage_dout<gemm_bf16, HD>(sm.dout, sm.d, sm.lse, dbase, dout_ld, obase, L.out_ld, lse + bh * L.seq, i0, L.seq,
-                                 h * L.hd);
-    __syncthreads();
+  // One query tile at i0 (its Q, dO, D and lse staged in cur): the products, a barrier, the dQ rows.
+  const auto query_tile = [&](const MmaBackwardSmem<HD>& cur, index_t i0) {
     // 16-query blocks with a query >= the warp's first key and < seq.
     if (active)
-      mma_backward_tile<HD>(acc, sm, i0, lo, hi, i0 == j0 ? warp : 0,
+      mma_backward_tile<HD>(acc, cur, i0, lo, hi, i0 == j0 ? warp : 0,
                             static_cast<int>(min(index_t(4), (L.seq - i0 + 15) / 16)), sl2);
     __syncthreads();  // every warp's dSᵀ rows written
     // dQ of queries q0 .. q0 + 15 over the key blocks whose warps wrote their columns: the keys < seq, and on the
@@ -531,9 +475,61 @@ __global__ void attention_mma_backward_kernel(float* dq, index_t dq_ld, GE* dkv,
     const index_t q0 = i0 + 16 * warp;
     if (q0 < L.seq) {
       const int kb = i0 == j0 ? warp + 1 : static_cast<int>(min(index_t(4), (L.seq - j0 + 15) / 16));
-      mma_dq_tile<HD>(sm, (1u << kb) - 1u, scale, [&](int row, int c, float4 v) {
+      mma_dq_tile<HD>(cur, (1u << kb) - 1u, scale, [&](int row, int c, float4 v) {
         if (q0 + row < L.seq) atomic_add4(dq + (b * L.seq + q0 + row) * dq_ld + h * L.hd + c, v, dq_aligned);
       });
+    }
+  };
+  // The pipelined form (head dim 64, a bf16 O: attention_mma_smem.cuh's mma_backward_smem_bytes sizes it).
+  constexpr bool can_pipeline = Q16 && HD == 64 && std::is_same_v<OE, std::uint16_t>;
+  bool pipelined = false;
+  if constexpr (can_pipeline) pipelined = mma_backward_pipelined(dbase, dout_ld, obase, L);
+  if constexpr (can_pipeline) {
+    if (pipelined) {
+      // A bf16 qkv and O, 16-byte aligned rows: each query tile's Q, dO (fp32) and O copied with cp.async two deep
+      // (attention_mma_smem.cuh), K and V with the first; then dO rounded and D summed from the copies as tc_stage_dout
+      // does from memory (the same values: the same bits). lse goes through a register, stored a tile ahead.
+      const MmaBackwardPipe<HD> pp = mma_backward_pipe<HD>(dynamic_smem());
+      const int tid = threadIdx.x;
+      const float* lse_bh = lse + bh * L.seq;
+      src.template stage_async<HD>(sm.k, L, j0, L.d + h * L.hd);
+      src.template stage_async<HD>(sm.v, L, j0, 2 * L.d + h * L.hd);
+      mma_backward_copies<HD>(pp, 0, src, dbase, dout_ld, obase, L, j0, h * L.hd);
+      cp_async_commit();
+      if (tid < tc_tile) pp.lse[0][tid] = j0 + tid < L.seq ? lse_bh[j0 + tid] : 0.0f;
+      int buf = 0;
+      for (index_t i0 = j0; i0 < L.seq; i0 += tc_tile, buf ^= 1) {  // query tiles at or after this key tile
+        const bool more = i0 + tc_tile < L.seq;
+        float lse_next = 0.0f;
+        if (more) {  // the next tile's copies into the other buffers (read last in the previous iteration)
+          mma_backward_copies<HD>(pp, buf ^ 1, src, dbase, dout_ld, obase, L, i0 + tc_tile, h * L.hd);
+          cp_async_commit();
+          if (tid < tc_tile && i0 + tc_tile + tid < L.seq) lse_next = lse_bh[i0 + tc_tile + tid];
+          cp_async_wait<1>();  // this tile's copies done
+        } else {
+          cp_async_wait<0>();
+        }
+        __syncthreads();  // every thread's copies (and lse) of this tile visible
+        tc_stage_dout<gemm_bf16, HD>(sm.dout, sm.d, sm.lse, pp.dout[buf], MmaBackwardPipe<HD>::ld32, pp.out[buf],
+                                     TcLayout<gemm_bf16, HD>::ld, pp.lse[buf], 0, tc_tile, 0);
+        __syncthreads();
+        MmaBackwardSmem<HD> cur = sm;
+        cur.q = pp.q[buf];
+        query_tile(cur, i0);
+        if (more && tid < tc_tile) pp.lse[buf ^ 1][tid] = lse_next;  // read after the next iteration's barrier
+      }
+    }
+  }
+  if (!pipelined) {
+    src.template stage<HD>(sm.k, L, j0, L.d + h * L.hd);
+    src.template stage<HD>(sm.v, L, j0, 2 * L.d + h * L.hd);
+    for (index_t i0 = j0; i0 < L.seq; i0 += tc_tile) {  // query tiles at or after this key tile
+      __syncthreads();
+      src.template stage<HD>(sm.q, L, i0, h * L.hd);
+      tc_stage_dout<gemm_bf16, HD>(sm.dout, sm.d, sm.lse, dbase, dout_ld, obase, L.out_ld, lse + bh * L.seq, i0,
+                                   L.seq, h * L.hd);
+      __syncthreads();
+      query_tile(sm, i0);
     }
   }
   if (!active) return;

@@ -224,7 +224,7 @@ bool attention_tc_forward(const Context& ctx, MatrixView<T> out, T* lse, MatrixV
     const dim3 grid(blocks_exact(L.seq, tc_tile), static_cast<unsigned>(batch * L.heads));
     const float scale = 1.0f / std::sqrt(float(L.hd));
     if constexpr (P == gemm_bf16) {  // attention_mma.cuh: K and V tiles only
-      const std::size_t smem = mma_forward_smem<HD>(false);
+      constexpr std::size_t smem = mma_forward_smem<HD>(false);
       constexpr auto kernel = attention_mma_forward_kernel<HD, float>;
       if (tc_kernel_usable<kernel>(ctx, smem)) {
         launch_smem("attention_forward", ctx, grid, tc_threads, smem, kernel, out.data, lse, qkv,
@@ -272,13 +272,30 @@ bool with_mma_bf16_out(const Context& ctx, index_t hd, F&& f) {
   if (ctx.precision != Precision::BF16 || (hd != 64 && hd != 128)) return false;
   const auto usable = [&](auto hdc) {
     constexpr int HD = decltype(hdc)::value;
-    return tc_kernel_usable<attention_mma_forward_kernel<HD, std::uint16_t>>(ctx, mma_forward_smem<HD>(true)) &&
+    return tc_kernel_usable<attention_mma_forward_kernel<HD, std::uint16_t>>(ctx, mma_forward_smem<HD>(false)) &&
            tc_kernel_usable<attention_mma_backward_kernel<HD, std::uint16_t, float>>(ctx, MmaBackwardSmem<HD>::bytes) &&
            tc_kernel_usable<attention_mma_backward_kernel<HD, std::uint16_t, std::uint16_t>>(
                ctx, MmaBackwardSmem<HD>::bytes) &&
            (f(hdc), true);
   };
   return hd == 64 ? usable(std::integral_constant<int, 64>{}) : usable(std::integral_constant<int, 128>{});
+}
+// The attention pair's qkv layout (norm_ops.hpp, attention_ops.hpp): Q, K and V read as bf16 bits by the mma kernels'
+// Q16 instances, at head dim 64 (GPT-2's) only. f(head dim) where they apply (BF16, head dim 64, every instance a
+// qkv in bf16 may run launchable: O in bf16 or fp32, both gradient layouts); false otherwise.
+template <class F>
+bool with_mma_bf16_qkv(const Context& ctx, index_t hd, F&& f) {
+  if (ctx.precision != Precision::BF16 || hd != 64) return false;
+  using u16 = std::uint16_t;
+  constexpr std::size_t bwd = MmaBackwardSmem<64>::bytes;
+  const bool usable =
+      tc_kernel_usable<attention_mma_forward_kernel<64, u16, true>>(ctx, mma_forward_smem<64>(true)) &&
+      tc_kernel_usable<attention_mma_forward_kernel<64, float, true>>(ctx, mma_forward_smem<64>(true)) &&
+      tc_kernel_usable<attention_mma_backward_kernel<64, u16, float, true>>(ctx, mma_backward_smem_bytes<64>(true)) &&
+      tc_kernel_usable<attention_mma_backward_kernel<64, u16, u16, true>>(ctx, mma_backward_smem_bytes<64>(true)) &&
+      tc_kernel_usable<attention_mma_backward_kernel<64, float, float, true>>(ctx, bwd);
+  if (usable) f(std::integral_constant<int, 64>{});
+  return usable;
 }
 
 }  // namespace dev
@@ -289,28 +306,33 @@ bool attention_forward_bf16(const Context& ctx, std::uint16_t* out, index_t out_
                             const std::uint16_t* qkv16) {
   const index_t d = qkv.cols / 3, hd = d / heads;
   const dev::HeadLayout L{seq, heads, d, hd, qkv16 ? qkv.cols : qkv.ld, out_ld};
+  const dim3 grid(dev::blocks_exact(seq, dev::tc_tile), static_cast<unsigned>(batch * heads));
+  const float scale = 1.0f / std::sqrt(float(hd));
+  if (qkv16)
+    return dev::with_mma_bf16_qkv(ctx, hd, [&](auto hdc) {
+      constexpr int HD = decltype(hdc)::value;
+      dev::launch_smem("attention_forward", ctx, grid, dev::tc_threads, dev::mma_forward_smem<HD>(true),
+                       dev::attention_mma_forward_kernel<HD, std::uint16_t, true>, out, lse, qkv, qkv16, L, scale);
+    });
   return dev::with_mma_bf16_out(ctx, hd, [&](auto hdc) {
     constexpr int HD = decltype(hdc)::value;
-    const dim3 grid(dev::blocks_exact(seq, dev::tc_tile), static_cast<unsigned>(batch * heads));
-    dev::launch_smem("attention_forward", ctx, grid, dev::tc_threads, dev::mma_forward_smem<HD>(qkv16),
-                     dev::attention_mma_forward_kernel<HD, std::uint16_t>, out, lse, qkv, qkv16, L,
-                     1.0f / std::sqrt(float(hd)));
+    dev::launch_smem("attention_forward", ctx, grid, dev::tc_threads, dev::mma_forward_smem<HD>(false),
+                     dev::attention_mma_forward_kernel<HD, std::uint16_t>, out, lse, qkv, qkv16, L, scale);
   });
 }
 bool attention_takes_bf16_qkv(const Context& ctx, index_t hd) {
-  return dev::with_mma_bf16_out(ctx, hd, [](auto) {});
+  return dev::with_mma_bf16_qkv(ctx, hd, [](auto) {});
 }
-// The bf16 qkv's kernels with O in fp32 (OE = float: the instances attention_tc_forward / attention_tc_backward run for
-// an fp32 qkv); with_mma_bf16_out's check covers them (the same shared memory, the same compiled architecture).
+// A bf16 qkv's kernels with O in fp32 (OE = float, Q16).
 void attention_forward_bf16(const Context& ctx, MatrixView<float> out, float* lse, MatrixView<const float> qkv,
                             index_t batch, index_t seq, index_t heads, const std::uint16_t* qkv16) {
   const index_t d = qkv.cols / 3, hd = d / heads;
   const dev::HeadLayout L{seq, heads, d, hd, qkv.cols, out.ld};
-  const bool ran = dev::with_mma_bf16_out(ctx, hd, [&](auto hdc) {
+  const bool ran = dev::with_mma_bf16_qkv(ctx, hd, [&](auto hdc) {
     constexpr int HD = decltype(hdc)::value;
     const dim3 grid(dev::blocks_exact(seq, dev::tc_tile), static_cast<unsigned>(batch * heads));
     dev::launch_smem("attention_forward", ctx, grid, dev::tc_threads, dev::mma_forward_smem<HD>(true),
-                     dev::attention_mma_forward_kernel<HD, float>, out.data, lse, qkv, qkv16, L,
+                     dev::attention_mma_forward_kernel<HD, float, true>, out.data, lse, qkv, qkv16, L,
                      1.0f / std::sqrt(float(hd)));
   });
   MOM_CHECK(ran, "attention_forward: a bf16 qkv's kernels do not apply (precision changed since norm_linear_forward?)");
@@ -320,12 +342,12 @@ void attention_backward_bf16(const Context& ctx, MatrixView<float> dqkv, MatrixV
                              index_t seq, index_t heads, const std::uint16_t* qkv16) {
   const index_t d = qkv.cols / 3, hd = d / heads;
   const dev::HeadLayout L{seq, heads, d, hd, qkv.cols, out.ld};
-  const bool ran = dev::with_mma_bf16_out(ctx, hd, [&](auto hdc) {
+  const bool ran = dev::with_mma_bf16_qkv(ctx, hd, [&](auto hdc) {
     constexpr int HD = decltype(hdc)::value;
     const dim3 grid(dev::blocks_exact(seq, dev::tc_tile), static_cast<unsigned>(batch * heads));
     dev::launch_smem("attention_backward", ctx, grid, dev::tc_threads, dev::MmaBackwardSmem<HD>::bytes,
-                     dev::attention_mma_backward_kernel<HD, float, float>, dqkv.data, dqkv.ld, dqkv.data + d, dqkv.ld,
-                     dout, out.data, lse, qkv, qkv16, L, 1.0f / std::sqrt(float(hd)), dout.ld);
+                     dev::attention_mma_backward_kernel<HD, float, float, true>, dqkv.data, dqkv.ld, dqkv.data + d,
+                     dqkv.ld, dout, out.data, lse, qkv, qkv16, L, 1.0f / std::sqrt(float(hd)), dout.ld);
   });
   MOM_CHECK(ran, "attention_backward: a bf16 qkv's kernels do not apply (precision changed since forward?)");
 }
@@ -338,13 +360,23 @@ void attention_backward_bf16_into(const Context& ctx, float* dq, index_t dq_ld, 
                                   index_t batch, index_t seq, index_t heads) {
   const index_t d = qkv.cols / 3, hd = d / heads;
   const HeadLayout L{seq, heads, d, hd, qkv16 ? qkv.cols : qkv.ld, out_ld};
-  const bool ran = with_mma_bf16_out(ctx, hd, [&](auto hdc) {
-    constexpr int HD = decltype(hdc)::value;
-    const dim3 grid(blocks_exact(seq, tc_tile), static_cast<unsigned>(batch * heads));
-    launch_smem("attention_backward", ctx, grid, tc_threads, MmaBackwardSmem<HD>::bytes,
-                attention_mma_backward_kernel<HD, std::uint16_t, GE>, dq, dq_ld, dkv, dkv_ld, dout, out, lse, qkv,
-                qkv16, L, 1.0f / std::sqrt(float(hd)), dout.ld);
-  });
+  const dim3 grid(blocks_exact(seq, tc_tile), static_cast<unsigned>(batch * heads));
+  const float scale = 1.0f / std::sqrt(float(hd));
+  const bool ran =
+      qkv16 ? with_mma_bf16_qkv(ctx, hd,
+                                [&](auto hdc) {
+                                  constexpr int HD = decltype(hdc)::value;
+                                  launch_smem("attention_backward", ctx, grid, tc_threads,
+                                              mma_backward_smem_bytes<HD>(true),
+                                              attention_mma_backward_kernel<HD, std::uint16_t, GE, true>, dq, dq_ld,
+                                              dkv, dkv_ld, dout, out, lse, qkv, qkv16, L, scale, dout.ld);
+                                })
+            : with_mma_bf16_out(ctx, hd, [&](auto hdc) {
+                constexpr int HD = decltype(hdc)::value;
+                launch_smem("attention_backward", ctx, grid, tc_threads, MmaBackwardSmem<HD>::bytes,
+                            attention_mma_backward_kernel<HD, std::uint16_t, GE>, dq, dq_ld, dkv, dkv_ld, dout, out,
+                            lse, qkv, qkv16, L, scale, dout.ld);
+              });
   MOM_CHECK(ran, "attention_backward_bf16: the bf16 output's kernels do not apply (precision changed since forward?)");
 }
 }  // namespace dev
