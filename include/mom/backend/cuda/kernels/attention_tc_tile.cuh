@@ -105,34 +105,39 @@ __device__ __forceinline__ void tc_store4(typename GemmStage<float, Path>::type*
   d[3] = stage_value<float, Path>(v.w);
 }
 
-// dst[rr][c] = rounded base[(r0 + rr)·ld + col0 + c] for rr < 64, c < HD; rows past seq are 0.
+// dst[rr][c] = rounded base[(r0 + rr)·ld + col0 + c] for rr < 64, c < HD; rows past seq are 0. E: float, or
+// std::uint16_t for bf16 bits (the qkv product's bf16 output, attention_ops.hpp; the bf16 path only), copied as they are,
+// being the bits the rounding of the fp32 values makes.
 // 16-byte loads when every row of the slice starts 16-byte aligned (the usual qkv / dout layouts);
-// the condition is the same for the whole block. Batch: each thread's float4s (8 at head dim 64, 16 at 128)
-// in batches of that many, a batch's loads all issued before its first shared store (interleaved, the
+// the condition is the same for the whole block. Batch: each thread's 16-byte loads (8 float4s at head dim 64, 16 at
+// 128) in batches of that many, a batch's loads all issued before its first shared store (interleaved, the
 // compiler may not move a global load above a store through the generic shared pointer, and each load's
 // latency is paid in turn). Measured on an H200 (bench/RESULTS.md, "Issues 27 and 28 on an H200"): batches
 // of 8 took dQ 7.27 → 6.31 ms and dK/dV 10.59 → 9.49 ms a GPT-2-small step, but the forward 3.86 → 4.84 ms
 // (its accumulators and Q fragments stay live across the staging), so the forward stages one at a time.
-template <int Path, int HD, int Batch = 8>
-__device__ __forceinline__ void tc_stage(typename TcLayout<Path, HD>::S* dst, const float* base, index_t ld,
+template <int Path, int HD, int Batch = 8, class E>
+__device__ __forceinline__ void tc_stage(typename TcLayout<Path, HD>::S* dst, const E* base, index_t ld,
                                          index_t r0, index_t seq, index_t col0) {
-  constexpr int LD = TcLayout<Path, HD>::ld;
-  if (ld % 4 == 0 && aligned16(base + col0)) {
-    constexpr int H4 = HD / 4, per = tc_tile * H4 / tc_threads, batch = Batch;
+  constexpr bool bits = std::is_same_v<E, std::uint16_t>;
+  static_assert(std::is_same_v<E, float> || (bits && Path == gemm_bf16), "fp32 values, or bf16 bits for the bf16 path");
+  using V = std::conditional_t<bits, uint4, float4>;  // a 16-byte load
+  constexpr int LD = TcLayout<Path, HD>::ld, N = 16 / int(sizeof(E));
+  if (ld % N == 0 && aligned16(base + col0)) {
+    constexpr int HN = HD / N, per = tc_tile * HN / tc_threads, batch = Batch < per ? Batch : per;
     static_assert(per % batch == 0);
 #pragma unroll
     for (int b0 = 0; b0 < per; b0 += batch) {
-      float4 v[batch];
+      V v[batch];
 #pragma unroll
       for (int k = 0; k < batch; ++k) {
-        const int e = threadIdx.x + (b0 + k) * tc_threads, rr = e / H4, c = (e % H4) * 4;
-        v[k] = r0 + rr < seq ? load16<float4>(base + (r0 + rr) * ld + col0 + c)
-                             : float4{0.0f, 0.0f, 0.0f, 0.0f};
+        const int e = threadIdx.x + (b0 + k) * tc_threads, rr = e / HN, c = (e % HN) * N;
+        v[k] = r0 + rr < seq ? load16<V>(base + (r0 + rr) * ld + col0 + c) : V{};
       }
 #pragma unroll
       for (int k = 0; k < batch; ++k) {
-        const int e = threadIdx.x + (b0 + k) * tc_threads, rr = e / H4, c = (e % H4) * 4;
-        tc_store4<Path>(dst + rr * LD + c, v[k]);
+        const int e = threadIdx.x + (b0 + k) * tc_threads, rr = e / HN, c = (e % HN) * N;
+        if constexpr (bits) store16(reinterpret_cast<std::uint16_t*>(dst) + rr * LD + c, v[k]);
+        else tc_store4<Path>(dst + rr * LD + c, v[k]);
       }
     }
     return;
@@ -140,41 +145,8 @@ __device__ __forceinline__ void tc_stage(typename TcLayout<Path, HD>::S* dst, co
   for (int e = threadIdx.x; e < tc_tile * HD; e += tc_threads) {
     const int rr = e / HD, c = e % HD;
     const index_t r = r0 + rr;
-    dst[rr * LD + c] = stage_value<float, Path>(r < seq ? base[r * ld + col0 + c] : 0.0f);
-  }
-}
-// The same tile from a bf16 source (std::uint16_t bits: the qkv product's bf16 output, attention_ops.hpp), bf16 path
-// only: the values are copied as they are, being the bits the fp32 form's rounding makes of the fp32 values. 16-byte
-// loads (8 values) when every row starts 16-byte aligned, a batch's loads issued before its stores as above.
-template <int Path, int HD, int Batch = 8>
-__device__ __forceinline__ void tc_stage(typename TcLayout<Path, HD>::S* dst, const std::uint16_t* base, index_t ld,
-                                         index_t r0, index_t seq, index_t col0) {
-  static_assert(Path == gemm_bf16, "a bf16 source stages only for the bf16 path");
-  constexpr int LD = TcLayout<Path, HD>::ld;
-  std::uint16_t* const d16 = reinterpret_cast<std::uint16_t*>(dst);
-  if (ld % 8 == 0 && aligned16(base + col0)) {
-    constexpr int H8 = HD / 8, per = tc_tile * H8 / tc_threads, batch = Batch < per ? Batch : per;
-    static_assert(per % batch == 0);
-#pragma unroll
-    for (int b0 = 0; b0 < per; b0 += batch) {
-      uint4 v[batch];
-#pragma unroll
-      for (int k = 0; k < batch; ++k) {
-        const int e = threadIdx.x + (b0 + k) * tc_threads, rr = e / H8, c = (e % H8) * 8;
-        v[k] = r0 + rr < seq ? load16<uint4>(base + (r0 + rr) * ld + col0 + c) : uint4{0u, 0u, 0u, 0u};
-      }
-#pragma unroll
-      for (int k = 0; k < batch; ++k) {
-        const int e = threadIdx.x + (b0 + k) * tc_threads, rr = e / H8, c = (e % H8) * 8;
-        store16(d16 + rr * LD + c, v[k]);
-      }
-    }
-    return;
-  }
-  for (int e = threadIdx.x; e < tc_tile * HD; e += tc_threads) {
-    const int rr = e / HD, c = e % HD;
-    const index_t r = r0 + rr;
-    d16[rr * LD + c] = r < seq ? base[r * ld + col0 + c] : std::uint16_t(0);
+    if constexpr (bits) reinterpret_cast<std::uint16_t*>(dst)[rr * LD + c] = r < seq ? base[r * ld + col0 + c] : E(0);
+    else dst[rr * LD + c] = stage_value<float, Path>(r < seq ? base[r * ld + col0 + c] : 0.0f);
   }
 }
 
