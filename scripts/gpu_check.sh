@@ -5,7 +5,8 @@
 #      MOM_GPU_BIN=<folder>, use the binaries built on the development machine (scripts/gpu_prepare.sh --build puts
 #      test_cuda, mom-train, bench_gpu_train_step, bench_gpu_decode and bench_gpu_grouped in .gpu-deps/bin: no device
 #      minutes on a build),
-#   2. test_cuda: the cross-backend suite, the Trainer on CUDA against the CPU among it (tests/cuda/),
+#   2. test_cuda: the cross-backend suite, the Trainer on CUDA against the CPU among it (tests/cuda/), then its
+#      [attention] cases under compute-sanitizer's racecheck (at most 3 minutes; MOM_GPU_RACECHECK=0 leaves it out),
 #   3. mom-train on KJV (.gpu-deps/kjv.txt), dense8 and mom8-p, 300 steps of 16 x 128 bytes: on the GPU in tf32
 #      and bf16, validation every 50 steps, beside the CPU's curves of the same commands: MOM_GPU_CPU_RUNS=<folder>
 #      (dense8-cpu/ and mom8-p-cpu/, each with its metrics.jsonl; default bench/gpu_cpu_curves, in the repository:
@@ -75,6 +76,19 @@ rc=$?
 note "test_cuda: exit $rc, $(grep -E '^(All tests passed|test cases:)' "$out/test_cuda.txt" | tail -1), skipped $(grep -c "no CUDA device: skipped" "$out/test_cuda.txt"), $(( $(date +%s) - t )) s"
 grep -B3 -A12 "FAILED" "$out/test_cuda.txt" | head -80 >"$out/test_failures.txt"
 [ -s "$out/test_failures.txt" ] && { note "test_cuda failures (first 40 lines):"; head -40 "$out/test_failures.txt" | tee -a "$summary"; }
+# 2b. The attention kernels' shared-memory hazards (the cp.async copies' waits and barriers, which the emulation cannot
+#     check: they complete at once there) under compute-sanitizer's racecheck; MOM_GPU_RACECHECK=0 leaves it out.
+if [ "${MOM_GPU_RACECHECK:-1}" = 1 ]; then
+  if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
+    t=$(date +%s)
+    san="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+    timeout 180 "$san" --tool racecheck --error-exitcode 9 "$test_cuda" "[attention]" \
+      >"$out/racecheck_attention.txt" 2>&1
+    note "racecheck [attention]: exit $? ($(grep -m1 -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$out/racecheck_attention.txt")), $(( $(date +%s) - t )) s"
+  else
+    note "racecheck: compute-sanitizer not found"
+  fi
+fi
 
 # 3. Training on KJV: the CPU runs in the background, the GPU runs one after another.
 kjv="$repo/.gpu-deps/kjv.txt"
