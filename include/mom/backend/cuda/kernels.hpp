@@ -181,7 +181,7 @@ void layernorm_forward_bf16(const Context& ctx, std::uint16_t* out, index_t out_
 bool attention_forward_bf16(const Context& ctx, std::uint16_t* out, index_t out_ld, float* lse,
                             MatrixView<const float> qkv, index_t batch, index_t seq, index_t heads,
                             const std::uint16_t* qkv16 = nullptr);
-// Whether the kernels above apply at head dim hd (BF16, hd 64 or 128, launchable): where they do, a qkv may be laid out
+// Whether their bf16-qkv instances apply at head dim hd (BF16, hd 64, launchable): where they do, a qkv may be laid out
 // in bf16 for them (norm_ops.hpp), which they read with O in bf16 as above or, with the forms below, in fp32 (rows
 // out_ld apart: an attention output the bf16 layout does not fit; the backward's dqkv then accumulated (+=)).
 bool attention_takes_bf16_qkv(const Context& ctx, index_t hd);

@@ -483,8 +483,8 @@ __global__ void attention_mma_backward_kernel(float* dq, index_t dq_ld, GE* dkv,
   // The pipelined form (head dim 64, a bf16 O: attention_mma_smem.cuh's mma_backward_smem_bytes sizes it).
   constexpr bool can_pipeline = Q16 && HD == 64 && std::is_same_v<OE, std::uint16_t>;
   bool pipelined = false;
-  if constexpr (can_pipeline) pipelined = mma_backward_pipelined(dbase, dout_ld, obase, L);
   if constexpr (can_pipeline) {
+    pipelined = mma_backward_pipelined(dbase, dout_ld, obase, L);
     if (pipelined) {
       // A bf16 qkv and O, 16-byte aligned rows: each query tile's Q, dO (fp32) and O copied with cp.async two deep
       // (attention_mma_smem.cuh), K and V with the first; then dO rounded and D summed from the copies as tc_stage_dout

@@ -301,55 +301,68 @@ bool with_mma_bf16_qkv(const Context& ctx, index_t hd, F&& f) {
 }  // namespace dev
 
 #if defined(MOM_CUDA_FLOAT_UNIT)  // non-template: defined in mom_cuda.cu alone (kernels/all.cuh)
+namespace dev {
+// The launches of the Q16 instances (a bf16 qkv at head dim 64, rows qkv.cols apart: with_mma_bf16_qkv), O as OE: bf16
+// bits, or fp32 where att's bf16 layout does not fit. The forward; the backward with dK and dV as GE, in its pipelined
+// form for a bf16 O. False, nothing launched, where they do not apply.
+template <class OE>
+bool mma_forward_q16(const Context& ctx, OE* out, index_t out_ld, float* lse, MatrixView<const float> qkv,
+                     index_t batch, index_t seq, index_t heads, const std::uint16_t* qkv16) {
+  const index_t d = qkv.cols / 3, hd = d / heads;
+  const HeadLayout L{seq, heads, d, hd, qkv.cols, out_ld};
+  return with_mma_bf16_qkv(ctx, hd, [&](auto hdc) {
+    constexpr int HD = decltype(hdc)::value;
+    launch_smem("attention_forward", ctx, dim3(blocks_exact(seq, tc_tile), static_cast<unsigned>(batch * heads)),
+                tc_threads, mma_forward_smem<HD>(true), attention_mma_forward_kernel<HD, OE, true>, out, lse, qkv,
+                qkv16, L, 1.0f / std::sqrt(float(hd)));
+  });
+}
+template <class OE, class GE>
+bool mma_backward_q16(const Context& ctx, float* dq, index_t dq_ld, GE* dkv, index_t dkv_ld,
+                      MatrixView<const float> dout, const OE* out, index_t out_ld, const float* lse,
+                      MatrixView<const float> qkv, const std::uint16_t* qkv16, index_t batch, index_t seq,
+                      index_t heads) {
+  const index_t d = qkv.cols / 3, hd = d / heads;
+  const HeadLayout L{seq, heads, d, hd, qkv.cols, out_ld};
+  return with_mma_bf16_qkv(ctx, hd, [&](auto hdc) {
+    constexpr int HD = decltype(hdc)::value;
+    launch_smem("attention_backward", ctx, dim3(blocks_exact(seq, tc_tile), static_cast<unsigned>(batch * heads)),
+                tc_threads, mma_backward_smem_bytes<HD>(std::is_same_v<OE, std::uint16_t>),
+                attention_mma_backward_kernel<HD, OE, GE, true>, dq, dq_ld, dkv, dkv_ld, dout, out, lse, qkv, qkv16, L,
+                1.0f / std::sqrt(float(hd)), dout.ld);
+  });
+}
+}  // namespace dev
+
 bool attention_forward_bf16(const Context& ctx, std::uint16_t* out, index_t out_ld, float* lse,
                             MatrixView<const float> qkv, index_t batch, index_t seq, index_t heads,
                             const std::uint16_t* qkv16) {
+  if (qkv16) return dev::mma_forward_q16(ctx, out, out_ld, lse, qkv, batch, seq, heads, qkv16);
   const index_t d = qkv.cols / 3, hd = d / heads;
-  const dev::HeadLayout L{seq, heads, d, hd, qkv16 ? qkv.cols : qkv.ld, out_ld};
-  const dim3 grid(dev::blocks_exact(seq, dev::tc_tile), static_cast<unsigned>(batch * heads));
-  const float scale = 1.0f / std::sqrt(float(hd));
-  if (qkv16)
-    return dev::with_mma_bf16_qkv(ctx, hd, [&](auto hdc) {
-      constexpr int HD = decltype(hdc)::value;
-      dev::launch_smem("attention_forward", ctx, grid, dev::tc_threads, dev::mma_forward_smem<HD>(true),
-                       dev::attention_mma_forward_kernel<HD, std::uint16_t, true>, out, lse, qkv, qkv16, L, scale);
-    });
+  const dev::HeadLayout L{seq, heads, d, hd, qkv.ld, out_ld};
   return dev::with_mma_bf16_out(ctx, hd, [&](auto hdc) {
     constexpr int HD = decltype(hdc)::value;
+    const dim3 grid(dev::blocks_exact(seq, dev::tc_tile), static_cast<unsigned>(batch * heads));
     dev::launch_smem("attention_forward", ctx, grid, dev::tc_threads, dev::mma_forward_smem<HD>(false),
-                     dev::attention_mma_forward_kernel<HD, std::uint16_t>, out, lse, qkv, qkv16, L, scale);
+                     dev::attention_mma_forward_kernel<HD, std::uint16_t>, out, lse, qkv,
+                     static_cast<const std::uint16_t*>(nullptr), L, 1.0f / std::sqrt(float(hd)));
   });
 }
 bool attention_takes_bf16_qkv(const Context& ctx, index_t hd) {
   return dev::with_mma_bf16_qkv(ctx, hd, [](auto) {});
 }
-// A bf16 qkv's kernels with O in fp32 (OE = float, Q16).
 void attention_forward_bf16(const Context& ctx, MatrixView<float> out, float* lse, MatrixView<const float> qkv,
                             index_t batch, index_t seq, index_t heads, const std::uint16_t* qkv16) {
-  const index_t d = qkv.cols / 3, hd = d / heads;
-  const dev::HeadLayout L{seq, heads, d, hd, qkv.cols, out.ld};
-  const bool ran = dev::with_mma_bf16_qkv(ctx, hd, [&](auto hdc) {
-    constexpr int HD = decltype(hdc)::value;
-    const dim3 grid(dev::blocks_exact(seq, dev::tc_tile), static_cast<unsigned>(batch * heads));
-    dev::launch_smem("attention_forward", ctx, grid, dev::tc_threads, dev::mma_forward_smem<HD>(true),
-                     dev::attention_mma_forward_kernel<HD, float, true>, out.data, lse, qkv, qkv16, L,
-                     1.0f / std::sqrt(float(hd)));
-  });
-  MOM_CHECK(ran, "attention_forward: a bf16 qkv's kernels do not apply (precision changed since norm_linear_forward?)");
+  MOM_CHECK(dev::mma_forward_q16(ctx, out.data, out.ld, lse, qkv, batch, seq, heads, qkv16),
+            "attention_forward: a bf16 qkv's kernels do not apply (precision changed since norm_linear_forward?)");
 }
 void attention_backward_bf16(const Context& ctx, MatrixView<float> dqkv, MatrixView<const float> dout,
                              MatrixView<const float> out, const float* lse, MatrixView<const float> qkv, index_t batch,
                              index_t seq, index_t heads, const std::uint16_t* qkv16) {
-  const index_t d = qkv.cols / 3, hd = d / heads;
-  const dev::HeadLayout L{seq, heads, d, hd, qkv.cols, out.ld};
-  const bool ran = dev::with_mma_bf16_qkv(ctx, hd, [&](auto hdc) {
-    constexpr int HD = decltype(hdc)::value;
-    const dim3 grid(dev::blocks_exact(seq, dev::tc_tile), static_cast<unsigned>(batch * heads));
-    dev::launch_smem("attention_backward", ctx, grid, dev::tc_threads, dev::MmaBackwardSmem<HD>::bytes,
-                     dev::attention_mma_backward_kernel<HD, float, float, true>, dqkv.data, dqkv.ld, dqkv.data + d,
-                     dqkv.ld, dout, out.data, lse, qkv, qkv16, L, 1.0f / std::sqrt(float(hd)), dout.ld);
-  });
-  MOM_CHECK(ran, "attention_backward: a bf16 qkv's kernels do not apply (precision changed since forward?)");
+  const index_t d = qkv.cols / 3;
+  MOM_CHECK(dev::mma_backward_q16(ctx, dqkv.data, dqkv.ld, dqkv.data + d, dqkv.ld, dout, out.data, out.ld, lse, qkv,
+                                  qkv16, batch, seq, heads),
+            "attention_backward: a bf16 qkv's kernels do not apply (precision changed since forward?)");
 }
 namespace dev {
 // attention_backward_bf16's two gradient layouts: GE = float (added) or std::uint16_t (bf16 bits, written).
@@ -359,23 +372,16 @@ void attention_backward_bf16_into(const Context& ctx, float* dq, index_t dq_ld, 
                                   const float* lse, MatrixView<const float> qkv, const std::uint16_t* qkv16,
                                   index_t batch, index_t seq, index_t heads) {
   const index_t d = qkv.cols / 3, hd = d / heads;
-  const HeadLayout L{seq, heads, d, hd, qkv16 ? qkv.cols : qkv.ld, out_ld};
-  const dim3 grid(blocks_exact(seq, tc_tile), static_cast<unsigned>(batch * heads));
-  const float scale = 1.0f / std::sqrt(float(hd));
+  const HeadLayout L{seq, heads, d, hd, qkv.ld, out_ld};
   const bool ran =
-      qkv16 ? with_mma_bf16_qkv(ctx, hd,
-                                [&](auto hdc) {
-                                  constexpr int HD = decltype(hdc)::value;
-                                  launch_smem("attention_backward", ctx, grid, tc_threads,
-                                              mma_backward_smem_bytes<HD>(true),
-                                              attention_mma_backward_kernel<HD, std::uint16_t, GE, true>, dq, dq_ld,
-                                              dkv, dkv_ld, dout, out, lse, qkv, qkv16, L, scale, dout.ld);
-                                })
+      qkv16 ? mma_backward_q16(ctx, dq, dq_ld, dkv, dkv_ld, dout, out, out_ld, lse, qkv, qkv16, batch, seq, heads)
             : with_mma_bf16_out(ctx, hd, [&](auto hdc) {
                 constexpr int HD = decltype(hdc)::value;
+                const dim3 grid(blocks_exact(seq, tc_tile), static_cast<unsigned>(batch * heads));
                 launch_smem("attention_backward", ctx, grid, tc_threads, MmaBackwardSmem<HD>::bytes,
                             attention_mma_backward_kernel<HD, std::uint16_t, GE>, dq, dq_ld, dkv, dkv_ld, dout, out,
-                            lse, qkv, qkv16, L, scale, dout.ld);
+                            lse, qkv, static_cast<const std::uint16_t*>(nullptr), L, 1.0f / std::sqrt(float(hd)),
+                            dout.ld);
               });
   MOM_CHECK(ran, "attention_backward_bf16: the bf16 output's kernels do not apply (precision changed since forward?)");
 }
