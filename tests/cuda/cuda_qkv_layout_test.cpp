@@ -1,6 +1,6 @@
 // The LayerNorm-linear pair hands its output to the attention pair in bf16 (backend_concept.hpp, OutLayout;
 // cuda::Backend's norm_linear_forward, norm_ops.hpp, and attention_linear_forward / _backward, attention_ops.hpp): under
-// BF16, where the attention's mma kernels apply (head dim 64 or 128), the qkv product writes qkv as bf16 only, with its
+// BF16, where the attention's bf16-qkv kernels apply (head dim 64), the qkv product writes qkv as bf16 only, with its
 // bias in bf16 (cuBLASLt's bf16 epilogue), and the kernels stage Q, K and V from those bits. With a bias whose values
 // are bf16 numbers the results are the fp32 qkv's bit for bit under the emulation (the kernels round the fp32 qkv to the
 // same bits when they stage it); with any bias, within bf16's precision. Elsewhere the layout request changes nothing.
